@@ -1,0 +1,105 @@
+"""The engine protocol: what a sweep needs from anything that can run (or predict) a cell."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from dsdprof.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One grid point: ``waves`` waves of exactly ``batch_size`` requests at K drafts."""
+
+    repeat: int
+    batch_size: int
+    mode: str  # vanilla | dsd | fixed
+    num_spec_tokens: int
+
+    @property
+    def cell_id(self) -> str:
+        return f"{self.mode}-bs{self.batch_size}-k{self.num_spec_tokens}-r{self.repeat}"
+
+
+@dataclass(frozen=True)
+class CellMeasurement:
+    """What an engine reports for one finished cell (latencies in seconds)."""
+
+    acceptance_length: float
+    acceptance_per_pos: tuple[float, ...]
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    itl_s: float
+    itl_p50_s: float
+    itl_p90_s: float
+    itl_p99_s: float
+    tpot_s: float
+    tpot_p50_s: float
+    tpot_p90_s: float
+    tpot_p99_s: float
+    tokens_per_s_per_user: float
+    tokens_per_s_total: float
+    num_requests: int
+    num_output_tokens: int
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a measurement came from; written into every row and every file's metadata."""
+
+    engine: str
+    engine_version: str
+    model: str
+    draft_model: str
+    method: str
+    hardware: str
+    dtype: str
+    dataset: str
+    seed: int
+    dsdprof_version: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Runs or predicts cells. ``speculation_mode`` says how K > 0 cells run: ``dsd`` (one
+    engine switching K per wave) or ``fixed`` (one engine per K). Vanilla cells (K = 0, no
+    speculative config) are the baseline."""
+
+    name: str
+    speculation_mode: str
+
+    def provenance(self) -> Provenance: ...
+
+    def measure(self, cell: Cell) -> CellMeasurement: ...
+
+    def close(self) -> None: ...
+
+
+def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
+               include_vanilla: bool = True) -> list[Cell]:
+    """Cells in run order.
+
+    DSD mode interleaves everything per batch size (vanilla, K=0..max) so drift hits all K alike;
+    fixed mode groups by K (one engine start per K) and still loops batch sizes inside.
+    """
+    cells: list[Cell] = []
+    for r in range(repeats):
+        if speculation_mode == MODE_DSD:
+            for b in batch_sizes:
+                if include_vanilla:
+                    cells.append(Cell(r, b, MODE_VANILLA, 0))
+                cells.extend(Cell(r, b, MODE_DSD, k) for k in ks)
+        elif speculation_mode == MODE_FIXED:
+            if include_vanilla:
+                cells.extend(Cell(r, b, MODE_VANILLA, 0) for b in batch_sizes)
+            for k in ks:
+                if k == 0:
+                    continue  # fixed K=0 is the vanilla engine
+                cells.extend(Cell(r, b, MODE_FIXED, k) for b in batch_sizes)
+        else:
+            raise ValueError(f"speculation_mode={speculation_mode!r}")
+    return cells

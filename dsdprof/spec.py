@@ -1,0 +1,127 @@
+"""Sweep spec: a TOML file with ``[engine]``, ``[sweep]``, ``[workload]`` (and ``[sim]`` for the
+analytic engine), validated with pydantic; unknown keys are rejected by name."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dsdprof.errors import InputError
+
+# vLLM speculative methods dsdprof knows; anything vLLM accepts may be passed, these are the ones
+# that need (or do not need) a draft model.
+DRAFT_MODEL_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator")
+DRAFTLESS_METHODS = ("ngram", "suffix", "mtp", "ngram_gpu")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSpec(_Strict):
+    name: Literal["vllm", "sim"] = "vllm"
+    model: str = Field(description="target model: HF id or local path (sim: catalog name or config.json)")
+    draft_model: Optional[str] = Field(None, description="draft model for draft-model/EAGLE methods")
+    method: str = Field("draft_model", description="vLLM speculative method")
+    dtype: str = "auto"
+    max_model_len: int = Field(2048, ge=16)
+    tensor_parallel_size: int = Field(1, ge=1)
+    extra: dict[str, Any] = Field(default_factory=dict, description="passed to the engine (vllm.LLM kwargs)")
+    speculative_extra: dict[str, Any] = Field(
+        default_factory=dict, description="merged into vLLM's speculative_config")
+    dsd_mode: Literal["auto", "dsd", "fixed"] = Field(
+        "auto", description="auto: one DSD engine for all K, falling back to one engine per K")
+
+    @model_validator(mode="after")
+    def _draft_needed(self) -> "EngineSpec":
+        if self.name == "vllm" and self.method in DRAFT_MODEL_METHODS and not self.draft_model:
+            raise ValueError(f"method {self.method!r} needs engine.draft_model")
+        return self
+
+
+class SweepGrid(_Strict):
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    num_spec_tokens: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4, 5])
+    waves: int = Field(20, ge=1, description="waves of exactly batch_size concurrent requests per cell")
+    output_len: int = Field(64, ge=2, description="output tokens per request (ignore_eos)")
+    warmup: int = Field(1, ge=0, description="unmeasured warm-up waves before each cell")
+    repeats: int = Field(1, ge=1, description="repeat the whole grid, interleaved, for medians")
+    consistency_tolerance: float = Field(
+        0.25, gt=0, description="flag cells where (AL/ITL)*TPOT deviates from 1 by more")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _bs(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("must not be empty")
+        for b in v:
+            if b < 1:
+                raise ValueError(f"batch size {b} must be >= 1")
+        if len(set(v)) != len(v):
+            raise ValueError("duplicate batch sizes")
+        return sorted(v)
+
+    @field_validator("num_spec_tokens")
+    @classmethod
+    def _ks(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("must not be empty")
+        for k in v:
+            if k < 0 or k > 32:
+                raise ValueError(f"K={k} must be in 0..32")
+        if len(set(v)) != len(v):
+            raise ValueError("duplicate K values")
+        return sorted(v)
+
+
+class WorkloadSpec(_Strict):
+    dataset: str = Field("synthetic", description="synthetic | sharegpt | path to .jsonl/.json")
+    input_len: int = Field(128, ge=1, description="prompt tokens (synthetic) / truncation (datasets)")
+    temperature: float = Field(0.0, ge=0)
+    seed: int = 0
+    num_prompts: int = Field(256, ge=1, description="size of the fixed prompt pool shared by all cells")
+
+
+class SweepSpec(_Strict):
+    engine: EngineSpec
+    sweep: SweepGrid = Field(default_factory=SweepGrid)
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    sim: Optional[dict[str, Any]] = Field(
+        None, description="analytic engine settings (validated by dsdprof.sim when engine.name='sim')")
+
+    @property
+    def max_k(self) -> int:
+        return max(self.sweep.num_spec_tokens)
+
+
+def _first_error(err: ValidationError, data: dict[str, Any]) -> InputError:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"])
+    value = e.get("input")
+    if e["type"] == "extra_forbidden":
+        return InputError(loc, value, "unknown key")
+    if isinstance(value, dict) and e["type"] == "value_error":
+        value = {k: v for k, v in value.items() if k in ("method", "draft_model")}
+    return InputError(loc or "spec", value, e["msg"].removeprefix("Value error, "))
+
+
+def parse_spec(data: dict[str, Any]) -> SweepSpec:
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as err:
+        raise _first_error(err, data) from None
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a sweep spec. Raises :class:`InputError` (field, value) on bad input."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("spec", str(p), "file not found")
+    try:
+        data = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InputError("spec", str(p), f"not valid TOML ({err})") from None
+    return parse_spec(data)

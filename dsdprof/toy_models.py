@@ -1,0 +1,145 @@
+"""Toy target/draft pairs built locally (no download), for tests, ``make demo`` and CPU sweeps.
+
+The target is a random-init Llama (dense) or Qwen3-MoE. The draft is the target's first decoder
+layer with the target's embedding and LM head; in the target, every layer after the first has its
+``o_proj`` and ``down_proj`` (experts' too) scaled by ``residual_scale``, so the later layers only
+nudge the residual stream and the one-layer draft agrees with the target most of the time.
+``residual_scale`` controls acceptance: 0 gives draft == target (AL = K+1), ~0.02 gives per-position
+acceptance around 0.8, 0.67, 0.59, 0.51, larger values lower it.
+
+These models exercise the machinery; their numbers describe only the machine they ran on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dsdprof.errors import InputError
+
+_CORPUS_WORDS = (
+    "the model draft token verify batch step cache memory bandwidth compute expert layer head "
+    "accept reject sample greedy speculative decoding latency throughput goodput serving engine "
+    "request prompt output kernel tensor matrix vector scale sweep profile table runtime select "
+    "a an of to in on for with by from at as is are was were be been it this that these those "
+    "one two three four five six seven eight nine ten small large fast slow high low early late"
+).split()
+
+
+@dataclass(frozen=True)
+class ToyModelConfig:
+    kind: str = "dense"  # dense | moe
+    hidden_size: int = 512
+    num_layers: int = 6
+    intermediate_size: int = 1536
+    num_heads: int = 8
+    num_kv_heads: int = 4
+    vocab_size: int = 2048
+    num_experts: int = 16
+    experts_per_token: int = 2
+    moe_intermediate_size: int = 256
+    residual_scale: float = 0.02
+    seed: int = 0
+    max_position_embeddings: int = 4096
+
+
+@dataclass(frozen=True)
+class ToyPair:
+    target: Path
+    draft: Path
+    config: ToyModelConfig
+
+
+def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_CORPUS_WORDS) for _ in range(rng.randint(8, 40))) for _ in range(n_lines)]
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0):
+    """Train a small byte-level BPE tokenizer and save it as a HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def _hf_config(cfg: ToyModelConfig, num_layers: int, tokenizer):
+    common = dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
+    )
+    if cfg.kind == "dense":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(intermediate_size=cfg.intermediate_size, head_dim=cfg.hidden_size // cfg.num_heads, **common)
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        intermediate_size=cfg.intermediate_size, moe_intermediate_size=cfg.moe_intermediate_size,
+        num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
+        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+        head_dim=cfg.hidden_size // cfg.num_heads, **common)
+
+
+def _model_cls(kind: str):
+    if kind == "dense":
+        from transformers import LlamaForCausalLM
+
+        return LlamaForCausalLM
+    from transformers import Qwen3MoeForCausalLM
+
+    return Qwen3MoeForCausalLM
+
+
+def build_toy_pair(out_dir: str | Path, config: ToyModelConfig = ToyModelConfig()) -> ToyPair:
+    """Write ``OUT/target`` and ``OUT/draft`` (HF format, same tokenizer) and return their paths."""
+    import torch
+
+    if config.kind not in ("dense", "moe"):
+        raise InputError("kind", config.kind, "must be 'dense' or 'moe'")
+    if config.residual_scale < 0:
+        raise InputError("residual_scale", config.residual_scale, "must be >= 0")
+    out = Path(out_dir)
+    target_dir, draft_dir = out / "target", out / "draft"
+    for d in (target_dir, draft_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(target_dir, config.vocab_size, config.seed)
+    tokenizer.save_pretrained(str(draft_dir))
+
+    torch.manual_seed(config.seed)
+    cls = _model_cls(config.kind)
+    target = cls(_hf_config(config, config.num_layers, tokenizer)).to(torch.float32)
+    with torch.no_grad():
+        for i, layer in enumerate(target.model.layers):
+            if i == 0:
+                continue
+            layer.self_attn.o_proj.weight.mul_(config.residual_scale)
+            for name, param in layer.mlp.named_parameters():
+                if "down_proj" in name:
+                    param.mul_(config.residual_scale)
+    target.save_pretrained(str(target_dir), safe_serialization=True)
+
+    draft = cls(_hf_config(config, 1, tokenizer)).to(torch.float32)
+    own = draft.state_dict()
+    src = target.state_dict()
+    draft.load_state_dict({k: src[k] for k in own}, strict=True)
+    draft.save_pretrained(str(draft_dir), safe_serialization=True)
+    (out / "toy_pair.json").write_text(json.dumps(
+        {"target": str(target_dir), "draft": str(draft_dir), "config": asdict(config)}, indent=2))
+    return ToyPair(target=target_dir, draft=draft_dir, config=config)
