@@ -12,7 +12,7 @@ from __future__ import annotations
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-K_EXTRA_ARG = "dsdprof_num_spec_tokens"
+from dsdprof.engines.vllm_scheduler_names import K_EXTRA_ARG
 
 
 class _FollowRequestK:
@@ -56,6 +56,3 @@ class KFollowingScheduler(_FollowRequestK, Scheduler):
 class KFollowingAsyncScheduler(_FollowRequestK, AsyncScheduler):
     """Async scheduler (vLLM's default where supported) following the requests' K."""
 
-
-SYNC_QUALNAME = f"{__name__}.KFollowingScheduler"
-ASYNC_QUALNAME = f"{__name__}.KFollowingAsyncScheduler"

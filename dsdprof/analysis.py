@@ -1,0 +1,255 @@
+"""Goodput analysis: pure functions over measurement DataFrames.
+
+Input contract: ``batch_size`` (int), ``num_spec_tokens`` (int), ``acceptance_length`` (float, 1.0
+at K=0) and ``itl_s`` (float, seconds per engine step). Optional ``status`` (rows not ``ok`` are
+ignored) and ``mode`` (``vanilla`` rows are the baseline; ``dsd``/``fixed`` rows are the
+candidates, DSD-mode K=0 being the K=0 candidate; without a ``mode`` column the K=0 rows serve as
+both). Repeated cells are aggregated with the median.
+
+goodput = acceptance_length / itl_s (tokens per second per request). The optimal K at a batch
+size is the smallest K whose goodput is within ``tolerance`` (relative) of the best.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsdprof.errors import InputError
+from dsdprof.schema import (
+    CONTRACT_COLUMNS, MODE_DSD, MODE_FIXED, MODE_VANILLA, PARQUET_METADATA_KEY, STATUS_OK,
+)
+
+DEFAULT_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Result of :func:`analyze`.
+
+    ``cells``: one row per (batch_size, num_spec_tokens) candidate with median acceptance_length,
+    itl_s and goodput. ``baseline``: per batch size, the baseline (vanilla, else K=0) goodput.
+    ``optimal``: per batch size, the chosen k with its goodput, acceptance_length, itl_s,
+    ``speedup_vs_baseline`` and one ``speedup_vs_k<K>`` column per candidate K.
+    """
+
+    cells: pd.DataFrame
+    baseline: pd.DataFrame
+    optimal: pd.DataFrame
+    tolerance: float
+    monotonic: bool
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> str:
+        """``dense-like`` when optimal K is non-increasing in batch size, else ``moe-like``."""
+        return "dense-like" if self.monotonic else "moe-like"
+
+    @property
+    def candidate_ks(self) -> list[int]:
+        return sorted(int(k) for k in self.cells["num_spec_tokens"].unique())
+
+
+# ----------------------------------------------------------------------------- loading
+
+def _parquet_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+        if not files:
+            raise InputError("measurements", str(path), "directory holds no .parquet files")
+        return files
+    if path.is_file():
+        return [path]
+    raise InputError("measurements", str(path), "no such file or directory")
+
+
+def read_provenance(path: str | Path) -> dict[str, Any]:
+    """Provenance stored in the first dsdprof Parquet file under ``path`` (empty if none)."""
+    import pyarrow.parquet as pq
+
+    for f in _parquet_files(Path(path)):
+        try:
+            meta = pq.read_schema(f).metadata or {}
+        except Exception:  # noqa: BLE001 - unreadable file: no provenance
+            continue
+        raw = meta.get(PARQUET_METADATA_KEY)
+        if raw:
+            try:
+                return json.loads(raw)
+            except ValueError:
+                return {}
+    return {}
+
+
+def read_measurements(path: str | Path) -> pd.DataFrame:
+    """All rows of a sweep directory or Parquet file, unvalidated."""
+    files = _parquet_files(Path(path))
+    frames = []
+    for f in files:
+        try:
+            frames.append(pd.read_parquet(f))
+        except Exception as err:  # noqa: BLE001 - report which file is unreadable
+            raise InputError("measurements", str(f), f"not a readable Parquet file ({type(err).__name__})") from None
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def _check_int_column(df: pd.DataFrame, name: str, minimum: int) -> pd.Series:
+    col = df[name]
+    values = pd.to_numeric(col, errors="coerce")
+    bad = values.isna() | (values != np.floor(values.fillna(0))) | (values < minimum)
+    if bad.any():
+        raise InputError(name, col[bad].iloc[0], f"must be an integer >= {minimum}")
+    return values.astype("int64")
+
+
+def _check_float_column(df: pd.DataFrame, name: str, minimum: float, strict: bool) -> pd.Series:
+    col = df[name]
+    values = pd.to_numeric(col, errors="coerce").astype("float64")
+    bad = ~np.isfinite(values) | ((values <= minimum) if strict else (values < minimum))
+    if bad.any():
+        op = ">" if strict else ">="
+        raise InputError(name, col[bad].iloc[0], f"must be a finite number {op} {minimum}")
+    return values
+
+
+def validate_measurements(df: pd.DataFrame) -> pd.DataFrame:
+    """Keep ok rows and check the contract columns; raises InputError naming column and value."""
+    missing = [c for c in CONTRACT_COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError("columns", missing, f"measurements need {list(CONTRACT_COLUMNS)}")
+    if "status" in df.columns:
+        df = df[df["status"].astype(str) == STATUS_OK]
+    if df.empty:
+        raise InputError("rows", 0, "no measurement rows with status 'ok'")
+    df = df.copy()
+    df["batch_size"] = _check_int_column(df, "batch_size", 1)
+    df["num_spec_tokens"] = _check_int_column(df, "num_spec_tokens", 0)
+    df["acceptance_length"] = _check_float_column(df, "acceptance_length", 1.0 - 1e-9, strict=False)
+    df["itl_s"] = _check_float_column(df, "itl_s", 0.0, strict=True)
+    too_long = df["acceptance_length"] > df["num_spec_tokens"] + 1 + 1e-6
+    if too_long.any():
+        row = df[too_long].iloc[0]
+        raise InputError("acceptance_length", float(row["acceptance_length"]),
+                         f"exceeds K+1={int(row['num_spec_tokens']) + 1}")
+    if "mode" in df.columns:
+        modes = df["mode"].astype(str)
+        bad = ~modes.isin([MODE_VANILLA, MODE_DSD, MODE_FIXED])
+        if bad.any():
+            raise InputError("mode", modes[bad].iloc[0], "must be vanilla, dsd or fixed")
+        df["mode"] = modes
+        spec_vanilla = (modes == MODE_VANILLA) & (df["num_spec_tokens"] != 0)
+        if spec_vanilla.any():
+            raise InputError("num_spec_tokens", int(df[spec_vanilla]["num_spec_tokens"].iloc[0]),
+                             "vanilla rows must have K=0")
+    return df
+
+
+def load_measurements(path: str | Path) -> pd.DataFrame:
+    """Read and validate measurements (ok rows only) from a sweep dir or Parquet file."""
+    return validate_measurements(read_measurements(path))
+
+
+# ----------------------------------------------------------------------------- analysis
+
+def _median_cells(df: pd.DataFrame) -> pd.DataFrame:
+    g = df.groupby(["batch_size", "num_spec_tokens"], as_index=False)
+    out = g.agg(acceptance_length=("acceptance_length", "median"), itl_s=("itl_s", "median"),
+                samples=("itl_s", "size"))
+    out["goodput"] = out["acceptance_length"] / out["itl_s"]
+    return out
+
+
+def split_baseline_candidates(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(baseline rows, candidate rows) following the ``mode`` rules in the module docstring."""
+    if "mode" not in df.columns:
+        return df[df["num_spec_tokens"] == 0], df
+    vanilla = df[df["mode"] == MODE_VANILLA]
+    spec = df[df["mode"] != MODE_VANILLA]
+    # A cell measured in DSD mode is what the table is served in: prefer it over fixed mode.
+    if not spec.empty and (spec["mode"] == MODE_DSD).any() and (spec["mode"] == MODE_FIXED).any():
+        dsd_keys = set(zip(spec.loc[spec["mode"] == MODE_DSD, "batch_size"],
+                           spec.loc[spec["mode"] == MODE_DSD, "num_spec_tokens"]))
+        keep = [(m == MODE_DSD) or ((b, k) not in dsd_keys)
+                for m, b, k in zip(spec["mode"], spec["batch_size"], spec["num_spec_tokens"])]
+        spec = spec[keep]
+    if vanilla.empty:
+        vanilla = spec[spec["num_spec_tokens"] == 0]
+    candidates = spec
+    # Batch sizes with no K=0 candidate (fixed mode has none) take vanilla as their K=0.
+    have_k0 = set(spec.loc[spec["num_spec_tokens"] == 0, "batch_size"])
+    extra_k0 = vanilla[~vanilla["batch_size"].isin(have_k0)]
+    if not extra_k0.empty:
+        candidates = pd.concat([spec, extra_k0], ignore_index=True)
+    return vanilla, candidates
+
+
+def choose_k(goodput_by_k: dict[int, float], tolerance: float) -> int:
+    """Smallest K whose goodput is within ``tolerance`` (relative) of the best."""
+    best = max(goodput_by_k.values())
+    return min(k for k, g in goodput_by_k.items() if g >= best * (1.0 - tolerance))
+
+
+def is_non_increasing(values: list[int]) -> bool:
+    return all(a >= b for a, b in zip(values, values[1:]))
+
+
+def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
+            provenance: dict[str, Any] | None = None) -> Analysis:
+    """Optimal K per batch size from (validated or raw) measurement rows."""
+    if not (0.0 <= tolerance < 1.0) or math.isnan(tolerance):
+        raise InputError("tolerance", tolerance, "must be in [0, 1)")
+    df = validate_measurements(df)
+    baseline_rows, candidate_rows = split_baseline_candidates(df)
+    if candidate_rows.empty:
+        raise InputError("rows", 0, "no speculative or K=0 candidate rows")
+    cells = _median_cells(candidate_rows)
+    baseline = _median_cells(baseline_rows)[["batch_size", "acceptance_length", "itl_s", "goodput"]]
+    base_goodput = dict(zip(baseline["batch_size"], baseline["goodput"]))
+    ks = sorted(int(k) for k in cells["num_spec_tokens"].unique())
+
+    records = []
+    for b, group in cells.groupby("batch_size", sort=True):
+        by_k = dict(zip(group["num_spec_tokens"].astype(int), group["goodput"]))
+        k = choose_k(by_k, tolerance)
+        row = group[group["num_spec_tokens"] == k].iloc[0]
+        rec: dict[str, Any] = {
+            "batch_size": int(b), "k": k, "goodput": float(row["goodput"]),
+            "acceptance_length": float(row["acceptance_length"]), "itl_s": float(row["itl_s"]),
+            "baseline_goodput": float(base_goodput.get(b, np.nan)),
+        }
+        rec["speedup_vs_baseline"] = rec["goodput"] / rec["baseline_goodput"]
+        for kk in ks:
+            rec[f"speedup_vs_k{kk}"] = rec["goodput"] / by_k[kk] if kk in by_k else np.nan
+        records.append(rec)
+    optimal = pd.DataFrame.from_records(records)
+    return Analysis(
+        cells=cells, baseline=baseline, optimal=optimal, tolerance=tolerance,
+        monotonic=is_non_increasing(optimal["k"].tolist()), provenance=dict(provenance or {}),
+    )
+
+
+def analyze_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> Analysis:
+    """:func:`analyze` on a sweep directory or Parquet file, with its stored provenance."""
+    df = read_measurements(path)
+    prov = read_provenance(path)
+    if not prov:
+        cols = [c for c in ("engine", "model", "draft_model", "method", "hardware", "dtype") if c in df.columns]
+        prov = {c: str(df[c].dropna().iloc[0]) for c in cols if not df[c].dropna().empty}
+    return analyze(df, tolerance=tolerance, provenance=prov)
+
+
+def fixed_k_summary(analysis: Analysis) -> pd.DataFrame:
+    """Per fixed K: geometric-mean speedup of the DSD choice over always running that K."""
+    rows = []
+    for k in analysis.candidate_ks:
+        col = analysis.optimal[f"speedup_vs_k{k}"].dropna()
+        if len(col):
+            rows.append({"k": k, "geomean_speedup": float(np.exp(np.log(col).mean())),
+                         "max_speedup": float(col.max()), "batch_sizes": int(len(col))})
+    return pd.DataFrame(rows)

