@@ -1,0 +1,233 @@
+"""``dsdprof`` command line: parse, call, render. rich lives only in CLI modules."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dsdprof import __version__
+from dsdprof.cli_common import fail, guarded
+
+app = typer.Typer(
+    name="dsdprof",
+    help="Measure speculative decoding on your model, draft and GPU; pick the goodput-optimal "
+         "number of draft tokens K per batch size; export it to vLLM or a runtime selector.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"dsdprof {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """dsdprof: hardware-aware dynamic speculative decoding profiler."""
+
+
+# ----------------------------------------------------------------------------- sweep
+
+@app.command()
+@guarded
+def sweep(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec (TOML): [engine], [sweep], [workload]."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory for Parquet part files (must not exist unless --resume)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a sweep in OUT, skipping finished cells."),
+) -> None:
+    """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from dsdprof.spec import load_spec
+    from dsdprof.sweep import SweepProgress, run_sweep
+
+    spec = load_spec(spec_path)
+    if spec.engine.name == "sim":
+        err_console.print("[yellow]engine 'sim': rows are analytic predictions, not measurements[/]")
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                        TimeRemainingColumn(), console=err_console, transient=False)
+    task = None
+
+    def on_progress(ev: SweepProgress) -> None:
+        nonlocal task
+        if ev.phase == "plan":
+            err_console.print(f"[dim]{ev.message}[/]")
+            task = progress.add_task("sweep", total=ev.total, cell="")
+            return
+        if task is None:
+            return
+        c = ev.cell
+        label = f"BS {c.batch_size:>4} K {c.num_spec_tokens} {c.mode}" if c else ""
+        if ev.phase == "start":
+            progress.update(task, cell=label)
+        elif ev.phase in ("done", "skip"):
+            progress.update(task, completed=ev.index, cell=label)
+            if ev.status == "failed":
+                progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
+
+    with progress:
+        summary = run_sweep(spec, out, resume=resume, on_progress=on_progress)
+    console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped "
+                  f"(speculation mode {summary.speculation_mode}) -> {summary.out}")
+
+
+# ----------------------------------------------------------------------------- analyze
+
+def _fmt(x: float, digits: int = 2) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+@app.command()
+@guarded
+def analyze(
+    measurements: Path = typer.Argument(..., help="Sweep directory or Parquet file."),
+    tolerance: float = typer.Option(0.02, "--tolerance", help="Pick the smallest K within this relative goodput of the best."),
+    json_out: bool = typer.Option(False, "--json", help="Print the per-BS result as JSON instead of tables."),
+) -> None:
+    """Find the goodput-optimal K (goodput = AL / ITL) per batch size."""
+    from dsdprof.analysis import analyze_path, fixed_k_summary
+
+    result = analyze_path(measurements, tolerance=tolerance)
+    if json_out:
+        print(json.dumps({"shape": result.shape, "monotonic": result.monotonic, "tolerance": tolerance,
+                          "optimal": json.loads(result.optimal.to_json(orient="records"))}, indent=2))
+        return
+    prov = result.provenance
+    title = " / ".join(str(prov[k]) for k in ("model", "draft_model", "hardware") if prov.get(k))
+    if prov.get("engine") == "sim":
+        title += "  (sim: predicted)"
+    t = Table(title=f"Optimal K per batch size  {title}")
+    for col in ("BS", "K*", "AL", "ITL ms", "goodput tok/s", "vs no-SD"):
+        t.add_column(col, justify="right")
+    ks = result.candidate_ks
+    for k in ks:
+        t.add_column(f"vs K={k}", justify="right")
+    for _, r in result.optimal.iterrows():
+        t.add_row(str(int(r["batch_size"])), str(int(r["k"])), _fmt(r["acceptance_length"]), _fmt(r["itl_s"] * 1e3),
+                  _fmt(r["goodput"], 1), _fmt(r["speedup_vs_baseline"]) + "x",
+                  *[_fmt(r[f"speedup_vs_k{k}"]) + "x" for k in ks])
+    console.print(t)
+    summary = fixed_k_summary(result)
+    if not summary.empty:
+        console.print("DSD vs always-K (geometric mean over batch sizes): " + ", ".join(
+            f"K={int(r.k)} {r.geomean_speedup:.2f}x" for r in summary.itertuples()))
+    console.print(f"K* vs BS is {'monotonic non-increasing (dense-like)' if result.monotonic else 'non-monotonic (MoE-like)'}; "
+                  f"tolerance {tolerance:.0%}")
+
+
+# ----------------------------------------------------------------------------- export / show
+
+@app.command()
+@guarded
+def export(
+    source: Path = typer.Argument(..., help="Sweep directory / Parquet file, or an existing table JSON (for --format vllm)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v1) or vllm (--speculative-config JSON)."),
+    tolerance: float = typer.Option(0.02, "--tolerance", help="Relative goodput tolerance for choosing K."),
+    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+) -> None:
+    """Write the portable K table, or vLLM's native speculative config with the DSD schedule."""
+    from dsdprof.table import build_table, load_table, vllm_speculative_config, write_json_atomic
+
+    if fmt not in ("table", "vllm"):
+        raise fail(f"--format={fmt!r}: must be 'table' or 'vllm'")
+    if output is not None and output.exists() and not force:
+        raise fail(f"--output={str(output)!r}: exists; pass --force to replace it")
+    if source.suffix == ".json" and source.is_file():
+        table = load_table(source)
+    else:
+        from dsdprof.analysis import analyze_path
+
+        table = build_table(analyze_path(source, tolerance=tolerance), source=str(source))
+    doc = table if fmt == "table" else vllm_speculative_config(table)
+    if output is None:
+        print(json.dumps(doc, indent=2))
+    else:
+        write_json_atomic(output, doc, force=force)
+        console.print(f"wrote {output}")
+
+
+@app.command()
+@guarded
+def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 JSON file.")) -> None:
+    """Show a K table: ranges, profiled points and provenance."""
+    from dsdprof.table import load_table
+
+    doc = load_table(table_path)
+    prov = doc.get("provenance", {})
+    t = Table(title=f"{table_path}  ({doc['schema']})")
+    for col in ("batch sizes", "K"):
+        t.add_column(col, justify="right")
+    for start, end, k in doc["ranges"]:
+        span = f"{start}" if start == end else (f"{start}+" if end >= (1 << 20) else f"{start}-{end}")
+        t.add_row(span, str(k))
+    console.print(t)
+    if doc.get("points"):
+        p = Table(title="profiled points")
+        for col in ("BS", "K", "AL", "ITL ms", "goodput tok/s", "vs baseline"):
+            p.add_column(col, justify="right")
+        for pt in doc["points"]:
+            p.add_row(str(pt["batch_size"]), str(pt["k"]), _fmt(pt.get("acceptance_length")),
+                      _fmt((pt.get("itl_s") or math.nan) * 1e3), _fmt(pt.get("goodput"), 1),
+                      _fmt(pt.get("speedup_vs_baseline") if pt.get("speedup_vs_baseline") is not None else math.nan) + "x")
+        console.print(p)
+    if prov:
+        console.print(", ".join(f"{k}={v}" for k, v in prov.items() if v not in ("", None)))
+
+
+# ----------------------------------------------------------------------------- toy models
+
+@app.command("toy-models")
+@guarded
+def toy_models(
+    out_dir: Path = typer.Argument(..., help="Directory to write <kind>/target and <kind>/draft into."),
+    kind: str = typer.Option("both", "--kind", help="dense, moe or both."),
+    residual_scale: float = typer.Option(0.02, "--residual-scale", help="Scale of later layers' output projections: 0 = draft equals target; larger = lower acceptance."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Build random-init toy target/draft pairs locally (no download) with realistic acceptance."""
+    from dsdprof.errors import InputError
+    from dsdprof.toy_models import ToyModelConfig, build_toy_pair
+
+    kinds = {"both": ["dense", "moe"], "dense": ["dense"], "moe": ["moe"]}.get(kind)
+    if kinds is None:
+        raise InputError("--kind", kind, "must be dense, moe or both")
+    for k in kinds:
+        pair = build_toy_pair(out_dir / k, ToyModelConfig(kind=k, residual_scale=residual_scale, seed=seed))
+        console.print(f"{k}: target {pair.target}  draft {pair.draft}")
+
+
+def _register_subcommands() -> None:
+    from dsdprof.report import cli as report_cli
+    from dsdprof.sim import cli as sim_cli
+
+    sim_cli.register(app)
+    report_cli.register(app)
+
+
+_register_subcommands()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
