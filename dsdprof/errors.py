@@ -7,6 +7,11 @@ class InputError(ValueError):
     """Bad user input: names the field and the offending value."""
 
     def __init__(self, field: str, value: object, reason: str) -> None:
+        if hasattr(value, "item") and callable(value.item):  # numpy scalar -> plain Python
+            try:
+                value = value.item()
+            except (ValueError, TypeError):
+                pass
         self.field = field
         self.value = value
         self.reason = reason
