@@ -1,0 +1,280 @@
+"""Model architectures for the analytic engine: a small catalog plus a HF ``config.json`` reader.
+
+Facts come from the models' HF ``config.json`` (see ``../shared/reference.md``); the parameter
+counts below are recomputed from them by :meth:`ModelArch.total_params` and checked in the tests
+against the published totals. Draft heads (EAGLE-3, MTP) that have no catalog entry are derived
+from the target by :func:`derived_draft`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from dsdprof.errors import InputError
+
+
+@dataclass(frozen=True)
+class MLA:
+    """Multi-head latent attention (DeepSeek-V2/V3)."""
+
+    q_lora_rank: int  # 0 = no low-rank query
+    kv_lora_rank: int
+    rope_dim: int
+    nope_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """One decoder-only transformer (or draft head), enough to count bytes and FLOPs per token.
+
+    ``moe_layers`` of the ``num_layers`` carry experts (the rest a dense FFN of ``intermediate``);
+    ``sliding_layers`` attend over at most ``sliding_window`` positions. ``weight_bytes`` and
+    ``expert_weight_bytes`` are the native storage (used for ``dtype = "auto"``).
+    ``extra_params``: weights read every step that the layer formula misses (EAGLE-3's fc, MTP's
+    eh_proj). ``has_embedding``: False for heads sharing the target's embedding (not counted).
+    """
+
+    name: str
+    num_layers: int
+    hidden: int
+    intermediate: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab: int
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
+    moe_layers: int = 0
+    num_shared_experts: int = 0
+    shared_intermediate: int = 0
+    mla: Optional[MLA] = None
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    extra_params: int = 0
+    has_embedding: bool = True
+    tied_embeddings: bool = False
+    weight_bytes: float = 2.0
+    expert_weight_bytes: Optional[float] = None
+    compute_dtype: str = "bf16"  # bf16 | fp8 (native GEMM precision, for dtype = "auto")
+
+    # ---------------------------------------------------------------- parameter counts
+    def attention_params(self) -> int:
+        """Per layer. GQA: h*(nq*d) + 2*h*(nkv*d) + (nq*d)*h. MLA: q (low rank), kv_a, kv_b, o."""
+        h = self.hidden
+        if self.mla is None:
+            return h * self.num_heads * self.head_dim * 2 + 2 * h * self.num_kv_heads * self.head_dim
+        m, n = self.mla, self.num_heads
+        q_out = n * (m.nope_dim + m.rope_dim)
+        q = h * m.q_lora_rank + m.q_lora_rank * q_out if m.q_lora_rank else h * q_out
+        kv = h * (m.kv_lora_rank + m.rope_dim) + m.kv_lora_rank * n * (m.nope_dim + m.v_head_dim)
+        return q + kv + n * m.v_head_dim * h
+
+    def expert_params(self) -> int:
+        """One routed expert in one layer: gated FFN, 3 * h * f_expert."""
+        return 3 * self.hidden * self.moe_intermediate
+
+    def dense_params(self) -> int:
+        """Weights every token passes through: attention, dense FFNs, shared experts, router,
+        LM head and ``extra_params`` (not the embedding table: only B rows of it are read)."""
+        dense_ffn = (self.num_layers - self.moe_layers) * 3 * self.hidden * self.intermediate
+        shared = self.moe_layers * self.num_shared_experts * 3 * self.hidden * (
+            self.shared_intermediate or self.moe_intermediate)
+        router = self.moe_layers * self.hidden * self.num_experts
+        head = self.vocab * self.hidden
+        return self.num_layers * self.attention_params() + dense_ffn + shared + router + head + self.extra_params
+
+    def total_params(self) -> int:
+        """Everything stored: dense + all routed experts + the embedding table (if own)."""
+        experts = self.moe_layers * self.num_experts * self.expert_params()
+        return self.dense_params() + experts + self._embedding()
+
+    def _embedding(self) -> int:
+        return self.vocab * self.hidden if self.has_embedding and not self.tied_embeddings else 0
+
+    def active_params(self) -> int:
+        experts = self.moe_layers * self.experts_per_token * self.expert_params()
+        return self.dense_params() + experts + self._embedding()
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and self.moe_layers > 0
+
+
+def _dense(name: str, layers: int, hidden: int, ffn: int, nq: int, nkv: int, d: int, vocab: int,
+           **kw: Any) -> ModelArch:
+    return ModelArch(name, layers, hidden, ffn, nq, nkv, d, vocab, **kw)
+
+
+_MXFP4 = 4.25 / 8  # bytes per parameter of an MXFP4 tensor (4-bit values + 8-bit scale per 32)
+
+MODELS: dict[str, ModelArch] = {m.name: m for m in (
+    _dense("Llama-3.1-8B", 32, 4096, 14336, 32, 8, 128, 128256),
+    _dense("Llama-3.1-70B", 80, 8192, 28672, 64, 8, 128, 128256),
+    _dense("Llama-3.2-1B", 16, 2048, 8192, 32, 8, 64, 128256, tied_embeddings=True),
+    _dense("Qwen3-8B", 36, 4096, 12288, 32, 8, 128, 151936),
+    _dense("Qwen3-0.6B", 28, 1024, 3072, 16, 8, 128, 151936, tied_embeddings=True),
+    _dense("Qwen3-30B-A3B", 48, 2048, 6144, 32, 4, 128, 151936,
+           num_experts=128, experts_per_token=8, moe_intermediate=768, moe_layers=48),
+    _dense("Qwen3-235B-A22B", 94, 4096, 12288, 64, 4, 128, 151936,
+           num_experts=128, experts_per_token=8, moe_intermediate=1536, moe_layers=94),
+    _dense("Mixtral-8x7B", 32, 4096, 14336, 32, 8, 128, 32000,
+           num_experts=8, experts_per_token=2, moe_intermediate=14336, moe_layers=32),
+    _dense("DeepSeek-V3", 61, 7168, 18432, 128, 128, 128, 129280,
+           num_experts=256, experts_per_token=8, moe_intermediate=2048, moe_layers=58,
+           num_shared_experts=1, mla=MLA(1536, 512, 64, 128, 128), weight_bytes=1.0, compute_dtype="fp8"),
+    _dense("gpt-oss-20b", 24, 2880, 2880, 64, 8, 64, 201088,
+           num_experts=32, experts_per_token=4, moe_intermediate=2880, moe_layers=24,
+           sliding_window=128, sliding_layers=12, expert_weight_bytes=_MXFP4),
+    _dense("gpt-oss-120b", 36, 2880, 2880, 64, 8, 64, 201088,
+           num_experts=128, experts_per_token=4, moe_intermediate=2880, moe_layers=36,
+           sliding_window=128, sliding_layers=18, expert_weight_bytes=_MXFP4),
+    # EAGLE-3 head for Llama-3.1-8B: one decoder layer whose q/k/v read [embedding; hidden]
+    # (2h wide: + h*(nq+2nkv)*d extra), fc 3h -> h, a 32000-token draft LM head; embedding shared.
+    _dense("EAGLE3-Llama-3.1-8B", 1, 4096, 14336, 32, 8, 128, 32000,
+           extra_params=3 * 4096 * 4096 + 4096 * (32 + 16) * 128, has_embedding=False),
+    # DeepSeek-V3 MTP module: one MoE decoder layer + eh_proj (2h -> h), embedding and head shared.
+    _dense("DeepSeek-V3-MTP", 1, 7168, 18432, 128, 128, 128, 129280,
+           num_experts=256, experts_per_token=8, moe_intermediate=2048, moe_layers=1,
+           num_shared_experts=1, mla=MLA(1536, 512, 64, 128, 128), extra_params=2 * 7168 * 7168,
+           has_embedding=False, weight_bytes=1.0, compute_dtype="fp8"),
+)}
+
+# Default draft for (target, method) when engine.draft_model is not given.
+DEFAULT_DRAFTS: dict[tuple[str, str], str] = {
+    ("Llama-3.1-8B", "eagle3"): "EAGLE3-Llama-3.1-8B",
+    ("Llama-3.1-8B", "eagle"): "EAGLE3-Llama-3.1-8B",
+    ("DeepSeek-V3", "mtp"): "DeepSeek-V3-MTP",
+}
+
+
+def _key(name: str) -> str:
+    base = name.strip().rsplit("/", 1)[-1].lower()
+    for suffix in ("-instruct", "-base", "-hf"):
+        base = base.removesuffix(suffix)
+    return base.replace("_", "-").replace(".", "").replace(" ", "")
+
+
+_BY_KEY = {_key(n): m for n, m in MODELS.items()}
+
+
+def load_hf_config(path: str | Path, field: str = "engine.model") -> ModelArch:
+    """Read a HF ``config.json`` (or a directory holding one) into a :class:`ModelArch`.
+
+    Knows Llama/Mistral/Qwen2/Qwen3 (dense), Mixtral, Qwen2/Qwen3-MoE, DeepSeek-V2/V3 and
+    gpt-oss key names; EAGLE-3 heads' ``draft_vocab_size`` is honoured.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise InputError(field, str(path), "not a catalog model and no config.json there")
+    try:
+        cfg = json.loads(p.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise InputError(field, str(p), f"not valid JSON ({err})") from None
+    if not isinstance(cfg, dict):
+        raise InputError(field, str(p), "config.json must hold an object")
+    cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
+
+    def need(key: str) -> int:
+        v = cfg.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise InputError(f"{field}:{key}", v, "missing or not a positive integer in config.json")
+        return v
+
+    hidden, layers, nq = need("hidden_size"), need("num_hidden_layers"), need("num_attention_heads")
+    nkv = cfg.get("num_key_value_heads") or nq
+    head_dim = cfg.get("head_dim") or hidden // nq
+    vocab = cfg.get("draft_vocab_size") or need("vocab_size")
+    mtype = str(cfg.get("model_type", "")).lower()
+    n_exp = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
+    topk = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
+    ffn = int(cfg.get("intermediate_size") or 4 * hidden)
+    moe_ffn = int(cfg.get("moe_intermediate_size") or ffn) if n_exp else 0
+    moe_layers = 0
+    if n_exp:
+        dense_layers = set(cfg.get("mlp_only_layers") or [])
+        first_dense = int(cfg.get("first_k_dense_replace") or 0)
+        step = int(cfg.get("decoder_sparse_step") or cfg.get("moe_layer_freq") or 1)
+        moe_layers = sum(1 for i in range(layers)
+                         if i >= first_dense and i not in dense_layers and (i + 1) % step == 0)
+    mla = None
+    if cfg.get("kv_lora_rank"):
+        mla = MLA(int(cfg.get("q_lora_rank") or 0), int(cfg["kv_lora_rank"]),
+                  int(cfg.get("qk_rope_head_dim", 64)), int(cfg.get("qk_nope_head_dim", 128)),
+                  int(cfg.get("v_head_dim", 128)))
+    n_shared = int(cfg.get("n_shared_experts") or (1 if cfg.get("shared_expert_intermediate_size") else 0))
+    window = int(cfg.get("sliding_window") or 0)
+    layer_types = cfg.get("layer_types") or []
+    sliding = sum(1 for t in layer_types if "sliding" in str(t)) if layer_types else 0
+    if window and not layer_types and cfg.get("use_sliding_window"):
+        sliding = layers
+    arch_names = (mtype + " " + str(cfg.get("architectures", ""))).lower()
+    eagle, eagle3 = "eagle" in arch_names, "eagle3" in arch_names
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    wbytes = 4.0 if dtype in ("float32", "float") else 2.0
+    quant = cfg.get("quantization_config") or {}
+    qmethod = str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else ""
+    expert_bytes = _MXFP4 if qmethod == "mxfp4" else None
+    if qmethod == "fp8":
+        wbytes = 1.0
+    return ModelArch(
+        name=cfg.get("_name_or_path") or str(p.parent.name or p), num_layers=layers, hidden=hidden,
+        intermediate=ffn, num_heads=nq, num_kv_heads=int(nkv), head_dim=int(head_dim), vocab=int(vocab),
+        num_experts=n_exp, experts_per_token=topk, moe_intermediate=moe_ffn, moe_layers=moe_layers,
+        num_shared_experts=n_shared,
+        shared_intermediate=int(cfg.get("shared_expert_intermediate_size") or 0) // max(n_shared, 1),
+        mla=mla, sliding_window=window if sliding else 0, sliding_layers=sliding,
+        extra_params=(3 * hidden * hidden + hidden * (nq + 2 * int(nkv)) * int(head_dim)) if eagle3 else 0,
+        has_embedding=not eagle, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        weight_bytes=wbytes, expert_weight_bytes=expert_bytes,
+        compute_dtype="fp8" if qmethod == "fp8" else ("fp32" if wbytes == 4.0 else "bf16"),
+    )
+
+
+def resolve_model(name_or_path: str, field: str = "engine.model") -> ModelArch:
+    """A catalog name (case-insensitive, org prefix and ``-Instruct`` ignored) or a config path."""
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise InputError(field, name_or_path, "must be a catalog model name or a path to config.json")
+    hit = _BY_KEY.get(_key(name_or_path))
+    if hit is not None:
+        return hit
+    p = Path(name_or_path).expanduser()
+    if p.exists():
+        return load_hf_config(p, field)
+    raise InputError(field, name_or_path,
+                     f"unknown model; catalog: {', '.join(sorted(MODELS))}; or give a path to config.json")
+
+
+def derived_draft(target: ModelArch, method: str) -> Optional[ModelArch]:
+    """The draft a method implies when none is named.
+
+    * ``ngram`` / ``suffix``: None (drafting is a CPU lookup, no forward pass).
+    * catalog default (EAGLE-3 for Llama-3.1-8B, MTP for DeepSeek-V3) when there is one.
+    * ``eagle``/``eagle3``: one dense decoder layer at the target's width (FFN = target's dense
+      FFN, or 8/3 h rounded for MoE targets), fc 3h -> h, a 32000-token head, embedding shared.
+    * ``mtp``: one of the target's own decoder layers + eh_proj 2h -> h, sharing embedding and head.
+    """
+    if method in ("ngram", "suffix", "ngram_gpu"):
+        return None
+    known = DEFAULT_DRAFTS.get((target.name, method))
+    if known:
+        return MODELS[known]
+    h = target.hidden
+    if method in ("eagle", "eagle3"):
+        ffn = target.intermediate if not target.is_moe else 256 * round(8 * h / 3 / 256)
+        return replace(
+            target, name=f"{target.name}-eagle3-head (derived)", num_layers=1, intermediate=ffn,
+            vocab=min(target.vocab, 32000), num_experts=0, experts_per_token=0, moe_intermediate=0,
+            moe_layers=0, num_shared_experts=0, sliding_window=0, sliding_layers=0,
+            extra_params=3 * h * h, has_embedding=False, expert_weight_bytes=None)
+    if method == "mtp":
+        return replace(target, name=f"{target.name}-mtp (derived)", num_layers=1,
+                       moe_layers=1 if target.is_moe else 0, sliding_window=0, sliding_layers=0,
+                       extra_params=2 * h * h, has_embedding=False)
+    return None
