@@ -1,7 +1,141 @@
-"""CLI commands of this subpackage (registered on the main typer app by dsdprof.cli)."""
+"""CLI commands of this subpackage (registered on the main typer app by dsdprof.cli):
+``dsdprof validate`` and ``dsdprof plot``. rich lives here only."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import List, Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from dsdprof.cli_common import fail, guarded
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _f(x: float, digits: int = 1) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def render_comparison(comparison, title: str = "") -> Table:
+    """Rich table of a :func:`dsdprof.report.compare.compare` result."""
+    from dsdprof.report.compare import fixed_k_columns
+
+    ks = fixed_k_columns(comparison)
+    t = Table(title=f"tokens/s per user (median over repeats)  {title}".strip())
+    for col in ("BS", "vanilla", *[f"K={k}" for k in ks], "DSD", "DSD K", "regret vs best K",
+                "DSD vs vanilla", "noise", "flag"):
+        t.add_column(col, justify="left" if col == "flag" else "right")
+    for _, r in comparison.iterrows():
+        k_obs = r.get("dsd_k_observed")
+        k_txt = str(int(r["dsd_k"]))
+        if k_obs is not None and not math.isnan(k_obs) and abs(k_obs - r["dsd_k"]) > 0.05:
+            k_txt += f" (ran {k_obs:.1f})"
+        regret = r["regret"] * 100
+        regret_txt = f"{regret:+.1f}% (K={int(r['best_fixed_k'])})"
+        sp = r["speedup_vs_vanilla"]
+        sp_txt = f"{sp:.2f}x"
+        flag = ""
+        if r["below_vanilla"]:
+            sp_txt = f"[red]{sp_txt}[/]"
+            flag = f"[red]below vanilla[/] {r['note']}"
+        t.add_row(str(int(r["batch_size"])), _f(r["tops_vanilla"]), *[_f(r[f"tops_k{k}"]) for k in ks],
+                  _f(r["tops_dsd"]), k_txt, regret_txt, sp_txt, f"±{r['noise'] * 100:.0f}%", flag)
+    return t
+
+
+def _title(prov: dict) -> str:
+    return " / ".join(str(prov[k]) for k in ("model", "draft_model", "hardware") if prov.get(k))
 
 
 def register(app: typer.Typer) -> None:
     """Add this subpackage's commands to ``app``."""
+
+    @app.command()
+    @guarded
+    def validate(
+        table_path: Path = typer.Argument(..., metavar="TABLE", help="K table (dsdprof.ktable/v1 JSON) to serve."),
+        spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec whose engine, batch sizes and workload to run."),
+        fixed_k: Optional[List[int]] = typer.Option(None, "--fixed-k", help="Fixed K to compare against (repeatable; default 3)."),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for Parquet rows (default runs/validate-<time>)."),
+        fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", help="Exit 1 when DSD's regret vs the best fixed K exceeds PCT percent at any batch size."),
+        noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag (raised to the spread seen across repeats)."),
+        repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the spec's sweep.repeats."),
+        waves: Optional[int] = typer.Option(None, "--waves", min=1, help="Override the spec's sweep.waves."),
+        resume: bool = typer.Option(False, "--resume", help="Continue a validate run in OUT, skipping finished cells."),
+    ) -> None:
+        """Serve TABLE on real vLLM next to vanilla and fixed K; report TOPS/user, regret, speedup."""
+        from datetime import datetime
+
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from dsdprof.analysis import read_measurements
+        from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
+        from dsdprof.report.validate import run_validation
+        from dsdprof.spec import load_spec
+        from dsdprof.table import load_table
+
+        if fail_on_regret is not None and (math.isnan(fail_on_regret) or fail_on_regret < 0):
+            raise fail(f"--fail-on-regret={fail_on_regret!r}: must be a percentage >= 0")
+        if not (0 <= noise < 1):
+            raise fail(f"--noise={noise!r}: must be in [0, 1)")
+        table = load_table(table_path)
+        spec = load_spec(spec_path)
+        upd = {k: v for k, v in (("repeats", repeats), ("waves", waves)) if v is not None}
+        if upd:
+            spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update=upd)})
+        if out is None:
+            out = Path("runs") / f"validate-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        ks = list(fixed_k) if fixed_k else [3]
+        progress = Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), console=err_console)
+        task = None
+
+        def on_progress(ev) -> None:
+            nonlocal task
+            if ev.phase == "plan":
+                err_console.print(f"[dim]{ev.message}[/]")
+                task = progress.add_task("validate", total=ev.total, cell="")
+            elif task is not None:
+                c = ev.cell
+                progress.update(task, completed=ev.index, cell=f"BS {c.batch_size:>4} {c.mode} K={c.num_spec_tokens}")
+                if ev.status == "failed":
+                    progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
+
+        with progress:
+            summary = run_validation(table, spec, out, ks, table_path=str(table_path), resume=resume,
+                                     on_progress=on_progress)
+        for w in summary.warnings:
+            err_console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped -> {summary.out}")
+        comparison = compare(read_measurements(out), noise_floor=noise)
+        console.print(render_comparison(comparison, _title(table.get("provenance", {}))))
+        worst = comparison.loc[comparison["regret"].idxmax()]
+        console.print(f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS {int(worst['batch_size'])}; "
+                      f"DSD vs vanilla: {comparison['speedup_vs_vanilla'].min():.2f}x .. {comparison['speedup_vs_vanilla'].max():.2f}x")
+        for r in below_vanilla_ranges(comparison):
+            console.print(f"[red]flag[/] {r.label()}")
+        if fail_on_regret is not None:
+            over = regret_exceeds(comparison, fail_on_regret)
+            if over:
+                console.print(f"[red]regret above {fail_on_regret:g}% at BS {over}[/]")
+                raise typer.Exit(1)
+
+    @app.command()
+    @guarded
+    def plot(
+        results: Path = typer.Argument(..., metavar="RESULTS", help="Sweep or validate output (directory or Parquet file)."),
+        out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the PNG files."),
+        tolerance: float = typer.Option(0.02, "--tolerance", help="Relative goodput tolerance for choosing K (sweeps)."),
+        force: bool = typer.Option(False, "--force", help="Replace existing PNGs of the same names."),
+    ) -> None:
+        """Draw PNGs: optimal K vs BS, goodput heatmap, TOPS/user (validate runs), acceptance per position."""
+        from dsdprof.report.plots import plot_results
+
+        written = plot_results(results, out_dir, tolerance=tolerance, force=force)
+        for p in written:
+            console.print(f"wrote {p}")

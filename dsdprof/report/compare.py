@@ -1,0 +1,167 @@
+"""Compare vanilla, fixed-K and DSD serving per batch size: pure functions over a DataFrame.
+
+Input: measurement rows (the :mod:`dsdprof.schema` columns) of a ``dsdprof validate`` run, with
+``mode`` = ``vanilla`` | ``fixed`` | ``dsd``, ``batch_size``, ``num_spec_tokens`` (the fixed K, or
+the table's K at that batch size for ``dsd``) and a per-user speed: ``tokens_per_s_per_user``
+(else ``1 / tpot_s``, else ``acceptance_length / itl_s``). Rows whose ``status`` is not ``ok`` are
+ignored; repeats are aggregated with the median.
+
+Per batch size, :func:`compare` reports:
+
+* ``tops_vanilla``, ``tops_k<K>`` (one per fixed K), ``tops_dsd``: tokens/s per user;
+* ``regret``: ``1 - tops_dsd / tops_best_fixed`` where ``tops_best_fixed`` is the best fixed K
+  (negative when DSD beats every fixed K);
+* ``regret_vs_oracle``: the same against the best of vanilla and every fixed K;
+* ``speedup_vs_vanilla``: ``tops_dsd / tops_vanilla``;
+* ``noise``: the relative noise band, ``max(noise_floor, half-range / median)`` over the repeats
+  of the vanilla and DSD cells at that batch size;
+* ``below_vanilla``: DSD slower than vanilla by more than ``noise``; ``note`` says why it matters
+  (a K=0 range still pays the drafter's overhead, vLLM issue 49548).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dsdprof.errors import InputError
+from dsdprof.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
+
+DEFAULT_NOISE_FLOOR = 0.05
+K0_NOTE = "K=0 range still runs the drafter (vLLM issue 49548): serve it without speculation"
+
+
+@dataclass(frozen=True)
+class FlaggedRange:
+    """Consecutive profiled batch sizes where DSD runs below vanilla beyond noise."""
+
+    first_bs: int
+    last_bs: int
+    worst_speedup: float
+    note: str
+
+    def label(self) -> str:
+        span = f"BS {self.first_bs}" if self.first_bs == self.last_bs else f"BS {self.first_bs}-{self.last_bs}"
+        return f"{span}: DSD at {self.worst_speedup:.2f}x vanilla ({self.note})"
+
+
+def user_speed(df: pd.DataFrame) -> pd.Series:
+    """Tokens/s seen by one request, from the best column available."""
+    if "tokens_per_s_per_user" in df.columns:
+        s = pd.to_numeric(df["tokens_per_s_per_user"], errors="coerce")
+        if s.notna().all():
+            return s.astype("float64")
+    if "tpot_s" in df.columns:
+        t = pd.to_numeric(df["tpot_s"], errors="coerce")
+        if (t > 0).all():
+            return 1.0 / t
+    if {"acceptance_length", "itl_s"} <= set(df.columns):
+        return pd.to_numeric(df["acceptance_length"], errors="coerce") / pd.to_numeric(df["itl_s"], errors="coerce")
+    raise InputError("columns", sorted(df.columns)[:8],
+                     "need tokens_per_s_per_user, tpot_s or acceptance_length and itl_s")
+
+
+def _clean(df: pd.DataFrame) -> pd.DataFrame:
+    for col in ("mode", "batch_size", "num_spec_tokens"):
+        if col not in df.columns:
+            raise InputError("columns", col, "validate results need mode, batch_size and num_spec_tokens")
+    if "status" in df.columns:
+        df = df[df["status"].astype(str) == STATUS_OK]
+    df = df.copy()
+    df["mode"] = df["mode"].astype(str)
+    bad = ~df["mode"].isin([MODE_VANILLA, MODE_FIXED, MODE_DSD])
+    if bad.any():
+        raise InputError("mode", df.loc[bad, "mode"].iloc[0], "must be vanilla, fixed or dsd")
+    df["tops"] = user_speed(df)
+    bad = ~np.isfinite(df["tops"]) | (df["tops"] <= 0)
+    if bad.any():
+        raise InputError("tokens_per_s_per_user", df.loc[bad, "tops"].iloc[0], "must be a finite number > 0")
+    df["batch_size"] = df["batch_size"].astype("int64")
+    df["num_spec_tokens"] = df["num_spec_tokens"].astype("int64")
+    return df
+
+
+def _spread(values: pd.Series) -> float:
+    """Half-range over median: the relative noise band seen across repeats (0 for one sample)."""
+    if len(values) < 2:
+        return 0.0
+    med = float(values.median())
+    return float((values.max() - values.min()) / 2.0 / med) if med > 0 else 0.0
+
+
+def compare(df: pd.DataFrame, noise_floor: float = DEFAULT_NOISE_FLOOR) -> pd.DataFrame:
+    """One row per batch size that has vanilla, DSD and at least one fixed K (see module doc)."""
+    if not (0.0 <= noise_floor < 1.0) or math.isnan(noise_floor):
+        raise InputError("noise_floor", noise_floor, "must be in [0, 1)")
+    df = _clean(df)
+    fixed_ks = sorted(int(k) for k in df.loc[df["mode"] == MODE_FIXED, "num_spec_tokens"].unique())
+    records = []
+    for b, g in df.groupby("batch_size", sort=True):
+        van = g.loc[g["mode"] == MODE_VANILLA, "tops"]
+        dsd = g[g["mode"] == MODE_DSD]
+        fixed = g[g["mode"] == MODE_FIXED]
+        if van.empty or dsd.empty or fixed.empty:
+            continue
+        rec: dict = {"batch_size": int(b), "dsd_k": int(dsd["num_spec_tokens"].mode().iloc[0]),
+                     "tops_vanilla": float(van.median())}
+        by_k = {int(k): float(s.median()) for k, s in fixed.groupby("num_spec_tokens")["tops"]}
+        for k in fixed_ks:
+            rec[f"tops_k{k}"] = by_k.get(k, np.nan)
+        rec["tops_dsd"] = float(dsd["tops"].median())
+        best_k = max(by_k, key=lambda k: (by_k[k], -k))
+        rec["best_fixed_k"] = best_k
+        rec["tops_best_fixed"] = by_k[best_k]
+        rec["regret"] = 1.0 - rec["tops_dsd"] / rec["tops_best_fixed"]
+        oracle = max(rec["tops_best_fixed"], rec["tops_vanilla"])
+        rec["regret_vs_oracle"] = 1.0 - rec["tops_dsd"] / oracle
+        rec["speedup_vs_vanilla"] = rec["tops_dsd"] / rec["tops_vanilla"]
+        rec["repeats"] = int(min(len(van), len(dsd)))
+        rec["noise"] = max(noise_floor, _spread(van), _spread(dsd["tops"]))
+        rec["below_vanilla"] = bool(rec["speedup_vs_vanilla"] < 1.0 - rec["noise"])
+        if rec["below_vanilla"]:
+            rec["note"] = K0_NOTE if rec["dsd_k"] == 0 else f"table's K={rec['dsd_k']} is slower than no speculation here"
+        else:
+            rec["note"] = ""
+        if "num_drafts" in dsd.columns and "num_draft_tokens" in dsd.columns:
+            drafts = pd.to_numeric(dsd["num_drafts"], errors="coerce").sum()
+            toks = pd.to_numeric(dsd["num_draft_tokens"], errors="coerce").sum()
+            rec["dsd_k_observed"] = float(toks / drafts) if drafts > 0 else 0.0
+        records.append(rec)
+    if not records:
+        raise InputError("rows", len(df), "no batch size has ok vanilla, fixed-K and DSD rows")
+    return pd.DataFrame.from_records(records)
+
+
+def fixed_k_columns(comparison: pd.DataFrame) -> list[int]:
+    """The fixed Ks present in a :func:`compare` result, ascending."""
+    return sorted(int(c.removeprefix("tops_k")) for c in comparison.columns if c.startswith("tops_k"))
+
+
+def max_regret(comparison: pd.DataFrame) -> float:
+    """Largest regret (fraction) over batch sizes; negative when DSD beats the best fixed K everywhere."""
+    return float(comparison["regret"].max())
+
+
+def regret_exceeds(comparison: pd.DataFrame, pct: float) -> list[int]:
+    """Batch sizes whose regret is above ``pct`` percent."""
+    return [int(b) for b, r in zip(comparison["batch_size"], comparison["regret"]) if r * 100.0 > pct]
+
+
+def below_vanilla_ranges(comparison: pd.DataFrame) -> list[FlaggedRange]:
+    """Group consecutive flagged batch sizes (with the same note) into ranges."""
+    out: list[FlaggedRange] = []
+    cur: list[tuple[int, float, str]] = []
+    for b, flag, sp, note in zip(comparison["batch_size"], comparison["below_vanilla"],
+                                 comparison["speedup_vs_vanilla"], comparison["note"]):
+        if flag and (not cur or cur[-1][2] == note):
+            cur.append((int(b), float(sp), note))
+            continue
+        if cur:
+            out.append(FlaggedRange(cur[0][0], cur[-1][0], min(s for _, s, _ in cur), cur[0][2]))
+        cur = [(int(b), float(sp), note)] if flag else []
+    if cur:
+        out.append(FlaggedRange(cur[0][0], cur[-1][0], min(s for _, s, _ in cur), cur[0][2]))
+    return out

@@ -1,0 +1,270 @@
+"""PNG figures for sweeps and validate runs (matplotlib, object API: no pyplot, no global backend).
+
+Each ``*_figure`` function takes DataFrames (or an :class:`~dsdprof.analysis.Analysis`) and returns
+a ``matplotlib.figure.Figure``; :func:`plot_results` reads a results path and writes the PNGs.
+matplotlib is imported inside the functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsdprof.errors import InputError
+
+PNG_NAMES = {
+    "optimal_k": "optimal_k.png",
+    "goodput_heatmap": "goodput_heatmap.png",
+    "tops_per_user": "tops_per_user.png",
+    "acceptance": "acceptance_per_position.png",
+}
+DPI = 130
+
+
+def _short(name: Any) -> str:
+    """Last two components of a path-like model name (``/tmp/toys/dense/target`` -> ``dense/target``)."""
+    s = str(name or "")
+    parts = [p for p in s.replace("\\", "/").split("/") if p]
+    return "/".join(parts[-2:]) if s.startswith(("/", ".", "~")) and len(parts) > 2 else s
+
+
+def provenance_line(prov: dict[str, Any]) -> str:
+    """``model + draft (method) | hardware | engine`` for figure titles."""
+    parts = []
+    model = _short(prov.get("model"))
+    if model:
+        draft = _short(prov.get("draft_model"))
+        method = prov.get("method")
+        parts.append(model + (f" + {draft}" if draft else "") + (f" ({method})" if method else ""))
+    if prov.get("hardware"):
+        parts.append(str(prov["hardware"]))
+    eng = prov.get("engine")
+    if eng:
+        ver = str(prov.get("engine_version") or "")
+        parts.append("sim (predicted)" if eng == "sim" else f"{eng} {ver}".strip())
+    return "  |  ".join(parts)
+
+
+def _figure(width: float = 7.5, height: float = 4.6, rows: int = 1, height_ratios=None):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    if rows == 1:
+        return fig, fig.add_subplot(1, 1, 1)
+    axes = fig.subplots(rows, 1, sharex=True, gridspec_kw={"height_ratios": height_ratios or [1] * rows})
+    return fig, axes
+
+
+def _titles(fig, title: str, prov: dict[str, Any]) -> None:
+    import textwrap
+
+    width = max(40, int(fig.get_figwidth() * 12.5))  # characters that fit at this font size
+    lines = textwrap.wrap(title, width)
+    for part in provenance_line(prov).split("  |  ") if prov else []:
+        if lines[len(textwrap.wrap(title, width)):] and len(lines[-1]) + len(part) + 5 <= width:
+            lines[-1] += "  |  " + part
+        else:
+            lines.append(part)
+    fig.suptitle("\n".join(lines), fontsize=10)
+
+
+def _log2_bs_axis(ax, batch_sizes) -> None:
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    bs = sorted(int(b) for b in batch_sizes)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(bs))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(b) for b in bs])
+    if len(bs) > 1:
+        ax.set_xlim(bs[0] / 1.35, bs[-1] * 1.35)
+    else:
+        ax.set_xlim(bs[0] / 2, bs[0] * 2)
+    ax.set_xlabel("batch size (concurrent requests, log2 scale)")
+
+
+def optimal_k_figure(analysis, table_ranges: list[list[int]] | None = None):
+    """Goodput-optimal K per profiled batch size, the served table's K between them, speedups."""
+    from dsdprof.table import k_for_batch_size, ranges_from_points
+
+    opt = analysis.optimal
+    bs = opt["batch_size"].astype(int).tolist()
+    ks = opt["k"].astype(int).tolist()
+    ranges = table_ranges or ranges_from_points(list(zip(bs, ks)))
+    fig, ax = _figure()
+    grid = np.unique(np.round(np.geomspace(bs[0], bs[-1], 400)).astype(int)) if len(bs) > 1 else np.array(bs)
+    ax.step(grid, [k_for_batch_size(ranges, int(b)) for b in grid], where="post", color="tab:blue",
+            alpha=0.35, lw=2, label="table: K served between profiled sizes")
+    ax.plot(bs, ks, "o", color="tab:blue", ms=8, label="goodput-optimal K (profiled)")
+    for b, k, sp in zip(bs, ks, opt["speedup_vs_baseline"]):
+        if sp is not None and not math.isnan(sp):
+            ax.annotate(f"{sp:.2f}x", (b, k), textcoords="offset points", xytext=(0, 9), ha="center",
+                        fontsize=8, color="0.25")
+    kmax = max(analysis.candidate_ks + ks)
+    ax.set_ylim(-0.5, kmax + 0.9)
+    ax.set_yticks(range(0, kmax + 1))
+    ax.set_ylabel("draft tokens per step K")
+    _log2_bs_axis(ax, bs)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower left", fontsize=8, title="labels: speedup vs no speculation", title_fontsize=8)
+    _titles(fig, f"Optimal K vs batch size ({analysis.shape}, tolerance {analysis.tolerance:.0%})",
+            analysis.provenance)
+    return fig
+
+
+def goodput_heatmap_figure(analysis):
+    """Goodput (AL / ITL, tokens/s per user) over BS x K; color relative to the best K at each BS."""
+    cells = analysis.cells
+    bs = sorted(int(b) for b in cells["batch_size"].unique())
+    ks = analysis.candidate_ks
+    grid = cells.pivot_table(index="num_spec_tokens", columns="batch_size", values="goodput").reindex(index=ks, columns=bs)
+    rel = grid / grid.max(axis=0)
+    fig, ax = _figure(width=max(6.5, 1.5 + 0.95 * len(bs)), height=max(3.8, 1.8 + 0.5 * len(ks)))
+    im = ax.imshow(rel.to_numpy(), origin="lower", aspect="auto", cmap="viridis",
+                   vmin=max(0.0, float(np.nanmin(rel.to_numpy())) - 0.02), vmax=1.0)
+    opt_k = dict(zip(analysis.optimal["batch_size"].astype(int), analysis.optimal["k"].astype(int)))
+    for j, b in enumerate(bs):
+        for i, k in enumerate(ks):
+            v, r = grid.iat[i, j], rel.iat[i, j]
+            if np.isnan(v):
+                continue
+            ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=8,
+                    color="black" if r > 0.75 else "white", fontweight="bold" if opt_k.get(b) == k else "normal")
+        if b in opt_k and opt_k[b] in ks:
+            i = ks.index(opt_k[b])
+            ax.add_patch(_box(j, i))
+    ax.set_xticks(range(len(bs)), [str(b) for b in bs])
+    ax.set_yticks(range(len(ks)), [str(k) for k in ks])
+    ax.set_xlabel("batch size (profiled, log2-spaced)")
+    ax.set_ylabel("draft tokens per step K")
+    cb = fig.colorbar(im, ax=ax, shrink=0.9)
+    cb.set_label("goodput / best K at this batch size")
+    _titles(fig, "Goodput = AL / ITL in tokens/s per user (red box = chosen K)", analysis.provenance)
+    return fig
+
+
+def _box(j: int, i: int):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor="red", lw=2)
+
+
+def tops_figure(comparison: pd.DataFrame, provenance: dict[str, Any] | None = None):
+    """Tokens/s per user vs BS for vanilla, each fixed K and DSD; below, DSD's ratios."""
+    from dsdprof.report.compare import fixed_k_columns
+
+    c = comparison.sort_values("batch_size")
+    bs = c["batch_size"].astype(int).tolist()
+    fig, (ax, ax2) = _figure(width=7.5, height=6.2, rows=2, height_ratios=[2.2, 1])
+    ax.plot(bs, c["tops_vanilla"], "s--", color="0.45", label="vanilla (no speculation)")
+    colors = ["tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+    for n, k in enumerate(fixed_k_columns(c)):
+        ax.plot(bs, c[f"tops_k{k}"], "^-", color=colors[n % len(colors)], alpha=0.85, label=f"fixed K={k}")
+    ax.plot(bs, c["tops_dsd"], "o-", color="tab:blue", lw=2.4, ms=7, label="DSD (table)", zorder=5)
+    for b, t, k in zip(bs, c["tops_dsd"], c["dsd_k"]):
+        ax.annotate(f"K={int(k)}", (b, t), textcoords="offset points", xytext=(0, 8), ha="center",
+                    fontsize=8, color="tab:blue")
+    ax.set_ylabel("output tokens/s per user")
+    ax.set_ylim(0, float(np.nanmax(c[[col for col in c.columns if col.startswith("tops_")]].to_numpy())) * 1.15)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    ax2.axhline(1.0, color="0.3", lw=1)
+    noise = c["noise"].to_numpy()
+    ax2.fill_between(bs, 1 - noise, 1 + noise, color="0.85", label="noise band")
+    ax2.plot(bs, c["speedup_vs_vanilla"], "o-", color="tab:blue", label="DSD / vanilla")
+    ax2.plot(bs, 1.0 - c["regret"], "d:", color="tab:red", label="DSD / best fixed K")
+    flagged = c[c["below_vanilla"]]
+    if not flagged.empty:
+        ax2.plot(flagged["batch_size"], flagged["speedup_vs_vanilla"], "x", color="red", ms=11, mew=2.5,
+                 label="below vanilla")
+    ax2.set_ylabel("ratio")
+    ax2.grid(True, alpha=0.3)
+    ax2.legend(fontsize=7.5, loc="best", ncol=2)
+    _log2_bs_axis(ax2, bs)
+    _titles(fig, "Served: tokens/s per user, vanilla vs fixed K vs DSD", provenance or {})
+    return fig
+
+
+def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per batch size, the median per-position acceptance of its largest-K speculative rows.
+
+    Columns: ``batch_size``, ``k``, ``position`` (1-based), ``acceptance``.
+    """
+    if "acceptance_per_pos" not in df.columns:
+        return pd.DataFrame(columns=["batch_size", "k", "position", "acceptance"])
+    d = df[df["num_spec_tokens"] > 0]
+    if "mode" in d.columns:
+        d = d[d["mode"] != "vanilla"]
+    rows = []
+    for b, g in d.groupby("batch_size"):
+        k = int(g["num_spec_tokens"].max())
+        arrs = [np.asarray(a, dtype=float) for a in g.loc[g["num_spec_tokens"] == k, "acceptance_per_pos"]
+                if a is not None and len(a) == k]
+        if not arrs:
+            continue
+        med = np.median(np.vstack(arrs), axis=0)
+        rows += [{"batch_size": int(b), "k": k, "position": i + 1, "acceptance": float(v)} for i, v in enumerate(med)]
+    return pd.DataFrame(rows, columns=["batch_size", "k", "position", "acceptance"])
+
+
+def acceptance_figure(df: pd.DataFrame, provenance: dict[str, Any] | None = None):
+    """Acceptance rate per draft position (accepted at position i / drafts), one line per BS."""
+    from matplotlib import colormaps
+
+    acc = acceptance_table(df)
+    if acc.empty:
+        raise InputError("acceptance_per_pos", None, "no speculative rows with per-position acceptance")
+    fig, ax = _figure(width=7.0, height=4.4)
+    bss = sorted(acc["batch_size"].unique())
+    cmap = colormaps["viridis"]
+    for n, b in enumerate(bss):
+        g = acc[acc["batch_size"] == b]
+        color = cmap(0.1 + 0.8 * n / max(1, len(bss) - 1))
+        ax.plot(g["position"], g["acceptance"], "o-", color=color, label=f"BS {b} (K={int(g['k'].iloc[0])})")
+    kmax = int(acc["position"].max())
+    ax.set_xticks(range(1, kmax + 1))
+    ax.set_xlim(0.7, kmax + 0.3)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("acceptance rate (accepted at i / drafts)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left", ncol=2 if len(bss) > 4 else 1)
+    _titles(fig, "Acceptance per draft position (median over repeats)", provenance or {})
+    return fig
+
+
+def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = 0.02,
+                 force: bool = False) -> list[Path]:
+    """Write every figure that ``results`` supports into ``out_dir``; return the paths."""
+    from dsdprof.analysis import analyze, read_measurements, read_provenance, validate_measurements
+    from dsdprof.report.validate import is_validate_run
+
+    df = read_measurements(results)
+    prov = read_provenance(results)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError("--out", str(out), "exists and is not a directory")
+    figures: dict[str, Any] = {}
+    if is_validate_run(results):
+        from dsdprof.report.compare import compare
+
+        figures["tops_per_user"] = tops_figure(compare(df), prov)
+    else:
+        analysis = analyze(df, tolerance=tolerance, provenance=prov)
+        figures["optimal_k"] = optimal_k_figure(analysis)
+        figures["goodput_heatmap"] = goodput_heatmap_figure(analysis)
+    ok = validate_measurements(df)
+    if not acceptance_table(ok).empty:
+        figures["acceptance"] = acceptance_figure(ok, prov)
+    paths = [out / PNG_NAMES[name] for name in figures]
+    clash = [str(p) for p in paths if p.exists()]
+    if clash and not force:
+        raise InputError("--out", clash[0], "exists; pass --force to replace it")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, fig in figures.items():
+        fig.savefig(out / PNG_NAMES[name])
+    return paths
