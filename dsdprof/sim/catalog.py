@@ -160,6 +160,10 @@ def _key(name: str) -> str:
 
 
 _BY_KEY = {_key(n): m for n, m in MODELS.items()}
+_BY_KEY.update({_key(alias): MODELS[name] for alias, name in {
+    "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": "EAGLE3-Llama-3.1-8B", "Meta-Llama-3.1-8B": "Llama-3.1-8B",
+    "Meta-Llama-3.1-70B": "Llama-3.1-70B", "Mixtral-8x7B-v0.1": "Mixtral-8x7B",
+    "Mixtral-8x7B-Instruct-v0.1": "Mixtral-8x7B", "DeepSeek-V3-0324": "DeepSeek-V3"}.items()})
 
 
 def load_hf_config(path: str | Path, field: str = "engine.model") -> ModelArch:

@@ -50,8 +50,8 @@ class SimConfig(BaseModel):
     acceptance_per_pos: Optional[list[float]] = Field(None, min_length=1)
     acceptance_conditional: Optional[list[float]] = Field(None, min_length=1)
     acceptance_from: Optional[str] = None
-    bandwidth_efficiency: Optional[float] = Field(None, gt=0.0, le=1.5)
-    compute_efficiency: Optional[float] = Field(None, gt=0.0, le=1.5)
+    bandwidth_efficiency: Optional[float] = Field(None, gt=0.0, le=100.0)
+    compute_efficiency: Optional[float] = Field(None, gt=0.0, le=100.0)
     step_overhead_s: Optional[float] = Field(None, ge=0.0)
     draft_step_overhead_s: Optional[float] = Field(None, ge=0.0)
     dsd_overhead_s: Optional[float] = Field(None, ge=0.0)

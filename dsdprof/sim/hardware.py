@@ -111,8 +111,8 @@ class _HardwareIn(_Strict):
 
 
 class _EfficiencyIn(_Strict):
-    bandwidth: float = Field(Efficiency.bandwidth, gt=0, le=1.5)
-    compute: float = Field(Efficiency.compute, gt=0, le=1.5)
+    bandwidth: float = Field(Efficiency.bandwidth, gt=0, le=100.0)
+    compute: float = Field(Efficiency.compute, gt=0, le=100.0)
     step_overhead_s: float = Field(Efficiency.step_overhead_s, ge=0)
     draft_step_overhead_s: float = Field(Efficiency.draft_step_overhead_s, ge=0)
     dsd_overhead_s: float = Field(Efficiency.dsd_overhead_s, ge=0)
