@@ -103,6 +103,8 @@ def test_heatmap_marks_chosen_k(dense_like_frame):
     ax = fig.axes[0]
     assert len(ax.patches) == len(a.optimal)  # one box per batch size
     assert "goodput" in fig.axes[1].get_ylabel()
+    # the separate vanilla baseline gets its own row below K=0
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["vanilla"] + [str(k) for k in a.candidate_ks]
 
 
 def test_tops_figure_lines():

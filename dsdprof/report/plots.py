@@ -117,32 +117,45 @@ def optimal_k_figure(analysis, table_ranges: list[list[int]] | None = None):
 
 
 def goodput_heatmap_figure(analysis):
-    """Goodput (AL / ITL, tokens/s per user) over BS x K; color relative to the best K at each BS."""
+    """Goodput (AL / ITL, tokens/s per user) over BS x K; color relative to the best at each BS.
+
+    When the sweep has a separate vanilla baseline (mode column), it is drawn as its own bottom
+    row, so a K=0 candidate that pays drafter overhead stands out against it.
+    """
     cells = analysis.cells
     bs = sorted(int(b) for b in cells["batch_size"].unique())
     ks = analysis.candidate_ks
     grid = cells.pivot_table(index="num_spec_tokens", columns="batch_size", values="goodput").reindex(index=ks, columns=bs)
+    labels = [str(k) for k in ks]
+    base = analysis.baseline.set_index("batch_size")["goodput"].reindex(bs)
+    k0 = grid.loc[0] if 0 in grid.index else None
+    if base.notna().any() and (k0 is None or not np.allclose(base.fillna(-1), k0.fillna(-1))):
+        grid = pd.concat([pd.DataFrame([base.to_numpy()], index=["vanilla"], columns=bs), grid])
+        labels = ["vanilla"] + labels
     rel = grid / grid.max(axis=0)
-    fig, ax = _figure(width=max(6.5, 1.5 + 0.95 * len(bs)), height=max(3.8, 1.8 + 0.5 * len(ks)))
-    im = ax.imshow(rel.to_numpy(), origin="lower", aspect="auto", cmap="viridis",
-                   vmin=max(0.0, float(np.nanmin(rel.to_numpy())) - 0.02), vmax=1.0)
+    nrows = len(labels)
+    fig, ax = _figure(width=max(6.5, 1.5 + 0.95 * len(bs)), height=max(3.8, 1.8 + 0.5 * nrows))
+    im = ax.imshow(rel.to_numpy(dtype=float), origin="lower", aspect="auto", cmap="viridis",
+                   vmin=max(0.0, float(np.nanmin(rel.to_numpy(dtype=float))) - 0.02), vmax=1.0)
     opt_k = dict(zip(analysis.optimal["batch_size"].astype(int), analysis.optimal["k"].astype(int)))
     for j, b in enumerate(bs):
-        for i, k in enumerate(ks):
+        for i, label in enumerate(labels):
             v, r = grid.iat[i, j], rel.iat[i, j]
             if np.isnan(v):
                 continue
+            chosen = label == str(opt_k.get(b))
             ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=8,
-                    color="black" if r > 0.75 else "white", fontweight="bold" if opt_k.get(b) == k else "normal")
-        if b in opt_k and opt_k[b] in ks:
-            i = ks.index(opt_k[b])
-            ax.add_patch(_box(j, i))
+                    color="black" if r > 0.75 else "white", fontweight="bold" if chosen else "normal")
+            if chosen:
+                ax.add_patch(_box(j, i))
     ax.set_xticks(range(len(bs)), [str(b) for b in bs])
-    ax.set_yticks(range(len(ks)), [str(k) for k in ks])
+    ax.set_yticks(range(nrows), labels)
+    if labels[0] == "vanilla":
+        ax.axhline(0.5, color="white", lw=2)
     ax.set_xlabel("batch size (profiled, log2-spaced)")
     ax.set_ylabel("draft tokens per step K")
     cb = fig.colorbar(im, ax=ax, shrink=0.9)
-    cb.set_label("goodput / best K at this batch size")
+    cb.set_label("goodput / best at this batch size")
     _titles(fig, "Goodput = AL / ITL in tokens/s per user (red box = chosen K)", analysis.provenance)
     return fig
 
