@@ -1,0 +1,142 @@
+"""Calibration recovers known factors from synthetic data; calibrate / probe-hardware CLIs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dsdprof.cli import app
+from dsdprof.engines import make_engine
+from dsdprof.engines.base import Cell
+from dsdprof.errors import InputError
+from dsdprof.sim.calibrate import CalibrationTarget, design_for, fit_efficiency, holdout, predict
+from dsdprof.sim.catalog import MODELS
+from dsdprof.sim.hardware import HARDWARE, Efficiency, load_profile
+from dsdprof.spec import parse_spec
+
+runner = CliRunner()
+TRUE = Efficiency(bandwidth=0.72, compute=0.5, step_overhead_s=0.9e-3, draft_step_overhead_s=0.35e-3,
+                  dsd_overhead_s=0.25e-3)
+CT = CalibrationTarget(HARDWARE["H100 SXM"], MODELS["Llama-3.1-8B"], MODELS["EAGLE3-Llama-3.1-8B"], "bfloat16", 1, 1024)
+
+
+def synthetic(ct=CT, eff=TRUE, noise=0.0, bss=(1, 2, 4, 8, 16, 32, 64, 128, 256), ks=range(6), alpha=0.8):
+    rows = [{"batch_size": b, "num_spec_tokens": 0, "mode": "vanilla"} for b in bss]
+    rows += [{"batch_size": b, "num_spec_tokens": k, "mode": "dsd"} for b in bss for k in ks]
+    df = pd.DataFrame(rows)
+    rng = np.random.default_rng(0)
+    df["itl_s"] = predict(design_for(ct, df), eff) * (1 + noise * rng.standard_normal(len(df)))
+    df["acceptance_length"] = [1 + sum(alpha**i for i in range(1, k + 1)) for k in df["num_spec_tokens"]]
+    df["acceptance_per_pos"] = [[alpha**i for i in range(1, k + 1)] for k in df["num_spec_tokens"]]
+    return df
+
+
+def test_fit_recovers_known_factors():
+    df = synthetic()
+    eff = fit_efficiency(design_for(CT, df), df["itl_s"].to_numpy())
+    for name in ("bandwidth", "compute", "step_overhead_s", "draft_step_overhead_s", "dsd_overhead_s"):
+        assert getattr(eff, name) == pytest.approx(getattr(TRUE, name), rel=0.01), name
+
+
+def test_fit_recovers_moe_factors_with_tp():
+    ct = CalibrationTarget(HARDWARE["MI300X"], MODELS["Qwen3-30B-A3B"], None, "bfloat16", 2, 512, 0.3)
+    from dsdprof.sim.catalog import derived_draft
+
+    ct = CalibrationTarget(ct.hardware, ct.target, derived_draft(ct.target, "eagle3"), "bfloat16", 2, 512, 0.3)
+    true = Efficiency(0.6, 0.8, 2e-3, 0.1e-3, 0.0)
+    df = synthetic(ct, true)
+    eff = fit_efficiency(design_for(ct, df), df["itl_s"].to_numpy())
+    assert eff.bandwidth == pytest.approx(0.6, rel=0.01) and eff.compute == pytest.approx(0.8, rel=0.02)
+    assert eff.dsd_overhead_s == pytest.approx(0.0, abs=2e-5)
+
+
+def test_fit_with_noise_stays_close():
+    df = synthetic(noise=0.02)
+    eff = fit_efficiency(design_for(CT, df), df["itl_s"].to_numpy())
+    assert eff.bandwidth == pytest.approx(TRUE.bandwidth, rel=0.1)
+    assert eff.step_overhead_s == pytest.approx(TRUE.step_overhead_s, rel=0.5)
+
+
+def test_holdout_on_noise_free_data_is_exact():
+    rep = holdout(CT, synthetic())
+    assert rep.fit_batch_sizes == [1, 4, 16, 64, 256] and rep.heldout_batch_sizes == [2, 8, 32, 128]
+    assert rep.heldout_mape < 0.2 and rep.k_match_share == 1.0 and rep.k_match_share_measured_al == 1.0
+
+
+def test_holdout_detects_a_wrong_model():
+    """Data from a different physics (ITL linear in B*(K+1)) cannot be fitted exactly."""
+    df = synthetic()
+    df["itl_s"] = 0.01 + 0.0005 * df["num_spec_tokens"] + 0.00008 * df["batch_size"] * (df["num_spec_tokens"] + 1)
+    rep = holdout(CT, df)
+    assert rep.heldout_mape > 1.0
+
+
+def test_fit_rejects_too_few_cells():
+    df = synthetic().iloc[:1]
+    with pytest.raises(InputError):
+        fit_efficiency(design_for(CT, df), df["itl_s"].to_numpy())
+
+
+def _write_measured(tmp_path, df):
+    df = df.assign(model="Llama-3.1-8B", draft_model="EAGLE3-Llama-3.1-8B", method="eagle3",
+                   hardware="H100 SXM", dtype="bfloat16", status="ok")
+    p = tmp_path / "measured.parquet"
+    df.to_parquet(p)
+    return p
+
+
+def test_cli_calibrate_writes_profile_that_reproduces_itl(tmp_path):
+    p = _write_measured(tmp_path, synthetic())
+    out = tmp_path / "prof.toml"
+    r = runner.invoke(app, ["calibrate", str(p), "--out", str(out), "--context-len", "1024", "--json"])
+    assert r.exit_code == 0, r.output + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["holdout"]["heldout_itl_mape_pct"] < 0.2 and doc["holdout"]["k_match_share"] == 1.0
+    hw = load_profile(out)
+    assert hw.efficiency.bandwidth == pytest.approx(TRUE.bandwidth, rel=0.01)
+    spec = parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3", "dtype": "bfloat16",
+                                  "max_model_len": 4096},
+                       "sweep": {"batch_sizes": [32], "num_spec_tokens": [3]},
+                       "sim": {"hardware": str(out), "context_len": 1024, "acceptance_alpha": 0.8}})
+    m = make_engine(spec).measure(Cell(0, 32, "dsd", 3))
+    df = synthetic()
+    want = df[(df.batch_size == 32) & (df.num_spec_tokens == 3) & (df["mode"] == "dsd")]["itl_s"].iloc[0]
+    assert m.itl_s == pytest.approx(want, rel=0.005)
+    r = runner.invoke(app, ["calibrate", str(p), "--out", str(out)])
+    assert r.exit_code == 2 and "exists" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [(["--hardware", "TPU v9"], "--hardware"), (["--model", "GPT-9"], "--model"),
+                                         (["--tolerance", "2"], "--tolerance")])
+def test_cli_calibrate_bad_input(tmp_path, args, needle):
+    p = _write_measured(tmp_path, synthetic())
+    r = runner.invoke(app, ["calibrate", str(p), "--out", str(tmp_path / "x.toml"), *args])
+    assert r.exit_code == 2 and needle in r.stderr and "Traceback" not in r.stderr + r.stdout
+    assert not (tmp_path / "x.toml").exists()
+
+
+def test_cli_calibrate_missing_measurements(tmp_path):
+    r = runner.invoke(app, ["calibrate", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.toml")])
+    assert r.exit_code == 2 and "error:" in r.stderr
+
+
+def test_cli_probe_hardware_cpu(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "cpu.toml"
+    r = runner.invoke(app, ["probe-hardware", "--out", str(out), "--device", "cpu", "--buffer-mb", "16",
+                            "--matmul-n", "128", "--repeats", "2"])
+    assert r.exit_code == 0, r.output + r.stderr
+    hw = load_profile(out)
+    assert hw.memory_bandwidth_tbs > 0 and hw.bf16_tflops > 0 and hw.efficiency.bandwidth == 1.0
+    r = runner.invoke(app, ["probe-hardware", "--out", str(tmp_path / "y.toml"), "--device", "tpu"])
+    assert r.exit_code == 2 and "--device" in r.stderr and not (tmp_path / "y.toml").exists()
+
+
+def test_help_on_sim_commands():
+    for cmd in ("calibrate", "probe-hardware"):
+        r = runner.invoke(app, [cmd, "--help"])
+        assert r.exit_code == 0 and "Usage" in r.output
