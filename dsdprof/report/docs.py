@@ -1,0 +1,25 @@
+"""Generated documentation fragments (kept in sync with the code by tests/test_report_docs.py).
+
+    python -m dsdprof.report.docs columns   # Markdown table of the Parquet measurement columns
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def columns_markdown() -> str:
+    """Markdown table of :data:`dsdprof.schema.MEASUREMENT_COLUMNS` (name, type, meaning)."""
+    from dsdprof.schema import MEASUREMENT_COLUMNS
+
+    lines = ["| column | type | meaning |", "|---|---|---|"]
+    for c in MEASUREMENT_COLUMNS:
+        doc = c.doc.replace("|", "\\|")
+        lines.append(f"| `{c.name}` | {c.arrow_type} | {doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["columns"]:
+        sys.exit(__doc__)
+    sys.stdout.write(columns_markdown())

@@ -1,0 +1,66 @@
+"""``dsdprof validate`` end to end on real vLLM (CPU build) with a toy pair: three engine starts."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("vllm")
+
+from dsdprof.cli import app  # noqa: E402
+from dsdprof.report.compare import compare  # noqa: E402
+from dsdprof.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+
+def test_validate_serves_table_through_vllm_schedule(tmp_path):
+    toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(kind="dense"))
+    table = {
+        "schema": "dsdprof.ktable/v1", "num_speculative_tokens": 2,
+        "ranges": [[1, 1, 2], [2, 1 << 20, 1]],
+        "points": [{"batch_size": 1, "k": 2}, {"batch_size": 2, "k": 1}],
+        "provenance": {"model": str(toy.target), "draft_model": str(toy.draft), "method": "draft_model"},
+    }
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    (tmp_path / "s.toml").write_text(f"""
+[engine]
+model = "{toy.target}"
+draft_model = "{toy.draft}"
+method = "draft_model"
+dtype = "float32"
+max_model_len = 256
+extra = {{ enforce_eager = true }}
+[sweep]
+batch_sizes = [1, 2]
+waves = 1
+output_len = 16
+warmup = 1
+[workload]
+input_len = 16
+num_prompts = 16
+""")
+    out = tmp_path / "val"
+    r = CliRunner().invoke(app, ["validate", str(tmp_path / "t.json"), str(tmp_path / "s.toml"),
+                                 "--fixed-k", "2", "--out", str(out), "--fail-on-regret", "1000"])
+    assert r.exit_code == 0, r.output
+    assert "regret" in r.output
+    df = pd.read_parquet(out)
+    assert len(df) == 2 * 3 and (df["status"] == "ok").all(), df[["cell_id", "error"]]
+    van = df[df["mode"] == "vanilla"]
+    assert (van["num_drafts"] == 0).all()
+    fixed = df[df["mode"] == "fixed"]
+    assert (fixed["num_drafts"] > 0).all()
+    assert (fixed["num_draft_tokens"] / fixed["num_drafts"]).tolist() == pytest.approx([2.0, 2.0], rel=0.02)
+    dsd = df[df["mode"] == "dsd"].set_index("batch_size")
+    # vLLM's own lookup picked K by batch size (the requests carried no dsdprof K)
+    for b, k in ((1, 2), (2, 1)):
+        assert dsd.loc[b, "num_spec_tokens"] == k
+        assert dsd.loc[b, "num_drafts"] > 0
+        assert dsd.loc[b, "num_draft_tokens"] / dsd.loc[b, "num_drafts"] == pytest.approx(k, rel=0.02)
+    c = compare(df)
+    assert c["batch_size"].tolist() == [1, 2]
+    assert c["dsd_k_observed"].tolist() == pytest.approx(c["dsd_k"].tolist(), rel=0.02)
