@@ -1,0 +1,11 @@
+"""The analytic engine (``[engine] name = "sim"``): predicts AL and ITL per (batch size, K) cell
+from the architecture, the hardware and the acceptance rates, and writes the same rows as a real
+sweep, marked ``engine = "sim"``.
+
+Modules: :mod:`~dsdprof.sim.catalog` (models, HF config.json), :mod:`~dsdprof.sim.hardware`
+(accelerators, profile TOML), :mod:`~dsdprof.sim.model` (the step model, one function per term),
+:mod:`~dsdprof.sim.acceptance`, :mod:`~dsdprof.sim.config` (the ``[sim]`` section),
+:mod:`~dsdprof.sim.engine` (``SimEngine``), :mod:`~dsdprof.sim.grid` (whole-grid vectorised
+evaluation), :mod:`~dsdprof.sim.calibrate` and :mod:`~dsdprof.sim.probe`. Importing this package
+imports nothing heavy (no pandas, torch, typer).
+"""

@@ -228,7 +228,7 @@ def load_hf_config(path: str | Path, field: str = "engine.model") -> ModelArch:
     if qmethod == "fp8":
         wbytes = 1.0
     return ModelArch(
-        name=cfg.get("_name_or_path") or str(p.parent.name or p), num_layers=layers, hidden=hidden,
+        name=str(cfg.get("_name_or_path") or path), num_layers=layers, hidden=hidden,
         intermediate=ffn, num_heads=nq, num_kv_heads=int(nkv), head_dim=int(head_dim), vocab=int(vocab),
         num_experts=n_exp, experts_per_token=topk, moe_intermediate=moe_ffn, moe_layers=moe_layers,
         num_shared_experts=n_shared,
