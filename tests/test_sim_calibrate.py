@@ -82,7 +82,7 @@ def test_fit_rejects_too_few_cells():
 
 
 def _write_measured(tmp_path, df):
-    df = df.assign(model="Llama-3.1-8B", draft_model="EAGLE3-Llama-3.1-8B", method="eagle3",
+    df = df.assign(model="meta-llama/Llama-3.1-8B-Instruct", draft_model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", method="eagle3",
                    hardware="H100 SXM", dtype="bfloat16", status="ok")
     p = tmp_path / "measured.parquet"
     df.to_parquet(p)

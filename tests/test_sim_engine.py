@@ -32,7 +32,7 @@ def test_engine_protocol_and_cell_fields():
     eng = make_engine(parse_spec(spec_dict()))
     assert isinstance(eng, Engine) and eng.name == "sim" and eng.speculation_mode == "dsd"
     prov = eng.provenance()
-    assert prov.engine == "sim" and prov.draft_model == "EAGLE3-Llama-3.1-8B" and prov.hardware == "H100 SXM"
+    assert prov.engine == "sim" and prov.draft_model == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" and prov.model == "meta-llama/Llama-3.1-8B-Instruct" and prov.hardware == "H100 SXM"
     m = eng.measure(Cell(0, 16, "dsd", 3))
     assert m.acceptance_length == pytest.approx(1 + 0.75 + 0.75**2 + 0.75**3)
     assert m.acceptance_per_pos == pytest.approx((0.75, 0.75**2, 0.75**3))

@@ -61,6 +61,12 @@ class ModelArch:
     weight_bytes: float = 2.0
     expert_weight_bytes: Optional[float] = None
     compute_dtype: str = "bf16"  # bf16 | fp8 (native GEMM precision, for dtype = "auto")
+    hf_id: str = ""  # Hugging Face id vLLM would load (written into rows, so exports name it)
+
+    @property
+    def served_name(self) -> str:
+        """The HF id when known, else the catalog / path name."""
+        return self.hf_id or self.name
 
     # ---------------------------------------------------------------- parameter counts
     def attention_params(self) -> int:
@@ -112,7 +118,16 @@ def _dense(name: str, layers: int, hidden: int, ffn: int, nq: int, nkv: int, d: 
 
 _MXFP4 = 4.25 / 8  # bytes per parameter of an MXFP4 tensor (4-bit values + 8-bit scale per 32)
 
-MODELS: dict[str, ModelArch] = {m.name: m for m in (
+_HF_IDS = {
+    "Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
+    "Llama-3.2-1B": "meta-llama/Llama-3.2-1B-Instruct", "Qwen3-8B": "Qwen/Qwen3-8B", "Qwen3-0.6B": "Qwen/Qwen3-0.6B",
+    "Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B", "Qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
+    "Mixtral-8x7B": "mistralai/Mixtral-8x7B-Instruct-v0.1", "DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
+    "gpt-oss-20b": "openai/gpt-oss-20b", "gpt-oss-120b": "openai/gpt-oss-120b",
+    "EAGLE3-Llama-3.1-8B": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+}
+
+MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")) for m in (
     _dense("Llama-3.1-8B", 32, 4096, 14336, 32, 8, 128, 128256),
     _dense("Llama-3.1-70B", 80, 8192, 28672, 64, 8, 128, 128256),
     _dense("Llama-3.2-1B", 16, 2048, 8192, 32, 8, 64, 128256, tied_embeddings=True),
@@ -276,9 +291,9 @@ def derived_draft(target: ModelArch, method: str) -> Optional[ModelArch]:
             target, name=f"{target.name}-eagle3-head (derived)", num_layers=1, intermediate=ffn,
             vocab=min(target.vocab, 32000), num_experts=0, experts_per_token=0, moe_intermediate=0,
             moe_layers=0, num_shared_experts=0, sliding_window=0, sliding_layers=0,
-            extra_params=3 * h * h, has_embedding=False, expert_weight_bytes=None)
+            extra_params=3 * h * h, has_embedding=False, expert_weight_bytes=None, hf_id="")
     if method == "mtp":
         return replace(target, name=f"{target.name}-mtp (derived)", num_layers=1,
                        moe_layers=1 if target.is_moe else 0, sliding_window=0, sliding_layers=0,
-                       extra_params=2 * h * h, has_embedding=False)
+                       extra_params=2 * h * h, has_embedding=False, hf_id="")
     return None

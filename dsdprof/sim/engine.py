@@ -60,7 +60,7 @@ class SimEngine:
         e = s.hardware.efficiency
         return Provenance(
             engine="sim", engine_version=f"dsdprof {__version__} {SIM_MODEL_VERSION}",
-            model=s.target.name, draft_model=s.draft.name if s.draft else "", method=s.method,
+            model=s.target.served_name, draft_model=s.draft.served_name if s.draft else "", method=s.method,
             hardware=f"{s.hardware.name} x{s.tensor_parallel_size}" if s.tensor_parallel_size > 1 else s.hardware.name,
             dtype=s.dtype, dataset=self.spec.workload.dataset, seed=self.spec.workload.seed,
             dsdprof_version=__version__,
