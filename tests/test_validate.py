@@ -170,3 +170,8 @@ def test_cli_validate_prints_comparison_and_fails_on_regret(tmp_path, monkeypatc
     assert r.exit_code == 2 and "fail-on-regret" in r.output
     r = runner.invoke(app, ["validate", str(tmp_path / "missing.json"), str(spec)])
     assert r.exit_code == 2 and "table" in r.output
+    # the report alone, from the finished run, without vLLM
+    r = runner.invoke(app, ["validate-report", str(tmp_path / "a")])
+    assert r.exit_code == 0 and "regret" in r.output
+    r = runner.invoke(app, ["validate-report", str(tmp_path / "a"), "--fail-on-regret", "0.5"])
+    assert r.exit_code == 1

@@ -22,30 +22,62 @@ def _f(x: float, digits: int = 1) -> str:
 
 
 def render_comparison(comparison, title: str = "") -> Table:
-    """Rich table of a :func:`dsdprof.report.compare.compare` result."""
+    """Rich table of a :func:`dsdprof.report.compare.compare` result.
+
+    ``DSD K``: the table's K at that batch size; in parentheses the mean K vLLM actually drafted
+    when it differs (requests of a wave finish at different steps, so a wave's tail runs at a
+    smaller batch size and may get another K)."""
     from dsdprof.report.compare import fixed_k_columns
 
     ks = fixed_k_columns(comparison)
-    t = Table(title=f"tokens/s per user (median over repeats)  {title}".strip())
-    for col in ("BS", "vanilla", *[f"K={k}" for k in ks], "DSD", "DSD K", "regret vs best K",
-                "DSD vs vanilla", "noise", "flag"):
-        t.add_column(col, justify="left" if col == "flag" else "right")
+    from rich import box
+
+    t = Table(title=f"tokens/s per user (median over repeats)  {title}".strip(), box=box.SIMPLE_HEAD,
+              caption="regret = 1 - DSD / best fixed K;  speedup = DSD / vanilla;  "
+                      "DSD K (n): K vLLM drafted on average when it differs;  * below vanilla beyond noise",
+              padding=(0, 1), pad_edge=False)
+    for col in ("BS", "vanilla", *[f"K={k}" for k in ks], "DSD", "DSD K", "best", "regret",
+                "speedup", "noise"):
+        t.add_column(col, justify="right", no_wrap=True)
     for _, r in comparison.iterrows():
         k_obs = r.get("dsd_k_observed")
         k_txt = str(int(r["dsd_k"]))
         if k_obs is not None and not math.isnan(k_obs) and abs(k_obs - r["dsd_k"]) > 0.05:
-            k_txt += f" (ran {k_obs:.1f})"
-        regret = r["regret"] * 100
-        regret_txt = f"{regret:+.1f}% (K={int(r['best_fixed_k'])})"
-        sp = r["speedup_vs_vanilla"]
-        sp_txt = f"{sp:.2f}x"
-        flag = ""
+            k_txt += f" ({k_obs:.1f})"
+        sp_txt = f"{r['speedup_vs_vanilla']:.2f}x"
         if r["below_vanilla"]:
-            sp_txt = f"[red]{sp_txt}[/]"
-            flag = f"[red]below vanilla[/] {r['note']}"
+            sp_txt = f"[red]{sp_txt}*[/]"
         t.add_row(str(int(r["batch_size"])), _f(r["tops_vanilla"]), *[_f(r[f"tops_k{k}"]) for k in ks],
-                  _f(r["tops_dsd"]), k_txt, regret_txt, sp_txt, f"±{r['noise'] * 100:.0f}%", flag)
+                  _f(r["tops_dsd"]), k_txt, str(int(r["best_fixed_k"])), f"{r['regret'] * 100:+.1f}%",
+                  sp_txt, f"±{r['noise'] * 100:.0f}%")
     return t
+
+
+def _check_report_options(fail_on_regret: Optional[float], noise: float) -> None:
+    if fail_on_regret is not None and (math.isnan(fail_on_regret) or fail_on_regret < 0):
+        raise fail(f"--fail-on-regret={fail_on_regret!r}: must be a percentage >= 0")
+    if not (0 <= noise < 1):
+        raise fail(f"--noise={noise!r}: must be in [0, 1)")
+
+
+def report(results: Path, noise: float, fail_on_regret: Optional[float], title: str) -> None:
+    """Print the comparison of a validate run; ``typer.Exit(1)`` when regret exceeds the limit."""
+    from dsdprof.analysis import read_measurements
+    from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
+
+    comparison = compare(read_measurements(results), noise_floor=noise)
+    console.print(render_comparison(comparison, title))
+    worst = comparison.loc[comparison["regret"].idxmax()]
+    console.print(f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS {int(worst['batch_size'])}; "
+                  f"DSD vs vanilla: {comparison['speedup_vs_vanilla'].min():.2f}x .. "
+                  f"{comparison['speedup_vs_vanilla'].max():.2f}x")
+    for r in below_vanilla_ranges(comparison):
+        console.print(f"[red]flag[/] {r.label()}")
+    if fail_on_regret is not None:
+        over = regret_exceeds(comparison, fail_on_regret)
+        if over:
+            console.print(f"[red]regret above {fail_on_regret:g}% at BS {over}[/]")
+            raise typer.Exit(1)
 
 
 def _title(prov: dict) -> str:
@@ -73,16 +105,11 @@ def register(app: typer.Typer) -> None:
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from dsdprof.analysis import read_measurements
-        from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
         from dsdprof.report.validate import run_validation
         from dsdprof.spec import load_spec
         from dsdprof.table import load_table
 
-        if fail_on_regret is not None and (math.isnan(fail_on_regret) or fail_on_regret < 0):
-            raise fail(f"--fail-on-regret={fail_on_regret!r}: must be a percentage >= 0")
-        if not (0 <= noise < 1):
-            raise fail(f"--noise={noise!r}: must be in [0, 1)")
+        _check_report_options(fail_on_regret, noise)
         table = load_table(table_path)
         spec = load_spec(spec_path)
         upd = {k: v for k, v in (("repeats", repeats), ("waves", waves)) if v is not None}
@@ -112,18 +139,20 @@ def register(app: typer.Typer) -> None:
         for w in summary.warnings:
             err_console.print(f"[yellow]warning:[/] {w}")
         console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped -> {summary.out}")
-        comparison = compare(read_measurements(out), noise_floor=noise)
-        console.print(render_comparison(comparison, _title(table.get("provenance", {}))))
-        worst = comparison.loc[comparison["regret"].idxmax()]
-        console.print(f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS {int(worst['batch_size'])}; "
-                      f"DSD vs vanilla: {comparison['speedup_vs_vanilla'].min():.2f}x .. {comparison['speedup_vs_vanilla'].max():.2f}x")
-        for r in below_vanilla_ranges(comparison):
-            console.print(f"[red]flag[/] {r.label()}")
-        if fail_on_regret is not None:
-            over = regret_exceeds(comparison, fail_on_regret)
-            if over:
-                console.print(f"[red]regret above {fail_on_regret:g}% at BS {over}[/]")
-                raise typer.Exit(1)
+        report(out, noise, fail_on_regret, _title(table.get("provenance", {})))
+
+    @app.command("validate-report")
+    @guarded
+    def validate_report(
+        results: Path = typer.Argument(..., metavar="RESULTS", help="Output of dsdprof validate (directory or Parquet file)."),
+        fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", help="Exit 1 when DSD's regret vs the best fixed K exceeds PCT percent at any batch size."),
+        noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag."),
+    ) -> None:
+        """Print the vanilla / fixed K / DSD comparison of a finished validate run (no vLLM)."""
+        from dsdprof.analysis import read_provenance
+
+        _check_report_options(fail_on_regret, noise)
+        report(results, noise, fail_on_regret, _title(read_provenance(results)))
 
     @app.command()
     @guarded
