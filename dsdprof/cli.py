@@ -54,6 +54,9 @@ def sweep(
 
     spec = load_spec(spec_path)
     if spec.engine.name == "sim":
+        from dsdprof.sim.config import parse_sim_config
+
+        parse_sim_config(spec.sim)  # bad [sim] input fails here, before any output
         err_console.print("[yellow]engine 'sim': rows are analytic predictions, not measurements[/]")
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
