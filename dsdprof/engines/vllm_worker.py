@@ -87,12 +87,29 @@ def run_cell(llm, pool: list[list[int]], req: CellRequest):
     return build_measurement(before, after, timings, req.positions, wall)
 
 
+def _die_with_parent() -> None:
+    """Kill this worker's process group (engine core included) if the sweep process dies."""
+    import signal
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="dsdprof-parent-watch", daemon=True).start()
+
+
 def worker_main(conn, config: WorkerConfig) -> None:
     """Process entry point: start the LLM, report ``ready``, then serve ``cell`` requests."""
     try:
         os.setpgrp()  # own process group: the parent kills the group (engine core too) on timeout
     except OSError:
         pass
+    _die_with_parent()
     try:
         import vllm
         from vllm import LLM
