@@ -231,13 +231,22 @@ def acceptance_figure(df: pd.DataFrame, provenance: dict[str, Any] | None = None
     acc = acceptance_table(df)
     if acc.empty:
         raise InputError("acceptance_per_pos", None, "no speculative rows with per-position acceptance")
-    fig, ax = _figure(width=7.0, height=4.4)
+    fig, ax = _figure(width=7.4, height=4.4)
     bss = sorted(acc["batch_size"].unique())
-    cmap = colormaps["viridis"]
-    for n, b in enumerate(bss):
-        g = acc[acc["batch_size"] == b]
-        color = cmap(0.1 + 0.8 * n / max(1, len(bss) - 1))
-        ax.plot(g["position"], g["acceptance"], "o-", color=color, label=f"BS {b} (K={int(g['k'].iloc[0])})")
+    curves = {b: acc[acc["batch_size"] == b] for b in bss}
+    first = curves[bss[0]]["acceptance"].to_numpy()
+    same = all(len(c) == len(first) and np.allclose(c["acceptance"].to_numpy(), first, atol=1e-6)
+               for c in curves.values())
+    if same and len(bss) > 1:  # e.g. predictions: one curve for every batch size
+        g = curves[bss[0]]
+        ax.plot(g["position"], g["acceptance"], "o-", color="tab:blue",
+                label=f"every batch size ({bss[0]}..{bss[-1]})")
+    else:
+        cmap = colormaps["viridis"]
+        for n, b in enumerate(bss):
+            g = curves[b]
+            color = cmap(0.1 + 0.8 * n / max(1, len(bss) - 1))
+            ax.plot(g["position"], g["acceptance"], "o-", color=color, label=f"BS {b} (K={int(g['k'].iloc[0])})")
     kmax = int(acc["position"].max())
     ax.set_xticks(range(1, kmax + 1))
     ax.set_xlim(0.7, kmax + 0.3)
@@ -245,7 +254,7 @@ def acceptance_figure(df: pd.DataFrame, provenance: dict[str, Any] | None = None
     ax.set_xlabel("draft position i")
     ax.set_ylabel("acceptance rate (accepted at i / drafts)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left", ncol=2 if len(bss) > 4 else 1)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     _titles(fig, "Acceptance per draft position (median over repeats)", provenance or {})
     return fig
 
