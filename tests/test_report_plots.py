@@ -137,3 +137,14 @@ def test_cli_plot_errors_are_one_line(tmp_path):
 
     r = CliRunner().invoke(app, ["plot", str(tmp_path / "missing"), "-o", str(tmp_path / "o")])
     assert r.exit_code == 2 and "error:" in r.output
+
+
+def test_acceptance_figure_collapses_identical_curves():
+    df = validate_frame()
+    fig = plots.acceptance_figure(df[df["num_spec_tokens"] == 3], PROV)  # same curve at every BS
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["every batch size (1..64)"]
+    varied = df.copy()
+    varied["acceptance_per_pos"] = [[0.9 - 0.001 * b, 0.8, 0.7] if k == 3 else a
+                                    for b, k, a in zip(varied["batch_size"], varied["num_spec_tokens"], varied["acceptance_per_pos"])]
+    labels = [line.get_label() for line in plots.acceptance_figure(varied, PROV).axes[0].get_lines()]
+    assert labels == ["BS 1 (K=3)", "BS 4 (K=3)", "BS 16 (K=3)", "BS 64 (K=3)"]
