@@ -197,18 +197,18 @@ def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof
 def toy_models(
     out_dir: Path = typer.Argument(..., help="Directory to write <kind>/target and <kind>/draft into."),
     kind: str = typer.Option("both", "--kind", help="dense, moe or both."),
-    residual_scale: float = typer.Option(0.02, "--residual-scale", help="Scale of later layers' output projections: 0 = draft equals target; larger = lower acceptance."),
+    residual_scale: Optional[float] = typer.Option(None, "--residual-scale", help="Scale of later layers' output projections (default 0.015): 0 = draft equals target; larger = lower acceptance."),
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Build random-init toy target/draft pairs locally (no download) with realistic acceptance."""
     from dsdprof.errors import InputError
-    from dsdprof.toy_models import ToyModelConfig, build_toy_pair
+    from dsdprof.toy_models import build_toy_pair, toy_config
 
     kinds = {"both": ["dense", "moe"], "dense": ["dense"], "moe": ["moe"]}.get(kind)
     if kinds is None:
         raise InputError("--kind", kind, "must be dense, moe or both")
     for k in kinds:
-        pair = build_toy_pair(out_dir / k, ToyModelConfig(kind=k, residual_scale=residual_scale, seed=seed))
+        pair = build_toy_pair(out_dir / k, toy_config(k, residual_scale=residual_scale, seed=seed))
         console.print(f"{k}: target {pair.target}  draft {pair.draft}")
 
 
