@@ -66,6 +66,40 @@ def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
     return row
 
 
+def run_cells(cells: list[Cell], writer: SweepWriter, measure_row: Callable[[Cell], dict[str, Any]],
+              prov: dict[str, Any], tolerance: float, notify: ProgressCallback) -> tuple[int, int, int]:
+    """Run ``cells`` in order, one durable row each; skip cells ``writer`` already holds.
+
+    ``measure_row(cell)`` returns the cell's row; if it raises, the cell is written as a failed
+    row with the error and the loop goes on. Returns (ok, failed, skipped).
+    """
+    total = len(cells)
+    ok = failed = skipped = 0
+    for i, cell in enumerate(cells):
+        if cell.cell_id in writer.done:
+            skipped += 1
+            notify(SweepProgress("skip", i + 1, total, cell, status="skipped"))
+            continue
+        notify(SweepProgress("start", i, total, cell))
+        t0 = time.perf_counter()
+        try:
+            row = measure_row(cell)
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # noqa: BLE001 - a failed cell is a row, not a dead sweep
+            row = measurement_row(cell, None, prov, tolerance, error=f"{type(err).__name__}: {err}")
+            row["wall_s"] = time.perf_counter() - t0
+        writer.write_row(row)
+        if row["status"] == STATUS_OK:
+            ok += 1
+        else:
+            failed += 1
+        notify(SweepProgress("done", i + 1, total, cell, status=row["status"], message=row["error"],
+                             acceptance_length=row["acceptance_length"] or math.nan,
+                             itl_s=row["itl_s"] or math.nan))
+    return ok, failed, skipped
+
+
 def run_sweep(spec: SweepSpec, out_dir: str | Path, resume: bool = False,
               on_progress: ProgressCallback | None = None,
               engine: Engine | None = None) -> SweepSummary:
@@ -87,31 +121,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, resume: bool = False,
         writer.start(prov)
         total = len(cells)
         notify(SweepProgress("plan", 0, total, message=f"{total} cells, speculation mode {mode}"))
-        ok = failed = skipped = 0
-        for i, cell in enumerate(cells):
-            if cell.cell_id in writer.done:
-                skipped += 1
-                notify(SweepProgress("skip", i + 1, total, cell, status="skipped"))
-                continue
-            notify(SweepProgress("start", i, total, cell))
-            t0 = time.perf_counter()
-            try:
-                m = engine.measure(cell)
-                row = measurement_row(cell, m, prov, spec.sweep.consistency_tolerance)
-            except KeyboardInterrupt:
-                raise
-            except Exception as err:  # noqa: BLE001 - a failed cell is a row, not a dead sweep
-                row = measurement_row(cell, None, prov, spec.sweep.consistency_tolerance,
-                                      error=f"{type(err).__name__}: {err}")
-                row["wall_s"] = time.perf_counter() - t0
-            writer.write_row(row)
-            if row["status"] == STATUS_OK:
-                ok += 1
-            else:
-                failed += 1
-            notify(SweepProgress("done", i + 1, total, cell, status=row["status"], message=row["error"],
-                                 acceptance_length=row["acceptance_length"] or math.nan,
-                                 itl_s=row["itl_s"] or math.nan))
+        ok, failed, skipped = run_cells(
+            cells, writer, lambda cell: measurement_row(
+                cell, engine.measure(cell), prov, spec.sweep.consistency_tolerance),
+            prov, spec.sweep.consistency_tolerance, notify)
         return SweepSummary(Path(out_dir), total, ok, failed, skipped, mode)
     finally:
         engine.close()
