@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from dsdprof.report.validate import run_validation
+        from dsdprof.report.validate import run_validation, table_warnings
         from dsdprof.spec import load_spec
         from dsdprof.table import load_table
 
@@ -118,6 +118,9 @@ def register(app: typer.Typer) -> None:
         if out is None:
             out = Path("runs") / f"validate-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
         ks = list(fixed_k) if fixed_k else [3]
+        early = table_warnings(table, spec)
+        for w in early:
+            err_console.print(f"[yellow]warning:[/] {w}")
         progress = Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), console=err_console)
         task = None
@@ -136,7 +139,7 @@ def register(app: typer.Typer) -> None:
         with progress:
             summary = run_validation(table, spec, out, ks, table_path=str(table_path), resume=resume,
                                      on_progress=on_progress)
-        for w in summary.warnings:
+        for w in (w for w in summary.warnings if w not in early):
             err_console.print(f"[yellow]warning:[/] {w}")
         console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped -> {summary.out}")
         report(out, noise, fail_on_regret, _title(table.get("provenance", {})))
