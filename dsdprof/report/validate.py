@@ -19,7 +19,6 @@ comparison itself is :func:`dsdprof.report.compare.compare`.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -27,9 +26,9 @@ from typing import Any, Callable
 from dsdprof import __version__
 from dsdprof.engines.base import Cell, Provenance
 from dsdprof.errors import InputError
-from dsdprof.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
+from dsdprof.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.storage import SWEEP_META, SweepWriter, provenance_dict
-from dsdprof.sweep import SweepProgress, measurement_row
+from dsdprof.sweep import SweepProgress, measurement_row, run_cells
 from dsdprof.table import k_for_batch_size
 
 VALIDATE_KEY = "validate"  # key in _sweep.json marking a validate run
@@ -237,28 +236,9 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
         writer.start(prov)
         total = len(cells)
         notify(SweepProgress("plan", 0, total, message=f"{total} cells: vanilla, fixed K={sorted(fixed_ks)}, DSD"))
-        ok = failed = skipped = 0
-        for i, cell in enumerate(cells):
-            if cell.cell_id in writer.done:
-                skipped += 1
-                notify(SweepProgress("skip", i + 1, total, cell, status="skipped"))
-                continue
-            notify(SweepProgress("start", i, total, cell))
-            t0 = time.perf_counter()
-            try:
-                row = _measure(engines, cell, spec, prov, cell_timeout)
-            except KeyboardInterrupt:
-                raise
-            except Exception as err:  # noqa: BLE001 - a failed cell is a row, the run goes on
-                row = measurement_row(cell, None, prov, spec.sweep.consistency_tolerance,
-                                      error=f"{type(err).__name__}: {err}")
-                row["wall_s"] = time.perf_counter() - t0
-            writer.write_row(row)
-            ok += row["status"] == STATUS_OK
-            failed += row["status"] != STATUS_OK
-            notify(SweepProgress("done", i + 1, total, cell, status=row["status"], message=row["error"],
-                                 acceptance_length=row["acceptance_length"] or float("nan"),
-                                 itl_s=row["itl_s"] or float("nan")))
+        ok, failed, skipped = run_cells(
+            cells, writer, lambda cell: _measure(engines, cell, spec, prov, cell_timeout),
+            prov, spec.sweep.consistency_tolerance, notify)
         return ValidateSummary(out, len(cells), ok, failed, skipped, warnings)
     finally:
         engines.close()
