@@ -88,6 +88,15 @@ def sweep(
 
 # ----------------------------------------------------------------------------- analyze
 
+def _warn_below_baseline(optimal) -> None:
+    """Batch sizes where even the best speculative K is slower than the vanilla baseline."""
+    below = optimal[optimal["speedup_vs_baseline"] < 1.0]
+    if len(below):
+        sizes = ", ".join(str(int(b)) for b in below["batch_size"])
+        err_console.print(f"[yellow]warning: at batch size {sizes} no K beats the no-speculation baseline "
+                          "(K=0 in DSD mode still runs the drafter, vLLM issue 49548); serving those sizes "
+                          "without a speculative config is faster[/]")
+
 def _fmt(x: float, digits: int = 2) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
@@ -126,6 +135,7 @@ def analyze(
     if not summary.empty:
         console.print("DSD vs always-K (geometric mean over batch sizes): " + ", ".join(
             f"K={int(r.k)} {r.geomean_speedup:.2f}x" for r in summary.itertuples()))
+    _warn_below_baseline(result.optimal)
     console.print(f"K* vs BS is {'monotonic non-increasing (dense-like)' if result.monotonic else 'non-monotonic (MoE-like)'}; "
                   f"tolerance {tolerance:.0%}")
 
@@ -153,7 +163,9 @@ def export(
     else:
         from dsdprof.analysis import analyze_path
 
-        table = build_table(analyze_path(source, tolerance=tolerance), source=str(source))
+        result = analyze_path(source, tolerance=tolerance)
+        _warn_below_baseline(result.optimal)
+        table = build_table(result, source=str(source))
     doc = table if fmt == "table" else vllm_speculative_config(table)
     if output is None:
         print(json.dumps(doc, indent=2))
@@ -197,7 +209,7 @@ def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof
 def toy_models(
     out_dir: Path = typer.Argument(..., help="Directory to write <kind>/target and <kind>/draft into."),
     kind: str = typer.Option("both", "--kind", help="dense, moe or both."),
-    residual_scale: Optional[float] = typer.Option(None, "--residual-scale", help="Scale of later layers' output projections (default 0.015): 0 = draft equals target; larger = lower acceptance."),
+    residual_scale: Optional[float] = typer.Option(None, "--residual-scale", help="Scale of later layers' output projections (default 0.016): 0 = draft equals target; larger = lower acceptance."),
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Build random-init toy target/draft pairs locally (no download) with realistic acceptance."""
