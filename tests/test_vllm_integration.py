@@ -96,3 +96,16 @@ def test_failed_engine_is_a_row_not_a_dead_sweep(toy, tmp_path):
     failed = df[df["status"] == "failed"].iloc[0]
     assert failed["mode"] == "dsd" and failed["error"]
     assert df[df["status"] == "ok"].iloc[0]["mode"] == "vanilla"
+
+
+def test_fixed_mode_runs_one_engine_per_k(toy, tmp_path):
+    spec = _spec(toy.target, toy.target, [2], [0, 2], waves=1, output_len=25, dsd_mode="fixed")
+    summary = run_sweep(spec, tmp_path / "run")
+    df = pd.read_parquet(tmp_path / "run")
+    assert summary.speculation_mode == "fixed" and summary.failed == 0
+    assert sorted(df["mode"]) == ["fixed", "vanilla"]
+    fixed = df[df["mode"] == "fixed"].iloc[0]
+    assert fixed["num_spec_tokens"] == 2
+    assert fixed["num_draft_tokens"] / fixed["num_drafts"] == pytest.approx(2)
+    assert fixed["acceptance_length"] == pytest.approx(3.0, rel=0.01)
+    assert analyze_path(tmp_path / "run").optimal.iloc[0]["k"] in (0, 2)
