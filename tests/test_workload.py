@@ -50,6 +50,16 @@ def test_sharegpt_json_file(tmp_path):
     assert load_dataset_texts(str(f)) == ["hello there"]
 
 
+def test_truncated_json_array_keeps_complete_records(tmp_path):
+    f = tmp_path / "cut.json"
+    f.write_text('[{"prompt": "one two"}, {"prompt": "three four"}, {"prompt": "fi')
+    assert load_dataset_texts(str(f)) == ["one two", "three four"]
+    g = tmp_path / "garbage.json"
+    g.write_text("{{{")
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_dataset_texts(str(g))
+
+
 def test_bad_datasets(tmp_path):
     with pytest.raises(InputError, match="workload.dataset"):
         load_dataset_texts(str(tmp_path / "missing.jsonl"))
