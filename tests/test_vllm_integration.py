@@ -86,7 +86,8 @@ def test_exported_schedule_drives_real_vllm(toy, tmp_path):
             # Requests reach the engine one by one, so a wave's first/last step can run at a
             # smaller batch (and so another K); the bulk of the steps must run the table's K.
             per_draft = m.num_draft_tokens / m.num_drafts
-            assert abs(per_draft - expected) < 0.15 * max(expected, 1), (b, expected, per_draft)
+            others = {r[2] for r in table["ranges"]} - {expected}
+            assert all(abs(per_draft - expected) < abs(per_draft - o) for o in others), (b, expected, per_draft)
     finally:
         worker.stop()
 
