@@ -24,7 +24,12 @@ class Cell:
 
 @dataclass(frozen=True)
 class CellMeasurement:
-    """What an engine reports for one finished cell (latencies in seconds)."""
+    """What an engine reports for one finished cell (latencies in seconds).
+
+    For vLLM the headline numbers come from the engine-core step trace over steady-state steps
+    (:mod:`dsdprof.engines.trace`); the ``vllm_*`` fields are vLLM's own counters, histogram and
+    request timestamps over the same waves, kept as independent cross-checks.
+    """
 
     acceptance_length: float
     acceptance_per_pos: tuple[float, ...]
@@ -44,6 +49,14 @@ class CellMeasurement:
     num_requests: int
     num_output_tokens: int
     wall_s: float
+    drafted_per_draft: float = float("nan")
+    steady_steps: int = 0
+    excluded_steps: int = 0
+    sample_acceptance_length: tuple[float, ...] = ()
+    sample_itl_s: tuple[float, ...] = ()
+    vllm_acceptance_length: float = float("nan")
+    vllm_itl_s: float = float("nan")
+    vllm_tpot_s: float = float("nan")
 
 
 @dataclass(frozen=True)
