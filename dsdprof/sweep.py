@@ -59,7 +59,8 @@ def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
         row.update(status=STATUS_FAILED, error=error or "unknown error")
         return row
     row.update(asdict(m))
-    row["acceptance_per_pos"] = list(m.acceptance_per_pos)
+    for name in ("acceptance_per_pos", "sample_acceptance_length", "sample_itl_s"):
+        row[name] = list(row[name])
     check = (m.acceptance_length / m.itl_s) * m.tpot_s if m.itl_s > 0 and m.tpot_s > 0 else math.nan
     row.update(status=STATUS_OK, error="", goodput_check=check,
                consistent=bool(not math.isnan(check) and abs(check - 1.0) <= tolerance))
@@ -110,7 +111,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, resume: bool = False,
     if engine is None:
         from dsdprof.engines import make_engine
 
-        engine = make_engine(spec)
+        engine = make_engine(spec, out_dir=out_dir)
     try:
         mode = engine.speculation_mode
         ks = spec.sweep.num_spec_tokens if max(spec.sweep.num_spec_tokens) > 0 else []

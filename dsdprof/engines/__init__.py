@@ -12,12 +12,14 @@ if TYPE_CHECKING:
 __all__ = ["Cell", "CellMeasurement", "Engine", "Provenance", "make_engine", "plan_cells"]
 
 
-def make_engine(spec: "SweepSpec") -> Engine:
-    """Build the engine a spec names. Heavy imports (vllm, torch) happen here, not at import."""
+def make_engine(spec: "SweepSpec", out_dir=None) -> Engine:
+    """Build the engine a spec names. Heavy imports (vllm, torch) happen here, not at import.
+
+    ``out_dir``: the run directory; the vLLM engine keeps its logs and step traces under it."""
     if spec.engine.name == "vllm":
         from dsdprof.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(spec)
+        return VllmEngine(spec, out_dir=out_dir)
     if spec.engine.name == "sim":
         from dsdprof.sim.engine import SimEngine
 
