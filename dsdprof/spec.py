@@ -16,6 +16,13 @@ from dsdprof.errors import InputError
 DRAFT_MODEL_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator")
 DRAFTLESS_METHODS = ("ngram", "suffix", "mtp", "ngram_gpu")
 
+# vllm.LLM / speculative_config keys dsdprof sets itself: overriding them through ``extra`` would
+# make a row say something other than what ran (e.g. max_num_seqs breaks "BS held exactly").
+RESERVED_LLM_KEYS = ("model", "dtype", "max_model_len", "tensor_parallel_size", "seed", "max_num_seqs",
+                     "speculative_config", "scheduler_cls", "disable_log_stats")
+RESERVED_SPECULATIVE_KEYS = ("method", "model", "num_speculative_tokens",
+                             "num_speculative_tokens_per_batch_size")
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -33,7 +40,29 @@ class EngineSpec(_Strict):
     speculative_extra: dict[str, Any] = Field(
         default_factory=dict, description="merged into vLLM's speculative_config")
     dsd_mode: Literal["auto", "dsd", "fixed"] = Field(
-        "auto", description="auto: one DSD engine for all K, falling back to one engine per K")
+        "auto", description="auto: one DSD engine for all K, falling back to one engine per K "
+                            "only when vLLM rejects the DSD schedule")
+    start_timeout_s: float = Field(1800.0, gt=0, le=86400, description="seconds an engine may take to start")
+    cell_timeout_s: float = Field(3600.0, gt=0, le=86400, description="seconds one cell may take")
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if key in RESERVED_LLM_KEYS:
+                raise ValueError(f"{key!r} is set by dsdprof (use the [engine]/[sweep] keys); it cannot be overridden")
+            if key.startswith("dsdprof_"):
+                raise ValueError(f"{key!r}: dsdprof's timeouts are [engine] start_timeout_s / cell_timeout_s")
+        return v
+
+    @field_validator("speculative_extra")
+    @classmethod
+    def _speculative_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if key in RESERVED_SPECULATIVE_KEYS:
+                raise ValueError(f"{key!r} is set by dsdprof ([engine] method/draft_model, [sweep] "
+                                 "num_spec_tokens); it cannot be overridden")
+        return v
 
     @model_validator(mode="after")
     def _draft_needed(self) -> "EngineSpec":
@@ -103,7 +132,7 @@ def _first_error(err: ValidationError, data: dict[str, Any]) -> InputError:
     value = e.get("input")
     if e["type"] == "extra_forbidden":
         return InputError(loc, value, "unknown key")
-    if isinstance(value, dict) and e["type"] == "value_error":
+    if isinstance(value, dict) and e["type"] == "value_error" and tuple(e["loc"]) == ("engine",):
         value = {k: v for k, v in value.items() if k in ("method", "draft_model")}
     return InputError(loc or "spec", value, e["msg"].removeprefix("Value error, "))
 
