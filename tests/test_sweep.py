@@ -22,10 +22,30 @@ def _spec(**sweep):
 def test_plan_interleaves_dsd_and_groups_fixed():
     cells = plan_cells([1, 2], [0, 1], 1, "dsd")
     assert [c.cell_id for c in cells] == ["vanilla-bs1-k0-r0", "dsd-bs1-k0-r0", "dsd-bs1-k1-r0",
-                                          "vanilla-bs2-k0-r0", "dsd-bs2-k0-r0", "dsd-bs2-k1-r0"]
+                                          "dsd-bs2-k0-r0", "dsd-bs2-k1-r0", "vanilla-bs2-k0-r0"]
     fixed = plan_cells([1, 2], [0, 1], 2, "fixed")
-    assert [c.cell_id for c in fixed][:4] == ["vanilla-bs1-k0-r0", "vanilla-bs2-k0-r0", "fixed-bs1-k1-r0", "fixed-bs2-k1-r0"]
-    assert len(fixed) == 8
+    assert [c.cell_id for c in fixed] == ["vanilla-bs1-k0-r0", "vanilla-bs2-k0-r0", "fixed-bs1-k1-r0", "fixed-bs2-k1-r0",
+                                          "fixed-bs1-k1-r1", "fixed-bs2-k1-r1", "vanilla-bs1-k0-r1", "vanilla-bs2-k0-r1"]
+
+
+def test_plan_rotates_order_per_repeat_and_batch_size():
+    from collections import Counter
+
+    ks = [0, 1, 2, 3, 4]  # 6 cells per block with vanilla
+    cells = plan_cells([4], ks, 6, "dsd")
+    blocks = [cells[i:i + 6] for i in range(0, len(cells), 6)]
+    assert all({c.repeat for c in blk} == {r} for r, blk in enumerate(blocks))  # repeats interleaved
+    first = Counter((c.mode, c.num_spec_tokens) for c in (blk[0] for blk in blocks))
+    assert len(first) == 6  # over 6 repeats every cell, vanilla included, is first once
+    follows = Counter((a.num_spec_tokens, a.mode, b.num_spec_tokens, b.mode)
+                      for blk in blocks for a, b in zip(blk, blk[1:]))
+    assert set(follows.values()) == {1}  # and follows every other cell once
+    by_bs = plan_cells([1, 2, 4], ks, 1, "dsd")
+    assert len({tuple(c.num_spec_tokens if c.mode == "dsd" else -1 for c in by_bs[i:i + 6])
+                for i in (0, 6, 12)}) == 3  # batch sizes of one repeat run in different orders
+    groups = [[c.num_spec_tokens for c in plan_cells([1, 2], ks, 4, "fixed") if c.repeat == r][::2] for r in range(4)]
+    assert len({g[0] for g in groups}) == 4  # fixed mode: the first engine (K) changes per repeat
+    assert all(sorted(g) == [0, 1, 2, 3, 4] for g in groups)  # one group per K, vanilla as K=0
 
 
 def test_failed_cells_are_rows_and_sweep_goes_on(tmp_path):

@@ -92,27 +92,52 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+def balanced_order(m: int, s: int) -> list[int]:
+    """Row ``s`` of a Williams design over ``m`` items: a permutation of ``range(m)``.
+
+    Over ``m`` consecutive rows (``2m`` when ``m`` is odd) every item takes every position equally
+    often and follows every other item equally often, so neither "first in the block" nor "right
+    after X" effects stay with one item.
+    """
+    if m <= 0:
+        return []
+    base = [0]
+    lo, hi = 1, m - 1
+    while len(base) < m:
+        base.append(lo)
+        lo += 1
+        if len(base) < m:
+            base.append(hi)
+            hi -= 1
+    period = m if m % 2 == 0 else 2 * m
+    s %= period
+    row = [(x + s) % m for x in base]
+    return row[::-1] if s >= m else row
+
+
 def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
                include_vanilla: bool = True) -> list[Cell]:
-    """Cells in run order.
+    """Cells in run order: repeats interleaved, the order inside a block rotated.
 
-    DSD mode interleaves everything per batch size (vanilla, K=0..max) so drift hits all K alike;
-    fixed mode groups by K (one engine start per K) and still loops batch sizes inside.
+    DSD mode runs one block per batch size per repeat (vanilla and every K of that batch size, so
+    drift hits all K alike); the block for repeat ``r`` and the ``i``-th batch size is ordered by
+    row ``r + i`` of a Williams design (:func:`balanced_order`), so no cell is always first and
+    none always follows the same cell. Fixed mode groups by K (one engine per K; vanilla is the
+    K=0 engine) and loops batch sizes inside a group; the order of the groups is row ``r`` of the
+    design.
     """
+    if speculation_mode not in (MODE_DSD, MODE_FIXED):
+        raise ValueError(f"speculation_mode={speculation_mode!r}")
     cells: list[Cell] = []
     for r in range(repeats):
         if speculation_mode == MODE_DSD:
-            for b in batch_sizes:
-                if include_vanilla:
-                    cells.append(Cell(r, b, MODE_VANILLA, 0))
-                cells.extend(Cell(r, b, MODE_DSD, k) for k in ks)
-        elif speculation_mode == MODE_FIXED:
-            if include_vanilla:
-                cells.extend(Cell(r, b, MODE_VANILLA, 0) for b in batch_sizes)
-            for k in ks:
-                if k == 0:
-                    continue  # fixed K=0 is the vanilla engine
-                cells.extend(Cell(r, b, MODE_FIXED, k) for b in batch_sizes)
+            for i, b in enumerate(batch_sizes):
+                block = ([Cell(r, b, MODE_VANILLA, 0)] if include_vanilla else []) + \
+                    [Cell(r, b, MODE_DSD, k) for k in ks]
+                cells.extend(block[j] for j in balanced_order(len(block), r + i))
         else:
-            raise ValueError(f"speculation_mode={speculation_mode!r}")
+            groups = ([[Cell(r, b, MODE_VANILLA, 0) for b in batch_sizes]] if include_vanilla else []) + \
+                [[Cell(r, b, MODE_FIXED, k) for b in batch_sizes] for k in ks if k != 0]  # fixed K=0 is vanilla
+            for j in balanced_order(len(groups), r):
+                cells.extend(groups[j])
     return cells
