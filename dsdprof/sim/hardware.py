@@ -51,17 +51,25 @@ class Hardware:
     bf16_tflops: float
     memory_bandwidth_tbs: float
     memory_gb: float
-    fp8_tflops: float = 0.0  # 0 = no FP8 tensor cores: FP8 weights run at the bf16 rate
+    fp8_tflops: float = 0.0  # 0 = no FP8 tensor cores: FP8 GEMMs run at the bf16 rate
     fp32_tflops: float = 0.0  # 0 = half the bf16 rate (TF32 tensor cores)
     cache_mb: float = 0.0
     interconnect_gbs: float = 0.0  # per direction, per device (NVLink / IF / PCIe)
     allreduce_latency_s: float = 10e-6
-    tile_m: int = 64  # GEMM row tile: token counts are padded to a multiple of this
+    tile_m: int = 64  # largest GEMM row tile: large token counts are padded to a multiple of it
+    min_tile_m: int = 16  # smallest row tile a decode GEMM uses (see dsdprof.sim.model.padded)
+    fp4_tflops: float = 0.0  # 0 = no FP4 tensor cores: W4A4 GEMMs run at the fp8 (else bf16) rate
     efficiency: Efficiency = field(default_factory=Efficiency)
 
     def peak_flops(self, compute_dtype: str) -> float:
-        """FLOP/s for ``bf16`` | ``fp8`` | ``fp32`` GEMMs."""
-        if compute_dtype == "fp8" and self.fp8_tflops > 0:
+        """FLOP/s for ``bf16`` | ``fp8`` | ``int8`` | ``fp4`` | ``fp32`` GEMMs.
+
+        ``int8`` runs at the FP8 rate (equal on Hopper/Ada/Blackwell datasheets; hardware without
+        FP8, e.g. A100, is credited the bf16 rate: conservative). ``fp4`` falls back to FP8, then bf16.
+        """
+        if compute_dtype == "fp4" and self.fp4_tflops > 0:
+            return self.fp4_tflops * 1e12
+        if compute_dtype in ("fp8", "int8", "fp4") and self.fp8_tflops > 0:
             return self.fp8_tflops * 1e12
         if compute_dtype == "fp32":
             return (self.fp32_tflops or self.bf16_tflops / 2) * 1e12
@@ -76,7 +84,10 @@ _PCIE = dict(interconnect_gbs=32.0, allreduce_latency_s=30e-6)
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     Hardware("H100 SXM", 989, 3.35, 80, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450),  # datasheet fp8, NVLink 900 GB/s bidir
     Hardware("H200 SXM", 989, 4.8, 141, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450),
-    Hardware("B200", 2250, 8.0, 180, fp8_tflops=4500, cache_mb=126, interconnect_gbs=900),  # datasheet fp8, NVLink5
+    Hardware("B200", 2250, 8.0, 180, fp8_tflops=4500, cache_mb=126, interconnect_gbs=900,
+             fp4_tflops=9000),  # datasheet fp8 / fp4 (dense = half the sparse figure), NVLink5
+    # datasheet (not in reference.md): H20 148 bf16 / 296 fp8 TFLOP/s dense, 4.0 TB/s HBM3, 96 GB, 60 MB L2
+    Hardware("H20", 148, 4.0, 96, fp8_tflops=296, cache_mb=60, interconnect_gbs=450),
     Hardware("A100 80GB SXM", 312, 2.039, 80, cache_mb=40, interconnect_gbs=300),
     Hardware("L40S", 362, 0.864, 48, fp8_tflops=733, **_PCIE),  # datasheet fp8
     Hardware("MI300X", 1307, 5.3, 192, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448),  # datasheet: 7 IF links x 64 GB/s
@@ -84,7 +95,7 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     Hardware("RTX 4090", 165, 1.008, 24, fp8_tflops=330, cache_mb=72, **_PCIE),  # FP32-accumulate rates
 )}
 _ALIASES = {"h100": "H100 SXM", "h100sxm": "H100 SXM", "h200": "H200 SXM", "h200sxm": "H200 SXM",
-            "b200": "B200", "a100": "A100 80GB SXM", "a10080g": "A100 80GB SXM", "a10080gb": "A100 80GB SXM",
+            "b200": "B200", "h20": "H20", "a100": "A100 80GB SXM", "a10080g": "A100 80GB SXM", "a10080gb": "A100 80GB SXM",
             "a10080gbsxm": "A100 80GB SXM", "l40s": "L40S", "mi300x": "MI300X", "mi325x": "MI325X",
             "rtx4090": "RTX 4090", "4090": "RTX 4090"}
 
@@ -108,6 +119,8 @@ class _HardwareIn(_Strict):
     interconnect_gbs: float = Field(0.0, ge=0)
     allreduce_latency_s: float = Field(10e-6, ge=0)
     tile_m: int = Field(64, ge=1)
+    min_tile_m: int = Field(16, ge=1)
+    fp4_tflops: float = Field(0.0, ge=0)
 
 
 class _EfficiencyIn(_Strict):

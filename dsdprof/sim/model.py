@@ -125,7 +125,8 @@ class HwArrays:
 
     bandwidth: ArrayLike  # bytes/s
     flops: ArrayLike  # FLOP/s at the model's GEMM precision
-    tile_m: ArrayLike
+    tile_m: ArrayLike  # largest GEMM row tile
+    min_tile_m: ArrayLike  # smallest GEMM row tile
     link_bandwidth: ArrayLike  # bytes/s per direction (0 = none)
     allreduce_latency_s: ArrayLike
     memory_bytes: ArrayLike
@@ -138,22 +139,38 @@ class HwArrays:
     @staticmethod
     def of(hw: Hardware, compute_dtype: str = "bf16") -> "HwArrays":
         e = hw.efficiency
-        return HwArrays(hw.bandwidth_bytes_s, hw.peak_flops(compute_dtype), hw.tile_m,
+        return HwArrays(hw.bandwidth_bytes_s, hw.peak_flops(compute_dtype), hw.tile_m, hw.min_tile_m,
                         hw.interconnect_gbs * 1e9, hw.allreduce_latency_s, hw.memory_gb * 1e9,
                         e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s)
 
 
-def padded(n: ArrayLike, tile: ArrayLike) -> ArrayLike:
-    """Tile quantization: GEMM rows are processed in tiles, n -> ceil(n / tile) · tile."""
-    return np.ceil(np.asarray(n, dtype=float) / tile) * tile
+def padded(n: ArrayLike, tile: ArrayLike, min_tile: ArrayLike = 16) -> ArrayLike:
+    """Rows a tensor-core GEMM computes for n token rows (tile quantization at small M).
+
+    Kernels pick the row tile by M: the smallest power of two >= n, at least ``min_tile`` and at
+    most ``tile`` (the large-M tile); n is padded to a multiple of it::
+
+        t = clip(2^ceil(log2 n), min_tile, tile);   pad(n) = ceil(n / t) · t
+
+    This is how vLLM's CUTLASS FP8 GEMM dispatches on Hopper (swap-AB tiles with 16, 32, 64 token
+    columns for M ≤ 16, ≤ 32, ≤ 64; 64- and 128-row tiles above), and 16 rows is the smallest
+    tensor-core MMA / Triton ``tl.dot`` block (fused-MoE ``BLOCK_SIZE_M`` 16 for small M). A
+    decode step at BS 1 therefore costs 16 rows of FLOPs, not 64. ``tile`` ≤ ``min_tile``
+    (e.g. 1 on a CPU profile) gives a fixed tile.
+    """
+    n = np.asarray(n, dtype=float)
+    pow2 = np.exp2(np.ceil(np.log2(np.maximum(n, 1.0))))
+    t = np.minimum(np.maximum(pow2, min_tile), tile)
+    return np.ceil(n / t) * t
 
 
 def dense_term(f: ArchFeatures, hw: HwArrays, n: ArrayLike) -> tuple[ArrayLike, ArrayLike]:
     """Weights every token passes through, at n tokens.
 
-    mem = dense_bytes / BW;  flops = 2 · pad(n) · dense_params / F.   Returns (mem_s, flop_s).
+    mem = dense_bytes / BW;  flops = 2 · pad(n) · dense_params / F (:func:`padded`).
+    Returns (mem_s, flop_s).
     """
-    return f.dense_bytes / hw.bandwidth, 2.0 * padded(n, hw.tile_m) * f.dense_params / hw.flops
+    return f.dense_bytes / hw.bandwidth, 2.0 * padded(n, hw.tile_m, hw.min_tile_m) * f.dense_params / hw.flops
 
 
 def distinct_experts(num_experts: ArrayLike, top_k: ArrayLike, n_eff: ArrayLike) -> ArrayLike:
@@ -178,7 +195,7 @@ def expert_term(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_seq:
     d = distinct_experts(f.num_experts, f.top_k, batch * t ** (1.0 - correlation))
     per_expert = np.where(d > 0, n * f.top_k / np.where(d > 0, d, 1.0), 0.0)
     mem = f.moe_layers * d * f.expert_bytes / hw.bandwidth
-    flop = 2.0 * f.moe_layers * d * padded(per_expert, hw.tile_m) * f.expert_params / hw.flops
+    flop = 2.0 * f.moe_layers * d * padded(per_expert, hw.tile_m, hw.min_tile_m) * f.expert_params / hw.flops
     return mem, flop
 
 
