@@ -54,9 +54,11 @@ def sweep(
 
     spec = load_spec(spec_path)
     if spec.engine.name == "sim":
-        from dsdprof.sim.config import parse_sim_config
+        from dsdprof.sim.config import model_notices, resolve
 
-        parse_sim_config(spec.sim)  # bad [sim] input fails here, before any output
+        resolve(spec)  # bad [sim] input or model config.json fails here, before any output
+        for notice in model_notices(spec):
+            err_console.print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
         err_console.print("[yellow]engine 'sim': rows are analytic predictions, not measurements[/]")
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),

@@ -56,7 +56,7 @@ class Design:
 def design(ct: CalibrationTarget, batch: np.ndarray, k: np.ndarray, speculative: np.ndarray) -> Design:
     """Step-model terms for each (batch, K, speculative) cell (vanilla cells have no draft)."""
     tp = ct.tensor_parallel_size
-    hw = HwArrays.of(ct.hardware, resolve_dtype(ct.target, ct.dtype)[2])
+    hw = HwArrays.of(ct.hardware, resolve_dtype(ct.target, ct.dtype).compute)
     tgt = arch_features(ct.target, ct.dtype, tp)
     drf = arch_features(ct.draft, ct.dtype, tp) if ct.draft else NO_DRAFT
     spec = np.asarray(speculative, dtype=float)

@@ -8,7 +8,6 @@ from the target by :func:`derived_draft`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -32,8 +31,9 @@ class ModelArch:
     """One decoder-only transformer (or draft head), enough to count bytes and FLOPs per token.
 
     ``moe_layers`` of the ``num_layers`` carry experts (the rest a dense FFN of ``intermediate``);
-    ``sliding_layers`` attend over at most ``sliding_window`` positions. ``weight_bytes`` and
-    ``expert_weight_bytes`` are the native storage (used for ``dtype = "auto"``).
+    ``sliding_layers`` attend over at most ``sliding_window`` positions. ``weight_bytes`` (linear
+    layers), ``expert_weight_bytes`` (routed experts) and ``head_weight_bytes`` (LM head, embedding,
+    router) are the native storage in bytes per weight, scales included.
     ``extra_params``: weights read every step that the layer formula misses (EAGLE-3's fc, MTP's
     eh_proj). ``has_embedding``: False for heads sharing the target's embedding (not counted).
     """
@@ -60,7 +60,9 @@ class ModelArch:
     tied_embeddings: bool = False
     weight_bytes: float = 2.0
     expert_weight_bytes: Optional[float] = None
-    compute_dtype: str = "bf16"  # bf16 | fp8 (native GEMM precision, for dtype = "auto")
+    compute_dtype: str = "bf16"  # bf16 | fp8 | int8 | fp4 | fp32 (native GEMM precision)
+    head_weight_bytes: Optional[float] = None  # LM head, embedding, router (None = weight_bytes)
+    quantization: str = ""  # non-empty: a quantized checkpoint (dsdprof.sim.quant), kept under 16-bit dtypes
     hf_id: str = ""  # Hugging Face id vLLM would load (written into rows, so exports name it)
 
     @property
@@ -83,6 +85,10 @@ class ModelArch:
     def expert_params(self) -> int:
         """One routed expert in one layer: gated FFN, 3 * h * f_expert."""
         return 3 * self.hidden * self.moe_intermediate
+
+    def head_params(self) -> int:
+        """LM head and MoE router: read every step, kept 16-bit by quantizers."""
+        return self.vocab * self.hidden + self.moe_layers * self.hidden * self.num_experts
 
     def dense_params(self) -> int:
         """Weights every token passes through: attention, dense FFNs, shared experts, router,
@@ -117,6 +123,10 @@ def _dense(name: str, layers: int, hidden: int, ffn: int, nq: int, nkv: int, d: 
 
 
 _MXFP4 = 4.25 / 8  # bytes per parameter of an MXFP4 tensor (4-bit values + 8-bit scale per 32)
+# native storage of the quantized catalog checkpoints (as dsdprof.sim.quant reads their config.json)
+_FP8_BLOCK = dict(weight_bytes=1.0 + 4.0 / (128 * 128), head_weight_bytes=2.0, compute_dtype="fp8",
+                  quantization="fp8 block 128x128")
+_MXFP4_EXPERTS = dict(expert_weight_bytes=_MXFP4, quantization="mxfp4 (experts)")
 
 _HF_IDS = {
     "Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
@@ -141,13 +151,13 @@ MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")
            num_experts=8, experts_per_token=2, moe_intermediate=14336, moe_layers=32),
     _dense("DeepSeek-V3", 61, 7168, 18432, 128, 128, 128, 129280,
            num_experts=256, experts_per_token=8, moe_intermediate=2048, moe_layers=58,
-           num_shared_experts=1, mla=MLA(1536, 512, 64, 128, 128), weight_bytes=1.0, compute_dtype="fp8"),
+           num_shared_experts=1, mla=MLA(1536, 512, 64, 128, 128), **_FP8_BLOCK),
     _dense("gpt-oss-20b", 24, 2880, 2880, 64, 8, 64, 201088,
            num_experts=32, experts_per_token=4, moe_intermediate=2880, moe_layers=24,
-           sliding_window=128, sliding_layers=12, expert_weight_bytes=_MXFP4),
+           sliding_window=128, sliding_layers=12, **_MXFP4_EXPERTS),
     _dense("gpt-oss-120b", 36, 2880, 2880, 64, 8, 64, 201088,
            num_experts=128, experts_per_token=4, moe_intermediate=2880, moe_layers=36,
-           sliding_window=128, sliding_layers=18, expert_weight_bytes=_MXFP4),
+           sliding_window=128, sliding_layers=18, **_MXFP4_EXPERTS),
     # EAGLE-3 head for Llama-3.1-8B: one decoder layer whose q/k/v read [embedding; hidden]
     # (2h wide: + h*(nq+2nkv)*d extra), fc 3h -> h, a 32000-token draft LM head; embedding shared.
     _dense("EAGLE3-Llama-3.1-8B", 1, 4096, 14336, 32, 8, 128, 32000,
@@ -156,7 +166,7 @@ MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")
     _dense("DeepSeek-V3-MTP", 1, 7168, 18432, 128, 128, 128, 129280,
            num_experts=256, experts_per_token=8, moe_intermediate=2048, moe_layers=1,
            num_shared_experts=1, mla=MLA(1536, 512, 64, 128, 128), extra_params=2 * 7168 * 7168,
-           has_embedding=False, weight_bytes=1.0, compute_dtype="fp8"),
+           has_embedding=False, **_FP8_BLOCK),
 )}
 
 # Default draft for (target, method) when engine.draft_model is not given.
@@ -182,90 +192,49 @@ _BY_KEY.update({_key(alias): MODELS[name] for alias, name in {
 
 
 def load_hf_config(path: str | Path, field: str = "engine.model") -> ModelArch:
-    """Read a HF ``config.json`` (or a directory holding one) into a :class:`ModelArch`.
+    """Read a HF ``config.json`` (or a directory holding one); see :mod:`dsdprof.sim.hfconfig`."""
+    from dsdprof.sim.hfconfig import load_hf_config as _load
 
-    Knows Llama/Mistral/Qwen2/Qwen3 (dense), Mixtral, Qwen2/Qwen3-MoE, DeepSeek-V2/V3 and
-    gpt-oss key names; EAGLE-3 heads' ``draft_vocab_size`` is honoured.
-    """
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise InputError(field, str(path), "not a catalog model and no config.json there")
+    return _load(path, field)
+
+
+def _config_path(name_or_path: str) -> Optional[Path]:
+    """``name_or_path`` as a config.json file or a directory holding one, else None."""
+    p = Path(name_or_path).expanduser()
     try:
-        cfg = json.loads(p.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise InputError(field, str(p), f"not valid JSON ({err})") from None
-    if not isinstance(cfg, dict):
-        raise InputError(field, str(p), "config.json must hold an object")
-    cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
+        if p.is_file() or (p.is_dir() and (p / "config.json").is_file()):
+            return p
+    except OSError:
+        return None
+    return None
 
-    def need(key: str) -> int:
-        v = cfg.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise InputError(f"{field}:{key}", v, "missing or not a positive integer in config.json")
-        return v
 
-    hidden, layers, nq = need("hidden_size"), need("num_hidden_layers"), need("num_attention_heads")
-    nkv = cfg.get("num_key_value_heads") or nq
-    head_dim = cfg.get("head_dim") or hidden // nq
-    vocab = cfg.get("draft_vocab_size") or need("vocab_size")
-    mtype = str(cfg.get("model_type", "")).lower()
-    n_exp = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
-    topk = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
-    ffn = int(cfg.get("intermediate_size") or 4 * hidden)
-    moe_ffn = int(cfg.get("moe_intermediate_size") or ffn) if n_exp else 0
-    moe_layers = 0
-    if n_exp:
-        dense_layers = set(cfg.get("mlp_only_layers") or [])
-        first_dense = int(cfg.get("first_k_dense_replace") or 0)
-        step = int(cfg.get("decoder_sparse_step") or cfg.get("moe_layer_freq") or 1)
-        moe_layers = sum(1 for i in range(layers)
-                         if i >= first_dense and i not in dense_layers and (i + 1) % step == 0)
-    mla = None
-    if cfg.get("kv_lora_rank"):
-        mla = MLA(int(cfg.get("q_lora_rank") or 0), int(cfg["kv_lora_rank"]),
-                  int(cfg.get("qk_rope_head_dim", 64)), int(cfg.get("qk_nope_head_dim", 128)),
-                  int(cfg.get("v_head_dim", 128)))
-    n_shared = int(cfg.get("n_shared_experts") or (1 if cfg.get("shared_expert_intermediate_size") else 0))
-    window = int(cfg.get("sliding_window") or 0)
-    layer_types = cfg.get("layer_types") or []
-    sliding = sum(1 for t in layer_types if "sliding" in str(t)) if layer_types else 0
-    if window and not layer_types and cfg.get("use_sliding_window"):
-        sliding = layers
-    arch_names = (mtype + " " + str(cfg.get("architectures", ""))).lower()
-    eagle, eagle3 = "eagle" in arch_names, "eagle3" in arch_names
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-    wbytes = 4.0 if dtype in ("float32", "float") else 2.0
-    quant = cfg.get("quantization_config") or {}
-    qmethod = str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else ""
-    expert_bytes = _MXFP4 if qmethod == "mxfp4" else None
-    if qmethod == "fp8":
-        wbytes = 1.0
-    return ModelArch(
-        name=str(cfg.get("_name_or_path") or path), num_layers=layers, hidden=hidden,
-        intermediate=ffn, num_heads=nq, num_kv_heads=int(nkv), head_dim=int(head_dim), vocab=int(vocab),
-        num_experts=n_exp, experts_per_token=topk, moe_intermediate=moe_ffn, moe_layers=moe_layers,
-        num_shared_experts=n_shared,
-        shared_intermediate=int(cfg.get("shared_expert_intermediate_size") or 0) // max(n_shared, 1),
-        mla=mla, sliding_window=window if sliding else 0, sliding_layers=sliding,
-        extra_params=(3 * hidden * hidden + hidden * (nq + 2 * int(nkv)) * int(head_dim)) if eagle3 else 0,
-        has_embedding=not eagle, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        weight_bytes=wbytes, expert_weight_bytes=expert_bytes,
-        compute_dtype="fp8" if qmethod == "fp8" else ("fp32" if wbytes == 4.0 else "bf16"),
-    )
+def shadowed_catalog_name(name_or_path: str) -> Optional[str]:
+    """The catalog model whose name ``name_or_path`` also matches when it is an existing config
+    path (the path wins in :func:`resolve_model`; CLIs print a notice), else None."""
+    path = _config_path(name_or_path) if isinstance(name_or_path, str) else None
+    if path is None:
+        return None
+    name = path.parent.name if path.is_file() and path.name == "config.json" else name_or_path
+    hit = _BY_KEY.get(_key(name))
+    return hit.name if hit is not None else None
 
 
 def resolve_model(name_or_path: str, field: str = "engine.model") -> ModelArch:
-    """A catalog name (case-insensitive, org prefix and ``-Instruct`` ignored) or a config path."""
+    """A config path (a ``config.json`` or a directory holding one) or a catalog name
+    (case-insensitive, org prefix and ``-Instruct`` ignored). An existing path wins over a
+    catalog name it also matches (see :func:`shadowed_catalog_name`)."""
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise InputError(field, name_or_path, "must be a catalog model name or a path to config.json")
+    path = _config_path(name_or_path)
+    if path is not None:
+        return load_hf_config(path, field)
     hit = _BY_KEY.get(_key(name_or_path))
     if hit is not None:
         return hit
     p = Path(name_or_path).expanduser()
     if p.exists():
-        return load_hf_config(p, field)
+        return load_hf_config(p, field)  # a directory without config.json: a one-line error
     raise InputError(field, name_or_path,
                      f"unknown model; catalog: {', '.join(sorted(MODELS))}; or give a path to config.json")
 
@@ -287,11 +256,14 @@ def derived_draft(target: ModelArch, method: str) -> Optional[ModelArch]:
     h = target.hidden
     if method in ("eagle", "eagle3"):
         ffn = target.intermediate if not target.is_moe else 256 * round(8 * h / 3 / 256)
+        quantized = bool(target.quantization)  # EAGLE heads ship unquantized (16-bit)
         return replace(
             target, name=f"{target.name}-eagle3-head (derived)", num_layers=1, intermediate=ffn,
             vocab=min(target.vocab, 32000), num_experts=0, experts_per_token=0, moe_intermediate=0,
             moe_layers=0, num_shared_experts=0, sliding_window=0, sliding_layers=0,
-            extra_params=3 * h * h, has_embedding=False, expert_weight_bytes=None, hf_id="")
+            extra_params=3 * h * h, has_embedding=False, expert_weight_bytes=None, hf_id="",
+            weight_bytes=2.0 if quantized else target.weight_bytes, head_weight_bytes=None, quantization="",
+            compute_dtype="bf16" if quantized else target.compute_dtype)
     if method == "mtp":
         return replace(target, name=f"{target.name}-mtp (derived)", num_layers=1,
                        moe_layers=1 if target.is_moe else 0, sliding_window=0, sliding_layers=0,

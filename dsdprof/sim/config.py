@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dsdprof.errors import InputError
 from dsdprof.sim import acceptance as acc
-from dsdprof.sim.catalog import ModelArch, derived_draft, resolve_model
+from dsdprof.sim.catalog import ModelArch, derived_draft, resolve_model, shadowed_catalog_name
 from dsdprof.sim.hardware import Hardware, resolve_hardware, with_efficiency
 from dsdprof.sim.model import resolve_dtype
 
@@ -99,7 +99,7 @@ class SimSetup:
 
     @property
     def compute_dtype(self) -> str:
-        return resolve_dtype(self.target, self.dtype)[2]
+        return resolve_dtype(self.target, self.dtype).compute
 
 
 def _acceptance(cfg: SimConfig, k_max: int) -> tuple[np.ndarray, str]:
@@ -150,3 +150,15 @@ def resolve(spec: Any) -> SimSetup:
     p, source = _acceptance(cfg, spec.max_k)
     return SimSetup(hw, target, draft, eng.method, eng.dtype, eng.tensor_parallel_size, int(context),
                     cfg.routing_correlation, p, source, cfg.check_memory)
+
+
+def model_notices(spec: Any) -> list[str]:
+    """One line per model name that is an existing config.json path also matching a catalog
+    model: the path wins (its config.json is used); CLIs print these so nobody is surprised."""
+    out = []
+    for field, value in (("engine.model", spec.engine.model), ("engine.draft_model", spec.engine.draft_model)):
+        shadowed = shadowed_catalog_name(value) if value else None
+        if shadowed:
+            out.append(f"notice: {field}={value!r} is a local config.json path; using it, not the "
+                       f"catalog model {shadowed!r}")
+    return out

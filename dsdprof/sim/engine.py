@@ -66,6 +66,7 @@ class SimEngine:
             dsdprof_version=__version__,
             extra={"prediction": "true", "context_len": str(s.context_len),
                    "routing_correlation": str(s.routing_correlation), "acceptance": s.acceptance_source,
+                   "quantization": s.target.quantization or "none",
                    "efficiency": (f"bw={e.bandwidth} compute={e.compute} step={e.step_overhead_s} "
                                   f"draft_step={e.draft_step_overhead_s} dsd={e.dsd_overhead_s}")},
         )

@@ -51,7 +51,7 @@ def _hw_arrays(hardwares: Sequence[Hardware], cases: Sequence[ModelCase]) -> HwA
     per_hw = [HwArrays.of(h) for h in hardwares]
     cols = {f.name: np.array([float(getattr(a, f.name)) for a in per_hw]).reshape(-1, 1, 1, 1)
             for f in fields(HwArrays)}
-    precisions = [resolve_dtype(c.target, c.dtype)[2] for c in cases]
+    precisions = [resolve_dtype(c.target, c.dtype).compute for c in cases]
     cols["flops"] = np.array([[h.peak_flops(p) for p in precisions] for h in hardwares]).reshape(
         len(hardwares), len(cases), 1, 1)
     return HwArrays(**cols)

@@ -32,29 +32,66 @@ from dsdprof.sim.hardware import Hardware
 ArrayLike = Any  # float or numpy array (broadcastable)
 MEMORY_UTILIZATION = 0.9  # fraction of device memory an engine may use (vLLM's default)
 
-# engine dtype -> (bytes per dense weight, bytes per expert weight or None = same, GEMM precision)
-DTYPES: dict[str, tuple[float, Optional[float], str]] = {
-    "bfloat16": (2.0, None, "bf16"), "bf16": (2.0, None, "bf16"), "float16": (2.0, None, "bf16"),
-    "fp16": (2.0, None, "bf16"), "half": (2.0, None, "bf16"), "float32": (4.0, None, "fp32"),
-    "fp32": (4.0, None, "fp32"), "float": (4.0, None, "fp32"), "fp8": (1.0, None, "fp8"),
-    "float8": (1.0, None, "fp8"), "int8": (1.0, None, "bf16"), "int4": (0.5, None, "bf16"),
-    "mxfp4": (2.0, 4.25 / 8, "bf16"),
+FLOAT_DTYPES: dict[str, float] = {  # engine dtype -> bytes per unquantized weight
+    "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
+    "float32": 4.0, "fp32": 4.0, "float": 4.0,
 }
+# online quantization of an unquantized model: (linear bytes or None = 16-bit, expert bytes or
+# None = linear, GEMM precision); LM head, embedding and router stay 16-bit (vLLM quantizes
+# LinearBase and fused-MoE layers only)
+ONLINE_QUANT: dict[str, tuple[Optional[float], Optional[float], str]] = {
+    "fp8": (1.0, None, "fp8"), "float8": (1.0, None, "fp8"), "int8": (1.0, None, "bf16"),
+    "int4": (0.5, None, "bf16"), "mxfp4": (None, 4.25 / 8, "bf16"),
+}
+DTYPES = (*FLOAT_DTYPES, *ONLINE_QUANT)
 
 
-def resolve_dtype(arch: ModelArch, dtype: str) -> tuple[float, float, str, float]:
-    """(dense weight bytes, expert weight bytes, GEMM precision, KV bytes) for an engine dtype.
+@dataclass(frozen=True)
+class Storage:
+    """Bytes per weight by class, GEMM precision and KV-cache bytes per element."""
 
-    ``auto`` takes the model's native storage (FP8 DeepSeek-V3, MXFP4 gpt-oss experts). KV cache
-    is 4 bytes for fp32 models, else 2 (bf16).
+    linear: float  # attention, dense FFN, shared experts, extra params
+    expert: float  # routed experts
+    head: float  # LM head, embedding table, MoE router
+    compute: str  # bf16 | fp8 | int8 | fp4 | fp32
+    kv: float
+
+
+def resolve_dtype(arch: ModelArch, dtype: str) -> Storage:
+    """The weight storage an engine ``dtype`` gives ``arch``.
+
+    * ``auto``: the checkpoint's own storage (FP8 DeepSeek-V3, MXFP4 gpt-oss experts, whatever a
+      config.json's ``quantization_config`` says, else its ``torch_dtype``).
+    * a float dtype (bfloat16, float16, float32): unquantized models are stored in it; a quantized
+      checkpoint keeps its quantized weights (as vLLM loads it) and the dtype applies to the rest.
+      float32 on a quantized checkpoint is an InputError (vLLM's quantized kernels are 16-bit).
+    * ``fp8``, ``int8``, ``int4``, ``mxfp4``: online quantization of the linear (or expert) layers.
+
+    KV cache: 4 bytes per element for fp32 GEMMs, else 2.
     """
+    native_head = arch.head_weight_bytes if arch.head_weight_bytes is not None else (
+        2.0 if arch.quantization else arch.weight_bytes)
+    expert = arch.expert_weight_bytes if arch.expert_weight_bytes is not None else arch.weight_bytes
     if dtype == "auto":
-        w, e, c = arch.weight_bytes, arch.expert_weight_bytes, arch.compute_dtype
-    elif dtype in DTYPES:
-        w, e, c = DTYPES[dtype]
+        lin, exp, head, comp = arch.weight_bytes, expert, native_head, arch.compute_dtype
+    elif dtype in FLOAT_DTYPES:
+        b = FLOAT_DTYPES[dtype]
+        if arch.quantization and b == 4.0:
+            raise InputError("engine.dtype", dtype, f"{arch.name} is a quantized checkpoint "
+                             f"({arch.quantization}); its kernels run in 16 bit: use auto, bfloat16 or float16")
+        if arch.quantization:
+            lin, exp, head, comp = arch.weight_bytes, expert, native_head, arch.compute_dtype
+        else:
+            lin = exp = head = b
+            comp = "fp32" if b == 4.0 else "bf16"
+    elif dtype in ONLINE_QUANT:
+        q_lin, q_exp, comp = ONLINE_QUANT[dtype]
+        lin = q_lin if q_lin is not None else 2.0
+        exp = q_exp if q_exp is not None else lin
+        head = 2.0
     else:
         raise InputError("engine.dtype", dtype, f"sim knows auto, {', '.join(DTYPES)}")
-    return w, (e if e is not None else w), c, (4.0 if c == "fp32" else 2.0)
+    return Storage(lin, exp, head, comp, 4.0 if comp == "fp32" else 2.0)
 
 
 @dataclass(frozen=True)
@@ -95,7 +132,8 @@ def arch_features(arch: ModelArch, dtype: str, tp: int) -> ArchFeatures:
     position per layer: GQA 4·n_q·d; MLA (absorbed) 2·n_q·(2·kv_lora + rope); both / tp.
     All-reduce: 2 per layer, ring payload 2·(tp-1)/tp · h · 2 bytes per token.
     """
-    w, e, _, kvb = resolve_dtype(arch, dtype)
+    st = resolve_dtype(arch, dtype)
+    kvb = st.kv
     if arch.mla is None:
         kv_layer = 2 * arch.num_kv_heads * arch.head_dim * kvb / min(tp, arch.num_kv_heads)
         attn_layer = 4 * arch.num_heads * arch.head_dim / tp
@@ -106,16 +144,18 @@ def arch_features(arch: ModelArch, dtype: str, tp: int) -> ArchFeatures:
     full = arch.num_layers - arch.sliding_layers
     routed = arch.moe_layers * arch.num_experts * arch.expert_params()
     embedding = arch.vocab * arch.hidden if arch.has_embedding and not arch.tied_embeddings else 0
+    head = arch.head_params()
+    dense_bytes = (arch.dense_params() - head) * st.linear + head * st.head
     return ArchFeatures(
-        dense_bytes=arch.dense_params() * w / tp, dense_params=arch.dense_params() / tp,
-        expert_bytes=arch.expert_params() * e / tp, expert_params=arch.expert_params() / tp,
+        dense_bytes=dense_bytes / tp, dense_params=arch.dense_params() / tp,
+        expert_bytes=arch.expert_params() * st.expert / tp, expert_params=arch.expert_params() / tp,
         moe_layers=arch.moe_layers if arch.is_moe else 0, num_experts=arch.num_experts if arch.is_moe else 0,
         top_k=arch.experts_per_token if arch.is_moe else 0,
         kv_full=full * kv_layer, kv_sliding=arch.sliding_layers * kv_layer, window=arch.sliding_window,
         attn_full=full * attn_layer, attn_sliding=arch.sliding_layers * attn_layer,
         comm_bytes=(2 * arch.num_layers * 2 * (tp - 1) / tp * arch.hidden * 2) if tp > 1 else 0.0,
         comm_count=2 * arch.num_layers if tp > 1 else 0,
-        total_bytes=((arch.dense_params() + embedding) * w + routed * e) / tp,
+        total_bytes=(dense_bytes + embedding * st.head + routed * st.expert) / tp,
     )
 
 
