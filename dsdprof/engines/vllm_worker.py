@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -20,18 +21,21 @@ from typing import Any
 class WorkerConfig:
     llm_kwargs: dict[str, Any]
     workload: Any  # dsdprof.spec.WorkloadSpec (picklable pydantic model)
+    log_path: str = ""  # vLLM's stdout/stderr and the worker's tracebacks go here ("" = inherit)
 
 
 @dataclass(frozen=True)
 class CellRequest:
     batch_size: int
-    num_spec_tokens: int | None  # None: let the engine's configured schedule decide
+    num_spec_tokens: int | None  # K the scheduler forces; None: the engine's configured schedule decides
     positions: int  # draft positions to report acceptance for
     waves: int
     warmup: int
     output_len: int
     temperature: float
     seed: int
+    verify_k: int | None = None  # K every steady step must draft (None: num_spec_tokens; -1: unchecked)
+    trace_path: str = ""  # where the engine core writes this cell's step trace ("" = a temp file)
 
 
 def detect_hardware() -> str:
@@ -56,35 +60,56 @@ def detect_hardware() -> str:
 
 
 def run_cell(llm, pool: list[list[int]], req: CellRequest):
-    """Warm-up waves (unmeasured), then ``req.waves`` waves of exactly ``batch_size`` requests."""
+    """Warm-up waves (unmeasured), then ``req.waves`` gated waves of exactly ``batch_size``
+    requests, traced step by step inside the engine core (see :mod:`dsdprof.engines.trace`)."""
+    import tempfile
+
     from vllm import SamplingParams
 
+    from dsdprof.engines.trace import GATE_ARG, TRACE_ARG, WAVE_ARG, read_trace, summarize
     from dsdprof.engines.vllm_metrics import RequestTiming, build_measurement, snapshot_from_metrics
     from dsdprof.engines.vllm_scheduler_names import K_EXTRA_ARG
     from dsdprof.workload import wave_prompts
 
-    extra = {K_EXTRA_ARG: req.num_spec_tokens} if req.num_spec_tokens is not None else None
-    params = SamplingParams(
-        max_tokens=req.output_len, min_tokens=req.output_len, ignore_eos=True,
-        temperature=req.temperature, seed=req.seed if req.temperature > 0 else None, extra_args=extra)
+    trace_path = req.trace_path
+    if not trace_path:
+        fd, trace_path = tempfile.mkstemp(prefix="dsdprof-trace-", suffix=".jsonl")
+        os.close(fd)
+    if os.path.exists(trace_path):
+        os.unlink(trace_path)  # a retried cell starts a fresh trace
 
-    def wave(w: int):
-        prompts = [{"prompt_token_ids": p} for p in wave_prompts(pool, req.batch_size, w)]
-        return llm.generate(prompts, params, use_tqdm=False)
+    def params(wave: int) -> SamplingParams:
+        extra: dict[str, Any] = {GATE_ARG: req.batch_size}
+        if req.num_spec_tokens is not None:
+            extra[K_EXTRA_ARG] = req.num_spec_tokens
+        if wave >= 0:
+            extra.update({TRACE_ARG: trace_path, WAVE_ARG: wave})
+        return SamplingParams(
+            max_tokens=req.output_len, min_tokens=req.output_len, ignore_eos=True,
+            temperature=req.temperature, seed=req.seed if req.temperature > 0 else None, extra_args=extra)
 
+    def wave(w: int, prompt_index: int):
+        prompts = [{"prompt_token_ids": p} for p in wave_prompts(pool, req.batch_size, prompt_index)]
+        return llm.generate(prompts, params(w), use_tqdm=False)
+
+    llm.reset_prefix_cache()  # no cell inherits another's cached prompts
     for w in range(req.warmup):
-        wave(req.waves + w)  # warm-up uses prompts outside the measured ones
+        wave(-1 - w, req.waves + w)  # warm-up uses prompts outside the measured ones
     before = snapshot_from_metrics(llm.get_metrics())
     timings: list[RequestTiming] = []
     t0 = time.perf_counter()
     for w in range(req.waves):
-        for out in wave(w):
+        for out in wave(w, w):
             m = out.metrics
             timings.append(RequestTiming(float(m.first_token_ts), float(m.last_token_ts),
-                                         int(m.num_generation_tokens)))
+                                         len(out.outputs[0].token_ids)))
     wall = time.perf_counter() - t0
     after = snapshot_from_metrics(llm.get_metrics())
-    return build_measurement(before, after, timings, req.positions, wall)
+    verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
+    trace = summarize(read_trace(trace_path), req.batch_size, verify, req.positions)
+    if not req.trace_path:
+        os.unlink(trace_path)
+    return build_measurement(trace, before, after, timings, req.positions, wall)
 
 
 def _die_with_parent() -> None:
@@ -103,12 +128,30 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="dsdprof-parent-watch", daemon=True).start()
 
 
+def _redirect_output(log_path: str) -> None:
+    """Send this process's (and its children's) stdout/stderr to ``log_path``."""
+    if not log_path:
+        return
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _error(err: BaseException) -> tuple[str, str, str]:
+    tb = traceback.format_exc()
+    print(tb, file=sys.stderr, flush=True)  # kept in the engine log
+    return ("error", f"{type(err).__name__}: {err}".strip()[:2000], tb[-4000:])
+
+
 def worker_main(conn, config: WorkerConfig) -> None:
     """Process entry point: start the LLM, report ``ready``, then serve ``cell`` requests."""
     try:
         os.setpgrp()  # own process group: the parent kills the group (engine core too) on timeout
     except OSError:
         pass
+    _redirect_output(config.log_path)
     _die_with_parent()
     try:
         import vllm
@@ -118,12 +161,14 @@ def worker_main(conn, config: WorkerConfig) -> None:
 
         llm = LLM(**config.llm_kwargs)
         pool = build_prompt_pool(config.workload, llm.get_tokenizer())
-        sched = llm.llm_engine.vllm_config.scheduler_config
+        vcfg = llm.llm_engine.vllm_config
+        sched = vcfg.scheduler_config
         conn.send(("ready", {"engine_version": vllm.__version__, "hardware": detect_hardware(),
                              "async_scheduling": bool(sched.async_scheduling),
-                             "max_num_seqs": int(sched.max_num_seqs)}))
+                             "max_num_seqs": int(sched.max_num_seqs),
+                             "max_num_batched_tokens": int(sched.max_num_batched_tokens)}))
     except BaseException as err:  # noqa: BLE001 - report any start failure to the parent
-        conn.send(("error", f"{type(err).__name__}: {err}".strip()[:2000], traceback.format_exc()[-4000:]))
+        conn.send(_error(err))
         return
     while True:
         try:
@@ -135,7 +180,7 @@ def worker_main(conn, config: WorkerConfig) -> None:
         try:
             conn.send(("ok", run_cell(llm, pool, msg[1])))
         except BaseException as err:  # noqa: BLE001 - a failed cell is reported, the worker lives on
-            conn.send(("error", f"{type(err).__name__}: {err}".strip()[:2000], traceback.format_exc()[-4000:]))
+            conn.send(_error(err))
     try:
         llm.llm_engine.engine_core.shutdown()
     except Exception:  # noqa: BLE001
