@@ -41,14 +41,15 @@ def test_plan_interleaves_and_rotates():
         plan_validation([1], [], TABLE["ranges"], 1)
 
 
-def test_dsd_kwargs_use_vllm_schedule_without_dsdprof_scheduler():
+def test_dsd_kwargs_use_vllm_schedule():
     spec = make_spec()
-    kw = dsd_llm_kwargs({"model": "tgt", "max_num_seqs": 16}, TABLE, spec)
+    base = {"model": "tgt", "max_num_seqs": 16, "scheduler_cls": "dsdprof.engines.vllm_scheduler.make_scheduler"}
+    kw = dsd_llm_kwargs(base, TABLE, spec)
     cfg = kw["speculative_config"]
     assert cfg["num_speculative_tokens"] == 3
     assert cfg["num_speculative_tokens_per_batch_size"] == TABLE["ranges"]
     assert cfg["model"] == "drf" and cfg["method"] == "draft_model"
-    assert "scheduler_cls" not in kw
+    assert kw["scheduler_cls"] == base["scheduler_cls"]  # gate + trace only; K comes from vLLM's lookup
     zero = dict(TABLE, ranges=[[1, 1 << 20, 0]])
     assert dsd_llm_kwargs({"model": "tgt"}, zero, spec) is None
 

@@ -209,8 +209,9 @@ class VllmEngine:
     name = "vllm"
 
     def __init__(self, spec, out_dir: str | Path | None = None, concurrent_engines: int = 2,
-                 start_worker: StartWorker | None = None) -> None:
+                 start_worker: StartWorker | None = None, one_fixed_engine: bool = True) -> None:
         self.spec = spec
+        self.one_fixed_engine = one_fixed_engine
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self._mode: str | None = None
         self.fallback_reason = ""
@@ -331,7 +332,7 @@ class VllmEngine:
                            seed=s.workload.seed, verify_k=verify_k, trace_path=self.trace_path(cell))
 
     def run(self, key: str, req: CellRequest) -> CellMeasurement:
-        if key.startswith("fixed-"):  # one fixed-K engine at a time
+        if self.one_fixed_engine and key.startswith("fixed-"):  # one fixed-K engine at a time
             for other in [k for k in self.pool.keys() if k.startswith("fixed-") and k != key]:
                 self.pool.stop(other)
         return self.pool.get(key).run(req, self.cell_timeout_s)

@@ -1,14 +1,16 @@
 """``dsdprof validate``: serve a K table on real vLLM and compare it with vanilla and fixed K.
 
-Three kinds of engine, each in its own worker process (:class:`EngineWorker`), all kept alive for
-the whole run so the cells can be interleaved per batch size (drift hits every variant alike; the
-order of the variants rotates from one batch size / repeat to the next):
+Three kinds of engine, each in its own worker process, from the same engine pool and cell runner
+as ``sweep``, all kept alive for the whole run so the cells can be interleaved per batch size
+(drift hits every variant alike; the order of the variants rotates from one batch size / repeat to
+the next):
 
 * ``vanilla``: no speculative config (the baseline);
 * ``fixed-<K>``: ``num_speculative_tokens = K``, no dynamic schedule;
 * ``dsd``: the table served exactly as a user would, through vLLM's own
-  ``num_speculative_tokens_per_batch_size`` (:func:`dsdprof.table.vllm_speculative_config`) with
-  vLLM's default scheduler. Requests carry no dsdprof K, so vLLM's lookup picks K by batch size.
+  ``num_speculative_tokens_per_batch_size`` (:func:`dsdprof.table.vllm_speculative_config`).
+  Requests carry no dsdprof K, so vLLM's lookup picks K by batch size; dsdprof's scheduler only
+  gates waves and traces steps, and each cell checks that its steady steps drafted the table's K.
   A table with K=0 everywhere is served without a speculative config.
 
 Every cell is one durable Parquet row (:class:`SweepWriter`): ``mode`` is ``vanilla`` | ``fixed`` |
@@ -25,6 +27,7 @@ from typing import Any, Callable
 
 from dsdprof import __version__
 from dsdprof.engines.base import Cell, Provenance
+from dsdprof.engines.vllm_engine import VllmEngine
 from dsdprof.errors import InputError
 from dsdprof.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.storage import SWEEP_META, SweepWriter, provenance_dict
@@ -115,51 +118,7 @@ def table_warnings(table: dict[str, Any], spec) -> list[str]:
     return out
 
 
-def start_engine_worker(llm_kwargs: dict[str, Any], workload, timeout_s: float):
-    """Default worker factory: one vLLM engine in a child process."""
-    from dsdprof.engines.vllm_engine import EngineWorker
-    from dsdprof.engines.vllm_worker import WorkerConfig
-
-    return EngineWorker(WorkerConfig(llm_kwargs, workload), timeout_s)
-
-
-class _Engines:
-    """Lazily started engine workers, one per key; a key whose start failed stays failed."""
-
-    def __init__(self, kwargs_for: Callable[[str], dict[str, Any]], workload, start_timeout_s: float,
-                 start_worker: Callable[..., Any]) -> None:
-        self._kwargs_for = kwargs_for
-        self._workload = workload
-        self._timeout = start_timeout_s
-        self._start = start_worker
-        self._workers: dict[str, Any] = {}
-        self._start_errors: dict[str, str] = {}
-        self.info: dict[str, Any] = {}
-
-    def get(self, key: str):
-        if key in self._start_errors:
-            raise RuntimeError(f"engine {key!r} failed to start: {self._start_errors[key]}")
-        w = self._workers.get(key)
-        if w is not None and w.alive:
-            return w
-        if w is not None:
-            w.kill()
-        try:
-            w = self._start(self._kwargs_for(key), self._workload, self._timeout)
-        except Exception as err:  # noqa: BLE001 - remembered so later cells fail fast
-            self._start_errors[key] = f"{type(err).__name__}: {err}"
-            raise
-        self._workers[key] = w
-        self.info.update(w.info)
-        return w
-
-    def close(self) -> None:
-        for w in self._workers.values():
-            w.stop()
-        self._workers.clear()
-
-
-def _provenance(spec, info: dict[str, Any], table_path: str) -> Provenance:
+def _provenance(spec, info: dict[str, Any], table_path: str, memory_note: str = "") -> Provenance:
     from dsdprof.engines.vllm_engine import _engine_version
     from dsdprof.engines.vllm_worker import detect_hardware
 
@@ -169,20 +128,9 @@ def _provenance(spec, info: dict[str, Any], table_path: str) -> Provenance:
         model=e.model, draft_model=e.draft_model or "", method=e.method,
         hardware=info.get("hardware") or detect_hardware(), dtype=e.dtype, dataset=w.dataset,
         seed=w.seed, dsdprof_version=__version__,
-        extra={"run_kind": VALIDATE_KEY, "validate_table": table_path},
+        extra={"run_kind": VALIDATE_KEY, "validate_table": table_path, "memory": memory_note,
+               "measurement": "engine-core step trace, steady-state steps only"},
     )
-
-
-def _check_resume(out: Path, validate_doc: dict[str, Any]) -> None:
-    meta = out / SWEEP_META
-    if not meta.is_file():
-        return
-    try:
-        stored = json.loads(meta.read_text()).get("spec", {}).get(VALIDATE_KEY)
-    except ValueError:
-        return
-    if stored != validate_doc:
-        raise InputError("table", validate_doc.get("table"), f"differs from the validate run being resumed in {out}")
 
 
 def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: list[int],
@@ -191,12 +139,12 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
                    start_worker: Callable[..., Any] | None = None) -> ValidateSummary:
     """Run vanilla / fixed K / DSD cells of ``spec``'s workload into ``out_dir``.
 
-    ``start_worker(llm_kwargs, workload, timeout_s)`` starts one engine (default: a vLLM child
-    process); it returns an object with ``run(CellRequest, timeout_s)``, ``alive``, ``info``,
-    ``stop()`` and ``kill()``.
+    The same engine pool and cell runner as ``sweep`` (:class:`dsdprof.engines.vllm_engine.VllmEngine`,
+    :func:`dsdprof.sweep.run_cells`): every engine is alive for the whole run (GPU memory split
+    between them), and every cell is measured from the engine-core step trace with its K verified
+    (the table's K at the batch size for DSD). ``start_worker(WorkerConfig, timeout_s)`` replaces the
+    vLLM child process (orchestration tests only).
     """
-    from dsdprof.engines.vllm_engine import DEFAULT_START_TIMEOUT_S, VllmEngine
-
     notify = on_progress or (lambda _e: None)
     if spec.engine.name != "vllm":
         raise InputError("engine.name", spec.engine.name, "validate runs real vLLM: use name = \"vllm\"")
@@ -206,54 +154,52 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
     spec_dump = spec.model_dump(mode="json")
     spec_dump[VALIDATE_KEY] = validate_doc
     out = Path(out_dir)
-    if resume:
-        _check_resume(out, validate_doc)
-    writer = SweepWriter(out, spec_dump, resume=resume)  # refuses to overwrite before any work
+    # Refuses to overwrite, to share OUT, or to resume a run of another spec/table (the whole
+    # spec_dump, validate doc included, is hashed in the run manifest), before any work.
+    writer = SweepWriter(out, spec_dump, resume=resume)
 
-    kw = VllmEngine(spec)  # only builds kwargs here; its own workers are never started
-    base = kw.llm_kwargs(MODE_VANILLA)
-    dsd_kwargs = dsd_llm_kwargs(base, table, spec)
-
-    def kwargs_for(key: str) -> dict[str, Any]:
-        if key == MODE_DSD:
-            return dsd_kwargs if dsd_kwargs is not None else dict(base)
-        return kw.llm_kwargs(key)
-
-    timeout = float(spec.engine.extra.get("dsdprof_start_timeout_s", DEFAULT_START_TIMEOUT_S))
-    cell_timeout = float(spec.engine.extra.get("dsdprof_cell_timeout_s", 3600))
-    engines = _Engines(kwargs_for, spec.workload, timeout, start_worker or start_engine_worker)
+    engine = ValidateEngine(spec, table, out, concurrent_engines=2 + len(fixed_ks), start_worker=start_worker)
     warnings = tuple(table_warnings(table, spec))
-    if dsd_kwargs is None:
+    if engine.dsd_kwargs is None:
         warnings += ("table has K=0 at every batch size: DSD is served without a speculative config",)
     try:
         todo = [c for c in cells if c.cell_id not in writer.done]
         if todo:
+            engine.check_models()
             try:
-                engines.get(worker_key(todo[0]))  # provenance from a live engine when possible
+                engine.pool.get(worker_key(todo[0]))  # provenance from a live engine when possible
             except Exception:  # noqa: BLE001 - the failure becomes that cell's row below
                 pass
-        prov = provenance_dict(_provenance(spec, engines.info, table_path))
+        prov = provenance_dict(_provenance(spec, engine.pool.info, table_path, engine.memory_note))
         writer.start(prov)
         total = len(cells)
         notify(SweepProgress("plan", 0, total, message=f"{total} cells: vanilla, fixed K={sorted(fixed_ks)}, DSD"))
         ok, failed, skipped = run_cells(
-            cells, writer, lambda cell: _measure(engines, cell, spec, prov, cell_timeout),
+            cells, writer, lambda cell: measurement_row(cell, engine.measure(cell), prov,
+                                                        spec.sweep.consistency_tolerance),
             prov, spec.sweep.consistency_tolerance, notify)
         return ValidateSummary(out, len(cells), ok, failed, skipped, warnings)
     finally:
-        engines.close()
+        engine.close()
+        writer.close()
 
 
-def _measure(engines: _Engines, cell: Cell, spec, prov: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    from dsdprof.engines.vllm_worker import CellRequest
+class ValidateEngine(VllmEngine):
+    """Serves the table on the ``dsd`` engine through vLLM's own per-batch-size schedule."""
 
-    s = spec.sweep
-    req = CellRequest(batch_size=cell.batch_size, num_spec_tokens=None,  # never force K
-                      positions=cell.num_spec_tokens, waves=s.waves, warmup=s.warmup,
-                      output_len=s.output_len, temperature=spec.workload.temperature,
-                      seed=spec.workload.seed)
-    m = engines.get(worker_key(cell)).run(req, timeout_s)
-    return measurement_row(cell, m, prov, s.consistency_tolerance)
+    def __init__(self, spec, table: dict[str, Any], out_dir, **kwargs) -> None:
+        super().__init__(spec, out_dir=out_dir, one_fixed_engine=False, **kwargs)
+        self.dsd_kwargs = dsd_llm_kwargs(self.base_kwargs(), table, spec)
+
+    def llm_kwargs(self, key: str) -> dict[str, Any]:
+        if key == MODE_DSD:
+            return dict(self.dsd_kwargs) if self.dsd_kwargs is not None else self.base_kwargs()
+        return super().llm_kwargs(key)
+
+    def measure(self, cell: Cell):
+        if cell.mode == MODE_DSD:  # never force K: vLLM's lookup picks it; verify the table's K
+            return self.run(MODE_DSD, self.cell_request(cell, None, verify_k=cell.num_spec_tokens))
+        return super().measure(cell)
 
 
 def is_validate_run(path: str | Path) -> bool:
