@@ -180,8 +180,13 @@ def export(
 @guarded
 def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 JSON file.")) -> None:
     """Show a K table: ranges, profiled points and provenance."""
+    from dsdprof.fleet.export import find_index
     from dsdprof.table import load_table
 
+    if (index := find_index(table_path)) is not None:  # a fleet's index: list its tables
+        from dsdprof.fleet.cli import print_index
+
+        return print_index(index)
     doc = load_table(table_path)
     prov = doc.get("provenance", {})
     t = Table(title=f"{table_path}  ({doc['schema']})")
@@ -228,10 +233,12 @@ def toy_models(
 
 def _register_subcommands() -> None:
     from dsdprof.report import cli as report_cli
+    from dsdprof.fleet import cli as fleet_cli
     from dsdprof.sim import cli as sim_cli
 
     sim_cli.register(app)
     report_cli.register(app)
+    fleet_cli.register(app)
 
 
 _register_subcommands()

@@ -1,0 +1,147 @@
+"""One K table per (model, draft, hardware, TP) of a fleet, and an index of them.
+
+``OUT/tables/<run>.json`` is the run's ``dsdprof.ktable/v1`` table (exactly what ``dsdprof
+export RUN`` writes), ``OUT/tables/<run>.vllm.json`` vLLM's speculative config for it (when some
+batch size speculates), and ``OUT/tables/index.json``::
+
+    {"schema": "dsdprof.fleet-index/v1", "fleet": OUT, "created_at": ..., "tolerance": 0.02,
+     "tables": [{"run", "model", "draft_model", "method", "hardware", "tensor_parallel_size", "engine",
+                 "measured_hardware", "table", "vllm_config", "num_speculative_tokens", "ranges",
+                 "shape", "cells", "ok"}],
+     "skipped": [{"run", "reason"}]}
+
+``table`` and ``vllm_config`` are paths relative to the index. A serving stack picks its table
+by (model, draft_model, hardware, tensor_parallel_size).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+from dsdprof.errors import InputError
+from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore, run_record_rel
+
+INDEX_SCHEMA = "dsdprof.fleet-index/v1"
+INDEX_NAME = "index.json"
+KEY_FIELDS = ("model", "draft_model", "method", "hardware", "tensor_parallel_size")
+
+
+@dataclass(frozen=True)
+class FleetIndex:
+    path: str  # where the index was written (a local path or the store's URL)
+    doc: dict[str, Any]
+
+
+def _records(store: FleetStore) -> list[dict[str, Any]]:
+    names = [n for n in store.list_dir_names(f"{FLEET_DIR}/runs") if n.endswith(".json")]
+    records = [store.read_json(f"{FLEET_DIR}/runs/{n}") for n in names]
+    return [r for r in records if r]
+
+
+def _run_dir(store: FleetStore, run: str, scratch: Path) -> Path:
+    """A local directory holding the run's files (OUT itself, or a download of it)."""
+    if not store.remote:
+        return store.local_path(run)
+    local = scratch / run
+    local.mkdir(parents=True, exist_ok=True)
+    for name in store.list_files(run):
+        if name.endswith((".parquet", ".json")) and not name.startswith("."):
+            store.get_file(f"{run}/{name}", local / name)
+    return local
+
+
+def _table_for(run_dir: Path, source: str, tolerance: float) -> dict[str, Any]:
+    from dsdprof.analysis import analyze_path
+    from dsdprof.table import build_table
+
+    return build_table(analyze_path(run_dir, tolerance=tolerance), source=source)
+
+
+def _vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
+    from dsdprof.table import vllm_speculative_config
+
+    try:
+        return vllm_speculative_config(table)
+    except InputError:
+        return None  # K = 0 everywhere: serve without speculation
+
+
+def export_fleet(out: str, staging: Optional[str] = None, tolerance: float = 0.02) -> FleetIndex:
+    """Analyze every finished run of the fleet in ``out``; write its table and the index."""
+    from dsdprof.table import write_json_atomic
+
+    store = FleetStore(out, staging)
+    records = _records(store)
+    if not records:
+        raise InputError("fleet", out, f"holds no fleet runs (no {FLEET_DIR}/runs/*.json)")
+    tables_local = store.tables_dir()
+    entries: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    written: list[Path] = []
+    with tempfile.TemporaryDirectory(prefix="dsdprof-fleet-export-") as scratch:
+        for rec in sorted(records, key=lambda r: r["run"]):
+            run = rec["run"]
+            if rec.get("state") != "done":
+                skipped.append({"run": run, "reason": f"run is {rec.get('state', 'unknown')}"
+                                + (f" ({rec['error']})" if rec.get("error") else "")})
+                continue
+            try:
+                table = _table_for(_run_dir(store, run, Path(scratch)), store.describe(run), tolerance)
+            except InputError as err:
+                skipped.append({"run": run, "reason": str(err)})
+                continue
+            table_path = write_json_atomic(tables_local / f"{run}.json", table, force=True)
+            written.append(table_path)
+            cfg = _vllm_config(table)
+            if cfg is not None:
+                written.append(write_json_atomic(tables_local / f"{run}.vllm.json", cfg, force=True))
+            entries.append({**{k: rec.get(k) for k in KEY_FIELDS}, "run": run, "engine": rec.get("engine"),
+                            "measured_hardware": table["provenance"].get("hardware", ""),
+                            "table": f"{run}.json", "vllm_config": f"{run}.vllm.json" if cfg else None,
+                            "num_speculative_tokens": table["num_speculative_tokens"], "ranges": table["ranges"],
+                            "shape": table["shape"], "cells": rec.get("cells"), "ok": rec.get("ok")})
+    doc = {"schema": INDEX_SCHEMA, "fleet": out, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "tolerance": tolerance, "tables": entries, "skipped": skipped}
+    index_path = write_json_atomic(tables_local / INDEX_NAME, doc, force=True)
+    if store.remote:
+        for path in written + [index_path]:
+            store.put_file(path, f"{TABLES_DIR}/{path.name}")
+        return FleetIndex(store.describe(f"{TABLES_DIR}/{INDEX_NAME}"), doc)
+    return FleetIndex(str(index_path), doc)
+
+
+def find_index(path: str | Path) -> Optional[Path]:
+    """The fleet index ``path`` names: the file itself, or ``tables/index.json`` of a fleet
+    directory. None when ``path`` is something else (e.g. a K table)."""
+    p = Path(path)
+    if p.is_dir():
+        for cand in (p / TABLES_DIR / INDEX_NAME, p / INDEX_NAME):
+            if cand.is_file():
+                return cand
+        return None
+    if p.suffix != ".json" or not p.is_file():
+        return None
+    try:
+        doc = json.loads(p.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return p if isinstance(doc, dict) and doc.get("schema") == INDEX_SCHEMA else None
+
+
+def load_index(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise InputError("index", str(p), f"unreadable ({err})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != INDEX_SCHEMA:
+        raise InputError("index.schema", doc.get("schema") if isinstance(doc, dict) else None,
+                         f"not a {INDEX_SCHEMA} file")
+    if not isinstance(doc.get("tables"), list) or not isinstance(doc.get("skipped"), list):
+        raise InputError("index.tables", type(doc.get("tables")).__name__, "must be a list")
+    return doc

@@ -1,0 +1,270 @@
+"""Run a fleet: skip finished runs, run the rest locally (one after another) or as Ray tasks.
+
+Each run (or shard) is one Ray task asking for what it needs: ``num_gpus =
+tensor_parallel_size`` and the GPU type as the accelerator resource
+(``accelerator_type:<hardware>``) for vLLM runs, CPUs only for the analytic engine or vLLM's CPU
+build. A run whose tensor-parallel size exceeds ``[fleet] gpus_per_node`` spans nodes: its task
+holds a CPU on a node of the right type and vLLM's Ray executor places the TP workers in a
+placement group across the cluster. Ray retries a task whose worker or node died
+(``max_retries``); the retry resumes the sweep. The fleet's record of each run
+(``_fleet/runs/<run>.json``) holds its spec hash: a finished run is never started again, and a
+run whose spec changed is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional
+
+from dsdprof.errors import InputError
+from dsdprof.fleet.plan import FleetPlan, FleetSettings, RunPlan, asks_gpus, shard_batch_sizes, shard_spec, spans_nodes
+from dsdprof.fleet.runner import ShardResult, ShardTask, execute_shard
+from dsdprof.fleet.store import FLEET_DIR, FleetStore, run_record_rel, shard_rel
+
+RUN_RECORD_SCHEMA = "dsdprof.fleet-run/v1"
+FLEET_LOCK = f"{FLEET_DIR}/fleet.lock"
+STATE_RUNNING, STATE_DONE, STATE_INCOMPLETE = "running", "done", "incomplete"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class FleetEvent:
+    """``kind``: skip (already done) | submit | done | error."""
+
+    kind: str
+    run: str
+    message: str = ""
+
+
+@dataclass
+class RunOutcome:
+    run: RunPlan
+    state: str  # done | incomplete | skipped (done earlier)
+    cells: int = 0
+    ok: int = 0
+    measured: int = 0
+    error: str = ""
+    table: str = ""  # relative path of its K table, or "" (see table_note)
+    table_note: str = ""
+
+
+@dataclass
+class FleetReport:
+    out: str
+    outcomes: list[RunOutcome] = field(default_factory=list)
+    index: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return all(o.state in (STATE_DONE, "skipped") for o in self.outcomes)
+
+
+Notify = Callable[[FleetEvent], None]
+
+
+def run_record(run: RunPlan, state: str, **extra: Any) -> dict[str, Any]:
+    e = run.spec.engine
+    return {"schema": RUN_RECORD_SCHEMA, "run": run.name, "state": state, "spec_hash": run.spec_hash,
+            "engine": e.name, "model": e.model, "draft_model": e.draft_model or "", "method": e.method,
+            "hardware": run.hardware, "tensor_parallel_size": e.tensor_parallel_size, "shards": run.shards,
+            **extra}
+
+
+def shard_tasks(run: RunPlan, settings: FleetSettings, cwd: str) -> list[ShardTask]:
+    spans = spans_nodes(run.spec, settings)
+    if run.shards == 1:
+        return [ShardTask(run.name, 0, 1, run.spec, settings.out, settings.staging, cwd, spans)]
+    return [ShardTask(run.name, i, run.shards, shard_spec(run.spec, bs), settings.out, settings.staging, cwd, spans)
+            for i, bs in enumerate(shard_batch_sizes(run.spec.sweep.batch_sizes, run.shards))]
+
+
+def ray_task_options(task: ShardTask, hardware: str, settings: FleetSettings) -> dict[str, Any]:
+    """Resources one task asks Ray for (see the module docstring)."""
+    opts: dict[str, Any] = {"num_cpus": settings.cpus_per_run, "max_retries": settings.max_retries,
+                            "retry_exceptions": False, "name": f"dsdprof-fleet:{task.label}"}
+    if asks_gpus(task.spec, settings):
+        opts["num_gpus"] = 0 if task.spans_nodes else task.spec.engine.tensor_parallel_size
+        if hardware:
+            opts["resources"] = {f"accelerator_type:{hardware}": 0.001}
+    return opts
+
+
+def _check_records(plan: FleetPlan, store: FleetStore) -> dict[str, Optional[dict[str, Any]]]:
+    """Each run's stored record; a run whose spec changed is refused before anything is written."""
+    records = {}
+    for run in plan.runs:
+        rec = store.read_json(run_record_rel(run.name))
+        if rec is not None and rec.get("spec_hash") != run.spec_hash:
+            raise InputError(f"{run.where}", run.name,
+                             f"its spec differs from the run already in {store.describe(run.name)}; "
+                             "name it differently or choose another [fleet] out")
+        records[run.name] = rec
+    return records
+
+
+def _write_run_manifest(store: FleetStore, run: RunPlan) -> None:
+    """The sharded run directory's manifest, once: shard 0's, with every batch size of the run."""
+    if store.exists(f"{run.name}/_sweep.json"):
+        return
+    doc = store.read_json(f"{shard_rel(run.name, 0)}/_sweep.json")
+    if doc is None:
+        return
+    doc["spec"]["sweep"]["batch_sizes"] = list(run.spec.sweep.batch_sizes)
+    if "spec_hash" in doc:
+        from dsdprof.manifest import spec_hash
+
+        doc["spec_hash"] = spec_hash(doc["spec"])
+    starts = [d.get("started_at") for d in (store.read_json(f"{shard_rel(run.name, i)}/_sweep.json")
+                                            for i in range(run.shards)) if d and d.get("started_at")]
+    if starts:
+        doc["started_at"] = min(starts)
+    doc["shards"] = [{"shard": i, "batch_sizes": bs, "dir": shard_rel(run.name, i)}
+                     for i, bs in enumerate(shard_batch_sizes(run.spec.sweep.batch_sizes, run.shards))]
+    store.write_json(f"{run.name}/_sweep.json", doc)
+
+
+def _run_local(tasks: list[ShardTask], notify: Notify) -> dict[str, ShardResult | str]:
+    results: dict[str, ShardResult | str] = {}
+    for task in tasks:
+        notify(FleetEvent("submit", task.label))
+        try:
+            results[task.label] = execute_shard(task)
+        except InputError as err:
+            results[task.label] = str(err)
+        except Exception as err:  # noqa: BLE001 - one run failing does not stop the fleet
+            results[task.label] = f"{type(err).__name__}: {err}"
+    return results
+
+
+def _ray_error(err: BaseException) -> str:
+    cause = getattr(err, "cause", None)
+    if cause is not None and not isinstance(cause, type(err)):
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+
+
+def _run_ray(tasks: list[ShardTask], hardware: dict[str, str], settings: FleetSettings,
+             address: Optional[str], notify: Notify) -> dict[str, ShardResult | str]:
+    try:
+        import ray
+    except ImportError:
+        raise InputError("--ray", address or True, "Ray is not installed: pip install 'dsdprof[ray]'") from None
+    owns = not ray.is_initialized()
+    if owns:
+        ray.init(address=address)
+    try:
+        remote = ray.remote(execute_shard)
+        refs = {}
+        for task in tasks:
+            refs[remote.options(**ray_task_options(task, hardware[task.run], settings)).remote(task)] = task
+            notify(FleetEvent("submit", task.label))
+        results: dict[str, ShardResult | str] = {}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                task = refs[ref]
+                try:
+                    results[task.label] = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    results[task.label] = _ray_error(err)
+                notify(FleetEvent("error" if isinstance(results[task.label], str) else "shard", task.label,
+                                  results[task.label] if isinstance(results[task.label], str) else ""))
+        return results
+    finally:
+        if owns:
+            ray.shutdown()
+
+
+@contextmanager
+def _fleet_lock(store: FleetStore):
+    """One fleet driver per local OUT at a time (an OS lock, dropped if the driver dies)."""
+    if store.remote:
+        yield  # object stores have no locks: do not start two fleets on one URL
+        return
+    from filelock import FileLock, Timeout
+
+    path = store.local_path(FLEET_LOCK)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise InputError("fleet.out", store.out, "another dsdprof fleet is running on it") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def run_fleet(plan: FleetPlan, use_ray: bool = False, address: Optional[str] = None,
+              on_event: Optional[Notify] = None, export: bool = True) -> FleetReport:
+    """Run every unfinished run of ``plan``; then write the K tables and their index."""
+    store = FleetStore(plan.settings.out, plan.settings.staging)
+    with _fleet_lock(store):
+        return _run_fleet(plan, store, use_ray, address, on_event or (lambda _e: None), export)
+
+
+def _run_fleet(plan: FleetPlan, store: FleetStore, use_ray: bool, address: Optional[str], notify: Notify,
+               export: bool) -> FleetReport:
+    settings = plan.settings
+    records = _check_records(plan, store)
+    report = FleetReport(settings.out)
+    pending: list[RunPlan] = []
+    for run in plan.runs:
+        rec = records[run.name]
+        if rec is not None and rec.get("state") == STATE_DONE:
+            report.outcomes.append(RunOutcome(run, "skipped", rec.get("cells", 0), rec.get("ok", 0)))
+            notify(FleetEvent("skip", run.name, "finished earlier"))
+        else:
+            pending.append(run)
+    started = {r.name: (records[r.name] or {}).get("started_at") or _now() for r in pending}
+    for run in pending:
+        store.write_json(run_record_rel(run.name), run_record(run, STATE_RUNNING, started_at=started[run.name]))
+    tasks = [t for run in pending for t in shard_tasks(run, settings, os.getcwd())]
+    if use_ray:
+        results = _run_ray(tasks, {r.name: r.hardware for r in pending}, settings, address, notify) if tasks else {}
+    else:
+        results = _run_local(tasks, notify)
+    for run in pending:
+        mine = [results[t.label] for t in tasks if t.run == run.name]
+        errors = [r for r in mine if isinstance(r, str)]
+        done = [r for r in mine if not isinstance(r, str)]
+        outcome = RunOutcome(run, STATE_INCOMPLETE if errors else STATE_DONE, sum(r.total for r in done),
+                             sum(r.ok for r in done), sum(r.measured for r in done), "; ".join(errors))
+        if errors:
+            rec = run_record(run, STATE_INCOMPLETE, started_at=started[run.name], error=outcome.error)
+        else:
+            if run.shards > 1:
+                _write_run_manifest(store, run)
+            rec = run_record(run, STATE_DONE, started_at=started[run.name], finished_at=_now(),
+                             cells=outcome.cells, ok=outcome.ok, failed=outcome.cells - outcome.ok,
+                             speculation_mode=done[0].speculation_mode if done else "",
+                             workers=[{"shard": r.shard, "host": r.host, "pid": r.pid, "measured": r.measured,
+                                       "skipped": r.skipped, "wall_s": round(r.wall_s, 3)} for r in done])
+        store.write_json(run_record_rel(run.name), rec)
+        notify(FleetEvent("error" if errors else "done", run.name, outcome.error))
+        report.outcomes.append(outcome)
+    report.outcomes.sort(key=lambda o: [r.name for r in plan.runs].index(o.run.name))
+    if export:
+        from dsdprof.fleet.export import export_fleet
+
+        index = export_fleet(settings.out, settings.staging, tolerance=settings.tolerance)
+        report.index = index.path
+        by_run = {e["run"]: e for e in index.doc["tables"]}
+        skipped = {s["run"]: s["reason"] for s in index.doc["skipped"]}
+        for o in report.outcomes:
+            if o.run.name in by_run:
+                o.table = by_run[o.run.name]["table"]
+            else:
+                o.table_note = skipped.get(o.run.name, "not exported")
+    return report
+
+
+__all__ = ["FleetEvent", "FleetReport", "RunOutcome", "ray_task_options", "run_fleet", "shard_tasks"]
