@@ -101,31 +101,45 @@ def run_cells(cells: list[Cell], writer: SweepWriter, measure_row: Callable[[Cel
     return ok, failed, skipped
 
 
+# The analytic engine predicts a cell in microseconds: buffer its rows (see dsdprof.storage).
+SIM_FLUSH_ROWS = 2000
+SIM_FLUSH_INTERVAL_S = 1.0
+
+
 def run_sweep(spec: SweepSpec, out_dir: str | Path, resume: bool = False,
               on_progress: ProgressCallback | None = None,
               engine: Engine | None = None) -> SweepSummary:
-    """Run (or resume) ``spec`` into ``out_dir``. ``engine`` defaults to the spec's engine."""
-    notify = on_progress or (lambda _event: None)
-    spec_dump = spec.model_dump(mode="json")
-    writer = SweepWriter(out_dir, spec_dump, resume=resume)  # refuses to overwrite before any work
-    if engine is None:
-        from dsdprof.engines import make_engine
+    """Run (or resume) ``spec`` into ``out_dir``. ``engine`` defaults to the spec's engine.
 
-        engine = make_engine(spec, out_dir=out_dir)
-    try:
-        mode = engine.speculation_mode
-        ks = spec.sweep.num_spec_tokens if max(spec.sweep.num_spec_tokens) > 0 else []
-        cells = plan_cells(spec.sweep.batch_sizes, ks, spec.sweep.repeats, mode)
-        if mode == MODE_DSD and not ks:
-            cells = [c for c in cells if c.mode != MODE_DSD]
-        prov = provenance_dict(engine.provenance())
-        writer.start(prov)
-        total = len(cells)
-        notify(SweepProgress("plan", 0, total, message=f"{total} cells, speculation mode {mode}"))
-        ok, failed, skipped = run_cells(
-            cells, writer, lambda cell: measurement_row(
-                cell, engine.measure(cell), prov, spec.sweep.consistency_tolerance),
-            prov, spec.sweep.consistency_tolerance, notify)
-        return SweepSummary(Path(out_dir), total, ok, failed, skipped, mode)
-    finally:
-        engine.close()
+    ``out_dir`` is locked for the whole run; a resume must be the same run (spec, versions and
+    provenance, see :mod:`dsdprof.manifest`). Rows of the analytic engine are buffered.
+    """
+    from dsdprof.manifest import normalised_spec_dump
+
+    notify = on_progress or (lambda _event: None)
+    spec_dump = normalised_spec_dump(spec)
+    batching = {"flush_rows": SIM_FLUSH_ROWS, "flush_interval_s": SIM_FLUSH_INTERVAL_S} \
+        if spec.engine.name == "sim" else {}
+    # Refuses to overwrite, to resume another run, or to share OUT, before any work.
+    with SweepWriter(out_dir, spec_dump, resume=resume, **batching) as writer:
+        if engine is None:
+            from dsdprof.engines import make_engine
+
+            engine = make_engine(spec, out_dir=out_dir)
+        try:
+            mode = engine.speculation_mode
+            ks = spec.sweep.num_spec_tokens if max(spec.sweep.num_spec_tokens) > 0 else []
+            cells = plan_cells(spec.sweep.batch_sizes, ks, spec.sweep.repeats, mode)
+            if mode == MODE_DSD and not ks:
+                cells = [c for c in cells if c.mode != MODE_DSD]
+            prov = provenance_dict(engine.provenance())
+            writer.start(prov)
+            total = len(cells)
+            notify(SweepProgress("plan", 0, total, message=f"{total} cells, speculation mode {mode}"))
+            ok, failed, skipped = run_cells(
+                cells, writer, lambda cell: measurement_row(
+                    cell, engine.measure(cell), prov, spec.sweep.consistency_tolerance),
+                prov, spec.sweep.consistency_tolerance, notify)
+            return SweepSummary(Path(out_dir), total, ok, failed, skipped, mode)
+        finally:
+            engine.close()

@@ -61,18 +61,66 @@ def test_failed_cells_are_rows_and_sweep_goes_on(tmp_path):
     assert events[0].phase == "plan" and events[0].total == len(df)
 
 
-def test_resume_skips_finished_cells(tmp_path):
+def _interrupt_after(n, events):
+    def on_progress(ev):
+        events.append(ev)
+        if ev.phase == "done" and sum(e.phase == "done" for e in events) == n:
+            raise KeyboardInterrupt
+
+    return on_progress
+
+
+def test_resume_skips_finished_cells_and_supersedes_failed_ones(tmp_path):
+    out = tmp_path / "run"
+    events = []
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(_spec(), out, on_progress=_interrupt_after(7, events))
+    first = pd.read_parquet(out)  # the buffer was flushed on the interrupt
+    assert len(first) == 7 and first.cell_id.is_unique
+    ok_before = set(first[first.status == "ok"].cell_id)
+    with pytest.raises(InputError, match="--resume"):
+        run_sweep(_spec(), out)
+    for _ in range(3):  # failed (out-of-memory) cells are retried each time, never duplicated
+        events = []
+        s = run_sweep(_spec(), out, resume=True, on_progress=events.append)
+        assert s.skipped == len(ok_before) and s.ok + s.failed + s.skipped == s.total == 12
+        assert not ok_before & {e.cell.cell_id for e in events if e.phase == "done"}
+        df = pd.read_parquet(out)
+        assert len(df) == 12 and df.cell_id.is_unique
+        ok_before = set(df[df.status == "ok"].cell_id)
+    assert list((out / "_attempts").glob("*.parquet"))  # earlier versions kept, invisible to pandas
+
+
+def test_sim_rows_are_batched_into_few_files(tmp_path):
+    out = tmp_path / "run"
+    s = run_sweep(_spec(batch_sizes=list(range(1, 41))), out)
+    assert s.total == 160 and len(pd.read_parquet(out)) == 160
+    assert len(list(out.glob("part-*.parquet"))) == 1
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"sweep": {"waves": 5}}, "spec.sweep.waves=5"),
+    ({"sweep": {"output_len": 32}}, "spec.sweep.output_len=32"),
+    ({"sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.8}}, "spec.sim.hardware='H100 SXM'"),
+    ({"sim": {"hardware": "RTX 4090", "acceptance_alpha": 0.7}}, "spec.sim.acceptance_alpha=0.7"),
+])
+def test_resume_with_another_spec_is_refused(tmp_path, change, field):
     out = tmp_path / "run"
     run_sweep(_spec(batch_sizes=[1, 2]), out)
-    parts = sorted(out.glob("part-*.parquet"))
-    victim = parts[3]
-    victim_id = pd.read_parquet(victim).cell_id.iloc[0]
-    victim.unlink()  # as if the sweep had been killed before this cell finished
-    with pytest.raises(InputError, match="--resume"):
-        run_sweep(_spec(batch_sizes=[1, 2]), out)
-    events = []
-    s = run_sweep(_spec(batch_sizes=[1, 2]), out, resume=True, on_progress=events.append)
-    assert s.skipped == len(parts) - 1 and s.ok == 1
-    assert [e.cell.cell_id for e in events if e.phase == "done"] == [victim_id]
-    df = pd.read_parquet(out)
-    assert sorted(df.cell_id) == sorted(set(df.cell_id)) and len(df) == len(parts)
+    manifest = (out / "_sweep.json").read_bytes()
+    d = _spec(batch_sizes=[1, 2]).model_dump(mode="json")
+    for section, values in change.items():
+        d[section] = {**(d[section] or {}), **values} if section != "sim" else values
+    with pytest.raises(InputError) as err:
+        run_sweep(parse_spec(d), out, resume=True)
+    assert str(err.value).startswith(f"{field}: differs from the run being resumed in {out} (was ")
+    assert (out / "_sweep.json").read_bytes() == manifest
+
+
+def test_resume_accepts_an_equivalent_spec(tmp_path):
+    out = tmp_path / "run"
+    run_sweep(_spec(batch_sizes=[1, 2]), out)
+    d = _spec(batch_sizes=[2, 1], waves=20).model_dump(mode="json")  # defaults spelled out, order changed
+    d["sim"] = {**d["sim"], "routing_correlation": 0.0, "check_memory": True}
+    s = run_sweep(parse_spec(d), out, resume=True)
+    assert s.skipped == s.ok + s.skipped and len(pd.read_parquet(out)) == s.total
