@@ -23,7 +23,8 @@ import pandas as pd
 
 from dsdprof.errors import InputError
 from dsdprof.schema import (
-    CONTRACT_COLUMNS, MODE_DSD, MODE_FIXED, MODE_VANILLA, PARQUET_METADATA_KEY, STATUS_OK,
+    CONTRACT_COLUMNS, MODE_DSD, MODE_FIXED, MODE_VANILLA, PARQUET_METADATA_KEY,
+    READABLE_MEASUREMENT_VERSIONS, STATUS_OK,
 )
 
 DEFAULT_TOLERANCE = 0.02
@@ -58,9 +59,15 @@ class Analysis:
 
 # ----------------------------------------------------------------------------- loading
 
+# Provenance that must agree across every row analyzed together (unless allow_mixed).
+MIXABLE_PROVENANCE = ("hardware", "model", "draft_model", "method", "dtype", "engine", "engine_version")
+
+
 def _parquet_files(path: Path) -> list[Path]:
+    """Parquet files of a run directory (skipping ``_``/``.`` names and folders) or one file."""
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+        files = sorted(p for p in path.rglob("*.parquet")
+                       if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts))
         if not files:
             raise InputError("measurements", str(path), "directory holds no .parquet files")
         return files
@@ -69,34 +76,78 @@ def _parquet_files(path: Path) -> list[Path]:
     raise InputError("measurements", str(path), "no such file or directory")
 
 
-def read_provenance(path: str | Path) -> dict[str, Any]:
-    """Provenance stored in the first dsdprof Parquet file under ``path`` (empty if none)."""
+def _file_metadata(f: Path) -> dict[str, Any] | None:
+    """The dsdprof key-value metadata of one Parquet file (None for files dsdprof did not write)."""
     import pyarrow.parquet as pq
 
+    raw = (pq.read_schema(f).metadata or {}).get(PARQUET_METADATA_KEY)
+    if not raw:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise InputError("measurements", str(f), "its dsdprof metadata is not a JSON object")
+    version = meta.get("schema_version")
+    if version not in READABLE_MEASUREMENT_VERSIONS:
+        raise InputError("schema_version", version, f"{f} has a measurement schema this dsdprof cannot read "
+                         f"(it reads {', '.join(READABLE_MEASUREMENT_VERSIONS)})")
+    return meta
+
+
+def read_provenance(path: str | Path) -> dict[str, Any]:
+    """Provenance stored in the first dsdprof Parquet file under ``path`` (empty if none)."""
     for f in _parquet_files(Path(path)):
         try:
-            meta = pq.read_schema(f).metadata or {}
-        except Exception:  # noqa: BLE001 - unreadable file: no provenance
+            meta = _file_metadata(f)
+        except Exception:  # noqa: BLE001 - unreadable file or metadata: no provenance from it
             continue
-        raw = meta.get(PARQUET_METADATA_KEY)
-        if raw:
-            try:
-                return json.loads(raw)
-            except ValueError:
-                return {}
+        if meta:
+            return meta
     return {}
 
 
-def read_measurements(path: str | Path) -> pd.DataFrame:
-    """All rows of a sweep directory or Parquet file, unvalidated."""
+def mixed_provenance(df: pd.DataFrame, versions: set[str] | None = None) -> dict[str, list[str]]:
+    """Provenance fields with more than one value in ``df`` (and more than one schema version)."""
+    mixed: dict[str, list[str]] = {}
+    for name in MIXABLE_PROVENANCE:
+        if name in df.columns:
+            values = sorted({str(v) for v in df[name].dropna().unique()})
+            if len(values) > 1:
+                mixed[name] = values
+    if versions and len(versions) > 1:
+        mixed["schema_version"] = sorted(versions)
+    return mixed
+
+
+def read_measurements(path: str | Path, allow_mixed: bool = False) -> pd.DataFrame:
+    """All rows of a sweep directory or Parquet file, unvalidated.
+
+    Files written by dsdprof must carry a readable measurement schema version. Rows of different
+    provenance (:data:`MIXABLE_PROVENANCE`, or schema versions) are refused unless ``allow_mixed``.
+    """
     files = _parquet_files(Path(path))
     frames = []
+    versions: set[str] = set()
     for f in files:
         try:
+            meta = _file_metadata(f)
             frames.append(pd.read_parquet(f))
+        except InputError:
+            raise
         except Exception as err:  # noqa: BLE001 - report which file is unreadable
             raise InputError("measurements", str(f), f"not a readable Parquet file ({type(err).__name__})") from None
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        if meta is not None:
+            versions.add(meta["schema_version"])
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    if not allow_mixed:
+        mixed = mixed_provenance(df, versions)
+        if mixed:
+            name, values = next(iter(mixed.items()))
+            raise InputError(name, values, f"rows of different provenance under {path}; analyze one run "
+                             "at a time, or pass --allow-mixed to pool them")
+    return df
 
 
 def _check_int_column(df: pd.DataFrame, name: str, minimum: int) -> pd.Series:
@@ -234,14 +285,21 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     )
 
 
-def analyze_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> Analysis:
-    """:func:`analyze` on a sweep directory or Parquet file, with its stored provenance."""
-    df = read_measurements(path)
+def analyze_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
+                 allow_mixed: bool = False, **options: Any) -> Analysis:
+    """:func:`analyze` on a sweep directory or Parquet file, with its stored provenance.
+
+    Inputs of mixed provenance are refused unless ``allow_mixed``; then the provenance names
+    every value of a mixed field (``"A100 | H100"``). ``options`` go to :func:`analyze`.
+    """
+    df = read_measurements(path, allow_mixed=allow_mixed)
     prov = read_provenance(path)
     if not prov:
         cols = [c for c in ("engine", "model", "draft_model", "method", "hardware", "dtype") if c in df.columns]
         prov = {c: str(df[c].dropna().iloc[0]) for c in cols if not df[c].dropna().empty}
-    return analyze(df, tolerance=tolerance, provenance=prov)
+    for name, values in mixed_provenance(df).items():
+        prov[name] = " | ".join(values)
+    return analyze(df, tolerance=tolerance, provenance=prov, **options)
 
 
 def fixed_k_summary(analysis: Analysis) -> pd.DataFrame:

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from dsdprof import __version__
-from dsdprof.cli_common import fail, guarded
+from dsdprof.cli_common import fail, guarded, interrupted, make_console
 
 app = typer.Typer(
     name="dsdprof",
@@ -21,8 +20,8 @@ app = typer.Typer(
          "number of draft tokens K per batch size; export it to vLLM or a runtime selector.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def _version(value: bool) -> None:
@@ -42,9 +41,9 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 @app.command()
 @guarded
 def sweep(
-    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec (TOML): [engine], [sweep], [workload]."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory for Parquet part files (must not exist unless --resume)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue a sweep in OUT, skipping finished cells."),
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec (TOML): \\[engine], \\[sweep], \\[workload]."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run directory for the Parquet part files: new or empty, or an earlier run with --resume. Locked while the sweep runs."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same spec and versions): skip finished cells, retry failed ones."),
 ) -> None:
     """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -82,8 +81,11 @@ def sweep(
             if ev.status == "failed":
                 progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
 
-    with progress:
-        summary = run_sweep(spec, out, resume=resume, on_progress=on_progress)
+    try:
+        with progress:
+            summary = run_sweep(spec, out, resume=resume, on_progress=on_progress)
+    except KeyboardInterrupt:
+        raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), "--resume"]) from None
     console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped "
                   f"(speculation mode {summary.speculation_mode}) -> {summary.out}")
 
@@ -109,11 +111,12 @@ def analyze(
     measurements: Path = typer.Argument(..., help="Sweep directory or Parquet file."),
     tolerance: float = typer.Option(0.02, "--tolerance", help="Pick the smallest K within this relative goodput of the best."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-BS result as JSON instead of tables."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
 ) -> None:
     """Find the goodput-optimal K (goodput = AL / ITL) per batch size."""
     from dsdprof.analysis import analyze_path, fixed_k_summary
 
-    result = analyze_path(measurements, tolerance=tolerance)
+    result = analyze_path(measurements, tolerance=tolerance, allow_mixed=allow_mixed)
     if json_out:
         print(json.dumps({"shape": result.shape, "monotonic": result.monotonic, "tolerance": tolerance,
                           "optimal": json.loads(result.optimal.to_json(orient="records"))}, indent=2))
@@ -152,6 +155,7 @@ def export(
     fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v1) or vllm (--speculative-config JSON)."),
     tolerance: float = typer.Option(0.02, "--tolerance", help="Relative goodput tolerance for choosing K."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
 ) -> None:
     """Write the portable K table, or vLLM's native speculative config with the DSD schedule."""
     from dsdprof.table import build_table, load_table, vllm_speculative_config, write_json_atomic
@@ -165,7 +169,7 @@ def export(
     else:
         from dsdprof.analysis import analyze_path
 
-        result = analyze_path(source, tolerance=tolerance)
+        result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
         _warn_below_baseline(result.optimal)
         table = build_table(result, source=str(source))
     doc = table if fmt == "table" else vllm_speculative_config(table)

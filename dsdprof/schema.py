@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v2"
+# Every measurement version this dsdprof reads (v2 added columns; v1 files lack them).
+READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2")
 PARQUET_METADATA_KEY = b"dsdprof"
 TABLE_SCHEMA = "dsdprof.ktable/v1"
 

@@ -7,7 +7,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator,
+)
 
 from dsdprof.errors import InputError
 
@@ -71,15 +73,25 @@ class EngineSpec(_Strict):
         return self
 
 
+# Bounds that keep every counter of a cell (requests, tokens, drafts) inside int64 and a sweep
+# plannable in memory. The largest batch size is the open end of a K table (dsdprof.table).
+MAX_BATCH_SIZE = 1 << 20
+MAX_WAVES = 10**6
+MAX_OUTPUT_LEN = 1 << 20
+MAX_REPEATS = 10**4
+MAX_CELLS = 10**7
+INT64_MAX = 2**63 - 1
+
+
 class SweepGrid(_Strict):
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
-    num_spec_tokens: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4, 5])
-    waves: int = Field(20, ge=1, description="waves of exactly batch_size concurrent requests per cell")
-    output_len: int = Field(64, ge=2, description="output tokens per request (ignore_eos)")
-    warmup: int = Field(1, ge=0, description="unmeasured warm-up waves before each cell")
-    repeats: int = Field(1, ge=1, description="repeat the whole grid, interleaved, for medians")
+    batch_sizes: list[StrictInt] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    num_spec_tokens: list[StrictInt] = Field(default_factory=lambda: [0, 1, 2, 3, 4, 5])
+    waves: StrictInt = Field(20, ge=1, le=MAX_WAVES, description="waves of exactly batch_size concurrent requests per cell")
+    output_len: StrictInt = Field(64, ge=2, le=MAX_OUTPUT_LEN, description="output tokens per request (ignore_eos)")
+    warmup: StrictInt = Field(1, ge=0, le=MAX_WAVES, description="unmeasured warm-up waves before each cell")
+    repeats: StrictInt = Field(1, ge=1, le=MAX_REPEATS, description="repeat the whole grid, interleaved, for medians")
     consistency_tolerance: float = Field(
-        0.25, gt=0, description="flag cells where (AL/ITL)*TPOT deviates from 1 by more")
+        0.25, gt=0, allow_inf_nan=False, description="flag cells where (AL/ITL)*TPOT deviates from 1 by more")
 
     @field_validator("batch_sizes")
     @classmethod
@@ -87,8 +99,8 @@ class SweepGrid(_Strict):
         if not v:
             raise ValueError("must not be empty")
         for b in v:
-            if b < 1:
-                raise ValueError(f"batch size {b} must be >= 1")
+            if not 1 <= b <= MAX_BATCH_SIZE:
+                raise ValueError(f"batch size {b} must be in 1..{MAX_BATCH_SIZE}")
         if len(set(v)) != len(v):
             raise ValueError("duplicate batch sizes")
         return sorted(v)
@@ -105,13 +117,24 @@ class SweepGrid(_Strict):
             raise ValueError("duplicate K values")
         return sorted(v)
 
+    @model_validator(mode="after")
+    def _fits(self) -> "SweepGrid":
+        cells = len(self.batch_sizes) * (len(self.num_spec_tokens) + 1) * self.repeats
+        if cells > MAX_CELLS:
+            raise ValueError(f"{cells} cells (batch sizes x (K values + vanilla) x repeats); at most {MAX_CELLS}")
+        tokens = (self.waves + self.warmup) * max(self.batch_sizes) * self.output_len * (max(self.num_spec_tokens) + 1)
+        if tokens > INT64_MAX // 4:
+            raise ValueError(f"(waves + warmup) x batch size x output_len x (K + 1) = {tokens} overflows "
+                             "a cell's int64 token counters")
+        return self
+
 
 class WorkloadSpec(_Strict):
     dataset: str = Field("synthetic", description="synthetic | sharegpt | path to .jsonl/.json")
-    input_len: int = Field(128, ge=1, description="prompt tokens (synthetic) / truncation (datasets)")
-    temperature: float = Field(0.0, ge=0)
-    seed: int = 0
-    num_prompts: int = Field(256, ge=1, description="size of the fixed prompt pool shared by all cells")
+    input_len: StrictInt = Field(128, ge=1, le=1 << 24, description="prompt tokens (synthetic) / truncation (datasets)")
+    temperature: float = Field(0.0, ge=0, le=100.0, allow_inf_nan=False)
+    seed: StrictInt = Field(0, ge=-INT64_MAX - 1, le=INT64_MAX)
+    num_prompts: StrictInt = Field(256, ge=1, le=10**7, description="size of the fixed prompt pool shared by all cells")
 
 
 class SweepSpec(_Strict):

@@ -97,20 +97,32 @@ def load_dataset_texts(dataset: str, limit: int | None = None) -> list[str]:
     return _texts_from_records(records, dataset)
 
 
-def synthetic_pool(vocab_size: int, input_len: int, num_prompts: int, seed: int,
-                   reserved: int = 3) -> list[list[int]]:
-    """Random token-id prompts (ids ``reserved .. vocab_size-1``), reproducible from ``seed``."""
+def synthetic_pool(token_ids: list[int], input_len: int, num_prompts: int, seed: int) -> list[list[int]]:
+    """Random prompts drawn from ``token_ids`` (ordinary text tokens), reproducible from ``seed``."""
+    if not token_ids:
+        raise InputError("workload.dataset", "synthetic", "the tokenizer has no ordinary text token to draw from")
     rng = random.Random(seed)
-    return [[rng.randrange(reserved, vocab_size) for _ in range(input_len)] for _ in range(num_prompts)]
+    return [[token_ids[rng.randrange(len(token_ids))] for _ in range(input_len)] for _ in range(num_prompts)]
+
+
+def ordinary_token_ids(tokenizer) -> list[int]:
+    """Ids of ordinary text tokens: never special, added or reserved ones (Llama-3 keeps 250
+    reserved specials at the end of its vocabulary, Qwen2.5 its chat/tool tokens), and never
+    a token that decodes to nothing, to whitespace only, or to a partial UTF-8 byte."""
+    excluded = set(getattr(tokenizer, "all_special_ids", None) or [])
+    get_added = getattr(tokenizer, "get_added_vocab", None)
+    if callable(get_added):
+        excluded.update(int(i) for i in get_added().values())
+    candidates = [i for i in range(len(tokenizer)) if i not in excluded]
+    texts = tokenizer.batch_decode([[i] for i in candidates], skip_special_tokens=False)
+    return [i for i, t in zip(candidates, texts) if t and t.strip() and "\ufffd" not in t]
 
 
 def build_prompt_pool(workload, tokenizer) -> list[list[int]]:
     """Token-id prompts of exactly ``workload.input_len`` tokens for ``workload`` (a WorkloadSpec)."""
     if workload.dataset == "synthetic":
-        special = set(getattr(tokenizer, "all_special_ids", []) or [])
-        reserved = (max(special) + 1) if special else 0
-        vocab = len(tokenizer)
-        return synthetic_pool(vocab, workload.input_len, workload.num_prompts, workload.seed, reserved)
+        return synthetic_pool(ordinary_token_ids(tokenizer), workload.input_len, workload.num_prompts,
+                              workload.seed)
     texts = load_dataset_texts(workload.dataset)
     rng = random.Random(workload.seed)
     rng.shuffle(texts)

@@ -4,7 +4,9 @@ import pytest
 
 from dsdprof.errors import InputError
 from dsdprof.spec import WorkloadSpec
-from dsdprof.workload import build_prompt_pool, load_dataset_texts, synthetic_pool, wave_prompts
+from dsdprof.workload import (
+    build_prompt_pool, load_dataset_texts, ordinary_token_ids, synthetic_pool, wave_prompts,
+)
 
 
 class WordTokenizer:
@@ -15,17 +17,66 @@ class WordTokenizer:
     def __len__(self):
         return 100
 
+    def batch_decode(self, ids, skip_special_tokens=False):
+        return [f"w{i[0]}" for i in ids]
+
     def encode(self, text, add_special_tokens=False):
         return [3 + (hash(w) % 90) for w in text.split()]
 
 
 def test_synthetic_is_reproducible_and_exact_length():
-    a = synthetic_pool(100, 16, 8, seed=1, reserved=3)
-    assert a == synthetic_pool(100, 16, 8, seed=1, reserved=3)
-    assert a != synthetic_pool(100, 16, 8, seed=2, reserved=3)
+    ids = list(range(3, 100))
+    a = synthetic_pool(ids, 16, 8, seed=1)
+    assert a == synthetic_pool(ids, 16, 8, seed=1)
+    assert a != synthetic_pool(ids, 16, 8, seed=2)
     assert all(len(p) == 16 and min(p) >= 3 for p in a)
     pool = build_prompt_pool(WorkloadSpec(input_len=5, num_prompts=3), WordTokenizer())
     assert len(pool) == 3 and all(len(p) == 5 and min(p) >= 3 for p in pool)
+    with pytest.raises(InputError, match="no ordinary text token"):
+        synthetic_pool([], 4, 1, 0)
+
+
+CORPUS = ("the quick brown fox jumps over the lazy dog while serving engineers measure speculative "
+          "decoding at every batch size on their own hardware and model " * 20).split()
+
+
+def _hf_tokenizer(specials_at_end: list[str], extra_added: list[str] = ()):
+    """A byte-level BPE tokenizer with special tokens appended after the ordinary vocabulary,
+    laid out like Llama-3 (hundreds of reserved specials at the end) or Qwen2.5 (chat tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([" ".join(CORPUS)], trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    base = tok.get_vocab_size()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok)
+    hf.add_special_tokens({"additional_special_tokens": specials_at_end})
+    if extra_added:
+        hf.add_tokens(list(extra_added))
+    return hf, base
+
+
+@pytest.mark.parametrize("layout", ["llama3", "qwen2.5"])
+def test_synthetic_prompts_use_only_ordinary_tokens(layout):
+    if layout == "llama3":
+        specials = ["<|begin_of_text|>", "<|end_of_text|>"] + [f"<|reserved_special_token_{i}|>" for i in range(250)]
+        added = []
+    else:
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        added = ["<tool_call>", "</tool_call>", "<|fim_prefix|>"]
+    tok, base = _hf_tokenizer(specials, added)
+    assert len(tok) == base + len(specials) + len(added)
+    ordinary = ordinary_token_ids(tok)
+    assert ordinary and max(ordinary) < base  # nothing from the specials at the end
+    pool = build_prompt_pool(WorkloadSpec(input_len=64, num_prompts=32, seed=3), tok)
+    used = {i for p in pool for i in p}
+    assert used <= set(ordinary)
+    assert len(used) > 0.5 * len(ordinary)  # spread over the vocabulary, not a handful of ids
+    text = tok.decode(pool[0])
+    assert "<|" not in text and "\ufffd" not in text
 
 
 def test_waves_wrap_and_are_fixed():

@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from dsdprof.cli_common import fail, guarded
+from dsdprof.cli_common import fail, guarded, interrupted, make_console
 
-console = Console()
-err_console = Console(stderr=True)
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def _f(x: float, digits: int = 1) -> str:
@@ -98,7 +97,7 @@ def register(app: typer.Typer) -> None:
         noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag (raised to the spread seen across repeats)."),
         repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the spec's sweep.repeats."),
         waves: Optional[int] = typer.Option(None, "--waves", min=1, help="Override the spec's sweep.waves."),
-        resume: bool = typer.Option(False, "--resume", help="Continue a validate run in OUT, skipping finished cells."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the validate run in OUT (same table, spec and versions): skip finished cells, retry failed ones."),
     ) -> None:
         """Serve TABLE on real vLLM next to vanilla and fixed K; report TOPS/user, regret, speedup."""
         from datetime import datetime
@@ -136,9 +135,16 @@ def register(app: typer.Typer) -> None:
                 if ev.status == "failed":
                     progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
 
-        with progress:
-            summary = run_validation(table, spec, out, ks, table_path=str(table_path), resume=resume,
-                                     on_progress=on_progress)
+        try:
+            with progress:
+                summary = run_validation(table, spec, out, ks, table_path=str(table_path), resume=resume,
+                                         on_progress=on_progress)
+        except KeyboardInterrupt:
+            again = ["dsdprof", "validate", str(table_path), str(spec_path), "--out", str(out)]
+            again += [a for k in ks for a in ("--fixed-k", str(k))]
+            again += [a for name, v in (("--repeats", repeats), ("--waves", waves)) if v is not None
+                      for a in (name, str(v))]
+            raise interrupted([*again, "--resume"]) from None
         for w in (w for w in summary.warnings if w not in early):
             err_console.print(f"[yellow]warning:[/] {w}")
         console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped -> {summary.out}")
@@ -166,8 +172,9 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Replace existing PNGs of the same names."),
     ) -> None:
         """Draw PNGs: optimal K vs BS, goodput heatmap, TOPS/user (validate runs), acceptance per position."""
-        from dsdprof.report.plots import plot_results
+        from dsdprof.report.plots import plot_results, require_matplotlib
 
+        require_matplotlib()
         written = plot_results(results, out_dir, tolerance=tolerance, force=force)
         for p in written:
             console.print(f"wrote {p}")

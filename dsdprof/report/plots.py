@@ -7,7 +7,9 @@ matplotlib is imported inside the functions, so importing this module is cheap.
 
 from __future__ import annotations
 
+import io
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,16 @@ PNG_NAMES = {
     "acceptance": "acceptance_per_position.png",
 }
 DPI = 130
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def require_matplotlib() -> None:
+    """Raise a one-line :class:`InputError` when matplotlib (the ``plot`` extra) is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InputError("matplotlib", "not installed",
+                         "plots need it: pip install 'dsdprof[plot]'") from None
 
 
 def _short(name: Any) -> str:
@@ -265,6 +277,7 @@ def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = 0.
     from dsdprof.analysis import analyze, read_measurements, read_provenance, validate_measurements
     from dsdprof.report.validate import is_validate_run
 
+    require_matplotlib()
     df = read_measurements(results)
     prov = read_provenance(results)
     out = Path(out_dir)
@@ -286,7 +299,35 @@ def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = 0.
     clash = [str(p) for p in paths if p.exists()]
     if clash and not force:
         raise InputError("--out", clash[0], "exists; pass --force to replace it")
-    out.mkdir(parents=True, exist_ok=True)
-    for name, fig in figures.items():
-        fig.savefig(out / PNG_NAMES[name])
+    rendered = {name: render_png(fig) for name, fig in figures.items()}  # all of them before any write
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError("--out", str(out), f"cannot be created ({err.strerror or err})") from None
+    for name, data in rendered.items():
+        write_bytes_atomic(out / PNG_NAMES[name], data)
     return paths
+
+
+def render_png(fig) -> bytes:
+    """The figure as PNG bytes, checked to be a non-trivial PNG."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    data = buf.getvalue()
+    if not data.startswith(PNG_SIGNATURE) or len(data) < 1000:
+        raise RuntimeError(f"matplotlib produced no valid PNG ({len(data)} bytes)")
+    return data
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write to a hidden temp file, fsync, rename: a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise InputError("--out", str(path), f"cannot be written ({err.strerror or err})") from None
