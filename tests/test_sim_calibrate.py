@@ -140,3 +140,94 @@ def test_help_on_sim_commands():
     for cmd in ("calibrate", "probe-hardware"):
         r = runner.invoke(app, [cmd, "--help"])
         assert r.exit_code == 0 and "Usage" in r.output
+
+
+# ----------------------------------------------------------------------------- bounded fit, identifiability
+
+
+def test_bandwidth_bound_batch_sizes_leave_compute_efficiency_unidentified():
+    """BS 1-4 never reach compute-bound: e_c gets no signal, keeps the prior, and is reported."""
+    from dsdprof.sim.fit import fit
+
+    df = synthetic(bss=(1, 2, 4), noise=0.01)
+    prior = CT.hardware.efficiency
+    res = fit(design_for(CT, df), df["itl_s"].to_numpy(), prior)
+    assert "compute" in res.not_identifiable and "compute-bound" in res.not_identifiable["compute"]
+    assert res.efficiency.compute == pytest.approx(prior.compute, rel=1e-3)
+    assert res.efficiency.bandwidth == pytest.approx(TRUE.bandwidth, rel=0.05)
+    full = fit(design_for(CT, synthetic(noise=0.01)), synthetic(noise=0.01)["itl_s"].to_numpy(), prior)
+    assert full.not_identifiable == {} and full.efficiency.compute == pytest.approx(TRUE.compute, rel=0.05)
+
+
+@pytest.mark.parametrize("drop,names", [("vanilla", {"step_overhead_s", "dsd_overhead_s"}),
+                                        ("k>0", {"draft_step_overhead_s"})])
+def test_missing_cells_make_overheads_unidentified(drop, names):
+    from dsdprof.sim.fit import fit
+
+    df = synthetic()
+    df = df[df["mode"] != "vanilla"] if drop == "vanilla" else df[df["num_spec_tokens"] == 0]
+    res = fit(design_for(CT, df), df["itl_s"].to_numpy(), CT.hardware.efficiency)
+    assert names <= set(res.not_identifiable), res.not_identifiable
+    if drop == "k>0":
+        assert res.efficiency.draft_step_overhead_s == CT.hardware.efficiency.draft_step_overhead_s
+
+
+def test_fit_stays_inside_loader_bounds_on_hostile_data():
+    """ITL falling with batch size (no physical fit): parameters stay within the profile bounds."""
+    from dsdprof.sim.fit import EFFICIENCY_BOUNDS, fit
+
+    df = synthetic(bss=(1, 2, 4, 8))
+    df["itl_s"] = 0.05 / df["batch_size"]
+    eff = fit(design_for(CT, df), df["itl_s"].to_numpy()).efficiency
+    for v in (eff.bandwidth, eff.compute):
+        assert EFFICIENCY_BOUNDS[0] <= v <= EFFICIENCY_BOUNDS[1]
+    assert min(eff.step_overhead_s, eff.draft_step_overhead_s, eff.dsd_overhead_s) >= 0
+
+
+def test_write_profile_validates_before_replacing(tmp_path):
+    """The issue's case: a profile with compute efficiency 850 must not replace a good one."""
+    from dataclasses import replace as dc_replace
+
+    from dsdprof.sim.hardware import write_profile
+
+    good = tmp_path / "prof.toml"
+    write_profile(good, HARDWARE["H100 SXM"])
+    before = good.read_bytes()
+    bad = dc_replace(HARDWARE["H100 SXM"], efficiency=dc_replace(TRUE, compute=850.0))
+    with pytest.raises(InputError) as err:
+        write_profile(good, bad, force=True)
+    assert err.value.field == "prof.toml:efficiency.compute" and err.value.value == 850.0
+    nan = dc_replace(HARDWARE["H100 SXM"], efficiency=dc_replace(TRUE, step_overhead_s=float("nan")))
+    with pytest.raises(InputError):
+        write_profile(good, nan, force=True)
+    assert good.read_bytes() == before and load_profile(good) == HARDWARE["H100 SXM"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prof.toml"]  # no temp file left
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError) as err:
+        write_profile(tmp_path / "afile" / "p.toml", HARDWARE["H100 SXM"])
+    assert err.value.field == "--out"
+
+
+def test_cli_calibrate_force_on_bandwidth_bound_sweep_keeps_a_loadable_profile(tmp_path):
+    """calibrate --force over a good profile with batch sizes that never reach compute-bound: the
+    new profile loads, its compute efficiency is the prior (not 850), and the CLI says so."""
+    good = tmp_path / "good.toml"
+    r = runner.invoke(app, ["calibrate", str(_write_measured(tmp_path, synthetic(noise=0.01))), "--out", str(good),
+                            "--context-len", "1024"])
+    assert r.exit_code == 0, r.output + r.stderr
+    small = tmp_path / "small"
+    small.mkdir()
+    p = _write_measured(small, synthetic(bss=(1, 2, 4), noise=0.01))
+    r = runner.invoke(app, ["calibrate", str(p), "--out", str(good), "--force", "--context-len", "1024"])
+    assert r.exit_code == 0, r.output + r.stderr
+    out = " ".join(r.stdout.split())
+    assert "not identifiable from batch sizes [1, 2, 4]: compute efficiency" in out
+    hw = load_profile(good)
+    assert hw.efficiency.compute == pytest.approx(Efficiency().compute, rel=1e-3)
+    assert hw.efficiency.bandwidth == pytest.approx(TRUE.bandwidth, rel=0.05)
+    r = runner.invoke(app, ["calibrate", str(p), "--out", str(tmp_path / "j.toml"), "--json", "--context-len", "1024"])
+    doc = json.loads(r.stdout)
+    assert "compute" in doc["not_identifiable"] and doc["batch_sizes"] == [1, 2, 4]
+    import tomllib
+
+    assert "compute" in tomllib.loads((tmp_path / "j.toml").read_text())["meta"]["not_identifiable"]

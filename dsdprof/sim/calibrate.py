@@ -1,19 +1,13 @@
 """Fit the step model's efficiency factors and overheads to measured ITL, and test the fit on
 batch sizes held out of it.
 
-With a = 1 / e_bw and r = e_bw / e_c, every roofline term is max(m/e_bw, f/e_c) = a·max(m, r·f), so
-
-    T = a · X(r) + comm + o + d_k · K + d_0 · [speculative],   X(r) = Σ_terms max(m, r·f)
-
-is linear in (a, o, d_k, d_0) for a fixed r. :func:`fit_efficiency` scans r on a log grid, solves
-a weighted least-squares problem (weights 1 / T_measured, i.e. relative error) for every subset
-of the overheads with all coefficients kept non-negative, and keeps the best. pandas is imported
-by callers only (this module takes numpy arrays and DataFrames passed in).
+:func:`design` evaluates every step-model term at unit efficiency for each measured cell; the fit
+itself (bounded least squares with an identifiability check) is :func:`dsdprof.sim.fit.fit`.
+pandas is imported by callers only (this module takes numpy arrays and DataFrames passed in).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,8 +19,6 @@ from dsdprof.errors import InputError
 from dsdprof.sim.catalog import ModelArch
 from dsdprof.sim.hardware import Efficiency, Hardware
 from dsdprof.sim.model import NO_DRAFT, HwArrays, arch_features, resolve_dtype, step_parts
-
-RATIO_GRID = np.logspace(-3, 3, 241)
 
 
 @dataclass(frozen=True)
@@ -72,51 +64,12 @@ def predict(d: Design, eff: Efficiency) -> np.ndarray:
     return kernel + d.comm_s + eff.step_overhead_s + d.k * eff.draft_step_overhead_s + d.speculative * eff.dsd_overhead_s
 
 
-def _solve(columns: list[np.ndarray], y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
-    A = np.stack(columns, axis=1) * w[:, None]
-    coef, *_ = np.linalg.lstsq(A, y * w, rcond=None)
-    resid = A @ coef - y * w
-    return coef, float(resid @ resid)
+def fit_efficiency(d: Design, itl_s: np.ndarray, prior: Efficiency = Efficiency(),
+                   fit_overheads: bool = True) -> Efficiency:
+    """The fitted :class:`Efficiency` (see :func:`dsdprof.sim.fit.fit` for the identifiability report)."""
+    from dsdprof.sim.fit import fit
 
-
-def _ratios(current, step: float):
-    """The coarse log grid, then a 41-point grid one coarse step either side of the best so far."""
-    yield from RATIO_GRID
-    r0 = current()
-    if r0 is not None:
-        yield from np.logspace(np.log10(r0 / step), np.log10(r0 * step), 41)
-
-
-def fit_efficiency(d: Design, itl_s: np.ndarray, fit_overheads: bool = True) -> Efficiency:
-    """Weighted least squares of measured ITL on the step model (see module docstring).
-
-    Overheads whose column is constant zero (no DSD cells, no K > 0 cells) stay 0. Raises
-    InputError when fewer than 2 cells are given.
-    """
-    y = np.asarray(itl_s, dtype=float)
-    if len(y) < 2:
-        raise InputError("measurements", len(y), "need at least 2 cells to calibrate")
-    w = 1.0 / y
-    target = y - d.comm_s
-    extra = {"o": np.ones_like(y), "dk": d.k.astype(float), "d0": d.speculative.astype(float)}
-    names = [n for n, col in extra.items() if fit_overheads and np.any(col != 0)]
-    subsets = [s for n in range(len(names), -1, -1) for s in itertools.combinations(names, n)]
-    best: tuple[float, float, dict[str, float]] | None = None
-    step = RATIO_GRID[1] / RATIO_GRID[0]
-    for r in _ratios(lambda: best[1] if best else None, step):
-        x = np.maximum(d.mem_s, r * d.flop_s).sum(axis=-1)
-        for subset in subsets:
-            coef, sse = _solve([x] + [extra[n] for n in subset], target, w)
-            if coef[0] <= 0 or np.any(coef[1:] < 0):
-                continue
-            if best is None or sse < best[0] - 1e-15:
-                best = (sse, float(r), {"a": float(coef[0]), **dict(zip(subset, map(float, coef[1:])))})
-    if best is None:
-        raise InputError("measurements", len(y), "no non-negative fit found (ITL does not grow with work)")
-    _, r, c = best
-    e_bw = 1.0 / c["a"]
-    return Efficiency(bandwidth=e_bw, compute=e_bw / r, step_overhead_s=c.get("o", 0.0),
-                      draft_step_overhead_s=c.get("dk", 0.0), dsd_overhead_s=c.get("d0", 0.0))
+    return fit(d, itl_s, prior, fit_overheads).efficiency
 
 
 def mape(pred: np.ndarray, actual: np.ndarray) -> float:
@@ -165,7 +118,7 @@ def holdout(ct: CalibrationTarget, df: Any, tolerance: float = 0.02) -> HoldoutR
     fit_bs, held_bs = sizes[0::2], sizes[1::2]
     fit_df = df[df["batch_size"].isin(fit_bs)]
     held = df[df["batch_size"].isin(held_bs)].copy()
-    eff = fit_efficiency(design_for(ct, fit_df), fit_df["itl_s"].to_numpy())
+    eff = fit_efficiency(design_for(ct, fit_df), fit_df["itl_s"].to_numpy(), ct.hardware.efficiency)
     fit_pred = predict(design_for(ct, fit_df), eff)
     held_pred = predict(design_for(ct, held), eff)
     # AL is a property of draft and data, not of batch size: take the fit half's median per K

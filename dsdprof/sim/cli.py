@@ -27,15 +27,18 @@ def _calibrate(
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Fit bandwidth/compute efficiency and per-step overheads to a measured sweep (least squares on
-    ITL); report the error on batch sizes held out of a half fit; write a hardware profile."""
+    """Fit bandwidth/compute efficiency and per-step overheads to a measured sweep (bounded least
+    squares on ITL), say which the batch sizes given cannot determine (those keep the base
+    profile's prior), report the error on batch sizes held out of a half fit, and write a
+    validated hardware profile."""
     from rich.console import Console
     from rich.table import Table
 
     from dsdprof.analysis import load_measurements, read_provenance
     from dsdprof.errors import InputError
-    from dsdprof.sim.calibrate import (CalibrationTarget, calibrated_hardware, design_for, fit_efficiency,
-                                       holdout, mape, predict, read_sweep_context)
+    from dsdprof.sim.calibrate import (CalibrationTarget, calibrated_hardware, design_for, holdout, mape, predict,
+                                       read_sweep_context)
+    from dsdprof.sim.fit import LABELS, fit
     from dsdprof.sim.catalog import derived_draft, resolve_model
     from dsdprof.sim.hardware import resolve_hardware, write_profile
 
@@ -66,18 +69,22 @@ def _calibrate(
     ct = CalibrationTarget(base, target, draft, pick(dtype, "dtype") or "auto", tp, ctx, routing_correlation)
 
     report = holdout(ct, df, tolerance) if df["batch_size"].nunique() >= 2 else None
-    eff = fit_efficiency(design_for(ct, df), df["itl_s"].to_numpy())
+    fitted = fit(design_for(ct, df), df["itl_s"].to_numpy(), base.efficiency)
+    eff = fitted.efficiency
     all_mape = mape(predict(design_for(ct, df), eff), df["itl_s"].to_numpy())
+    sizes = sorted(int(b) for b in df["batch_size"].unique())
     meta = {"source": "dsdprof calibrate", "measurements": str(measured), "cells": len(df),
             "model": target.name, "draft_model": draft.name if draft else "", "method": method_name,
-            "dtype": ct.dtype, "context_len": ctx, "base_hardware": base.name, "fit_mape_pct": round(all_mape, 3)}
+            "dtype": ct.dtype, "context_len": ctx, "base_hardware": base.name, "fit_mape_pct": round(all_mape, 3),
+            "batch_sizes": sizes, "not_identifiable": sorted(fitted.not_identifiable)}
     if report is not None:
         meta.update(heldout_fit_batch_sizes=report.fit_batch_sizes, heldout_batch_sizes=report.heldout_batch_sizes,
                     heldout_itl_mape_pct=round(report.heldout_mape, 3),
                     heldout_k_match_share=round(report.k_match_share, 4),
                     heldout_k_match_share_measured_al=round(report.k_match_share_measured_al, 4))
-    write_profile(out, calibrated_hardware(base, eff), meta, force=force)
-    result = {"profile": str(out), "efficiency": eff.__dict__, "fit_all": {"cells": len(df), "itl_mape_pct": all_mape}}
+    write_profile(out, calibrated_hardware(base, eff), meta, force=force)  # validated before it replaces OUT
+    result = {"profile": str(out), "efficiency": eff.__dict__, "fit_all": {"cells": len(df), "itl_mape_pct": all_mape},
+              "batch_sizes": sizes, "not_identifiable": fitted.not_identifiable, "uncertainty": fitted.std}
     if report is not None:
         result["holdout"] = {"fit_batch_sizes": report.fit_batch_sizes, "heldout_batch_sizes": report.heldout_batch_sizes,
                              "fit_itl_mape_pct": report.fit_mape, "heldout_itl_mape_pct": report.heldout_mape,
@@ -93,6 +100,11 @@ def _calibrate(
     con.print(f"fitted: bandwidth eff {eff.bandwidth:.3f}, compute eff {eff.compute:.3f}, step overhead "
               f"{eff.step_overhead_s * 1e3:.3f} ms, per draft step {eff.draft_step_overhead_s * 1e3:.3f} ms, "
               f"DSD overhead {eff.dsd_overhead_s * 1e3:.3f} ms; ITL MAPE on all cells {all_mape:.1f}%")
+    for name, reason in fitted.not_identifiable.items():
+        value = getattr(eff, name)
+        shown = f"{value:.3f}" if name in ("bandwidth", "compute") else f"{value * 1e3:.3f} ms"
+        con.print(f"not identifiable from batch sizes {sizes}: {LABELS[name]} ({reason}); kept near the "
+                  f"prior: {shown}", style="yellow", markup=False, highlight=False)
     if report is not None:
         t = Table(title=f"held out: fit on BS {report.fit_batch_sizes}, predict BS {report.heldout_batch_sizes}")
         for col in ("BS", "K* measured", "K* predicted", "K* pred. (measured AL)", "ITL MAPE %"):

@@ -16,6 +16,7 @@ Profile file (``schema = "dsdprof.hwprofile/v1"``)::
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -138,6 +139,24 @@ class _ProfileIn(_Strict):
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
+def _parse_profile(text: str, name: str, field: str) -> Hardware:
+    """Validate profile TOML text (schema, keys, bounds); InputError naming ``name:section.key``."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(field, name, f"not valid TOML ({err})") from None
+    try:
+        prof = _ProfileIn.model_validate(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        loc = ".".join(str(x) for x in e["loc"])
+        reason = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        raise InputError(f"{name}:{loc}", e.get("input"), reason) from None
+    if prof.schema_ != PROFILE_SCHEMA:
+        raise InputError(f"{name}:schema", prof.schema_, f"expected {PROFILE_SCHEMA!r}")
+    return Hardware(**prof.hardware.model_dump(), efficiency=Efficiency(**prof.efficiency.model_dump()))
+
+
 def load_profile(path: str | Path, field: str = "sim.hardware") -> Hardware:
     """Read a profile TOML into :class:`Hardware` (efficiency included). InputError on bad input."""
     p = Path(path).expanduser()
@@ -145,19 +164,10 @@ def load_profile(path: str | Path, field: str = "sim.hardware") -> Hardware:
         raise InputError(field, str(path), "not a catalog hardware name and no such profile file; "
                                            f"catalog: {', '.join(HARDWARE)}")
     try:
-        data = tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InputError(field, str(p), f"not valid TOML ({err})") from None
-    try:
-        prof = _ProfileIn.model_validate(data)
-    except ValidationError as err:
-        e = err.errors()[0]
-        loc = ".".join(str(x) for x in e["loc"])
-        reason = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        raise InputError(f"{p.name}:{loc}", e.get("input"), reason) from None
-    if prof.schema_ != PROFILE_SCHEMA:
-        raise InputError(f"{p.name}:schema", prof.schema_, f"expected {PROFILE_SCHEMA!r}")
-    return Hardware(**prof.hardware.model_dump(), efficiency=Efficiency(**prof.efficiency.model_dump()))
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(field, str(p), f"not readable as TOML ({err})") from None
+    return _parse_profile(text, p.name, field)
 
 
 def resolve_hardware(name_or_path: str, field: str = "sim.hardware") -> Hardware:
@@ -208,13 +218,33 @@ def profile_toml(hw: Hardware, meta: dict[str, Any] | None = None) -> str:
 
 def write_profile(path: str | Path, hw: Hardware, meta: dict[str, Any] | None = None,
                   force: bool = False) -> Path:
-    """Write a profile TOML (refuses to overwrite unless ``force``); returns the path."""
+    """Write a profile TOML atomically; returns the path.
+
+    Refuses to overwrite unless ``force``. The document is validated with the loader's own rules
+    (bounds, schema) and must read back as ``hw`` *before* it replaces anything: an invalid profile
+    (say a compute efficiency of 850) raises InputError and leaves an existing file untouched.
+    """
     p = Path(path)
     if p.exists() and not force:
         raise InputError("--out", str(p), "exists; pass --force to replace it")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(profile_toml(hw, meta))
-    tmp.replace(p)
-    load_profile(p, "--out")  # round-trip check
+    text = profile_toml(hw, meta)
+    if _parse_profile(text, p.name, "--out") != hw:
+        raise InputError("--out", str(p), "the profile does not read back as written; not replaced")
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if load_profile(tmp, "--out") != hw:  # what is on disk, before the rename
+            raise InputError("--out", str(p), "the written profile does not read back; not replaced")
+        os.replace(tmp, p)
+    except OSError as err:
+        raise InputError("--out", str(p), f"cannot write ({err.strerror or err})") from None
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
     return p
