@@ -147,43 +147,62 @@ def analyze(
 
 # ----------------------------------------------------------------------------- export / show
 
+_EXPORT_FORMATS = ("table", "vllm", "trtllm")
+
+
 @app.command()
 @guarded
 def export(
-    source: Path = typer.Argument(..., help="Sweep directory / Parquet file, or an existing table JSON (for --format vllm)."),
+    source: Path = typer.Argument(..., help="Sweep directory / Parquet file, or an existing table JSON (v1 or v2)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v1) or vllm (--speculative-config JSON)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON) or trtllm (speculative_config with draft_len_schedule)."),
     tolerance: float = typer.Option(0.02, "--tolerance", help="Relative goodput tolerance for choosing K."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
-    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
 ) -> None:
-    """Write the portable K table, or vLLM's native speculative config with the DSD schedule."""
-    from dsdprof.table import build_table, load_table, vllm_speculative_config, write_json_atomic
+    """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
+    from dsdprof.schema import validate_table
+    from dsdprof.table import (
+        build_table, check_output_path, check_vllm_config, load_table, vllm_speculative_config,
+        write_json_atomic,
+    )
+    from dsdprof.trtllm_export import check_trtllm_config, trtllm_speculative_config
 
-    if fmt not in ("table", "vllm"):
-        raise fail(f"--format={fmt!r}: must be 'table' or 'vllm'")
-    if output is not None and output.exists() and not force:
-        raise fail(f"--output={str(output)!r}: exists; pass --force to replace it")
+    if fmt not in _EXPORT_FORMATS:
+        raise fail(f"--format={fmt!r}: must be one of {', '.join(_EXPORT_FORMATS)}")
+    if output is not None:
+        check_output_path(output, force, field="--output")
     if source.suffix == ".json" and source.is_file():
         table = load_table(source)
     else:
-        from dsdprof.analysis import analyze_path
+        from dsdprof.analysis import analyze_path, read_measurements
 
-        result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
+        result = analyze_path(source, tolerance=tolerance)
         _warn_below_baseline(result.optimal)
-        table = build_table(result, source=str(source))
-    doc = table if fmt == "table" else vllm_speculative_config(table)
+        rows = None if "acceptance_per_pos" in result.cells.columns else read_measurements(source)
+        table = build_table(result, source=str(source), rows=rows)
+        if fmt == "table" and not table.get("acceptance_per_pos"):
+            err_console.print("[yellow]warning: the measurements have no per-position acceptance: the table "
+                              "serves statically but AdaptiveKSelector cannot use it[/]")
+    if fmt == "vllm":
+        doc, check = vllm_speculative_config(table), check_vllm_config
+    elif fmt == "trtllm":
+        doc, check = trtllm_speculative_config(table), check_trtllm_config
+    else:
+        doc, check = table, validate_table
     if output is None:
         print(json.dumps(doc, indent=2))
     else:
-        write_json_atomic(output, doc, force=force)
+        write_json_atomic(output, doc, force=force, check=check)
         console.print(f"wrote {output}")
+
+
+_SHOW_MAX_RANGES = 200
 
 
 @app.command()
 @guarded
-def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 JSON file.")) -> None:
-    """Show a K table: ranges, profiled points and provenance."""
+def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 or /v2 JSON file.")) -> None:
+    """Show a K table: ranges, profiled points, measured cells and provenance."""
     from dsdprof.fleet.export import find_index
     from dsdprof.table import load_table
 
@@ -193,12 +212,17 @@ def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof
         return print_index(index)
     doc = load_table(table_path)
     prov = doc.get("provenance", {})
+    ranges = doc["ranges"]
+    cap = doc.get("num_speculative_tokens")
     t = Table(title=f"{table_path}  ({doc['schema']})")
     for col in ("batch sizes", "K"):
         t.add_column(col, justify="right")
-    for start, end, k in doc["ranges"]:
-        span = f"{start}" if start == end else (f"{start}+" if end >= (1 << 20) else f"{start}-{end}")
-        t.add_row(span, str(k))
+    for i, (start, end, k) in enumerate(ranges[:_SHOW_MAX_RANGES]):
+        last = i == len(ranges) - 1  # K carries forward past the last range
+        span = f"{start}+" if last else (f"{start}" if start == end else f"{start}-{end}")
+        t.add_row(span, f"{cap} (table {k}, capped)" if cap is not None and k > cap else str(k))
+    if len(ranges) > _SHOW_MAX_RANGES:
+        t.add_row(f"... {len(ranges) - _SHOW_MAX_RANGES} more ranges", "")
     console.print(t)
     if doc.get("points"):
         p = Table(title="profiled points")
@@ -209,6 +233,13 @@ def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof
                       _fmt((pt.get("itl_s") or math.nan) * 1e3), _fmt(pt.get("goodput"), 1),
                       _fmt(pt.get("speedup_vs_baseline") if pt.get("speedup_vs_baseline") is not None else math.nan) + "x")
         console.print(p)
+    if doc.get("cells"):
+        sizes = sorted({c["batch_size"] for c in doc["cells"]})
+        ks = sorted({c["k"] for c in doc["cells"]})
+        per_pos = doc.get("acceptance_per_pos")
+        console.print(f"measured cells: {len(doc['cells'])} (batch sizes {sizes[0]}..{sizes[-1]}, K {ks[0]}..{ks[-1]}); "
+                      + (f"profiled acceptance per position: {', '.join(f'{x:.2f}' for x in per_pos)}"
+                         if per_pos else "no per-position acceptance (not usable adaptively)"))
     if prov:
         console.print(", ".join(f"{k}={v}" for k, v in prov.items() if v not in ("", None)))
 

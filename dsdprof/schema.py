@@ -3,7 +3,9 @@
 * Measurement rows (Parquet): :data:`MEASUREMENT_COLUMNS`, version :data:`MEASUREMENT_SCHEMA_VERSION`.
   Every Parquet file written by dsdprof carries the version and the run's provenance in its
   key-value metadata under :data:`PARQUET_METADATA_KEY`.
-* The K table (JSON): :data:`TABLE_SCHEMA` and :func:`validate_table`.
+* The K table (JSON): :data:`TABLE_SCHEMA` (v2; v1 still loads), :func:`validate_table` and
+  :func:`read_table_file` -- the one validator behind ``show``, ``export``, ``validate`` and
+  ``dsdprof.runtime``.
 
 This module is stdlib-only at import time so that ``dsdprof.runtime`` stays free of pandas,
 pyarrow, torch and vllm; :func:`arrow_schema` imports pyarrow lazily.
@@ -19,7 +21,7 @@ MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v2"
 # Every measurement version this dsdprof reads (v2 added columns; v1 files lack them).
 READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2")
 PARQUET_METADATA_KEY = b"dsdprof"
-TABLE_SCHEMA = "dsdprof.ktable/v1"
+TABLE_SCHEMA = "dsdprof.ktable/v2"  # the K-table version dsdprof writes (v1 still loads)
 
 # Values of the ``mode`` column.
 MODE_VANILLA = "vanilla"  # engine started without any speculative config (the baseline)
@@ -118,61 +120,208 @@ def empty_row() -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- table JSON
+#
+# dsdprof.ktable/v1: ``ranges`` (what is served), optional ``num_speculative_tokens`` (a cap on K,
+#   as in vLLM), ``points`` (the profiled optimum per batch size), ``provenance`` and descriptive keys.
+# dsdprof.ktable/v2: v1 plus ``cells`` -- the measured step time and acceptance length of every
+#   profiled (batch size, K) -- and ``acceptance_per_pos``, the profiled per-position acceptance
+#   p_i (accepted at position i / drafts), so K can be re-derived for another acceptance
+#   (:mod:`dsdprof.adaptive`) without re-profiling. Both versions load everywhere.
+
+TABLE_SCHEMA_V1 = "dsdprof.ktable/v1"
+TABLE_SCHEMA_V2 = "dsdprof.ktable/v2"
+TABLE_SCHEMAS = (TABLE_SCHEMA_V1, TABLE_SCHEMA_V2)
+# Largest K a table may hold: vLLM's rejection sampler asserts max_spec_len <= MAX_SPEC_LEN = 128
+# (vllm/v1/sample/rejection_sampler.py); no engine verifies longer drafts.
+MAX_K = 128
+MAX_BATCH_SIZE = 2**63 - 1  # int64, the type of batch_size in measurement files
+MAX_TABLE_BYTES = 64 << 20  # a table with a million ranges is ~30 MB
+_AL_SLACK = 1e-6
+
 
 class TableError(ValueError):
-    """A K table that does not follow ``dsdprof.ktable/v1`` (message names the field)."""
+    """A K table that cannot be used (unreadable, not JSON, or not ``dsdprof.ktable/v1``/``v2``).
+
+    The message names the field and the value: ``field=value: reason``.
+    """
 
 
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr`` cut to ``limit`` characters, so one bad field never floods the error line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _int_in(value: object, where: str, lo: int, hi: int) -> int:
+    if not _is_int(value) or not lo <= value <= hi:
+        raise TableError(f"{where}={_short(value)}: must be an integer in {lo}..{hi}")
+    return value  # type: ignore[return-value]
+
+
+def _number(value: object, where: str, lo: float | None = None, hi: float | None = None,
+            strict_lo: bool = False) -> float:
+    if not _is_number(value):
+        raise TableError(f"{where}={_short(value)}: must be a finite number")
+    if lo is not None and (value <= lo if strict_lo else value < lo):  # type: ignore[operator]
+        raise TableError(f"{where}={_short(value)}: must be {'>' if strict_lo else '>='} {lo}")
+    if hi is not None and value > hi:  # type: ignore[operator]
+        raise TableError(f"{where}={_short(value)}: must be <= {hi}")
+    return float(value)  # type: ignore[arg-type]
+
+
 def validate_ranges(ranges: object, field: str = "ranges") -> list[tuple[int, int, int]]:
-    """Check ``[[start, end, k], ...]``: ints, inclusive, first start 1, contiguous, sorted, K >= 0.
+    """Check ``[[start, end, k], ...]``: integers, inclusive, first start 1, contiguous, sorted,
+    batch sizes <= :data:`MAX_BATCH_SIZE`, 0 <= K <= :data:`MAX_K`.
 
     Returns the ranges as tuples. Raises :class:`TableError` naming the field and value.
     """
     if not isinstance(ranges, list) or not ranges:
-        raise TableError(f"{field}={ranges!r}: must be a non-empty list of [start, end, k]")
+        raise TableError(f"{field}={_short(ranges)}: must be a non-empty list of [start, end, k]")
     out: list[tuple[int, int, int]] = []
     expected_start = 1
     for i, r in enumerate(ranges):
         where = f"{field}[{i}]"
         if not isinstance(r, (list, tuple)) or len(r) != 3 or not all(_is_int(v) for v in r):
-            raise TableError(f"{where}={r!r}: must be [start, end, k] with three integers")
+            raise TableError(f"{where}={_short(r)}: must be [start, end, k] with three integers")
         start, end, k = r
         if start != expected_start:
             raise TableError(
-                f"{where}={list(r)!r}: start must be {expected_start} "
+                f"{where}={_short(list(r))}: start must be {expected_start} "
                 "(ranges start at 1 and are contiguous and sorted)")
         if end < start:
-            raise TableError(f"{where}={list(r)!r}: end must be >= start")
-        if k < 0:
-            raise TableError(f"{where}={list(r)!r}: k must be >= 0")
+            raise TableError(f"{where}={_short(list(r))}: end must be >= start")
+        if end > MAX_BATCH_SIZE:
+            raise TableError(f"{where}={_short(list(r))}: end must be <= {MAX_BATCH_SIZE}")
+        if not 0 <= k <= MAX_K:
+            raise TableError(f"{where}={_short(list(r))}: k must be in 0..{MAX_K}")
         out.append((start, end, k))
         expected_start = end + 1
     return out
 
 
+def validate_num_speculative_tokens(value: object, field: str = "num_speculative_tokens") -> int:
+    """The cap on K (vLLM's ``num_speculative_tokens``): an integer in 0..:data:`MAX_K`."""
+    return _int_in(value, field, 0, MAX_K)
+
+
+def validate_acceptance(per_pos: object, field: str = "acceptance_per_pos") -> list[float]:
+    """Per-position acceptance ``[p_1, ..., p_K]``: each a probability in [0, 1]."""
+    if not isinstance(per_pos, list) or len(per_pos) > MAX_K:
+        raise TableError(f"{field}={_short(per_pos)}: must be a list of at most {MAX_K} numbers")
+    return [_number(p, f"{field}[{i}]", 0.0, 1.0) for i, p in enumerate(per_pos)]
+
+
+_POINT_OPTIONAL_NUMBERS = ("goodput", "acceptance_length", "itl_s", "speedup_vs_baseline",
+                           "margin", "ci_low", "ci_high")
+
+
+def _validate_points(points: object) -> None:
+    if not isinstance(points, list):
+        raise TableError(f"points={_short(points)}: must be a list")
+    for i, p in enumerate(points):
+        where = f"points[{i}]"
+        if not isinstance(p, dict):
+            raise TableError(f"{where}={_short(p)}: must be an object with batch_size and k")
+        _int_in(p.get("batch_size"), f"{where}.batch_size", 1, MAX_BATCH_SIZE)
+        _int_in(p.get("k"), f"{where}.k", 0, MAX_K)
+        for key in _POINT_OPTIONAL_NUMBERS:
+            if p.get(key) is not None:
+                _number(p[key], f"{where}.{key}")
+        if p.get("runner_up") is not None:
+            _int_in(p["runner_up"], f"{where}.runner_up", 0, MAX_K)
+        if p.get("decided") is not None and not isinstance(p["decided"], bool):
+            raise TableError(f"{where}.decided={_short(p['decided'])}: must be true, false or null")
+        fixed = p.get("speedup_vs_fixed_k")
+        if fixed is not None:
+            if not isinstance(fixed, dict):
+                raise TableError(f"{where}.speedup_vs_fixed_k={_short(fixed)}: must be an object")
+            for k, v in fixed.items():
+                _number(v, f"{where}.speedup_vs_fixed_k.{k}")
+
+
+def _validate_cells(cells: object) -> None:
+    if not isinstance(cells, list) or not cells:
+        raise TableError(f"cells={_short(cells)}: a {TABLE_SCHEMA_V2} table needs a non-empty list of "
+                         "measured cells {batch_size, k, itl_s, acceptance_length}")
+    seen: set[tuple[int, int]] = set()
+    for i, c in enumerate(cells):
+        where = f"cells[{i}]"
+        if not isinstance(c, dict):
+            raise TableError(f"{where}={_short(c)}: must be an object")
+        b = _int_in(c.get("batch_size"), f"{where}.batch_size", 1, MAX_BATCH_SIZE)
+        k = _int_in(c.get("k"), f"{where}.k", 0, MAX_K)
+        if (b, k) in seen:
+            raise TableError(f"{where}={_short(c)}: duplicate cell batch_size={b} k={k}")
+        seen.add((b, k))
+        _number(c.get("itl_s"), f"{where}.itl_s", 0.0, strict_lo=True)
+        _number(c.get("acceptance_length"), f"{where}.acceptance_length", 1.0 - _AL_SLACK, k + 1 + _AL_SLACK)
+        if c.get("goodput") is not None:
+            _number(c["goodput"], f"{where}.goodput", 0.0)
+        if c.get("acceptance_per_pos") is not None:
+            per_pos = validate_acceptance(c["acceptance_per_pos"], f"{where}.acceptance_per_pos")
+            if len(per_pos) > k:
+                raise TableError(f"{where}.acceptance_per_pos={_short(per_pos)}: more positions than k={k}")
+
+
 def validate_table(doc: object) -> dict[str, Any]:
-    """Validate a parsed K-table document; return it unchanged. Raises :class:`TableError`."""
+    """Validate a parsed ``dsdprof.ktable/v1`` or ``/v2`` document; return it unchanged.
+
+    Raises :class:`TableError` naming the first bad field. Unknown top-level keys are allowed
+    (forward compatibility); known keys must have the documented types and bounds.
+    """
     if not isinstance(doc, dict):
         raise TableError(f"table={type(doc).__name__}: must be a JSON object")
     schema = doc.get("schema")
-    if schema != TABLE_SCHEMA:
-        raise TableError(f"schema={schema!r}: expected {TABLE_SCHEMA!r}")
+    if schema not in TABLE_SCHEMAS:
+        raise TableError(f"schema={_short(schema)}: expected one of {', '.join(TABLE_SCHEMAS)}")
     validate_ranges(doc.get("ranges"))
-    points = doc.get("points", [])
-    if not isinstance(points, list):
-        raise TableError(f"points={points!r}: must be a list")
-    for i, p in enumerate(points):
-        if not isinstance(p, dict) or not _is_int(p.get("batch_size")) or not _is_int(p.get("k")):
-            raise TableError(f"points[{i}]={p!r}: needs integer batch_size and k")
-        for key in ("goodput", "acceptance_length", "itl_s"):
-            v = p.get(key)
-            if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v)):
-                raise TableError(f"points[{i}].{key}={v!r}: must be a finite number")
+    if doc.get("num_speculative_tokens") is not None:
+        validate_num_speculative_tokens(doc["num_speculative_tokens"])
+    _validate_points(doc.get("points", []))
+    if doc.get("tolerance") is not None:
+        _number(doc["tolerance"], "tolerance", 0.0, 1.0)
+    for key in ("interpolation", "shape"):
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            raise TableError(f"{key}={_short(doc[key])}: must be a string")
     prov = doc.get("provenance", {})
     if not isinstance(prov, dict):
-        raise TableError(f"provenance={prov!r}: must be an object")
+        raise TableError(f"provenance={_short(prov)}: must be an object")
+    if schema == TABLE_SCHEMA_V2:
+        _validate_cells(doc.get("cells"))
+        if doc.get("acceptance_per_pos") is not None:
+            validate_acceptance(doc["acceptance_per_pos"])
     return doc
+
+
+def read_table_file(path: Any) -> dict[str, Any]:
+    """Read, parse and validate a table file. Every failure is a :class:`TableError`:
+    unreadable, larger than :data:`MAX_TABLE_BYTES`, not UTF-8, not JSON, or not a valid table.
+    """
+    import json
+    import os
+
+    where = f"table={os.fspath(path)!r}"
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_TABLE_BYTES + 1)
+    except OSError as err:
+        raise TableError(f"{where}: cannot read ({err.strerror or type(err).__name__})") from None
+    if len(data) > MAX_TABLE_BYTES:
+        raise TableError(f"{where}: larger than {MAX_TABLE_BYTES >> 20} MiB, not a K table")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise TableError(f"{where}: not UTF-8 text (invalid byte at offset {err.start})") from None
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise TableError(f"{where}: not valid JSON ({_short(str(err), 120)})") from None
+    return validate_table(doc)

@@ -40,7 +40,7 @@ def test_analyze_export_show_roundtrip(tmp_path, measured):
     r = runner.invoke(app, ["export", str(measured), "-o", str(out)])
     assert r.exit_code == 0, r.output
     table = json.loads(out.read_text())
-    assert table["schema"] == "dsdprof.ktable/v1"
+    assert table["schema"] == "dsdprof.ktable/v2"
     r = runner.invoke(app, ["show", str(out)])
     assert r.exit_code == 0 and "profiled points" in r.output
     r = runner.invoke(app, ["export", str(out), "--format", "vllm"])
@@ -57,7 +57,7 @@ def test_export_never_overwrites(tmp_path, measured):
     _one_line_error(r, "--output", "exists")
     assert out.read_text() == "keep me"
     r = runner.invoke(app, ["export", str(measured), "-o", str(out), "--force"])
-    assert r.exit_code == 0 and json.loads(out.read_text())["schema"] == "dsdprof.ktable/v1"
+    assert r.exit_code == 0 and json.loads(out.read_text())["schema"] == "dsdprof.ktable/v2"
 
 
 def test_bad_inputs_are_one_line_exit_2(tmp_path, measured, dense_like_frame):
