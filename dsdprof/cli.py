@@ -13,6 +13,7 @@ from rich.table import Table
 
 from dsdprof import __version__
 from dsdprof.cli_common import fail, guarded, interrupted, make_console
+from dsdprof.engines.vllm_worker import STREAM_ENGINE_LOG_ENV
 
 app = typer.Typer(
     name="dsdprof",
@@ -44,29 +45,39 @@ def sweep(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec (TOML): \\[engine], \\[sweep], \\[workload]."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory for the Parquet part files: new or empty, or an earlier run with --resume. Locked while the sweep runs."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same spec and versions): skip finished cells, retry failed ones."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream vLLM's own output to the console instead of OUT/_logs/engine-*.log."),
 ) -> None:
-    """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet."""
+    """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet.
+
+    Exit codes: 0 done, 1 every cell failed (the first error is printed), 2 bad input (including a
+    model that cannot be resolved or loaded), 130 interrupted."""
+    import os
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dsdprof.spec import load_spec
     from dsdprof.sweep import SweepProgress, run_sweep
 
     spec = load_spec(spec_path)
+    notices: list[str] = []
     if spec.engine.name == "sim":
         from dsdprof.sim.config import model_notices, resolve
 
         resolve(spec)  # bad [sim] input or model config.json fails here, before any output
-        for notice in model_notices(spec):
-            err_console.print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
-        err_console.print("[yellow]engine 'sim': rows are analytic predictions, not measurements[/]")
+        # Notices wait until the run directory is ours: a refused --out stays a one-line error.
+        notices = [*model_notices(spec), "engine 'sim': rows are analytic predictions, not measurements"]
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
                         TimeRemainingColumn(), console=err_console, transient=False)
     task = None
+    first_error: list[str] = []
+    if verbose:
+        os.environ[STREAM_ENGINE_LOG_ENV] = "1"
 
     def on_progress(ev: SweepProgress) -> None:
         nonlocal task
         if ev.phase == "plan":
+            for notice in notices:
+                err_console.print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
             err_console.print(f"[dim]{ev.message}[/]")
             task = progress.add_task("sweep", total=ev.total, cell="")
             return
@@ -79,6 +90,7 @@ def sweep(
         elif ev.phase in ("done", "skip"):
             progress.update(task, completed=ev.index, cell=label)
             if ev.status == "failed":
+                first_error.append(ev.message)
                 progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
 
     try:
@@ -88,6 +100,10 @@ def sweep(
         raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), "--resume"]) from None
     console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped "
                   f"(speculation mode {summary.speculation_mode}) -> {summary.out}")
+    if summary.failed and not summary.ok and not summary.skipped:
+        print(f"error: every cell failed; first error: {first_error[0][:500] if first_error else 'unknown'}",
+              file=sys.stderr)
+        raise typer.Exit(1)
 
 
 # ----------------------------------------------------------------------------- analyze
@@ -158,6 +174,7 @@ def export(
     fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON) or trtllm (speculative_config with draft_len_schedule)."),
     tolerance: float = typer.Option(0.02, "--tolerance", help="Relative goodput tolerance for choosing K."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
     from dsdprof.schema import validate_table
@@ -176,9 +193,9 @@ def export(
     else:
         from dsdprof.analysis import analyze_path, read_measurements
 
-        result = analyze_path(source, tolerance=tolerance)
+        result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
         _warn_below_baseline(result.optimal)
-        rows = None if "acceptance_per_pos" in result.cells.columns else read_measurements(source)
+        rows = None if "acceptance_per_pos" in result.cells.columns else read_measurements(source, allow_mixed=allow_mixed)
         table = build_table(result, source=str(source), rows=rows)
         if fmt == "table" and not table.get("acceptance_per_pos"):
             err_console.print("[yellow]warning: the measurements have no per-position acceptance: the table "

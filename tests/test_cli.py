@@ -90,3 +90,26 @@ def test_sweep_refuses_existing_out(tmp_path):
     (out / "precious.txt").write_text("x")
     _one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out)]), "out=", "--resume")
     assert (out / "precious.txt").read_text() == "x"
+
+
+def test_sweep_where_every_cell_failed_exits_1_with_the_first_error(tmp_path):
+    # a 70B in bf16 does not fit one 48 GB GPU: the analytic engine fails every cell, vanilla included
+    spec = tmp_path / "s.toml"
+    spec.write_text("""
+[engine]
+name = "sim"
+model = "Llama-3.1-70B"
+method = "ngram"
+dtype = "bfloat16"
+[sweep]
+batch_sizes = [1, 2]
+num_spec_tokens = [0, 2]
+waves = 1
+output_len = 16
+[sim]
+hardware = "L40S"
+acceptance_per_pos = [0.7, 0.5]
+""")
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "run")])
+    assert r.exit_code == 1, r.output
+    assert "every cell failed; first error:" in r.stderr and "out of memory" in r.stderr

@@ -33,7 +33,8 @@ def _spec(target, draft, batch_sizes, ks, waves=3, output_len=32, **engine):
     })
 
 
-def test_draft_equal_target_gives_al_k_plus_one(toy, tmp_path):
+def test_draft_equal_target_counts_delivered_tokens_at_the_rows_k(toy, tmp_path):
+    # output_len 25 is not a multiple of K+1 for K = 1 or 3: the last step of every request is trimmed
     spec = _spec(toy.target, toy.target, [1, 2], [0, 1, 3], waves=2, output_len=25)
     events = []
     summary = run_sweep(spec, tmp_path / "run", on_progress=events.append)
@@ -41,15 +42,28 @@ def test_draft_equal_target_gives_al_k_plus_one(toy, tmp_path):
     df = pd.read_parquet(tmp_path / "run")
     assert set(df["mode"]) == {"vanilla", "dsd"}
     assert len(df) == 2 * (1 + 3)
-    for row in df[df["mode"] == "dsd"].itertuples():
-        assert row.acceptance_length == pytest.approx(row.num_spec_tokens + 1, rel=0.01), row.cell_id
-        assert len(row.acceptance_per_pos) == row.num_spec_tokens
-        if row.num_spec_tokens:
-            assert row.num_draft_tokens / row.num_drafts == pytest.approx(row.num_spec_tokens)
+    for row in df.itertuples():
+        k = row.num_spec_tokens
+        # AL / ITL and 1 / TPOT describe the same steady-state window
+        assert row.acceptance_length / row.itl_s == pytest.approx(1 / row.tpot_s, rel=0.02), row.cell_id
+        assert row.steady_steps > 0 and row.excluded_steps >= spec.sweep.waves  # the prefill steps
+        assert len(row.sample_acceptance_length) == spec.sweep.waves
+        if k:
+            assert row.drafted_per_draft == pytest.approx(k, rel=0.02), row.cell_id
+            assert list(row.acceptance_per_pos) == pytest.approx([1.0] * k), row.cell_id
+            # delivered: 25 tokens in ceil(25/(K+1)) steps per request, not K+1 per step
+            steps = -(-25 // (k + 1))
+            assert row.acceptance_length == pytest.approx(25 / steps, rel=0.01), row.cell_id
+            # vLLM's counter counts drafts accepted past max_tokens: it overstates
+            assert row.vllm_acceptance_length > row.acceptance_length + 0.05, row.cell_id
+        else:
+            assert row.acceptance_length == 1.0 and row.num_draft_tokens == 0
     assert (df["itl_s"] > 0).all() and (df["tpot_s"] > 0).all()
     assert (df["engine"] == "vllm").all() and df["hardware"].iloc[0]
     assert df["consistent"].all()
     assert [e.phase for e in events].count("done") == len(df)
+    assert (tmp_path / "run" / "_logs" / "engine-dsd.log").stat().st_size > 0
+    assert len(list((tmp_path / "run" / "_traces").glob("*.jsonl"))) == len(df)
 
 
 def test_toy_pair_optimal_k_falls_with_batch_size(toy, tmp_path):
@@ -80,26 +94,52 @@ def test_exported_schedule_drives_real_vllm(toy, tmp_path):
         for b in (1, 2, 3, 4):
             expected = k_for_batch_size(table["ranges"], b)
             req = CellRequest(batch_size=b, num_spec_tokens=None, positions=3, waves=2, warmup=0,
-                              output_len=25, temperature=0.0, seed=0)
-            m = worker.run(req, timeout_s=600)
+                              output_len=25, temperature=0.0, seed=0, verify_k=expected)
+            m = worker.run(req, timeout_s=600)  # a steady step at another K fails the cell
             assert m.num_drafts > 0
-            # Requests reach the engine one by one, so a wave's first/last step can run at a
-            # smaller batch (and so another K); the bulk of the steps must run the table's K.
-            per_draft = m.num_draft_tokens / m.num_drafts
-            others = {r[2] for r in table["ranges"]} - {expected}
-            assert all(abs(per_draft - expected) < abs(per_draft - o) for o in others), (b, expected, per_draft)
+            # Gated waves start at exactly BS; tails at a smaller batch are excluded from the
+            # steady steps, which all ran the table's K at this batch size.
+            assert m.drafted_per_draft == pytest.approx(expected), (b, expected, m.drafted_per_draft)
+            if b > 1:
+                assert m.excluded_steps >= 2  # prefill steps (and tails at a smaller batch)
     finally:
         worker.stop()
 
 
-def test_failed_engine_is_a_row_not_a_dead_sweep(toy, tmp_path):
-    spec = _spec(toy.target, tmp_path / "no-such-draft", [2], [2], waves=1, dsd_mode="dsd")
-    summary = run_sweep(spec, tmp_path / "run")
-    df = pd.read_parquet(tmp_path / "run")
-    assert summary.ok == 1 and summary.failed == 1
-    failed = df[df["status"] == "failed"].iloc[0]
-    assert failed["mode"] == "dsd" and failed["error"]
-    assert df[df["status"] == "ok"].iloc[0]["mode"] == "vanilla"
+def test_models_that_cannot_resolve_or_load_stop_before_any_cell(toy, tmp_path):
+    from typer.testing import CliRunner
+
+    from dsdprof.cli import app
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"architectures": ["NoSuchForCausalLM"], "model_type": "nonsense"}')
+    for target, draft, field in ((tmp_path / "missing", toy.draft, "engine.model"),
+                                 (toy.target, tmp_path / "missing", "engine.draft_model"),
+                                 (broken, toy.draft, "engine.model")):
+        (tmp_path / "s.toml").write_text(f"""
+[engine]
+model = "{target}"
+draft_model = "{draft}"
+dtype = "float32"
+max_model_len = 256
+extra = {{ enforce_eager = true }}
+[sweep]
+batch_sizes = [1]
+num_spec_tokens = [0, 1]
+waves = 1
+output_len = 8
+[workload]
+input_len = 8
+num_prompts = 4
+""")
+        out = tmp_path / f"run-{field}-{target.name}"
+        r = CliRunner().invoke(app, ["sweep", str(tmp_path / "s.toml"), "--out", str(out)])
+        assert r.exit_code == 2, r.output
+        lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+        assert len(lines) == 1 and field in lines[0], r.output
+        assert "Traceback" not in r.output
+        assert not list(out.glob("part-*.parquet")) if out.exists() else True
 
 
 def test_fixed_mode_runs_one_engine_per_k(toy, tmp_path):

@@ -85,6 +85,11 @@ def resolve_model_offline(field: str, name: str) -> None:
                                       f"(download it first: huggingface-cli download {name})")
 
 
+def _one_line(err: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class EngineWorker:
     """Parent-side handle of one engine process."""
 
@@ -273,7 +278,7 @@ class VllmEngine:
             self.pool.get(key)
         except EngineFailure as err:
             log = self.pool.log_path(key)
-            raise InputError(field, value, f"vLLM could not start it ({err})"
+            raise InputError(field, value, f"vLLM could not start it ({_one_line(err)})"
                              + (f"; engine log: {log}" if log else "")) from None
 
     @property
@@ -297,7 +302,7 @@ class VllmEngine:
                 if not any(m in str(err) for m in _DSD_REJECTION_MARKERS):
                     raise InputError("engine.draft_model" if e.draft_model else "engine.method",
                                      e.draft_model or e.method,
-                                     f"vLLM could not start the speculative engine ({err}); "
+                                     f"vLLM could not start the speculative engine ({_one_line(err)}); "
                                      f"engine log: {self.pool.log_path(MODE_DSD)}") from None
                 self.fallback_reason = str(err)
                 self._mode = MODE_FIXED
