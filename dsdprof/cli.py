@@ -13,6 +13,7 @@ from rich.table import Table
 
 from dsdprof import __version__
 from dsdprof.cli_common import fail, guarded, interrupted, make_console
+from dsdprof.engines.vllm_worker import STREAM_ENGINE_LOG_ENV
 
 app = typer.Typer(
     name="dsdprof",
@@ -44,8 +45,13 @@ def sweep(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec (TOML): \\[engine], \\[sweep], \\[workload]."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory for the Parquet part files: new or empty, or an earlier run with --resume. Locked while the sweep runs."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same spec and versions): skip finished cells, retry failed ones."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream vLLM's own output to the console instead of OUT/_logs/engine-*.log."),
 ) -> None:
-    """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet."""
+    """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet.
+
+    Exit codes: 0 done, 1 every cell failed (the first error is printed), 2 bad input (including a
+    model that cannot be resolved or loaded), 130 interrupted."""
+    import os
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dsdprof.spec import load_spec
@@ -63,6 +69,9 @@ def sweep(
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
                         TimeRemainingColumn(), console=err_console, transient=False)
     task = None
+    first_error: list[str] = []
+    if verbose:
+        os.environ[STREAM_ENGINE_LOG_ENV] = "1"
 
     def on_progress(ev: SweepProgress) -> None:
         nonlocal task
@@ -81,6 +90,7 @@ def sweep(
         elif ev.phase in ("done", "skip"):
             progress.update(task, completed=ev.index, cell=label)
             if ev.status == "failed":
+                first_error.append(ev.message)
                 progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
 
     try:
@@ -90,6 +100,10 @@ def sweep(
         raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), "--resume"]) from None
     console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped "
                   f"(speculation mode {summary.speculation_mode}) -> {summary.out}")
+    if summary.failed and not summary.ok and not summary.skipped:
+        print(f"error: every cell failed; first error: {first_error[0][:500] if first_error else 'unknown'}",
+              file=sys.stderr)
+        raise typer.Exit(1)
 
 
 # ----------------------------------------------------------------------------- analyze
