@@ -2,12 +2,15 @@
 
 Input contract: ``batch_size`` (int), ``num_spec_tokens`` (int), ``acceptance_length`` (float, 1.0
 at K=0) and ``itl_s`` (float, seconds per engine step). Optional ``status`` (rows not ``ok`` are
-ignored) and ``mode`` (``vanilla`` rows are the baseline; ``dsd``/``fixed`` rows are the
+ignored), ``mode`` (``vanilla`` rows are the baseline; ``dsd``/``fixed`` rows are the
 candidates, DSD-mode K=0 being the K=0 candidate; without a ``mode`` column the K=0 rows serve as
-both). Repeated cells are aggregated with the median.
+both), ``sample_acceptance_length``/``sample_itl_s`` (per-wave samples, schema v2) and
+``acceptance_per_pos``. Repeated cells are aggregated as mean AL / mean ITL over repeats.
 
-goodput = acceptance_length / itl_s (tokens per second per request). The optimal K at a batch
-size is the smallest K whose goodput is within ``tolerance`` (relative) of the best.
+goodput = acceptance_length / itl_s (tokens per second per request). The K at a batch size comes
+from the decision rule in :mod:`dsdprof.decide`: start from the best K; a smaller K replaces it
+only when, at the stated confidence (bootstrap over waves and repeats), it is within
+``tolerance`` of the best. Each point says whether the data decided it.
 """
 
 from __future__ import annotations
@@ -16,28 +19,39 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 
+from dsdprof.decide import (
+    CHAIN_METHODS, DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED, SHAPE_DENSE, SHAPE_MOE,
+    BatchReplicates, bootstrap_batch, chain_fractions, check_confidence, curve, decide_batch, interval,
+    margin, row_samples, with_chain_acceptance,
+)
 from dsdprof.errors import InputError
 from dsdprof.schema import (
-    CONTRACT_COLUMNS, MODE_DSD, MODE_FIXED, MODE_VANILLA, PARQUET_METADATA_KEY,
-    READABLE_MEASUREMENT_VERSIONS, STATUS_OK,
+    CONTRACT_COLUMNS, MODE_DSD, MODE_FIXED, MODE_VANILLA, PARQUET_METADATA_KEY, STATUS_OK,
 )
 
 DEFAULT_TOLERANCE = 0.02
+CHAIN_SLACK = 0.01  # relative AL difference tolerated between the chain prediction and a measured cell
 
 
 @dataclass(frozen=True)
 class Analysis:
     """Result of :func:`analyze`.
 
-    ``cells``: one row per (batch_size, num_spec_tokens) candidate with median acceptance_length,
-    itl_s and goodput. ``baseline``: per batch size, the baseline (vanilla, else K=0) goodput.
+    ``cells``: one row per (batch_size, num_spec_tokens) candidate: acceptance_length (the one used,
+    chain-predicted when ``acceptance == "chain"``), acceptance_length_measured, itl_s, goodput
+    (mean AL / mean ITL over repeats), samples (repeats), ratio_to_best with its interval
+    ratio_low/ratio_high (NaN when unknown) and, when rows carry it, acceptance_per_pos (median per
+    position). ``baseline``: per batch size, the baseline (vanilla, else K=0) goodput.
     ``optimal``: per batch size, the chosen k with its goodput, acceptance_length, itl_s,
-    ``speedup_vs_baseline`` and one ``speedup_vs_k<K>`` column per candidate K.
+    ``speedup_vs_baseline`` and one ``speedup_vs_k<K>`` column per candidate K, then ``decided``,
+    ``runner_up``, ``margin`` (goodput of k / runner-up) with ``ci_low``/``ci_high``, ``best_k``
+    (highest point goodput), ``k_rule`` (the rule's K before the non-increasing constraint),
+    ``admissible`` (the K* the data still allow) and ``interval_known``.
     """
 
     cells: pd.DataFrame
@@ -46,15 +60,33 @@ class Analysis:
     tolerance: float
     monotonic: bool
     provenance: dict[str, Any] = field(default_factory=dict)
+    confidence: float = DEFAULT_CONFIDENCE
+    curve: str = ""  # moe-like | dense-like | flat ("" = derived from monotonic)
+    acceptance: str = "measured"  # measured | chain: where each K's AL came from
+    chain_check: Optional[pd.DataFrame] = None
 
     @property
     def shape(self) -> str:
-        """``dense-like`` when optimal K is non-increasing in batch size, else ``moe-like``."""
-        return "dense-like" if self.monotonic else "moe-like"
+        """``moe-like`` when K* rises with batch size beyond its intervals, ``flat`` when one K
+        serves every batch size, else ``dense-like`` (non-increasing)."""
+        if self.curve:
+            return self.curve
+        return SHAPE_DENSE if self.monotonic else SHAPE_MOE
 
     @property
     def candidate_ks(self) -> list[int]:
         return sorted(int(k) for k in self.cells["num_spec_tokens"].unique())
+
+    @property
+    def undecided(self) -> list[int]:
+        """Batch sizes whose K the data do not separate at the stated confidence."""
+        if "decided" not in self.optimal.columns:
+            return []
+        return [int(b) for b, d in zip(self.optimal["batch_size"], self.optimal["decided"]) if not d]
+
+    @property
+    def intervals_known(self) -> bool:
+        return "interval_known" in self.optimal.columns and bool(self.optimal["interval_known"].all())
 
 
 # ----------------------------------------------------------------------------- loading
@@ -208,9 +240,21 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- analysis
 
-def _median_cells(df: pd.DataFrame) -> pd.DataFrame:
+def _per_pos_median(lists: list) -> list[float]:
+    rows = [np.asarray(v, dtype=float).ravel() for v in lists if v is not None and np.size(v) > 0]
+    if not rows:
+        return []
+    width = max(r.size for r in rows)
+    stack = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        stack[i, :r.size] = r
+    return [float(x) for x in np.nanmedian(stack, axis=0)]
+
+
+def _mean_cells(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (batch_size, K): mean AL and mean ITL over repeats, goodput = their ratio."""
     g = df.groupby(["batch_size", "num_spec_tokens"], as_index=False)
-    out = g.agg(acceptance_length=("acceptance_length", "median"), itl_s=("itl_s", "median"),
+    out = g.agg(acceptance_length=("acceptance_length", "mean"), itl_s=("itl_s", "mean"),
                 samples=("itl_s", "size"))
     out["goodput"] = out["acceptance_length"] / out["itl_s"]
     return out
@@ -241,7 +285,7 @@ def split_baseline_candidates(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
 
 
 def choose_k(goodput_by_k: dict[int, float], tolerance: float) -> int:
-    """Smallest K whose goodput is within ``tolerance`` (relative) of the best."""
+    """Smallest K whose point goodput is within ``tolerance`` (relative) of the best (no intervals)."""
     best = max(goodput_by_k.values())
     return min(k for k, g in goodput_by_k.items() if g >= best * (1.0 - tolerance))
 
@@ -250,38 +294,157 @@ def is_non_increasing(values: list[int]) -> bool:
     return all(a >= b for a, b in zip(values, values[1:]))
 
 
+def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICATES,
+                     seed: int = DEFAULT_SEED) -> dict[int, BatchReplicates]:
+    """Bootstrap (:func:`dsdprof.decide.bootstrap_batch`) of every batch size's candidate cells."""
+    rows = candidates.sort_values(["batch_size", "num_spec_tokens", *(["repeat"] if "repeat" in candidates else [])],
+                                  kind="stable")
+    samples = row_samples(rows)
+    exact_rows = (rows["engine"].astype(str) == "sim").to_numpy() if "engine" in rows else np.zeros(len(rows), bool)
+    units = [(float(a), float(t), s[0], s[1]) for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]
+    out: dict[int, BatchReplicates] = {}
+    keys = list(zip(rows["batch_size"].astype(int), rows["num_spec_tokens"].astype(int)))
+    i = 0
+    while i < len(keys):
+        b = keys[i][0]
+        cells: list[tuple[int, list]] = []
+        exact = True
+        while i < len(keys) and keys[i][0] == b:
+            if not cells or cells[-1][0] != keys[i][1]:
+                cells.append((keys[i][1], []))
+            cells[-1][1].append(units[i])
+            exact &= bool(exact_rows[i])
+            i += 1
+        out[b] = bootstrap_batch(b, cells, replicates, seed, exact=exact)
+    return out
+
+
+def chain_check(candidates: pd.DataFrame, reps: dict[int, BatchReplicates], per_pos: pd.DataFrame,
+                confidence: float, slack: float = CHAIN_SLACK) -> pd.DataFrame:
+    """Measured AL(K) against the chain prediction 1 + (AL(K_max) - 1) * sum_{i<=K} p_i / sum p_i
+    from the largest K's per-position acceptance, per (batch size, K < K_max). ``consistent``:
+    the interval of (measured - predicted) reaches within ``slack`` (relative) of 0; None when
+    intervals are unknown (then only the point difference is shown)."""
+    records = []
+    for b, rep in reps.items():
+        fr = _chain_fractions(per_pos, b, rep.ks)
+        if fr is None:
+            continue
+        chained = with_chain_acceptance(rep, fr)
+        for i, k in enumerate(int(x) for x in rep.ks):
+            if k == 0 or k == int(rep.ks.max()):
+                continue
+            meas, pred = float(rep.point_al[i]), float(chained.point_al[i])
+            lo = hi = math.nan
+            consistent = None
+            if rep.known:
+                lo, hi = (float(x) for x in interval(rep.al[:, i] - chained.al[:, i], confidence))
+                consistent = bool(lo <= slack * meas and hi >= -slack * meas)
+            records.append({"batch_size": b, "k": k, "al_measured": meas, "al_predicted": pred,
+                            "diff_low": lo, "diff_high": hi, "consistent": consistent})
+    return pd.DataFrame.from_records(records, columns=["batch_size", "k", "al_measured", "al_predicted",
+                                                       "diff_low", "diff_high", "consistent"])
+
+
+def _chain_fractions(per_pos: pd.DataFrame, batch_size: int, ks: np.ndarray) -> Optional[np.ndarray]:
+    if per_pos.empty or ks.max() <= 0:
+        return None
+    top = per_pos[(per_pos["batch_size"] == batch_size) & (per_pos["num_spec_tokens"] == int(ks.max()))]
+    if top.empty:
+        return None
+    return chain_fractions(top["acceptance_per_pos"].iloc[0], [int(k) for k in ks])
+
+
+def _method(df: pd.DataFrame, provenance: dict[str, Any]) -> str:
+    if provenance.get("method"):
+        return str(provenance["method"])
+    if "method" in df.columns and not df["method"].dropna().empty:
+        return str(df["method"].dropna().iloc[0])
+    return ""
+
+
 def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
-            provenance: dict[str, Any] | None = None) -> Analysis:
-    """Optimal K per batch size from (validated or raw) measurement rows."""
+            provenance: dict[str, Any] | None = None, confidence: float = DEFAULT_CONFIDENCE,
+            acceptance: str = "measured", replicates: int = DEFAULT_REPLICATES,
+            seed: int = DEFAULT_SEED) -> Analysis:
+    """Optimal K per batch size from (validated or raw) measurement rows, with intervals.
+
+    ``acceptance``: ``measured`` (each cell's own AL), ``chain`` (AL of every K from the largest
+    K's per-position acceptance where rows carry it) or ``auto`` (chain for chain drafters whose
+    measured AL agrees with the prediction within its interval, else measured).
+    """
     if not (0.0 <= tolerance < 1.0) or math.isnan(tolerance):
         raise InputError("tolerance", tolerance, "must be in [0, 1)")
+    confidence = check_confidence(confidence)
+    if acceptance not in ("measured", "chain", "auto"):
+        raise InputError("acceptance", acceptance, "must be measured, chain or auto")
+    if int(replicates) < 100:
+        raise InputError("replicates", replicates, "must be >= 100")
+    prov = dict(provenance or {})
     df = validate_measurements(df)
     baseline_rows, candidate_rows = split_baseline_candidates(df)
     if candidate_rows.empty:
         raise InputError("rows", 0, "no speculative or K=0 candidate rows")
-    cells = _median_cells(candidate_rows)
-    baseline = _median_cells(baseline_rows)[["batch_size", "acceptance_length", "itl_s", "goodput"]]
+    cells = _mean_cells(candidate_rows).rename(columns={"acceptance_length": "acceptance_length_measured"})
+    baseline = _mean_cells(baseline_rows)[["batch_size", "acceptance_length", "itl_s", "goodput"]]
+    per_pos = pd.DataFrame(columns=["batch_size", "num_spec_tokens", "acceptance_per_pos"])
+    if "acceptance_per_pos" in candidate_rows.columns:
+        lists: dict[tuple[int, int], list] = {}
+        for b, k, v in zip(candidate_rows["batch_size"], candidate_rows["num_spec_tokens"],
+                           candidate_rows["acceptance_per_pos"]):
+            lists.setdefault((int(b), int(k)), []).append(v)
+        per_pos = pd.DataFrame([{"batch_size": b, "num_spec_tokens": k, "acceptance_per_pos": _per_pos_median(v)}
+                                for (b, k), v in sorted(lists.items())])
+        cells = cells.merge(per_pos, on=["batch_size", "num_spec_tokens"], how="left")
+    reps = batch_replicates(candidate_rows, replicates, seed)
+    check = chain_check(candidate_rows, reps, per_pos, confidence)
+    use_chain = acceptance == "chain" or (
+        acceptance == "auto" and _method(df, prov) in CHAIN_METHODS and not check.empty
+        and check["consistent"].notna().any() and bool(check["consistent"].dropna().all()))
+    if use_chain:
+        for b, rep in list(reps.items()):
+            fr = _chain_fractions(per_pos, b, rep.ks)
+            if fr is not None:
+                reps[b] = with_chain_acceptance(rep, fr)
+
+    decisions = [decide_batch(reps[b], tolerance, confidence) for b in sorted(reps)]
+    shape, path = curve(decisions, tolerance)
+    ratio_rows = [{"batch_size": d.batch_size, "num_spec_tokens": k,
+                   "acceptance_length": float(reps[d.batch_size].point_al[i]),
+                   "ratio_to_best": d.ratio[k], "ratio_low": d.ratio_low.get(k, math.nan),
+                   "ratio_high": d.ratio_high.get(k, math.nan)}
+                  for d in decisions for i, k in enumerate(int(x) for x in reps[d.batch_size].ks)]
+    cells = cells.merge(pd.DataFrame(ratio_rows), on=["batch_size", "num_spec_tokens"], how="left")
+    cells["goodput"] = cells["acceptance_length"] / cells["itl_s"]
+    front = ["batch_size", "num_spec_tokens", "acceptance_length", "itl_s", "goodput", "samples"]
+    cells = cells[front + [c for c in cells.columns if c not in front]]
     base_goodput = dict(zip(baseline["batch_size"], baseline["goodput"]))
     ks = sorted(int(k) for k in cells["num_spec_tokens"].unique())
 
     records = []
-    for b, group in cells.groupby("batch_size", sort=True):
+    for d, k in zip(decisions, path):
+        b = d.batch_size
+        group = cells[cells["batch_size"] == b]
         by_k = dict(zip(group["num_spec_tokens"].astype(int), group["goodput"]))
-        k = choose_k(by_k, tolerance)
         row = group[group["num_spec_tokens"] == k].iloc[0]
+        runner_up, m, m_lo, m_hi = margin(reps[b], k, confidence)
         rec: dict[str, Any] = {
-            "batch_size": int(b), "k": k, "goodput": float(row["goodput"]),
+            "batch_size": int(b), "k": int(k), "goodput": float(row["goodput"]),
             "acceptance_length": float(row["acceptance_length"]), "itl_s": float(row["itl_s"]),
             "baseline_goodput": float(base_goodput.get(b, np.nan)),
         }
         rec["speedup_vs_baseline"] = rec["goodput"] / rec["baseline_goodput"]
         for kk in ks:
             rec[f"speedup_vs_k{kk}"] = rec["goodput"] / by_k[kk] if kk in by_k else np.nan
+        rec.update(decided=bool(d.decided and k == d.k), runner_up=runner_up, margin=m, ci_low=m_lo, ci_high=m_hi,
+                   best_k=d.best_k, k_rule=d.k, admissible=list(d.admissible), interval_known=d.known)
         records.append(rec)
     optimal = pd.DataFrame.from_records(records)
+    optimal["runner_up"] = optimal["runner_up"].astype("Int64")
     return Analysis(
         cells=cells, baseline=baseline, optimal=optimal, tolerance=tolerance,
-        monotonic=is_non_increasing(optimal["k"].tolist()), provenance=dict(provenance or {}),
+        monotonic=shape != SHAPE_MOE, provenance=prov, confidence=confidence, curve=shape,
+        acceptance="chain" if use_chain else "measured", chain_check=check,
     )
 
 

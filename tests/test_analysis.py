@@ -34,15 +34,35 @@ def test_tolerance_prefers_smaller_k():
     assert choose_k({0: 100.0, 1: 150.0, 2: 151.0, 3: 152.0}, 0.0) == 3
 
 
-def test_non_monotonic_curve_is_moe_like():
+def _repeats(itl, al, n=3, spread=0.01, **kw):
+    """``n`` repeats of the same cells with a small known spread (so intervals are known)."""
+    return pd.concat([make_rows({key: t * (1 + spread * (r - (n - 1) / 2)) for key, t in itl.items()}, al, repeat=r, **kw)
+                      for r in range(n)], ignore_index=True)
+
+
+def test_non_monotonic_curve_is_moe_like_when_the_rise_exceeds_its_intervals():
     itl = {(1, 0): 1.0, (1, 2): 1.0, (4, 0): 1.0, (4, 2): 3.5, (16, 0): 1.0, (16, 2): 1.0, (64, 0): 1.0, (64, 2): 4.0}
     al = {key: (3.0 if key[1] == 2 else 1.0) for key in itl}
-    res = analyze(make_rows(itl, al))
+    res = analyze(_repeats(itl, al))
     assert res.optimal.k.tolist() == [2, 0, 2, 0]
+    assert res.optimal.decided.all() and res.intervals_known
     assert not res.monotonic and res.shape == "moe-like"
 
 
-def test_medians_and_status_filter():
+def test_one_sample_per_cell_has_unknown_intervals_and_no_rise():
+    itl = {(1, 0): 1.0, (1, 2): 1.0, (4, 0): 1.0, (4, 2): 3.5, (16, 0): 1.0, (16, 2): 1.0, (64, 0): 1.0, (64, 2): 4.0}
+    al = {key: (3.0 if key[1] == 2 else 1.0) for key in itl}
+    res = analyze(make_rows(itl, al))
+    opt = res.optimal
+    assert not opt.interval_known.any() and not opt.decided.any() and not res.intervals_known
+    assert opt.ci_low.isna().all() and res.cells.ratio_low.isna().all()
+    assert opt.k_rule.tolist() == [2, 0, 2, 0]  # the point rule
+    assert res.shape == "dense-like" and res.monotonic  # a rise needs intervals to be shown
+    assert opt.k.tolist() == [2, 2, 2, 0]  # the least-regret non-increasing choice
+    assert res.undecided == [1, 4, 16, 64]
+
+
+def test_means_over_repeats_and_status_filter():
     rows = pd.concat([
         make_rows({(1, 0): 1.0, (1, 1): 1.0}, {(1, 0): 1.0, (1, 1): 1.5}, status="ok"),
         make_rows({(1, 0): 1.0, (1, 1): 1.2}, {(1, 0): 1.0, (1, 1): 1.5}, status="ok", repeat=1),
@@ -51,8 +71,11 @@ def test_medians_and_status_filter():
     ])
     res = analyze(rows)
     cell = res.cells[(res.cells.batch_size == 1) & (res.cells.num_spec_tokens == 1)].iloc[0]
-    assert cell.itl_s == pytest.approx(1.2)  # median of 1.0, 1.2, 9.0; failed row ignored
+    assert cell.itl_s == pytest.approx((1.0 + 1.2 + 9.0) / 3)  # failed row ignored
+    assert cell.goodput == pytest.approx(1.5 / cell.itl_s)
     assert cell.samples == 3
+    # the disturbed repeat shows: K=1's interval spans both sides of K=0
+    assert cell.ratio_low < 0.5 and cell.ratio_high > 1.0 and not res.optimal.decided.iloc[0]
 
 
 def test_mode_column_vanilla_is_baseline_dsd_k0_is_candidate():

@@ -1,0 +1,312 @@
+"""Decisions with known confidence: bootstrap intervals, the K rule, the curve's shape.
+
+Pure functions over numpy arrays and DataFrames (no I/O). :func:`dsdprof.analysis.analyze` calls
+them; :mod:`dsdprof.budget` uses them to decide where more waves are worth it.
+
+**Samples.** A candidate cell (one batch size, one K) has one row per repeat. A row's wave samples
+are its ``sample_acceptance_length`` / ``sample_itl_s`` lists (schema v2: one value per measured
+wave); a row without them (v1, or any Parquet with just the contract columns) is one sample.
+
+**Bootstrap** (hierarchical, ratio of means). Each replicate resamples, per cell, the repeats
+with replacement and, inside every drawn repeat, its waves with replacement (AL and ITL of a
+wave stay paired). A repeat contributes its row's AL and ITL scaled by (resampled wave mean / wave
+mean), so the replicates are centred on the rows' own values; the cell's replicate is
+mean AL / mean ITL over its drawn repeats. The point estimate is the same statistic on the data
+as measured. Random numbers come from ``numpy.random.default_rng((seed, batch_size))``, so a
+batch size's intervals do not depend on the other batch sizes' data.
+
+A cell with a single sample (one repeat, at most one wave) has no interval: the batch size's
+intervals are then *unknown* and nothing there is called decided. Rows from the analytic engine
+(``engine = "sim"``) are deterministic predictions: their intervals are exact (zero width).
+
+**Rule** at one batch size, with ``r_k`` = goodput(K) / goodput(best K) per replicate and
+``[lo, hi]`` its central ``confidence`` interval: start from the best K (highest point goodput);
+the chosen K is the smallest K with ``lo_k >= 1 - tolerance`` (the best K always qualifies).
+The K* the data still allow (``admissible``) are the chosen K, every smaller K with
+``hi_k >= 1 - tolerance`` (it may be within tolerance) and every larger K against which the
+chosen one is not confidently within tolerance (``lo(g_chosen / g_k) < 1 - tolerance``). The
+point is ``decided`` when that set is the chosen K alone. Where intervals are unknown the old point
+rule applies (smallest K within tolerance of the best point goodput) and every K is admissible.
+
+**Shape.** Among the sequences that take an admissible K at every batch size, the curve is
+``moe-like`` only when every one of them rises somewhere (the rise of K* with batch size exceeds
+its intervals). Otherwise the exported K is the non-increasing sequence with the least point
+regret beyond tolerance, then the fewest points changed from the rule's choice, then the least
+point regret, then the smallest K (decided points never change): ``flat`` when that is one K,
+else ``dense-like``. Where a curve's decisions are not separable, the exported K does not rise
+with batch size. A moe-like curve keeps the rule's K except where an admissible K removes a rise
+at no point regret beyond tolerance (same order, with rises counted after the regret beyond
+tolerance).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from dsdprof.errors import InputError
+
+DEFAULT_CONFIDENCE = 0.9
+DEFAULT_REPLICATES = 2000
+DEFAULT_SEED = 0
+CHAIN_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
+SAMPLE_COLUMNS = ("sample_acceptance_length", "sample_itl_s")
+
+SHAPE_MOE, SHAPE_DENSE, SHAPE_FLAT = "moe-like", "dense-like", "flat"
+
+
+def check_confidence(confidence: float) -> float:
+    if not (0.5 <= confidence < 1.0) or math.isnan(confidence):
+        raise InputError("confidence", confidence, "must be in [0.5, 1)")
+    return float(confidence)
+
+
+# ----------------------------------------------------------------------------- samples
+
+def _sample_list(value: object, field_name: str) -> Optional[np.ndarray]:
+    """A row's wave samples as a float array, or None when the row has none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    try:
+        arr = np.asarray(value, dtype="float64").ravel()
+    except (TypeError, ValueError):
+        raise InputError(field_name, value, "must be a list of numbers") from None
+    if arr.size == 0:
+        return None
+    if not np.isfinite(arr).all():
+        raise InputError(field_name, value, "must hold finite numbers")
+    return arr
+
+
+def row_samples(rows: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per row, (AL wave samples, ITL wave samples); the row's own values when it has none."""
+    al_col, itl_col = rows["acceptance_length"].to_list(), rows["itl_s"].to_list()
+    has = all(c in rows.columns for c in SAMPLE_COLUMNS)
+    s_al_col = rows[SAMPLE_COLUMNS[0]].to_list() if has else [None] * len(rows)
+    s_itl_col = rows[SAMPLE_COLUMNS[1]].to_list() if has else [None] * len(rows)
+    out = []
+    for al, itl, raw_al, raw_itl in zip(al_col, itl_col, s_al_col, s_itl_col):
+        s_al = _sample_list(raw_al, SAMPLE_COLUMNS[0])
+        s_itl = _sample_list(raw_itl, SAMPLE_COLUMNS[1])
+        if s_al is None or s_itl is None:
+            out.append((np.array([float(al)]), np.array([float(itl)])))
+            continue
+        if s_al.size != s_itl.size:
+            raise InputError(SAMPLE_COLUMNS[1], s_itl.size, f"needs one value per wave like {SAMPLE_COLUMNS[0]} ({s_al.size})")
+        if (s_itl <= 0).any():
+            raise InputError(SAMPLE_COLUMNS[1], s_itl.tolist(), "wave ITL must be > 0")
+        if (s_al < 1.0 - 1e-9).any():
+            raise InputError(SAMPLE_COLUMNS[0], s_al.tolist(), "wave AL must be >= 1")
+        out.append((s_al, s_itl))
+    return out
+
+
+@dataclass(frozen=True)
+class BatchReplicates:
+    """Bootstrap of one batch size: ``ks`` candidate Ks, point AL/ITL per K, replicate matrices
+    ``al`` and ``itl`` (replicates x Ks; None when the intervals are unknown)."""
+
+    batch_size: int
+    ks: np.ndarray
+    point_al: np.ndarray
+    point_itl: np.ndarray
+    al: Optional[np.ndarray]
+    itl: Optional[np.ndarray]
+    exact: bool = False
+
+    @property
+    def known(self) -> bool:
+        return self.al is not None
+
+    @property
+    def point_goodput(self) -> np.ndarray:
+        return self.point_al / self.point_itl
+
+    @property
+    def goodput(self) -> Optional[np.ndarray]:
+        return None if self.al is None else self.al / self.itl
+
+
+def bootstrap_batch(batch_size: int, cells: Sequence[tuple[int, list[tuple[float, float, np.ndarray, np.ndarray]]]],
+                    replicates: int = DEFAULT_REPLICATES, seed: int = DEFAULT_SEED,
+                    exact: bool = False) -> BatchReplicates:
+    """Hierarchical bootstrap of one batch size.
+
+    ``cells``: per K (ascending), the K and its repeats as (row AL, row ITL, AL waves, ITL waves).
+    """
+    ks = np.array([k for k, _ in cells], dtype=int)
+    units = [u for _, reps in cells for u in reps]
+    reps_per_cell = np.array([len(reps) for _, reps in cells])
+    unit_al = np.array([u[0] for u in units])
+    unit_itl = np.array([u[1] for u in units])
+    cell_of_unit = np.repeat(np.arange(len(cells)), reps_per_cell)
+    point_al = np.bincount(cell_of_unit, unit_al) / reps_per_cell
+    point_itl = np.bincount(cell_of_unit, unit_itl) / reps_per_cell
+    counts = np.array([u[2].size for u in units])
+    single = [reps_per_cell[c] < 2 and counts[cell_of_unit == c].max() < 2 for c in range(len(cells))]
+    if exact:  # deterministic predictions: the point is the only replicate
+        return BatchReplicates(batch_size, ks, point_al, point_itl, point_al[None, :], point_itl[None, :], exact=True)
+    if any(single):
+        return BatchReplicates(batch_size, ks, point_al, point_itl, None, None)
+    rng = np.random.default_rng((int(seed), int(batch_size)))
+    b = int(replicates)
+    # stage 1: resample the waves of every repeat (one draw per wave, AL and ITL paired)
+    s_al = np.concatenate([u[2] for u in units])
+    s_itl = np.concatenate([u[3] for u in units])
+    unit_off = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    unit_of_sample = np.repeat(np.arange(len(units)), counts)
+    idx = unit_off[unit_of_sample] + (rng.random((b, s_al.size)) * counts[unit_of_sample]).astype(np.int64)
+    mean_al = np.add.reduceat(s_al[idx], unit_off, axis=1) / counts
+    mean_itl = np.add.reduceat(s_itl[idx], unit_off, axis=1) / counts
+    rep_al = unit_al * mean_al / (np.bincount(unit_of_sample, s_al) / counts)
+    rep_itl = unit_itl * mean_itl / (np.bincount(unit_of_sample, s_itl) / counts)
+    # stage 2: resample the repeats of every cell
+    cell_off = np.concatenate([[0], np.cumsum(reps_per_cell)[:-1]])
+    cell_of_slot = np.repeat(np.arange(len(cells)), reps_per_cell)
+    pick = cell_off[cell_of_slot] + (rng.random((b, cell_of_slot.size)) * reps_per_cell[cell_of_slot]).astype(np.int64)
+    al = np.add.reduceat(np.take_along_axis(rep_al, pick, axis=1), cell_off, axis=1) / reps_per_cell
+    itl = np.add.reduceat(np.take_along_axis(rep_itl, pick, axis=1), cell_off, axis=1) / reps_per_cell
+    return BatchReplicates(batch_size, ks, point_al, point_itl, al, itl)
+
+
+def chain_fractions(per_pos: Sequence[float], ks: Sequence[int]) -> Optional[np.ndarray]:
+    """Share of AL(K_max) - 1 a chain drafter delivers at each K: sum_{i<=K} p_i / sum_{i<=K_max} p_i."""
+    p = np.asarray(per_pos, dtype=float)
+    kmax = max(ks)
+    if p.size < kmax or not np.isfinite(p[:kmax]).all() or p[:kmax].sum() <= 0:
+        return None
+    cum = np.concatenate([[0.0], np.cumsum(p[:kmax])])
+    return cum[np.asarray(ks, dtype=int)] / cum[kmax]
+
+
+def with_chain_acceptance(rep: BatchReplicates, fractions: np.ndarray) -> BatchReplicates:
+    """AL(K) = 1 + (AL(K_max) - 1) * fraction(K) in the point and in every replicate: the
+    largest K's acceptance, shaped by its per-position acceptance, stands in for every smaller K."""
+    top = int(np.argmax(rep.ks))
+    point_al = 1.0 + (rep.point_al[top] - 1.0) * fractions
+    al = None if rep.al is None else 1.0 + (rep.al[:, [top]] - 1.0) * fractions[None, :]
+    return BatchReplicates(rep.batch_size, rep.ks, point_al, rep.point_itl, al, rep.itl, rep.exact)
+
+
+def interval(samples: np.ndarray, confidence: float, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Central ``confidence`` percentile interval along ``axis``."""
+    a = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(samples, [a, 1.0 - a], axis=axis)
+    return lo, hi
+
+
+# ----------------------------------------------------------------------------- the rule
+
+@dataclass(frozen=True)
+class Decision:
+    """The rule's outcome at one batch size (see the module docstring)."""
+
+    batch_size: int
+    k: int
+    best_k: int
+    admissible: tuple[int, ...]
+    decided: bool
+    known: bool
+    ratio: dict[int, float]  # point goodput / best point goodput
+    ratio_low: dict[int, float] = field(default_factory=dict)
+    ratio_high: dict[int, float] = field(default_factory=dict)
+
+
+def decide_batch(rep: BatchReplicates, tolerance: float, confidence: float) -> Decision:
+    ks = [int(k) for k in rep.ks]
+    g = rep.point_goodput
+    best = int(np.argmax(g))  # first maximum: ties go to the smaller K
+    ratio = {k: float(g[i] / g[best]) for i, k in enumerate(ks)}
+    floor = 1.0 - tolerance
+    if not rep.known:
+        k = min(kk for kk in ks if ratio[kk] >= floor - 1e-12)
+        return Decision(rep.batch_size, k, ks[best], tuple(ks), False, False, ratio)
+    reps = rep.goodput
+    lo, hi = interval(reps / reps[:, [best]], confidence)
+    if rep.exact:
+        lo = hi = np.array([ratio[k] for k in ks])
+    chosen = min(i for i in range(len(ks)) if lo[i] >= floor - 1e-12)
+    admissible = {ks[chosen]}
+    for i, k in enumerate(ks):
+        if i < chosen and hi[i] >= floor - 1e-12:
+            admissible.add(k)
+        elif i > chosen:
+            vs = reps[:, chosen] / reps[:, i]
+            low = float(g[chosen] / g[i]) if rep.exact else float(interval(vs, confidence)[0])
+            if low < floor - 1e-12:
+                admissible.add(k)
+    return Decision(rep.batch_size, ks[chosen], ks[best], tuple(sorted(admissible)), len(admissible) == 1, True,
+                    ratio, {k: float(lo[i]) for i, k in enumerate(ks)}, {k: float(hi[i]) for i, k in enumerate(ks)})
+
+
+def margin(rep: BatchReplicates, k: int, confidence: float) -> tuple[Optional[int], float, float, float]:
+    """(runner-up K, goodput(k) / goodput(runner-up), its interval) with the runner-up the best
+    other K by point goodput; NaN interval when unknown."""
+    ks = [int(x) for x in rep.ks]
+    if len(ks) < 2:
+        return None, math.nan, math.nan, math.nan
+    i = ks.index(k)
+    g = rep.point_goodput
+    others = [j for j in range(len(ks)) if j != i]
+    j = max(others, key=lambda jj: (g[jj], -ks[jj]))
+    m = float(g[i] / g[j])
+    if not rep.known:
+        return ks[j], m, math.nan, math.nan
+    if rep.exact:
+        return ks[j], m, m, m
+    lo, hi = interval(rep.goodput[:, i] / rep.goodput[:, j], confidence)
+    return ks[j], m, float(lo), float(hi)
+
+
+# ----------------------------------------------------------------------------- the curve
+
+def fewest_rises_path(options: Sequence[dict[int, tuple[float, ...]]],
+                      rises_first: bool = True) -> tuple[int, list[int]]:
+    """One K per position, K from ``options[i]`` (K -> cost tuple). Minimises, lexicographically,
+    (rises, summed cost) with ``rises_first``, else (summed cost[0], rises, summed cost[1:]);
+    a rise is a position where K goes up. Returns (rises, Ks)."""
+    def key(acc: tuple[float, ...]) -> tuple[float, ...]:
+        return acc if rises_first else (acc[1], acc[0], *acc[2:])
+
+    layers: list[dict[int, tuple[tuple[float, ...], Optional[int]]]] = []
+    for i, opts in enumerate(options):
+        layer: dict[int, tuple[tuple[float, ...], Optional[int]]] = {}
+        for k, cost in opts.items():
+            if i == 0:
+                layer[k] = ((0.0, *cost), None)
+                continue
+            steps = [((float(k > kp) + c[0], *(a + b for a, b in zip(c[1:], cost))), kp)
+                     for kp, (c, _) in layers[-1].items()]
+            layer[k] = min(steps, key=lambda st: (key(st[0]), st[1]))
+        layers.append(layer)
+    k = min(layers[-1], key=lambda kk: (key(layers[-1][kk][0]), kk))
+    rises = int(layers[-1][k][0][0])
+    path = [k]
+    for layer in reversed(layers[1:]):
+        k = layer[k][1]
+        path.append(k)
+    return rises, path[::-1]
+
+
+def curve(decisions: Sequence[Decision], tolerance: float) -> tuple[str, list[int]]:
+    """(shape, K per batch size) from per-batch-size decisions in ascending batch size."""
+    floor = 1.0 - tolerance
+    options = [{k: (max(0.0, floor - d.ratio[k]), float(k != d.k), 1.0 - d.ratio[k], float(k)) for k in d.admissible}
+               for d in decisions]
+    rises, path = fewest_rises_path(options)
+    if not rises:
+        return (SHAPE_FLAT if len(set(path)) == 1 else SHAPE_DENSE), path
+    return SHAPE_MOE, fewest_rises_path(options, rises_first=False)[1]
+
+
+def regret(chosen: dict[int, int], truth_goodput: dict[int, dict[int, float]]) -> dict[int, float]:
+    """Per batch size, 1 - truth goodput of the chosen K / the best truth goodput there."""
+    out = {}
+    for b, k in chosen.items():
+        g = truth_goodput[b]
+        out[b] = 1.0 - g[k] / max(g.values())
+    return out
