@@ -101,10 +101,12 @@ def _calibrate(
               f"{eff.step_overhead_s * 1e3:.3f} ms, per draft step {eff.draft_step_overhead_s * 1e3:.3f} ms, "
               f"DSD overhead {eff.dsd_overhead_s * 1e3:.3f} ms; ITL MAPE on all cells {all_mape:.1f}%")
     for name, reason in fitted.not_identifiable.items():
-        value = getattr(eff, name)
-        shown = f"{value:.3f}" if name in ("bandwidth", "compute") else f"{value * 1e3:.3f} ms"
-        con.print(f"not identifiable from batch sizes {sizes}: {LABELS[name]} ({reason}); kept near the "
-                  f"prior: {shown}", style="yellow", markup=False, highlight=False)
+        value, prior = getattr(eff, name), getattr(base.efficiency, name)
+        show = (lambda v: f"{v:.3f}") if name in ("bandwidth", "compute") else (lambda v: f"{v * 1e3:.3f} ms")  # noqa: E731
+        kept = (f"kept at the prior {show(prior)}" if abs(value - prior) <= 0.01 * max(abs(prior), 1e-6)
+                else f"the data only bound it: {show(value)}, the value nearest the prior {show(prior)} that fits")
+        con.print(f"not identifiable from batch sizes {sizes}: {LABELS[name]} ({reason}); {kept}",
+                  style="yellow", markup=False, highlight=False)
     if report is not None:
         t = Table(title=f"held out: fit on BS {report.fit_batch_sizes}, predict BS {report.heldout_batch_sizes}")
         for col in ("BS", "K* measured", "K* predicted", "K* pred. (measured AL)", "ITL MAPE %"):
