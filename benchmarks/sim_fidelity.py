@@ -62,5 +62,36 @@ def main() -> None:
           f"predicted {best.acceptance_length / best.itl_s:.0f} tok/s at AL {best.acceptance_length:.2f} (published 208 at AL 1.99)")
 
 
+def low_flop_and_quantized() -> None:
+    """Cases the issue tracker flagged: no published measurement, checked against the weight floor."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    e = engine(1024, hardware="H20")
+    m = MODELS["Llama-3.1-8B"]
+    floor = m.dense_params() * 2 / 4.0e12 * 1e3
+    print(f"H20 (148 bf16 TFLOP/s, 4.0 TB/s) Llama-3.1-8B BS 1: predicted {e.measure(Cell(0, 1, 'vanilla', 0)).itl_s * 1e3:.2f} ms "
+          f"(read-per-step floor {floor:.2f} ms; 64-row padding used to give 9.8 ms)")
+    m70 = MODELS["Llama-3.1-70B"]
+    cfg = {"model_type": "llama", "hidden_size": m70.hidden, "intermediate_size": m70.intermediate,
+           "num_attention_heads": m70.num_heads, "num_key_value_heads": m70.num_kv_heads,
+           "num_hidden_layers": m70.num_layers, "vocab_size": m70.vocab, "torch_dtype": "bfloat16",
+           "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps(cfg))
+        for label, model in (("bf16", "Llama-3.1-70B"), ("FP8 config.json", d)):
+            e = SimEngine(parse_spec({
+                "engine": {"name": "sim", "model": model, "method": "ngram", "dtype": "bfloat16",
+                           "max_model_len": 8192, "tensor_parallel_size": 4},
+                "sweep": {"batch_sizes": [1], "num_spec_tokens": [0]},
+                "sim": {"hardware": "H100 SXM", "context_len": 1024, "acceptance_alpha": 0.7}}))
+            print(f"Llama-3.1-70B {label}, 4 x H100, BS 1: predicted {e.measure(Cell(0, 1, 'vanilla', 0)).itl_s * 1e3:.2f} ms")
+    head = m70.vocab * m70.hidden
+    print(f"  FP8 weight floor per device: {((m70.dense_params() - head) + 2 * head) / 4 / 3.35e12 * 1e3:.2f} ms "
+          f"(bf16: {m70.dense_params() * 2 / 4 / 3.35e12 * 1e3:.2f} ms)")
+
+
 if __name__ == "__main__":
     main()
+    low_flop_and_quantized()

@@ -26,7 +26,7 @@ from dsdprof.sim.acceptance import acceptance_length
 from dsdprof.sim.config import SimSetup, resolve
 from dsdprof.sim.model import MEMORY_UTILIZATION, NO_DRAFT, HwArrays, arch_features, memory_bytes, step_time
 
-SIM_MODEL_VERSION = "sim-step-model/1"
+SIM_MODEL_VERSION = "sim-step-model/2"  # 2: small-M GEMM tiles, quantization_config storage
 
 
 class SimEngine:
