@@ -53,7 +53,7 @@ def _print_report(report) -> None:
     t = Table(title=f"fleet {report.out}")
     for col, just in (("run", "left"), ("hardware", "left"), ("TP", "right"), ("shards", "right"),
                       ("state", "left"), ("cells ok", "right"), ("failed", "right"), ("K table", "left")):
-        t.add_column(col, justify=just)
+        t.add_column(col, justify=just, overflow="fold")
     for o in report.outcomes:
         state = {"skipped": "done earlier (no work)"}.get(o.state, o.state)
         if o.error:
@@ -98,7 +98,7 @@ def print_index(path: Path) -> None:
     doc = load_index(path)
     t = Table(title=f"{path}  ({doc['schema']}, {doc.get('fleet', '')})")
     for col in ("model", "draft", "method", "hardware", "TP", "engine", "K ranges", "table"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for e in doc["tables"]:
         ranges = ", ".join(f"{a}{'+' if b >= (1 << 20) else ('' if a == b else f'-{b}')}: {k}" for a, b, k in e["ranges"])
         t.add_row(str(e["model"]), str(e.get("draft_model") or "-"), str(e.get("method") or ""), str(e.get("hardware") or "-"),

@@ -115,6 +115,21 @@ def export_fleet(out: str, staging: Optional[str] = None, tolerance: float = 0.0
     return FleetIndex(str(index_path), doc)
 
 
+def current_index(store: FleetStore, tolerance: float, runs: list[str]) -> Optional[FleetIndex]:
+    """The stored index, if it was made with ``tolerance`` and covers every one of ``runs``."""
+    rel = f"{TABLES_DIR}/{INDEX_NAME}"
+    try:
+        doc = store.read_json(rel)
+    except InputError:
+        return None
+    if not doc or doc.get("schema") != INDEX_SCHEMA or doc.get("tolerance") != tolerance:
+        return None
+    covered = {e.get("run") for e in doc.get("tables", [])} | {s.get("run") for s in doc.get("skipped", [])}
+    if not set(runs) <= covered:
+        return None
+    return FleetIndex(store.describe(rel) if store.remote else str(store.local_path(rel)), doc)
+
+
 def find_index(path: str | Path) -> Optional[Path]:
     """The fleet index ``path`` names: the file itself, or ``tables/index.json`` of a fleet
     directory. None when ``path`` is something else (e.g. a K table)."""

@@ -253,9 +253,11 @@ def _run_fleet(plan: FleetPlan, store: FleetStore, use_ray: bool, address: Optio
         report.outcomes.append(outcome)
     report.outcomes.sort(key=lambda o: [r.name for r in plan.runs].index(o.run.name))
     if export:
-        from dsdprof.fleet.export import export_fleet
+        from dsdprof.fleet.export import current_index, export_fleet
 
-        index = export_fleet(settings.out, settings.staging, tolerance=settings.tolerance)
+        # A resubmitted, finished fleet writes nothing: its index is reused when nothing ran.
+        index = (current_index(store, settings.tolerance, [r.name for r in plan.runs]) if not pending else None) \
+            or export_fleet(settings.out, settings.staging, tolerance=settings.tolerance)
         report.index = index.path
         by_run = {e["run"]: e for e in index.doc["tables"]}
         skipped = {s["run"]: s["reason"] for s in index.doc["skipped"]}
