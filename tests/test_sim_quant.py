@@ -273,3 +273,31 @@ def test_cli_sweep_prints_a_notice_when_a_path_shadows_the_catalog(tmp_path):
     df = pd.read_parquet(tmp_path / "o")
     # 2 tiny fp32 layers are far faster than the catalog's 8B model would be
     assert df["itl_s"].max() < 1.5e-3
+
+
+def test_cli_calibrate_prints_the_shadow_notice(tmp_path):
+    from test_sim_calibrate import CT, synthetic
+
+    from dsdprof.sim.calibrate import design_for, predict
+    from dsdprof.sim.hardware import Efficiency
+
+    d = _model_dir(tmp_path, "Llama-3.1-8B", {**TINY_LLAMA, "torch_dtype": "bfloat16"})
+    df = synthetic()
+    from dataclasses import replace
+
+    ct = replace(CT, target=load_hf_config(d), draft=None)
+    df = df[df["mode"] == "vanilla"].copy()
+    df["itl_s"] = predict(design_for(ct, df), Efficiency())
+    df = df.assign(model=str(d), draft_model="", method="ngram", hardware="H100 SXM", dtype="bfloat16", status="ok")
+    df.to_parquet(tmp_path / "m.parquet")
+    r = runner.invoke(app, ["calibrate", str(tmp_path / "m.parquet"), "--out", str(tmp_path / "p.toml"),
+                            "--context-len", "1024", "--json"])
+    assert r.exit_code == 0, r.output + r.stderr
+    assert "catalog model 'Llama-3.1-8B'" in " ".join(r.stderr.split())
+    json.loads(r.stdout)  # the notice stays off stdout
+
+
+def test_multimodal_text_config_keeps_its_quantization(tmp_path):
+    cfg = {"model_type": "llava", "text_config": {**TINY_LLAMA, "quantization_config": CASES["AWQ"][0]}}
+    arch = load_hf_config(_model_dir(tmp_path, "m", cfg))
+    assert arch.weight_bytes == pytest.approx(0.5 + 2.5 / 128) and arch.num_layers == 2

@@ -39,7 +39,7 @@ def _calibrate(
     from dsdprof.sim.calibrate import (CalibrationTarget, calibrated_hardware, design_for, holdout, mape, predict,
                                        read_sweep_context)
     from dsdprof.sim.fit import LABELS, fit
-    from dsdprof.sim.catalog import derived_draft, resolve_model
+    from dsdprof.sim.catalog import derived_draft, resolve_model, shadowed_catalog_name
     from dsdprof.sim.hardware import resolve_hardware, write_profile
 
     if out.exists() and not force:
@@ -65,6 +65,12 @@ def _calibrate(
     method_name = pick(method, "method") or "draft_model"
     draft_name = pick(draft_model, "draft_model")
     draft = resolve_model(draft_name, "--draft-model") if draft_name else derived_draft(target, method_name)
+    for flag, name in (("--model", model_name), ("--draft-model", draft_name)):
+        shadowed = shadowed_catalog_name(name) if name else None
+        if shadowed:
+            Console(stderr=True).print(f"notice: {flag}={name!r} is a local config.json path; using it, not the "
+                                       f"catalog model {shadowed!r}", style="yellow", markup=False, highlight=False,
+                                       soft_wrap=True)
     ctx = context_len or (read_sweep_context(measured) if measured.is_dir() else None) or 1024
     ct = CalibrationTarget(base, target, draft, pick(dtype, "dtype") or "auto", tp, ctx, routing_correlation)
 

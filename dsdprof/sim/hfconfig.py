@@ -70,7 +70,8 @@ def read_config(path: str | Path, field: str = "engine.model") -> tuple[Path, di
     if not isinstance(cfg, dict):
         raise InputError(field, str(p), "config.json must hold an object")
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
+        text = cfg["text_config"]
+        cfg = {**text, "quantization_config": cfg.get("quantization_config") or text.get("quantization_config")}
     return p, cfg
 
 
