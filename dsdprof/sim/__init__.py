@@ -2,10 +2,12 @@
 from the architecture, the hardware and the acceptance rates, and writes the same rows as a real
 sweep, marked ``engine = "sim"``.
 
-Modules: :mod:`~dsdprof.sim.catalog` (models, HF config.json), :mod:`~dsdprof.sim.hardware`
+Modules: :mod:`~dsdprof.sim.catalog` (models), :mod:`~dsdprof.sim.hfconfig` (HF config.json),
+:mod:`~dsdprof.sim.quant` (``quantization_config`` → bytes per weight), :mod:`~dsdprof.sim.hardware`
 (accelerators, profile TOML), :mod:`~dsdprof.sim.model` (the step model, one function per term),
 :mod:`~dsdprof.sim.acceptance`, :mod:`~dsdprof.sim.config` (the ``[sim]`` section),
 :mod:`~dsdprof.sim.engine` (``SimEngine``), :mod:`~dsdprof.sim.grid` (whole-grid vectorised
-evaluation), :mod:`~dsdprof.sim.calibrate` and :mod:`~dsdprof.sim.probe`. Importing this package
-imports nothing heavy (no pandas, torch, typer).
+evaluation), :mod:`~dsdprof.sim.calibrate` (+ :mod:`~dsdprof.sim.fit`, the bounded fit) and
+:mod:`~dsdprof.sim.probe`. Importing this package imports nothing heavy (no pandas, scipy, torch,
+typer).
 """
