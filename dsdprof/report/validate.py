@@ -21,11 +21,10 @@ comparison itself is :func:`dsdprof.report.compare.compare`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from dsdprof import __version__
 from dsdprof.engines.base import Cell, Provenance
 from dsdprof.engines.vllm_engine import VllmEngine
 from dsdprof.errors import InputError
@@ -118,21 +117,6 @@ def table_warnings(table: dict[str, Any], spec) -> list[str]:
     return out
 
 
-def _provenance(spec, info: dict[str, Any], table_path: str, memory_note: str = "") -> Provenance:
-    from dsdprof.engines.vllm_engine import _engine_version
-    from dsdprof.engines.vllm_worker import detect_hardware
-
-    e, w = spec.engine, spec.workload
-    return Provenance(
-        engine="vllm", engine_version=info.get("engine_version") or _engine_version(),
-        model=e.model, draft_model=e.draft_model or "", method=e.method,
-        hardware=info.get("hardware") or detect_hardware(), dtype=e.dtype, dataset=w.dataset,
-        seed=w.seed, dsdprof_version=__version__,
-        extra={"run_kind": VALIDATE_KEY, "validate_table": table_path, "memory": memory_note,
-               "measurement": "engine-core step trace, steady-state steps only"},
-    )
-
-
 def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: list[int],
                    table_path: str = "", resume: bool = False,
                    on_progress: Callable[[SweepProgress], None] | None = None,
@@ -158,7 +142,8 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
     # spec_dump, validate doc included, is hashed in the run manifest), before any work.
     writer = SweepWriter(out, spec_dump, resume=resume)
 
-    engine = ValidateEngine(spec, table, out, concurrent_engines=2 + len(fixed_ks), start_worker=start_worker)
+    engine = ValidateEngine(spec, table, out, table_path, concurrent_engines=2 + len(fixed_ks),
+                            start_worker=start_worker)
     warnings = tuple(table_warnings(table, spec))
     if engine.dsd_kwargs is None:
         warnings += ("table has K=0 at every batch size: DSD is served without a speculative config",)
@@ -170,7 +155,7 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
                 engine.pool.get(worker_key(todo[0]))  # provenance from a live engine when possible
             except Exception:  # noqa: BLE001 - the failure becomes that cell's row below
                 pass
-        prov = provenance_dict(_provenance(spec, engine.pool.info, table_path, engine.memory_note))
+        prov = provenance_dict(engine.provenance())
         writer.start(prov)
         total = len(cells)
         notify(SweepProgress("plan", 0, total, message=f"{total} cells: vanilla, fixed K={sorted(fixed_ks)}, DSD"))
@@ -187,9 +172,15 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
 class ValidateEngine(VllmEngine):
     """Serves the table on the ``dsd`` engine through vLLM's own per-batch-size schedule."""
 
-    def __init__(self, spec, table: dict[str, Any], out_dir, **kwargs) -> None:
+    def __init__(self, spec, table: dict[str, Any], out_dir, table_path: str = "", **kwargs) -> None:
         super().__init__(spec, out_dir=out_dir, one_fixed_engine=False, **kwargs)
         self.dsd_kwargs = dsd_llm_kwargs(self.base_kwargs(), table, spec)
+        self.table_path = table_path
+
+    def provenance(self) -> Provenance:
+        prov = super().provenance()
+        extra = {k: v for k, v in prov.extra.items() if k not in ("speculation_mode", "fallback_reason")}
+        return replace(prov, extra={"run_kind": VALIDATE_KEY, "validate_table": self.table_path, **extra})
 
     def llm_kwargs(self, key: str) -> dict[str, Any]:
         if key == MODE_DSD:
