@@ -301,3 +301,11 @@ def test_multimodal_text_config_keeps_its_quantization(tmp_path):
     cfg = {"model_type": "llava", "text_config": {**TINY_LLAMA, "quantization_config": CASES["AWQ"][0]}}
     arch = load_hf_config(_model_dir(tmp_path, "m", cfg))
     assert arch.weight_bytes == pytest.approx(0.5 + 2.5 / 128) and arch.num_layers == 2
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "~no-such-user-xyz/model", ""])
+def test_unusable_model_names_are_input_errors(name):
+    with pytest.raises(InputError) as err:
+        resolve_model(name)
+    assert err.value.field == "engine.model"
+    assert shadowed_catalog_name(name) is None

@@ -200,11 +200,11 @@ def load_hf_config(path: str | Path, field: str = "engine.model") -> ModelArch:
 
 def _config_path(name_or_path: str) -> Optional[Path]:
     """``name_or_path`` as a config.json file or a directory holding one, else None."""
-    p = Path(name_or_path).expanduser()
     try:
+        p = Path(name_or_path).expanduser()
         if p.is_file() or (p.is_dir() and (p / "config.json").is_file()):
             return p
-    except OSError:
+    except (OSError, ValueError, RuntimeError):  # unreadable, NUL byte, unknown ~user
         return None
     return None
 
@@ -232,9 +232,12 @@ def resolve_model(name_or_path: str, field: str = "engine.model") -> ModelArch:
     hit = _BY_KEY.get(_key(name_or_path))
     if hit is not None:
         return hit
-    p = Path(name_or_path).expanduser()
-    if p.exists():
-        return load_hf_config(p, field)  # a directory without config.json: a one-line error
+    try:
+        exists = Path(name_or_path).expanduser().exists()
+    except (OSError, ValueError, RuntimeError):
+        exists = False
+    if exists:
+        return load_hf_config(name_or_path, field)  # a directory without config.json: a one-line error
     raise InputError(field, name_or_path,
                      f"unknown model; catalog: {', '.join(sorted(MODELS))}; or give a path to config.json")
 

@@ -58,10 +58,14 @@ class _Fields:
 
 def read_config(path: str | Path, field: str = "engine.model") -> tuple[Path, dict[str, Any]]:
     """(config.json path, its object) for a file or a directory holding ``config.json``."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
+    try:
+        p = Path(path).expanduser()
+        if p.is_dir():
+            p = p / "config.json"
+        found = p.is_file()
+    except (OSError, ValueError, RuntimeError):
+        found = False
+    if not found:
         raise InputError(field, str(path), "not a catalog model and no config.json there")
     try:
         cfg = json.loads(p.read_text())
