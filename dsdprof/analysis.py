@@ -366,7 +366,7 @@ def _method(df: pd.DataFrame, provenance: dict[str, Any]) -> str:
 
 def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
             provenance: dict[str, Any] | None = None, confidence: float = DEFAULT_CONFIDENCE,
-            acceptance: str = "measured", replicates: int = DEFAULT_REPLICATES,
+            acceptance: str = "auto", replicates: int = DEFAULT_REPLICATES,
             seed: int = DEFAULT_SEED) -> Analysis:
     """Optimal K per batch size from (validated or raw) measurement rows, with intervals.
 

@@ -125,40 +125,23 @@ def _fmt(x: float, digits: int = 2) -> str:
 @guarded
 def analyze(
     measurements: Path = typer.Argument(..., help="Sweep directory or Parquet file."),
-    tolerance: float = typer.Option(0.02, "--tolerance", help="Pick the smallest K within this relative goodput of the best."),
+    tolerance: float = typer.Option(0.02, "--tolerance", help="A smaller K replaces the best when its goodput is within this (relative) of the best, at --confidence."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-BS result as JSON instead of tables."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
+    confidence: float = typer.Option(0.9, "--confidence", help="Confidence of the bootstrap intervals the decisions use (central interval)."),
+    acceptance: str = typer.Option("auto", "--acceptance", help="auto | measured | chain: AL per K as measured, or from the largest K's per-position acceptance (chain drafters)."),
 ) -> None:
-    """Find the goodput-optimal K (goodput = AL / ITL) per batch size."""
-    from dsdprof.analysis import analyze_path, fixed_k_summary
+    """Find the goodput-optimal K (goodput = AL / ITL) per batch size, with intervals and decisions."""
+    from dsdprof.analysis import analyze_path
+    from dsdprof.cli_analyze import analysis_json, render_analysis
 
-    result = analyze_path(measurements, tolerance=tolerance, allow_mixed=allow_mixed)
+    result = analyze_path(measurements, tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence,
+                          acceptance=acceptance)
     if json_out:
-        print(json.dumps({"shape": result.shape, "monotonic": result.monotonic, "tolerance": tolerance,
-                          "optimal": json.loads(result.optimal.to_json(orient="records"))}, indent=2))
+        print(analysis_json(result))
         return
-    prov = result.provenance
-    title = " / ".join(str(prov[k]) for k in ("model", "draft_model", "hardware") if prov.get(k))
-    if prov.get("engine") == "sim":
-        title += "  (sim: predicted)"
-    t = Table(title=f"Optimal K per batch size  {title}")
-    for col in ("BS", "K*", "AL", "ITL ms", "goodput tok/s", "vs no-SD"):
-        t.add_column(col, justify="right")
-    ks = result.candidate_ks
-    for k in ks:
-        t.add_column(f"vs K={k}", justify="right")
-    for _, r in result.optimal.iterrows():
-        t.add_row(str(int(r["batch_size"])), str(int(r["k"])), _fmt(r["acceptance_length"]), _fmt(r["itl_s"] * 1e3),
-                  _fmt(r["goodput"], 1), _fmt(r["speedup_vs_baseline"]) + "x",
-                  *[_fmt(r[f"speedup_vs_k{k}"]) + "x" for k in ks])
-    console.print(t)
-    summary = fixed_k_summary(result)
-    if not summary.empty:
-        console.print("DSD vs always-K (geometric mean over batch sizes): " + ", ".join(
-            f"K={int(r.k)} {r.geomean_speedup:.2f}x" for r in summary.itertuples()))
+    render_analysis(result, console, err_console)
     _warn_below_baseline(result.optimal)
-    console.print(f"K* vs BS is {'monotonic non-increasing (dense-like)' if result.monotonic else 'non-monotonic (MoE-like)'}; "
-                  f"tolerance {tolerance:.0%}")
 
 
 # ----------------------------------------------------------------------------- export / show

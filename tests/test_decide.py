@@ -178,3 +178,23 @@ def test_chain_acceptance_used_only_when_the_drafter_is_a_chain():
     assert res.acceptance == "measured" and not res.chain_check.consistent.all()
     assert analyze(df.assign(method="ngram"), acceptance="auto").acceptance == "measured"
     assert math.isclose(res.cells.acceptance_length.sum(), res.cells.acceptance_length_measured.sum())
+
+
+def test_analyze_cli_shows_intervals_and_decisions(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dsdprof.cli import app
+
+    p = tmp_path / "m.parquet"
+    noisy_rows(truth("moe"), 0).to_parquet(p)
+    r = CliRunner().invoke(app, ["analyze", str(p), "--confidence", "0.8"])
+    assert r.exit_code == 0, r.output
+    assert "decided" in r.output and "margin [80%]" in r.output and "MoE-like" in r.output
+    doc = json.loads(CliRunner().invoke(app, ["analyze", str(p), "--json"]).output)
+    assert doc["shape"] == "moe-like" and doc["confidence"] == 0.9 and doc["intervals_known"] is True
+    assert {"decided", "runner_up", "margin", "ci_low", "ci_high"} <= set(doc["optimal"][0])
+    assert "ratio_low" in doc["cells"][0]
+    r = CliRunner().invoke(app, ["analyze", str(p), "--confidence", "1.5"])
+    assert r.exit_code == 2 and "confidence" in r.stderr
