@@ -1,26 +1,139 @@
-"""Print KSelector.select() ns/call next to a bare list index (the floor for any lookup)."""
+"""Runtime cost of serving a K table: select() next to a bare list index, load time and memory of
+sparse tables, and AdaptiveKSelector's observe()/rebuild() cost.
+
+    python benchmarks/bench_runtime.py
+
+Every lookup is timed inside the same list comprehension over the same batch sizes, and the
+comprehension's own cost (iterating and storing) is subtracted, so the numbers are the lookup
+alone. ``select`` is a call; the fairest floor for a call is ``list.__getitem__`` bound to a
+local (the cheapest callable that indexes a list), printed next to the inline ``lookup[b]``.
+"""
 
 from __future__ import annotations
 
+import random
+import time
 import timeit
+import tracemalloc
 
+from dsdprof.adaptive import AdaptiveKSelector
 from dsdprof.runtime import KSelector
+from dsdprof.table import ranges_from_points
+
+SIZES = [1, 3, 7, 16, 33, 64, 100, 200, 250, 5000 % 256 + 1]
+N = 400_000
+
+
+def _per_call(fns: dict, rounds: int = 15) -> dict:
+    """Best-of-``rounds`` seconds per lookup for each comprehension in ``fns``, loop cost removed.
+
+    The candidates are timed in interleaved rounds, so a busy machine slows all of them alike.
+    """
+    reps = N // len(SIZES)
+    fns = {"(loop)": lambda: [b for b in SIZES], **fns}
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], timeit.timeit(fn, number=reps))
+    loop = best.pop("(loop)")
+    return {name: (t - loop) / N for name, t in best.items()}
+
+
+def _v2_table() -> dict:
+    def itl(b, k):
+        return 0.010 + 0.0005 * k + 0.00008 * b * (k + 1)
+
+    sizes, ks, alpha = (1, 2, 4, 8, 16, 32, 64, 128, 256), range(0, 8), 0.8
+    al = {k: sum(alpha**i for i in range(k + 1)) for k in ks}
+    points = []
+    for b in sizes:
+        g = {k: al[k] / itl(b, k) for k in ks}
+        points.append((b, min(k for k in ks if g[k] >= 0.98 * max(g.values()))))
+    return {"schema": "dsdprof.ktable/v2", "num_speculative_tokens": 7, "ranges": ranges_from_points(points),
+            "cells": [{"batch_size": b, "k": k, "itl_s": itl(b, k), "acceptance_length": al[k]}
+                      for b in sizes for k in ks],
+            "acceptance_per_pos": [alpha**i for i in range(1, 8)]}
+
+
+def bench_select() -> None:
+    ranges = [[1, 1, 5], [2, 3, 4], [4, 11, 3], [12, 45, 2], [46, 181, 1], [182, 1 << 20, 0]]
+    sel = KSelector(ranges)
+    adaptive = AdaptiveKSelector(_v2_table())
+    lookup = sel.lookup_list(256)
+    getitem = lookup.__getitem__
+
+    def py_index(b, _lookup=lookup):
+        return _lookup[b]
+
+    t = _per_call({
+        "idx": lambda: [lookup[b] for b in SIZES],
+        "get": lambda: [getitem(b) for b in SIZES],
+        "py": lambda: [py_index(b) for b in SIZES],
+        "sel": lambda: [sel.select(b) for b in SIZES],
+        "ada": lambda: [adaptive.select(b) for b in SIZES],
+        "tail": lambda: [sel.select(10**6) for _ in SIZES],
+        "neg": lambda: [sel.select(0) for _ in SIZES],
+    })
+    t_idx, t_get, t_py, t_sel, t_ada, t_tail, t_neg = (t[k] for k in ("idx", "get", "py", "sel", "ada", "tail", "neg"))
+    ns = 1e9
+    print("select() per call (comprehension overhead removed):")
+    print(f"  bare list index  lookup[b]            : {t_idx * ns:6.1f} ns")
+    print(f"  list.__getitem__ bound (call floor)   : {t_get * ns:6.1f} ns")
+    print(f"  def f(b): return lookup[b]            : {t_py * ns:6.1f} ns")
+    print(f"  KSelector.select(b)                   : {t_sel * ns:6.1f} ns   "
+          f"= {t_sel / t_get:.2f}x the call floor, {t_sel / t_idx:.2f}x the inline index")
+    print(f"  AdaptiveKSelector.select(b)           : {t_ada * ns:6.1f} ns   = {t_ada / t_get:.2f}x the call floor")
+    print(f"  KSelector.select(10**6) (past ranges) : {t_tail * ns:6.1f} ns")
+    print(f"  KSelector.select(0)     (n <= 0)      : {t_neg * ns:6.1f} ns")
+
+
+def bench_load() -> None:
+    print("load time and memory (tracemalloc peak) by table:")
+    tables = {
+        "[[1, 1e8, 3], [1e8+1, 1e8+1, 2]]": [[1, 100_000_000, 3], [100_000_001, 100_000_001, 2]],
+        "start at 1e12": [[1, 10**12 - 1, 4], [10**12, 10**12, 1]],
+        "typical 6 ranges": [[1, 1, 5], [2, 3, 4], [4, 11, 3], [12, 45, 2], [46, 181, 1], [182, 1 << 20, 0]],
+        "100k ranges": [[i, i, i % 5] for i in range(1, 100_001)],
+    }
+    for name, ranges in tables.items():
+        t = min(timeit.repeat(lambda r=ranges: KSelector(r), number=3, repeat=3)) / 3
+        tracemalloc.start()
+        KSelector(ranges)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"  {name:36s}: {t * 1e6:9.0f} us  {peak / 1024:8.0f} KiB")
+
+
+def bench_adaptive() -> None:
+    table = _v2_table()
+    sel = AdaptiveKSelector(table, rebuild_every=10**9)
+    rng = random.Random(0)
+    steps = []
+    for _ in range(2000):
+        k = rng.randint(1, 7)
+        n = rng.choice((1, 8, 64))
+        acc, per_pos = n, []
+        for _ in range(k):
+            acc = sum(rng.random() < 0.8 for _ in range(acc))
+            per_pos.append(acc)
+        steps.append((n, per_pos))
+    t0 = time.perf_counter()
+    for n, per_pos in steps:
+        sel.observe(n, per_pos)
+    t_obs = (time.perf_counter() - t0) / len(steps)
+    t_reb = min(timeit.repeat(sel.rebuild, number=20, repeat=5)) / 20
+    t_list = min(timeit.repeat(lambda: sel.lookup_list(1024), number=20, repeat=5)) / 20
+    print("AdaptiveKSelector (9 profiled batch sizes x 8 K):")
+    print(f"  observe() per step (K 1..7)   : {t_obs * 1e6:7.2f} us")
+    print(f"  rebuild() (no change)         : {t_reb * 1e6:7.2f} us")
+    print(f"  lookup_list(1024)             : {t_list * 1e6:7.2f} us")
+    print(f"  rebuild every 32 steps        : {t_reb / 32 * 1e6:7.2f} us per step amortised")
 
 
 def main() -> None:
-    ranges = [[1, 1, 5], [2, 3, 4], [4, 11, 3], [12, 45, 2], [46, 181, 1], [182, 1 << 20, 0]]
-    sel = KSelector(ranges)
-    lookup = [0] + [sel.select(b) for b in range(1, 257)]
-    sizes = [1, 3, 7, 16, 33, 64, 100, 200, 250, 5000 % 256 + 1]
-    n = 200_000
-    select = sel.select
-    t_sel = min(timeit.repeat(lambda: [select(b) for b in sizes], number=n // len(sizes), repeat=5))
-    t_idx = min(timeit.repeat(lambda: [lookup[b] for b in sizes], number=n // len(sizes), repeat=5))
-    t_loop = min(timeit.repeat(lambda: [b for b in sizes], number=n // len(sizes), repeat=5))
-    per = lambda t: (t - t_loop) / n * 1e9  # noqa: E731 - subtract the list-comprehension overhead
-    print(f"KSelector.select : {per(t_sel):6.1f} ns/call (+ loop overhead {t_loop / n * 1e9:.1f} ns)")
-    print(f"bare list index  : {per(t_idx):6.1f} ns/call")
-    print(f"batch size beyond the last range (tail path): {per(min(timeit.repeat(lambda: [select(10**6) for _ in sizes], number=n // len(sizes), repeat=5))):6.1f} ns/call")
+    bench_select()
+    bench_load()
+    bench_adaptive()
 
 
 if __name__ == "__main__":

@@ -29,12 +29,19 @@ profiled cell is shifted by the change in expected accepted tokens, and goodput 
     G(b, K)   = AL'(b, K) / ITL(b, K)
 
 Anchoring on the measured AL(b, K) keeps whatever the measurement saw beyond 1 + sum p0 (e.g.
-requests ending inside a step), and reproduces the static table exactly while p = p0. The current
-K_b is switched only when the best candidate beats it by more than ``margin``:
-``max_K G(b, K) > (1 + margin) * G(b, K_b)``; it then moves to the smallest K within
-``tolerance`` of the best (the rule the static table was built with). Candidates are the Ks
-measured at b, at most ``max_k`` (vLLM's ``num_speculative_tokens``), optionally restricted to
-``allowed_ks`` (e.g. the Ks an engine captured CUDA graphs for).
+requests ending inside a step), and reproduces the static table's goodputs exactly while p = p0.
+K_b starts at the table's K and is switched only when the best candidate beats it by more than
+``margin`` (hysteresis)::
+
+    switch when   max_K G(b, K) > (1 + margin) * G(b, K_b)
+    to            the smallest K with G(b, K) >= max_K G(b, K) / (1 + margin / 2)
+
+so K_b never stays more than ``margin`` below the best the estimate allows, and after a switch it
+sits inside half the band: it takes a further change in acceptance, not noise, to move it again.
+(The static table chose the smallest K within its ``tolerance`` of the best; such a K is kept as
+long as it is within ``margin`` of the best.) Candidates are the Ks measured at b, at most
+``max_k`` (vLLM's ``num_speculative_tokens``), optionally restricted to ``allowed_ks`` (e.g. the
+Ks an engine captured CUDA graphs for; a table K outside them is replaced at construction).
 
 **Serving.** K_b at the profiled batch sizes become ranges by the table's nearest-log rule
 (:func:`dsdprof.table.ranges_from_points`); the lookup is rebuilt off the hot path -- in
@@ -82,11 +89,11 @@ class AdaptiveKSelector:
     ``select`` may run concurrently with a rebuild (it sees the old or the new lookup).
     """
 
-    __slots__ = ("select", "version", "max_k", "ranges", "margin", "tolerance", "prior_weight",
+    __slots__ = ("select", "version", "max_k", "ranges", "margin", "prior_weight",
                  "half_life", "rebuild_every", "_grid", "_k", "_p0", "_q0", "_succ", "_expo", "_pending")
 
-    def __init__(self, table: dict[str, Any], *, margin: float = 0.02, tolerance: float | None = None,
-                 prior_weight: float = 256.0, half_life: float = 2048.0, rebuild_every: int = 32,
+    def __init__(self, table: dict[str, Any], *, margin: float = 0.02, prior_weight: float = 256.0,
+                 half_life: float = 2048.0, rebuild_every: int = 32,
                  max_k: int | None = None, allowed_ks: Iterable[int] | None = None) -> None:
         validate_table(table)
         if table["schema"] != TABLE_SCHEMA_V2:
@@ -97,7 +104,6 @@ class AdaptiveKSelector:
             raise TableError(f"acceptance_per_pos={p0!r}: adaptive K needs the profiled per-position acceptance "
                              "(the sweep's rows had no acceptance_per_pos)")
         self.margin = _check_fraction("margin", margin)
-        self.tolerance = _check_fraction("tolerance", table.get("tolerance", 0.02) if tolerance is None else tolerance)
         self.prior_weight = _check_positive("prior_weight", prior_weight)
         self.half_life = _check_positive("half_life", half_life)
         if isinstance(rebuild_every, bool) or not isinstance(rebuild_every, int) or rebuild_every < 1:
@@ -133,7 +139,11 @@ class AdaptiveKSelector:
             self._expo.append(self.prior_weight * prev)
             prev = p
         self._pending = 0
-        if self.rebuild():  # constraints (max_k, allowed_ks) may force a change from the table
+        forced = {b for b, k in self._k.items() if k not in self._grid[b]}  # capped / not allowed
+        if forced:
+            for b in forced:
+                self._k[b] = self._target(self.goodput(b))
+            self._swap()
             self.version = 0
 
     @classmethod
@@ -211,20 +221,26 @@ class AdaptiveKSelector:
         changed = False
         for b in self._grid:
             g = self.goodput(b)
-            best = max(g.values())
-            current = g.get(self._k[b], -math.inf)
-            if best > (1.0 + self.margin) * current:
-                new = min(k for k, v in g.items() if v >= best * (1.0 - self.tolerance))
+            if max(g.values()) > (1.0 + self.margin) * g.get(self._k[b], -math.inf):
+                new = self._target(g)
                 if new != self._k[b]:
                     self._k[b] = new
                     changed = True
         if changed:
-            ranges = [tuple(r) for r in ranges_from_points(list(self._k.items()))]
-            lookup = build_lookup(ranges, self.max_k)
-            self.ranges = tuple(ranges)
-            self.select = lookup.__getitem__
-            self.version += 1
+            self._swap()
         return changed
+
+    def _target(self, g: dict[int, float]) -> int:
+        """Smallest K within half the hysteresis band of the best."""
+        best = max(g.values())
+        return min(k for k, v in g.items() if v >= best / (1.0 + self.margin / 2))
+
+    def _swap(self) -> None:
+        ranges = [tuple(r) for r in ranges_from_points(list(self._k.items()))]
+        lookup = build_lookup(ranges, self.max_k)
+        self.ranges = tuple(ranges)
+        self.select = lookup.__getitem__  # one attribute store: select() sees old or new, never half
+        self.version += 1
 
     @property
     def ks(self) -> dict[int, int]:

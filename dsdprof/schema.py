@@ -187,24 +187,29 @@ def validate_ranges(ranges: object, field: str = "ranges") -> list[tuple[int, in
         raise TableError(f"{field}={_short(ranges)}: must be a non-empty list of [start, end, k]")
     out: list[tuple[int, int, int]] = []
     expected_start = 1
-    for i, r in enumerate(ranges):
-        where = f"{field}[{i}]"
-        if not isinstance(r, (list, tuple)) or len(r) != 3 or not all(_is_int(v) for v in r):
-            raise TableError(f"{where}={_short(r)}: must be [start, end, k] with three integers")
+    for i, r in enumerate(ranges):  # O(len(ranges)); kept lean: tables may hold many ranges
+        if type(r) not in (list, tuple) or len(r) != 3:
+            raise TableError(f"{field}[{i}]={_short(r)}: must be [start, end, k] with three integers")
         start, end, k = r
-        if start != expected_start:
-            raise TableError(
-                f"{where}={_short(list(r))}: start must be {expected_start} "
-                "(ranges start at 1 and are contiguous and sorted)")
-        if end < start:
-            raise TableError(f"{where}={_short(list(r))}: end must be >= start")
-        if end > MAX_BATCH_SIZE:
-            raise TableError(f"{where}={_short(list(r))}: end must be <= {MAX_BATCH_SIZE}")
-        if not 0 <= k <= MAX_K:
-            raise TableError(f"{where}={_short(list(r))}: k must be in 0..{MAX_K}")
+        if type(start) is not int or type(end) is not int or type(k) is not int:  # bool is not int
+            raise TableError(f"{field}[{i}]={_short(r)}: must be [start, end, k] with three integers")
+        if start != expected_start or end < start or end > MAX_BATCH_SIZE or not 0 <= k <= MAX_K:
+            _range_error(field, i, r, expected_start)
         out.append((start, end, k))
         expected_start = end + 1
     return out
+
+
+def _range_error(field: str, i: int, r: Any, expected_start: int) -> None:
+    start, end, k = r
+    where = f"{field}[{i}]={_short(list(r))}"
+    if start != expected_start:
+        raise TableError(f"{where}: start must be {expected_start} (ranges start at 1 and are contiguous and sorted)")
+    if end < start:
+        raise TableError(f"{where}: end must be >= start")
+    if end > MAX_BATCH_SIZE:
+        raise TableError(f"{where}: end must be <= {MAX_BATCH_SIZE}")
+    raise TableError(f"{where}: k must be in 0..{MAX_K}")
 
 
 def validate_num_speculative_tokens(value: object, field: str = "num_speculative_tokens") -> int:

@@ -16,10 +16,11 @@ An earlier TensorRT-LLM implementation (``Drafter.get_draft_len_for_batch_size``
 ``bisect_right``) read keys as *lower* bounds instead; this export follows the rules above.
 
 Mapping: each merged range ``[start, end, K]`` of the table becomes ``{end: K}``. Trailing K=0
-ranges are dropped (above the largest key TensorRT-LLM already runs K=0), and the last range with
-K > 0 is keyed at ``max(end, LAST_RANGE_END)`` so that K carries forward as in vLLM and
-:class:`dsdprof.runtime.KSelector`. For every batch size up to the largest key the schedule gives
-exactly ``KSelector``'s K; beyond it TensorRT-LLM runs 0 (where the table's last K is > 0).
+ranges are dropped (above the largest key TensorRT-LLM already runs K=0, as the table does). When
+the table's *last* range has K > 0 it is keyed at ``max(end, LAST_RANGE_END)`` so that K carries
+forward as in vLLM and :class:`dsdprof.runtime.KSelector`. The schedule then gives exactly
+``KSelector``'s K at every batch size, except -- for tables ending in K > 0 -- above
+``LAST_RANGE_END`` (2**20), where TensorRT-LLM runs 0.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def trtllm_draft_len_schedule(table: dict[str, Any]) -> tuple[int, dict[int, int
             merged[-1][1] = end
         else:
             merged.append([start, end, k])
+    trailing_zero = merged[-1][2] == 0
     while merged and merged[-1][2] == 0:
         merged.pop()
     if not merged:
@@ -97,7 +99,8 @@ def trtllm_draft_len_schedule(table: dict[str, Any]) -> tuple[int, dict[int, int
     if higher is not None:
         raise InputError("ranges", higher, f"K={higher[2]} above batch size 1's K={first_k}: TensorRT-LLM needs "
                          "the largest K at its smallest key (draft_len_schedule[smallest] == max_draft_len)")
-    merged[-1][1] = max(merged[-1][1], LAST_RANGE_END)
+    if not trailing_zero:  # the table's last K carries forward: keep it up to LAST_RANGE_END
+        merged[-1][1] = max(merged[-1][1], LAST_RANGE_END)
     return first_k, {end: k for _, end, k in merged}
 
 
