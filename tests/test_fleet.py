@@ -247,8 +247,9 @@ def ray_cluster(tmp_path_factory):
     ray = pytest.importorskip("ray")
     fault_dir = tmp_path_factory.mktemp("faults")
     os.environ[FAULT_DIR_ENV] = str(fault_dir)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {FAULT_DIR_ENV: str(fault_dir)}})
+    env = {FAULT_DIR_ENV: str(fault_dir)}
+    env.update({k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE",) if k in os.environ})
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     yield fault_dir
     ray.shutdown()
     os.environ.pop(FAULT_DIR_ENV, None)
@@ -312,3 +313,30 @@ def test_ray_fleet_without_retries_completes_on_resubmission(ray_cluster, tmp_pa
     df = _rows(out / "big")
     assert len(df) == df.cell_id.nunique() == _cells(big)
     assert sorted(e["run"] for e in json.loads((out / "tables" / "index.json").read_text())["tables"]) == ["big", "small"]
+
+
+@pytest.mark.vllm
+def test_ray_fleet_runs_a_small_vllm_cpu_sweep(ray_cluster, tmp_path):
+    pytest.importorskip("vllm")
+    from dsdprof.toy_models import build_toy_pair, toy_config
+
+    toy = build_toy_pair(tmp_path / "toy", toy_config("dense", hidden_size=256, num_layers=2, intermediate_size=512,
+                                                      num_heads=4, num_kv_heads=2))
+    spec = {"engine": {"name": "vllm", "model": str(toy.target), "draft_model": str(toy.draft),
+                       "method": "draft_model", "dtype": "float32", "max_model_len": 512,
+                       "extra": {"enforce_eager": True}},
+            "sweep": {"batch_sizes": [1], "num_spec_tokens": [0, 1], "waves": 1, "output_len": 16},
+            "workload": {"dataset": "synthetic", "input_len": 32, "num_prompts": 8}}
+    out = tmp_path / "fleet"
+    plan = parse_fleet(_fleet(out, [{"spec": spec, "name": "toy-cpu", "hardware": "cpu"}], use_gpus=False,
+                              cpus_per_run=2), tmp_path)
+    report = run_fleet(plan, use_ray=True)
+    assert report.complete, report.outcomes[0].error
+    df = _rows(out / "toy-cpu")
+    assert sorted(df.cell_id) == ["dsd-bs1-k0-r0", "dsd-bs1-k1-r0", "vanilla-bs1-k0-r0"]
+    assert (df.status == "ok").all() and (df.engine == "vllm").all() and (df.itl_s > 0).all()
+    k1 = df[df.cell_id == "dsd-bs1-k1-r0"].iloc[0]
+    assert 1.0 <= k1.acceptance_length <= 2.0
+    index = json.loads((out / "tables" / "index.json").read_text())
+    assert [e["run"] for e in index["tables"]] == ["toy-cpu"] and index["tables"][0]["engine"] == "vllm"
+    assert {o.state for o in run_fleet(plan, use_ray=True).outcomes} == {"skipped"}
