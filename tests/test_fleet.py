@@ -217,6 +217,42 @@ def test_url_out_stages_uploads_and_resumes_on_another_machine(tmp_path):
     assert len(df) == df.cell_id.nunique() == _cells(spec)
 
 
+def test_mirror_republishes_rewritten_parts_and_uploads_engine_logs(tmp_path):
+    from dsdprof.fleet.runner import Mirror, ShardTask, placement_for
+    from dsdprof.fleet.store import FleetStore
+    from dsdprof.spec import parse_spec
+
+    spec = parse_spec(_sim())
+    local = FleetStore(str(tmp_path / "out"))
+    p = placement_for(local, ShardTask("r", 1, 2, spec, local.out, None, ""))
+    mirror = Mirror(local, p)
+    mirror.restore()
+    (p.work_dir / "part-00000-a.parquet").write_bytes(b"v1")
+    mirror.push()
+    published = tmp_path / "out" / "r" / "part-s1-00000-a.parquet"
+    assert published.read_bytes() == b"v1"
+    tmp = p.work_dir / ".part-00000-a.parquet.tmp"  # storage replaces a part with a retried row in place
+    tmp.write_bytes(b"v2 longer")
+    os.replace(tmp, p.work_dir / "part-00000-a.parquet")
+    mirror.push()
+    assert published.read_bytes() == b"v2 longer"
+    (p.work_dir / "part-00000-a.parquet").unlink()  # merged away
+    mirror.push()
+    assert not published.exists()
+
+    remote = FleetStore(f"file://{tmp_path}/bucket", str(tmp_path / "stage"))
+    p = placement_for(remote, ShardTask("r", 0, 1, spec, remote.out, remote.staging, ""))
+    mirror = Mirror(remote, p)
+    mirror.restore()
+    (p.work_dir / "_logs").mkdir()
+    (p.work_dir / "_logs" / "engine-dsd.log").write_text("log")
+    (p.work_dir / "_dsdprof.lock").write_text("")
+    mirror.push()
+    mirror.push_subdirs()
+    assert (tmp_path / "bucket" / "r" / "_logs" / "engine-dsd.log").read_text() == "log"
+    assert not (tmp_path / "bucket" / "r" / "_dsdprof.lock").exists()
+
+
 def test_cli_fleet_export_and_show_list_the_index(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     out = tmp_path / "fleet"

@@ -26,6 +26,7 @@ from dsdprof.spec import SweepSpec
 
 FAULT_DIR_ENV = "DSDPROF_FLEET_FAULT_DIR"
 PART_PREFIX = "part-"
+ENGINE_SUBDIRS = ("_logs", "_traces")  # what the vLLM engine writes under its run directory
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,15 @@ class Mirror:
                 self.store.delete(target)  # storage merged it away (one visible row per cell)
             del self._sent[name]
 
+    def push_subdirs(self) -> None:
+        """At the end of a run: the engine's logs and step traces (``_logs/``, ``_traces/``) too."""
+        p = self.p
+        if p.files_rel is None or not p.work_dir.is_dir():
+            return
+        for sub in sorted(d for d in p.work_dir.iterdir() if d.is_dir() and d.name in ENGINE_SUBDIRS):
+            for path in sorted(f for f in sub.rglob("*") if f.is_file() and not f.name.startswith(".")):
+                self.store.put_file(path, f"{p.files_rel}/{path.relative_to(p.work_dir).as_posix()}")
+
 
 class _FaultInjection:
     """Testing aid for worker deaths: if ``$DSDPROF_FLEET_FAULT_DIR/<label>.kill`` exists (its text:
@@ -224,6 +234,7 @@ def execute_shard(task: ShardTask) -> ShardResult:
 
     summary = run_sweep(task.spec, placement.work_dir, resume=True, on_progress=on_progress)
     mirror.push()
+    mirror.push_subdirs()
     ok = count_ok_cells(placement.work_dir)
     return ShardResult(task.run, task.shard, summary.total, len(ok), summary.ok + summary.failed,
                        summary.skipped, summary.speculation_mode, socket.gethostname(), os.getpid(),
