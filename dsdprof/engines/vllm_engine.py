@@ -163,8 +163,10 @@ class EnginePool:
     validate. ``start_worker(config, timeout_s)`` defaults to a vLLM child process."""
 
     def __init__(self, kwargs_for: Callable[[str], dict[str, Any]], workload, start_timeout_s: float,
-                 log_dir: Path | None = None, start_worker: StartWorker | None = None) -> None:
+                 log_dir: Path | None = None, start_worker: StartWorker | None = None,
+                 max_output_len: int = 2) -> None:
         self._kwargs_for = kwargs_for
+        self._max_output_len = max_output_len
         self._workload = workload
         self._timeout = start_timeout_s
         self._log_dir = log_dir
@@ -184,7 +186,7 @@ class EnginePool:
             return w
         if w is not None:
             w.kill()
-        config = WorkerConfig(self._kwargs_for(key), self._workload, self.log_path(key))
+        config = WorkerConfig(self._kwargs_for(key), self._workload, self.log_path(key), self._max_output_len)
         try:
             w = self._start(config, self._timeout)
         except Exception as err:  # noqa: BLE001 - remembered so later cells fail fast
@@ -225,7 +227,8 @@ class VllmEngine:
         self._memory_kwargs, self.memory_note = memory_plan(spec.engine.extra, concurrent_engines,
                                                             on_gpu=_cuda_available())
         log_dir = self.out_dir / "_logs" if self.out_dir is not None else None
-        self.pool = EnginePool(self.llm_kwargs, spec.workload, spec.engine.start_timeout_s, log_dir, start_worker)
+        self.pool = EnginePool(self.llm_kwargs, spec.workload, spec.engine.start_timeout_s, log_dir, start_worker,
+                               max_output_len=spec.sweep.output_len)
 
     # ------------------------------------------------------------------ configuration
     def base_kwargs(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ class WorkerConfig:
     llm_kwargs: dict[str, Any]
     workload: Any  # dsdprof.spec.WorkloadSpec (picklable pydantic model)
     log_path: str = ""  # vLLM's stdout/stderr and the worker's tracebacks go here ("" = inherit)
+    max_output_len: int = 2  # cap on dataset output lengths ([sweep] output_len)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def detect_hardware() -> str:
     return f"CPU: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
-def run_cell(llm, pool: list[list[int]], req: CellRequest):
+def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int] | None = None):
     """Warm-up waves (unmeasured), then ``req.waves`` gated waves of exactly ``batch_size``
     requests, traced step by step inside the engine core (see :mod:`dsdprof.engines.trace`)."""
     import tempfile
@@ -72,7 +73,7 @@ def run_cell(llm, pool: list[list[int]], req: CellRequest):
     from dsdprof.engines.trace import GATE_ARG, TRACE_ARG, WAVE_ARG, read_trace, summarize
     from dsdprof.engines.vllm_metrics import RequestTiming, build_measurement, snapshot_from_metrics
     from dsdprof.engines.vllm_scheduler_names import K_EXTRA_ARG
-    from dsdprof.workload import wave_prompts
+    from dsdprof.workload import wave_indices
 
     trace_path = req.trace_path
     if not trace_path:
@@ -81,19 +82,21 @@ def run_cell(llm, pool: list[list[int]], req: CellRequest):
     if os.path.exists(trace_path):
         os.unlink(trace_path)  # a retried cell starts a fresh trace
 
-    def params(wave: int) -> SamplingParams:
+    def params(wave: int, output_len: int) -> SamplingParams:
         extra: dict[str, Any] = {GATE_ARG: req.batch_size}
         if req.num_spec_tokens is not None:
             extra[K_EXTRA_ARG] = req.num_spec_tokens
         if wave >= 0:
             extra.update({TRACE_ARG: trace_path, WAVE_ARG: wave})
         return SamplingParams(
-            max_tokens=req.output_len, min_tokens=req.output_len, ignore_eos=True,
+            max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
             temperature=req.temperature, seed=req.seed if req.temperature > 0 else None, extra_args=extra)
 
     def wave(w: int, prompt_index: int):
-        prompts = [{"prompt_token_ids": p} for p in wave_prompts(pool, req.batch_size, prompt_index)]
-        return llm.generate(prompts, params(w), use_tqdm=False)
+        idx = wave_indices(len(pool), req.batch_size, prompt_index)
+        prompts = [{"prompt_token_ids": pool[i]} for i in idx]
+        lens = [output_lens[i] if output_lens else req.output_len for i in idx]
+        return llm.generate(prompts, [params(w, n) for n in lens], use_tqdm=False)
 
     llm.reset_prefix_cache()  # no cell inherits another's cached prompts
     for w in range(req.warmup):
@@ -160,10 +163,10 @@ def worker_main(conn, config: WorkerConfig) -> None:
         import vllm
         from vllm import LLM
 
-        from dsdprof.workload import build_prompt_pool
+        from dsdprof.workload import build_workload
 
         llm = LLM(**config.llm_kwargs)
-        pool = build_prompt_pool(config.workload, llm.get_tokenizer())
+        pool, output_lens = build_workload(config.workload, llm.get_tokenizer(), config.max_output_len)
         vcfg = llm.llm_engine.vllm_config
         sched = vcfg.scheduler_config
         conn.send(("ready", {"engine_version": vllm.__version__, "hardware": detect_hardware(),
@@ -181,7 +184,7 @@ def worker_main(conn, config: WorkerConfig) -> None:
         if msg[0] == "stop":
             break
         try:
-            conn.send(("ok", run_cell(llm, pool, msg[1])))
+            conn.send(("ok", run_cell(llm, pool, msg[1], output_lens)))
         except BaseException as err:  # noqa: BLE001 - a failed cell is reported, the worker lives on
             conn.send(_error(err))
     try:
