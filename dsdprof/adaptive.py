@@ -202,25 +202,28 @@ class AdaptiveKSelector:
 
     # ------------------------------------------------------------------ K
 
-    def goodput(self, batch_size: int) -> dict[int, float]:
-        """Re-derived goodput (tokens/s per request) of each candidate K at a profiled batch size."""
-        p = self.acceptance()
+    def _shift(self) -> list[float]:
+        """``shift[K] = sum_{i<=K} (p_i - p0_i)``: the change in expected accepted tokens at K."""
         shift, acc = [0.0], 0.0
-        for live, prof in zip(p, self._p0):
+        for live, prof in zip(self.acceptance(), self._p0):
             acc += live - prof
             shift.append(acc)
-        out = {}
-        for k, (al, itl) in self._grid[batch_size].items():
-            al_live = min(k + 1.0, max(1.0, al + shift[min(k, len(shift) - 1)]))
-            out[k] = al_live / itl
-        return out
+        return shift
+
+    def goodput(self, batch_size: int, _shift: list[float] | None = None) -> dict[int, float]:
+        """Re-derived goodput (tokens/s per request) of each candidate K at a profiled batch size."""
+        shift = self._shift() if _shift is None else _shift
+        last = len(shift) - 1
+        return {k: min(k + 1.0, max(1.0, al + shift[k if k < last else last])) / itl
+                for k, (al, itl) in self._grid[batch_size].items()}
 
     def rebuild(self) -> bool:
         """Re-derive K at every profiled batch size (with hysteresis); swap the lookup if any moved."""
         self._pending = 0
         changed = False
+        shift = self._shift()
         for b in self._grid:
-            g = self.goodput(b)
+            g = self.goodput(b, shift)
             if max(g.values()) > (1.0 + self.margin) * g.get(self._k[b], -math.inf):
                 new = self._target(g)
                 if new != self._k[b]:

@@ -318,3 +318,21 @@ def test_export_from_measurements_without_per_position_warns(tmp_path, dense_lik
     r = runner.invoke(app, ["export", str(src), "-o", str(tmp_path / "t.json")])
     assert r.exit_code == 0 and "per-position acceptance" in r.stderr
     assert pd.isna(json.loads((tmp_path / "t.json").read_text())["acceptance_per_pos"] or float("nan"))
+
+
+def test_shipped_tables_load_everywhere():
+    from pathlib import Path
+
+    from dsdprof.runtime import AdaptiveKSelector
+
+    tables = [p for p in sorted((Path(__file__).parent.parent / "tables").glob("*.json"))
+              if not p.name.endswith((".vllm.json", ".trtllm.json"))]
+    assert tables
+    for p in tables:
+        doc = load_table(p)
+        sel = KSelector.from_file(p)
+        assert [sel.select(pt["batch_size"]) for pt in doc.get("points", [])] == \
+            [min(pt["k"], sel.max_k) for pt in doc.get("points", [])]
+        assert runner.invoke(app, ["show", str(p)]).exit_code == 0
+        if doc["schema"] == TABLE_SCHEMA_V2 and doc.get("acceptance_per_pos"):
+            assert AdaptiveKSelector.from_file(p).lookup_list(64) == sel.lookup_list(64)
