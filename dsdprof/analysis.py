@@ -27,7 +27,7 @@ import pandas as pd
 from dsdprof.decide import (
     CHAIN_METHODS, DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED, SHAPE_DENSE, SHAPE_MOE,
     BatchReplicates, bootstrap_batch, chain_fractions, check_confidence, curve, decide_batch, interval,
-    margin, row_samples, with_chain_acceptance,
+    contenders, margin, regret_bound, row_samples, with_chain_acceptance,
 )
 from dsdprof.errors import InputError
 from dsdprof.schema import (
@@ -52,7 +52,9 @@ class Analysis:
     ``speedup_vs_baseline`` and one ``speedup_vs_k<K>`` column per candidate K, then ``decided``,
     ``runner_up``, ``margin`` (goodput of k / runner-up) with ``ci_low``/``ci_high``, ``best_k``
     (highest point goodput), ``k_rule`` (the rule's K before the non-increasing constraint),
-    ``admissible`` (the K* the data still allow) and ``interval_known``.
+    ``admissible`` (the K* the data still allow), ``interval_known``, ``regret_bound`` (upper
+    confidence bound of the chosen K's shortfall against any other K) and ``contenders`` (the Ks
+    more data could still make the answer).
     """
 
     cells: pd.DataFrame
@@ -438,7 +440,9 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
         for kk in ks:
             rec[f"speedup_vs_k{kk}"] = rec["goodput"] / by_k[kk] if kk in by_k else np.nan
         rec.update(decided=bool(d.decided and k == d.k), runner_up=runner_up, margin=m, ci_low=m_lo, ci_high=m_hi,
-                   best_k=d.best_k, k_rule=d.k, admissible=list(d.admissible), interval_known=d.known)
+                   best_k=d.best_k, k_rule=d.k, admissible=list(d.admissible), interval_known=d.known,
+                   regret_bound=regret_bound(reps[b], k, confidence),
+                   contenders=sorted(set(contenders(reps[b], d, tolerance, confidence)) | {int(k)}))
         records.append(rec)
     optimal = pd.DataFrame.from_records(records)
     optimal["runner_up"] = optimal["runner_up"].astype("Int64")

@@ -46,6 +46,7 @@ def sweep(
     out: Path = typer.Option(..., "--out", "-o", help="Run directory for the Parquet part files: new or empty, or an earlier run with --resume. Locked while the sweep runs."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same spec and versions): skip finished cells, retry failed ones."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream vLLM's own output to the console instead of OUT/_logs/engine-*.log."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Engine seconds (3600, 90m, 2h) or measured waves (400w): after one pass over the grid, run further repeats only of the Ks that can still win at batch sizes whose K is not yet decided."),
 ) -> None:
     """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet.
 
@@ -58,6 +59,10 @@ def sweep(
     from dsdprof.sweep import SweepProgress, run_sweep
 
     spec = load_spec(spec_path)
+    if budget is not None:
+        from dsdprof.budget import parse_budget, run_budgeted_sweep
+
+        parsed_budget = parse_budget(budget)  # bad --budget fails here, before any output
     notices: list[str] = []
     if spec.engine.name == "sim":
         from dsdprof.sim.config import model_notices, resolve
@@ -78,6 +83,7 @@ def sweep(
         if ev.phase == "plan":
             for notice in notices:
                 err_console.print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
+            notices.clear()  # a budgeted sweep plans several passes
             err_console.print(f"[dim]{ev.message}[/]")
             task = progress.add_task("sweep", total=ev.total, cell="")
             return
@@ -95,11 +101,16 @@ def sweep(
 
     try:
         with progress:
-            summary = run_sweep(spec, out, resume=resume, on_progress=on_progress)
+            if budget is None:
+                summary = run_sweep(spec, out, resume=resume, on_progress=on_progress)
+            else:
+                summary = run_budgeted_sweep(spec, out, parsed_budget, resume=resume, on_progress=on_progress)
     except KeyboardInterrupt:
         raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), "--resume"]) from None
     console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped "
                   f"(speculation mode {summary.speculation_mode}) -> {summary.out}")
+    if budget is not None:
+        console.print(summary.report(), markup=False, highlight=False)
     if summary.failed and not summary.ok and not summary.skipped:
         print(f"error: every cell failed; first error: {first_error[0][:500] if first_error else 'unknown'}",
               file=sys.stderr)

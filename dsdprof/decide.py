@@ -243,6 +243,40 @@ def decide_batch(rep: BatchReplicates, tolerance: float, confidence: float) -> D
                     ratio, {k: float(lo[i]) for i, k in enumerate(ks)}, {k: float(hi[i]) for i, k in enumerate(ks)})
 
 
+def regret_bound(rep: BatchReplicates, k: int, confidence: float) -> float:
+    """Upper confidence bound of K's shortfall against any other K: 1 - min_j lo(g_k / g_j)
+    (0 when K is confidently at least as good as every other K; NaN when intervals are unknown)."""
+    ks = [int(x) for x in rep.ks]
+    if not rep.known or len(ks) < 2:
+        return math.nan if not rep.known else 0.0
+    i = ks.index(k)
+    g = rep.point_goodput if rep.exact else rep.goodput
+    if rep.exact:
+        return max(0.0, 1.0 - min(float(g[i] / g[j]) for j in range(len(ks)) if j != i))
+    others = [j for j in range(len(ks)) if j != i]
+    lo = interval(g[:, [i]] / g[:, others], confidence)[0]
+    return max(0.0, 1.0 - float(np.min(lo)))
+
+
+def contenders(rep: BatchReplicates, d: Decision, tolerance: float, confidence: float) -> tuple[int, ...]:
+    """The Ks more data could still make the answer at this batch size: the admissible K*, the
+    best K, and every K the chosen one is not confidently within tolerance of. All Ks when the
+    intervals are unknown."""
+    ks = [int(x) for x in rep.ks]
+    if not rep.known:
+        return tuple(ks)
+    out = set(d.admissible) | {d.best_k, d.k}
+    i = ks.index(d.k)
+    g = rep.point_goodput if rep.exact else rep.goodput
+    for j, k in enumerate(ks):
+        if j == i:
+            continue
+        low = float(g[i] / g[j]) if rep.exact else float(interval(g[:, i] / g[:, j], confidence)[0])
+        if low < 1.0 - tolerance - 1e-12:
+            out.add(k)
+    return tuple(sorted(out))
+
+
 def margin(rep: BatchReplicates, k: int, confidence: float) -> tuple[Optional[int], float, float, float]:
     """(runner-up K, goodput(k) / goodput(runner-up), its interval) with the runner-up the best
     other K by point goodput; NaN interval when unknown."""

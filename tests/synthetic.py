@@ -84,3 +84,55 @@ def noisy_rows(t, seed: int, repeats: int = 3, waves: int = 20, wave_noise: floa
                     row["sample_itl_s"] = s_itl.tolist()
                 rows.append(row)
     return pd.DataFrame(rows)
+
+
+class TruthEngine:
+    """An Engine over a known truth with seeded noise, for orchestration tests of the budgeted
+    sweep. Its rows are synthetic (provenance engine = "synthetic"), never measurements.
+
+    ``chain=False`` makes AL(K) of smaller K fall 10 % short of what the largest K's per-position
+    acceptance predicts (an n-gram-like drafter)."""
+
+    name = "synthetic"
+    speculation_mode = "dsd"
+
+    def __init__(self, t, seed: int = 0, waves: int = 20, wave_noise: float = 0.05, repeat_noise: float = 0.01,
+                 al_noise: float = 0.03, method: str = "eagle3", chain: bool = True, mode: str = "dsd"):
+        self.t, self.seed, self.waves = t, seed, waves
+        self.wave_noise, self.repeat_noise, self.al_noise = wave_noise, repeat_noise, al_noise
+        self.method, self.chain, self.speculation_mode = method, chain, mode
+        self.kmax = max(max(by_k) for by_k in t.values())
+        self.measured = []
+
+    def provenance(self):
+        from dsdprof.engines.base import Provenance
+
+        return Provenance(engine="synthetic", engine_version="0", model="truth", draft_model="truth-draft",
+                          method=self.method, hardware="none", dtype="none", dataset="synthetic", seed=self.seed,
+                          dsdprof_version="0")
+
+    def measure(self, cell):
+        from dsdprof.engines.base import CellMeasurement
+
+        self.measured.append(cell)
+        b, k = cell.batch_size, cell.num_spec_tokens
+        al, itl = self.t[b][k]
+        if cell.mode == "vanilla":
+            al, itl = 1.0, self.t[b][0][1] * 0.95
+        elif not self.chain and 0 < k < self.kmax:
+            al = 1.0 + (al - 1.0) * 0.9
+        rng = np.random.default_rng((self.seed, b, k, cell.repeat, ["vanilla", "dsd", "fixed"].index(cell.mode)))
+        s_itl = itl * rng.lognormal(0.0, self.repeat_noise) * rng.lognormal(0.0, self.wave_noise, self.waves)
+        s_al = np.ones(self.waves) if k == 0 else np.clip(al * rng.lognormal(0.0, self.al_noise, self.waves), 1.0, k + 1.0)
+        a, t_ = float(s_al.mean()), float(s_itl.mean())
+        steps = self.waves * 32 / a
+        return CellMeasurement(
+            acceptance_length=a, acceptance_per_pos=tuple(per_pos(k)), num_drafts=int(steps * b) if k else 0,
+            num_draft_tokens=int(steps * b * k), num_accepted_tokens=int(steps * b * (a - 1)), itl_s=t_,
+            itl_p50_s=t_, itl_p90_s=t_, itl_p99_s=t_, tpot_s=t_ / a, tpot_p50_s=t_ / a, tpot_p90_s=t_ / a,
+            tpot_p99_s=t_ / a, tokens_per_s_per_user=a / t_, tokens_per_s_total=b * a / t_,
+            num_requests=self.waves * b, num_output_tokens=self.waves * b * 32, wall_s=steps * t_,
+            sample_acceptance_length=tuple(s_al.tolist()), sample_itl_s=tuple(s_itl.tolist()))
+
+    def close(self):
+        pass
