@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dsdprof.errors import InputError
-from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore, run_record_rel
+from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore
 
 INDEX_SCHEMA = "dsdprof.fleet-index/v1"
 INDEX_NAME = "index.json"
