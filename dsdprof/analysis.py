@@ -24,10 +24,10 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
+from dsdprof.chain import CHAIN_METHODS, chain_check, fractions_at, with_chain_acceptance
 from dsdprof.decide import (
-    CHAIN_METHODS, DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED, SHAPE_DENSE, SHAPE_MOE,
-    BatchReplicates, bootstrap_batch, chain_fractions, check_confidence, curve, decide_batch, interval,
-    contenders, margin, regret_bound, row_samples, with_chain_acceptance,
+    DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED, SHAPE_DENSE, SHAPE_MOE, batch_replicates,
+    check_confidence, contenders, curve, decide_batch, margin, regret_bound,
 )
 from dsdprof.errors import InputError
 from dsdprof.schema import (
@@ -36,7 +36,6 @@ from dsdprof.schema import (
 )
 
 DEFAULT_TOLERANCE = 0.02
-CHAIN_SLACK = 0.01  # relative AL difference tolerated between the chain prediction and a measured cell
 
 
 @dataclass(frozen=True)
@@ -297,67 +296,6 @@ def is_non_increasing(values: list[int]) -> bool:
     return all(a >= b for a, b in zip(values, values[1:]))
 
 
-def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICATES,
-                     seed: int = DEFAULT_SEED) -> dict[int, BatchReplicates]:
-    """Bootstrap (:func:`dsdprof.decide.bootstrap_batch`) of every batch size's candidate cells."""
-    rows = candidates.sort_values(["batch_size", "num_spec_tokens", *(["repeat"] if "repeat" in candidates else [])],
-                                  kind="stable")
-    samples = row_samples(rows)
-    exact_rows = (rows["engine"].astype(str) == "sim").to_numpy() if "engine" in rows else np.zeros(len(rows), bool)
-    units = [(float(a), float(t), s[0], s[1]) for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]
-    out: dict[int, BatchReplicates] = {}
-    keys = list(zip(rows["batch_size"].astype(int), rows["num_spec_tokens"].astype(int)))
-    i = 0
-    while i < len(keys):
-        b = keys[i][0]
-        cells: list[tuple[int, list]] = []
-        exact = True
-        while i < len(keys) and keys[i][0] == b:
-            if not cells or cells[-1][0] != keys[i][1]:
-                cells.append((keys[i][1], []))
-            cells[-1][1].append(units[i])
-            exact &= bool(exact_rows[i])
-            i += 1
-        out[b] = bootstrap_batch(b, cells, replicates, seed, exact=exact)
-    return out
-
-
-def chain_check(candidates: pd.DataFrame, reps: dict[int, BatchReplicates], per_pos: pd.DataFrame,
-                confidence: float, slack: float = CHAIN_SLACK) -> pd.DataFrame:
-    """Measured AL(K) against the chain prediction 1 + (AL(K_max) - 1) * sum_{i<=K} p_i / sum p_i
-    from the largest K's per-position acceptance, per (batch size, K < K_max). ``consistent``:
-    the interval of (measured - predicted) reaches within ``slack`` (relative) of 0; None when
-    intervals are unknown (then only the point difference is shown)."""
-    records = []
-    for b, rep in reps.items():
-        fr = _chain_fractions(per_pos, b, rep.ks)
-        if fr is None:
-            continue
-        chained = with_chain_acceptance(rep, fr)
-        for i, k in enumerate(int(x) for x in rep.ks):
-            if k == 0 or k == int(rep.ks.max()):
-                continue
-            meas, pred = float(rep.point_al[i]), float(chained.point_al[i])
-            lo = hi = math.nan
-            consistent = None
-            if rep.known:
-                lo, hi = (float(x) for x in interval(rep.al[:, i] - chained.al[:, i], confidence))
-                consistent = bool(lo <= slack * meas and hi >= -slack * meas)
-            records.append({"batch_size": b, "k": k, "al_measured": meas, "al_predicted": pred,
-                            "diff_low": lo, "diff_high": hi, "consistent": consistent})
-    return pd.DataFrame.from_records(records, columns=["batch_size", "k", "al_measured", "al_predicted",
-                                                       "diff_low", "diff_high", "consistent"])
-
-
-def _chain_fractions(per_pos: pd.DataFrame, batch_size: int, ks: np.ndarray) -> Optional[np.ndarray]:
-    if per_pos.empty or ks.max() <= 0:
-        return None
-    top = per_pos[(per_pos["batch_size"] == batch_size) & (per_pos["num_spec_tokens"] == int(ks.max()))]
-    if top.empty:
-        return None
-    return chain_fractions(top["acceptance_per_pos"].iloc[0], [int(k) for k in ks])
-
-
 def _method(df: pd.DataFrame, provenance: dict[str, Any]) -> str:
     if provenance.get("method"):
         return str(provenance["method"])
@@ -400,13 +338,13 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
                                 for (b, k), v in sorted(lists.items())])
         cells = cells.merge(per_pos, on=["batch_size", "num_spec_tokens"], how="left")
     reps = batch_replicates(candidate_rows, replicates, seed)
-    check = chain_check(candidate_rows, reps, per_pos, confidence)
+    check = chain_check(reps, per_pos, confidence)
     use_chain = acceptance == "chain" or (
         acceptance == "auto" and _method(df, prov) in CHAIN_METHODS and not check.empty
         and check["consistent"].notna().any() and bool(check["consistent"].dropna().all()))
     if use_chain:
         for b, rep in list(reps.items()):
-            fr = _chain_fractions(per_pos, b, rep.ks)
+            fr = fractions_at(per_pos, b, rep.ks)
             if fr is not None:
                 reps[b] = with_chain_acceptance(rep, fr)
 

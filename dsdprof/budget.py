@@ -41,7 +41,8 @@ from typing import Any, Callable, Optional
 
 import pandas as pd
 
-from dsdprof.decide import CHAIN_METHODS, DEFAULT_CONFIDENCE
+from dsdprof.chain import CHAIN_METHODS
+from dsdprof.decide import DEFAULT_CONFIDENCE
 from dsdprof.engines.base import Cell, Engine, balanced_order, plan_cells
 from dsdprof.errors import InputError
 from dsdprof.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK

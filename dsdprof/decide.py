@@ -53,7 +53,6 @@ from dsdprof.errors import InputError
 DEFAULT_CONFIDENCE = 0.9
 DEFAULT_REPLICATES = 2000
 DEFAULT_SEED = 0
-CHAIN_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
 SAMPLE_COLUMNS = ("sample_acceptance_length", "sample_itl_s")
 
 SHAPE_MOE, SHAPE_DENSE, SHAPE_FLAT = "moe-like", "dense-like", "flat"
@@ -173,23 +172,29 @@ def bootstrap_batch(batch_size: int, cells: Sequence[tuple[int, list[tuple[float
     return BatchReplicates(batch_size, ks, point_al, point_itl, al, itl)
 
 
-def chain_fractions(per_pos: Sequence[float], ks: Sequence[int]) -> Optional[np.ndarray]:
-    """Share of AL(K_max) - 1 a chain drafter delivers at each K: sum_{i<=K} p_i / sum_{i<=K_max} p_i."""
-    p = np.asarray(per_pos, dtype=float)
-    kmax = max(ks)
-    if p.size < kmax or not np.isfinite(p[:kmax]).all() or p[:kmax].sum() <= 0:
-        return None
-    cum = np.concatenate([[0.0], np.cumsum(p[:kmax])])
-    return cum[np.asarray(ks, dtype=int)] / cum[kmax]
-
-
-def with_chain_acceptance(rep: BatchReplicates, fractions: np.ndarray) -> BatchReplicates:
-    """AL(K) = 1 + (AL(K_max) - 1) * fraction(K) in the point and in every replicate: the
-    largest K's acceptance, shaped by its per-position acceptance, stands in for every smaller K."""
-    top = int(np.argmax(rep.ks))
-    point_al = 1.0 + (rep.point_al[top] - 1.0) * fractions
-    al = None if rep.al is None else 1.0 + (rep.al[:, [top]] - 1.0) * fractions[None, :]
-    return BatchReplicates(rep.batch_size, rep.ks, point_al, rep.point_itl, al, rep.itl, rep.exact)
+def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICATES,
+                     seed: int = DEFAULT_SEED) -> dict[int, BatchReplicates]:
+    """:func:`bootstrap_batch` of every batch size's candidate rows (``engine = "sim"`` rows are exact)."""
+    rows = candidates.sort_values(["batch_size", "num_spec_tokens", *(["repeat"] if "repeat" in candidates else [])],
+                                  kind="stable")
+    samples = row_samples(rows)
+    exact_rows = (rows["engine"].astype(str) == "sim").to_numpy() if "engine" in rows else np.zeros(len(rows), bool)
+    units = [(float(a), float(t), s[0], s[1]) for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]
+    out: dict[int, BatchReplicates] = {}
+    keys = list(zip(rows["batch_size"].astype(int), rows["num_spec_tokens"].astype(int)))
+    i = 0
+    while i < len(keys):
+        b = keys[i][0]
+        cells: list[tuple[int, list]] = []
+        exact = True
+        while i < len(keys) and keys[i][0] == b:
+            if not cells or cells[-1][0] != keys[i][1]:
+                cells.append((keys[i][1], []))
+            cells[-1][1].append(units[i])
+            exact &= bool(exact_rows[i])
+            i += 1
+        out[b] = bootstrap_batch(b, cells, replicates, seed, exact=exact)
+    return out
 
 
 def interval(samples: np.ndarray, confidence: float, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -7,9 +7,8 @@ import pandas as pd
 import pytest
 
 from dsdprof.analysis import analyze
-from dsdprof.decide import (
-    BatchReplicates, bootstrap_batch, chain_fractions, curve, decide_batch, fewest_rises_path, regret,
-)
+from dsdprof.chain import chain_fractions
+from dsdprof.decide import BatchReplicates, bootstrap_batch, curve, decide_batch, fewest_rises_path, regret
 from dsdprof.errors import InputError
 from tests.synthetic import noisy_rows, truth, truth_goodput, truth_k
 
