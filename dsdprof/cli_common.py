@@ -22,16 +22,33 @@ PIPE_WIDTH = 200  # console width when the output is not a terminal and COLUMNS 
 
 
 class WrappingConsole(Console):
-    """A rich console whose tables wrap (fold) a cell that does not fit instead of cutting it
-    with "…". Off a terminal it is :data:`PIPE_WIDTH` wide unless ``COLUMNS`` says otherwise."""
+    """A rich console that never cuts a table cell with "…".
+
+    Cells that do not fit fold onto the next line. Off a terminal (a pipe, a file, CI logs) the
+    console is :data:`PIPE_WIDTH` wide unless ``COLUMNS`` says otherwise, and a table wider than
+    that is printed at its natural width rather than squeezed (rich would shrink columns down to
+    nothing)."""
 
     def print(self, *objects, **kwargs) -> None:  # noqa: D401 - rich's signature
+        from rich.measure import Measurement
+
+        needed = 0
         for obj in objects:
             if isinstance(obj, Table):
                 for column in obj.columns:
                     column.overflow = "fold"
                     column.no_wrap = False
-        super().print(*objects, **kwargs)
+                if not self.is_terminal:
+                    needed = max(needed, Measurement.get(self, self.options.update(width=10**4), obj).maximum)
+        if needed <= self.width:
+            super().print(*objects, **kwargs)
+            return
+        saved = self._width  # rich caps print(width=) at the console's width: widen it for this table
+        self.width = needed
+        try:
+            super().print(*objects, **kwargs)
+        finally:
+            self._width = saved
 
 
 def make_console(stderr: bool = False) -> Console:

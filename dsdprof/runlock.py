@@ -23,8 +23,10 @@ LOCK_FILES = (LOCK_NAME, HOLDER_NAME)
 
 
 def _holder_info(started_at: str) -> dict[str, Any]:
-    argv = [Path(sys.argv[0]).name if sys.argv else "python", *sys.argv[1:]]
-    return {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(argv),
+    prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if prog in ("cli.py", "__main__.py"):  # python -m dsdprof.cli
+        prog = "dsdprof"
+    return {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join([prog, *sys.argv[1:]]),
             "started_at": started_at}
 
 
@@ -36,7 +38,7 @@ def describe_holder(out: Path) -> str:
             raise ValueError
     except (OSError, ValueError):
         return "another process (holder not recorded yet)"
-    return (f"pid {info.get('pid')} on {info.get('host')} ({info.get('command')!s:.120}) "
+    return (f"pid {info.get('pid')} on {info.get('host')} ({info.get('command')!s:.400}) "
             f"since {info.get('started_at')}")
 
 

@@ -43,7 +43,7 @@ from dsdprof.manifest import (
     MANIFEST_NAME, build_manifest, check_same_provenance, check_same_run, measurement_versions,
     parse_manifest,
 )
-from dsdprof.runlock import LOCK_FILES, RunLock
+from dsdprof.runlock import LOCK_FILES, LOCK_NAME, RunLock
 from dsdprof.schema import (
     COLUMN_NAMES, MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY, STATUS_OK, arrow_schema,
 )
@@ -91,6 +91,7 @@ class SweepWriter:
         self._created: list[Path] = []  # directories this writer created (removed if left empty)
         self._lock = RunLock(self.out)
         self._prepare_dir()
+        self._lock_existed = (self.out / LOCK_NAME).exists()
         try:
             self._lock.acquire(utc_now())
             if any(not _is_scratch(p.name) for p in self.out.iterdir()):
@@ -256,11 +257,12 @@ class SweepWriter:
             if i not in drop:
                 merged.append(replace.pop(r["cell_id"]) if r["cell_id"] in replace else r)
         merged.extend(replace.values())  # not expected: a retried cell always has its row here
+        tmp = self._write_tmp(name, merged) if merged else None  # a full disk fails here, before any change
         self._archive(path)
-        if merged:
-            self._write_table(name, merged)
-        else:
+        if tmp is None:
             path.unlink()
+        else:
+            self._guard_io(name, lambda: os.replace(tmp, path))
 
     def _archive(self, path: Path) -> None:
         attempts = self.out / ATTEMPTS_DIR
@@ -278,13 +280,17 @@ class SweepWriter:
         self._guard_io(f"{ATTEMPTS_DIR}/{dest.name}", archive)
 
     def _write_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        tmp = self._write_tmp(name, rows)
+        self._guard_io(name, lambda: os.replace(tmp, self.out / name))
+
+    def _write_tmp(self, name: str, rows: list[dict[str, Any]]) -> Path:
+        """``rows`` as a complete, fsynced Parquet file under a hidden temp name (or nothing)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         meta = {"schema_version": MEASUREMENT_SCHEMA_VERSION, **self.provenance}
         schema = arrow_schema().with_metadata({PARQUET_METADATA_KEY: json.dumps(meta, default=str).encode()})
         table = pa.Table.from_pylist(rows, schema=schema)
-        path = self.out / name
         tmp = self.out / f".{name}.tmp"
 
         def write() -> None:
@@ -292,12 +298,12 @@ class SweepWriter:
                 pq.write_table(table, tmp)
                 with open(tmp, "rb") as fh:
                     os.fsync(fh.fileno())
-                os.replace(tmp, path)
             except BaseException:
                 tmp.unlink(missing_ok=True)
                 raise
 
         self._guard_io(name, write)
+        return tmp
 
     def _guard_io(self, name: str, action) -> None:
         try:
@@ -341,7 +347,9 @@ class SweepWriter:
                 unused = False
         if unused:
             (self.out / SWEEP_META).unlink(missing_ok=True)
-        self._lock.release(remove_files=unused and bool(self._created))
+        # A lock file this writer created in a directory it never ran in goes again (a refused
+        # resume or a foreign directory keeps exactly the files it had).
+        self._lock.release(remove_files=not self._started and not self._lock_existed)
         if unused:
             self._remove_created_dirs()
 
