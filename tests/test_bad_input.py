@@ -347,3 +347,48 @@ def test_wide_analyze_table_is_not_cut_off_a_tty(tmp_path, monkeypatch):
         assert "…" not in r.output
         header = next(line for line in r.stdout.splitlines() if "BS" in line)
         assert "vs K=12" in header or "K=12" in header  # every column whole, none squeezed away
+
+
+# ----------------------------------------------------------------------------- validate resumes
+
+VLLM_SPEC = """\
+[engine]
+name = "vllm"
+model = "tgt"
+draft_model = "drf"
+method = "draft_model"
+
+[sweep]
+batch_sizes = [1, 4]
+num_spec_tokens = [0, 3]
+waves = 2
+"""
+
+
+def test_validate_resume_of_another_run_is_refused_before_any_engine(tmp_path):
+    """The validate runner shares the run manifest: another table, fixed K, --waves or a sweep
+    directory is refused in one line, and the run directory is left exactly as it was."""
+    from dsdprof.spec import load_spec
+    from dsdprof.storage import SweepWriter
+
+    spec = tmp_path / "v.toml"
+    spec.write_text(VLLM_SPEC)
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"schema": "dsdprof.ktable/v1", "ranges": [[1, 2, 3], [3, 1048576, 1]]}))
+    run = tmp_path / "validate-run"
+    dump = load_spec(spec).model_dump(mode="json")
+    dump["validate"] = {"table": str(table), "ranges": [[1, 2, 3], [3, 1048576, 1]], "fixed_ks": [3]}
+    with SweepWriter(run, dump) as w:  # what `dsdprof validate` wrote before it was interrupted
+        w.start({"engine": "vllm", "hardware": "cpu"})
+    before = snapshot(run)
+
+    def validate(*extra):
+        return runner.invoke(app, ["validate", str(table), str(spec), "--out", str(run), "--resume", *extra])
+
+    one_line_error(validate("--waves", "5"), "spec.sweep.waves=5", "(was 2)")
+    one_line_error(validate("--fixed-k", "4"), "spec.validate.fixed_ks[0]=4", "(was 3)")
+    other = tmp_path / "t2.json"
+    other.write_text(table.read_text())
+    one_line_error(runner.invoke(app, ["validate", str(other), str(spec), "--out", str(run), "--resume"]),
+                   "spec.validate.table=")
+    assert snapshot(run) == before
