@@ -337,7 +337,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
         per_pos = pd.DataFrame([{"batch_size": b, "num_spec_tokens": k, "acceptance_per_pos": _per_pos_median(v)}
                                 for (b, k), v in sorted(lists.items())])
         cells = cells.merge(per_pos, on=["batch_size", "num_spec_tokens"], how="left")
-    reps = batch_replicates(candidate_rows, replicates, seed)
+    reps = batch_replicates(candidate_rows, replicates, seed, confidence)
     check = chain_check(reps, per_pos, confidence)
     use_chain = acceptance == "chain" or (
         acceptance == "auto" and _method(df, prov) in CHAIN_METHODS and not check.empty
@@ -349,7 +349,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
                 reps[b] = with_chain_acceptance(rep, fr)
 
     decisions = [decide_batch(reps[b], tolerance, confidence) for b in sorted(reps)]
-    shape, path = curve(decisions, tolerance)
+    shape, path = curve(decisions, tolerance, reps, confidence)
     ratio_rows = [{"batch_size": d.batch_size, "num_spec_tokens": k,
                    "acceptance_length": float(reps[d.batch_size].point_al[i]),
                    "ratio_to_best": d.ratio[k], "ratio_low": d.ratio_low.get(k, math.nan),

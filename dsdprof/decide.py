@@ -7,13 +7,21 @@ them; :mod:`dsdprof.budget` uses them to decide where more waves are worth it.
 are its ``sample_acceptance_length`` / ``sample_itl_s`` lists (schema v2: one value per measured
 wave); a row without them (v1, or any Parquet with just the contract columns) is one sample.
 
-**Bootstrap** (hierarchical, ratio of means). Each replicate resamples, per cell, the repeats
-with replacement and, inside every drawn repeat, its waves with replacement (AL and ITL of a
-wave stay paired). A repeat contributes its row's AL and ITL scaled by (resampled wave mean / wave
-mean), so the replicates are centred on the rows' own values; the cell's replicate is
-mean AL / mean ITL over its drawn repeats. The point estimate is the same statistic on the data
-as measured. Random numbers come from ``numpy.random.default_rng((seed, batch_size))``, so a
-batch size's intervals do not depend on the other batch sizes' data.
+**Bootstrap** (ratio of means). The point estimate of a cell is mean AL / mean ITL over its
+repeats. Each replicate resamples, per cell, with replacement, at the level the data support:
+
+* the **waves**, pooled over the cell's repeats, when a one-way F test on the log wave values
+  finds no difference between the repeats beyond their waves' noise (p >= 0.25), or when there is
+  a single repeat (AL and ITL of a wave stay paired);
+* else the **repeats** (their row values; v1 rows and contract-only Parquet always take this path).
+
+A cell's replicate is its point scaled by (resampled mean / sample mean) of AL and of ITL. Resampling
+both levels at once would count the wave noise twice (it is already in the repeats' means), and a
+percentile bootstrap of a few samples is too narrow: each cell's replicate deviations (in log) are
+widened by ``t_{n-1}(q) / z(q) * sqrt(n / (n-1))`` for its ``n`` resampled samples, so that its
+interval is a small-sample t interval (3 repeats: x2.2; 20 waves: x1.08). Random numbers come from
+``numpy.random.default_rng((seed, batch_size))``, so a batch size's intervals do not depend on the
+other batch sizes' data.
 
 A cell with a single sample (one repeat, at most one wave) has no interval: the batch size's
 intervals are then *unknown* and nothing there is called decided. Rows from the analytic engine
@@ -28,15 +36,15 @@ chosen one is not confidently within tolerance (``lo(g_chosen / g_k) < 1 - toler
 point is ``decided`` when that set is the chosen K alone. Where intervals are unknown the old point
 rule applies (smallest K within tolerance of the best point goodput) and every K is admissible.
 
-**Shape.** Among the sequences that take an admissible K at every batch size, the curve is
-``moe-like`` only when every one of them rises somewhere (the rise of K* with batch size exceeds
-its intervals). Otherwise the exported K is the non-increasing sequence with the least point
-regret beyond tolerance, then the fewest points changed from the rule's choice, then the least
-point regret, then the smallest K (decided points never change): ``flat`` when that is one K,
-else ``dense-like``. Where a curve's decisions are not separable, the exported K does not rise
-with batch size. A moe-like curve keeps the rule's K except where an admissible K removes a rise
-at no point regret beyond tolerance (same order, with rises counted after the regret beyond
-tolerance).
+**Shape.** The curve is ``moe-like`` only when the rise of K* with batch size exceeds its
+intervals: every sequence taking an admissible K at every batch size rises somewhere, or, pairwise,
+for some b1 < b2 with rule K k1 < k2, k1 beats k2 by more than the tolerance at b1 and k2 beats k1
+by more than the tolerance at b2, at the stated confidence. Otherwise the exported K is the
+non-increasing admissible sequence with the least point regret beyond tolerance, then the fewest
+points changed from the rule's choice, then the least point regret, then the smallest K (decided
+points never change): ``flat`` when that is one K, else ``dense-like``. Where a curve's decisions
+are not separable, the exported K does not rise with batch size. A moe-like curve keeps the rule's
+K except where an admissible K removes a rise at no point regret beyond tolerance.
 """
 
 from __future__ import annotations
@@ -130,50 +138,74 @@ class BatchReplicates:
         return None if self.al is None else self.al / self.itl
 
 
+POOL_P_VALUE = 0.25  # pool a cell's waves across repeats unless repeats differ at this level (F test)
+
+
+def _repeats_differ(units: Sequence[tuple[float, float, np.ndarray, np.ndarray]]) -> bool:
+    """One-way F test on log wave values (ITL, and AL where it varies): do the repeats' means differ
+    by more than their waves' noise explains (p < :data:`POOL_P_VALUE`)?"""
+    from scipy.stats import f as f_dist
+
+    for j in (3, 2):
+        groups = [np.log(u[j]) for u in units]
+        n, r = sum(g.size for g in groups), len(groups)
+        grand = np.concatenate(groups).mean()
+        ms_b = sum(g.size * (g.mean() - grand) ** 2 for g in groups) / (r - 1)
+        ss_w = sum(((g - g.mean()) ** 2).sum() for g in groups)
+        if ms_b <= 0:
+            continue
+        if ss_w <= 0 or f_dist.sf(ms_b / (ss_w / (n - r)), r - 1, n - r) < POOL_P_VALUE:
+            return True
+    return False
+
+
+def small_sample_factor(n: int, confidence: float) -> float:
+    """Widening of a percentile bootstrap of a mean of ``n`` samples to a t interval: the bootstrap
+    variance is (n-1)/n of the usual estimate and its tails are normal, not Student t (n-1 df)."""
+    from scipy.stats import norm, t
+
+    q = 1.0 - (1.0 - confidence) / 2.0
+    return float(t.ppf(q, n - 1) / norm.ppf(q) * math.sqrt(n / (n - 1)))
+
+
 def bootstrap_batch(batch_size: int, cells: Sequence[tuple[int, list[tuple[float, float, np.ndarray, np.ndarray]]]],
                     replicates: int = DEFAULT_REPLICATES, seed: int = DEFAULT_SEED,
-                    exact: bool = False) -> BatchReplicates:
-    """Hierarchical bootstrap of one batch size.
+                    exact: bool = False, confidence: float = DEFAULT_CONFIDENCE) -> BatchReplicates:
+    """Bootstrap of one batch size (see the module docstring).
 
     ``cells``: per K (ascending), the K and its repeats as (row AL, row ITL, AL waves, ITL waves).
     """
     ks = np.array([k for k, _ in cells], dtype=int)
-    units = [u for _, reps in cells for u in reps]
-    reps_per_cell = np.array([len(reps) for _, reps in cells])
-    unit_al = np.array([u[0] for u in units])
-    unit_itl = np.array([u[1] for u in units])
-    cell_of_unit = np.repeat(np.arange(len(cells)), reps_per_cell)
-    point_al = np.bincount(cell_of_unit, unit_al) / reps_per_cell
-    point_itl = np.bincount(cell_of_unit, unit_itl) / reps_per_cell
-    counts = np.array([u[2].size for u in units])
-    single = [reps_per_cell[c] < 2 and counts[cell_of_unit == c].max() < 2 for c in range(len(cells))]
+    point_al = np.array([np.mean([u[0] for u in reps]) for _, reps in cells])
+    point_itl = np.array([np.mean([u[1] for u in reps]) for _, reps in cells])
     if exact:  # deterministic predictions: the point is the only replicate
         return BatchReplicates(batch_size, ks, point_al, point_itl, point_al[None, :], point_itl[None, :], exact=True)
-    if any(single):
+    s_al, s_itl = [], []  # per cell: the samples its replicates resample
+    for _, reps in cells:
+        if len(reps) == 1 or (all(u[2].size >= 2 for u in reps) and not _repeats_differ(reps)):
+            s_al.append(np.concatenate([u[2] for u in reps]))  # waves (pooled over repeats)
+            s_itl.append(np.concatenate([u[3] for u in reps]))
+        else:
+            s_al.append(np.array([u[0] for u in reps]))  # repeats
+            s_itl.append(np.array([u[1] for u in reps]))
+    counts = np.array([a.size for a in s_al])
+    if (counts < 2).any():
         return BatchReplicates(batch_size, ks, point_al, point_itl, None, None)
     rng = np.random.default_rng((int(seed), int(batch_size)))
-    b = int(replicates)
-    # stage 1: resample the waves of every repeat (one draw per wave, AL and ITL paired)
-    s_al = np.concatenate([u[2] for u in units])
-    s_itl = np.concatenate([u[3] for u in units])
-    unit_off = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    unit_of_sample = np.repeat(np.arange(len(units)), counts)
-    idx = unit_off[unit_of_sample] + (rng.random((b, s_al.size)) * counts[unit_of_sample]).astype(np.int64)
-    mean_al = np.add.reduceat(s_al[idx], unit_off, axis=1) / counts
-    mean_itl = np.add.reduceat(s_itl[idx], unit_off, axis=1) / counts
-    rep_al = unit_al * mean_al / (np.bincount(unit_of_sample, s_al) / counts)
-    rep_itl = unit_itl * mean_itl / (np.bincount(unit_of_sample, s_itl) / counts)
-    # stage 2: resample the repeats of every cell
-    cell_off = np.concatenate([[0], np.cumsum(reps_per_cell)[:-1]])
-    cell_of_slot = np.repeat(np.arange(len(cells)), reps_per_cell)
-    pick = cell_off[cell_of_slot] + (rng.random((b, cell_of_slot.size)) * reps_per_cell[cell_of_slot]).astype(np.int64)
-    al = np.add.reduceat(np.take_along_axis(rep_al, pick, axis=1), cell_off, axis=1) / reps_per_cell
-    itl = np.add.reduceat(np.take_along_axis(rep_itl, pick, axis=1), cell_off, axis=1) / reps_per_cell
+    flat_al, flat_itl = np.concatenate(s_al), np.concatenate(s_itl)
+    off = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    cell_of = np.repeat(np.arange(len(cells)), counts)
+    idx = off[cell_of] + (rng.random((int(replicates), flat_al.size)) * counts[cell_of]).astype(np.int64)
+    ratio_al = np.add.reduceat(flat_al[idx], off, axis=1) / counts / np.array([a.mean() for a in s_al])
+    ratio_itl = np.add.reduceat(flat_itl[idx], off, axis=1) / counts / np.array([a.mean() for a in s_itl])
+    widen = np.array([small_sample_factor(int(n), confidence) for n in counts])
+    al = point_al * np.exp(widen * np.log(ratio_al))
+    itl = point_itl * np.exp(widen * np.log(ratio_itl))
     return BatchReplicates(batch_size, ks, point_al, point_itl, al, itl)
 
 
 def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICATES,
-                     seed: int = DEFAULT_SEED) -> dict[int, BatchReplicates]:
+                     seed: int = DEFAULT_SEED, confidence: float = DEFAULT_CONFIDENCE) -> dict[int, BatchReplicates]:
     """:func:`bootstrap_batch` of every batch size's candidate rows (``engine = "sim"`` rows are exact)."""
     rows = candidates.sort_values(["batch_size", "num_spec_tokens", *(["repeat"] if "repeat" in candidates else [])],
                                   kind="stable")
@@ -193,7 +225,7 @@ def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICA
             cells[-1][1].append(units[i])
             exact &= bool(exact_rows[i])
             i += 1
-        out[b] = bootstrap_batch(b, cells, replicates, seed, exact=exact)
+        out[b] = bootstrap_batch(b, cells, replicates, seed, exact=exact, confidence=confidence)
     return out
 
 
@@ -331,13 +363,46 @@ def fewest_rises_path(options: Sequence[dict[int, tuple[float, ...]]],
     return rises, path[::-1]
 
 
-def curve(decisions: Sequence[Decision], tolerance: float) -> tuple[str, list[int]]:
+def _ratio_interval(rep: BatchReplicates, ka: int, kb: int, confidence: float) -> tuple[float, float]:
+    """Interval of goodput(ka) / goodput(kb) at one batch size (NaN when unknown)."""
+    ks = [int(x) for x in rep.ks]
+    if not rep.known or ka not in ks or kb not in ks:
+        return math.nan, math.nan
+    i, j = ks.index(ka), ks.index(kb)
+    if rep.exact:
+        r = float(rep.point_goodput[i] / rep.point_goodput[j])
+        return r, r
+    lo, hi = interval(rep.goodput[:, i] / rep.goodput[:, j], confidence)
+    return float(lo), float(hi)
+
+
+def significant_rise(decisions: Sequence[Decision], reps: Optional[dict[int, BatchReplicates]],
+                     confidence: float, tolerance: float) -> bool:
+    """A rise of the rule's K that exceeds its intervals pairwise: for some b1 < b2 with rule K
+    k1 < k2, k1 beats k2 by more than the tolerance at b1 AND k2 beats k1 by more than the
+    tolerance at b2, both at the stated confidence (near-ties flipping by noise do not count)."""
+    if not reps:
+        return False
+    for i, d1 in enumerate(decisions):
+        for d2 in decisions[i + 1:]:
+            if d1.k >= d2.k:
+                continue
+            lo1, _ = _ratio_interval(reps[d1.batch_size], d1.k, d2.k, confidence)
+            _, hi2 = _ratio_interval(reps[d2.batch_size], d1.k, d2.k, confidence)
+            if lo1 > 1.0 + tolerance and hi2 < 1.0 - tolerance:
+                return True
+    return False
+
+
+def curve(decisions: Sequence[Decision], tolerance: float,
+          reps: Optional[dict[int, BatchReplicates]] = None,
+          confidence: float = DEFAULT_CONFIDENCE) -> tuple[str, list[int]]:
     """(shape, K per batch size) from per-batch-size decisions in ascending batch size."""
     floor = 1.0 - tolerance
     options = [{k: (max(0.0, floor - d.ratio[k]), float(k != d.k), 1.0 - d.ratio[k], float(k)) for k in d.admissible}
                for d in decisions]
     rises, path = fewest_rises_path(options)
-    if not rises:
+    if not rises and not significant_rise(decisions, reps, confidence, tolerance):
         return (SHAPE_FLAT if len(set(path)) == 1 else SHAPE_DENSE), path
     return SHAPE_MOE, fewest_rises_path(options, rises_first=False)[1]
 

@@ -197,3 +197,28 @@ def test_analyze_cli_shows_intervals_and_decisions(tmp_path):
     assert "ratio_low" in doc["cells"][0]
     r = CliRunner().invoke(app, ["analyze", str(p), "--confidence", "1.5"])
     assert r.exit_code == 2 and "confidence" in r.stderr
+
+
+def test_small_sample_widening():
+    from dsdprof.decide import small_sample_factor
+
+    assert small_sample_factor(3, 0.9) == pytest.approx(2.920 / 1.645 * (1.5 ** 0.5), rel=1e-3)
+    assert 1.0 < small_sample_factor(40, 0.9) < 1.05
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_v1_three_repeats_heavy_noise_dense_is_not_moe_like(seed):
+    """Plain percentile intervals on 3 repeats are too narrow; the widened ones must not see a rise."""
+    df = noisy_rows(truth("dense"), seed + 17, repeats=3, samples=False, wave_noise=0.0, repeat_noise=0.05,
+                    al_noise=0.0)
+    res = analyze(df[["batch_size", "num_spec_tokens", "acceptance_length", "itl_s", "mode", "repeat"]])
+    assert res.shape in ("dense-like", "flat") and res.intervals_known
+
+
+def test_repeats_that_differ_are_resampled_as_repeats():
+    from dsdprof.decide import _repeats_differ
+
+    waves = 0.01 * np.random.default_rng(0).lognormal(0, 0.05, 20)
+    same = [(1.0, 0.01, np.ones(20), np.roll(waves, r)) for r in range(3)]  # same waves, another order
+    drift = [(1.0, 0.01 * f, np.ones(20), f * np.roll(waves, r)) for r, f in enumerate((1.0, 1.2, 0.9))]
+    assert not _repeats_differ(same) and _repeats_differ(drift)
