@@ -103,3 +103,13 @@ def test_read_trace_roundtrip(tmp_path):
     steps = read_trace(p)
     assert len(steps) == 2 and steps[0].delivered == {"x": 3} and steps[0].drafted == (2,)
     assert read_trace(tmp_path / "missing.jsonl") == []
+
+
+def test_finishing_step_counts_delivered_but_not_per_position_acceptance():
+    # draft = target, K 3: 23 decode tokens = 5 steps of 4 + a capped step of 3 (vLLM stops at max_tokens)
+    steps = [Step(0, 0.0, 1, 0, 32, 0, (), (), {})]
+    steps += [Step(0, 0.1 * (i + 1), 1, 1, 0, 0, (3,), (4,), {"r": 4}, (False,)) for i in range(5)]
+    steps.append(Step(0, 0.6, 1, 1, 0, 0, (3,), (3,), {"r": 3}, (True,)))
+    t = summarize(steps, 1, 3, 3)
+    assert t.acceptance_length == pytest.approx(23 / 6)
+    assert t.acceptance_per_pos == pytest.approx((1.0, 1.0, 1.0))

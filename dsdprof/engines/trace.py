@@ -5,8 +5,8 @@ core and appends one record per engine step to the cell's trace file (JSON lines
 records per wave). A record (:class:`Step`) says which wave the step belonged to, when the step
 ended, how many of the wave's requests it ran and how many of them were decoding (no prefill
 tokens), the prefill tokens in the step, and per decoding request: draft tokens scheduled,
-tokens the target generated (accepted drafts + the bonus token, *before* trimming) and tokens the
-request was actually **delivered** (after vLLM trimmed the output at ``max_tokens``/EOS).
+tokens the target generated (accepted drafts + the bonus token) and tokens the request was actually
+**delivered** (after vLLM trimmed the output at ``max_tokens``/EOS), and whether it finished.
 
 A cell's numbers come only from **steady-state steps** (:func:`summarize`): steps of a measured
 wave in which exactly ``batch_size`` requests decode, none prefills, nothing outside the wave
@@ -55,12 +55,14 @@ class Step:
     drafted: tuple[int, ...]  # per decoding request: draft tokens scheduled
     generated: tuple[int, ...]  # per decoding request: tokens generated (accepted + bonus), untrimmed
     delivered: dict[str, int] = field(default_factory=dict)  # request id -> tokens delivered
+    finished: tuple[bool, ...] = ()  # per decoding request: it finished in this step
 
     @classmethod
     def from_json(cls, d: dict) -> "Step":
         return cls(int(d["wave"]), float(d["t_end"]), int(d["scheduled"]), int(d["decoding"]),
                    int(d["prefill_tokens"]), int(d.get("others", 0)), tuple(d["drafted"]),
-                   tuple(d["generated"]), {str(k): int(v) for k, v in d["delivered"].items()})
+                   tuple(d["generated"]), {str(k): int(v) for k, v in d["delivered"].items()},
+                   tuple(bool(x) for x in d.get("finished", ())))
 
 
 class CellFailure(RuntimeError):
@@ -156,13 +158,20 @@ def summarize(steps: list[Step], batch_size: int, num_spec_tokens: int | None,
         if k > 0 and drafts < n_req_steps:
             raise CellFailure(f"K not verified: {n_req_steps - drafts} of {n_req_steps} steady request-steps "
                               f"had no draft, the row says K={k}")
+    # Per-position acceptance is the draft's: a request's finishing step is left out (vLLM stops
+    # generating at max_tokens, so its later positions were never verified).
     accepted_per_pos = [0] * positions
+    pos_drafts = 0
     accepted = 0
     for s, _ in steady:
-        for d, g in zip(s.drafted, s.generated):
+        finished = s.finished or (False,) * len(s.drafted)
+        for d, g, done in zip(s.drafted, s.generated, finished):
             if d > 0:
                 a = max(0, min(d, g - 1))
                 accepted += a
+                if done:
+                    continue
+                pos_drafts += 1
                 for i in range(min(a, positions)):
                     accepted_per_pos[i] += 1
     # Per request: its steady time and delivered tokens -> its TPOT.
@@ -181,7 +190,7 @@ def summarize(steps: list[Step], batch_size: int, num_spec_tokens: int | None,
     itl = sum(durations) / len(durations)
     return TraceSummary(
         acceptance_length=delivered / n_req_steps,
-        acceptance_per_pos=tuple(c / drafts if drafts else 0.0 for c in accepted_per_pos),
+        acceptance_per_pos=tuple(c / pos_drafts if pos_drafts else 0.0 for c in accepted_per_pos),
         itl_s=itl, itl_p50_s=_percentile(durations, 0.5), itl_p90_s=_percentile(durations, 0.9),
         itl_p99_s=_percentile(durations, 0.99),
         tpot_s=sum(t * s.decoding for s, t in steady) / delivered if delivered else math.nan,

@@ -139,7 +139,7 @@ class _DsdprofMixin:
         path, wave, reqs, prefill_tokens, others = info
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
-        drafted, generated, delivered = [], [], {}
+        drafted, generated, delivered, finished = [], [], {}, []
         decoding = 0
         for req_id, n_draft, is_decoding, before in reqs:
             if not is_decoding:
@@ -150,10 +150,11 @@ class _DsdprofMixin:
             generated.append(len(sampled[i]) if (sampled and i is not None) else 0)
             request = requests.get(req_id)
             delivered[req_id] = (request.num_output_tokens - before) if request is not None else 0
+            finished.append(bool(request is None or request.is_finished()))
         self._dsdprof_buffers.setdefault(path, []).append({
             "wave": wave, "t_end": time.perf_counter(), "scheduled": len(reqs), "decoding": decoding,
             "prefill_tokens": prefill_tokens, "others": others, "drafted": drafted,
-            "generated": generated, "delivered": delivered,
+            "generated": generated, "delivered": delivered, "finished": finished,
         })
 
     def _dsdprof_flush(self) -> None:
