@@ -262,6 +262,20 @@ def _mean_cells(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def check_baseline(df: pd.DataFrame) -> None:
+    """A vanilla baseline that was run but failed is an error, never a silent switch to K=0."""
+    if "mode" not in df.columns or "status" not in df.columns:
+        return
+    modes = df["mode"].astype(str)
+    for b in sorted(set(df.loc[modes == MODE_VANILLA, "batch_size"])):
+        rows = df[(modes == MODE_VANILLA) & (df["batch_size"] == b)]
+        if not (rows["status"].astype(str) == STATUS_OK).any():
+            err = str(rows["error"].iloc[0]) if "error" in rows.columns else ""
+            raise InputError("baseline", f"vanilla bs{int(b)}",
+                             f"every vanilla cell at this batch size failed ({err[:200]}); re-run them with "
+                             "dsdprof sweep SPEC --out OUT --resume")
+
+
 def split_baseline_candidates(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(baseline rows, candidate rows) following the ``mode`` rules in the module docstring."""
     if "mode" not in df.columns:
@@ -322,6 +336,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     if int(replicates) < 100:
         raise InputError("replicates", replicates, "must be >= 100")
     prov = dict(provenance or {})
+    check_baseline(df)
     df = validate_measurements(df)
     baseline_rows, candidate_rows = split_baseline_candidates(df)
     if candidate_rows.empty:

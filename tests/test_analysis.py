@@ -149,3 +149,18 @@ def test_load_from_plain_parquet_and_dir(tmp_path, dense_like_frame):
 def test_fixed_k_summary(dense_like_frame):
     s = fixed_k_summary(analyze(dense_like_frame))
     assert (s.geomean_speedup >= 1.0 - 1e-12).all()
+
+
+def test_failed_baseline_is_an_error_not_a_switch_to_k0(dense_like_frame):
+    import pandas as pd
+
+    from dsdprof.analysis import analyze
+    from dsdprof.errors import InputError
+
+    dsd = dense_like_frame.assign(mode="dsd", status="ok", error="")
+    van = dense_like_frame[dense_like_frame["num_spec_tokens"] == 0].assign(mode="vanilla", status="ok", error="")
+    analyze(pd.concat([dsd, van], ignore_index=True))
+    van_failed = van.assign(status="failed", error="EngineFailure: out of memory")
+    van_failed.loc[van_failed["batch_size"] != 8, "status"] = "ok"
+    with pytest.raises(InputError, match="baseline.*bs8.*out of memory"):
+        analyze(pd.concat([dsd, van_failed], ignore_index=True))
