@@ -264,6 +264,10 @@ def toy_models(
     kind: str = typer.Option("both", "--kind", help="dense, moe or both."),
     residual_scale: Optional[float] = typer.Option(None, "--residual-scale", help="Scale of later layers' output projections (default 0.016): 0 = draft equals target; larger = lower acceptance."),
     seed: int = typer.Option(0, "--seed"),
+    layers: Optional[int] = typer.Option(None, "--layers", min=2, max=64, help="Target decoder layers."),
+    experts: Optional[int] = typer.Option(None, "--experts", min=2, max=512, help="MoE: experts per layer."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=64, help="MoE: experts per token."),
+    expert_ffn: Optional[int] = typer.Option(None, "--expert-ffn", min=8, max=65536, help="MoE: each expert's FFN size."),
 ) -> None:
     """Build random-init toy target/draft pairs locally (no download) with realistic acceptance."""
     from dsdprof.errors import InputError
@@ -273,7 +277,9 @@ def toy_models(
     if kinds is None:
         raise InputError("--kind", kind, "must be dense, moe or both")
     for k in kinds:
-        pair = build_toy_pair(out_dir / k, toy_config(k, residual_scale=residual_scale, seed=seed))
+        pair = build_toy_pair(out_dir / k, toy_config(
+            k, residual_scale=residual_scale, seed=seed, num_layers=layers, num_experts=experts,
+            experts_per_token=top_k, moe_intermediate_size=expert_ffn))
         console.print(f"{k}: target {pair.target}  draft {pair.draft}")
 
 

@@ -57,7 +57,10 @@ def toy_config(kind: str = "dense", **overrides) -> ToyModelConfig:
     """The default toy config for ``kind`` with ``overrides`` (None values ignored)."""
     base = dict(MOE_OVERRIDES) if kind == "moe" else {}
     base.update({k: v for k, v in overrides.items() if v is not None})
-    return ToyModelConfig(kind=kind, **base)
+    cfg = ToyModelConfig(kind=kind, **base)
+    if cfg.experts_per_token > cfg.num_experts:
+        raise InputError("--top-k", cfg.experts_per_token, f"must be <= --experts ({cfg.num_experts})")
+    return cfg
 
 
 @dataclass(frozen=True)
