@@ -31,7 +31,7 @@ from dsdprof.decide import (
 )
 from dsdprof.errors import InputError
 from dsdprof.schema import (
-    CONTRACT_COLUMNS, MODE_DSD, MODE_FIXED, MODE_VANILLA, PARQUET_METADATA_KEY,
+    CONTRACT_COLUMNS, MODE_DSD, MODE_FIXED, MODE_VANILLA, MODES, PARQUET_METADATA_KEY,
     READABLE_MEASUREMENT_VERSIONS, STATUS_OK,
 )
 
@@ -224,9 +224,9 @@ def validate_measurements(df: pd.DataFrame) -> pd.DataFrame:
                          f"exceeds K+1={int(row['num_spec_tokens']) + 1}")
     if "mode" in df.columns:
         modes = df["mode"].astype(str)
-        bad = ~modes.isin([MODE_VANILLA, MODE_DSD, MODE_FIXED])
+        bad = ~modes.isin(MODES)
         if bad.any():
-            raise InputError("mode", modes[bad].iloc[0], "must be vanilla, dsd or fixed")
+            raise InputError("mode", modes[bad].iloc[0], f"must be one of {', '.join(MODES)}")
         df["mode"] = modes
         spec_vanilla = (modes == MODE_VANILLA) & (df["num_spec_tokens"] != 0)
         if spec_vanilla.any():
@@ -267,9 +267,12 @@ def check_baseline(df: pd.DataFrame) -> None:
     if "mode" not in df.columns or "status" not in df.columns:
         return
     modes = df["mode"].astype(str)
+    ok = df["status"].astype(str) == STATUS_OK
     for b in sorted(set(df.loc[modes == MODE_VANILLA, "batch_size"])):
-        rows = df[(modes == MODE_VANILLA) & (df["batch_size"] == b)]
-        if not (rows["status"].astype(str) == STATUS_OK).any():
+        at_b = df["batch_size"] == b
+        rows = df[(modes == MODE_VANILLA) & at_b]
+        # only where other rows at this batch size are ok would K=0 silently become the baseline
+        if not (ok & (modes == MODE_VANILLA) & at_b).any() and (ok & at_b).any():
             err = str(rows["error"].iloc[0]) if "error" in rows.columns else ""
             raise InputError("baseline", f"vanilla bs{int(b)}",
                              f"every vanilla cell at this batch size failed ({err[:200]}); re-run them with "
@@ -281,7 +284,7 @@ def split_baseline_candidates(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     if "mode" not in df.columns:
         return df[df["num_spec_tokens"] == 0], df
     vanilla = df[df["mode"] == MODE_VANILLA]
-    spec = df[df["mode"] != MODE_VANILLA]
+    spec = df[df["mode"].isin([MODE_DSD, MODE_FIXED])]  # adaptive rows (validate) have no one K
     # A cell measured in DSD mode is what the table is served in: prefer it over fixed mode.
     if not spec.empty and (spec["mode"] == MODE_DSD).any() and (spec["mode"] == MODE_FIXED).any():
         dsd_keys = set(zip(spec.loc[spec["mode"] == MODE_DSD, "batch_size"],

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from dsdprof.atomic import write_bytes_atomic
 from dsdprof.errors import InputError
 
 LOCK_NAME = "_dsdprof.lock"
@@ -63,7 +64,7 @@ class RunLock:
             raise InputError("out", str(self.out), f"is not writable: cannot create its lock file ({err.strerror or err})") from None
         self._lock = lock
         try:
-            _write_text_atomic(self.out / HOLDER_NAME, json.dumps(_holder_info(started_at)))
+            write_bytes_atomic(self.out / HOLDER_NAME, json.dumps(_holder_info(started_at)).encode())
         except OSError as err:
             self.release()
             raise InputError("out", str(self.out), f"is not writable ({err.strerror or err})") from None
@@ -85,19 +86,6 @@ class RunLock:
         finally:
             lock, self._lock = self._lock, None
             lock.release(force=True)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def holder_pid(out: Path) -> Optional[int]:

@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from dsdprof.atomic import fsync_dir, write_bytes_atomic
 from dsdprof.errors import InputError
 from dsdprof.manifest import (
     MANIFEST_NAME, build_manifest, check_same_provenance, check_same_run, measurement_versions,
@@ -203,7 +204,7 @@ class SweepWriter:
 
     def _write_manifest(self, doc: dict[str, Any]) -> None:
         self._claimed_at = doc["started_at"]
-        self._guard_io(SWEEP_META, lambda: _write_bytes_atomic(
+        self._guard_io(SWEEP_META, lambda: write_bytes_atomic(
             self.out / SWEEP_META, json.dumps(doc, indent=2, default=str).encode()))
 
     # ------------------------------------------------------------------ writing
@@ -244,7 +245,7 @@ class SweepWriter:
             self._visible.update({r["cell_id"]: name for r in fresh})
         for name, replace in retried.items():
             self._rewrite(name, replace)
-        _fsync_dir(self.out)
+        fsync_dir(self.out)
 
     def _rewrite(self, name: str, replace: dict[str, dict[str, Any]], drop: frozenset[int] | set[int] = frozenset()) -> None:
         """Swap rows of part file ``name`` (archived under ``_attempts/`` first) in one rename."""
@@ -360,31 +361,6 @@ class SweepWriter:
             except OSError:
                 break
         self._created = []
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def provenance_dict(prov) -> dict[str, Any]:

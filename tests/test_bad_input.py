@@ -164,7 +164,7 @@ def test_full_disk_while_claiming_out(tmp_path, spec, monkeypatch):
     def no_space(path, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(storage, "_write_bytes_atomic", no_space)
+    monkeypatch.setattr(storage, "write_bytes_atomic", no_space)
     one_line_error(sweep(spec, tmp_path / "run"), "out=", "No space left on device")
     assert not (tmp_path / "run").exists()
 

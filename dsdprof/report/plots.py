@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dsdprof.atomic import write_bytes_atomic
 from dsdprof.errors import InputError
 
 PNG_NAMES = {
@@ -305,7 +306,7 @@ def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = 0.
     except OSError as err:
         raise InputError("--out", str(out), f"cannot be created ({err.strerror or err})") from None
     for name, data in rendered.items():
-        write_bytes_atomic(out / PNG_NAMES[name], data)
+        write_png(out / PNG_NAMES[name], data)
     return paths
 
 
@@ -319,15 +320,9 @@ def render_png(fig) -> bytes:
     return data
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write to a hidden temp file, fsync, rename: a reader sees the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def write_png(path: Path, data: bytes) -> None:
+    """Atomic write of a checked PNG; an unwritable destination is one line naming --out."""
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_bytes_atomic(path, data)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise InputError("--out", str(path), f"cannot be written ({err.strerror or err})") from None
