@@ -27,7 +27,8 @@ TABLE_SCHEMA = "dsdprof.ktable/v2"  # the K-table version dsdprof writes (v1 sti
 MODE_VANILLA = "vanilla"  # engine started without any speculative config (the baseline)
 MODE_DSD = "dsd"  # one engine in vLLM's dynamic-SD mode, K switched per wave
 MODE_FIXED = "fixed"  # one engine per K (fallback for methods that cannot run in DSD mode)
-MODES = (MODE_VANILLA, MODE_DSD, MODE_FIXED)
+MODE_ADAPTIVE = "adaptive"  # validate only: the table served by dsdprof's adaptive vLLM scheduler
+MODES = (MODE_VANILLA, MODE_DSD, MODE_FIXED, MODE_ADAPTIVE)
 
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
@@ -45,7 +46,7 @@ class Column:
 
 MEASUREMENT_COLUMNS: tuple[Column, ...] = (
     Column("cell_id", "string", "stable id of the grid cell: '<mode>-bs<B>-k<K>-r<repeat>'"),
-    Column("mode", "string", "vanilla | dsd | fixed (how the engine ran this cell)"),
+    Column("mode", "string", "vanilla | dsd | fixed | adaptive (how the engine ran this cell; adaptive: validate only)"),
     Column("batch_size", "int64", "concurrent requests per wave (held exactly)"),
     Column("num_spec_tokens", "int64", "K, draft tokens proposed per step (0 = no speculation)"),
     Column("repeat", "int64", "repeat index of this cell within the sweep"),

@@ -4,6 +4,7 @@ tests/test_vllm_adaptive.py runs it in a real vLLM engine."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from types import SimpleNamespace as NS
 
@@ -68,19 +69,22 @@ def test_settings_from_additional_config_then_environment(tmp_path):
 
 # ---------------------------------------------------------------- the scheduler (vLLM classes, no engine)
 
-vllm = pytest.importorskip("vllm")
-from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  # noqa: E402
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")
+if HAS_VLLM:
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-from dsdprof.engines import vllm_adaptive as va  # noqa: E402
-from dsdprof.engines import vllm_scheduler as vs  # noqa: E402
-from dsdprof.engines.vllm_scheduler_names import K_EXTRA_ARG  # noqa: E402
+    from dsdprof.engines import vllm_adaptive as va
+    from dsdprof.engines import vllm_scheduler as vs
+    from dsdprof.engines.vllm_scheduler_names import K_EXTRA_ARG
 
 MAX_BS = 8
 
 
+@needs_vllm
 def test_qualname_resolves_to_the_factory_which_follows_async_scheduling(monkeypatch):
     assert resolve_obj_by_qualname(ADAPTIVE_SCHEDULER_QUALNAME) is va.make_scheduler
     assert va.scheduler_class_for(NS(async_scheduling=True)) is va.AdaptiveAsyncScheduler
@@ -135,6 +139,7 @@ def spy(sched):
     return calls
 
 
+@needs_vllm
 def test_setup_serves_the_table_lookup_with_vllm_semantics(tmp_path):
     s = fake_scheduler(tmp_path)
     sel = s.dsdprof_selector
@@ -152,6 +157,7 @@ def test_setup_serves_the_table_lookup_with_vllm_semantics(tmp_path):
         s2._adaptive_setup(adaptive_additional_config(str(tmp_path / "table.json")), environ={})
 
 
+@needs_vllm
 def test_observe_aggregates_requests_per_position(tmp_path):
     s = fake_scheduler(tmp_path, options={"rebuild_every": 1000})
     calls = spy(s)
@@ -172,6 +178,7 @@ def test_observe_aggregates_requests_per_position(tmp_path):
     assert s._adaptive_acc == [0] * 4 and s._adaptive_drafted == [0] * 4  # scratch counts reset
 
 
+@needs_vllm
 def test_lookup_follows_live_acceptance_and_is_swapped_only_on_change(tmp_path):
     s = fake_scheduler(tmp_path)
     sel = s.dsdprof_selector
@@ -194,6 +201,7 @@ def test_lookup_follows_live_acceptance_and_is_swapped_only_on_change(tmp_path):
     assert all(s.dynamic_sd_lookup[b] == sel.select(b) for b in range(1, MAX_BS + 1))
 
 
+@needs_vllm
 def test_forced_k_requests_keep_their_k_while_the_lookup_moves(tmp_path):
     s = fake_scheduler(tmp_path)
     forced = NS(sampling_params=NS(extra_args={K_EXTRA_ARG: 2}))
@@ -211,6 +219,7 @@ def test_forced_k_requests_keep_their_k_while_the_lookup_moves(tmp_path):
     assert s.dynamic_sd_lookup == s.dsdprof_selector.lookup_list(MAX_BS) and s.dynamic_sd_lookup[1] == 3
 
 
+@needs_vllm
 @pytest.mark.parametrize("cls", ["AdaptiveScheduler", "AdaptiveAsyncScheduler"])
 def test_update_from_output_runs_vllm_then_observes(tmp_path, monkeypatch, cls):
     base = AsyncScheduler if cls == "AdaptiveAsyncScheduler" else Scheduler
@@ -221,3 +230,154 @@ def test_update_from_output_runs_vllm_then_observes(tmp_path, monkeypatch, cls):
     so, mro = step({"a": 2}, {"a": 2})
     assert s.update_from_output(so, mro) == {"out": 1}
     assert seen == ["vllm"] and calls == [(1, [1, 0], None)]
+
+
+# ---------------------------------------------------------------- validate --adaptive (fake engines) and its report
+
+def _spec(tmp_path, batch_sizes=(1, 2), repeats=1):
+    from dsdprof.spec import parse_spec
+
+    for name in ("tgt", "drf"):
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "config.json").write_text("{}")
+    return parse_spec({"engine": {"name": "vllm", "model": str(tmp_path / "tgt"), "draft_model": str(tmp_path / "drf"),
+                                  "method": "draft_model", "extra": {"additional_config": {"other": 1}}},
+                       "sweep": {"batch_sizes": list(batch_sizes), "num_spec_tokens": [0, 3], "waves": 3,
+                                 "output_len": 8, "repeats": repeats}})
+
+
+TOPS = {"vanilla": 10.0, "fixed-1": 13.0, "fixed-2": 14.0, "fixed-3": 13.0, "dsd": 13.0, "adaptive": 14.0}
+
+
+class FakeWorker:
+    """Stands in for the vLLM child process: records its kwargs, and for the adaptive engine
+    resolves the plugin's setting from them exactly as the scheduler does in the engine core."""
+
+    started: list = []
+
+    def __init__(self, config, timeout_s):
+        from dsdprof.engines.adaptive_settings import ADAPTIVE_SCHEDULER_QUALNAME
+
+        kw = config.llm_kwargs
+        spec_cfg = kw.get("speculative_config")
+        if spec_cfg is None:
+            self.key = "vanilla"
+        elif kw["scheduler_cls"] == ADAPTIVE_SCHEDULER_QUALNAME:
+            self.key = "adaptive"
+            self.selector = resolve_settings(kw["additional_config"], environ={}).selector(
+                max_k=spec_cfg["num_speculative_tokens"])
+        elif "num_speculative_tokens_per_batch_size" in spec_cfg:
+            self.key = "dsd"
+        else:
+            self.key = f"fixed-{spec_cfg['num_speculative_tokens']}"
+        self.kwargs, self.requests, self.alive = kw, [], True
+        self.info = {"engine_version": "fake", "hardware": "test"}
+        FakeWorker.started.append(self)
+
+    def run(self, req, timeout_s):
+        from dsdprof.engines.base import CellMeasurement
+
+        self.requests.append(req)
+        k = {"vanilla": 0, "dsd": 1, "adaptive": 2}.get(self.key)
+        k = int(self.key.split("-")[1]) if k is None else k
+        tops = TOPS[self.key] / req.batch_size ** 0.5
+        al = [1.0 + 0.6 * k * f for f in (1.0, 0.98, 1.02)]
+        itl = [a / (tops * f) for a, f in zip(al, (1.01, 0.99, 1.0))]
+        a, t = sum(al) / 3, sum(itl) / 3
+        return CellMeasurement(
+            acceptance_length=a, acceptance_per_pos=(), num_drafts=30 if k else 0, num_draft_tokens=30 * k,
+            num_accepted_tokens=int(30 * (a - 1)), itl_s=t, itl_p50_s=t, itl_p90_s=t, itl_p99_s=t, tpot_s=t / a,
+            tpot_p50_s=t / a, tpot_p90_s=t / a, tpot_p99_s=t / a, tokens_per_s_per_user=a / t,
+            tokens_per_s_total=req.batch_size * a / t, num_requests=3 * req.batch_size, num_output_tokens=24,
+            wall_s=1.0, drafted_per_draft=float(k), steady_steps=6, sample_acceptance_length=tuple(al),
+            sample_itl_s=tuple(itl))
+
+    def stop(self):
+        self.alive = False
+
+    def kill(self):
+        self.alive = False
+
+
+def test_plan_interleaves_the_adaptive_variant():
+    from dsdprof.report.validate import plan_validation, worker_key
+
+    cells = plan_validation([2, 1], [1, 3], [[1, 1, 1], [2, 1 << 20, 0]], repeats=2, adaptive_k=3)
+    assert len(cells) == 2 * 2 * 5
+    first = cells[:5]
+    assert {(c.mode, c.num_spec_tokens) for c in first} == {
+        ("vanilla", 0), ("fixed", 1), ("fixed", 3), ("dsd", 1), ("adaptive", 3)}
+    assert {c.batch_size for c in first} == {1}
+    assert [c.mode for c in cells[5:10]] != [c.mode for c in first]  # order rotates
+    assert worker_key([c for c in first if c.mode == "adaptive"][0]) == "adaptive"
+    assert len(plan_validation([1], [1], [[1, 1 << 20, 1]], 1)) == 3  # without it, as before
+
+
+def test_validate_adaptive_serves_the_plugin_and_reports_both_regrets(tmp_path):
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from dsdprof.cli import app
+    from dsdprof.report.compare import compare
+    from dsdprof.report.validate import ADAPTIVE_TABLE_FILE, run_validation
+
+    FakeWorker.started = []
+    spec = _spec(tmp_path)
+    table = shifted_table(provenance={"model": str(tmp_path / "tgt")})
+    out = tmp_path / "val"
+    summary = run_validation(table, spec, out, [1, 2, 3], table_path="t.json", start_worker=FakeWorker,
+                             adaptive={"half_life": 64})
+    assert (summary.ok, summary.failed) == (2 * 6, 0)
+    engines = {w.key: w for w in FakeWorker.started}
+    assert set(engines) == {"vanilla", "fixed-1", "fixed-2", "fixed-3", "dsd", "adaptive"}
+    ad = engines["adaptive"]
+    cfg = ad.kwargs["speculative_config"]
+    assert cfg["num_speculative_tokens"] == 3  # the table's largest measured K, above its served max (1)
+    assert cfg["num_speculative_tokens_per_batch_size"] == table["ranges"]
+    assert cfg["model"] == str(tmp_path / "drf") and cfg["method"] == "draft_model"
+    assert ad.kwargs["additional_config"]["other"] == 1  # the spec's own additional_config is kept
+    assert ad.kwargs["additional_config"]["dsdprof_adaptive"]["table"] == str((out / ADAPTIVE_TABLE_FILE).resolve())
+    assert json.loads((out / ADAPTIVE_TABLE_FILE).read_text()) == table
+    assert ad.selector.half_life == 64 and ad.selector.ks == {1: 1, 2: 1, 4: 0}
+    assert engines["dsd"].kwargs["scheduler_cls"] != ad.kwargs["scheduler_cls"]
+    assert all(r.num_spec_tokens is None and r.verify_k == -1 and r.positions == 0 for r in ad.requests)
+
+    df = pd.read_parquet(out)
+    assert sorted(df.loc[df["mode"] == "adaptive", "cell_id"]) == ["adaptive-bs1-k3-r0", "adaptive-bs2-k3-r0"]
+    c = compare(df).set_index("batch_size")
+    assert c["best_fixed_k"].tolist() == [2, 2]
+    assert c["regret"].tolist() == pytest.approx([1 - 13 / 14] * 2, abs=0.02)
+    assert c["adaptive_regret"].tolist() == pytest.approx([0.0, 0.0], abs=0.02)
+    assert c["adaptive_k_observed"].tolist() == [2.0, 2.0]
+    for name in ("regret", "adaptive_regret"):  # 3 waves each: intervals known and around the point
+        assert (c[f"{name}_lo"] < c[name] + 0.005).all() and (c[name] - 0.005 < c[f"{name}_hi"]).all()
+        assert ((c[f"{name}_hi"] - c[f"{name}_lo"]) < 0.2).all()
+    r = CliRunner().invoke(app, ["validate-report", str(out)], terminal_width=250)
+    assert r.exit_code == 0, r.output
+    assert "adapt. regret" in r.output and "adaptive: max regret" in r.output
+    assert "+7.1% [" in r.output  # the static table's regret with its interval
+
+
+def test_validate_adaptive_bad_input_is_one_line_and_writes_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from dsdprof.cli import app
+    from dsdprof.errors import InputError
+    from dsdprof.report.validate import run_validation
+
+    spec = _spec(tmp_path)
+    v1 = {k: v for k, v in shifted_table().items() if k not in ("cells", "acceptance_per_pos")}
+    v1["schema"] = "dsdprof.ktable/v1"
+    with pytest.raises(InputError, match="table.cells"):
+        run_validation(v1, spec, tmp_path / "a", [1], start_worker=FakeWorker, adaptive={})
+    with pytest.raises(InputError, match=r"--adaptive-config.*halflife"):
+        run_validation(shifted_table(), spec, tmp_path / "b", [1], start_worker=FakeWorker, adaptive={"halflife": 1})
+    with pytest.raises(InputError, match=r"--adaptive-config.*margin"):
+        run_validation(shifted_table(), spec, tmp_path / "c", [1], start_worker=FakeWorker, adaptive={"margin": 2})
+    assert not any((tmp_path / d).exists() for d in "abc")
+    (tmp_path / "t.json").write_text(json.dumps(shifted_table()))
+    (tmp_path / "s.toml").write_text("[engine]\nmodel = 'x'\n")
+    r = CliRunner().invoke(app, ["validate", str(tmp_path / "t.json"), str(tmp_path / "s.toml"),
+                                 "--adaptive-config", "[1]", "--out", str(tmp_path / "d")])
+    assert r.exit_code == 2 and "--adaptive-config='[1]': must be a JSON object" in r.output
+    assert not (tmp_path / "d").exists()

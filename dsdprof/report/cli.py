@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import List, Optional
@@ -25,18 +26,26 @@ def render_comparison(comparison, title: str = "") -> Table:
 
     ``DSD K``: the table's K at that batch size; in parentheses the mean K vLLM actually drafted
     when it differs (requests of a wave finish at different steps, so a wave's tail runs at a
-    smaller batch size and may get another K)."""
+    smaller batch size and may get another K). With adaptive rows: the adaptive plugin's speed,
+    the mean K it drafted and its regret. Regrets carry their interval where the data allow."""
+    from dsdprof.decide import DEFAULT_CONFIDENCE
     from dsdprof.report.compare import fixed_k_columns
 
     ks = fixed_k_columns(comparison)
+    adaptive = "tops_adaptive" in comparison.columns
     from rich import box
 
+    caption = (f"regret = 1 - DSD / best fixed K, {DEFAULT_CONFIDENCE:.0%} interval in brackets (none with one sample);  "
+               "speedup = DSD / vanilla;  "
+               "DSD K (n): K vLLM drafted on average when it differs;  * below vanilla beyond noise")
+    if adaptive:
+        caption += ";  adaptive: the table served by dsdprof's adaptive plugin (K: mean drafted)"
     t = Table(title=f"tokens/s per user (median over repeats)  {title}".strip(), box=box.SIMPLE_HEAD,
-              caption="regret = 1 - DSD / best fixed K;  speedup = DSD / vanilla;  "
-                      "DSD K (n): K vLLM drafted on average when it differs;  * below vanilla beyond noise",
-              padding=(0, 1), pad_edge=False)
-    for col in ("BS", "vanilla", *[f"K={k}" for k in ks], "DSD", "DSD K", "best", "regret",
-                "speedup", "noise"):
+              caption=caption, padding=(0, 1), pad_edge=False)
+    cols = ["BS", "vanilla", *[f"K={k}" for k in ks], "DSD", "DSD K", "best", "regret", "speedup", "noise"]
+    if adaptive:
+        cols += ["adaptive", "adapt. K", "adapt. regret"]
+    for col in cols:
         t.add_column(col, justify="right", no_wrap=True)
     for _, r in comparison.iterrows():
         k_obs = r.get("dsd_k_observed")
@@ -46,10 +55,24 @@ def render_comparison(comparison, title: str = "") -> Table:
         sp_txt = f"{r['speedup_vs_vanilla']:.2f}x"
         if r["below_vanilla"]:
             sp_txt = f"[red]{sp_txt}*[/]"
-        t.add_row(str(int(r["batch_size"])), _f(r["tops_vanilla"]), *[_f(r[f"tops_k{k}"]) for k in ks],
-                  _f(r["tops_dsd"]), k_txt, str(int(r["best_fixed_k"])), f"{r['regret'] * 100:+.1f}%",
-                  sp_txt, f"±{r['noise'] * 100:.0f}%")
+        cells = [str(int(r["batch_size"])), _f(r["tops_vanilla"]), *[_f(r[f"tops_k{k}"]) for k in ks],
+                 _f(r["tops_dsd"]), k_txt, str(int(r["best_fixed_k"])),
+                 _regret(r["regret"], r.get("regret_lo"), r.get("regret_hi")), sp_txt, f"±{r['noise'] * 100:.0f}%"]
+        if adaptive:
+            cells += [_f(r["tops_adaptive"]), _f(r.get("adaptive_k_observed"), 2),
+                      _regret(r["adaptive_regret"], r.get("adaptive_regret_lo"), r.get("adaptive_regret_hi"))]
+        t.add_row(*cells)
     return t
+
+
+def _regret(point: float, lo: Optional[float], hi: Optional[float]) -> str:
+    """``+1.2%`` or, with a known interval, ``+1.2% [-0.4, +2.9]``."""
+    if point is None or (isinstance(point, float) and math.isnan(point)):
+        return "-"
+    txt = f"{point * 100:+.1f}%"
+    if lo is not None and hi is not None and not (math.isnan(lo) or math.isnan(hi)):
+        txt += f" [{lo * 100:+.1f}, {hi * 100:+.1f}]"
+    return txt
 
 
 def _check_report_options(fail_on_regret: Optional[float], noise: float) -> None:
@@ -70,6 +93,11 @@ def report(results: Path, noise: float, fail_on_regret: Optional[float], title: 
     console.print(f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS {int(worst['batch_size'])}; "
                   f"DSD vs vanilla: {comparison['speedup_vs_vanilla'].min():.2f}x .. "
                   f"{comparison['speedup_vs_vanilla'].max():.2f}x")
+    if "adaptive_regret" in comparison.columns and comparison["adaptive_regret"].notna().any():
+        aw = comparison.loc[comparison["adaptive_regret"].idxmax()]
+        console.print(f"adaptive: max regret vs best fixed K {aw['adaptive_regret'] * 100:+.1f}% at BS "
+                      f"{int(aw['batch_size'])} (static table there: {aw['regret'] * 100:+.1f}%); "
+                      "--fail-on-regret gates the static table only")
     for r in below_vanilla_ranges(comparison):
         console.print(f"[red]flag[/] {r.label()}")
     if fail_on_regret is not None:
@@ -77,6 +105,19 @@ def report(results: Path, noise: float, fail_on_regret: Optional[float], title: 
         if over:
             console.print(f"[red]regret above {fail_on_regret:g}% at BS {over}[/]")
             raise typer.Exit(1)
+
+
+def _adaptive_options(adaptive: bool, adaptive_config: Optional[str]) -> Optional[dict]:
+    """None (no adaptive variant) or the selector options given with ``--adaptive-config``."""
+    if adaptive_config is None:
+        return {} if adaptive else None
+    try:
+        options = json.loads(adaptive_config)
+    except ValueError as err:
+        raise fail(f"--adaptive-config={adaptive_config!r}: not JSON ({err})") from None
+    if not isinstance(options, dict):
+        raise fail(f"--adaptive-config={adaptive_config!r}: must be a JSON object of selector options")
+    return options
 
 
 def _title(prov: dict) -> str:
@@ -98,8 +139,10 @@ def register(app: typer.Typer) -> None:
         repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the spec's sweep.repeats."),
         waves: Optional[int] = typer.Option(None, "--waves", min=1, help="Override the spec's sweep.waves."),
         resume: bool = typer.Option(False, "--resume", help="Continue the validate run in OUT (same table, spec and versions): skip finished cells, retry failed ones."),
+        adaptive: bool = typer.Option(False, "--adaptive", help="Also serve the table (v2) through dsdprof's adaptive vLLM scheduler, which follows live acceptance (docs/adaptive.md)."),
+        adaptive_config: Optional[str] = typer.Option(None, "--adaptive-config", metavar="JSON", help='Adaptive selector options, e.g. \'{"half_life": 256, "margin": 0.02}\' (implies --adaptive).'),
     ) -> None:
-        """Serve TABLE on real vLLM next to vanilla and fixed K; report TOPS/user, regret, speedup."""
+        """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report TOPS/user, regret, speedup."""
         from datetime import datetime
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -109,6 +152,7 @@ def register(app: typer.Typer) -> None:
         from dsdprof.table import load_table
 
         _check_report_options(fail_on_regret, noise)
+        adaptive_options = _adaptive_options(adaptive, adaptive_config)
         table = load_table(table_path)
         spec = load_spec(spec_path)
         upd = {k: v for k, v in (("repeats", repeats), ("waves", waves)) if v is not None}
@@ -138,12 +182,14 @@ def register(app: typer.Typer) -> None:
         try:
             with progress:
                 summary = run_validation(table, spec, out, ks, table_path=str(table_path), resume=resume,
-                                         on_progress=on_progress)
+                                         on_progress=on_progress, adaptive=adaptive_options)
         except KeyboardInterrupt:
             again = ["dsdprof", "validate", str(table_path), str(spec_path), "--out", str(out)]
             again += [a for k in ks for a in ("--fixed-k", str(k))]
             again += [a for name, v in (("--repeats", repeats), ("--waves", waves)) if v is not None
                       for a in (name, str(v))]
+            if adaptive_options is not None:
+                again += ["--adaptive-config", json.dumps(adaptive_options)]
             raise interrupted([*again, "--resume"]) from None
         for w in (w for w in summary.warnings if w not in early):
             err_console.print(f"[yellow]warning:[/] {w}")

@@ -1,8 +1,9 @@
-"""Compare vanilla, fixed-K and DSD serving per batch size: pure functions over a DataFrame.
+"""Compare vanilla, fixed-K, DSD and adaptive serving per batch size: pure functions over a DataFrame.
 
 Input: measurement rows (the :mod:`dsdprof.schema` columns) of a ``dsdprof validate`` run, with
-``mode`` = ``vanilla`` | ``fixed`` | ``dsd``, ``batch_size``, ``num_spec_tokens`` (the fixed K, or
-the table's K at that batch size for ``dsd``) and a per-user speed: ``tokens_per_s_per_user``
+``mode`` = ``vanilla`` | ``fixed`` | ``dsd`` | ``adaptive`` (optional), ``batch_size``,
+``num_spec_tokens`` (the fixed K, the table's K at that batch size for ``dsd``, the engine's largest
+K for ``adaptive``) and a per-user speed: ``tokens_per_s_per_user``
 (else ``1 / tpot_s``, else ``acceptance_length / itl_s``). Rows whose ``status`` is not ``ok`` are
 ignored; repeats are aggregated with the median.
 
@@ -16,7 +17,16 @@ Per batch size, :func:`compare` reports:
 * ``noise``: the relative noise band, ``max(noise_floor, half-range / median)`` over the repeats
   of the vanilla and DSD cells at that batch size;
 * ``below_vanilla``: DSD slower than vanilla by more than ``noise``; ``note`` says why it matters
-  (a K=0 range still pays the drafter's overhead, vLLM issue 49548).
+  (a K=0 range still pays the drafter's overhead, vLLM issue 49548);
+* ``regret_lo``, ``regret_hi``: the central ``confidence`` interval of ``regret`` from the
+  bootstrap of :mod:`dsdprof.decide` (per variant, the waves pooled over repeats, or the repeats;
+  small samples widened to t intervals), on the ratio of mean AL / mean ITL of the DSD cells to
+  those of the best fixed K (chosen by the point estimate); NaN when a variant has a single
+  sample (one repeat of one wave) -- the intervals are then unknown.
+
+With ``adaptive`` rows (``dsdprof validate --adaptive``) the same for the adaptive plugin:
+``tops_adaptive``, ``adaptive_regret`` (+ ``_lo``/``_hi``), ``adaptive_speedup_vs_vanilla`` and
+``adaptive_k_observed`` (draft tokens per draft: the K it ran on average).
 """
 
 from __future__ import annotations
@@ -27,8 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dsdprof.decide import DEFAULT_CONFIDENCE, bootstrap_batch, check_confidence, interval, row_samples
 from dsdprof.errors import InputError
-from dsdprof.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
+from dsdprof.schema import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, MODES, STATUS_OK
 
 DEFAULT_NOISE_FLOOR = 0.05
 K0_NOTE = "K=0 range still runs the drafter (vLLM issue 49548): serve it without speculation"
@@ -72,9 +83,9 @@ def _clean(df: pd.DataFrame) -> pd.DataFrame:
         df = df[df["status"].astype(str) == STATUS_OK]
     df = df.copy()
     df["mode"] = df["mode"].astype(str)
-    bad = ~df["mode"].isin([MODE_VANILLA, MODE_FIXED, MODE_DSD])
+    bad = ~df["mode"].isin(MODES)
     if bad.any():
-        raise InputError("mode", df.loc[bad, "mode"].iloc[0], "must be vanilla, fixed or dsd")
+        raise InputError("mode", df.loc[bad, "mode"].iloc[0], f"must be one of {', '.join(MODES)}")
     df["tops"] = user_speed(df)
     bad = ~np.isfinite(df["tops"]) | (df["tops"] <= 0)
     if bad.any():
@@ -92,10 +103,40 @@ def _spread(values: pd.Series) -> float:
     return float((values.max() - values.min()) / 2.0 / med) if med > 0 else 0.0
 
 
-def compare(df: pd.DataFrame, noise_floor: float = DEFAULT_NOISE_FLOOR) -> pd.DataFrame:
+def _k_observed(rows: pd.DataFrame) -> float:
+    if "num_drafts" not in rows.columns or "num_draft_tokens" not in rows.columns:
+        return math.nan
+    drafts = pd.to_numeric(rows["num_drafts"], errors="coerce").sum()
+    toks = pd.to_numeric(rows["num_draft_tokens"], errors="coerce").sum()
+    return float(toks / drafts) if drafts > 0 else 0.0
+
+
+def regret_intervals(batch_size: int, best: pd.DataFrame, variants: list[pd.DataFrame],
+                     confidence: float = DEFAULT_CONFIDENCE) -> list[tuple[float, float]]:
+    """Per variant, the ``confidence`` interval of ``1 - goodput(variant) / goodput(best)``
+    (:func:`dsdprof.decide.bootstrap_batch`; NaN when any of them has a single sample)."""
+    cells = []
+    for i, rows in enumerate([best, *variants]):
+        samples = row_samples(rows)
+        cells.append((i, [(float(a), float(t), s[0], s[1])
+                          for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]))
+    rep = bootstrap_batch(batch_size, cells, confidence=confidence)
+    if not rep.known:
+        return [(math.nan, math.nan)] * len(variants)
+    g = rep.goodput
+    out = []
+    for i in range(1, len(cells)):
+        lo, hi = interval(1.0 - g[:, i] / g[:, 0], confidence)
+        out.append((float(lo), float(hi)))
+    return out
+
+
+def compare(df: pd.DataFrame, noise_floor: float = DEFAULT_NOISE_FLOOR,
+            confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
     """One row per batch size that has vanilla, DSD and at least one fixed K (see module doc)."""
     if not (0.0 <= noise_floor < 1.0) or math.isnan(noise_floor):
         raise InputError("noise_floor", noise_floor, "must be in [0, 1)")
+    check_confidence(confidence)
     df = _clean(df)
     fixed_ks = sorted(int(k) for k in df.loc[df["mode"] == MODE_FIXED, "num_spec_tokens"].unique())
     records = []
@@ -126,9 +167,21 @@ def compare(df: pd.DataFrame, noise_floor: float = DEFAULT_NOISE_FLOOR) -> pd.Da
         else:
             rec["note"] = ""
         if "num_drafts" in dsd.columns and "num_draft_tokens" in dsd.columns:
-            drafts = pd.to_numeric(dsd["num_drafts"], errors="coerce").sum()
-            toks = pd.to_numeric(dsd["num_draft_tokens"], errors="coerce").sum()
-            rec["dsd_k_observed"] = float(toks / drafts) if drafts > 0 else 0.0
+            rec["dsd_k_observed"] = _k_observed(dsd)
+        adaptive = g[g["mode"] == MODE_ADAPTIVE]
+        variants = [dsd] if adaptive.empty else [dsd, adaptive]
+        if {"acceptance_length", "itl_s"} <= set(g.columns):
+            best_rows = fixed[fixed["num_spec_tokens"] == best_k]
+            intervals = regret_intervals(int(b), best_rows, variants, confidence)
+        else:
+            intervals = [(math.nan, math.nan)] * len(variants)
+        rec["regret_lo"], rec["regret_hi"] = intervals[0]
+        if not adaptive.empty:
+            rec["tops_adaptive"] = float(adaptive["tops"].median())
+            rec["adaptive_regret"] = 1.0 - rec["tops_adaptive"] / rec["tops_best_fixed"]
+            rec["adaptive_regret_lo"], rec["adaptive_regret_hi"] = intervals[1]
+            rec["adaptive_speedup_vs_vanilla"] = rec["tops_adaptive"] / rec["tops_vanilla"]
+            rec["adaptive_k_observed"] = _k_observed(adaptive)
         records.append(rec)
     if not records:
         raise InputError("rows", len(df), "no batch size has ok vanilla, fixed-K and DSD rows")

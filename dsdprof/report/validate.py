@@ -12,14 +12,22 @@ the next):
   Requests carry no dsdprof K, so vLLM's lookup picks K by batch size; dsdprof's scheduler only
   gates waves and traces steps, and each cell checks that its steady steps drafted the table's K.
   A table with K=0 everywhere is served without a speculative config.
+* ``adaptive`` (``--adaptive``, v2 tables): the same schedule and draft, started with dsdprof's
+  adaptive scheduler (:mod:`dsdprof.engines.vllm_adaptive`), which re-derives K per batch size from
+  the acceptance the engine sees (``additional_config.dsdprof_adaptive`` names a copy of the
+  table, ``OUT/_adaptive_table.json``). Its ``num_speculative_tokens`` is the largest K the table
+  measured, so K may rise above the static table's; the K it ran is ``num_draft_tokens /
+  num_drafts`` (not checked per cell). Its rows carry no per-position acceptance.
 
 Every cell is one durable Parquet row (:class:`SweepWriter`): ``mode`` is ``vanilla`` | ``fixed`` |
-``dsd``; ``num_spec_tokens`` is the fixed K, or for DSD the table's K at that batch size. The
-comparison itself is :func:`dsdprof.report.compare.compare`.
+``dsd`` | ``adaptive``; ``num_spec_tokens`` is the fixed K, for DSD the table's K at that batch
+size, for adaptive the engine's largest K. The comparison itself is
+:func:`dsdprof.report.compare.compare`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,13 +36,14 @@ from typing import Any, Callable
 from dsdprof.engines.base import Cell, Provenance
 from dsdprof.engines.vllm_engine import VllmEngine
 from dsdprof.errors import InputError
-from dsdprof.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA
+from dsdprof.schema import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, TableError
 from dsdprof.storage import SWEEP_META, SweepWriter, provenance_dict
 from dsdprof.sweep import SweepProgress, measurement_row, run_cells
 from dsdprof.table import k_for_batch_size
 
 VALIDATE_KEY = "validate"  # key in _sweep.json marking a validate run
 DEFAULT_FIXED_KS = (3,)
+ADAPTIVE_TABLE_FILE = "_adaptive_table.json"  # the table the adaptive engine loads, in OUT
 
 
 @dataclass(frozen=True)
@@ -48,15 +57,16 @@ class ValidateSummary:
 
 
 def worker_key(cell: Cell) -> str:
-    """Which engine runs a cell: ``vanilla``, ``fixed-<K>`` or ``dsd``."""
+    """Which engine runs a cell: ``vanilla``, ``fixed-<K>``, ``dsd`` or ``adaptive``."""
     if cell.mode == MODE_FIXED:
         return f"fixed-{cell.num_spec_tokens}"
     return cell.mode
 
 
 def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[list[int]],
-                    repeats: int) -> list[Cell]:
-    """Cells in run order: per repeat, per batch size, every variant, order rotated each time."""
+                    repeats: int, adaptive_k: int | None = None) -> list[Cell]:
+    """Cells in run order: per repeat, per batch size, every variant, order rotated each time.
+    ``adaptive_k`` (the adaptive engine's largest K) adds an ``adaptive`` cell per batch size."""
     if not fixed_ks:
         raise InputError("--fixed-k", [], "need at least one fixed K")
     for k in fixed_ks:
@@ -71,6 +81,8 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
             variants = [Cell(r, b, MODE_VANILLA, 0)]
             variants += [Cell(r, b, MODE_FIXED, k) for k in sorted(fixed_ks)]
             variants.append(Cell(r, b, MODE_DSD, k_for_batch_size(ranges, b)))
+            if adaptive_k is not None:
+                variants.append(Cell(r, b, MODE_ADAPTIVE, adaptive_k))
             shift = turn % len(variants)
             cells.extend(variants[shift:] + variants[:shift])
             turn += 1
@@ -100,6 +112,48 @@ def dsd_llm_kwargs(base: dict[str, Any], table: dict[str, Any], spec) -> dict[st
     return kwargs
 
 
+def adaptive_max_k(table: dict[str, Any], options: dict[str, Any]) -> int:
+    """The adaptive engine's ``num_speculative_tokens`` (largest K the table measured), after
+    checking that the plugin accepts the table and ``options``; InputError otherwise."""
+    from dsdprof.adaptive import AdaptiveKSelector
+    from dsdprof.engines.adaptive_settings import AdaptiveSettingError, adaptive_additional_config
+
+    try:
+        adaptive_additional_config("-", options)
+    except AdaptiveSettingError as err:
+        raise InputError("--adaptive-config", json.dumps(options), str(err)) from None
+    ks = [int(c["k"]) for c in table.get("cells") or []]
+    if not ks or max(ks) < 1:
+        raise InputError("table.cells", f"K={sorted(set(ks))}", "--adaptive needs a v2 table with a measured K >= 1")
+    try:
+        AdaptiveKSelector(table, max_k=max(ks), **options)
+    except TableError as err:
+        raise InputError("table", table.get("schema"), f"--adaptive: {err}") from None
+    except (TypeError, ValueError) as err:
+        raise InputError("--adaptive-config", json.dumps(options), str(err)) from None
+    return max(ks)
+
+
+def adaptive_llm_kwargs(base: dict[str, Any], table: dict[str, Any], spec, table_file: str, max_k: int,
+                        options: dict[str, Any]) -> dict[str, Any]:
+    """vllm.LLM kwargs of the adaptive engine: the static table's schedule (vLLM's dynamic-SD mode)
+    with ``num_speculative_tokens = max_k``, dsdprof's adaptive scheduler, and the table file."""
+    from dsdprof.engines.adaptive_settings import ADAPTIVE_SCHEDULER_QUALNAME, adaptive_additional_config
+
+    e = spec.engine
+    cfg: dict[str, Any] = {"method": e.method, "num_speculative_tokens": max_k,
+                           "num_speculative_tokens_per_batch_size": [list(r) for r in table["ranges"]]}
+    if e.draft_model:
+        cfg["model"] = e.draft_model
+    cfg.update(e.speculative_extra)
+    kwargs = dict(base)
+    kwargs["speculative_config"] = cfg
+    kwargs["scheduler_cls"] = ADAPTIVE_SCHEDULER_QUALNAME
+    kwargs["additional_config"] = {**(base.get("additional_config") or {}),
+                                   **adaptive_additional_config(table_file, options)}
+    return kwargs
+
+
 def table_warnings(table: dict[str, Any], spec) -> list[str]:
     """Mismatches between the table's provenance and the spec being validated."""
     prov = table.get("provenance", {}) or {}
@@ -120,8 +174,11 @@ def table_warnings(table: dict[str, Any], spec) -> list[str]:
 def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: list[int],
                    table_path: str = "", resume: bool = False,
                    on_progress: Callable[[SweepProgress], None] | None = None,
-                   start_worker: Callable[..., Any] | None = None) -> ValidateSummary:
-    """Run vanilla / fixed K / DSD cells of ``spec``'s workload into ``out_dir``.
+                   start_worker: Callable[..., Any] | None = None,
+                   adaptive: dict[str, Any] | None = None) -> ValidateSummary:
+    """Run vanilla / fixed K / DSD (/ adaptive) cells of ``spec``'s workload into ``out_dir``.
+
+    ``adaptive``: None, or the selector options (``{}`` for defaults) of an ``adaptive`` variant.
 
     The same engine pool and cell runner as ``sweep`` (:class:`dsdprof.engines.vllm_engine.VllmEngine`,
     :func:`dsdprof.sweep.run_cells`): every engine is alive for the whole run (GPU memory split
@@ -133,8 +190,12 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
     if spec.engine.name != "vllm":
         raise InputError("engine.name", spec.engine.name, "validate runs real vLLM: use name = \"vllm\"")
     ranges = [list(r) for r in table["ranges"]]
-    cells = plan_validation(spec.sweep.batch_sizes, fixed_ks, ranges, spec.sweep.repeats)
-    validate_doc = {"table": table_path, "ranges": ranges, "fixed_ks": sorted(fixed_ks)}
+    adaptive_k = adaptive_max_k(table, adaptive) if adaptive is not None else None
+    cells = plan_validation(spec.sweep.batch_sizes, fixed_ks, ranges, spec.sweep.repeats, adaptive_k)
+    validate_doc: dict[str, Any] = {"table": table_path, "ranges": ranges, "fixed_ks": sorted(fixed_ks)}
+    if adaptive is not None:  # only then, so that runs without it keep their manifest hash
+        digest = hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()
+        validate_doc["adaptive"] = {"options": dict(adaptive), "max_k": adaptive_k, "table_sha256": digest}
     spec_dump = spec.model_dump(mode="json")
     spec_dump[VALIDATE_KEY] = validate_doc
     out = Path(out_dir)
@@ -142,8 +203,14 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
     # spec_dump, validate doc included, is hashed in the run manifest), before any work.
     writer = SweepWriter(out, spec_dump, resume=resume)
 
-    engine = ValidateEngine(spec, table, out, table_path, concurrent_engines=2 + len(fixed_ks),
-                            start_worker=start_worker)
+    adaptive_kwargs = None
+    if adaptive is not None:
+        from dsdprof.table import write_json_atomic
+
+        table_file = write_json_atomic(out / ADAPTIVE_TABLE_FILE, table, force=True)
+        adaptive_kwargs = (str(table_file.resolve()), adaptive_k, dict(adaptive))
+    engine = ValidateEngine(spec, table, out, table_path, concurrent_engines=2 + len(fixed_ks) + (adaptive is not None),
+                            start_worker=start_worker, adaptive=adaptive_kwargs)
     warnings = tuple(table_warnings(table, spec))
     if engine.dsd_kwargs is None:
         warnings += ("table has K=0 at every batch size: DSD is served without a speculative config",)
@@ -158,7 +225,8 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
         prov = provenance_dict(engine.provenance())
         writer.start(prov)
         total = len(cells)
-        notify(SweepProgress("plan", 0, total, message=f"{total} cells: vanilla, fixed K={sorted(fixed_ks)}, DSD"))
+        variants = f"vanilla, fixed K={sorted(fixed_ks)}, DSD" + (", adaptive" if adaptive is not None else "")
+        notify(SweepProgress("plan", 0, total, message=f"{total} cells: {variants}"))
         ok, failed, skipped = run_cells(
             cells, writer, lambda cell: measurement_row(cell, engine.measure(cell), prov,
                                                         spec.sweep.consistency_tolerance),
@@ -170,11 +238,15 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
 
 
 class ValidateEngine(VllmEngine):
-    """Serves the table on the ``dsd`` engine through vLLM's own per-batch-size schedule."""
+    """Serves the table on the ``dsd`` engine through vLLM's own per-batch-size schedule, and with
+    ``adaptive = (table file, max K, options)`` on the ``adaptive`` engine through dsdprof's plugin."""
 
-    def __init__(self, spec, table: dict[str, Any], out_dir, table_path: str = "", **kwargs) -> None:
+    def __init__(self, spec, table: dict[str, Any], out_dir, table_path: str = "",
+                 adaptive: tuple[str, int, dict[str, Any]] | None = None, **kwargs) -> None:
         super().__init__(spec, out_dir=out_dir, one_fixed_engine=False, **kwargs)
         self.dsd_kwargs = dsd_llm_kwargs(self.base_kwargs(), table, spec)
+        self.adaptive_kwargs = (adaptive_llm_kwargs(self.base_kwargs(), table, spec, *adaptive)
+                                if adaptive is not None else None)
         self.table_path = table_path
 
     def provenance(self) -> Provenance:
@@ -185,11 +257,15 @@ class ValidateEngine(VllmEngine):
     def llm_kwargs(self, key: str) -> dict[str, Any]:
         if key == MODE_DSD:
             return dict(self.dsd_kwargs) if self.dsd_kwargs is not None else self.base_kwargs()
+        if key == MODE_ADAPTIVE and self.adaptive_kwargs is not None:
+            return dict(self.adaptive_kwargs)
         return super().llm_kwargs(key)
 
     def measure(self, cell: Cell):
         if cell.mode == MODE_DSD:  # never force K: vLLM's lookup picks it; verify the table's K
             return self.run(MODE_DSD, self.cell_request(cell, None, verify_k=cell.num_spec_tokens))
+        if cell.mode == MODE_ADAPTIVE:  # the plugin picks K per step: unchecked, no per-position acceptance
+            return self.run(MODE_ADAPTIVE, replace(self.cell_request(cell, None, verify_k=-1), positions=0))
         return super().measure(cell)
 
 
