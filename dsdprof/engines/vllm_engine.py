@@ -90,6 +90,28 @@ def _one_line(err: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_GENERIC_FAILURES = ("initialization failed", "See root cause above", "See stack trace")
+
+
+def root_cause(err: BaseException, log_path: str = "") -> str:
+    """One line for an engine that failed to start: vLLM's own root cause from the engine log
+    when the exception only says "see above" (the engine core's error is logged, not raised)."""
+    message = _one_line(err)
+    if not log_path or not any(g in message for g in _GENERIC_FAILURES):
+        return message
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return message
+    for line in lines:
+        text = line.split("] ", 1)[-1].strip() if "ERROR" in line else line.strip()
+        head = text.split(":", 1)[0]
+        if (head.endswith(("Error", "Exception")) and " " not in head
+                and not any(g in text for g in _GENERIC_FAILURES)):
+            return _one_line(RuntimeError(text))
+    return message
+
+
 class EngineWorker:
     """Parent-side handle of one engine process."""
 
@@ -281,7 +303,7 @@ class VllmEngine:
             self.pool.get(key)
         except EngineFailure as err:
             log = self.pool.log_path(key)
-            raise InputError(field, value, f"vLLM could not start it ({_one_line(err)})"
+            raise InputError(field, value, f"vLLM could not start it ({root_cause(err, log)})"
                              + (f"; engine log: {log}" if log else "")) from None
 
     @property
@@ -305,7 +327,8 @@ class VllmEngine:
                 if not any(m in str(err) for m in _DSD_REJECTION_MARKERS):
                     raise InputError("engine.draft_model" if e.draft_model else "engine.method",
                                      e.draft_model or e.method,
-                                     f"vLLM could not start the speculative engine ({_one_line(err)}); "
+                                     f"vLLM could not start the speculative engine "
+                                     f"({root_cause(err, self.pool.log_path(MODE_DSD))}); "
                                      f"engine log: {self.pool.log_path(MODE_DSD)}") from None
                 self.fallback_reason = str(err)
                 self._mode = MODE_FIXED
