@@ -16,13 +16,14 @@ from dsdprof.engines.adaptive_settings import (
 )
 from dsdprof.table import ranges_from_points
 
-PROFILED_ACCEPTANCE = (0.3, 0.27, 0.243)  # q = 0.3, 0.9, 0.9: position 1 rarely accepted
-ITL_FACTOR = {1: (1.0, 1.25, 1.55, 1.9), 2: (1.0, 1.25, 1.55, 1.9), 4: (1.0, 1.5, 2.2, 3.0)}
+PROFILED_ACCEPTANCE = (0.99, 0.98, 0.97, 0.96)  # as if the draft were the target
+ITL_FACTOR = {1: (1.0, 1.1, 1.55, 2.0, 2.6), 2: (1.0, 1.1, 1.55, 2.0, 2.6), 4: (1.0, 1.35, 1.9, 2.6, 3.4)}
 
 
 def shifted_table(base_itl_s: float = 0.04, provenance: dict | None = None) -> dict:
-    """A v2 table profiled at low acceptance: K=1 at BS 1-2, K=0 from BS 3. At the toy pair's
-    real acceptance (~0.85, 0.73, 0.62) the re-derived K is 3 at BS 1-2 and 1 at BS 4."""
+    """A v2 table profiled at near-perfect acceptance: K=3 at BS 1-2, K=2 from BS 3 (K=4 measured,
+    never chosen). At the toy pair's real acceptance (~0.85, 0.73, 0.6) the re-derived K at BS 1-2
+    is 1; at a chain acceptance of 0.6 it is 1 everywhere."""
     p0 = PROFILED_ACCEPTANCE
     cells, points = [], []
     for b, factors in ITL_FACTOR.items():
@@ -35,7 +36,7 @@ def shifted_table(base_itl_s: float = 0.04, provenance: dict | None = None) -> d
                           "acceptance_per_pos": list(p0[:k])})
         best = max(g.values())
         points.append((b, min(k for k, v in g.items() if v >= best * 0.98)))
-    assert [k for _, k in points] == [1, 1, 0]
+    assert [k for _, k in points] == [3, 3, 2]
     return {"schema": "dsdprof.ktable/v2", "num_speculative_tokens": 3, "tolerance": 0.02,
             "ranges": ranges_from_points(points), "points": [{"batch_size": b, "k": k} for b, k in points],
             "cells": cells, "acceptance_per_pos": list(p0), "provenance": provenance or {}}
@@ -63,8 +64,14 @@ def test_settings_from_additional_config_then_environment(tmp_path):
         adaptive_additional_config("/t.json", {"allowed_ks": 3})
     path = tmp_path / "t.json"
     path.write_text(json.dumps(shifted_table()))
-    sel = resolve_settings(adaptive_additional_config(str(path), {"margin": 0.05}), environ={}).selector(max_k=2)
+    settings = resolve_settings(adaptive_additional_config(str(path), {"margin": 0.05, "probe_every": 7}), environ={})
+    assert settings.probe_every == 7 and dict(settings.options) == {"margin": 0.05}
+    assert resolve_settings(adaptive_additional_config(str(path)), environ={}).probe_every == 1024
+    sel = settings.selector(max_k=2)
     assert sel.margin == 0.05 and sel.max_k == 2
+    for bad in (-1, 1.5, True):
+        with pytest.raises(AdaptiveSettingError, match="probe_every"):
+            adaptive_additional_config(str(path), {"probe_every": bad})
 
 
 # ---------------------------------------------------------------- the scheduler (vLLM classes, no engine)
@@ -104,7 +111,7 @@ def test_qualname_resolves_to_the_factory_which_follows_async_scheduling(monkeyp
     assert built == [va.AdaptiveAsyncScheduler, va.AdaptiveScheduler]
 
 
-def fake_scheduler(tmp_path, num_spec_tokens=3, options=None, cls=None, static_k=1):
+def fake_scheduler(tmp_path, num_spec_tokens=4, options=None, cls=None, static_k=3):
     """The scheduler's own state, as vLLM's __init__ leaves it in dynamic-SD mode, then our setup."""
     path = tmp_path / "table.json"
     path.write_text(json.dumps(shifted_table()))
@@ -143,14 +150,14 @@ def spy(sched):
 def test_setup_serves_the_table_lookup_with_vllm_semantics(tmp_path):
     s = fake_scheduler(tmp_path)
     sel = s.dsdprof_selector
-    assert sel.max_k == 3 and sel.ks == {1: 1, 2: 1, 4: 0}
-    assert s.dynamic_sd_lookup == [0, 1, 1, 0, 0, 0, 0, 0, 0]
+    assert sel.max_k == 4 and sel.ks == {1: 3, 2: 3, 4: 2}
+    assert s.dynamic_sd_lookup == [0, 3, 3, 2, 2, 2, 2, 2, 2]
     assert s._dsdprof_table_lookup is s.dynamic_sd_lookup  # the tracing mixin's unforced schedule
     # the same dense list vLLM builds for these ranges and this num_speculative_tokens
     ranges = [list(r) for r in sel.ranges]
-    assert s.dynamic_sd_lookup == build_dynamic_sd_schedule_lookup(ranges, MAX_BS, 3)
+    assert s.dynamic_sd_lookup == build_dynamic_sd_schedule_lookup(ranges, MAX_BS, 4)
     capped = fake_scheduler(tmp_path, num_spec_tokens=2)
-    assert capped.dsdprof_selector.max_k == 2
+    assert capped.dsdprof_selector.max_k == 2 and max(capped.dynamic_sd_lookup) == 2
     with pytest.raises(AdaptiveSettingError, match="dynamic-SD"):
         s2 = va.AdaptiveScheduler.__new__(va.AdaptiveScheduler)
         s2.num_spec_tokens, s2.dynamic_sd_lookup = 3, None
@@ -175,7 +182,7 @@ def test_observe_aggregates_requests_per_position(tmp_path):
     assert not s._adaptive_observe(*step({}, {"a": 1}))  # no drafts scheduled: no call
     assert not s._adaptive_observe(*step({"a": 1}, {}))
     assert len(calls) == n
-    assert s._adaptive_acc == [0] * 4 and s._adaptive_drafted == [0] * 4  # scratch counts reset
+    assert s._adaptive_acc == [0] * 5 and s._adaptive_drafted == [0] * 5  # scratch counts reset
 
 
 @needs_vllm
@@ -183,21 +190,22 @@ def test_lookup_follows_live_acceptance_and_is_swapped_only_on_change(tmp_path):
     s = fake_scheduler(tmp_path)
     sel = s.dsdprof_selector
     start = s.dynamic_sd_lookup
-    # acceptance as profiled (position 1 accepted 3 drafts in 10): nothing moves
+    ids = [f"r{i}" for i in range(100)]
+    # acceptance as profiled (of 100 drafts of 3: positions 1-3 accepted 99, 98, 97): nothing moves
+    profiled = {r: 4 if i < 97 else 4 - (i - 96) for i, r in enumerate(ids)}
     for _ in range(20):
-        assert not s._adaptive_observe(*step({f"r{i}": 1 for i in range(10)},
-                                             {f"r{i}": 2 if i < 3 else 1 for i in range(10)}))
+        assert not s._adaptive_observe(*step({r: 3 for r in ids}, profiled))
     assert s.dynamic_sd_lookup is start and sel.version == 0
-    # live acceptance far above the profile: 9 of 10 drafts accepted at position 1
-    changed = [s._adaptive_observe(*step({f"r{i}": 1 for i in range(10)},
-                                         {f"r{i}": 2 if i < 9 else 1 for i in range(10)})) for _ in range(30)]
+    # live acceptance far below the profile: a chain at 0.6 (accepted 0, 1, 2, 3 in 40/24/14/22 of 100)
+    low = {r: 1 + (0 if i < 40 else 1 if i < 64 else 2 if i < 78 else 3) for i, r in enumerate(ids)}
+    changed = [s._adaptive_observe(*step({r: 3 for r in ids}, low)) for _ in range(30)]
     assert any(changed) and sel.version >= 1
-    assert sel.ks[1] == 3 and sel.ks[2] == 3 and sel.ks[4] == 1
+    assert sel.ks == {1: 1, 2: 1, 4: 1}
     assert s.dynamic_sd_lookup == sel.lookup_list(MAX_BS)
     assert s._dsdprof_table_lookup is s.dynamic_sd_lookup
-    assert s.dynamic_sd_lookup[1] == 3 and s.dynamic_sd_lookup[MAX_BS] == 1
+    assert s.dynamic_sd_lookup == [0] + [1] * MAX_BS
     # vLLM's semantics: index = number of scheduled requests, same list vLLM would build
-    assert s.dynamic_sd_lookup == build_dynamic_sd_schedule_lookup([list(r) for r in sel.ranges], MAX_BS, 3)
+    assert s.dynamic_sd_lookup == build_dynamic_sd_schedule_lookup([list(r) for r in sel.ranges], MAX_BS, 4)
     assert all(s.dynamic_sd_lookup[b] == sel.select(b) for b in range(1, MAX_BS + 1))
 
 
@@ -208,15 +216,44 @@ def test_forced_k_requests_keep_their_k_while_the_lookup_moves(tmp_path):
     s.running = [forced]
     s._dsdprof_apply_k()  # what schedule() does first
     assert s.dynamic_sd_lookup == [2] * (MAX_BS + 1)
-    for _ in range(30):  # high acceptance while forced: the adaptive lookup moves underneath
-        s._adaptive_observe(*step({f"r{i}": 2 for i in range(10)}, {f"r{i}": 3 for i in range(10)}))
+    for _ in range(30):  # nothing accepted while forced: the adaptive lookup moves underneath
+        s._adaptive_observe(*step({f"r{i}": 2 for i in range(10)}, {f"r{i}": 1 for i in range(10)}))
     assert s.dsdprof_selector.version >= 1
     assert s.dynamic_sd_lookup == [2] * (MAX_BS + 1)  # this step stays forced
     s._dsdprof_apply_k()
     assert s.dynamic_sd_lookup == [2] * (MAX_BS + 1)  # and so does the next while the request runs
     s.running = []
     s._dsdprof_apply_k()
-    assert s.dynamic_sd_lookup == s.dsdprof_selector.lookup_list(MAX_BS) and s.dynamic_sd_lookup[1] == 3
+    assert s.dynamic_sd_lookup == s.dsdprof_selector.lookup_list(MAX_BS) and s.dynamic_sd_lookup[1] < 3
+
+
+@needs_vllm
+def test_a_k0_everywhere_engine_probes_k1_to_keep_learning(tmp_path):
+    s = fake_scheduler(tmp_path, options={"probe_every": 3})
+    for _ in range(30):  # nothing accepted: K=0 wherever the table was measured
+        s._adaptive_observe(*step({f"r{i}": 3 for i in range(10)}, {f"r{i}": 1 for i in range(10)}))
+    table_lookup = s._dsdprof_table_lookup
+    assert table_lookup == [0] * (MAX_BS + 1)
+    for _ in range(3):
+        s._dsdprof_apply_k()
+        assert s.dynamic_sd_lookup is table_lookup
+        s._adaptive_observe(*step({}, {"r0": 1}))  # steps without a draft
+    s._dsdprof_apply_k()
+    assert s.dynamic_sd_lookup == [1] * (MAX_BS + 1)  # one probe step at K=1
+    s._dsdprof_apply_k()
+    assert s.dynamic_sd_lookup is table_lookup  # then back to the table
+    # the probe's draft (scheduled the step after) is observed and resets the count
+    s._adaptive_observe(*step({"r0": 1}, {"r0": 2}))
+    assert s._adaptive_idle == 0
+    # a forced K is never replaced by a probe; probe_every = 0 never probes
+    s._adaptive_idle = 99
+    s.running = [NS(sampling_params=NS(extra_args={K_EXTRA_ARG: 0}))]
+    s._dsdprof_apply_k()
+    assert s.dynamic_sd_lookup == [0] * (MAX_BS + 1) and s.dynamic_sd_lookup is not table_lookup
+    never = fake_scheduler(tmp_path, options={"probe_every": 0})
+    never._adaptive_idle = 10**6
+    never._dsdprof_apply_k()
+    assert never.dynamic_sd_lookup is never._dsdprof_table_lookup
 
 
 @needs_vllm
@@ -332,18 +369,18 @@ def test_validate_adaptive_serves_the_plugin_and_reports_both_regrets(tmp_path):
     assert set(engines) == {"vanilla", "fixed-1", "fixed-2", "fixed-3", "dsd", "adaptive"}
     ad = engines["adaptive"]
     cfg = ad.kwargs["speculative_config"]
-    assert cfg["num_speculative_tokens"] == 3  # the table's largest measured K, above its served max (1)
+    assert cfg["num_speculative_tokens"] == 4  # the table's largest measured K, above its served max (3)
     assert cfg["num_speculative_tokens_per_batch_size"] == table["ranges"]
     assert cfg["model"] == str(tmp_path / "drf") and cfg["method"] == "draft_model"
     assert ad.kwargs["additional_config"]["other"] == 1  # the spec's own additional_config is kept
     assert ad.kwargs["additional_config"]["dsdprof_adaptive"]["table"] == str((out / ADAPTIVE_TABLE_FILE).resolve())
     assert json.loads((out / ADAPTIVE_TABLE_FILE).read_text()) == table
-    assert ad.selector.half_life == 64 and ad.selector.ks == {1: 1, 2: 1, 4: 0}
+    assert ad.selector.half_life == 64 and ad.selector.ks == {1: 3, 2: 3, 4: 2}
     assert engines["dsd"].kwargs["scheduler_cls"] != ad.kwargs["scheduler_cls"]
     assert all(r.num_spec_tokens is None and r.verify_k == -1 and r.positions == 0 for r in ad.requests)
 
     df = pd.read_parquet(out)
-    assert sorted(df.loc[df["mode"] == "adaptive", "cell_id"]) == ["adaptive-bs1-k3-r0", "adaptive-bs2-k3-r0"]
+    assert sorted(df.loc[df["mode"] == "adaptive", "cell_id"]) == ["adaptive-bs1-k4-r0", "adaptive-bs2-k4-r0"]
     c = compare(df).set_index("batch_size")
     assert c["best_fixed_k"].tolist() == [2, 2]
     assert c["regret"].tolist() == pytest.approx([1 - 13 / 14] * 2, abs=0.02)

@@ -8,7 +8,9 @@ environment. Either names the table, first match wins:
    ``VllmConfig.additional_config`` (``--additional-config`` of ``vllm serve``, ``additional_config=``
    of ``vllm.LLM``), which reaches the scheduler as ``vllm_config.additional_config``. Optional
    keys tune :class:`dsdprof.adaptive.AdaptiveKSelector`: ``margin``, ``prior_weight``,
-   ``half_life``, ``rebuild_every``, ``allowed_ks``.
+   ``half_life``, ``rebuild_every``, ``allowed_ks``; and the scheduler: ``probe_every`` (after
+   this many engine steps without a draft -- K=0 wherever the engine ran -- one step runs at K=1,
+   so the acceptance estimate can still recover; 0 = never; default 1024).
 2. ``DSDPROF_ADAPTIVE_TABLE=PATH`` in the environment (inherited by the engine-core process);
    selector defaults.
 
@@ -28,6 +30,8 @@ ADAPTIVE_SCHEDULER_QUALNAME = "dsdprof.engines.vllm_adaptive.make_scheduler"
 ADAPTIVE_TABLE_ENV = "DSDPROF_ADAPTIVE_TABLE"
 ADAPTIVE_CONFIG_KEY = "dsdprof_adaptive"
 SELECTOR_OPTIONS = ("margin", "prior_weight", "half_life", "rebuild_every", "allowed_ks")
+PLUGIN_OPTIONS = ("probe_every",)
+DEFAULT_PROBE_EVERY = 1024
 
 
 class AdaptiveSettingError(ValueError):
@@ -37,8 +41,9 @@ class AdaptiveSettingError(ValueError):
 @dataclass(frozen=True)
 class AdaptiveSettings:
     table_path: str
-    options: tuple[tuple[str, Any], ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()  # AdaptiveKSelector keyword arguments
     source: str = ""  # where the setting came from, for the engine log
+    probe_every: int = DEFAULT_PROBE_EVERY
 
     def selector(self, max_k: int | None = None):
         """The :class:`~dsdprof.adaptive.AdaptiveKSelector` for this table and options
@@ -57,10 +62,13 @@ def adaptive_additional_config(table_path: str, options: Mapping[str, Any] | Non
 
 def _check_options(options: dict[str, Any], where: str) -> dict[str, Any]:
     for key, value in options.items():
-        if key not in SELECTOR_OPTIONS:
-            raise AdaptiveSettingError(f"{where}.{key}={value!r}: unknown option (known: {', '.join(SELECTOR_OPTIONS)})")
+        if key not in SELECTOR_OPTIONS + PLUGIN_OPTIONS:
+            raise AdaptiveSettingError(f"{where}.{key}={value!r}: unknown option "
+                                       f"(known: {', '.join(SELECTOR_OPTIONS + PLUGIN_OPTIONS)})")
         if key == "allowed_ks" and value is not None and not isinstance(value, (list, tuple)):
             raise AdaptiveSettingError(f"{where}.{key}={value!r}: must be a list of K")
+        if key == "probe_every" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise AdaptiveSettingError(f"{where}.{key}={value!r}: must be an integer >= 0 (0: never probe)")
     if isinstance(options.get("allowed_ks"), tuple):
         options["allowed_ks"] = list(options["allowed_ks"])
     return options
@@ -79,7 +87,8 @@ def resolve_settings(additional_config: Any, environ: Mapping[str, str] | None =
         if not isinstance(path, str) or not path:
             raise AdaptiveSettingError(f"{where}.table={path!r}: must be the path of a dsdprof.ktable/v2 file")
         options = _check_options(doc, where)
-        return AdaptiveSettings(path, tuple(sorted(options.items())), where)
+        probe_every = options.pop("probe_every", DEFAULT_PROBE_EVERY)
+        return AdaptiveSettings(path, tuple(sorted(options.items())), where, probe_every)
     path = env.get(ADAPTIVE_TABLE_ENV, "")
     if path:
         return AdaptiveSettings(path, (), ADAPTIVE_TABLE_ENV)

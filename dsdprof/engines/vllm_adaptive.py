@@ -22,6 +22,9 @@ whose mixin (wave gate, step trace, K forced by a request's ``extra_args``) ever
   (``dynamic_sd_lookup[len(num_scheduled_tokens)]``), as with a static schedule. Requests carrying
   dsdprof's forced K (``extra_args["dsdprof_num_spec_tokens"]``, sweep cells) still run that K;
   their acceptance is observed like any other.
+* **K=0 is not a trap**: a step without drafts teaches the selector nothing, so once K is 0
+  wherever the engine runs the estimate could never recover. After ``probe_every`` steps in a row
+  without a draft (default 1024; 0 = never), one unforced step runs at K=1.
 
 The acceptance estimate is one per engine (all requests, all batch sizes); see docs/adaptive.md.
 """
@@ -57,7 +60,10 @@ class _AdaptiveMixin:
         self._adaptive_acc = [0] * (self.num_spec_tokens + 1)  # type: ignore[attr-defined]
         self._adaptive_drafted = [0] * (self.num_spec_tokens + 1)  # type: ignore[attr-defined]
         self._adaptive_version = -1
+        self._adaptive_probe_every = settings.probe_every
+        self._adaptive_idle = 0  # steps in a row without a draft
         self._adaptive_swap()
+        self._adaptive_probe = [min(1, self.num_spec_tokens)] * len(self.dynamic_sd_lookup)  # type: ignore[attr-defined]
         logger.info("dsdprof adaptive K: table %s (from %s), K <= %d, K per profiled batch size %s",
                     settings.table_path, settings.source, self.dsdprof_selector.max_k, self.dsdprof_selector.ks)
 
@@ -75,6 +81,13 @@ class _AdaptiveMixin:
             self._dsdprof_table_lookup = lookup
         self._adaptive_version = sel.version
 
+    def _dsdprof_apply_k(self) -> None:
+        super()._dsdprof_apply_k()  # type: ignore[misc]  # forced K, else the adaptive lookup
+        if (self._adaptive_probe_every and self._adaptive_idle >= self._adaptive_probe_every
+                and self.dynamic_sd_lookup is self._dsdprof_table_lookup):  # type: ignore[attr-defined]
+            self.dynamic_sd_lookup = self._adaptive_probe  # type: ignore[attr-defined]
+            self._adaptive_idle = 0
+
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         self._adaptive_observe(scheduler_output, model_runner_output)
@@ -85,6 +98,7 @@ class _AdaptiveMixin:
         spec = scheduler_output.scheduled_spec_decode_tokens
         sampled = model_runner_output.sampled_token_ids
         if not spec or not sampled:
+            self._adaptive_idle += 1
             return False
         index = model_runner_output.req_id_to_index
         acc_hist, drafted_hist = self._adaptive_acc, self._adaptive_drafted
@@ -108,7 +122,9 @@ class _AdaptiveMixin:
                 hi = d
             drafts += 1
         if not drafts:
+            self._adaptive_idle += 1
             return False
+        self._adaptive_idle = 0
         accepted = [0] * hi  # accepted[i]: drafts with more than i accepted (position i+1 accepted)
         drafted = [0] * hi if lo != hi else None
         run_acc = acc_hist[hi]

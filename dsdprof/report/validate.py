@@ -116,17 +116,17 @@ def adaptive_max_k(table: dict[str, Any], options: dict[str, Any]) -> int:
     """The adaptive engine's ``num_speculative_tokens`` (largest K the table measured), after
     checking that the plugin accepts the table and ``options``; InputError otherwise."""
     from dsdprof.adaptive import AdaptiveKSelector
-    from dsdprof.engines.adaptive_settings import AdaptiveSettingError, adaptive_additional_config
+    from dsdprof.engines.adaptive_settings import AdaptiveSettingError, adaptive_additional_config, resolve_settings
 
     try:
-        adaptive_additional_config("-", options)
+        settings = resolve_settings(adaptive_additional_config("-", options), environ={})
     except AdaptiveSettingError as err:
         raise InputError("--adaptive-config", json.dumps(options), str(err)) from None
     ks = [int(c["k"]) for c in table.get("cells") or []]
     if not ks or max(ks) < 1:
         raise InputError("table.cells", f"K={sorted(set(ks))}", "--adaptive needs a v2 table with a measured K >= 1")
     try:
-        AdaptiveKSelector(table, max_k=max(ks), **options)
+        AdaptiveKSelector(table, max_k=max(ks), **dict(settings.options))
     except TableError as err:
         raise InputError("table", table.get("schema"), f"--adaptive: {err}") from None
     except (TypeError, ValueError) as err:
