@@ -24,3 +24,12 @@ def test_specific_errors_and_missing_logs_pass_through(tmp_path):
     generic = RuntimeError("Engine core initialization failed. See root cause above.")
     assert root_cause(generic, str(tmp_path / "missing.log")) == str(generic)
     assert len(root_cause(RuntimeError("x" * 5000))) <= 400
+
+
+def test_concurrent_engines_split_memory_on_gpu_and_cpu():
+    from dsdprof.engines.vllm_engine import memory_plan
+
+    kw, note = memory_plan({}, 2, on_gpu=True)
+    assert kw == {"gpu_memory_utilization": 0.45} and note.startswith("gpu: 2 engines")
+    kw, note = memory_plan({"gpu_memory_utilization": 0.8}, 4, on_gpu=False)
+    assert kw == {"gpu_memory_utilization": 0.2} and note.startswith("cpu: 4 engines")

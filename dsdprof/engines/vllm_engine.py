@@ -57,14 +57,20 @@ def _cuda_available() -> bool:
 
 
 def memory_plan(extra: dict[str, Any], concurrent_engines: int, on_gpu: bool) -> tuple[dict[str, Any], str]:
-    """(kwargs to add, provenance note): how concurrent engines share one accelerator."""
-    if not on_gpu:
-        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "vLLM default")
-        return {}, f"cpu: each engine has its own KV cache (VLLM_CPU_KVCACHE_SPACE={space} GiB)"
+    """(kwargs to add, provenance note): how concurrent engines share one machine.
+
+    vLLM checks at start that ``gpu_memory_utilization`` of the device's memory is free (on its CPU
+    backend, of the NUMA node's memory, though the KV cache there is sized by
+    ``VLLM_CPU_KVCACHE_SPACE``), so engines alive at once each get an equal share of the total."""
     total = float(extra.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
     share = round(total / max(1, concurrent_engines), 4)
-    return ({"gpu_memory_utilization": share},
-            f"gpu: {concurrent_engines} engines alive at once, gpu_memory_utilization {share} each (of {total})")
+    note = f"{concurrent_engines} engines alive at once, gpu_memory_utilization {share} each (of {total})"
+    if not on_gpu:
+        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "vLLM default")
+        note = f"cpu: {note}; KV cache VLLM_CPU_KVCACHE_SPACE={space} GiB per engine"
+    else:
+        note = f"gpu: {note}"
+    return {"gpu_memory_utilization": share}, note
 
 
 def resolve_model_offline(field: str, name: str) -> None:
