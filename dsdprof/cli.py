@@ -225,7 +225,8 @@ def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof
     prov = doc.get("provenance", {})
     ranges = doc["ranges"]
     cap = doc.get("num_speculative_tokens")
-    t = Table(title=f"{table_path}  ({doc['schema']})")
+    console.print(f"{table_path}  ({doc['schema']})", markup=False, highlight=False)
+    t = Table()
     for col in ("batch sizes", "K"):
         t.add_column(col, justify="right")
     for i, (start, end, k) in enumerate(ranges[:_SHOW_MAX_RANGES]):

@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @guarded
     def validate(
-        table_path: Path = typer.Argument(..., metavar="TABLE", help="K table (dsdprof.ktable/v1 JSON) to serve."),
+        table_path: Path = typer.Argument(..., metavar="TABLE", help="K table (dsdprof.ktable/v1 or /v2 JSON) to serve."),
         spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec whose engine, batch sizes and workload to run."),
         fixed_k: Optional[List[int]] = typer.Option(None, "--fixed-k", help="Fixed K to compare against (repeatable; default 3)."),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for Parquet rows (default runs/validate-<time>)."),
