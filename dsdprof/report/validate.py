@@ -202,19 +202,19 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
     # Refuses to overwrite, to share OUT, or to resume a run of another spec/table (the whole
     # spec_dump, validate doc included, is hashed in the run manifest), before any work.
     writer = SweepWriter(out, spec_dump, resume=resume)
+    engine = None
+    try:  # the run lock is released whatever fails below
+        adaptive_kwargs = None
+        if adaptive is not None:
+            from dsdprof.table import write_json_atomic
 
-    adaptive_kwargs = None
-    if adaptive is not None:
-        from dsdprof.table import write_json_atomic
-
-        table_file = write_json_atomic(out / ADAPTIVE_TABLE_FILE, table, force=True)
-        adaptive_kwargs = (str(table_file.resolve()), adaptive_k, dict(adaptive))
-    engine = ValidateEngine(spec, table, out, table_path, concurrent_engines=2 + len(fixed_ks) + (adaptive is not None),
-                            start_worker=start_worker, adaptive=adaptive_kwargs)
-    warnings = tuple(table_warnings(table, spec))
-    if engine.dsd_kwargs is None:
-        warnings += ("table has K=0 at every batch size: DSD is served without a speculative config",)
-    try:
+            table_file = write_json_atomic(out / ADAPTIVE_TABLE_FILE, table, force=True)
+            adaptive_kwargs = (str(table_file.resolve()), adaptive_k, dict(adaptive))
+        engine = ValidateEngine(spec, table, out, table_path, concurrent_engines=2 + len(fixed_ks) + (adaptive is not None),
+                                start_worker=start_worker, adaptive=adaptive_kwargs)
+        warnings = tuple(table_warnings(table, spec))
+        if engine.dsd_kwargs is None:
+            warnings += ("table has K=0 at every batch size: DSD is served without a speculative config",)
         todo = [c for c in cells if c.cell_id not in writer.done]
         if todo:
             engine.check_models()
@@ -233,7 +233,8 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
             prov, spec.sweep.consistency_tolerance, notify)
         return ValidateSummary(out, len(cells), ok, failed, skipped, warnings)
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
         writer.close()
 
 
