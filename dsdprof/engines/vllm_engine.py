@@ -218,8 +218,8 @@ class EnginePool:
         try:
             w = self._start(config, self._timeout)
         except Exception as err:  # noqa: BLE001 - remembered so later cells fail fast
-            self.start_errors[key] = str(err)
-            raise
+            self.start_errors[key] = root_cause(err, self.log_path(key))
+            raise EngineFailure(self.start_errors[key]) from None
         self._workers[key] = w
         self.info.update(w.info)
         return w
@@ -372,7 +372,11 @@ class VllmEngine:
         if self.one_fixed_engine and key.startswith("fixed-"):  # one fixed-K engine at a time
             for other in [k for k in self.pool.keys() if k.startswith("fixed-") and k != key]:
                 self.pool.stop(other)
-        return self.pool.get(key).run(req, self.cell_timeout_s)
+        try:
+            return self.pool.get(key).run(req, self.cell_timeout_s)
+        except EngineFailure as err:
+            log = self.pool.log_path(key)
+            raise EngineFailure(f"{err}" + (f" (engine log: {log})" if log else "")) from None
 
     def measure(self, cell: Cell) -> CellMeasurement:
         if cell.mode == MODE_VANILLA:
