@@ -66,8 +66,10 @@ def memory_plan(extra: dict[str, Any], concurrent_engines: int, on_gpu: bool) ->
     share = round(total / max(1, concurrent_engines), 4)
     note = f"{concurrent_engines} engines alive at once, gpu_memory_utilization {share} each (of {total})"
     if not on_gpu:
-        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "vLLM default")
-        note = f"cpu: {note}; KV cache VLLM_CPU_KVCACHE_SPACE={space} GiB per engine"
+        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        kv = (f"KV cache VLLM_CPU_KVCACHE_SPACE={space} GiB per engine" if space else
+              "VLLM_CPU_KVCACHE_SPACE unset: each engine's KV cache takes its memory share")
+        note = f"cpu: {note}; {kv}"
     else:
         note = f"gpu: {note}"
     return {"gpu_memory_utilization": share}, note
