@@ -46,6 +46,7 @@ from dsdprof.decide import DEFAULT_CONFIDENCE
 from dsdprof.engines.base import Cell, Engine, balanced_order, plan_cells
 from dsdprof.errors import InputError
 from dsdprof.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
+from dsdprof.sweep import SweepSummary
 
 DEFAULT_MIN_REPEATS = 2
 MAX_PASSES = 64
@@ -215,15 +216,9 @@ def plan_pass(analysis: Any, ledger: Ledger, mode: str, batch_sizes: list[int], 
 # ----------------------------------------------------------------------------- the loop
 
 @dataclass(frozen=True)
-class BudgetSummary:
+class BudgetSummary(SweepSummary):
     """What a budgeted sweep did; ``ok``/``failed``/``skipped`` count this session's cells."""
 
-    out: Path
-    total: int
-    ok: int
-    failed: int
-    skipped: int
-    speculation_mode: str
     budget: Budget
     passes: int
     spent_s: float
