@@ -34,7 +34,9 @@ from __future__ import annotations
 from vllm.logger import init_logger
 
 from dsdprof.engines.adaptive_settings import AdaptiveSettingError, resolve_settings
-from dsdprof.engines.vllm_scheduler import TracingAsyncScheduler, TracingScheduler
+from dsdprof.engines.vllm_scheduler import (
+    TracingAsyncScheduler, TracingScheduler, build_for_config, class_for_config,
+)
 
 logger = init_logger("vllm.dsdprof.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
 
@@ -157,10 +159,9 @@ class AdaptiveAsyncScheduler(_AdaptiveMixin, TracingAsyncScheduler):
 
 def scheduler_class_for(scheduler_config) -> type:
     """The class :func:`make_scheduler` builds for vLLM's resolved scheduler config."""
-    return AdaptiveAsyncScheduler if getattr(scheduler_config, "async_scheduling", False) else AdaptiveScheduler
+    return class_for_config(scheduler_config, AdaptiveScheduler, AdaptiveAsyncScheduler)
 
 
 def make_scheduler(*args, **kwargs):
     """``scheduler_cls`` for vLLM: the adaptive scheduler matching vLLM's own async choice."""
-    vllm_config = kwargs.get("vllm_config") if "vllm_config" in kwargs else args[0]
-    return scheduler_class_for(vllm_config.scheduler_config)(*args, **kwargs)
+    return build_for_config(AdaptiveScheduler, AdaptiveAsyncScheduler, args, kwargs)

@@ -172,12 +172,22 @@ class TracingAsyncScheduler(_DsdprofMixin, AsyncScheduler):
     """vLLM's async scheduler (its default on GPU where supported) with the same additions."""
 
 
+def class_for_config(scheduler_config, sync_cls: type, async_cls: type) -> type:
+    """``async_cls`` when vLLM resolved ``async_scheduling`` on for this engine, else ``sync_cls``."""
+    return async_cls if getattr(scheduler_config, "async_scheduling", False) else sync_cls
+
+
+def build_for_config(sync_cls: type, async_cls: type, args: tuple, kwargs: dict):
+    """Instantiate the class matching the ``vllm_config`` vLLM passes to ``scheduler_cls``."""
+    vllm_config = kwargs.get("vllm_config") if "vllm_config" in kwargs else args[0]
+    return class_for_config(vllm_config.scheduler_config, sync_cls, async_cls)(*args, **kwargs)
+
+
 def scheduler_class_for(scheduler_config) -> type:
     """The class :func:`make_scheduler` builds for vLLM's resolved scheduler config."""
-    return TracingAsyncScheduler if getattr(scheduler_config, "async_scheduling", False) else TracingScheduler
+    return class_for_config(scheduler_config, TracingScheduler, TracingAsyncScheduler)
 
 
 def make_scheduler(*args, **kwargs):
     """``scheduler_cls`` for vLLM: build the tracing scheduler matching vLLM's own choice."""
-    vllm_config = kwargs.get("vllm_config") if "vllm_config" in kwargs else args[0]
-    return scheduler_class_for(vllm_config.scheduler_config)(*args, **kwargs)
+    return build_for_config(TracingScheduler, TracingAsyncScheduler, args, kwargs)
