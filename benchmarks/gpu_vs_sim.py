@@ -170,12 +170,15 @@ def breakdown(root: Path) -> None:
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/measured/gpu-h200")
     profiles = {"H200": "H200 SXM"}
-    probe = root / "h200-probe.toml"
-    if probe.is_file():
-        profiles["probe"] = str(probe)
-        h = resolve_hardware(str(probe))
-        print(f"probe profile: {h.name}, {h.memory_bandwidth_tbs:.3f} TB/s, {h.bf16_tflops:.1f} bf16 TFLOP/s, "
-              f"efficiency {h.efficiency.bandwidth}/{h.efficiency.compute}")
+    # probe: the first probe-hardware (efficiency 1.0); probe2: after the probe measured decode-shaped
+    # efficiencies, FP8 and L2 (h200-probe-v2.toml)
+    for label, name in (("probe", "h200-probe.toml"), ("probe2", "h200-probe-v2.toml")):
+        probe = root / name
+        if probe.is_file():
+            profiles[label] = str(probe)
+            h = resolve_hardware(str(probe))
+            print(f"{label} profile ({name}): {h.name}, {h.memory_bandwidth_tbs:.3f} TB/s, {h.bf16_tflops:.1f} bf16 "
+                  f"TFLOP/s, efficiency {h.efficiency.bandwidth:.3f}/{h.efficiency.compute:.3f}")
     for kind in ("dense", "moe"):
         path = root / f"{kind}.csv"
         if not path.is_file():

@@ -150,7 +150,9 @@ def _probe_hardware(
     h, m = res.hardware, res.meta
     Console().print(f"{h.name} ({m['device']}): read {m['read_bandwidth_tbs'] * 1e3:.1f} GB/s, copy "
                     f"{m['copy_bandwidth_tbs'] * 1e3:.1f} GB/s, {m['matmul_dtype']} matmul n={m['matmul_n']} "
-                    f"{m['matmul_tflops']:.3f} TFLOP/s -> wrote {out}")
+                    f"{m['matmul_tflops']:.3f} TFLOP/s; decode-shaped efficiency: bandwidth {h.efficiency.bandwidth:.2f} "
+                    f"(GEMV {m['gemv_bandwidth_tbs'] * 1e3:.1f} GB/s), compute {h.efficiency.compute:.2f}"
+                    f"{f'; fp8 {h.fp8_tflops:.1f} TFLOP/s' if h.fp8_tflops else ''} -> wrote {out}")
 
 
 def register(app: typer.Typer) -> None:
