@@ -352,7 +352,8 @@ class VllmEngine:
             dataset=w.dataset, seed=w.seed, dsdprof_version=__version__,
             extra={"speculation_mode": self._mode or "", "fallback_reason": self.fallback_reason,
                    "memory": self.memory_note, "async_scheduling": str(info.get("async_scheduling", "")),
-                   "measurement": "engine-core step trace, steady-state steps only"},
+                   "measurement": "engine-core step trace, steady-state steps only",
+                   "ld_preload": os.environ.get("LD_PRELOAD", "")},  # e.g. libiomp5 on CPU: changes timing
         )
 
     # ------------------------------------------------------------------ cells
