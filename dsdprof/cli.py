@@ -12,7 +12,9 @@ import typer
 from rich.table import Table
 
 from dsdprof import __version__
-from dsdprof.cli_common import fail, guarded, interrupted, make_console
+from dsdprof.cli_common import (
+    EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, fail, guarded, handle_sigterm, interrupted, make_console,
+)
 from dsdprof.engines.vllm_worker import STREAM_ENGINE_LOG_ENV
 
 app = typer.Typer(
@@ -298,12 +300,16 @@ _register_subcommands()
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. SIGTERM unwinds like Ctrl-C (rows flushed, lock released), exit 143."""
+    handle_sigterm()
     try:
         app()
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        sys.exit(EXIT_TERMINATED)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

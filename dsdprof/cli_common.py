@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shlex
+import signal
 import sys
 from typing import Callable, TypeVar
 
@@ -18,6 +19,21 @@ from dsdprof.schema import TableError
 F = TypeVar("F", bound=Callable)
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: it unwinds like Ctrl-C (buffered rows are flushed, the
+    run lock released, engines stopped), then exits 143."""
+
+
+def _raise_terminated(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    raise Terminated()
+
+
+def handle_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C (see :class:`Terminated`). Main thread only."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
 PIPE_WIDTH = 200  # console width when the output is not a terminal and COLUMNS is unset
 
 
@@ -66,8 +82,12 @@ def fail(message: str) -> "typer.Exit":
 
 
 def interrupted(resume_command: list[str] | None = None) -> "typer.Exit":
-    """Print one line (how to resume, when there is something to resume) and return Exit(130)."""
+    """Print one line (how to resume, when there is something to resume) and return Exit(130), or
+    Exit(143) when the interrupt in flight is a SIGTERM (:class:`Terminated`)."""
     hint = f": resume with {shlex.join(resume_command)}" if resume_command else ""
+    if isinstance(sys.exc_info()[1], Terminated):
+        print(f"terminated{hint}", file=sys.stderr)
+        return typer.Exit(EXIT_TERMINATED)
     print(f"interrupted{hint}", file=sys.stderr)
     return typer.Exit(EXIT_INTERRUPTED)
 

@@ -3,7 +3,7 @@
 After every ``kill -9`` the run directory must be readable with at most one row per cell and no
 torn file visible to pandas; resuming to completion must give exactly one row per cell and an
 intact manifest. Also: two sweeps on one OUT (the second exits 2 naming the holder; a killed
-holder does not block), and Ctrl-C (exit 130 with a one-line resume hint).
+holder does not block), Ctrl-C (exit 130 with a one-line resume hint) and SIGTERM (exit 143, rows flushed).
 """
 
 from __future__ import annotations
@@ -165,6 +165,29 @@ def test_ctrl_c_says_how_to_resume(tmp_path):
     partial = visible_rows(out)  # flushed on the interrupt, one row per cell
     assert partial.cell_id.is_unique
     assert json.loads((out / "_sweep.json").read_text())["provenance"]["engine"] == "sim"
+    done = subprocess.run([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out", str(out), "--resume"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(pd.read_parquet(out)) == len(expected_cells(spec))
+
+
+def test_sigterm_flushes_what_was_measured_and_exits_143(tmp_path):
+    """SIGTERM (a scheduler's or `kill`'s stop) unwinds like Ctrl-C: the buffered rows are written,
+    the lock is released, one line says how to resume, exit 143."""
+    spec = write_spec(tmp_path / "sim.toml", 400)
+    out = tmp_path / "run"
+    log = tmp_path / "stderr.log"
+    proc = start(spec, out, log=log)
+    wait_for_start(out)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    text = log.read_text()
+    assert text.strip().splitlines()[-1] == f"terminated: resume with dsdprof sweep {spec} --out {out} --resume"
+    assert "Traceback" not in text
+    partial = visible_rows(out)
+    assert len(partial) > 0 and partial.cell_id.is_unique  # the sim's write buffer was flushed
+    assert holder_pid(out) is None  # lock released
     done = subprocess.run([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out", str(out), "--resume"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
