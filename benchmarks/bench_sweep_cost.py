@@ -84,6 +84,18 @@ def regret_on(reference, chosen: dict[int, int]) -> dict[int, float]:
     return out
 
 
+def regret_interval_on(reference, chosen: dict[int, int]) -> dict[int, tuple[float, float]]:
+    """Per batch size, the reference's own interval for that regret: 1 - ratio_to_best's [high, low].
+
+    When it reaches below the tolerance, the reference cannot tell the chosen K from its best."""
+    out = {}
+    for b, group in reference.cells.groupby("batch_size"):
+        row = group[group["num_spec_tokens"].astype(int) == chosen.get(int(b), -1)]
+        if len(row):
+            out[int(b)] = (1.0 - float(row["ratio_high"].iloc[0]), 1.0 - float(row["ratio_low"].iloc[0]))
+    return out
+
+
 def make(spec, args, out: Path):
     if args.engine != "sim" or args.sim_noise <= 0:
         return None
@@ -162,10 +174,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"budgeted / full: {summary.spent_s / full_s:.1%} of the engine seconds, "
               f"{bud_warm / full_warm:.1%} counting warm-up (estimated at the cells' mean wave time)")
         print(summary.report())
-        print(f"{'BS':>6} {'K full':>7} {'K budget':>9} {'regret on full data':>20} {'decided (budget)':>17}")
-        dec = dict(zip(bud.optimal["batch_size"].astype(int), bud.optimal["decided"]))
+        reg_ci = regret_interval_on(full, k_bud)
+        print(f"{'BS':>6} {'K full':>7} {'K budget':>9} {'regret on full data':>20} {'[full data interval]':>22} "
+              f"{'decided (full)':>15} {'budget status':>17}")
+        dec_full = dict(zip(full.optimal["batch_size"].astype(int), full.optimal["decided"]))
         for b in sorted(k_full):
-            print(f"{b:>6} {k_full[b]:>7} {k_bud.get(b, '-'):>9} {reg.get(b, math.nan):>19.2%} {str(dec.get(b, '-')):>17}")
+            lo, hi = reg_ci.get(b, (math.nan, math.nan))
+            print(f"{b:>6} {k_full[b]:>7} {k_bud.get(b, '-'):>9} {reg.get(b, math.nan):>19.2%} "
+                  f"{f'[{lo:+.1%}, {hi:+.1%}]':>22} {str(dec_full.get(b, '-')):>15} {summary.status.get(b, '-'):>17}")
+        print("(the interval is the full grid's own 90 % interval for that regret: where it reaches below the "
+              "tolerance, the full grid cannot tell the budgeted K from its best either)")
         finite = [r for r in reg.values() if not math.isnan(r)]
         print(f"max regret of the budgeted table on the full grid's data: {max(finite):.2%}; "
               f"same table: {k_full == k_bud}; shapes: full {full.shape}, budgeted {bud.shape}")

@@ -11,8 +11,10 @@ is
 * ``unconfirmed`` -- one of the two above, but its chosen K or runner-up has fewer than
   ``min_repeats`` ok rows (default 2, so that repeat-to-repeat drift, not only wave-to-wave noise,
   is in their intervals; 1 for the analytic engine, whose predictions do not vary), or
-* ``open``.
- The next pass
+* ``open`` -- also while a grid K has no ok row at that batch size yet (a budget smaller than
+  pass 0 stops there).
+
+The next pass
 runs one more repeat (``Cell.repeat`` = the cell's last repeat + 1) of the *contenders* of every open
 batch size: the Ks that more data could still make the answer (see
 :func:`dsdprof.decide.contenders`), plus those two. It stops when every batch size is settled,
@@ -196,6 +198,12 @@ def plan_pass(analysis: Any, ledger: Ledger, mode: str, batch_sizes: list[int], 
         if row["runner_up"] is not None and not pd.isna(row["runner_up"]):
             ks_here.add(int(row["runner_up"]))
         wanted[b] = sorted((ks_here | set(missing)) & set(ks))
+    for b in batch_sizes:
+        # a grid K never measured here (and still retryable) could be the answer: nothing is settled
+        # until it ran (a budget smaller than pass 0 stops with such batch sizes)
+        if status[b] != "no data" and any(k in wanted.get(b, []) and ledger.ok_repeats((cell_for(mode, b, k, 0).mode, b, k)) == 0
+                                          for k in ks):
+            status[b] = "open"
     cells: list[Cell] = []
     if mode == MODE_FIXED:  # one engine per K: group by K, rotate the order of the groups
         all_ks = sorted({k for v in wanted.values() for k in v})

@@ -109,6 +109,22 @@ def test_budget_stops_when_spent_and_resume_continues(tmp_path):
     assert df.cell_id.is_unique and len(df) == second.ok + 1 and len(df) > 3 * 7
 
 
+def test_a_batch_size_with_unmeasured_grid_ks_is_open_not_settled(tmp_path):
+    """A budget smaller than pass 0: BS 8 ran only some Ks; the analysis of those may look decided,
+    but a K never measured could be the answer."""
+    t = truth("dense", batch_sizes=(1, 8, 64))
+    spec = _spec(sorted(t))
+    per_cell = 20  # waves per cell
+    summary = run_budgeted_sweep(spec, tmp_path / "run", parse_budget(f"{(len(KS) + 1 + 3) * per_cell}w"),
+                                 engine=TruthEngine(t, seed=1))
+    df = read_measurements(tmp_path / "run")
+    measured_at_8 = set(df.loc[(df.batch_size == 8) & (df["mode"] == "dsd"), "num_spec_tokens"])
+    assert 0 < len(measured_at_8) < len(KS)  # pass 0 stopped inside BS 8
+    assert summary.status[8] == "open" and summary.status[64] == "no data"
+    open_line = next(line for line in summary.report().splitlines() if line.strip().startswith("open:"))
+    assert "8" in open_line.split("batch size", 1)[1].replace(" ", "").split(",")
+
+
 @pytest.mark.parametrize("kind, seed", [("dense", 0), ("dense", 1), ("moe", 0), ("moe", 2)])
 def test_budgeted_table_matches_truth_for_a_fraction_of_the_full_grid(tmp_path, kind, seed):
     t = truth(kind)
