@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from dsdprof.atomic import fsync_dir, write_bytes_atomic
+from dsdprof.atomic import fsync_dir, signals_held, write_bytes_atomic
 from dsdprof.errors import InputError
 from dsdprof.manifest import (
     MANIFEST_NAME, build_manifest, check_same_provenance, check_same_run, measurement_versions,
@@ -227,7 +227,12 @@ class SweepWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Write buffered rows: new cells into one new part file, retried cells in place."""
+        """Write buffered rows: new cells into one new part file, retried cells in place. Ctrl-C and
+        SIGTERM are held until the rows taken from the buffer are on disk."""
+        with signals_held():
+            self._flush()
+
+    def _flush(self) -> None:
         rows, self._buffer = list(self._buffer.values()), {}
         self._last_flush = time.monotonic()
         if not rows:

@@ -244,3 +244,39 @@ def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch)
     assert {k: v for k, v in after.items() if k != SWEEP_META} == {k: v for k, v in before.items() if k != SWEEP_META}
     _run(out, [_ok(2)], resume=True)
     assert sorted(pd.read_parquet(out).cell_id) == ["dsd-bs1-k1-r0", "dsd-bs2-k1-r0"]
+
+
+def test_signals_are_held_during_a_write_and_delivered_after():
+    """Ctrl-C (or SIGTERM) in the middle of a flush used to lose the rows already taken from the
+    buffer; now the write finishes first, then the interrupt is raised."""
+    import signal
+
+    from dsdprof.atomic import signals_held
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("write finished")  # not interrupted in between
+    assert done == ["write finished"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+
+def test_a_flush_interrupted_by_ctrl_c_keeps_its_rows(tmp_path, monkeypatch):
+    import signal
+
+    w = SweepWriter(tmp_path / "run", SPEC, flush_rows=100)
+    original = w._write_table
+
+    def interrupted_write(name, rows):  # Ctrl-C arrives while the part file is being written
+        os.kill(os.getpid(), signal.SIGINT)
+        return original(name, rows)
+
+    monkeypatch.setattr(w, "_write_table", interrupted_write)
+    with pytest.raises(KeyboardInterrupt):
+        with w:
+            w.start(PROV)
+            for b in (1, 2, 3):
+                w.write_row(_ok(b))
+            w.flush()
+    assert sorted(pd.read_parquet(tmp_path / "run")["batch_size"]) == [1, 2, 3]
