@@ -151,7 +151,7 @@ def test_second_sweep_on_one_out_is_refused_and_a_killed_holder_does_not_block(t
 
 
 def test_ctrl_c_says_how_to_resume(tmp_path):
-    spec = write_spec(tmp_path / "sim.toml", 400)
+    spec = write_spec(tmp_path / "sim.toml", 1000)  # 9,000 cells: the signal lands mid-run on a fast machine too
     out = tmp_path / "run"
     log = tmp_path / "stderr.log"
     proc = start(spec, out, log=log)
@@ -174,7 +174,7 @@ def test_ctrl_c_says_how_to_resume(tmp_path):
 def test_sigterm_flushes_what_was_measured_and_exits_143(tmp_path):
     """SIGTERM (a scheduler's or `kill`'s stop) unwinds like Ctrl-C: the buffered rows are written,
     the lock is released, one line says how to resume, exit 143."""
-    spec = write_spec(tmp_path / "sim.toml", 400)
+    spec = write_spec(tmp_path / "sim.toml", 1000)  # 9,000 cells: the signal lands mid-run on a fast machine too
     out = tmp_path / "run"
     log = tmp_path / "stderr.log"
     proc = start(spec, out, log=log)
