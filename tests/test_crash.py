@@ -60,11 +60,17 @@ def expected_cells(spec_path: Path) -> set[str]:
     return {c.cell_id for c in plan_cells(s.batch_sizes, s.num_spec_tokens, s.repeats, "dsd")}
 
 
+def _default_sigint() -> None:
+    # A shell without job control starts background commands (`make test &`, nohup jobs) with
+    # SIGINT ignored, and Python keeps an inherited SIG_IGN: give the sweep the Ctrl-C of a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(spec: Path, out: Path, *extra: str, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     with open(log, "ab") as err:
         return subprocess.Popen([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out", str(out), *extra],
-                                stdout=subprocess.DEVNULL, stderr=err, env=env)
+                                stdout=subprocess.DEVNULL, stderr=err, env=env, preexec_fn=_default_sigint)
 
 
 def wait_for_holder(out: Path, pid: int, timeout_s: float = 30.0) -> None:
