@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import pyarrow.parquet as pq
 
 from dsdprof.engines.base import plan_cells
@@ -156,49 +157,29 @@ def test_second_sweep_on_one_out_is_refused_and_a_killed_holder_does_not_block(t
     assert len(rows) == len(expected_cells(spec)) and rows.cell_id.is_unique
 
 
-def test_ctrl_c_says_how_to_resume(tmp_path):
-    spec = write_spec(tmp_path / "sim.toml", 1000)  # 9,000 cells: the signal lands mid-run on a fast machine too
-    out = tmp_path / "run"
-    log = tmp_path / "stderr.log"
-    proc = start(spec, out, log=log)
-    wait_for_start(out)
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
-    lines = log.read_text().strip().splitlines()
-    assert lines[-1] == f"interrupted: resume with dsdprof sweep {spec} --out {out} --resume"
-    assert "Traceback" not in log.read_text()
-    partial = visible_rows(out)  # flushed on the interrupt, one row per cell
-    assert partial.cell_id.is_unique
-    assert json.loads((out / "_sweep.json").read_text())["provenance"]["engine"] == "sim"
-    done = subprocess.run([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out", str(out), "--resume"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert len(pd.read_parquet(out)) == len(expected_cells(spec))
-
-
-def test_sigterm_flushes_what_was_measured_and_exits_143(tmp_path):
-    """SIGTERM (a scheduler's or `kill`'s stop) unwinds like Ctrl-C: the buffered rows are written,
-    the lock is released, one line says how to resume, exit 143."""
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_and_sigterm_flush_and_say_how_to_resume(tmp_path, sig, code, word):
+    """Ctrl-C, and SIGTERM (`kill`, a batch scheduler's stop), unwind the same way: the buffered rows
+    are written, the lock is released, one line says how to resume; exit 130 / 143."""
     spec = write_spec(tmp_path / "sim.toml", 1000)  # 9,000 cells: the signal lands mid-run on a fast machine too
     out = tmp_path / "run"
     log = tmp_path / "stderr.log"
     proc = start(spec, out, log=log)
     wait_for_start(out)
     time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 143
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == code
     text = log.read_text()
-    assert text.strip().splitlines()[-1] == f"terminated: resume with dsdprof sweep {spec} --out {out} --resume"
+    assert text.strip().splitlines()[-1] == f"{word}: resume with dsdprof sweep {spec} --out {out} --resume"
     assert "Traceback" not in text
     partial = visible_rows(out)
-    assert len(partial) > 0 and partial.cell_id.is_unique  # the sim's write buffer was flushed
+    assert len(partial) > 0 and partial.cell_id.is_unique  # the sim's write buffer was flushed, one row per cell
     assert holder_pid(out) is None  # lock released
+    assert json.loads((out / "_sweep.json").read_text())["provenance"]["engine"] == "sim"
     done = subprocess.run([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out", str(out), "--resume"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(pd.read_parquet(out)) == len(expected_cells(spec))
-
 
 
 # Every crash point of the write protocol, deterministically: a writer process that dies
