@@ -188,22 +188,17 @@ def plan_pass(analysis: Any, ledger: Ledger, mode: str, batch_sizes: list[int], 
             status[b] = "no data"
             wanted[b] = missing
             continue
-        status[b] = batch_status(row, tolerance, repeats_ok, min_repeats)
-        if status[b] in SETTLED and not missing:
-            continue
-        if status[b] in SETTLED:
+        state = batch_status(row, tolerance, repeats_ok, min_repeats)
+        # a grid K never measured here (and still retryable) could be the answer: nothing is settled
+        # until it ran (a budget smaller than pass 0 stops with such batch sizes)
+        status[b] = "open" if missing else state
+        if state in SETTLED:
             wanted[b] = missing
             continue
         ks_here = set(int(k) for k in row["contenders"]) | {int(row["k"])}
         if row["runner_up"] is not None and not pd.isna(row["runner_up"]):
             ks_here.add(int(row["runner_up"]))
         wanted[b] = sorted((ks_here | set(missing)) & set(ks))
-    for b in batch_sizes:
-        # a grid K never measured here (and still retryable) could be the answer: nothing is settled
-        # until it ran (a budget smaller than pass 0 stops with such batch sizes)
-        if status[b] != "no data" and any(k in wanted.get(b, []) and ledger.ok_repeats((cell_for(mode, b, k, 0).mode, b, k)) == 0
-                                          for k in ks):
-            status[b] = "open"
     cells: list[Cell] = []
     if mode == MODE_FIXED:  # one engine per K: group by K, rotate the order of the groups
         all_ks = sorted({k for v in wanted.values() for k in v})

@@ -20,6 +20,7 @@ F = TypeVar("F", bound=Callable)
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
+PIPE_WIDTH = 200  # console width when the output is not a terminal and COLUMNS is unset
 
 
 class Terminated(KeyboardInterrupt):
@@ -34,7 +35,6 @@ def _raise_terminated(signum, frame) -> None:  # noqa: ARG001 - signal handler s
 def handle_sigterm() -> None:
     """Make SIGTERM unwind like Ctrl-C (see :class:`Terminated`). Main thread only."""
     signal.signal(signal.SIGTERM, _raise_terminated)
-PIPE_WIDTH = 200  # console width when the output is not a terminal and COLUMNS is unset
 
 
 class WrappingConsole(Console):

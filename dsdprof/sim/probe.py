@@ -17,8 +17,8 @@ Efficiencies, measured on decode-shaped work against those peaks:
 * compute: a verify-sized GEMM (1024 tokens × 4096 × 14336 on a GPU, 256 × 1024 × 4096 on a CPU),
   divided by the square-GEMM peak.
 
-A peak is the best rate any of these shapes reached, so both efficiencies are at most 1. The fixed overheads keep their priors until ``dsdprof calibrate`` fits
-them. torch is imported lazily.
+A peak is the best rate any of these shapes reached, so both efficiencies are at most 1. The fixed
+overheads keep their priors until ``dsdprof calibrate`` fits them. torch is imported lazily.
 """
 
 from __future__ import annotations
