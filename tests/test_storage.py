@@ -246,7 +246,18 @@ def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch)
     assert sorted(pd.read_parquet(out).cell_id) == ["dsd-bs1-k1-r0", "dsd-bs2-k1-r0"]
 
 
-def test_signals_are_held_during_a_write_and_delivered_after():
+@pytest.fixture
+def python_sigint():
+    """Python's own Ctrl-C handler for the test, whatever this process inherited (a background shell
+    starts commands with SIGINT ignored, and Python keeps that)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_signals_are_held_during_a_write_and_delivered_after(python_sigint):
     """Ctrl-C (or SIGTERM) in the middle of a flush used to lose the rows already taken from the
     buffer; now the write finishes first, then the interrupt is raised."""
     import signal
@@ -262,7 +273,7 @@ def test_signals_are_held_during_a_write_and_delivered_after():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
 
 
-def test_a_flush_interrupted_by_ctrl_c_keeps_its_rows(tmp_path, monkeypatch):
+def test_a_flush_interrupted_by_ctrl_c_keeps_its_rows(tmp_path, monkeypatch, python_sigint):
     import signal
 
     w = SweepWriter(tmp_path / "run", SPEC, flush_rows=100)

@@ -114,9 +114,9 @@ def probe(device: str = "auto", dtype: Optional[str] = None, buffer_mb: Optional
     a = torch.randn(matmul_n, matmul_n, device=device).to(tdtype)
     b = torch.randn(matmul_n, matmul_n, device=device).to(tdtype)
     mm_s = _best_seconds(lambda: a @ b, sync, repeats, inner)
-    tflops = 2 * matmul_n**3 / mm_s / 1e12
     del a, b
-    read_tbs = nbytes / read_s / 1e12
+    square_tflops = 2 * matmul_n**3 / mm_s / 1e12
+    sum_read_tbs = nbytes / read_s / 1e12
 
     # decode-shaped work: a GEMV over ~half the buffer, and a verify-sized GEMM
     elem = torch.finfo(tdtype).bits // 8
@@ -132,7 +132,7 @@ def probe(device: str = "auto", dtype: Optional[str] = None, buffer_mb: Optional
     verify_tflops = 2 * m * k * n / _best_seconds(lambda: xa @ wb, sync, repeats, inner) / 1e12
     del xa, wb
     # a peak is the best rate achieved by any of the shapes, so each efficiency is <= 1
-    read_tbs, tflops = max(read_tbs, gemv_tbs), max(tflops, verify_tflops)
+    read_tbs, tflops = max(sum_read_tbs, gemv_tbs), max(square_tflops, verify_tflops)
     eff = Efficiency(bandwidth=gemv_tbs / read_tbs, compute=verify_tflops / tflops)
 
     fp8, fp8_note = (_fp8_tflops(torch, matmul_n, repeats, inner) if gpu and dtype == "bfloat16"
@@ -149,8 +149,8 @@ def probe(device: str = "auto", dtype: Optional[str] = None, buffer_mb: Optional
                   fp8_tflops=fp8, fp32_tflops=tflops if dtype == "float32" else 0.0, cache_mb=cache_mb,
                   tile_m=64 if gpu else 1, interconnect_gbs=0.0, efficiency=eff)
     meta = {"source": "dsdprof probe-hardware", "device": device, "matmul_dtype": dtype,
-            "matmul_n": matmul_n, "matmul_tflops": round(2 * matmul_n**3 / mm_s / 1e12, 4), "buffer_mb": buffer_mb,
-            "read_bandwidth_tbs": round(nbytes / read_s / 1e12, 5), "copy_bandwidth_tbs": round(2 * nbytes / copy_s / 1e12, 5),
+            "matmul_n": matmul_n, "matmul_tflops": round(square_tflops, 4), "buffer_mb": buffer_mb,
+            "read_bandwidth_tbs": round(sum_read_tbs, 5), "copy_bandwidth_tbs": round(2 * nbytes / copy_s / 1e12, 5),
             "gemv_bandwidth_tbs": round(gemv_tbs, 5), "gemv_shape": f"1x{gemv_k}x{gemv_n}",
             "verify_gemm_tflops": round(verify_tflops, 4), "verify_gemm_shape": f"{m}x{k}x{n}",
             "fp8_tflops": round(fp8, 4), "fp8_note": fp8_note,
