@@ -1,4 +1,4 @@
-"""Per-step cost of the adaptive vLLM scheduler (dsdprof.engines.vllm_adaptive), next to a step.
+"""Per-step cost of the adaptive vLLM scheduler (dsdprof.plugins.vllm_adaptive), next to a step.
 
     python benchmarks/bench_adaptive_overhead.py [--measured RUN_DIR_OR_PARQUET] [--steps N]
 
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace as NS
 
-from dsdprof.adaptive import AdaptiveKSelector
-from dsdprof.table import ranges_from_points
+from dsdprof.serve.adaptive import AdaptiveKSelector
+from dsdprof.export.table import ranges_from_points
 
 MAX_NUM_SEQS = 256
 MAX_K = 7
@@ -55,8 +55,8 @@ def v2_table() -> dict:
 
 def schedulers():
     """(adaptive, tracing) scheduler classes over a no-op stand-in for vLLM's update_from_output."""
-    from dsdprof.engines.vllm_adaptive import _AdaptiveMixin
-    from dsdprof.engines.vllm_scheduler import _DsdprofMixin
+    from dsdprof.plugins.vllm_adaptive import _AdaptiveMixin
+    from dsdprof.measure.vllm.scheduler import _DsdprofMixin
 
     class NoVllm:
         def update_from_output(self, scheduler_output, model_runner_output):
@@ -79,7 +79,7 @@ def make(cls, table_path: str | None):
     if table_path is None:
         s._dsdprof_init()
     else:
-        from dsdprof.engines.adaptive_settings import adaptive_additional_config
+        from dsdprof.serve.settings import adaptive_additional_config
 
         s._adaptive_setup(adaptive_additional_config(table_path), environ={})
     return s
@@ -136,7 +136,7 @@ def bench(batch_size: int, n: int, table_path: str) -> dict:
 
 def measured_bs1_step(path: str) -> dict[int, float]:
     """K -> median itl_s of the ok speculative rows at BS 1 (K >= 1) of a sweep dir or Parquet."""
-    from dsdprof.analysis import read_measurements
+    from dsdprof.decide.analysis import read_measurements
 
     df = read_measurements(path)
     if "status" in df.columns:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsdprof.analysis import analyze  # noqa: E402
+from dsdprof.decide.analysis import analyze  # noqa: E402
 from tests.synthetic import noisy_rows, truth  # noqa: E402
 
 

@@ -10,12 +10,12 @@ import argparse
 import time
 from dataclasses import replace
 
-from dsdprof.engines.base import Cell
-from dsdprof.sim.acceptance import geometric
-from dsdprof.sim.catalog import MODELS, derived_draft
-from dsdprof.sim.grid import ModelCase, predict_grid
-from dsdprof.sim.hardware import HARDWARE
-from dsdprof.spec import parse_spec
+from dsdprof.measure.engine import Cell
+from dsdprof.measure.sim.acceptance import geometric
+from dsdprof.measure.sim.catalog import MODELS, derived_draft
+from dsdprof.measure.sim.grid import ModelCase, predict_grid
+from dsdprof.measure.sim.hardware import HARDWARE
+from dsdprof.config.spec import parse_spec
 
 TARGETS = ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen3-8B", "Qwen3-30B-A3B", "Qwen3-235B-A22B", "Mixtral-8x7B",
            "DeepSeek-V3", "gpt-oss-20b", "gpt-oss-120b", "Llama-3.2-1B"]
@@ -47,7 +47,7 @@ def main() -> None:
     print(f"vectorised predict_grid (step time, AL, memory check, optimal K): {dt * 1e3:.2f} ms/grid, "
           f"{cells / dt:,.0f} cells/s")
 
-    from dsdprof.sim.engine import SimEngine
+    from dsdprof.measure.sim.engine import SimEngine
 
     spec = parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3"},
                        "sweep": {"batch_sizes": BATCH_SIZES, "num_spec_tokens": KS},

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsdprof import sweep as sweep_mod
-from dsdprof.spec import parse_spec
-from dsdprof.sweep import run_sweep
+from dsdprof.measure import runner as sweep_mod
+from dsdprof.config.spec import parse_spec
+from dsdprof.measure.runner import run_sweep
 
 
 def spec(batch_sizes: list[int]):

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dsdprof.analysis import analyze, read_measurements
-from dsdprof.budget import Budget, parse_budget, run_budgeted_sweep
-from dsdprof.spec import load_spec
-from dsdprof.sweep import run_sweep
+from dsdprof.decide.analysis import analyze, read_measurements
+from dsdprof.plans.budget import Budget, parse_budget, run_budgeted_sweep
+from dsdprof.config.spec import load_spec
+from dsdprof.measure.runner import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = {"vllm": ROOT / "sweeps" / "toy-dense-cpu.toml", "sim": ROOT / "sweeps" / "sim-llama8b-eagle3-h100.toml"}
@@ -99,7 +99,7 @@ def regret_interval_on(reference, chosen: dict[int, int]) -> dict[int, tuple[flo
 def make(spec, args, out: Path):
     if args.engine != "sim" or args.sim_noise <= 0:
         return None
-    from dsdprof.engines import make_engine
+    from dsdprof.measure.factory import make_engine
 
     return NoisyEngine(make_engine(spec, out_dir=out), spec.sweep.waves, args.sim_noise, args.sim_repeat_noise,
                        args.sim_al_noise, args.seed)
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"max regret of the budgeted table on the full grid's data: {max(finite):.2%}; "
               f"same table: {k_full == k_bud}; shapes: full {full.shape}, budgeted {bud.shape}")
         if args.engine == "sim" and args.sim_noise > 0:
-            from dsdprof.engines import make_engine
+            from dsdprof.measure.factory import make_engine
 
             exact_dir = base / "exact"
             run_sweep(spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"repeats": 1})}), exact_dir,

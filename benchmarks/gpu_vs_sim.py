@@ -8,7 +8,7 @@ CPU only, light (numpy/pandas/scipy). What is compared, per (BS, K), context 512
   drafter, no scheduler) of a Llama-3.1-8B-shaped dense stack and a Qwen3-30B-A3B-shaped MoE stack
   with uniform random top-8 routing.
 * sim kernel: the step model's target-verify roofline terms only (dense + experts + attention at
-  routing_correlation 0; dsdprof.sim.model.step_time with no draft, speculative = 0) minus the
+  routing_correlation 0; dsdprof.measure.sim.model.step_time with no draft, speculative = 0) minus the
   fixed step overhead -- the like-for-like figure for a proxy that has no engine around it.
 * sim ITL: the same plus the profile's step_overhead_s (0.5 ms prior; not the K * 0.1 ms
   per-draft-step overhead, since no drafter runs): what the sim reports for a vanilla engine step
@@ -32,14 +32,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dsdprof.engines.base import Cell
-from dsdprof.sim.calibrate import CalibrationTarget, design, predict
-from dsdprof.sim.catalog import MODELS
-from dsdprof.sim.engine import SimEngine
-from dsdprof.sim.fit import fit
-from dsdprof.sim.hardware import resolve_hardware
-from dsdprof.sim.model import NO_DRAFT, HwArrays, arch_features, distinct_experts, step_time
-from dsdprof.spec import parse_spec
+from dsdprof.measure.engine import Cell
+from dsdprof.measure.sim.calibrate import CalibrationTarget, design, predict
+from dsdprof.measure.sim.catalog import MODELS
+from dsdprof.measure.sim.engine import SimEngine
+from dsdprof.measure.sim.fit import fit
+from dsdprof.measure.sim.hardware import resolve_hardware
+from dsdprof.measure.sim.model import NO_DRAFT, HwArrays, arch_features, distinct_experts, step_time
+from dsdprof.config.spec import parse_spec
 
 CONTEXT = 512
 ACC = [0.76, 0.60, 0.43, 0.29, 0.24, 0.14, 0.08]  # per-position acceptance, sweeps/sim-llama8b-eagle3-h100.toml

@@ -2,15 +2,15 @@
 
     python benchmarks/sim_fidelity.py
 
-Prints the numbers quoted in dsdprof/sim/FIDELITY.md. Reference figures from ../shared/reference.md.
+Prints the numbers quoted in docs/sim-fidelity.md. Reference figures from ../shared/reference.md.
 """
 
 from __future__ import annotations
 
-from dsdprof.engines.base import Cell
-from dsdprof.sim.catalog import MODELS
-from dsdprof.sim.engine import SimEngine
-from dsdprof.spec import parse_spec
+from dsdprof.measure.engine import Cell
+from dsdprof.measure.sim.catalog import MODELS
+from dsdprof.measure.sim.engine import SimEngine
+from dsdprof.config.spec import parse_spec
 
 # vLLM BS-1 EAGLE-style K sweep: K -> (AL, TPOT ms); vanilla TPOT 7.07 ms
 VLLM_K_SWEEP = {2: (2.36, 4.32), 3: (2.79, 4.09), 4: (3.08, 4.05), 5: (3.32, 4.13), 6: (3.46, 4.20), 7: (3.54, 4.29)}

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import display
 
-from dsdprof.analysis import analyze, read_measurements, read_provenance, validate_measurements
+from dsdprof.decide.analysis import analyze, read_measurements, read_provenance, validate_measurements
 from dsdprof.report import plots
 
 
@@ -49,7 +49,7 @@ md("""## 1. The raw measurements
 
 One Parquet row per cell (batch size x K x mode x repeat). `mode` is `vanilla` (an engine with no
 speculative config: the baseline), `dsd` (one engine in vLLM's dynamic-SD mode, K switched wave by
-wave) or `fixed` (one engine per K). The columns are listed in `dsdprof.schema.MEASUREMENT_COLUMNS`;
+wave) or `fixed` (one engine per K). The columns are listed in `dsdprof.formats.schema.MEASUREMENT_COLUMNS`;
 every file also carries the run's provenance."""),
 code("""raw = read_measurements(RUN)
 prov = read_provenance(RUN)
@@ -86,9 +86,9 @@ md("""## 4. The K table
 
 Ranges `[start, end, K]` (inclusive) cover every batch size; between two profiled sizes K comes
 from the nearer one on a log scale. The same ranges go into vLLM's
-`num_speculative_tokens_per_batch_size`, or into `dsdprof.runtime.KSelector` in your own server."""),
+`num_speculative_tokens_per_batch_size`, or into `dsdprof.serve.runtime.KSelector` in your own server."""),
 code("""from dsdprof.runtime import KSelector
-from dsdprof.table import build_table
+from dsdprof.export.table import build_table
 
 table = build_table(a, source=str(RUN))
 print("ranges:", table["ranges"])

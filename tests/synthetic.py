@@ -105,14 +105,14 @@ class TruthEngine:
         self.measured = []
 
     def provenance(self):
-        from dsdprof.engines.base import Provenance
+        from dsdprof.measure.engine import Provenance
 
         return Provenance(engine="synthetic", engine_version="0", model="truth", draft_model="truth-draft",
                           method=self.method, hardware="none", dtype="none", dataset="synthetic", seed=self.seed,
                           dsdprof_version="0")
 
     def measure(self, cell):
-        from dsdprof.engines.base import CellMeasurement
+        from dsdprof.measure.engine import CellMeasurement
 
         self.measured.append(cell)
         b, k = cell.batch_size, cell.num_spec_tokens

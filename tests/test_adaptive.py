@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from dsdprof.adaptive import AdaptiveKSelector
+from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.runtime import AdaptiveKSelector as ReExported
 from dsdprof.runtime import KSelector
-from dsdprof.schema import TableError
-from dsdprof.table import ranges_from_points
+from dsdprof.formats.schema import TableError
+from dsdprof.export.table import ranges_from_points
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 KS = range(0, 8)

@@ -10,11 +10,11 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from dsdprof.engines.adaptive_settings import (
+from dsdprof.serve.settings import (
     ADAPTIVE_CONFIG_KEY, ADAPTIVE_SCHEDULER_QUALNAME, ADAPTIVE_TABLE_ENV, AdaptiveSettingError,
     adaptive_additional_config, resolve_settings,
 )
-from dsdprof.table import ranges_from_points
+from dsdprof.export.table import ranges_from_points
 
 PROFILED_ACCEPTANCE = (0.99, 0.98, 0.97, 0.96)  # as if the draft were the target
 ITL_FACTOR = {1: (1.0, 1.1, 1.55, 2.0, 2.6), 2: (1.0, 1.1, 1.55, 2.0, 2.6), 4: (1.0, 1.35, 1.9, 2.6, 3.4)}
@@ -84,9 +84,9 @@ if HAS_VLLM:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-    from dsdprof.engines import vllm_adaptive as va
-    from dsdprof.engines import vllm_scheduler as vs
-    from dsdprof.engines.vllm_scheduler_names import K_EXTRA_ARG
+    from dsdprof.plugins import vllm_adaptive as va
+    from dsdprof.measure.vllm import scheduler as vs
+    from dsdprof.measure.vllm.names import K_EXTRA_ARG
 
 MAX_BS = 8
 
@@ -272,7 +272,7 @@ def test_update_from_output_runs_vllm_then_observes(tmp_path, monkeypatch, cls):
 # ---------------------------------------------------------------- validate --adaptive (fake engines) and its report
 
 def _spec(tmp_path, batch_sizes=(1, 2), repeats=1):
-    from dsdprof.spec import parse_spec
+    from dsdprof.config.spec import parse_spec
 
     for name in ("tgt", "drf"):
         (tmp_path / name).mkdir(exist_ok=True)
@@ -293,7 +293,7 @@ class FakeWorker:
     started: list = []
 
     def __init__(self, config, timeout_s):
-        from dsdprof.engines.adaptive_settings import ADAPTIVE_SCHEDULER_QUALNAME
+        from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME
 
         kw = config.llm_kwargs
         spec_cfg = kw.get("speculative_config")
@@ -312,7 +312,7 @@ class FakeWorker:
         FakeWorker.started.append(self)
 
     def run(self, req, timeout_s):
-        from dsdprof.engines.base import CellMeasurement
+        from dsdprof.measure.engine import CellMeasurement
 
         self.requests.append(req)
         k = {"vanilla": 0, "dsd": 1, "adaptive": 2}.get(self.key)
@@ -337,7 +337,7 @@ class FakeWorker:
 
 
 def test_plan_interleaves_the_adaptive_variant():
-    from dsdprof.report.validate import plan_validation, worker_key
+    from dsdprof.plans.validate import plan_validation, worker_key
 
     cells = plan_validation([2, 1], [1, 3], [[1, 1, 1], [2, 1 << 20, 0]], repeats=2, adaptive_k=3)
     assert len(cells) == 2 * 2 * 5
@@ -354,9 +354,9 @@ def test_validate_adaptive_serves_the_plugin_and_reports_both_regrets(tmp_path):
     import pandas as pd
     from typer.testing import CliRunner
 
-    from dsdprof.cli import app
+    from dsdprof.cli.app import app
     from dsdprof.report.compare import compare
-    from dsdprof.report.validate import ADAPTIVE_TABLE_FILE, run_validation
+    from dsdprof.plans.validate import ADAPTIVE_TABLE_FILE, run_validation
 
     FakeWorker.started = []
     spec = _spec(tmp_path)
@@ -398,9 +398,9 @@ def test_validate_adaptive_serves_the_plugin_and_reports_both_regrets(tmp_path):
 def test_validate_adaptive_bad_input_is_one_line_and_writes_nothing(tmp_path):
     from typer.testing import CliRunner
 
-    from dsdprof.cli import app
+    from dsdprof.cli.app import app
     from dsdprof.errors import InputError
-    from dsdprof.report.validate import run_validation
+    from dsdprof.plans.validate import run_validation
 
     spec = _spec(tmp_path)
     v1 = {k: v for k, v in shifted_table().items() if k not in ("cells", "acceptance_per_pos")}

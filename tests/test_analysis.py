@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsdprof.analysis import analyze, choose_k, fixed_k_summary, load_measurements, validate_measurements
+from dsdprof.decide.analysis import analyze, choose_k, fixed_k_summary, load_measurements, validate_measurements
 from dsdprof.errors import InputError
 from tests.conftest import make_rows
 
@@ -154,7 +154,7 @@ def test_fixed_k_summary(dense_like_frame):
 def test_failed_baseline_is_an_error_not_a_switch_to_k0(dense_like_frame):
     import pandas as pd
 
-    from dsdprof.analysis import analyze
+    from dsdprof.decide.analysis import analyze
     from dsdprof.errors import InputError
 
     dsd = dense_like_frame.assign(mode="dsd", status="ok", error="")

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.cli import app
-from dsdprof.schema import PARQUET_METADATA_KEY
+from dsdprof.cli.app import app
+from dsdprof.formats.schema import PARQUET_METADATA_KEY
 
 runner = CliRunner()
 
@@ -136,9 +136,9 @@ def test_existing_out_without_resume_and_foreign_directory(tmp_path, spec, run):
 
 
 def test_out_in_use_names_the_holder(spec, run):
-    from dsdprof.spec import load_spec
-    from dsdprof.manifest import normalised_spec_dump
-    from dsdprof.storage import SweepWriter
+    from dsdprof.config.spec import load_spec
+    from dsdprof.io.manifest import normalised_spec_dump
+    from dsdprof.io.store import SweepWriter
 
     with SweepWriter(run, normalised_spec_dump(load_spec(spec)), resume=True):
         before = snapshot(run)
@@ -159,7 +159,7 @@ def _full_disk(monkeypatch, target):
 
 
 def test_full_disk_while_claiming_out(tmp_path, spec, monkeypatch):
-    import dsdprof.storage as storage
+    import dsdprof.io.store as storage
 
     def no_space(path, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
@@ -331,7 +331,7 @@ def test_sweep_help_shows_section_names():
 
 
 def test_wide_analyze_table_is_not_cut_off_a_tty(tmp_path, monkeypatch):
-    from dsdprof import cli
+    from dsdprof.cli import app as cli
 
     rows = [{"batch_size": b, "num_spec_tokens": k, "acceptance_length": 1.0 + 0.8 * k ** 0.5,
              "itl_s": 0.0123456 + 0.0007 * k * b} for b in (1, 2, 4, 8, 16, 32, 64, 128) for k in range(13)]
@@ -368,8 +368,8 @@ waves = 2
 def test_validate_resume_of_another_run_is_refused_before_any_engine(tmp_path):
     """The validate runner shares the run manifest: another table, fixed K, --waves or a sweep
     directory is refused in one line, and the run directory is left exactly as it was."""
-    from dsdprof.spec import load_spec
-    from dsdprof.storage import SweepWriter
+    from dsdprof.config.spec import load_spec
+    from dsdprof.io.store import SweepWriter
 
     spec = tmp_path / "v.toml"
     spec.write_text(VLLM_SPEC)

@@ -5,13 +5,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.analysis import analyze, read_measurements
-from dsdprof.budget import Budget, Ledger, batch_status, parse_budget, plan_pass, run_budgeted_sweep
-from dsdprof.cli import app
-from dsdprof.decide import regret
-from dsdprof.engines.base import plan_cells
+from dsdprof.decide.analysis import analyze, read_measurements
+from dsdprof.plans.budget import Budget, Ledger, batch_status, parse_budget, plan_pass, run_budgeted_sweep
+from dsdprof.cli.app import app
+from dsdprof.decide.bootstrap import regret
+from dsdprof.measure.engine import plan_cells
 from dsdprof.errors import InputError
-from dsdprof.spec import parse_spec
+from dsdprof.config.spec import parse_spec
 from tests.synthetic import KS, TruthEngine, noisy_rows, truth, truth_goodput
 
 runner = CliRunner()

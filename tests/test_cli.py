@@ -3,7 +3,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.cli import app
+from dsdprof.cli.app import app
 
 runner = CliRunner()
 

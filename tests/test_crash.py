@@ -21,10 +21,10 @@ import pandas as pd
 import pytest
 import pyarrow.parquet as pq
 
-from dsdprof.engines.base import plan_cells
-from dsdprof.manifest import parse_manifest
-from dsdprof.runlock import holder_pid
-from dsdprof.spec import load_spec
+from dsdprof.measure.engine import plan_cells
+from dsdprof.io.manifest import parse_manifest
+from dsdprof.io.runlock import holder_pid
+from dsdprof.config.spec import load_spec
 
 # The largest batch sizes do not fit an 80 GB card at this context (predicted out of memory), so
 # every resume retries (and supersedes) failed cells as well as finishing the rest.
@@ -188,8 +188,8 @@ def test_ctrl_c_and_sigterm_flush_and_say_how_to_resume(tmp_path, sig, code, wor
 WRITER = r"""
 import os, sys
 from pathlib import Path
-from dsdprof.schema import empty_row
-from dsdprof.storage import SweepWriter
+from dsdprof.formats.schema import empty_row
+from dsdprof.io.store import SweepWriter
 
 SPEC = {"engine": {"name": "sim", "model": "m"}, "sweep": {"waves": 1}}
 PROV = {"engine": "sim", "engine_version": "x", "model": "m", "hardware": "hw"}

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsdprof.analysis import analyze
-from dsdprof.chain import chain_fractions
-from dsdprof.decide import BatchReplicates, bootstrap_batch, curve, decide_batch, fewest_rises_path, regret
+from dsdprof.decide.analysis import analyze
+from dsdprof.decide.chain import chain_fractions
+from dsdprof.decide.bootstrap import BatchReplicates, bootstrap_batch, curve, decide_batch, fewest_rises_path, regret
 from dsdprof.errors import InputError
 from tests.synthetic import noisy_rows, truth, truth_goodput, truth_k
 
@@ -184,7 +184,7 @@ def test_analyze_cli_shows_intervals_and_decisions(tmp_path):
 
     from typer.testing import CliRunner
 
-    from dsdprof.cli import app
+    from dsdprof.cli.app import app
 
     p = tmp_path / "m.parquet"
     noisy_rows(truth("moe"), 0).to_parquet(p)
@@ -200,7 +200,7 @@ def test_analyze_cli_shows_intervals_and_decisions(tmp_path):
 
 
 def test_small_sample_widening():
-    from dsdprof.decide import small_sample_factor
+    from dsdprof.decide.bootstrap import small_sample_factor
 
     assert small_sample_factor(3, 0.9) == pytest.approx(2.920 / 1.645 * (1.5 ** 0.5), rel=1e-3)
     assert 1.0 < small_sample_factor(40, 0.9) < 1.05
@@ -216,7 +216,7 @@ def test_v1_three_repeats_heavy_noise_dense_is_not_moe_like(seed):
 
 
 def test_repeats_that_differ_are_resampled_as_repeats():
-    from dsdprof.decide import _repeats_differ
+    from dsdprof.decide.bootstrap import _repeats_differ
 
     waves = 0.01 * np.random.default_rng(0).lognormal(0, 0.05, 20)
     same = [(1.0, 0.01, np.ones(20), np.roll(waves, r)) for r in range(3)]  # same waves, another order

@@ -19,13 +19,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof import sweep as sweep_mod
-from dsdprof.cli import app
+from dsdprof.measure import runner as sweep_mod
+from dsdprof.cli.app import app
 from dsdprof.errors import InputError
 from dsdprof.fleet.orchestrate import ray_task_options, run_fleet, shard_tasks
 from dsdprof.fleet.plan import parse_fleet, shard_batch_sizes
 from dsdprof.fleet.runner import FAULT_DIR_ENV
-from dsdprof.sweep import run_sweep
+from dsdprof.measure.runner import run_sweep
 
 SIM_FLUSH = getattr(sweep_mod, "SIM_FLUSH_ROWS", 0)  # rows the sweep buffers for the analytic engine
 
@@ -220,7 +220,7 @@ def test_url_out_stages_uploads_and_resumes_on_another_machine(tmp_path):
 def test_mirror_republishes_rewritten_parts_and_uploads_engine_logs(tmp_path):
     from dsdprof.fleet.runner import Mirror, ShardTask, placement_for
     from dsdprof.fleet.store import FleetStore
-    from dsdprof.spec import parse_spec
+    from dsdprof.config.spec import parse_spec
 
     spec = parse_spec(_sim())
     local = FleetStore(str(tmp_path / "out"))
@@ -354,7 +354,7 @@ def test_ray_fleet_without_retries_completes_on_resubmission(ray_cluster, tmp_pa
 @pytest.mark.vllm
 def test_ray_fleet_runs_a_small_vllm_cpu_sweep(ray_cluster, tmp_path):
     pytest.importorskip("vllm")
-    from dsdprof.toy_models import build_toy_pair, toy_config
+    from dsdprof.measure.toy_models import build_toy_pair, toy_config
 
     toy = build_toy_pair(tmp_path / "toy", toy_config("dense", hidden_size=256, num_layers=2, intermediate_size=512,
                                                       num_heads=4, num_kv_heads=2))

@@ -10,12 +10,12 @@ from typer.testing import CliRunner
 
 pytest.importorskip("matplotlib")
 
-from dsdprof.analysis import analyze  # noqa: E402
+from dsdprof.decide.analysis import analyze  # noqa: E402
 from dsdprof.errors import InputError  # noqa: E402
 from dsdprof.report import plots  # noqa: E402
 from dsdprof.report.compare import compare  # noqa: E402
-from dsdprof.schema import empty_row  # noqa: E402
-from dsdprof.storage import SweepWriter  # noqa: E402
+from dsdprof.formats.schema import empty_row  # noqa: E402
+from dsdprof.io.store import SweepWriter  # noqa: E402
 
 PROV = {"engine": "vllm", "engine_version": "0.32.0", "model": "/tmp/toys/dense/target",
         "draft_model": "/tmp/toys/dense/draft", "method": "draft_model", "hardware": "CPU: Test (2 cores)",
@@ -133,7 +133,7 @@ def test_provenance_line_shortens_paths():
 
 
 def test_cli_plot_errors_are_one_line(tmp_path):
-    from dsdprof.cli import app
+    from dsdprof.cli.app import app
 
     r = CliRunner().invoke(app, ["plot", str(tmp_path / "missing"), "-o", str(tmp_path / "o")])
     assert r.exit_code == 2 and "error:" in r.output

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from dsdprof.runtime import DENSE_CAP, KSelector, TableError
+from dsdprof.serve.runtime import DENSE_CAP, KSelector, TableError
 
 TABLE = {"schema": "dsdprof.ktable/v1", "num_speculative_tokens": 4,
          "ranges": [[1, 2, 4], [3, 12, 2], [13, 64, 0]]}
@@ -112,7 +112,7 @@ def test_v2_tables_serve_like_v1(tmp_path):
 
 
 def test_import_runtime_is_light():
-    code = ("import sys, dsdprof.runtime; "
+    code = ("import sys, dsdprof.serve.runtime; "
             "heavy = [m for m in ('pandas', 'pyarrow', 'torch', 'vllm', 'numpy', 'pydantic', 'typer', 'rich') if m in sys.modules]; "
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

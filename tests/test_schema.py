@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from dsdprof import schema
-from dsdprof.schema import (
+from dsdprof.formats import schema
+from dsdprof.formats.schema import (
     COLUMN_NAMES, CONTRACT_COLUMNS, MAX_BATCH_SIZE, MAX_K, TABLE_SCHEMA, TABLE_SCHEMA_V1, TABLE_SCHEMA_V2,
     TableError, arrow_schema, empty_row, read_table_file, validate_num_speculative_tokens, validate_ranges,
     validate_table,

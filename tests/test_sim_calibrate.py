@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.cli import app
-from dsdprof.engines import make_engine
-from dsdprof.engines.base import Cell
+from dsdprof.cli.app import app
+from dsdprof.measure.factory import make_engine
+from dsdprof.measure.engine import Cell
 from dsdprof.errors import InputError
-from dsdprof.sim.calibrate import CalibrationTarget, design_for, fit_efficiency, holdout, predict
-from dsdprof.sim.catalog import MODELS
-from dsdprof.sim.hardware import HARDWARE, Efficiency, load_profile
-from dsdprof.spec import parse_spec
+from dsdprof.measure.sim.calibrate import CalibrationTarget, design_for, fit_efficiency, holdout, predict
+from dsdprof.measure.sim.catalog import MODELS
+from dsdprof.measure.sim.hardware import HARDWARE, Efficiency, load_profile
+from dsdprof.config.spec import parse_spec
 
 runner = CliRunner()
 TRUE = Efficiency(bandwidth=0.72, compute=0.5, step_overhead_s=0.9e-3, draft_step_overhead_s=0.35e-3,
@@ -44,7 +44,7 @@ def test_fit_recovers_known_factors():
 
 def test_fit_recovers_moe_factors_with_tp():
     ct = CalibrationTarget(HARDWARE["MI300X"], MODELS["Qwen3-30B-A3B"], None, "bfloat16", 2, 512, 0.3)
-    from dsdprof.sim.catalog import derived_draft
+    from dsdprof.measure.sim.catalog import derived_draft
 
     ct = CalibrationTarget(ct.hardware, ct.target, derived_draft(ct.target, "eagle3"), "bfloat16", 2, 512, 0.3)
     true = Efficiency(0.6, 0.8, 2e-3, 0.1e-3, 0.0)
@@ -140,7 +140,7 @@ def test_cli_probe_hardware_cpu(tmp_path):
 
 
 def test_probe_times_back_to_back_calls_and_divides():
-    from dsdprof.sim import probe as probe_mod
+    from dsdprof.measure.sim import probe as probe_mod
 
     calls, syncs = [], []
     t = probe_mod._best_seconds(lambda: calls.append(1), lambda: syncs.append(1), repeats=3, inner=4)
@@ -159,7 +159,7 @@ def test_help_on_sim_commands():
 
 def test_bandwidth_bound_batch_sizes_leave_compute_efficiency_unidentified():
     """BS 1-4 never reach compute-bound: e_c gets no signal, keeps the prior, and is reported."""
-    from dsdprof.sim.fit import fit
+    from dsdprof.measure.sim.fit import fit
 
     df = synthetic(bss=(1, 2, 4), noise=0.01)
     prior = CT.hardware.efficiency
@@ -174,7 +174,7 @@ def test_bandwidth_bound_batch_sizes_leave_compute_efficiency_unidentified():
 @pytest.mark.parametrize("drop,names", [("vanilla", {"step_overhead_s", "dsd_overhead_s"}),
                                         ("k>0", {"draft_step_overhead_s"})])
 def test_missing_cells_make_overheads_unidentified(drop, names):
-    from dsdprof.sim.fit import fit
+    from dsdprof.measure.sim.fit import fit
 
     df = synthetic()
     df = df[df["mode"] != "vanilla"] if drop == "vanilla" else df[df["num_spec_tokens"] == 0]
@@ -186,7 +186,7 @@ def test_missing_cells_make_overheads_unidentified(drop, names):
 
 def test_fit_stays_inside_loader_bounds_on_hostile_data():
     """ITL falling with batch size (no physical fit): parameters stay within the profile bounds."""
-    from dsdprof.sim.fit import EFFICIENCY_BOUNDS, fit
+    from dsdprof.measure.sim.fit import EFFICIENCY_BOUNDS, fit
 
     df = synthetic(bss=(1, 2, 4, 8))
     df["itl_s"] = 0.05 / df["batch_size"]
@@ -200,7 +200,7 @@ def test_write_profile_validates_before_replacing(tmp_path):
     """The issue's case: a profile with compute efficiency 850 must not replace a good one."""
     from dataclasses import replace as dc_replace
 
-    from dsdprof.sim.hardware import write_profile
+    from dsdprof.measure.sim.hardware import write_profile
 
     good = tmp_path / "prof.toml"
     write_profile(good, HARDWARE["H100 SXM"])

@@ -8,13 +8,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.analysis import analyze, load_measurements
-from dsdprof.cli import app
-from dsdprof.engines import make_engine
-from dsdprof.engines.base import Cell, Engine
+from dsdprof.decide.analysis import analyze, load_measurements
+from dsdprof.cli.app import app
+from dsdprof.measure.factory import make_engine
+from dsdprof.measure.engine import Cell, Engine
 from dsdprof.errors import InputError
-from dsdprof.spec import load_spec, parse_spec
-from dsdprof.sweep import run_sweep
+from dsdprof.config.spec import load_spec, parse_spec
+from dsdprof.measure.runner import run_sweep
 
 runner = CliRunner()
 

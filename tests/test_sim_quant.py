@@ -7,16 +7,16 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.cli import app
-from dsdprof.engines import make_engine
-from dsdprof.engines.base import Cell
+from dsdprof.cli.app import app
+from dsdprof.measure.factory import make_engine
+from dsdprof.measure.engine import Cell
 from dsdprof.errors import InputError
-from dsdprof.sim.catalog import MODELS, resolve_model, shadowed_catalog_name
-from dsdprof.sim.hardware import HARDWARE
-from dsdprof.sim.hfconfig import load_hf_config
-from dsdprof.sim.model import NO_DRAFT, HwArrays, arch_features, memory_bytes, resolve_dtype, step_time
-from dsdprof.sim.quant import parse_quantization
-from dsdprof.spec import parse_spec
+from dsdprof.measure.sim.catalog import MODELS, resolve_model, shadowed_catalog_name
+from dsdprof.measure.sim.hardware import HARDWARE
+from dsdprof.measure.sim.hfconfig import load_hf_config
+from dsdprof.measure.sim.model import NO_DRAFT, HwArrays, arch_features, memory_bytes, resolve_dtype, step_time
+from dsdprof.measure.sim.quant import parse_quantization
+from dsdprof.config.spec import parse_spec
 
 runner = CliRunner()
 
@@ -278,8 +278,8 @@ def test_cli_sweep_prints_a_notice_when_a_path_shadows_the_catalog(tmp_path):
 def test_cli_calibrate_prints_the_shadow_notice(tmp_path):
     from test_sim_calibrate import CT, synthetic
 
-    from dsdprof.sim.calibrate import design_for, predict
-    from dsdprof.sim.hardware import Efficiency
+    from dsdprof.measure.sim.calibrate import design_for, predict
+    from dsdprof.measure.sim.hardware import Efficiency
 
     d = _model_dir(tmp_path, "Llama-3.1-8B", {**TINY_LLAMA, "torch_dtype": "bfloat16"})
     df = synthetic()

@@ -6,13 +6,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from dsdprof.engines.base import Cell, CellMeasurement
+from dsdprof.measure.engine import Cell, CellMeasurement
 from dsdprof.errors import InputError
-from dsdprof.manifest import MANIFEST_VERSION, spec_hash
-from dsdprof.runlock import HOLDER_NAME
-from dsdprof.schema import COLUMN_NAMES, MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
-from dsdprof.storage import ATTEMPTS_DIR, SWEEP_META, SweepWriter
-from dsdprof.sweep import measurement_row
+from dsdprof.io.manifest import MANIFEST_VERSION, spec_hash
+from dsdprof.io.runlock import HOLDER_NAME
+from dsdprof.formats.schema import COLUMN_NAMES, MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
+from dsdprof.io.store import ATTEMPTS_DIR, SWEEP_META, SweepWriter
+from dsdprof.measure.runner import measurement_row
 
 PROV = {"engine": "vllm", "engine_version": "x", "model": "m", "draft_model": "d", "method": "draft_model",
         "hardware": "cpu", "dtype": "float32", "dataset": "synthetic", "seed": 0, "dsdprof_version": "0"}
@@ -262,7 +262,7 @@ def test_signals_are_held_during_a_write_and_delivered_after(python_sigint):
     buffer; now the write finishes first, then the interrupt is raised."""
     import signal
 
-    from dsdprof.atomic import signals_held
+    from dsdprof.io.atomic import signals_held
 
     done = []
     with pytest.raises(KeyboardInterrupt):

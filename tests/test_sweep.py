@@ -3,10 +3,10 @@
 import pandas as pd
 import pytest
 
-from dsdprof.engines.base import plan_cells
+from dsdprof.measure.engine import plan_cells
 from dsdprof.errors import InputError
-from dsdprof.spec import parse_spec
-from dsdprof.sweep import run_sweep
+from dsdprof.config.spec import parse_spec
+from dsdprof.measure.runner import run_sweep
 
 
 def _spec(**sweep):

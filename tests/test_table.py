@@ -8,13 +8,13 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import make_rows
-from dsdprof import table as table_mod
-from dsdprof.analysis import analyze
-from dsdprof.cli import app
+from dsdprof.export import table as table_mod
+from dsdprof.decide.analysis import analyze
+from dsdprof.cli.app import app
 from dsdprof.errors import InputError
 from dsdprof.runtime import KSelector
-from dsdprof.schema import TABLE_SCHEMA_V2, TableError, validate_table
-from dsdprof.table import (
+from dsdprof.formats.schema import TABLE_SCHEMA_V2, TableError, validate_table
+from dsdprof.export.table import (
     LAST_RANGE_END, build_table, check_vllm_config, k_for_batch_size, load_table, ranges_from_points,
     vllm_speculative_config, write_json_atomic,
 )

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dsdprof.engines.trace import CellFailure, Step, read_trace, steady_steps, summarize
+from dsdprof.measure.vllm.trace import CellFailure, Step, read_trace, steady_steps, summarize
 
 
 def wave(w, t0, batch, k, accepted_per_step, output_len, prefill_tokens=32, step_s=0.1):

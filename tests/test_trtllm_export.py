@@ -6,12 +6,12 @@ import random
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.cli import app
+from dsdprof.cli.app import app
 from dsdprof.errors import InputError
 from dsdprof.runtime import KSelector
-from dsdprof.schema import TableError
-from dsdprof.table import LAST_RANGE_END, ranges_from_points
-from dsdprof.trtllm_export import (
+from dsdprof.formats.schema import TableError
+from dsdprof.export.table import LAST_RANGE_END, ranges_from_points
+from dsdprof.export.trtllm import (
     check_trtllm_config, check_trtllm_schedule, trtllm_draft_len, trtllm_draft_len_schedule,
     trtllm_speculative_config,
 )

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from dsdprof.errors import InputError
-from dsdprof.report.validate import (
+from dsdprof.plans.validate import (
     dsd_llm_kwargs, plan_validation, table_warnings, worker_key,
 )
-from dsdprof.spec import parse_spec
+from dsdprof.config.spec import parse_spec
 
 TABLE = {
     "schema": "dsdprof.ktable/v1", "num_speculative_tokens": 3,

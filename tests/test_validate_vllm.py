@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 pytest.importorskip("vllm")
 
-from dsdprof.cli import app  # noqa: E402
+from dsdprof.cli.app import app  # noqa: E402
 from dsdprof.report.compare import compare  # noqa: E402
-from dsdprof.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
+from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

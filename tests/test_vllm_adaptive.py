@@ -15,12 +15,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsdprof.engines.base import Cell  # noqa: E402
-from dsdprof.report.validate import ValidateEngine  # noqa: E402
-from dsdprof.schema import MODE_ADAPTIVE  # noqa: E402
-from dsdprof.spec import parse_spec  # noqa: E402
-from dsdprof.table import k_for_batch_size  # noqa: E402
-from dsdprof.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
+from dsdprof.measure.engine import Cell  # noqa: E402
+from dsdprof.plans.validate import ValidateEngine  # noqa: E402
+from dsdprof.formats.schema import MODE_ADAPTIVE  # noqa: E402
+from dsdprof.config.spec import parse_spec  # noqa: E402
+from dsdprof.export.table import k_for_batch_size  # noqa: E402
+from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
 from tests.test_adaptive_plugin import shifted_table  # noqa: E402
 
 pytestmark = pytest.mark.vllm

@@ -7,13 +7,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsdprof.analysis import analyze_path  # noqa: E402
-from dsdprof.engines.vllm_engine import EngineWorker, VllmEngine  # noqa: E402
-from dsdprof.engines.vllm_worker import CellRequest, WorkerConfig  # noqa: E402
-from dsdprof.spec import parse_spec  # noqa: E402
-from dsdprof.sweep import run_sweep  # noqa: E402
-from dsdprof.table import k_for_batch_size, vllm_speculative_config  # noqa: E402
-from dsdprof.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
+from dsdprof.decide.analysis import analyze_path  # noqa: E402
+from dsdprof.measure.vllm.engine import EngineWorker, VllmEngine  # noqa: E402
+from dsdprof.measure.vllm.worker import CellRequest, WorkerConfig  # noqa: E402
+from dsdprof.config.spec import parse_spec  # noqa: E402
+from dsdprof.measure.runner import run_sweep  # noqa: E402
+from dsdprof.export.table import k_for_batch_size, vllm_speculative_config  # noqa: E402
+from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -80,7 +80,7 @@ def test_toy_pair_optimal_k_falls_with_batch_size(toy, tmp_path):
 
 
 def test_exported_schedule_drives_real_vllm(toy, tmp_path):
-    from dsdprof.table import ranges_from_points
+    from dsdprof.export.table import ranges_from_points
 
     table = {"schema": "dsdprof.ktable/v1", "num_speculative_tokens": 3,
              "ranges": ranges_from_points([(1, 3), (2, 1), (4, 2)]),
@@ -108,7 +108,7 @@ def test_exported_schedule_drives_real_vllm(toy, tmp_path):
 def test_models_that_cannot_resolve_or_load_stop_before_any_cell(toy, tmp_path):
     from typer.testing import CliRunner
 
-    from dsdprof.cli import app
+    from dsdprof.cli.app import app
 
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -5,8 +5,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from dsdprof.engines.trace import Step, summarize
-from dsdprof.engines.vllm_metrics import (
+from dsdprof.measure.vllm.trace import Step, summarize
+from dsdprof.measure.vllm.metrics import (
     ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, ITL, MetricSnapshot, RequestTiming,
     build_measurement, snapshot_from_metrics,
 )

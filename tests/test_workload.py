@@ -3,8 +3,8 @@ import json
 import pytest
 
 from dsdprof.errors import InputError
-from dsdprof.spec import WorkloadSpec
-from dsdprof.workload import (
+from dsdprof.config.spec import WorkloadSpec
+from dsdprof.measure.workload import (
     build_prompt_pool, load_dataset_texts, ordinary_token_ids, synthetic_pool, wave_prompts,
 )
 
@@ -131,7 +131,7 @@ def test_offline_sharegpt_package():
 
 
 def test_output_lengths_can_follow_the_dataset(tmp_path):
-    from dsdprof.workload import build_workload
+    from dsdprof.measure.workload import build_workload
 
     f = tmp_path / "d.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in [

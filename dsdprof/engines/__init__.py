@@ -1,27 +1,4 @@
-"""Engines behind the :class:`~dsdprof.engines.base.Engine` protocol (imported lazily)."""
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from dsdprof.engines.base import Cell, CellMeasurement, Engine, Provenance, plan_cells
-
-if TYPE_CHECKING:
-    from dsdprof.spec import SweepSpec
-
-__all__ = ["Cell", "CellMeasurement", "Engine", "Provenance", "make_engine", "plan_cells"]
-
-
-def make_engine(spec: "SweepSpec", out_dir=None) -> Engine:
-    """Build the engine a spec names. Heavy imports (vllm, torch) happen here, not at import.
-
-    ``out_dir``: the run directory; the vLLM engine keeps its logs and step traces under it."""
-    if spec.engine.name == "vllm":
-        from dsdprof.engines.vllm_engine import VllmEngine
-
-        return VllmEngine(spec, out_dir=out_dir)
-    if spec.engine.name == "sim":
-        from dsdprof.sim.engine import SimEngine
-
-        return SimEngine(spec)
-    raise ValueError(f"engine.name={spec.engine.name!r}")
+"""Public plugin paths only (serving configs name them): the code lives in :mod:`dsdprof.measure`
+and :mod:`dsdprof.plugins`. ``dsdprof.engines.vllm_scheduler.make_scheduler`` is the profiling
+scheduler a sweep starts vLLM with; ``dsdprof.engines.vllm_adaptive.make_scheduler`` the adaptive
+serving plugin."""

@@ -5,7 +5,7 @@
 * :mod:`dsdprof.fleet.runner` one run (or one shard of a run) as an ordinary resumable sweep
 * :mod:`dsdprof.fleet.orchestrate` the fleet: skip finished runs, run the rest (local or Ray)
 * :mod:`dsdprof.fleet.export` one K table per (model, draft, hardware, TP) and an index of them
-* :mod:`dsdprof.fleet.cli`    ``dsdprof fleet`` and ``dsdprof fleet-export`` (rich lives there)
+* :mod:`dsdprof.cli.fleet`    ``dsdprof fleet`` and ``dsdprof fleet-export`` (rich lives there)
 
 Ray is optional (``pip install 'dsdprof[ray]'``) and imported only when ``--ray`` is used.
 """

@@ -56,14 +56,14 @@ def _run_dir(store: FleetStore, run: str, scratch: Path) -> Path:
 
 
 def _table_for(run_dir: Path, source: str, tolerance: float) -> dict[str, Any]:
-    from dsdprof.analysis import analyze_path
-    from dsdprof.table import build_table
+    from dsdprof.decide.analysis import analyze_path
+    from dsdprof.export.table import build_table
 
     return build_table(analyze_path(run_dir, tolerance=tolerance), source=source)
 
 
 def _vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
-    from dsdprof.table import vllm_speculative_config
+    from dsdprof.export.table import vllm_speculative_config
 
     try:
         return vllm_speculative_config(table)
@@ -73,7 +73,7 @@ def _vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
 
 def export_fleet(out: str, staging: Optional[str] = None, tolerance: float = 0.02) -> FleetIndex:
     """Analyze every finished run of the fleet in ``out``; write its table and the index."""
-    from dsdprof.table import write_json_atomic
+    from dsdprof.export.table import write_json_atomic
 
     store = FleetStore(out, staging)
     records = _records(store)

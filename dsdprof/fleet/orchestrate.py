@@ -117,7 +117,7 @@ def _write_run_manifest(store: FleetStore, run: RunPlan) -> None:
         return
     doc["spec"]["sweep"]["batch_sizes"] = list(run.spec.sweep.batch_sizes)
     if "spec_hash" in doc:
-        from dsdprof.manifest import spec_hash
+        from dsdprof.io.manifest import spec_hash
 
         doc["spec_hash"] = spec_hash(doc["spec"])
     starts = [d.get("started_at") for d in (store.read_json(f"{shard_rel(run.name, i)}/_sweep.json")

@@ -38,7 +38,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dsdprof.errors import InputError
-from dsdprof.spec import SweepSpec, parse_spec
+from dsdprof.config.spec import SweepSpec, parse_spec
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 RESERVED_NAMES = ("tables",)
@@ -203,7 +203,7 @@ def _build_run(data: dict[str, Any], hardware: Optional[str], shards: int, name:
     try:
         spec = parse_spec(data)
         if spec.engine.name == "sim":
-            from dsdprof.sim.config import resolve
+            from dsdprof.measure.sim.config import resolve
 
             resolve(spec)  # unknown model / hardware / bad [sim] fails here, before any output
     except InputError as err:

@@ -2,7 +2,7 @@
 
 :func:`execute_shard` is what a Ray task runs (and what the local backend calls in-process). It
 is idempotent: it brings back what earlier attempts left (from OUT or, for a URL, by download),
-then calls :func:`dsdprof.sweep.run_sweep` with ``resume=True``, so finished cells are skipped
+then calls :func:`dsdprof.measure.runner.run_sweep` with ``resume=True``, so finished cells are skipped
 and a retry after a killed worker redoes at most the cell in flight.
 
 A sharded run: each shard sweeps its share of the batch sizes into its own sweep directory
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from dsdprof.fleet.store import FleetStore, shard_rel
-from dsdprof.spec import SweepSpec
+from dsdprof.config.spec import SweepSpec
 
 FAULT_DIR_ENV = "DSDPROF_FLEET_FAULT_DIR"
 PART_PREFIX = "part-"
@@ -89,7 +89,7 @@ def _published(name: str, tag: str) -> str:
 
 def _lock_files() -> tuple[str, ...]:
     try:
-        from dsdprof.runlock import LOCK_FILES
+        from dsdprof.io.runlock import LOCK_FILES
     except ImportError:  # storage without a run lock
         return ()
     return tuple(LOCK_FILES)
@@ -210,7 +210,7 @@ def count_ok_cells(work_dir: Path) -> set[str]:
 
 def execute_shard(task: ShardTask) -> ShardResult:
     """Run (or resume) one shard; what a Ray task executes. Raises on bad input or a refused resume."""
-    from dsdprof.sweep import run_sweep
+    from dsdprof.measure.runner import run_sweep
 
     t0 = time.perf_counter()
     if task.cwd and os.path.isdir(task.cwd):

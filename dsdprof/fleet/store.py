@@ -10,7 +10,7 @@ Layout under ``OUT`` (paths relative to it)::
     tables/<run>.json, index.json  written by ``fleet-export`` (and at the end of ``fleet``)
 
 Sweeps always write to a local directory with the crash-safe part files of
-:mod:`dsdprof.storage`. For a URL, that directory is a staging copy (``[fleet] staging``) and
+:mod:`dsdprof.io.store`. For a URL, that directory is a staging copy (``[fleet] staging``) and
 every file is uploaded as soon as it is durable locally, so a run retried on another machine
 downloads what was done and resumes.
 """

@@ -1,6 +1,6 @@
 """Compare vanilla, fixed-K, DSD and adaptive serving per batch size: pure functions over a DataFrame.
 
-Input: measurement rows (the :mod:`dsdprof.schema` columns) of a ``dsdprof validate`` run, with
+Input: measurement rows (the :mod:`dsdprof.formats.schema` columns) of a ``dsdprof validate`` run, with
 ``mode`` = ``vanilla`` | ``fixed`` | ``dsd`` | ``adaptive`` (optional), ``batch_size``,
 ``num_spec_tokens`` (the fixed K, the table's K at that batch size for ``dsd``, the engine's largest
 K for ``adaptive``) and a per-user speed: ``tokens_per_s_per_user``
@@ -19,7 +19,7 @@ Per batch size, :func:`compare` reports:
 * ``below_vanilla``: DSD slower than vanilla by more than ``noise``; ``note`` says why it matters
   (a K=0 range still pays the drafter's overhead, vLLM issue 49548);
 * ``regret_lo``, ``regret_hi``: the central ``confidence`` interval of ``regret`` from the
-  bootstrap of :mod:`dsdprof.decide` (per variant, the waves pooled over repeats, or the repeats;
+  bootstrap of :mod:`dsdprof.decide.bootstrap` (per variant, the waves pooled over repeats, or the repeats;
   small samples widened to t intervals), on the ratio of mean AL / mean ITL of the DSD cells to
   those of the best fixed K (chosen by the point estimate); NaN when a variant has a single
   sample (one repeat of one wave) -- the intervals are then unknown.
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dsdprof.decide import DEFAULT_CONFIDENCE, bootstrap_batch, check_confidence, interval, row_samples
+from dsdprof.decide.bootstrap import DEFAULT_CONFIDENCE, bootstrap_batch, check_confidence, interval, row_samples
 from dsdprof.errors import InputError
-from dsdprof.schema import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, MODES, STATUS_OK
+from dsdprof.formats.schema import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, MODES, STATUS_OK
 
 DEFAULT_NOISE_FLOOR = 0.05
 K0_NOTE = "K=0 range still runs the drafter (vLLM issue 49548): serve it without speculation"
@@ -114,7 +114,7 @@ def _k_observed(rows: pd.DataFrame) -> float:
 def regret_intervals(batch_size: int, best: pd.DataFrame, variants: list[pd.DataFrame],
                      confidence: float = DEFAULT_CONFIDENCE) -> list[tuple[float, float]]:
     """Per variant, the ``confidence`` interval of ``1 - goodput(variant) / goodput(best)``
-    (:func:`dsdprof.decide.bootstrap_batch`; NaN when any of them has a single sample)."""
+    (:func:`dsdprof.decide.bootstrap.bootstrap_batch`; NaN when any of them has a single sample)."""
     cells = []
     for i, rows in enumerate([best, *variants]):
         samples = row_samples(rows)

@@ -1,6 +1,6 @@
 """PNG figures for sweeps and validate runs (matplotlib, object API: no pyplot, no global backend).
 
-Each ``*_figure`` function takes DataFrames (or an :class:`~dsdprof.analysis.Analysis`) and returns
+Each ``*_figure`` function takes DataFrames (or an :class:`~dsdprof.decide.analysis.Analysis`) and returns
 a ``matplotlib.figure.Figure``; :func:`plot_results` reads a results path and writes the PNGs.
 matplotlib is imported inside the functions, so importing this module is cheap.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsdprof.atomic import write_bytes_atomic
+from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.errors import InputError
 
 PNG_NAMES = {
@@ -102,7 +102,7 @@ def _log2_bs_axis(ax, batch_sizes) -> None:
 
 def optimal_k_figure(analysis, table_ranges: list[list[int]] | None = None):
     """Goodput-optimal K per profiled batch size, the served table's K between them, speedups."""
-    from dsdprof.table import k_for_batch_size, ranges_from_points
+    from dsdprof.export.table import k_for_batch_size, ranges_from_points
 
     opt = analysis.optimal
     bs = opt["batch_size"].astype(int).tolist()
@@ -275,8 +275,8 @@ def acceptance_figure(df: pd.DataFrame, provenance: dict[str, Any] | None = None
 def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = 0.02,
                  force: bool = False) -> list[Path]:
     """Write every figure that ``results`` supports into ``out_dir``; return the paths."""
-    from dsdprof.analysis import analyze, read_measurements, read_provenance, validate_measurements
-    from dsdprof.report.validate import is_validate_run
+    from dsdprof.decide.analysis import analyze, read_measurements, read_provenance, validate_measurements
+    from dsdprof.plans.validate import is_validate_run
 
     require_matplotlib()
     df = read_measurements(results)

@@ -1,0 +1,316 @@
+"""``dsdprof`` command line: parse, call, render. rich lives only in CLI modules."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from dsdprof import __version__
+from dsdprof.cli.common import (
+    EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, fail, guarded, handle_sigterm, interrupted, make_console,
+)
+from dsdprof.measure.vllm.worker import STREAM_ENGINE_LOG_ENV
+
+app = typer.Typer(
+    name="dsdprof",
+    help="Measure speculative decoding on your model, draft and GPU; pick the goodput-optimal "
+         "number of draft tokens K per batch size; export it to vLLM or a runtime selector.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+console = make_console()
+err_console = make_console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"dsdprof {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """dsdprof: hardware-aware dynamic speculative decoding profiler."""
+
+
+# ----------------------------------------------------------------------------- sweep
+
+@app.command()
+@guarded
+def sweep(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec (TOML): \\[engine], \\[sweep], \\[workload]."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run directory for the Parquet part files: new or empty, or an earlier run with --resume. Locked while the sweep runs."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same spec and versions): skip finished cells, retry failed ones."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream vLLM's own output to the console instead of OUT/_logs/engine-*.log."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Engine seconds (3600, 90m, 2h) or measured waves (400w): after one pass over the grid, run further repeats only of the Ks that can still win at batch sizes whose K is not yet decided."),
+) -> None:
+    """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet.
+
+    Exit codes: 0 done, 1 every cell failed (the first error is printed), 2 bad input (including a
+    model that cannot be resolved or loaded), 130 interrupted."""
+    import os
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from dsdprof.config.spec import load_spec
+    from dsdprof.measure.runner import SweepProgress, run_sweep
+
+    spec = load_spec(spec_path)
+    if budget is not None:
+        from dsdprof.plans.budget import parse_budget, run_budgeted_sweep
+
+        parsed_budget = parse_budget(budget)  # bad --budget fails here, before any output
+    notices: list[str] = []
+    if spec.engine.name == "sim":
+        from dsdprof.measure.sim.config import model_notices, resolve
+
+        resolve(spec)  # bad [sim] input or model config.json fails here, before any output
+        # Notices wait until the run directory is ours: a refused --out stays a one-line error.
+        notices = [*model_notices(spec), "engine 'sim': rows are analytic predictions, not measurements"]
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                        TimeRemainingColumn(), console=err_console, transient=False)
+    task = None
+    first_error: list[str] = []
+    if verbose:
+        os.environ[STREAM_ENGINE_LOG_ENV] = "1"
+
+    def on_progress(ev: SweepProgress) -> None:
+        nonlocal task
+        if ev.phase == "plan":
+            for notice in notices:
+                err_console.print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
+            notices.clear()  # a budgeted sweep plans several passes
+            err_console.print(f"[dim]{ev.message}[/]")
+            task = progress.add_task("sweep", total=ev.total, cell="")
+            return
+        if task is None:
+            return
+        c = ev.cell
+        label = f"BS {c.batch_size:>4} K {c.num_spec_tokens} {c.mode}" if c else ""
+        if ev.phase == "start":
+            progress.update(task, cell=label)
+        elif ev.phase in ("done", "skip"):
+            progress.update(task, completed=ev.index, cell=label)
+            if ev.status == "failed":
+                first_error.append(ev.message)
+                progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
+
+    try:
+        with progress:
+            if budget is None:
+                summary = run_sweep(spec, out, resume=resume, on_progress=on_progress)
+            else:
+                summary = run_budgeted_sweep(spec, out, parsed_budget, resume=resume, on_progress=on_progress)
+    except KeyboardInterrupt:
+        raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), "--resume"]) from None
+    console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped "
+                  f"(speculation mode {summary.speculation_mode}) -> {summary.out}")
+    if budget is not None:
+        console.print(summary.report(), markup=False, highlight=False)
+    if summary.failed and not summary.ok and not summary.skipped:
+        print(f"error: every cell failed; first error: {first_error[0][:500] if first_error else 'unknown'}",
+              file=sys.stderr)
+        raise typer.Exit(1)
+
+
+# ----------------------------------------------------------------------------- analyze
+
+def _warn_below_baseline(optimal) -> None:
+    """Batch sizes where even the best speculative K is slower than the vanilla baseline."""
+    below = optimal[optimal["speedup_vs_baseline"] < 1.0]
+    if len(below):
+        sizes = ", ".join(str(int(b)) for b in below["batch_size"])
+        err_console.print(f"[yellow]warning: at batch size {sizes} no K beats the no-speculation baseline "
+                          "(K=0 in DSD mode still runs the drafter, vLLM issue 49548); serving those sizes "
+                          "without a speculative config is faster[/]")
+
+def _fmt(x: float, digits: int = 2) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+@app.command()
+@guarded
+def analyze(
+    measurements: Path = typer.Argument(..., help="Sweep directory or Parquet file."),
+    tolerance: float = typer.Option(0.02, "--tolerance", help="A smaller K replaces the best when its goodput is within this (relative) of the best, at --confidence."),
+    json_out: bool = typer.Option(False, "--json", help="Print the per-BS result as JSON instead of tables."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
+    confidence: float = typer.Option(0.9, "--confidence", help="Confidence of the bootstrap intervals the decisions use (central interval)."),
+    acceptance: str = typer.Option("auto", "--acceptance", help="auto | measured | chain: AL per K as measured, or from the largest K's per-position acceptance (chain drafters)."),
+) -> None:
+    """Find the goodput-optimal K (goodput = AL / ITL) per batch size, with intervals and decisions."""
+    from dsdprof.decide.analysis import analyze_path
+    from dsdprof.cli.analyze import analysis_json, render_analysis
+
+    result = analyze_path(measurements, tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence,
+                          acceptance=acceptance)
+    if json_out:
+        print(analysis_json(result))
+        return
+    render_analysis(result, console, err_console)
+    _warn_below_baseline(result.optimal)
+
+
+# ----------------------------------------------------------------------------- export / show
+
+_EXPORT_FORMATS = ("table", "vllm", "trtllm")
+
+
+@app.command()
+@guarded
+def export(
+    source: Path = typer.Argument(..., help="Sweep directory / Parquet file, or an existing table JSON (v1 or v2)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON) or trtllm (speculative_config with draft_len_schedule)."),
+    tolerance: float = typer.Option(0.02, "--tolerance", help="Relative goodput tolerance for choosing K."),
+    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
+) -> None:
+    """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
+    from dsdprof.formats.schema import validate_table
+    from dsdprof.export.table import (
+        build_table, check_output_path, check_vllm_config, load_table, vllm_speculative_config,
+        write_json_atomic,
+    )
+    from dsdprof.export.trtllm import check_trtllm_config, trtllm_speculative_config
+
+    if fmt not in _EXPORT_FORMATS:
+        raise fail(f"--format={fmt!r}: must be one of {', '.join(_EXPORT_FORMATS)}")
+    if output is not None:
+        check_output_path(output, force, field="--output")
+    if source.suffix == ".json" and source.is_file():
+        table = load_table(source)
+    else:
+        from dsdprof.decide.analysis import analyze_path, read_measurements
+
+        result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
+        _warn_below_baseline(result.optimal)
+        rows = None if "acceptance_per_pos" in result.cells.columns else read_measurements(source, allow_mixed=allow_mixed)
+        table = build_table(result, source=str(source), rows=rows)
+        if fmt == "table" and not table.get("acceptance_per_pos"):
+            err_console.print("[yellow]warning: the measurements have no per-position acceptance: the table "
+                              "serves statically but AdaptiveKSelector cannot use it[/]")
+    if fmt == "vllm":
+        doc, check = vllm_speculative_config(table), check_vllm_config
+    elif fmt == "trtllm":
+        doc, check = trtllm_speculative_config(table), check_trtllm_config
+    else:
+        doc, check = table, validate_table
+    if output is None:
+        print(json.dumps(doc, indent=2))
+    else:
+        write_json_atomic(output, doc, force=force, check=check)
+        console.print(f"wrote {output}")
+
+
+_SHOW_MAX_RANGES = 200
+
+
+@app.command()
+@guarded
+def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 or /v2 JSON file.")) -> None:
+    """Show a K table: ranges, profiled points, measured cells and provenance."""
+    from dsdprof.fleet.export import find_index
+    from dsdprof.export.table import load_table
+
+    if (index := find_index(table_path)) is not None:  # a fleet's index: list its tables
+        from dsdprof.cli.fleet import print_index
+
+        return print_index(index)
+    doc = load_table(table_path)
+    prov = doc.get("provenance", {})
+    ranges = doc["ranges"]
+    cap = doc.get("num_speculative_tokens")
+    console.print(f"{table_path}  ({doc['schema']})", markup=False, highlight=False)
+    t = Table()
+    for col in ("batch sizes", "K"):
+        t.add_column(col, justify="right")
+    for i, (start, end, k) in enumerate(ranges[:_SHOW_MAX_RANGES]):
+        last = i == len(ranges) - 1  # K carries forward past the last range
+        span = f"{start}+" if last else (f"{start}" if start == end else f"{start}-{end}")
+        t.add_row(span, f"{cap} (table {k}, capped)" if cap is not None and k > cap else str(k))
+    if len(ranges) > _SHOW_MAX_RANGES:
+        t.add_row(f"... {len(ranges) - _SHOW_MAX_RANGES} more ranges", "")
+    console.print(t)
+    if doc.get("points"):
+        p = Table(title="profiled points")
+        for col in ("BS", "K", "AL", "ITL ms", "goodput tok/s", "vs baseline"):
+            p.add_column(col, justify="right")
+        for pt in doc["points"]:
+            p.add_row(str(pt["batch_size"]), str(pt["k"]), _fmt(pt.get("acceptance_length")),
+                      _fmt((pt.get("itl_s") or math.nan) * 1e3), _fmt(pt.get("goodput"), 1),
+                      _fmt(pt.get("speedup_vs_baseline") if pt.get("speedup_vs_baseline") is not None else math.nan) + "x")
+        console.print(p)
+    if doc.get("cells"):
+        sizes = sorted({c["batch_size"] for c in doc["cells"]})
+        ks = sorted({c["k"] for c in doc["cells"]})
+        per_pos = doc.get("acceptance_per_pos")
+        console.print(f"measured cells: {len(doc['cells'])} (batch sizes {sizes[0]}..{sizes[-1]}, K {ks[0]}..{ks[-1]}); "
+                      + (f"profiled acceptance per position: {', '.join(f'{x:.2f}' for x in per_pos)}"
+                         if per_pos else "no per-position acceptance (not usable adaptively)"))
+    if prov:
+        console.print(", ".join(f"{k}={v}" for k, v in prov.items() if v not in ("", None)))
+
+
+# ----------------------------------------------------------------------------- toy models
+
+@app.command("toy-models")
+@guarded
+def toy_models(
+    out_dir: Path = typer.Argument(..., help="Directory to write <kind>/target and <kind>/draft into."),
+    kind: str = typer.Option("both", "--kind", help="dense, moe or both."),
+    residual_scale: Optional[float] = typer.Option(None, "--residual-scale", help="Scale of later layers' output projections (default 0.016): 0 = draft equals target; larger = lower acceptance."),
+    seed: int = typer.Option(0, "--seed"),
+    layers: Optional[int] = typer.Option(None, "--layers", min=2, max=64, help="Target decoder layers."),
+    experts: Optional[int] = typer.Option(None, "--experts", min=2, max=512, help="MoE: experts per layer."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=64, help="MoE: experts per token."),
+    expert_ffn: Optional[int] = typer.Option(None, "--expert-ffn", min=8, max=65536, help="MoE: each expert's FFN size."),
+) -> None:
+    """Build random-init toy target/draft pairs locally (no download) with realistic acceptance."""
+    from dsdprof.errors import InputError
+    from dsdprof.measure.toy_models import build_toy_pair, toy_config
+
+    kinds = {"both": ["dense", "moe"], "dense": ["dense"], "moe": ["moe"]}.get(kind)
+    if kinds is None:
+        raise InputError("--kind", kind, "must be dense, moe or both")
+    for k in kinds:
+        pair = build_toy_pair(out_dir / k, toy_config(
+            k, residual_scale=residual_scale, seed=seed, num_layers=layers, num_experts=experts,
+            experts_per_token=top_k, moe_intermediate_size=expert_ffn))
+        console.print(f"{k}: target {pair.target}  draft {pair.draft}")
+
+
+def _register_subcommands() -> None:
+    from dsdprof.cli import fleet as fleet_cli
+    from dsdprof.cli import report as report_cli
+    from dsdprof.cli import sim as sim_cli
+
+    sim_cli.register(app)
+    report_cli.register(app)
+    fleet_cli.register(app)
+
+
+_register_subcommands()
+
+
+def main() -> None:
+    """Console-script entry point. SIGTERM unwinds like Ctrl-C (rows flushed, lock released), exit 143."""
+    handle_sigterm()
+    try:
+        app()
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        sys.exit(EXIT_TERMINATED)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Shared CLI plumbing: one-line errors with exit code 2, consoles that never cut a table."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import signal
+import sys
+from typing import Callable, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dsdprof.errors import InputError
+from dsdprof.formats.schema import TableError
+
+F = TypeVar("F", bound=Callable)
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+PIPE_WIDTH = 200  # console width when the output is not a terminal and COLUMNS is unset
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: it unwinds like Ctrl-C (buffered rows are flushed, the
+    run lock released, engines stopped), then exits 143."""
+
+
+def _raise_terminated(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    raise Terminated()
+
+
+def handle_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C (see :class:`Terminated`). Main thread only."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+class WrappingConsole(Console):
+    """A rich console that never cuts a table cell with "…".
+
+    Cells that do not fit fold onto the next line. Off a terminal (a pipe, a file, CI logs) the
+    console is :data:`PIPE_WIDTH` wide unless ``COLUMNS`` says otherwise, and a table wider than
+    that is printed at its natural width rather than squeezed (rich would shrink columns down to
+    nothing)."""
+
+    def print(self, *objects, **kwargs) -> None:  # noqa: D401 - rich's signature
+        from rich.measure import Measurement
+
+        needed = 0
+        for obj in objects:
+            if isinstance(obj, Table):
+                for column in obj.columns:
+                    column.overflow = "fold"
+                    column.no_wrap = False
+                if not self.is_terminal:
+                    needed = max(needed, Measurement.get(self, self.options.update(width=10**4), obj).maximum)
+        if needed <= self.width:
+            super().print(*objects, **kwargs)
+            return
+        saved = self._width  # rich caps print(width=) at the console's width: widen it for this table
+        self.width = needed
+        try:
+            super().print(*objects, **kwargs)
+        finally:
+            self._width = saved
+
+
+def make_console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    width = None
+    if not (hasattr(stream, "isatty") and stream.isatty()) and not os.environ.get("COLUMNS"):
+        width = PIPE_WIDTH
+    return WrappingConsole(stderr=stderr, width=width)
+
+
+def fail(message: str) -> "typer.Exit":
+    """Print ``error: message`` on one line to stderr and return Exit(2) to raise."""
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+def interrupted(resume_command: list[str] | None = None) -> "typer.Exit":
+    """Print one line (how to resume, when there is something to resume) and return Exit(130), or
+    Exit(143) when the interrupt in flight is a SIGTERM (:class:`Terminated`)."""
+    hint = f": resume with {shlex.join(resume_command)}" if resume_command else ""
+    if isinstance(sys.exc_info()[1], Terminated):
+        print(f"terminated{hint}", file=sys.stderr)
+        return typer.Exit(EXIT_TERMINATED)
+    print(f"interrupted{hint}", file=sys.stderr)
+    return typer.Exit(EXIT_INTERRUPTED)
+
+
+def guarded(fn: F) -> F:
+    """Turn InputError/TableError/OSError into one line on stderr and exit code 2; Ctrl-C into
+    one line and exit code 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, TableError) as err:
+            raise fail(str(err)) from None
+        except FileNotFoundError as err:
+            raise fail(f"path={err.filename!r}: file not found") from None
+        except OSError as err:
+            raise fail(f"path={err.filename!r}: {err.strerror or err}") from None
+        except KeyboardInterrupt:
+            raise interrupted() from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,226 @@
+"""CLI commands of this subpackage (registered on the main typer app by dsdprof.cli.app):
+``dsdprof validate`` and ``dsdprof plot``. rich lives here only."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from dsdprof.cli.common import fail, guarded, interrupted, make_console
+
+console = make_console()
+err_console = make_console(stderr=True)
+
+
+def _f(x: float, digits: int = 1) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def render_comparison(comparison, title: str = "") -> Table:
+    """Rich table of a :func:`dsdprof.report.compare.compare` result.
+
+    ``DSD K``: the table's K at that batch size; in parentheses the mean K vLLM actually drafted
+    when it differs (requests of a wave finish at different steps, so a wave's tail runs at a
+    smaller batch size and may get another K). With adaptive rows: the adaptive plugin's speed,
+    the mean K it drafted and its regret. Regrets carry their interval where the data allow."""
+    from dsdprof.decide.bootstrap import DEFAULT_CONFIDENCE
+    from dsdprof.report.compare import fixed_k_columns
+
+    ks = fixed_k_columns(comparison)
+    adaptive = "tops_adaptive" in comparison.columns
+    from rich import box
+
+    caption = (f"regret = 1 - DSD / best fixed K, {DEFAULT_CONFIDENCE:.0%} interval in brackets (none with one sample);  "
+               "speedup = DSD / vanilla;  "
+               "DSD K (n): K vLLM drafted on average when it differs;  * below vanilla beyond noise")
+    if adaptive:
+        caption += ";  adaptive: the table served by dsdprof's adaptive plugin (K: mean drafted)"
+    t = Table(title=f"tokens/s per user (median over repeats)  {title}".strip(), box=box.SIMPLE_HEAD,
+              caption=caption, padding=(0, 1), pad_edge=False)
+    cols = ["BS", "vanilla", *[f"K={k}" for k in ks], "DSD", "DSD K", "best", "regret", "speedup", "noise"]
+    if adaptive:
+        cols += ["adaptive", "adapt. K", "adapt. regret"]
+    for col in cols:
+        t.add_column(col, justify="right", no_wrap=True)
+    for _, r in comparison.iterrows():
+        k_obs = r.get("dsd_k_observed")
+        k_txt = str(int(r["dsd_k"]))
+        if k_obs is not None and not math.isnan(k_obs) and abs(k_obs - r["dsd_k"]) > 0.05:
+            k_txt += f" ({k_obs:.1f})"
+        sp_txt = f"{r['speedup_vs_vanilla']:.2f}x"
+        if r["below_vanilla"]:
+            sp_txt = f"[red]{sp_txt}*[/]"
+        cells = [str(int(r["batch_size"])), _f(r["tops_vanilla"]), *[_f(r[f"tops_k{k}"]) for k in ks],
+                 _f(r["tops_dsd"]), k_txt, str(int(r["best_fixed_k"])),
+                 _regret(r["regret"], r.get("regret_lo"), r.get("regret_hi")), sp_txt, f"±{r['noise'] * 100:.0f}%"]
+        if adaptive:
+            cells += [_f(r["tops_adaptive"]), _f(r.get("adaptive_k_observed"), 2),
+                      _regret(r["adaptive_regret"], r.get("adaptive_regret_lo"), r.get("adaptive_regret_hi"))]
+        t.add_row(*cells)
+    return t
+
+
+def _regret(point: float, lo: Optional[float], hi: Optional[float]) -> str:
+    """``+1.2%`` or, with a known interval, ``+1.2% [-0.4, +2.9]``."""
+    if point is None or (isinstance(point, float) and math.isnan(point)):
+        return "-"
+    txt = f"{point * 100:+.1f}%"
+    if lo is not None and hi is not None and not (math.isnan(lo) or math.isnan(hi)):
+        txt += f" [{lo * 100:+.1f}, {hi * 100:+.1f}]"
+    return txt
+
+
+def _check_report_options(fail_on_regret: Optional[float], noise: float) -> None:
+    if fail_on_regret is not None and (math.isnan(fail_on_regret) or fail_on_regret < 0):
+        raise fail(f"--fail-on-regret={fail_on_regret!r}: must be a percentage >= 0")
+    if not (0 <= noise < 1):
+        raise fail(f"--noise={noise!r}: must be in [0, 1)")
+
+
+def report(results: Path, noise: float, fail_on_regret: Optional[float], title: str) -> None:
+    """Print the comparison of a validate run; ``typer.Exit(1)`` when regret exceeds the limit."""
+    from dsdprof.decide.analysis import read_measurements
+    from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
+
+    comparison = compare(read_measurements(results), noise_floor=noise)
+    console.print(render_comparison(comparison, title))
+    worst = comparison.loc[comparison["regret"].idxmax()]
+    console.print(f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS {int(worst['batch_size'])}; "
+                  f"DSD vs vanilla: {comparison['speedup_vs_vanilla'].min():.2f}x .. "
+                  f"{comparison['speedup_vs_vanilla'].max():.2f}x")
+    if "adaptive_regret" in comparison.columns and comparison["adaptive_regret"].notna().any():
+        aw = comparison.loc[comparison["adaptive_regret"].idxmax()]
+        console.print(f"adaptive: max regret vs best fixed K {aw['adaptive_regret'] * 100:+.1f}% at BS "
+                      f"{int(aw['batch_size'])} (static table there: {aw['regret'] * 100:+.1f}%); "
+                      "--fail-on-regret gates the static table only")
+    for r in below_vanilla_ranges(comparison):
+        console.print(f"[red]flag[/] {r.label()}")
+    if fail_on_regret is not None:
+        over = regret_exceeds(comparison, fail_on_regret)
+        if over:
+            console.print(f"[red]regret above {fail_on_regret:g}% at BS {over}[/]")
+            raise typer.Exit(1)
+
+
+def _adaptive_options(adaptive: bool, adaptive_config: Optional[str]) -> Optional[dict]:
+    """None (no adaptive variant) or the selector options given with ``--adaptive-config``."""
+    if adaptive_config is None:
+        return {} if adaptive else None
+    try:
+        options = json.loads(adaptive_config)
+    except ValueError as err:
+        raise fail(f"--adaptive-config={adaptive_config!r}: not JSON ({err})") from None
+    if not isinstance(options, dict):
+        raise fail(f"--adaptive-config={adaptive_config!r}: must be a JSON object of selector options")
+    return options
+
+
+def _title(prov: dict) -> str:
+    return " / ".join(str(prov[k]) for k in ("model", "draft_model", "hardware") if prov.get(k))
+
+
+def register(app: typer.Typer) -> None:
+    """Add this subpackage's commands to ``app``."""
+
+    @app.command()
+    @guarded
+    def validate(
+        table_path: Path = typer.Argument(..., metavar="TABLE", help="K table (dsdprof.ktable/v1 or /v2 JSON) to serve."),
+        spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec whose engine, batch sizes and workload to run."),
+        fixed_k: Optional[List[int]] = typer.Option(None, "--fixed-k", help="Fixed K to compare against (repeatable; default 3)."),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for Parquet rows (default runs/validate-<time>)."),
+        fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", help="Exit 1 when DSD's regret vs the best fixed K exceeds PCT percent at any batch size."),
+        noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag (raised to the spread seen across repeats)."),
+        repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the spec's sweep.repeats."),
+        waves: Optional[int] = typer.Option(None, "--waves", min=1, help="Override the spec's sweep.waves."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the validate run in OUT (same table, spec and versions): skip finished cells, retry failed ones."),
+        adaptive: bool = typer.Option(False, "--adaptive", help="Also serve the table (v2) through dsdprof's adaptive vLLM scheduler, which follows live acceptance (docs/adaptive.md)."),
+        adaptive_config: Optional[str] = typer.Option(None, "--adaptive-config", metavar="JSON", help='Adaptive selector options, e.g. \'{"half_life": 256, "margin": 0.02}\' (implies --adaptive).'),
+    ) -> None:
+        """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report TOPS/user, regret, speedup."""
+        from datetime import datetime
+
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from dsdprof.plans.validate import run_validation, table_warnings
+        from dsdprof.config.spec import load_spec
+        from dsdprof.export.table import load_table
+
+        _check_report_options(fail_on_regret, noise)
+        adaptive_options = _adaptive_options(adaptive, adaptive_config)
+        table = load_table(table_path)
+        spec = load_spec(spec_path)
+        upd = {k: v for k, v in (("repeats", repeats), ("waves", waves)) if v is not None}
+        if upd:
+            spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update=upd)})
+        if out is None:
+            out = Path("runs") / f"validate-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        ks = list(fixed_k) if fixed_k else [3]
+        early = table_warnings(table, spec)
+        for w in early:
+            err_console.print(f"[yellow]warning:[/] {w}")
+        progress = Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), console=err_console)
+        task = None
+
+        def on_progress(ev) -> None:
+            nonlocal task
+            if ev.phase == "plan":
+                err_console.print(f"[dim]{ev.message}[/]")
+                task = progress.add_task("validate", total=ev.total, cell="")
+            elif task is not None:
+                c = ev.cell
+                progress.update(task, completed=ev.index, cell=f"BS {c.batch_size:>4} {c.mode} K={c.num_spec_tokens}")
+                if ev.status == "failed":
+                    progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
+
+        try:
+            with progress:
+                summary = run_validation(table, spec, out, ks, table_path=str(table_path), resume=resume,
+                                         on_progress=on_progress, adaptive=adaptive_options)
+        except KeyboardInterrupt:
+            again = ["dsdprof", "validate", str(table_path), str(spec_path), "--out", str(out)]
+            again += [a for k in ks for a in ("--fixed-k", str(k))]
+            again += [a for name, v in (("--repeats", repeats), ("--waves", waves)) if v is not None
+                      for a in (name, str(v))]
+            if adaptive_options is not None:
+                again += ["--adaptive-config", json.dumps(adaptive_options)]
+            raise interrupted([*again, "--resume"]) from None
+        for w in (w for w in summary.warnings if w not in early):
+            err_console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped -> {summary.out}")
+        report(out, noise, fail_on_regret, _title(table.get("provenance", {})))
+
+    @app.command("validate-report")
+    @guarded
+    def validate_report(
+        results: Path = typer.Argument(..., metavar="RESULTS", help="Output of dsdprof validate (directory or Parquet file)."),
+        fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", help="Exit 1 when DSD's regret vs the best fixed K exceeds PCT percent at any batch size."),
+        noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag."),
+    ) -> None:
+        """Print the vanilla / fixed K / DSD comparison of a finished validate run (no vLLM)."""
+        from dsdprof.decide.analysis import read_provenance
+
+        _check_report_options(fail_on_regret, noise)
+        report(results, noise, fail_on_regret, _title(read_provenance(results)))
+
+    @app.command()
+    @guarded
+    def plot(
+        results: Path = typer.Argument(..., metavar="RESULTS", help="Sweep or validate output (directory or Parquet file)."),
+        out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the PNG files."),
+        tolerance: float = typer.Option(0.02, "--tolerance", help="Relative goodput tolerance for choosing K (sweeps)."),
+        force: bool = typer.Option(False, "--force", help="Replace existing PNGs of the same names."),
+    ) -> None:
+        """Draw PNGs: optimal K vs BS, goodput heatmap, TOPS/user (validate runs), acceptance per position."""
+        from dsdprof.report.plots import plot_results, require_matplotlib
+
+        require_matplotlib()
+        written = plot_results(results, out_dir, tolerance=tolerance, force=force)
+        for p in written:
+            console.print(f"wrote {p}")

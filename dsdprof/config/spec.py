@@ -1,0 +1,182 @@
+"""Sweep spec: a TOML file with ``[engine]``, ``[sweep]``, ``[workload]`` (and ``[sim]`` for the
+analytic engine), validated with pydantic; unknown keys are rejected by name."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import (
+    BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator,
+)
+
+from dsdprof.errors import InputError
+
+# vLLM speculative methods dsdprof knows; anything vLLM accepts may be passed, these are the ones
+# that need (or do not need) a draft model.
+DRAFT_MODEL_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator")
+DRAFTLESS_METHODS = ("ngram", "suffix", "mtp", "ngram_gpu")
+
+# vllm.LLM / speculative_config keys dsdprof sets itself: overriding them through ``extra`` would
+# make a row say something other than what ran (e.g. max_num_seqs breaks "BS held exactly").
+RESERVED_LLM_KEYS = ("model", "dtype", "max_model_len", "tensor_parallel_size", "seed", "max_num_seqs",
+                     "speculative_config", "scheduler_cls", "disable_log_stats")
+RESERVED_SPECULATIVE_KEYS = ("method", "model", "num_speculative_tokens",
+                             "num_speculative_tokens_per_batch_size")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSpec(_Strict):
+    name: Literal["vllm", "sim"] = "vllm"
+    model: str = Field(description="target model: HF id or local path (sim: catalog name or config.json)")
+    draft_model: Optional[str] = Field(None, description="draft model for draft-model/EAGLE methods")
+    method: str = Field("draft_model", description="vLLM speculative method")
+    dtype: str = "auto"
+    max_model_len: int = Field(2048, ge=16)
+    tensor_parallel_size: int = Field(1, ge=1)
+    extra: dict[str, Any] = Field(default_factory=dict, description="passed to the engine (vllm.LLM kwargs)")
+    speculative_extra: dict[str, Any] = Field(
+        default_factory=dict, description="merged into vLLM's speculative_config")
+    dsd_mode: Literal["auto", "dsd", "fixed"] = Field(
+        "auto", description="auto: one DSD engine for all K, falling back to one engine per K "
+                            "only when vLLM rejects the DSD schedule")
+    start_timeout_s: float = Field(1800.0, gt=0, le=86400, description="seconds an engine may take to start")
+    cell_timeout_s: float = Field(3600.0, gt=0, le=86400, description="seconds one cell may take")
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if key in RESERVED_LLM_KEYS:
+                raise ValueError(f"{key!r} is set by dsdprof (use the [engine]/[sweep] keys); it cannot be overridden")
+            if key.startswith("dsdprof_"):
+                raise ValueError(f"{key!r}: dsdprof's timeouts are [engine] start_timeout_s / cell_timeout_s")
+        return v
+
+    @field_validator("speculative_extra")
+    @classmethod
+    def _speculative_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if key in RESERVED_SPECULATIVE_KEYS:
+                raise ValueError(f"{key!r} is set by dsdprof ([engine] method/draft_model, [sweep] "
+                                 "num_spec_tokens); it cannot be overridden")
+        return v
+
+    @model_validator(mode="after")
+    def _draft_needed(self) -> "EngineSpec":
+        if self.name == "vllm" and self.method in DRAFT_MODEL_METHODS and not self.draft_model:
+            raise ValueError(f"method {self.method!r} needs engine.draft_model")
+        return self
+
+
+# Bounds that keep every counter of a cell (requests, tokens, drafts) inside int64 and a sweep
+# plannable in memory. The largest batch size is the open end of a K table (dsdprof.export.table).
+MAX_BATCH_SIZE = 1 << 20
+MAX_WAVES = 10**6
+MAX_OUTPUT_LEN = 1 << 20
+MAX_REPEATS = 10**4
+MAX_CELLS = 10**7
+INT64_MAX = 2**63 - 1
+
+
+class SweepGrid(_Strict):
+    batch_sizes: list[StrictInt] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    num_spec_tokens: list[StrictInt] = Field(default_factory=lambda: [0, 1, 2, 3, 4, 5])
+    waves: StrictInt = Field(20, ge=1, le=MAX_WAVES, description="waves of exactly batch_size concurrent requests per cell")
+    output_len: StrictInt = Field(64, ge=2, le=MAX_OUTPUT_LEN, description="output tokens per request (ignore_eos)")
+    warmup: StrictInt = Field(1, ge=0, le=MAX_WAVES, description="unmeasured warm-up waves before each cell")
+    repeats: StrictInt = Field(1, ge=1, le=MAX_REPEATS, description="repeat the whole grid, interleaved, for medians")
+    consistency_tolerance: float = Field(
+        0.25, gt=0, allow_inf_nan=False, description="flag cells where (AL/ITL)*TPOT deviates from 1 by more")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _bs(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("must not be empty")
+        for b in v:
+            if not 1 <= b <= MAX_BATCH_SIZE:
+                raise ValueError(f"batch size {b} must be in 1..{MAX_BATCH_SIZE}")
+        if len(set(v)) != len(v):
+            raise ValueError("duplicate batch sizes")
+        return sorted(v)
+
+    @field_validator("num_spec_tokens")
+    @classmethod
+    def _ks(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("must not be empty")
+        for k in v:
+            if k < 0 or k > 32:
+                raise ValueError(f"K={k} must be in 0..32")
+        if len(set(v)) != len(v):
+            raise ValueError("duplicate K values")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _fits(self) -> "SweepGrid":
+        cells = len(self.batch_sizes) * (len(self.num_spec_tokens) + 1) * self.repeats
+        if cells > MAX_CELLS:
+            raise ValueError(f"{cells} cells (batch sizes x (K values + vanilla) x repeats); at most {MAX_CELLS}")
+        tokens = (self.waves + self.warmup) * max(self.batch_sizes) * self.output_len * (max(self.num_spec_tokens) + 1)
+        if tokens > INT64_MAX // 4:
+            raise ValueError(f"(waves + warmup) x batch size x output_len x (K + 1) = {tokens} overflows "
+                             "a cell's int64 token counters")
+        return self
+
+
+class WorkloadSpec(_Strict):
+    dataset: str = Field("synthetic", description="synthetic | sharegpt | path to .jsonl/.json")
+    input_len: StrictInt = Field(128, ge=1, le=1 << 24, description="prompt tokens (synthetic) / truncation (datasets)")
+    temperature: float = Field(0.0, ge=0, le=100.0, allow_inf_nan=False)
+    seed: StrictInt = Field(0, ge=-INT64_MAX - 1, le=INT64_MAX)
+    num_prompts: StrictInt = Field(256, ge=1, le=10**7, description="size of the fixed prompt pool shared by all cells")
+    output_lens: Literal["fixed", "dataset"] = Field(
+        "fixed", description="fixed: every request generates [sweep] output_len tokens; dataset: each prompt's "
+                             "reference reply length (ShareGPT/JSONL), capped at output_len")
+
+
+class SweepSpec(_Strict):
+    engine: EngineSpec
+    sweep: SweepGrid = Field(default_factory=SweepGrid)
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    sim: Optional[dict[str, Any]] = Field(
+        None, description="analytic engine settings (validated by dsdprof.measure.sim when engine.name='sim')")
+
+    @property
+    def max_k(self) -> int:
+        return max(self.sweep.num_spec_tokens)
+
+
+def _first_error(err: ValidationError, data: dict[str, Any]) -> InputError:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"])
+    value = e.get("input")
+    if e["type"] == "extra_forbidden":
+        return InputError(loc, value, "unknown key")
+    if isinstance(value, dict) and e["type"] == "value_error" and tuple(e["loc"]) == ("engine",):
+        value = {k: v for k, v in value.items() if k in ("method", "draft_model")}
+    return InputError(loc or "spec", value, e["msg"].removeprefix("Value error, "))
+
+
+def parse_spec(data: dict[str, Any]) -> SweepSpec:
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as err:
+        raise _first_error(err, data) from None
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a sweep spec. Raises :class:`InputError` (field, value) on bad input."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("spec", str(p), "file not found")
+    try:
+        data = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InputError("spec", str(p), f"not valid TOML ({err})") from None
+    return parse_spec(data)

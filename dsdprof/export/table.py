@@ -1,0 +1,315 @@
+"""Build, write and convert the portable K table (``dsdprof.ktable/v2``; v1 still loads).
+
+Between profiled batch sizes, K is taken from the nearest profiled batch size on a log scale,
+ties going to the smaller one: batch size ``b`` between profiled ``b_i < b_{i+1}`` gets ``K_i``
+when ``b*b <= b_i*b_{i+1}`` and ``K_{i+1}`` otherwise (so with profiled 4 and 8, BS 5 takes K(4),
+BS 6 and 7 take K(8)). Batch sizes below the smallest profiled one take its K; batch sizes above
+the largest take the largest one's K (the last range ends at :data:`LAST_RANGE_END` and, as in
+vLLM, K carries forward beyond it). Adjacent ranges with the same K are merged.
+
+A v2 table also carries ``cells`` (median step time ``itl_s``, ``acceptance_length`` and goodput
+of every profiled (batch size, K)) and ``acceptance_per_pos`` (the profiled p_i = accepted at
+position i / drafts), which :class:`dsdprof.serve.adaptive.AdaptiveKSelector` uses to re-derive K for
+the acceptance it sees live. :func:`vllm_speculative_config` is vLLM's native form;
+TensorRT-LLM's ``draft_len_schedule`` is in :mod:`dsdprof.export.trtllm`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from statistics import median
+from typing import Any, Callable
+
+from dsdprof import __version__
+from dsdprof.errors import InputError
+from dsdprof.formats.schema import (
+    TABLE_SCHEMA, TableError, read_table_file, validate_num_speculative_tokens, validate_ranges,
+    validate_table,
+)
+
+LAST_RANGE_END = 1 << 20
+INTERPOLATION = "nearest-log"
+# Optional per-point columns of Analysis.optimal copied into the table when present.
+OPTIONAL_POINT_FIELDS = ("decided", "runner_up", "margin", "ci_low", "ci_high")
+
+
+def ranges_from_points(points: list[tuple[int, int]], last_end: int = LAST_RANGE_END) -> list[list[int]]:
+    """``[(batch_size, k), ...]`` (any order) -> merged inclusive ``[[start, end, k], ...]``."""
+    if not points:
+        raise InputError("points", [], "need at least one profiled batch size")
+    pts = sorted(points)
+    sizes = [b for b, _ in pts]
+    if len(set(sizes)) != len(sizes):
+        raise InputError("batch_size", sizes, "duplicate profiled batch sizes")
+    ranges: list[list[int]] = []
+    start = 1
+    for i, (b, k) in enumerate(pts):
+        if i + 1 < len(pts):
+            end = math.isqrt(b * pts[i + 1][0])  # largest e with e*e <= b_i*b_{i+1}
+        else:
+            end = max(last_end, b)
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = end
+        else:
+            ranges.append([start, end, k])
+        start = end + 1
+    return ranges
+
+
+def k_for_batch_size(ranges: list[list[int]], batch_size: int) -> int:
+    """Reference (slow) lookup: the K a table gives at ``batch_size`` (carry-forward past the end)."""
+    k = ranges[0][2]
+    for start, end, kk in ranges:
+        if batch_size >= start:
+            k = kk
+    return k
+
+
+# ----------------------------------------------------------------------------- building
+
+def _plain(v: Any) -> Any:
+    """numpy scalar / NaN -> plain JSON value (NaN and NA -> None)."""
+    if hasattr(v, "item") and callable(v.item):
+        try:
+            v = v.item()
+        except (ValueError, TypeError):
+            pass
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    try:
+        import pandas as pd
+
+        if v is pd.NA or v is pd.NaT:
+            return None
+    except ImportError:  # pragma: no cover - pandas is a core dependency
+        pass
+    return v
+
+
+def _as_floats(v: Any) -> list[float] | None:
+    """A per-position list from a DataFrame cell (list, tuple or numpy array), else None."""
+    if v is None or isinstance(v, (str, bytes, float, int)):
+        return None
+    try:
+        out = [float(x) for x in v]
+    except (TypeError, ValueError):
+        return None
+    return out if out and all(math.isfinite(x) for x in out) else None
+
+
+def per_cell_acceptance(rows) -> dict[tuple[int, int], list[float]]:
+    """Median per position of ok speculative rows' ``acceptance_per_pos``, per (batch size, K).
+
+    Only lists with exactly K positions count (K=0 and malformed rows are skipped).
+    """
+    if rows is None or "acceptance_per_pos" not in rows.columns:
+        return {}
+    df = rows
+    if "status" in df.columns:
+        df = df[df["status"].astype(str) == "ok"]
+    if "mode" in df.columns:
+        df = df[df["mode"].astype(str) != "vanilla"]
+    groups: dict[tuple[int, int], list[list[float]]] = {}
+    for b, k, per_pos in zip(df["batch_size"], df["num_spec_tokens"], df["acceptance_per_pos"]):
+        vals = _as_floats(per_pos)
+        if vals is not None and int(k) > 0 and len(vals) == int(k):
+            groups.setdefault((int(b), int(k)), []).append(vals)
+    return {key: [median(col) for col in zip(*lists)] for key, lists in groups.items()}
+
+
+def profiled_acceptance(per_cell: dict[tuple[int, int], list[float]]) -> list[float]:
+    """Pooled profile: per position, the median over batch sizes of the largest-K cell's value."""
+    largest: dict[int, list[float]] = {}
+    for (b, k), per_pos in sorted(per_cell.items()):
+        largest[b] = per_pos  # sorted by k within b: the last one is the largest K
+    if not largest:
+        return []
+    depth = max(len(p) for p in largest.values())
+    out = []
+    for i in range(depth):
+        vals = [p[i] for p in largest.values() if len(p) > i]
+        out.append(min(1.0, max(0.0, median(vals))))
+    return out
+
+
+def build_table(analysis, source: str = "", rows=None) -> dict[str, Any]:
+    """``dsdprof.ktable/v2`` document from an :class:`dsdprof.decide.analysis.Analysis`.
+
+    Per-position acceptance comes from ``analysis.cells["acceptance_per_pos"]`` when the analysis
+    has it, else from the raw measurement ``rows`` (a DataFrame) when given; without either the
+    table has no ``acceptance_per_pos`` (it still serves statically, but not adaptively).
+    """
+    opt = analysis.optimal
+    ranges = ranges_from_points([(int(b), int(k)) for b, k in zip(opt["batch_size"], opt["k"])])
+    speedup_cols = [c for c in opt.columns if c.startswith("speedup_vs_k")]
+    optional = [c for c in OPTIONAL_POINT_FIELDS if c in opt.columns]
+    points = []
+    for _, row in opt.iterrows():
+        point = {
+            "batch_size": int(row["batch_size"]), "k": int(row["k"]),
+            "goodput": float(row["goodput"]), "acceptance_length": float(row["acceptance_length"]),
+            "itl_s": float(row["itl_s"]),
+            "speedup_vs_baseline": _plain(row["speedup_vs_baseline"]),
+            "speedup_vs_fixed_k": {c.removeprefix("speedup_vs_k"): float(row[c])
+                                   for c in speedup_cols if not math.isnan(row[c])},
+        }
+        for c in optional:
+            v = _plain(row[c])
+            point[c] = (bool(v) if c == "decided" else int(v) if c == "runner_up" else float(v)) \
+                if v is not None else None
+        points.append(point)
+
+    cells_df = analysis.cells
+    if "acceptance_per_pos" in cells_df.columns:
+        per_cell = {(int(b), int(k)): v for b, k, v in zip(
+            cells_df["batch_size"], cells_df["num_spec_tokens"],
+            (_as_floats(x) for x in cells_df["acceptance_per_pos"])) if v is not None and len(v) == int(k) > 0}
+    else:
+        per_cell = per_cell_acceptance(rows)
+    cells = []
+    for b, k, al, itl, goodput in zip(cells_df["batch_size"], cells_df["num_spec_tokens"],
+                                      cells_df["acceptance_length"], cells_df["itl_s"], cells_df["goodput"]):
+        cell = {"batch_size": int(b), "k": int(k), "itl_s": float(itl),
+                "acceptance_length": float(al), "goodput": float(goodput)}
+        if (int(b), int(k)) in per_cell:
+            cell["acceptance_per_pos"] = per_cell[(int(b), int(k))]
+        cells.append(cell)
+
+    prov = {k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
+            for k, v in analysis.provenance.items()}
+    prov.update({"source": source, "dsdprof_version": __version__,
+                 "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    doc = {
+        "schema": TABLE_SCHEMA,
+        "num_speculative_tokens": max(r[2] for r in ranges),
+        "ranges": ranges,
+        "interpolation": INTERPOLATION,
+        "tolerance": analysis.tolerance,
+        "shape": analysis.shape,
+        "points": points,
+        "cells": cells,
+        "acceptance_per_pos": profiled_acceptance(per_cell) or None,
+        "provenance": prov,
+    }
+    return validate_table(doc)
+
+
+# ----------------------------------------------------------------------------- reading / writing
+
+def load_table(path: str | Path) -> dict[str, Any]:
+    """Read and validate a v1 or v2 table (the validator shared with ``dsdprof.serve.runtime``).
+
+    A missing file is an :class:`InputError`; anything else unusable is a ``TableError``.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise InputError("table", str(p), "file not found")
+    return read_table_file(p)
+
+
+def vllm_speculative_config(table: dict[str, Any]) -> dict[str, Any]:
+    """vLLM ``--speculative-config`` JSON serving this table in vLLM's dynamic-SD mode.
+
+    Same output for v1 and v2 tables. Checked with vLLM's own
+    ``validate_and_normalize_dynamic_sd_schedule`` when vLLM is installed.
+    """
+    validate_table(table)
+    ranges = [list(r) for r in validate_ranges(table["ranges"])]
+    max_k = max(r[2] for r in ranges)
+    if max_k <= 0:
+        raise InputError("ranges", ranges, "K=0 at every batch size: serve without a speculative config")
+    cfg: dict[str, Any] = {}
+    prov = table.get("provenance", {})
+    method = prov.get("method")
+    if method:
+        cfg["method"] = method
+    draft = prov.get("draft_model")
+    if draft and method not in ("ngram", "suffix", "mtp", None):
+        cfg["model"] = draft
+    cfg["num_speculative_tokens"] = max_k
+    cfg["num_speculative_tokens_per_batch_size"] = ranges
+    try:
+        from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+    except Exception:  # noqa: BLE001 - vLLM not installed: our own validator already ran
+        return cfg
+    try:
+        validate_and_normalize_dynamic_sd_schedule(ranges)
+    except ValueError as err:
+        raise TableError(f"ranges={ranges!r}: rejected by vLLM ({err})") from None
+    return cfg
+
+
+def check_vllm_config(cfg: Any) -> None:
+    """Validator for a written vLLM speculative config: the table's range and K rules, K cap >= 1."""
+    if not isinstance(cfg, dict):
+        raise TableError(f"config={type(cfg).__name__}: must be a JSON object")
+    validate_ranges(cfg.get("num_speculative_tokens_per_batch_size"), "num_speculative_tokens_per_batch_size")
+    if validate_num_speculative_tokens(cfg.get("num_speculative_tokens")) < 1:
+        raise TableError("num_speculative_tokens=0: vLLM needs at least 1")
+
+
+def check_output_path(path: str | Path, force: bool = False, field: str = "output") -> Path:
+    """Refuse, before any work, an output that exists (without ``force``), is a directory, or
+    lies under something that is not a directory. Returns the path."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(field, str(p), "is a directory")
+    if p.exists() and not force:
+        raise InputError(field, str(p), "exists; pass --force to replace it")
+    for up in p.parents:
+        if up.exists():
+            if not up.is_dir():
+                raise InputError(field, str(p), f"{str(up)!r} is not a directory")
+            break
+    return p
+
+
+def write_json_atomic(path: str | Path, doc: Any, force: bool = False,
+                      check: Callable[[Any], Any] | None = None) -> Path:
+    """Write JSON through a temp file in the target directory, fsync, check, rename.
+
+    ``check`` (e.g. :func:`dsdprof.formats.schema.validate_table`) runs on the document *as read back
+    from the temp file*, before the rename: what lands at ``path`` is always complete and valid.
+    Refuses to replace an existing file unless ``force``. Every failure (parent is a file, no
+    permission, disk full, invalid document) is an :class:`InputError` naming ``output``, and
+    leaves neither ``path`` changed nor a temp file behind.
+    """
+    p = check_output_path(path, force)
+    parent = p.parent
+    try:
+        text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as err:
+        raise InputError("output", str(p), f"document is not JSON-serialisable ({err})") from None
+    created = [d for d in (parent, *parent.parents) if not d.exists()]
+    tmp, done = None, False
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if check is not None:
+            check(json.loads(Path(tmp).read_text(encoding="utf-8")))
+        os.replace(tmp, p)
+        done = True
+    except OSError as err:
+        raise InputError("output", str(p), f"cannot write ({err.strerror or type(err).__name__})") from None
+    finally:
+        if not done:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            for d in created:  # directories this call made, innermost first, if still empty
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+    return p

@@ -1,0 +1,132 @@
+"""Export a K table to TensorRT-LLM's batch-size keyed ``draft_len_schedule``.
+
+The rules, as in TensorRT-LLM's source (``DecodingBaseConfig.draft_len_schedule`` and its
+validator in ``tensorrt_llm/llmapi/llm_args.py``; ``get_draft_len_for_batch_size`` in
+``tensorrt_llm/_torch/speculative/utils.py``):
+
+* keys are batch-size thresholds, values draft lengths (K); batch size ``b`` runs the value of
+  the **smallest key >= b** (``bisect_left``): ``{4: 4, 8: 2, 32: 1}`` gives BS 1-4 -> 4,
+  5-8 -> 2, 9-32 -> 1 and **33+ -> 0** (speculation off above the largest key, implicitly);
+* keys >= 1, values >= 0, the smallest key's value must equal ``max_draft_len`` and no value may
+  exceed it; ``draft_len_schedule`` and ``max_concurrency`` are mutually exclusive;
+* it is a field of the speculative config (``LLM(speculative_config=...)`` or
+  ``speculative_config:`` in ``trtllm-serve --extra_llm_api_options`` YAML).
+
+An earlier TensorRT-LLM implementation (``Drafter.get_draft_len_for_batch_size`` with
+``bisect_right``) read keys as *lower* bounds instead; this export follows the rules above.
+
+Mapping: each merged range ``[start, end, K]`` of the table becomes ``{end: K}``. Trailing K=0
+ranges are dropped (above the largest key TensorRT-LLM already runs K=0, as the table does). When
+the table's *last* range has K > 0 it is keyed at ``max(end, LAST_RANGE_END)`` so that K carries
+forward as in vLLM and :class:`dsdprof.serve.runtime.KSelector`. The schedule then gives exactly
+``KSelector``'s K at every batch size, except -- for tables ending in K > 0 -- above
+``LAST_RANGE_END`` (2**20), where TensorRT-LLM runs 0.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Any
+
+from dsdprof.errors import InputError
+from dsdprof.formats.schema import (
+    MAX_BATCH_SIZE, MAX_K, TableError, validate_num_speculative_tokens, validate_ranges, validate_table,
+)
+from dsdprof.export.table import LAST_RANGE_END
+
+# vLLM / dsdprof method name -> TensorRT-LLM speculative config ``decoding_type``.
+DECODING_TYPES = {"eagle3": "Eagle3", "eagle": "Eagle", "mtp": "MTP", "ngram": "NGram",
+                  "draft_model": "DraftTarget"}
+_DRAFT_MODEL_METHODS = ("eagle3", "eagle", "draft_model")
+
+
+def trtllm_draft_len(schedule: dict[int, int] | None, batch_size: int, max_draft_len: int) -> int:
+    """TensorRT-LLM's rule: the value of the smallest key >= ``batch_size``; 0 above every key."""
+    if schedule is None:
+        return max_draft_len
+    keys = sorted(schedule)
+    idx = bisect_left(keys, batch_size)
+    return schedule[keys[idx]] if idx < len(keys) else 0
+
+
+def check_trtllm_schedule(schedule: Any, max_draft_len: Any) -> dict[int, int]:
+    """TensorRT-LLM's validator for ``draft_len_schedule`` (keys may be JSON strings of ints)."""
+    if not isinstance(schedule, dict) or not schedule:
+        raise TableError(f"draft_len_schedule={schedule!r}: must be a non-empty object")
+    out: dict[int, int] = {}
+    for key, value in schedule.items():
+        try:
+            bs = int(key)
+        except (TypeError, ValueError):
+            raise TableError(f"draft_len_schedule.{key}={value!r}: key must be an integer batch size") from None
+        if not 1 <= bs <= MAX_BATCH_SIZE:
+            raise TableError(f"draft_len_schedule.{key}={value!r}: batch size threshold must be >= 1")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_K:
+            raise TableError(f"draft_len_schedule.{key}={value!r}: draft length must be an integer in 0..{MAX_K}")
+        out[bs] = value
+    mdl = validate_num_speculative_tokens(max_draft_len, "max_draft_len")
+    smallest = min(out)
+    if out[smallest] != mdl:
+        raise TableError(f"draft_len_schedule.{smallest}={out[smallest]}: the smallest key's draft length "
+                         f"must equal max_draft_len={mdl}")
+    over = [bs for bs, v in out.items() if v > mdl]
+    if over:
+        raise TableError(f"draft_len_schedule.{over[0]}={out[over[0]]}: exceeds max_draft_len={mdl}")
+    return dict(sorted(out.items()))
+
+
+def trtllm_draft_len_schedule(table: dict[str, Any]) -> tuple[int, dict[int, int]]:
+    """``(max_draft_len, {batch_size_threshold: draft_len})`` serving a validated table."""
+    validate_table(table)
+    ranges = validate_ranges(table["ranges"])
+    cap = table.get("num_speculative_tokens")
+    cap = max(k for _, _, k in ranges) if cap is None else cap
+    merged: list[list[int]] = []
+    for start, end, k in ranges:
+        k = min(k, cap)
+        if merged and merged[-1][2] == k:
+            merged[-1][1] = end
+        else:
+            merged.append([start, end, k])
+    trailing_zero = merged[-1][2] == 0
+    while merged and merged[-1][2] == 0:
+        merged.pop()
+    if not merged:
+        raise InputError("ranges", [list(r) for r in ranges],
+                         "K=0 at every batch size: serve without a speculative config")
+    first_k = merged[0][2]
+    higher = next((r for r in merged if r[2] > first_k), None)
+    if higher is not None:
+        raise InputError("ranges", higher, f"K={higher[2]} above batch size 1's K={first_k}: TensorRT-LLM needs "
+                         "the largest K at its smallest key (draft_len_schedule[smallest] == max_draft_len)")
+    if not trailing_zero:  # the table's last K carries forward: keep it up to LAST_RANGE_END
+        merged[-1][1] = max(merged[-1][1], LAST_RANGE_END)
+    return first_k, {end: k for _, end, k in merged}
+
+
+def trtllm_speculative_config(table: dict[str, Any]) -> dict[str, Any]:
+    """``{"speculative_config": {...}}`` for ``trtllm-serve --extra_llm_api_options`` (JSON is YAML).
+
+    ``decoding_type`` and ``speculative_model`` come from the table's provenance when the method
+    maps onto TensorRT-LLM's; otherwise add them yourself.
+    """
+    max_draft_len, schedule = trtllm_draft_len_schedule(table)
+    prov = table.get("provenance", {}) or {}
+    method = str(prov.get("method") or "")
+    cfg: dict[str, Any] = {}
+    if method in DECODING_TYPES:
+        cfg["decoding_type"] = DECODING_TYPES[method]
+    cfg["max_draft_len"] = max_draft_len
+    if method in _DRAFT_MODEL_METHODS and prov.get("draft_model"):
+        cfg["speculative_model"] = prov["draft_model"]
+    cfg["draft_len_schedule"] = {str(k): v for k, v in schedule.items()}
+    check_trtllm_config({"speculative_config": cfg})
+    return {"speculative_config": cfg}
+
+
+def check_trtllm_config(doc: Any) -> None:
+    """Validator for a written TensorRT-LLM export (the schedule rules above)."""
+    cfg = doc.get("speculative_config") if isinstance(doc, dict) else None
+    if not isinstance(cfg, dict):
+        raise TableError(f"speculative_config={cfg!r}: must be an object")
+    check_trtllm_schedule(cfg.get("draft_len_schedule"), cfg.get("max_draft_len"))

@@ -1,0 +1,27 @@
+"""Engines behind the :class:`~dsdprof.measure.engine.Engine` protocol (imported lazily)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dsdprof.measure.engine import Cell, CellMeasurement, Engine, Provenance, plan_cells
+
+if TYPE_CHECKING:
+    from dsdprof.config.spec import SweepSpec
+
+__all__ = ["Cell", "CellMeasurement", "Engine", "Provenance", "make_engine", "plan_cells"]
+
+
+def make_engine(spec: "SweepSpec", out_dir=None) -> Engine:
+    """Build the engine a spec names. Heavy imports (vllm, torch) happen here, not at import.
+
+    ``out_dir``: the run directory; the vLLM engine keeps its logs and step traces under it."""
+    if spec.engine.name == "vllm":
+        from dsdprof.measure.vllm.engine import VllmEngine
+
+        return VllmEngine(spec, out_dir=out_dir)
+    if spec.engine.name == "sim":
+        from dsdprof.measure.sim.engine import SimEngine
+
+        return SimEngine(spec)
+    raise ValueError(f"engine.name={spec.engine.name!r}")

@@ -1,0 +1,156 @@
+"""Fit the step model's efficiency factors and overheads to measured ITL, and test the fit on
+batch sizes held out of it.
+
+:func:`design` evaluates every step-model term at unit efficiency for each measured cell; the fit
+itself (bounded least squares with an identifiability check) is :func:`dsdprof.measure.sim.fit.fit`.
+pandas is imported by callers only (this module takes numpy arrays and DataFrames passed in).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from dsdprof.errors import InputError
+from dsdprof.measure.sim.catalog import ModelArch
+from dsdprof.measure.sim.hardware import Efficiency, Hardware
+from dsdprof.measure.sim.model import NO_DRAFT, HwArrays, arch_features, resolve_dtype, step_parts
+
+
+@dataclass(frozen=True)
+class CalibrationTarget:
+    """What was measured: architectures, dtype, TP, context length, base hardware (peaks)."""
+
+    hardware: Hardware
+    target: ModelArch
+    draft: Optional[ModelArch]
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    context_len: int = 1024
+    routing_correlation: float = 0.0
+
+
+@dataclass(frozen=True)
+class Design:
+    """Per measured cell: unit-efficiency terms and the non-fitted seconds."""
+
+    mem_s: np.ndarray  # (n, P)
+    flop_s: np.ndarray  # (n, P)
+    comm_s: np.ndarray  # (n,)
+    k: np.ndarray
+    speculative: np.ndarray
+
+
+def design(ct: CalibrationTarget, batch: np.ndarray, k: np.ndarray, speculative: np.ndarray) -> Design:
+    """Step-model terms for each (batch, K, speculative) cell (vanilla cells have no draft)."""
+    tp = ct.tensor_parallel_size
+    hw = HwArrays.of(ct.hardware, resolve_dtype(ct.target, ct.dtype).compute)
+    tgt = arch_features(ct.target, ct.dtype, tp)
+    drf = arch_features(ct.draft, ct.dtype, tp) if ct.draft else NO_DRAFT
+    spec = np.asarray(speculative, dtype=float)
+    b, kk = np.asarray(batch, dtype=float), np.asarray(k, dtype=float)
+    # vanilla cells run K = 0 and no drafter, so draft terms vanish (multiplied by K = 0)
+    p = step_parts(hw, tgt, drf, b, kk, ct.context_len, ct.routing_correlation, spec)
+    return Design(p.mem_s, p.flop_s, np.broadcast_to(p.comm_s, b.shape).astype(float), kk, spec)
+
+
+def predict(d: Design, eff: Efficiency) -> np.ndarray:
+    """T = Σ max(m/e_bw, f/e_c) + comm + o + d_k·K + d_0·spec."""
+    kernel = np.maximum(d.mem_s / eff.bandwidth, d.flop_s / eff.compute).sum(axis=-1)
+    return kernel + d.comm_s + eff.step_overhead_s + d.k * eff.draft_step_overhead_s + d.speculative * eff.dsd_overhead_s
+
+
+def fit_efficiency(d: Design, itl_s: np.ndarray, prior: Efficiency = Efficiency(),
+                   fit_overheads: bool = True) -> Efficiency:
+    """The fitted :class:`Efficiency` (see :func:`dsdprof.measure.sim.fit.fit` for the identifiability report)."""
+    from dsdprof.measure.sim.fit import fit
+
+    return fit(d, itl_s, prior, fit_overheads).efficiency
+
+
+def mape(pred: np.ndarray, actual: np.ndarray) -> float:
+    """Mean absolute percentage error, in percent."""
+    actual = np.asarray(actual, dtype=float)
+    return float(np.mean(np.abs(np.asarray(pred) - actual) / actual) * 100.0)
+
+
+def _speculative(df: Any) -> np.ndarray:
+    if "mode" in df.columns:
+        return (df["mode"].astype(str) != "vanilla").to_numpy(dtype=float)
+    return (df["num_spec_tokens"].to_numpy() > 0).astype(float)
+
+
+def design_for(ct: CalibrationTarget, df: Any) -> Design:
+    return design(ct, df["batch_size"].to_numpy(), df["num_spec_tokens"].to_numpy(), _speculative(df))
+
+
+@dataclass(frozen=True)
+class HoldoutReport:
+    """Fit on ``fit_batch_sizes``, predict ``heldout_batch_sizes``."""
+
+    fit_batch_sizes: list[int]
+    heldout_batch_sizes: list[int]
+    efficiency: Efficiency
+    fit_mape: float
+    heldout_mape: float
+    k_match_share: float  # predicted optimal K == measured optimal K, AL per K taken from the fit half
+    k_match_share_measured_al: float  # same with each held-out cell's own measured AL
+    per_batch: list[dict[str, Any]]
+
+
+def _optimal_k(df: Any, tolerance: float) -> dict[int, int]:
+    from dsdprof.decide.analysis import analyze
+
+    opt = analyze(df, tolerance=tolerance).optimal
+    return dict(zip(opt["batch_size"].astype(int), opt["k"].astype(int)))
+
+
+def holdout(ct: CalibrationTarget, df: Any, tolerance: float = 0.02) -> HoldoutReport:
+    """Fit on every other batch size (1st, 3rd, ...), predict the rest: ITL MAPE on held-out cells
+    and the share of held-out batch sizes whose optimal K (``dsdprof.decide.analysis.analyze``) matches."""
+    sizes = sorted(int(b) for b in df["batch_size"].unique())
+    if len(sizes) < 2:
+        raise InputError("batch_size", sizes, "need at least 2 batch sizes to hold some out")
+    fit_bs, held_bs = sizes[0::2], sizes[1::2]
+    fit_df = df[df["batch_size"].isin(fit_bs)]
+    held = df[df["batch_size"].isin(held_bs)].copy()
+    eff = fit_efficiency(design_for(ct, fit_df), fit_df["itl_s"].to_numpy(), ct.hardware.efficiency)
+    fit_pred = predict(design_for(ct, fit_df), eff)
+    held_pred = predict(design_for(ct, held), eff)
+    # AL is a property of draft and data, not of batch size: take the fit half's median per K
+    key = held["num_spec_tokens"].astype(str) + "/" + (held["mode"].astype(str) if "mode" in held else "")
+    fit_key = fit_df["num_spec_tokens"].astype(str) + "/" + (fit_df["mode"].astype(str) if "mode" in fit_df else "")
+    al_by_key = fit_df.groupby(fit_key)["acceptance_length"].median()
+    measured_k = _optimal_k(held, tolerance)
+    pred_own = held.assign(itl_s=held_pred)
+    pred_fit = pred_own.assign(acceptance_length=key.map(al_by_key).fillna(held["acceptance_length"]).to_numpy())
+    k_own, k_fit = _optimal_k(pred_own, tolerance), _optimal_k(pred_fit, tolerance)
+    per_batch = []
+    for b in held_bs:
+        rows = held["batch_size"] == b
+        per_batch.append({"batch_size": b, "measured_k": measured_k.get(b), "predicted_k": k_fit.get(b),
+                          "predicted_k_measured_al": k_own.get(b),
+                          "itl_mape": mape(held_pred[rows.to_numpy()], held.loc[rows, "itl_s"].to_numpy())})
+    share = lambda ks: float(np.mean([ks.get(b) == measured_k.get(b) for b in held_bs]))  # noqa: E731
+    return HoldoutReport(fit_bs, held_bs, eff, mape(fit_pred, fit_df["itl_s"].to_numpy()),
+                         mape(held_pred, held["itl_s"].to_numpy()), share(k_fit), share(k_own), per_batch)
+
+
+def read_sweep_context(path: str | Path) -> Optional[int]:
+    """Mean decode context of a sweep directory: input_len + output_len / 2 from ``_sweep.json``."""
+    meta = Path(path) / "_sweep.json"
+    if not meta.is_file():
+        return None
+    try:
+        spec = json.loads(meta.read_text()).get("spec", {})
+        return int(spec["workload"]["input_len"]) + int(spec["sweep"]["output_len"]) // 2
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def calibrated_hardware(base: Hardware, eff: Efficiency, name: Optional[str] = None) -> Hardware:
+    return replace(base, name=name or base.name, efficiency=eff)

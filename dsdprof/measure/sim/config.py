@@ -1,0 +1,164 @@
+"""The ``[sim]`` section of a sweep spec, validated (unknown keys rejected), and its resolution
+into a :class:`SimSetup` (hardware, architectures, acceptance) that the engine evaluates.
+
+```toml
+[engine]
+name = "sim"
+model = "Llama-3.1-8B"          # catalog name or path to a HF config.json (or its directory)
+draft_model = "EAGLE3-Llama-3.1-8B"   # optional: derived from method when omitted
+method = "eagle3"               # draft_model | eagle | eagle3 | mtp | ngram | suffix
+dtype = "bfloat16"              # auto = the model's native storage
+tensor_parallel_size = 1
+
+[sim]
+hardware = "H100 SXM"           # catalog name or a profile TOML (probe-hardware / calibrate)
+context_len = 1024              # default: workload.input_len + sweep.output_len / 2
+routing_correlation = 0.0       # rho in n_eff = B * (K+1)^(1-rho); 0 = uniform routing
+acceptance_alpha = 0.8          # or acceptance_per_pos / acceptance_conditional / acceptance_from
+# bandwidth_efficiency, compute_efficiency, step_overhead_s, draft_step_overhead_s,
+# dsd_overhead_s override the hardware profile's values.
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dsdprof.errors import InputError
+from dsdprof.measure.sim import acceptance as acc
+from dsdprof.measure.sim.catalog import ModelArch, derived_draft, resolve_model, shadowed_catalog_name
+from dsdprof.measure.sim.hardware import Hardware, resolve_hardware, with_efficiency
+from dsdprof.measure.sim.model import resolve_dtype
+
+SIM_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix")
+_ACCEPTANCE_KEYS = ("acceptance_alpha", "acceptance_per_pos", "acceptance_conditional", "acceptance_from")
+
+
+class SimConfig(BaseModel):
+    """``[sim]`` keys. Exactly one acceptance source is needed when the sweep has K > 0."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hardware: str = Field(description="catalog name (H100 SXM, H200 SXM, B200, ...) or profile TOML path")
+    context_len: Optional[int] = Field(None, ge=1, description="KV positions per sequence during decode")
+    routing_correlation: float = Field(0.0, ge=0.0, lt=1.0)
+    acceptance_alpha: Optional[float] = Field(None, gt=0.0, le=1.0)
+    acceptance_per_pos: Optional[list[float]] = Field(None, min_length=1)
+    acceptance_conditional: Optional[list[float]] = Field(None, min_length=1)
+    acceptance_from: Optional[str] = None
+    bandwidth_efficiency: Optional[float] = Field(None, gt=0.0, le=100.0)
+    compute_efficiency: Optional[float] = Field(None, gt=0.0, le=100.0)
+    step_overhead_s: Optional[float] = Field(None, ge=0.0)
+    draft_step_overhead_s: Optional[float] = Field(None, ge=0.0)
+    dsd_overhead_s: Optional[float] = Field(None, ge=0.0)
+    check_memory: bool = Field(True, description="predict OOM cells as failed rows")
+
+    @model_validator(mode="after")
+    def _one_acceptance(self) -> "SimConfig":
+        given = [k for k in _ACCEPTANCE_KEYS if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one acceptance source, not {given}")
+        return self
+
+
+def parse_sim_config(data: Optional[dict[str, Any]]) -> SimConfig:
+    """Validate ``spec.sim``; InputError naming ``sim.<key>`` on bad input."""
+    if data is None:
+        raise InputError("sim", None, "engine.name = 'sim' needs a [sim] section (at least hardware)")
+    try:
+        return SimConfig.model_validate(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        loc = ".".join(str(p) for p in e["loc"])
+        field = f"sim.{loc}" if loc else "sim"
+        if e["type"] == "extra_forbidden":
+            raise InputError(field, e.get("input"), "unknown key") from None
+        value = e.get("input") if loc else {k: data.get(k) for k in _ACCEPTANCE_KEYS if k in data}
+        raise InputError(field, value, e["msg"].removeprefix("Value error, ")) from None
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """Everything the engine needs, resolved and checked."""
+
+    hardware: Hardware
+    target: ModelArch
+    draft: Optional[ModelArch]
+    method: str
+    dtype: str
+    tensor_parallel_size: int
+    context_len: int
+    routing_correlation: float
+    acceptance: np.ndarray  # unconditional p_1..p_Kmax
+    acceptance_source: str
+    check_memory: bool
+
+    @property
+    def compute_dtype(self) -> str:
+        return resolve_dtype(self.target, self.dtype).compute
+
+
+def _acceptance(cfg: SimConfig, k_max: int) -> tuple[np.ndarray, str]:
+    if k_max == 0:
+        return np.zeros(0), "none (K = 0 only)"
+    if cfg.acceptance_alpha is not None:
+        return acc.geometric(cfg.acceptance_alpha, k_max), f"geometric alpha={cfg.acceptance_alpha}"
+    if cfg.acceptance_per_pos is not None:
+        p = acc.check_unconditional(cfg.acceptance_per_pos, "sim.acceptance_per_pos")
+        return acc.extend(p, k_max), f"per-position {cfg.acceptance_per_pos}"
+    if cfg.acceptance_conditional is not None:
+        a = np.asarray(cfg.acceptance_conditional, dtype=float)
+        if np.any(a < 0) or np.any(a > 1) or not np.all(np.isfinite(a)):
+            raise InputError("sim.acceptance_conditional", cfg.acceptance_conditional, "rates must lie in [0, 1]")
+        return acc.extend(acc.from_conditional(list(a)), k_max), f"conditional {cfg.acceptance_conditional}"
+    if cfg.acceptance_from is not None:
+        p = acc.from_measurements(cfg.acceptance_from)
+        return acc.extend(p, k_max), f"measured {cfg.acceptance_from}"
+    raise InputError("sim", None, "needs an acceptance source for K > 0: acceptance_alpha, "
+                                  "acceptance_per_pos, acceptance_conditional or acceptance_from")
+
+
+def resolve(spec: Any) -> SimSetup:
+    """Build a :class:`SimSetup` from a validated :class:`dsdprof.config.spec.SweepSpec`."""
+    eng = spec.engine
+    if eng.name != "sim":
+        raise InputError("engine.name", eng.name, "SimEngine needs engine.name = 'sim'")
+    cfg = parse_sim_config(spec.sim)
+    if eng.method not in SIM_METHODS:
+        raise InputError("engine.method", eng.method, f"sim models {', '.join(SIM_METHODS)}")
+    target = resolve_model(eng.model, "engine.model")
+    if eng.draft_model:
+        if eng.method in ("ngram", "suffix"):
+            raise InputError("engine.draft_model", eng.draft_model, f"method {eng.method!r} uses no draft model")
+        draft: Optional[ModelArch] = resolve_model(eng.draft_model, "engine.draft_model")
+    else:
+        draft = derived_draft(target, eng.method)
+        if draft is None and eng.method == "draft_model":
+            raise InputError("engine.draft_model", None, "method 'draft_model' needs a draft (catalog name or config.json)")
+    resolve_dtype(target, eng.dtype)  # validates the dtype name
+    hw = with_efficiency(
+        resolve_hardware(cfg.hardware), bandwidth=cfg.bandwidth_efficiency, compute=cfg.compute_efficiency,
+        step_overhead_s=cfg.step_overhead_s, draft_step_overhead_s=cfg.draft_step_overhead_s,
+        dsd_overhead_s=cfg.dsd_overhead_s)
+    context = cfg.context_len or spec.workload.input_len + spec.sweep.output_len // 2
+    if context > eng.max_model_len:
+        raise InputError("sim.context_len", context, f"exceeds engine.max_model_len={eng.max_model_len}")
+    p, source = _acceptance(cfg, spec.max_k)
+    return SimSetup(hw, target, draft, eng.method, eng.dtype, eng.tensor_parallel_size, int(context),
+                    cfg.routing_correlation, p, source, cfg.check_memory)
+
+
+def model_notices(spec: Any) -> list[str]:
+    """One line per model name that is an existing config.json path also matching a catalog
+    model: the path wins (its config.json is used); CLIs print these so nobody is surprised."""
+    out = []
+    for field, value in (("engine.model", spec.engine.model), ("engine.draft_model", spec.engine.draft_model)):
+        shadowed = shadowed_catalog_name(value) if value else None
+        if shadowed:
+            out.append(f"notice: {field}={value!r} is a local config.json path; using it, not the "
+                       f"catalog model {shadowed!r}")
+    return out

@@ -1,0 +1,250 @@
+"""Hardware for the analytic engine: a catalog of accelerators and a profile TOML file format.
+
+Peak figures are dense (no sparsity) datasheet numbers from ``../shared/reference.md``; where the
+reference lists nothing (FP8 peaks, interconnect) the figure is the vendor datasheet's and marked
+``# datasheet`` below. Efficiency factors and overheads are priors (the same for every GPU), not
+fits: ``dsdprof calibrate`` replaces them with values fitted to a measured sweep.
+
+Profile file (``schema = "dsdprof.hwprofile/v1"``)::
+
+    schema = "dsdprof.hwprofile/v1"
+    [hardware]      # Hardware fields (peaks)
+    [efficiency]    # Efficiency fields (achieved fraction of peak, fixed overheads)
+    [meta]          # free-form provenance: how it was measured / fitted, fit error
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dsdprof.errors import InputError
+
+PROFILE_SCHEMA = "dsdprof.hwprofile/v1"
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fraction of peak and fixed costs (seconds).
+
+    step time = sum_terms max(bytes / (BW * bandwidth), flops / (F * compute))
+                + step_overhead_s + K * draft_step_overhead_s + [speculative] * dsd_overhead_s
+    """
+
+    bandwidth: float = 0.85  # H200 device copy 4.3 of 4.8 TB/s = 0.90 (reference.md); GEMV a bit less
+    compute: float = 0.70  # H200 8192^3 bf16 790 of 989 TFLOP/s = 0.80 at best; decode GEMMs less
+    step_overhead_s: float = 0.5e-3  # scheduler, sampling, input prep, launch per engine step
+    draft_step_overhead_s: float = 0.1e-3  # per draft forward pass (launch, input prep)
+    dsd_overhead_s: float = 0.2e-3  # drafter bookkeeping paid by a speculative engine even at K=0
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Peaks of one accelerator (one device; tensor parallelism multiplies devices)."""
+
+    name: str
+    bf16_tflops: float
+    memory_bandwidth_tbs: float
+    memory_gb: float
+    fp8_tflops: float = 0.0  # 0 = no FP8 tensor cores: FP8 GEMMs run at the bf16 rate
+    fp32_tflops: float = 0.0  # 0 = half the bf16 rate (TF32 tensor cores)
+    cache_mb: float = 0.0
+    interconnect_gbs: float = 0.0  # per direction, per device (NVLink / IF / PCIe)
+    allreduce_latency_s: float = 10e-6
+    tile_m: int = 64  # largest GEMM row tile: large token counts are padded to a multiple of it
+    min_tile_m: int = 16  # smallest row tile a decode GEMM uses (see dsdprof.measure.sim.model.padded)
+    fp4_tflops: float = 0.0  # 0 = no FP4 tensor cores: W4A4 GEMMs run at the fp8 (else bf16) rate
+    efficiency: Efficiency = field(default_factory=Efficiency)
+
+    def peak_flops(self, compute_dtype: str) -> float:
+        """FLOP/s for ``bf16`` | ``fp8`` | ``int8`` | ``fp4`` | ``fp32`` GEMMs.
+
+        ``int8`` runs at the FP8 rate (equal on Hopper/Ada/Blackwell datasheets; hardware without
+        FP8, e.g. A100, is credited the bf16 rate: conservative). ``fp4`` falls back to FP8, then bf16.
+        """
+        if compute_dtype == "fp4" and self.fp4_tflops > 0:
+            return self.fp4_tflops * 1e12
+        if compute_dtype in ("fp8", "int8", "fp4") and self.fp8_tflops > 0:
+            return self.fp8_tflops * 1e12
+        if compute_dtype == "fp32":
+            return (self.fp32_tflops or self.bf16_tflops / 2) * 1e12
+        return self.bf16_tflops * 1e12
+
+    @property
+    def bandwidth_bytes_s(self) -> float:
+        return self.memory_bandwidth_tbs * 1e12
+
+
+_PCIE = dict(interconnect_gbs=32.0, allreduce_latency_s=30e-6)
+HARDWARE: dict[str, Hardware] = {h.name: h for h in (
+    Hardware("H100 SXM", 989, 3.35, 80, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450),  # datasheet fp8, NVLink 900 GB/s bidir
+    Hardware("H200 SXM", 989, 4.8, 141, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450),
+    Hardware("B200", 2250, 8.0, 180, fp8_tflops=4500, cache_mb=126, interconnect_gbs=900,
+             fp4_tflops=9000),  # datasheet fp8 / fp4 (dense = half the sparse figure), NVLink5
+    # datasheet (not in reference.md): H20 148 bf16 / 296 fp8 TFLOP/s dense, 4.0 TB/s HBM3, 96 GB, 60 MB L2
+    Hardware("H20", 148, 4.0, 96, fp8_tflops=296, cache_mb=60, interconnect_gbs=450),
+    Hardware("A100 80GB SXM", 312, 2.039, 80, cache_mb=40, interconnect_gbs=300),
+    Hardware("L40S", 362, 0.864, 48, fp8_tflops=733, **_PCIE),  # datasheet fp8
+    Hardware("MI300X", 1307, 5.3, 192, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448),  # datasheet: 7 IF links x 64 GB/s
+    Hardware("MI325X", 1307, 6.0, 256, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448),
+    Hardware("RTX 4090", 165, 1.008, 24, fp8_tflops=330, cache_mb=72, **_PCIE),  # FP32-accumulate rates
+)}
+_ALIASES = {"h100": "H100 SXM", "h100sxm": "H100 SXM", "h200": "H200 SXM", "h200sxm": "H200 SXM",
+            "b200": "B200", "h20": "H20", "a100": "A100 80GB SXM", "a10080g": "A100 80GB SXM", "a10080gb": "A100 80GB SXM",
+            "a10080gbsxm": "A100 80GB SXM", "l40s": "L40S", "mi300x": "MI300X", "mi325x": "MI325X",
+            "rtx4090": "RTX 4090", "4090": "RTX 4090"}
+
+
+def _hkey(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _HardwareIn(_Strict):
+    name: str
+    bf16_tflops: float = Field(gt=0)
+    memory_bandwidth_tbs: float = Field(gt=0)
+    memory_gb: float = Field(gt=0)
+    fp8_tflops: float = Field(0.0, ge=0)
+    fp32_tflops: float = Field(0.0, ge=0)
+    cache_mb: float = Field(0.0, ge=0)
+    interconnect_gbs: float = Field(0.0, ge=0)
+    allreduce_latency_s: float = Field(10e-6, ge=0)
+    tile_m: int = Field(64, ge=1)
+    min_tile_m: int = Field(16, ge=1)
+    fp4_tflops: float = Field(0.0, ge=0)
+
+
+class _EfficiencyIn(_Strict):
+    bandwidth: float = Field(Efficiency.bandwidth, gt=0, le=100.0)
+    compute: float = Field(Efficiency.compute, gt=0, le=100.0)
+    step_overhead_s: float = Field(Efficiency.step_overhead_s, ge=0)
+    draft_step_overhead_s: float = Field(Efficiency.draft_step_overhead_s, ge=0)
+    dsd_overhead_s: float = Field(Efficiency.dsd_overhead_s, ge=0)
+
+
+class _ProfileIn(_Strict):
+    schema_: str = Field(PROFILE_SCHEMA, alias="schema")
+    hardware: _HardwareIn
+    efficiency: _EfficiencyIn = Field(default_factory=_EfficiencyIn)
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+def _parse_profile(text: str, name: str, field: str) -> Hardware:
+    """Validate profile TOML text (schema, keys, bounds); InputError naming ``name:section.key``."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(field, name, f"not valid TOML ({err})") from None
+    try:
+        prof = _ProfileIn.model_validate(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        loc = ".".join(str(x) for x in e["loc"])
+        reason = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        raise InputError(f"{name}:{loc}", e.get("input"), reason) from None
+    if prof.schema_ != PROFILE_SCHEMA:
+        raise InputError(f"{name}:schema", prof.schema_, f"expected {PROFILE_SCHEMA!r}")
+    return Hardware(**prof.hardware.model_dump(), efficiency=Efficiency(**prof.efficiency.model_dump()))
+
+
+def load_profile(path: str | Path, field: str = "sim.hardware") -> Hardware:
+    """Read a profile TOML into :class:`Hardware` (efficiency included). InputError on bad input."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise InputError(field, str(path), "not a catalog hardware name and no such profile file; "
+                                           f"catalog: {', '.join(HARDWARE)}")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(field, str(p), f"not readable as TOML ({err})") from None
+    return _parse_profile(text, p.name, field)
+
+
+def resolve_hardware(name_or_path: str, field: str = "sim.hardware") -> Hardware:
+    """Catalog name (case/space-insensitive, e.g. ``"h100"``, ``"MI300X"``) or a profile TOML path."""
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise InputError(field, name_or_path, "must be a hardware name or a profile .toml path")
+    k = _hkey(name_or_path)
+    for name in HARDWARE:
+        if _hkey(name) == k:
+            return HARDWARE[name]
+    if k in _ALIASES:
+        return HARDWARE[_ALIASES[k]]
+    return load_profile(name_or_path, field)
+
+
+def with_efficiency(hw: Hardware, **overrides: Optional[float]) -> Hardware:
+    """``hw`` with the given efficiency fields replaced (None values ignored)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return replace(hw, efficiency=replace(hw.efficiency, **given)) if given else hw
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return '"nan"'
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+    return f'"{s}"'
+
+
+def profile_toml(hw: Hardware, meta: dict[str, Any] | None = None) -> str:
+    """Serialise ``hw`` (and free-form ``meta`` of scalars/lists) as a profile TOML document."""
+    d = asdict(hw)
+    eff = d.pop("efficiency")
+    lines = [f"schema = {_toml_value(PROFILE_SCHEMA)}", "", "[hardware]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in d.items()]
+    lines += ["", "[efficiency]"] + [f"{k} = {_toml_value(v)}" for k, v in eff.items()]
+    if meta:
+        lines += ["", "[meta]"] + [f"{k} = {_toml_value(v)}" for k, v in meta.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def write_profile(path: str | Path, hw: Hardware, meta: dict[str, Any] | None = None,
+                  force: bool = False) -> Path:
+    """Write a profile TOML atomically; returns the path.
+
+    Refuses to overwrite unless ``force``. The document is validated with the loader's own rules
+    (bounds, schema) and must read back as ``hw`` *before* it replaces anything: an invalid profile
+    (say a compute efficiency of 850) raises InputError and leaves an existing file untouched.
+    """
+    p = Path(path)
+    if p.exists() and not force:
+        raise InputError("--out", str(p), "exists; pass --force to replace it")
+    text = profile_toml(hw, meta)
+    if _parse_profile(text, p.name, "--out") != hw:
+        raise InputError("--out", str(p), "the profile does not read back as written; not replaced")
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if load_profile(tmp, "--out") != hw:  # what is on disk, before the rename
+            raise InputError("--out", str(p), "the written profile does not read back; not replaced")
+        os.replace(tmp, p)
+    except OSError as err:
+        raise InputError("--out", str(p), f"cannot write ({err.strerror or err})") from None
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return p

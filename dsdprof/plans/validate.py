@@ -1,0 +1,286 @@
+"""``dsdprof validate``: serve a K table on real vLLM and compare it with vanilla and fixed K.
+
+Three kinds of engine, each in its own worker process, from the same engine pool and cell runner
+as ``sweep``, all kept alive for the whole run so the cells can be interleaved per batch size
+(drift hits every variant alike; the order of the variants rotates from one batch size / repeat to
+the next):
+
+* ``vanilla``: no speculative config (the baseline);
+* ``fixed-<K>``: ``num_speculative_tokens = K``, no dynamic schedule;
+* ``dsd``: the table served exactly as a user would, through vLLM's own
+  ``num_speculative_tokens_per_batch_size`` (:func:`dsdprof.export.table.vllm_speculative_config`).
+  Requests carry no dsdprof K, so vLLM's lookup picks K by batch size; dsdprof's scheduler only
+  gates waves and traces steps, and each cell checks that its steady steps drafted the table's K.
+  A table with K=0 everywhere is served without a speculative config.
+* ``adaptive`` (``--adaptive``, v2 tables): the same schedule and draft, started with dsdprof's
+  adaptive scheduler (:mod:`dsdprof.plugins.vllm_adaptive`), which re-derives K per batch size from
+  the acceptance the engine sees (``additional_config.dsdprof_adaptive`` names a copy of the
+  table, ``OUT/_adaptive_table.json``). Its ``num_speculative_tokens`` is the largest K the table
+  measured, so K may rise above the static table's; the K it ran is ``num_draft_tokens /
+  num_drafts`` (not checked per cell). Its rows carry no per-position acceptance.
+
+Every cell is one durable Parquet row (:class:`SweepWriter`): ``mode`` is ``vanilla`` | ``fixed`` |
+``dsd`` | ``adaptive``; ``num_spec_tokens`` is the fixed K, for DSD the table's K at that batch
+size, for adaptive the engine's largest K. The comparison itself is
+:func:`dsdprof.report.compare.compare`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from dsdprof.measure.engine import Cell, Provenance
+from dsdprof.measure.vllm.engine import VllmEngine
+from dsdprof.errors import InputError
+from dsdprof.formats.schema import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, TableError
+from dsdprof.io.store import SWEEP_META, SweepWriter, provenance_dict
+from dsdprof.measure.runner import SweepProgress, measurement_row, run_cells
+from dsdprof.export.table import k_for_batch_size
+
+VALIDATE_KEY = "validate"  # key in _sweep.json marking a validate run
+DEFAULT_FIXED_KS = (3,)
+ADAPTIVE_TABLE_FILE = "_adaptive_table.json"  # the table the adaptive engine loads, in OUT
+
+
+@dataclass(frozen=True)
+class ValidateSummary:
+    out: Path
+    total: int
+    ok: int
+    failed: int
+    skipped: int
+    warnings: tuple[str, ...] = ()
+
+
+def worker_key(cell: Cell) -> str:
+    """Which engine runs a cell: ``vanilla``, ``fixed-<K>``, ``dsd`` or ``adaptive``."""
+    if cell.mode == MODE_FIXED:
+        return f"fixed-{cell.num_spec_tokens}"
+    return cell.mode
+
+
+def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[list[int]],
+                    repeats: int, adaptive_k: int | None = None) -> list[Cell]:
+    """Cells in run order: per repeat, per batch size, every variant, order rotated each time.
+    ``adaptive_k`` (the adaptive engine's largest K) adds an ``adaptive`` cell per batch size."""
+    if not fixed_ks:
+        raise InputError("--fixed-k", [], "need at least one fixed K")
+    for k in fixed_ks:
+        if k < 1:
+            raise InputError("--fixed-k", k, "must be >= 1 (K=0 is the vanilla engine)")
+    if len(set(fixed_ks)) != len(fixed_ks):
+        raise InputError("--fixed-k", fixed_ks, "duplicate K")
+    cells: list[Cell] = []
+    turn = 0
+    for r in range(repeats):
+        for b in sorted(batch_sizes):
+            variants = [Cell(r, b, MODE_VANILLA, 0)]
+            variants += [Cell(r, b, MODE_FIXED, k) for k in sorted(fixed_ks)]
+            variants.append(Cell(r, b, MODE_DSD, k_for_batch_size(ranges, b)))
+            if adaptive_k is not None:
+                variants.append(Cell(r, b, MODE_ADAPTIVE, adaptive_k))
+            shift = turn % len(variants)
+            cells.extend(variants[shift:] + variants[:shift])
+            turn += 1
+    return cells
+
+
+def dsd_llm_kwargs(base: dict[str, Any], table: dict[str, Any], spec) -> dict[str, Any] | None:
+    """vllm.LLM kwargs serving ``table`` through vLLM's own per-batch-size schedule.
+
+    ``None`` when the table has K=0 everywhere (then DSD is served without speculation). The
+    method and draft model come from the spec being run (the table's provenance may name another
+    path for the same model); ranges and max K come from the table.
+    """
+    from dsdprof.export.table import vllm_speculative_config
+
+    if max(r[2] for r in table["ranges"]) == 0:
+        return None
+    cfg = vllm_speculative_config(table)
+    e = spec.engine
+    cfg["method"] = e.method
+    cfg.pop("model", None)
+    if e.draft_model:
+        cfg["model"] = e.draft_model
+    cfg.update(e.speculative_extra)
+    kwargs = dict(base)
+    kwargs["speculative_config"] = cfg
+    return kwargs
+
+
+def adaptive_max_k(table: dict[str, Any], options: dict[str, Any]) -> int:
+    """The adaptive engine's ``num_speculative_tokens`` (largest K the table measured), after
+    checking that the plugin accepts the table and ``options``; InputError otherwise."""
+    from dsdprof.serve.adaptive import AdaptiveKSelector
+    from dsdprof.serve.settings import AdaptiveSettingError, adaptive_additional_config, resolve_settings
+
+    try:
+        settings = resolve_settings(adaptive_additional_config("-", options), environ={})
+    except AdaptiveSettingError as err:
+        raise InputError("--adaptive-config", json.dumps(options), str(err)) from None
+    ks = [int(c["k"]) for c in table.get("cells") or []]
+    if not ks or max(ks) < 1:
+        raise InputError("table.cells", f"K={sorted(set(ks))}", "--adaptive needs a v2 table with a measured K >= 1")
+    try:
+        AdaptiveKSelector(table, max_k=max(ks), **dict(settings.options))
+    except TableError as err:
+        raise InputError("table", table.get("schema"), f"--adaptive: {err}") from None
+    except (TypeError, ValueError) as err:
+        raise InputError("--adaptive-config", json.dumps(options), str(err)) from None
+    return max(ks)
+
+
+def adaptive_llm_kwargs(base: dict[str, Any], table: dict[str, Any], spec, table_file: str, max_k: int,
+                        options: dict[str, Any]) -> dict[str, Any]:
+    """vllm.LLM kwargs of the adaptive engine: the static table's schedule (vLLM's dynamic-SD mode)
+    with ``num_speculative_tokens = max_k``, dsdprof's adaptive scheduler, and the table file."""
+    from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME, adaptive_additional_config
+
+    e = spec.engine
+    cfg: dict[str, Any] = {"method": e.method, "num_speculative_tokens": max_k,
+                           "num_speculative_tokens_per_batch_size": [list(r) for r in table["ranges"]]}
+    if e.draft_model:
+        cfg["model"] = e.draft_model
+    cfg.update(e.speculative_extra)
+    kwargs = dict(base)
+    kwargs["speculative_config"] = cfg
+    kwargs["scheduler_cls"] = ADAPTIVE_SCHEDULER_QUALNAME
+    kwargs["additional_config"] = {**(base.get("additional_config") or {}),
+                                   **adaptive_additional_config(table_file, options)}
+    return kwargs
+
+
+def table_warnings(table: dict[str, Any], spec) -> list[str]:
+    """Mismatches between the table's provenance and the spec being validated."""
+    prov = table.get("provenance", {}) or {}
+    out = []
+    for key, ours in (("model", spec.engine.model), ("draft_model", spec.engine.draft_model or ""),
+                      ("method", spec.engine.method)):
+        theirs = prov.get(key)
+        if theirs and ours and str(theirs) != str(ours):
+            out.append(f"table was profiled with {key}={theirs!r}, the spec runs {ours!r}")
+    points = sorted(int(p["batch_size"]) for p in table.get("points", []) if "batch_size" in p)
+    if points:
+        outside = [b for b in spec.sweep.batch_sizes if b < points[0] or b > points[-1]]
+        if outside:
+            out.append(f"batch sizes {outside} lie outside the table's profiled {points[0]}..{points[-1]}")
+    return out
+
+
+def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: list[int],
+                   table_path: str = "", resume: bool = False,
+                   on_progress: Callable[[SweepProgress], None] | None = None,
+                   start_worker: Callable[..., Any] | None = None,
+                   adaptive: dict[str, Any] | None = None) -> ValidateSummary:
+    """Run vanilla / fixed K / DSD (/ adaptive) cells of ``spec``'s workload into ``out_dir``.
+
+    ``adaptive``: None, or the selector options (``{}`` for defaults) of an ``adaptive`` variant.
+
+    The same engine pool and cell runner as ``sweep`` (:class:`dsdprof.measure.vllm.engine.VllmEngine`,
+    :func:`dsdprof.measure.runner.run_cells`): every engine is alive for the whole run (GPU memory split
+    between them), and every cell is measured from the engine-core step trace with its K verified
+    (the table's K at the batch size for DSD). ``start_worker(WorkerConfig, timeout_s)`` replaces the
+    vLLM child process (orchestration tests only).
+    """
+    notify = on_progress or (lambda _e: None)
+    if spec.engine.name != "vllm":
+        raise InputError("engine.name", spec.engine.name, "validate runs real vLLM: use name = \"vllm\"")
+    ranges = [list(r) for r in table["ranges"]]
+    adaptive_k = adaptive_max_k(table, adaptive) if adaptive is not None else None
+    cells = plan_validation(spec.sweep.batch_sizes, fixed_ks, ranges, spec.sweep.repeats, adaptive_k)
+    validate_doc: dict[str, Any] = {"table": table_path, "ranges": ranges, "fixed_ks": sorted(fixed_ks)}
+    if adaptive is not None:  # only then, so that runs without it keep their manifest hash
+        digest = hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()
+        validate_doc["adaptive"] = {"options": dict(adaptive), "max_k": adaptive_k, "table_sha256": digest}
+    spec_dump = spec.model_dump(mode="json")
+    spec_dump[VALIDATE_KEY] = validate_doc
+    out = Path(out_dir)
+    # Refuses to overwrite, to share OUT, or to resume a run of another spec/table (the whole
+    # spec_dump, validate doc included, is hashed in the run manifest), before any work.
+    writer = SweepWriter(out, spec_dump, resume=resume)
+    engine = None
+    try:  # the run lock is released whatever fails below
+        adaptive_kwargs = None
+        if adaptive is not None:
+            from dsdprof.export.table import write_json_atomic
+
+            table_file = write_json_atomic(out / ADAPTIVE_TABLE_FILE, table, force=True)
+            adaptive_kwargs = (str(table_file.resolve()), adaptive_k, dict(adaptive))
+        engine = ValidateEngine(spec, table, out, table_path, concurrent_engines=2 + len(fixed_ks) + (adaptive is not None),
+                                start_worker=start_worker, adaptive=adaptive_kwargs)
+        warnings = tuple(table_warnings(table, spec))
+        if engine.dsd_kwargs is None:
+            warnings += ("table has K=0 at every batch size: DSD is served without a speculative config",)
+        todo = [c for c in cells if c.cell_id not in writer.done]
+        if todo:
+            engine.check_models()
+            try:
+                engine.pool.get(worker_key(todo[0]))  # provenance from a live engine when possible
+            except Exception:  # noqa: BLE001 - the failure becomes that cell's row below
+                pass
+        prov = provenance_dict(engine.provenance())
+        writer.start(prov)
+        total = len(cells)
+        variants = f"vanilla, fixed K={sorted(fixed_ks)}, DSD" + (", adaptive" if adaptive is not None else "")
+        notify(SweepProgress("plan", 0, total, message=f"{total} cells: {variants}"))
+        ok, failed, skipped = run_cells(
+            cells, writer, lambda cell: measurement_row(cell, engine.measure(cell), prov,
+                                                        spec.sweep.consistency_tolerance),
+            prov, spec.sweep.consistency_tolerance, notify)
+        return ValidateSummary(out, len(cells), ok, failed, skipped, warnings)
+    finally:
+        if engine is not None:
+            engine.close()
+        writer.close()
+
+
+class ValidateEngine(VllmEngine):
+    """Serves the table on the ``dsd`` engine through vLLM's own per-batch-size schedule, and with
+    ``adaptive = (table file, max K, options)`` on the ``adaptive`` engine through dsdprof's plugin."""
+
+    def __init__(self, spec, table: dict[str, Any], out_dir, table_path: str = "",
+                 adaptive: tuple[str, int, dict[str, Any]] | None = None, **kwargs) -> None:
+        super().__init__(spec, out_dir=out_dir, one_fixed_engine=False, **kwargs)
+        self.dsd_kwargs = dsd_llm_kwargs(self.base_kwargs(), table, spec)
+        self.adaptive_kwargs = (adaptive_llm_kwargs(self.base_kwargs(), table, spec, *adaptive)
+                                if adaptive is not None else None)
+        self.table_path = table_path
+
+    def provenance(self) -> Provenance:
+        prov = super().provenance()
+        extra = {k: v for k, v in prov.extra.items() if k not in ("speculation_mode", "fallback_reason")}
+        return replace(prov, extra={"run_kind": VALIDATE_KEY, "validate_table": self.table_path, **extra})
+
+    def llm_kwargs(self, key: str) -> dict[str, Any]:
+        if key == MODE_DSD:
+            return dict(self.dsd_kwargs) if self.dsd_kwargs is not None else self.base_kwargs()
+        if key == MODE_ADAPTIVE and self.adaptive_kwargs is not None:
+            return dict(self.adaptive_kwargs)
+        return super().llm_kwargs(key)
+
+    def measure(self, cell: Cell):
+        if cell.mode == MODE_DSD:  # never force K: vLLM's lookup picks it; verify the table's K
+            return self.run(MODE_DSD, self.cell_request(cell, None, verify_k=cell.num_spec_tokens))
+        if cell.mode == MODE_ADAPTIVE:  # the plugin picks K per step: unchecked, no per-position acceptance
+            return self.run(MODE_ADAPTIVE, replace(self.cell_request(cell, None, verify_k=-1), positions=0))
+        return super().measure(cell)
+
+
+def is_validate_run(path: str | Path) -> bool:
+    """True when ``path`` (directory or Parquet file) was written by ``dsdprof validate``."""
+    from dsdprof.decide.analysis import read_provenance
+
+    try:
+        if read_provenance(path).get("extra_run_kind") == VALIDATE_KEY:
+            return True
+    except InputError:
+        return False
+    meta = Path(path) / SWEEP_META
+    try:
+        return meta.is_file() and VALIDATE_KEY in json.loads(meta.read_text()).get("spec", {})
+    except ValueError:
+        return False

@@ -1,0 +1,167 @@
+"""vLLM plugin: the profiled K table follows the acceptance the engine sees, per batch size.
+
+Start vLLM with ``scheduler_cls = "dsdprof.engines.vllm_adaptive.make_scheduler"``, in dynamic-SD
+mode (``speculative_config.num_speculative_tokens_per_batch_size`` set, e.g. ``dsdprof export
+--format vllm``), and a ``dsdprof.ktable/v2`` table named by ``additional_config =
+{"dsdprof_adaptive": {"table": PATH}}`` or ``DSDPROF_ADAPTIVE_TABLE=PATH``
+(:mod:`dsdprof.serve.settings`). The factory builds the sync or async scheduler by the
+``async_scheduling`` vLLM resolved, like :func:`dsdprof.engines.vllm_scheduler.make_scheduler`,
+whose mixin (wave gate, step trace, K forced by a request's ``extra_args``) every class here keeps.
+
+* **Start.** An :class:`~dsdprof.serve.adaptive.AdaptiveKSelector` on the table, capped at the engine's
+  ``num_speculative_tokens``; vLLM's ``dynamic_sd_lookup`` becomes the selector's lookup, so the
+  engine serves the table's K from the first step (the configured schedule only switches vLLM's
+  dynamic-SD mode on).
+* **Every step** (``update_from_output``): per request with a draft, drafted = the number of
+  draft tokens scheduled (``scheduled_spec_decode_tokens``), accepted = tokens the target sampled
+  minus the bonus token (vLLM's own count). Aggregated per position -- drafts, accepted_i = drafts
+  with more than i accepted, and drafted_i when the step mixed draft lengths -- they go to
+  ``selector.observe``. Every ``rebuild_every`` steps the selector re-derives K per batch size;
+  when its ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``.
+* **vLLM's semantics stay**: K is looked up by the number of requests scheduled in the step
+  (``dynamic_sd_lookup[len(num_scheduled_tokens)]``), as with a static schedule. Requests carrying
+  dsdprof's forced K (``extra_args["dsdprof_num_spec_tokens"]``, sweep cells) still run that K;
+  their acceptance is observed like any other.
+* **K=0 is not a trap**: a step without drafts teaches the selector nothing, so once K is 0
+  wherever the engine runs the estimate could never recover. After ``probe_every`` steps in a row
+  without a draft (default 1024; 0 = never), one unforced step runs at K=1.
+
+The acceptance estimate is one per engine (all requests, all batch sizes); see docs/adaptive.md.
+"""
+
+from __future__ import annotations
+
+from vllm.logger import init_logger
+
+from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
+from dsdprof.measure.vllm.scheduler import (
+    TracingAsyncScheduler, TracingScheduler, build_for_config, class_for_config,
+)
+
+logger = init_logger("vllm.dsdprof.serve.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
+
+BONUS_TOKENS = 1  # tokens the target samples per step beyond the accepted drafts
+
+
+class _AdaptiveMixin:
+    """See the module docstring. Sits before dsdprof's tracing mixin in the MRO."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self._adaptive_setup(self.vllm_config.additional_config)  # type: ignore[attr-defined]
+
+    def _adaptive_setup(self, additional_config, environ=None) -> None:
+        """Load the table (the engine fails to start on a bad one) and serve its lookup."""
+        if not self.num_spec_tokens or self.dynamic_sd_lookup is None:  # type: ignore[attr-defined]
+            raise AdaptiveSettingError(
+                f"speculative_config.num_speculative_tokens_per_batch_size={None!r}: the adaptive scheduler needs "
+                "vLLM's dynamic-SD mode (serve the table's `dsdprof export --format vllm` speculative config)")
+        settings = resolve_settings(additional_config, environ)
+        self.dsdprof_selector = settings.selector(max_k=self.num_spec_tokens)  # type: ignore[attr-defined]
+        self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1  # type: ignore[attr-defined]
+        self._adaptive_acc = [0] * (self.num_spec_tokens + 1)  # type: ignore[attr-defined]
+        self._adaptive_drafted = [0] * (self.num_spec_tokens + 1)  # type: ignore[attr-defined]
+        self._adaptive_version = -1
+        self._adaptive_probe_every = settings.probe_every
+        self._adaptive_idle = 0  # steps in a row without a draft
+        self._adaptive_swap()
+        self._adaptive_probe = [min(1, self.num_spec_tokens)] * len(self.dynamic_sd_lookup)  # type: ignore[attr-defined]
+        logger.info("dsdprof adaptive K: table %s (from %s), K <= %d, K per profiled batch size %s",
+                    settings.table_path, settings.source, self.dsdprof_selector.max_k, self.dsdprof_selector.ks)
+
+    def _adaptive_swap(self) -> None:
+        """Serve the selector's current lookup (also as the tracing mixin's unforced schedule)."""
+        sel = self.dsdprof_selector
+        lookup = sel.lookup_list(self._adaptive_max_bs)
+        old = getattr(self, "_dsdprof_table_lookup", None)
+        if old is None:
+            self.dynamic_sd_lookup = lookup  # type: ignore[attr-defined]
+            self._dsdprof_init()  # type: ignore[attr-defined]  # the mixin's baseline: this lookup
+        else:
+            if self.dynamic_sd_lookup is old:  # type: ignore[attr-defined]  # not forced this step
+                self.dynamic_sd_lookup = lookup  # type: ignore[attr-defined]
+            self._dsdprof_table_lookup = lookup
+        self._adaptive_version = sel.version
+
+    def _dsdprof_apply_k(self) -> None:
+        super()._dsdprof_apply_k()  # type: ignore[misc]  # forced K, else the adaptive lookup
+        if (self._adaptive_probe_every and self._adaptive_idle >= self._adaptive_probe_every
+                and self.dynamic_sd_lookup is self._dsdprof_table_lookup):  # type: ignore[attr-defined]
+            self.dynamic_sd_lookup = self._adaptive_probe  # type: ignore[attr-defined]
+            self._adaptive_idle = 0
+
+    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
+        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        self._adaptive_observe(scheduler_output, model_runner_output)
+        return result
+
+    def _adaptive_observe(self, scheduler_output, model_runner_output) -> bool:
+        """Feed one step's acceptance to the selector; True when the served lookup changed."""
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        sampled = model_runner_output.sampled_token_ids
+        if not spec or not sampled:
+            self._adaptive_idle += 1
+            return False
+        index = model_runner_output.req_id_to_index
+        acc_hist, drafted_hist = self._adaptive_acc, self._adaptive_drafted
+        drafts = 0
+        lo = hi = 0
+        for req_id, tokens in spec.items():
+            d = len(tokens)
+            i = index.get(req_id)
+            if not d or i is None:
+                continue
+            g = len(sampled[i]) - BONUS_TOKENS
+            if g < 0:  # nothing sampled (e.g. the request was dropped this step)
+                continue
+            acc_hist[g if g < d else d] += 1
+            drafted_hist[d] += 1
+            if drafts == 0:
+                lo = hi = d
+            elif d < lo:
+                lo = d
+            elif d > hi:
+                hi = d
+            drafts += 1
+        if not drafts:
+            self._adaptive_idle += 1
+            return False
+        self._adaptive_idle = 0
+        accepted = [0] * hi  # accepted[i]: drafts with more than i accepted (position i+1 accepted)
+        drafted = [0] * hi if lo != hi else None
+        run_acc = acc_hist[hi]
+        run_drafted = drafted_hist[hi]
+        acc_hist[hi] = drafted_hist[hi] = 0
+        for i in range(hi - 1, -1, -1):
+            accepted[i] = run_acc
+            if drafted is not None:
+                drafted[i] = run_drafted
+            run_acc += acc_hist[i]
+            run_drafted += drafted_hist[i]
+            acc_hist[i] = drafted_hist[i] = 0
+        sel = self.dsdprof_selector
+        sel.observe(drafts, accepted, drafted)
+        if sel.version == self._adaptive_version:
+            return False
+        self._adaptive_swap()
+        logger.info("dsdprof adaptive K: now %s (acceptance per position %s)", sel.ks,
+                    [round(p, 3) for p in sel.acceptance()])
+        return True
+
+
+class AdaptiveScheduler(_AdaptiveMixin, TracingScheduler):
+    """vLLM's synchronous scheduler + dsdprof's tracing mixin + live-acceptance K."""
+
+
+class AdaptiveAsyncScheduler(_AdaptiveMixin, TracingAsyncScheduler):
+    """vLLM's async scheduler + dsdprof's tracing mixin + live-acceptance K."""
+
+
+def scheduler_class_for(scheduler_config) -> type:
+    """The class :func:`make_scheduler` builds for vLLM's resolved scheduler config."""
+    return class_for_config(scheduler_config, AdaptiveScheduler, AdaptiveAsyncScheduler)
+
+
+def make_scheduler(*args, **kwargs):
+    """``scheduler_cls`` for vLLM: the adaptive scheduler matching vLLM's own async choice."""
+    return build_for_config(AdaptiveScheduler, AdaptiveAsyncScheduler, args, kwargs)
