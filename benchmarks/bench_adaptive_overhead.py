@@ -28,7 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace as NS
 
 from dsdprof.serve.adaptive import AdaptiveKSelector
-from dsdprof.export.table import ranges_from_points
+from dsdprof.formats.ktable import ranges_from_points
 
 MAX_NUM_SEQS = 256
 MAX_K = 7
@@ -56,7 +56,7 @@ def v2_table() -> dict:
 def schedulers():
     """(adaptive, tracing) scheduler classes over a no-op stand-in for vLLM's update_from_output."""
     from dsdprof.plugins.vllm_adaptive import _AdaptiveMixin
-    from dsdprof.measure.vllm.scheduler import _DsdprofMixin
+    from dsdprof.plugins.vllm_profiling import _DsdprofMixin
 
     class NoVllm:
         def update_from_output(self, scheduler_output, model_runner_output):
@@ -136,7 +136,7 @@ def bench(batch_size: int, n: int, table_path: str) -> dict:
 
 def measured_bs1_step(path: str) -> dict[int, float]:
     """K -> median itl_s of the ok speculative rows at BS 1 (K >= 1) of a sweep dir or Parquet."""
-    from dsdprof.decide.analysis import read_measurements
+    from dsdprof.io.readers import read_measurements
 
     df = read_measurements(path)
     if "status" in df.columns:

@@ -19,7 +19,7 @@ import tracemalloc
 
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.runtime import KSelector
-from dsdprof.export.table import ranges_from_points
+from dsdprof.formats.ktable import ranges_from_points
 
 SIZES = [1, 3, 7, 16, 33, 64, 100, 200, 250, 5000 % 256 + 1]
 N = 400_000

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dsdprof.decide.analysis import analyze, read_measurements
-from dsdprof.plans.budget import Budget, parse_budget, run_budgeted_sweep
+from dsdprof.decide.analysis import analyze
+from dsdprof.io.readers import read_measurements
+from dsdprof.jobs.budget import Budget, parse_budget, run_budgeted_sweep
 from dsdprof.config.spec import load_spec
 from dsdprof.measure.runner import run_sweep
 

@@ -49,7 +49,7 @@ md("""## 1. The raw measurements
 
 One Parquet row per cell (batch size x K x mode x repeat). `mode` is `vanilla` (an engine with no
 speculative config: the baseline), `dsd` (one engine in vLLM's dynamic-SD mode, K switched wave by
-wave) or `fixed` (one engine per K). The columns are listed in `dsdprof.formats.schema.MEASUREMENT_COLUMNS`;
+wave) or `fixed` (one engine per K). The columns are listed in `dsdprof.formats.measurements.MEASUREMENT_COLUMNS`;
 every file also carries the run's provenance."""),
 code("""raw = read_measurements(RUN)
 prov = read_provenance(RUN)

@@ -10,8 +10,8 @@ import pytest
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.runtime import AdaptiveKSelector as ReExported
 from dsdprof.runtime import KSelector
-from dsdprof.formats.schema import TableError
-from dsdprof.export.table import ranges_from_points
+from dsdprof.formats.ktable import TableError
+from dsdprof.formats.ktable import ranges_from_points
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 KS = range(0, 8)

@@ -14,7 +14,7 @@ from dsdprof.serve.settings import (
     ADAPTIVE_CONFIG_KEY, ADAPTIVE_SCHEDULER_QUALNAME, ADAPTIVE_TABLE_ENV, AdaptiveSettingError,
     adaptive_additional_config, resolve_settings,
 )
-from dsdprof.export.table import ranges_from_points
+from dsdprof.formats.ktable import ranges_from_points
 
 PROFILED_ACCEPTANCE = (0.99, 0.98, 0.97, 0.96)  # as if the draft were the target
 ITL_FACTOR = {1: (1.0, 1.1, 1.55, 2.0, 2.6), 2: (1.0, 1.1, 1.55, 2.0, 2.6), 4: (1.0, 1.35, 1.9, 2.6, 3.4)}
@@ -85,8 +85,8 @@ if HAS_VLLM:
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
     from dsdprof.plugins import vllm_adaptive as va
-    from dsdprof.measure.vllm import scheduler as vs
-    from dsdprof.measure.vllm.names import K_EXTRA_ARG
+    from dsdprof.plugins import vllm_profiling as vs
+    from dsdprof.plugins.names import K_EXTRA_ARG
 
 MAX_BS = 8
 
@@ -337,7 +337,7 @@ class FakeWorker:
 
 
 def test_plan_interleaves_the_adaptive_variant():
-    from dsdprof.plans.validate import plan_validation, worker_key
+    from dsdprof.jobs.validate import plan_validation, worker_key
 
     cells = plan_validation([2, 1], [1, 3], [[1, 1, 1], [2, 1 << 20, 0]], repeats=2, adaptive_k=3)
     assert len(cells) == 2 * 2 * 5
@@ -356,7 +356,7 @@ def test_validate_adaptive_serves_the_plugin_and_reports_both_regrets(tmp_path):
 
     from dsdprof.cli.app import app
     from dsdprof.report.compare import compare
-    from dsdprof.plans.validate import ADAPTIVE_TABLE_FILE, run_validation
+    from dsdprof.jobs.validate import ADAPTIVE_TABLE_FILE, run_validation
 
     FakeWorker.started = []
     spec = _spec(tmp_path)
@@ -400,7 +400,7 @@ def test_validate_adaptive_bad_input_is_one_line_and_writes_nothing(tmp_path):
 
     from dsdprof.cli.app import app
     from dsdprof.errors import InputError
-    from dsdprof.plans.validate import run_validation
+    from dsdprof.jobs.validate import run_validation
 
     spec = _spec(tmp_path)
     v1 = {k: v for k, v in shifted_table().items() if k not in ("cells", "acceptance_per_pos")}

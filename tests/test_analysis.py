@@ -2,7 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsdprof.decide.analysis import analyze, choose_k, fixed_k_summary, load_measurements, validate_measurements
+from dsdprof.decide.analysis import analyze, choose_k, fixed_k_summary
+from dsdprof.io.readers import load_measurements, validate_measurements
 from dsdprof.errors import InputError
 from tests.conftest import make_rows
 

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dsdprof.cli.app import app
-from dsdprof.formats.schema import PARQUET_METADATA_KEY
+from dsdprof.formats.versions import PARQUET_METADATA_KEY
 
 runner = CliRunner()
 

@@ -5,8 +5,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.decide.analysis import analyze, read_measurements
-from dsdprof.plans.budget import Budget, Ledger, batch_status, parse_budget, plan_pass, run_budgeted_sweep
+from dsdprof.decide.analysis import analyze
+from dsdprof.io.readers import read_measurements
+from dsdprof.jobs.budget import Budget, Ledger, batch_status, parse_budget, plan_pass, run_budgeted_sweep
 from dsdprof.cli.app import app
 from dsdprof.decide.bootstrap import regret
 from dsdprof.measure.engine import plan_cells

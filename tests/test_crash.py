@@ -188,7 +188,7 @@ def test_ctrl_c_and_sigterm_flush_and_say_how_to_resume(tmp_path, sig, code, wor
 WRITER = r"""
 import os, sys
 from pathlib import Path
-from dsdprof.formats.schema import empty_row
+from dsdprof.formats.measurements import empty_row
 from dsdprof.io.store import SweepWriter
 
 SPEC = {"engine": {"name": "sim", "model": "m"}, "sweep": {"waves": 1}}

@@ -315,7 +315,8 @@ def test_ray_fleet_retries_a_killed_worker_and_resumes(ray_cluster, tmp_path):
     assert report.complete, [(o.run.name, o.error) for o in report.outcomes]
     assert not kill.exists() and kill.with_suffix(".killed").exists()  # the worker did die
     worker = json.loads((out / "_fleet" / "runs" / "big.json").read_text())["workers"][0]
-    assert worker["skipped"] >= max(SIM_FLUSH, 1) and worker["measured"] + worker["skipped"] == _cells(big)
+    # rows flushed before the kill are kept (how many depends on the flush timer on a loaded machine)
+    assert worker["skipped"] >= 1 and worker["measured"] + worker["skipped"] == _cells(big)
     for name, spec in (("big", big), ("split", small), ("b200", small)):
         df = _rows(out / name)
         assert len(df) == df.cell_id.nunique() == _cells(spec), name

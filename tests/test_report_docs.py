@@ -1,4 +1,4 @@
-"""The README's Parquet column table is generated from dsdprof.formats.schema and must stay in sync."""
+"""The README's Parquet column table is generated from dsdprof.formats.measurements and must stay in sync."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dsdprof.report.docs import columns_markdown
-from dsdprof.formats.schema import MEASUREMENT_COLUMNS
+from dsdprof.formats.measurements import MEASUREMENT_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,12 +2,10 @@ import json
 
 import pytest
 
-from dsdprof.formats import schema
-from dsdprof.formats.schema import (
-    COLUMN_NAMES, CONTRACT_COLUMNS, MAX_BATCH_SIZE, MAX_K, TABLE_SCHEMA, TABLE_SCHEMA_V1, TABLE_SCHEMA_V2,
-    TableError, arrow_schema, empty_row, read_table_file, validate_num_speculative_tokens, validate_ranges,
-    validate_table,
-)
+from dsdprof.formats import ktable
+from dsdprof.formats.ktable import MAX_BATCH_SIZE, MAX_K, TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
+from dsdprof.formats.measurements import COLUMN_NAMES, CONTRACT_COLUMNS, arrow_schema, empty_row
+from dsdprof.formats.versions import TABLE_SCHEMA, TABLE_SCHEMA_V1, TABLE_SCHEMA_V2
 
 
 def test_contract_columns_are_measurement_columns():
@@ -146,7 +144,7 @@ def test_read_table_file_turns_every_failure_into_table_error(tmp_path, monkeypa
         read_table_file(tmp_path)
     with pytest.raises(TableError, match="cannot read"):
         read_table_file(tmp_path / "missing.json")
-    monkeypatch.setattr(schema, "MAX_TABLE_BYTES", 10)
+    monkeypatch.setattr(ktable, "MAX_TABLE_BYTES", 10)
     p.write_text(json.dumps(V1))
     with pytest.raises(TableError, match="larger than"):
         read_table_file(p)

@@ -13,7 +13,8 @@ from dsdprof.cli.app import app
 from dsdprof.measure.factory import make_engine
 from dsdprof.measure.engine import Cell
 from dsdprof.errors import InputError
-from dsdprof.measure.sim.calibrate import CalibrationTarget, design_for, fit_efficiency, holdout, predict
+from dsdprof.jobs.calibrate import holdout
+from dsdprof.measure.sim.calibrate import CalibrationTarget, design_for, fit_efficiency, predict
 from dsdprof.measure.sim.catalog import MODELS
 from dsdprof.measure.sim.hardware import HARDWARE, Efficiency, load_profile
 from dsdprof.config.spec import parse_spec

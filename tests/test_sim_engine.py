@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.decide.analysis import analyze, load_measurements
+from dsdprof.decide.analysis import analyze
+from dsdprof.io.readers import load_measurements
 from dsdprof.cli.app import app
 from dsdprof.measure.factory import make_engine
 from dsdprof.measure.engine import Cell, Engine

@@ -10,7 +10,8 @@ from dsdprof.measure.engine import Cell, CellMeasurement
 from dsdprof.errors import InputError
 from dsdprof.io.manifest import MANIFEST_VERSION, spec_hash
 from dsdprof.io.runlock import HOLDER_NAME
-from dsdprof.formats.schema import COLUMN_NAMES, MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
+from dsdprof.formats.measurements import COLUMN_NAMES
+from dsdprof.formats.versions import MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
 from dsdprof.io.store import ATTEMPTS_DIR, SWEEP_META, SweepWriter
 from dsdprof.measure.runner import measurement_row
 

@@ -13,11 +13,10 @@ from dsdprof.decide.analysis import analyze
 from dsdprof.cli.app import app
 from dsdprof.errors import InputError
 from dsdprof.runtime import KSelector
-from dsdprof.formats.schema import TABLE_SCHEMA_V2, TableError, validate_table
-from dsdprof.export.table import (
-    LAST_RANGE_END, build_table, check_vllm_config, k_for_batch_size, load_table, ranges_from_points,
-    vllm_speculative_config, write_json_atomic,
-)
+from dsdprof.formats.ktable import TableError, validate_table
+from dsdprof.formats.versions import TABLE_SCHEMA_V2
+from dsdprof.export.table import build_table, check_vllm_config, load_table, vllm_speculative_config, write_json_atomic
+from dsdprof.formats.ktable import LAST_RANGE_END, k_for_batch_size, ranges_from_points
 
 runner = CliRunner()
 

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 from dsdprof.cli.app import app
 from dsdprof.errors import InputError
 from dsdprof.runtime import KSelector
-from dsdprof.formats.schema import TableError
-from dsdprof.export.table import LAST_RANGE_END, ranges_from_points
+from dsdprof.formats.ktable import TableError
+from dsdprof.formats.ktable import LAST_RANGE_END, ranges_from_points
 from dsdprof.export.trtllm import (
     check_trtllm_config, check_trtllm_schedule, trtllm_draft_len, trtllm_draft_len_schedule,
     trtllm_speculative_config,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dsdprof.errors import InputError
-from dsdprof.plans.validate import (
+from dsdprof.jobs.validate import (
     dsd_llm_kwargs, plan_validation, table_warnings, worker_key,
 )
 from dsdprof.config.spec import parse_spec

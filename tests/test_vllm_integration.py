@@ -12,7 +12,8 @@ from dsdprof.measure.vllm.engine import EngineWorker, VllmEngine  # noqa: E402
 from dsdprof.measure.vllm.worker import CellRequest, WorkerConfig  # noqa: E402
 from dsdprof.config.spec import parse_spec  # noqa: E402
 from dsdprof.measure.runner import run_sweep  # noqa: E402
-from dsdprof.export.table import k_for_batch_size, vllm_speculative_config  # noqa: E402
+from dsdprof.export.table import vllm_speculative_config  # noqa: E402
+from dsdprof.formats.ktable import k_for_batch_size  # noqa: E402
 from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -80,7 +81,7 @@ def test_toy_pair_optimal_k_falls_with_batch_size(toy, tmp_path):
 
 
 def test_exported_schedule_drives_real_vllm(toy, tmp_path):
-    from dsdprof.export.table import ranges_from_points
+    from dsdprof.formats.ktable import ranges_from_points
 
     table = {"schema": "dsdprof.ktable/v1", "num_speculative_tokens": 3,
              "ranges": ranges_from_points([(1, 3), (2, 1), (4, 2)]),

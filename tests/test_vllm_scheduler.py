@@ -10,8 +10,8 @@ pytest.importorskip("vllm")
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
-from dsdprof.measure.vllm import scheduler as vs  # noqa: E402
-from dsdprof.measure.vllm.names import SCHEDULER_QUALNAME  # noqa: E402
+from dsdprof.plugins import vllm_profiling as vs  # noqa: E402
+from dsdprof.plugins.names import SCHEDULER_QUALNAME  # noqa: E402
 
 
 def test_class_follows_resolved_async_scheduling():

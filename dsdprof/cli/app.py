@@ -62,7 +62,7 @@ def sweep(
 
     spec = load_spec(spec_path)
     if budget is not None:
-        from dsdprof.plans.budget import parse_budget, run_budgeted_sweep
+        from dsdprof.jobs.budget import parse_budget, run_budgeted_sweep
 
         parsed_budget = parse_budget(budget)  # bad --budget fails here, before any output
     notices: list[str] = []
@@ -173,11 +173,8 @@ def export(
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
-    from dsdprof.formats.schema import validate_table
-    from dsdprof.export.table import (
-        build_table, check_output_path, check_vllm_config, load_table, vllm_speculative_config,
-        write_json_atomic,
-    )
+    from dsdprof.formats.ktable import validate_table
+    from dsdprof.export.table import build_table, check_output_path, check_vllm_config, load_table, vllm_speculative_config, write_json_atomic
     from dsdprof.export.trtllm import check_trtllm_config, trtllm_speculative_config
 
     if fmt not in _EXPORT_FORMATS:
@@ -187,7 +184,8 @@ def export(
     if source.suffix == ".json" and source.is_file():
         table = load_table(source)
     else:
-        from dsdprof.decide.analysis import analyze_path, read_measurements
+        from dsdprof.decide.analysis import analyze_path
+        from dsdprof.io.readers import read_measurements
 
         result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
         _warn_below_baseline(result.optimal)

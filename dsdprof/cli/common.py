@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dsdprof.errors import InputError
-from dsdprof.formats.schema import TableError
+from dsdprof.formats.ktable import TableError
 
 F = TypeVar("F", bound=Callable)
 EXIT_BAD_INPUT = 2

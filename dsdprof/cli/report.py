@@ -28,7 +28,7 @@ def render_comparison(comparison, title: str = "") -> Table:
     when it differs (requests of a wave finish at different steps, so a wave's tail runs at a
     smaller batch size and may get another K). With adaptive rows: the adaptive plugin's speed,
     the mean K it drafted and its regret. Regrets carry their interval where the data allow."""
-    from dsdprof.decide.bootstrap import DEFAULT_CONFIDENCE
+    from dsdprof.config.defaults import DEFAULT_CONFIDENCE
     from dsdprof.report.compare import fixed_k_columns
 
     ks = fixed_k_columns(comparison)
@@ -84,7 +84,7 @@ def _check_report_options(fail_on_regret: Optional[float], noise: float) -> None
 
 def report(results: Path, noise: float, fail_on_regret: Optional[float], title: str) -> None:
     """Print the comparison of a validate run; ``typer.Exit(1)`` when regret exceeds the limit."""
-    from dsdprof.decide.analysis import read_measurements
+    from dsdprof.io.readers import read_measurements
     from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
 
     comparison = compare(read_measurements(results), noise_floor=noise)
@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from dsdprof.plans.validate import run_validation, table_warnings
+        from dsdprof.jobs.validate import run_validation, table_warnings
         from dsdprof.config.spec import load_spec
         from dsdprof.export.table import load_table
 
@@ -204,7 +204,7 @@ def register(app: typer.Typer) -> None:
         noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag."),
     ) -> None:
         """Print the vanilla / fixed K / DSD comparison of a finished validate run (no vLLM)."""
-        from dsdprof.decide.analysis import read_provenance
+        from dsdprof.io.readers import read_provenance
 
         _check_report_options(fail_on_regret, noise)
         report(results, noise, fail_on_regret, _title(read_provenance(results)))

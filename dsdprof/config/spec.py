@@ -12,6 +12,7 @@ from pydantic import (
 )
 
 from dsdprof.errors import InputError
+from dsdprof.formats.ktable import LAST_RANGE_END
 
 # vLLM speculative methods dsdprof knows; anything vLLM accepts may be passed, these are the ones
 # that need (or do not need) a draft model.
@@ -75,7 +76,7 @@ class EngineSpec(_Strict):
 
 # Bounds that keep every counter of a cell (requests, tokens, drafts) inside int64 and a sweep
 # plannable in memory. The largest batch size is the open end of a K table (dsdprof.export.table).
-MAX_BATCH_SIZE = 1 << 20
+MAX_BATCH_SIZE = LAST_RANGE_END  # the largest batch size a sweep may measure
 MAX_WAVES = 10**6
 MAX_OUTPUT_LEN = 1 << 20
 MAX_REPEATS = 10**4

@@ -1,7 +1,7 @@
 """Decisions with known confidence: bootstrap intervals, the K rule, the curve's shape.
 
 Pure functions over numpy arrays and DataFrames (no I/O). :func:`dsdprof.decide.analysis.analyze` calls
-them; :mod:`dsdprof.plans.budget` uses them to decide where more waves are worth it.
+them; :mod:`dsdprof.jobs.budget` uses them to decide where more waves are worth it.
 
 **Samples.** A candidate cell (one batch size, one K) has one row per repeat. A row's wave samples
 are its ``sample_acceptance_length`` / ``sample_itl_s`` lists (schema v2: one value per measured
@@ -56,11 +56,9 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED  # noqa: F401 - re-exported
 from dsdprof.errors import InputError
 
-DEFAULT_CONFIDENCE = 0.9
-DEFAULT_REPLICATES = 2000
-DEFAULT_SEED = 0
 SAMPLE_COLUMNS = ("sample_acceptance_length", "sample_itl_s")
 
 SHAPE_MOE, SHAPE_DENSE, SHAPE_FLAT = "moe-like", "dense-like", "flat"

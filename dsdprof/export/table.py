@@ -27,47 +27,11 @@ from typing import Any, Callable
 
 from dsdprof import __version__
 from dsdprof.errors import InputError
-from dsdprof.formats.schema import (
-    TABLE_SCHEMA, TableError, read_table_file, validate_num_speculative_tokens, validate_ranges,
-    validate_table,
-)
+from dsdprof.formats.ktable import INTERPOLATION, ranges_from_points, TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
+from dsdprof.formats.versions import TABLE_SCHEMA
 
-LAST_RANGE_END = 1 << 20
-INTERPOLATION = "nearest-log"
 # Optional per-point columns of Analysis.optimal copied into the table when present.
 OPTIONAL_POINT_FIELDS = ("decided", "runner_up", "margin", "ci_low", "ci_high")
-
-
-def ranges_from_points(points: list[tuple[int, int]], last_end: int = LAST_RANGE_END) -> list[list[int]]:
-    """``[(batch_size, k), ...]`` (any order) -> merged inclusive ``[[start, end, k], ...]``."""
-    if not points:
-        raise InputError("points", [], "need at least one profiled batch size")
-    pts = sorted(points)
-    sizes = [b for b, _ in pts]
-    if len(set(sizes)) != len(sizes):
-        raise InputError("batch_size", sizes, "duplicate profiled batch sizes")
-    ranges: list[list[int]] = []
-    start = 1
-    for i, (b, k) in enumerate(pts):
-        if i + 1 < len(pts):
-            end = math.isqrt(b * pts[i + 1][0])  # largest e with e*e <= b_i*b_{i+1}
-        else:
-            end = max(last_end, b)
-        if ranges and ranges[-1][2] == k:
-            ranges[-1][1] = end
-        else:
-            ranges.append([start, end, k])
-        start = end + 1
-    return ranges
-
-
-def k_for_batch_size(ranges: list[list[int]], batch_size: int) -> int:
-    """Reference (slow) lookup: the K a table gives at ``batch_size`` (carry-forward past the end)."""
-    k = ranges[0][2]
-    for start, end, kk in ranges:
-        if batch_size >= start:
-            k = kk
-    return k
 
 
 # ----------------------------------------------------------------------------- building
@@ -273,7 +237,7 @@ def write_json_atomic(path: str | Path, doc: Any, force: bool = False,
                       check: Callable[[Any], Any] | None = None) -> Path:
     """Write JSON through a temp file in the target directory, fsync, check, rename.
 
-    ``check`` (e.g. :func:`dsdprof.formats.schema.validate_table`) runs on the document *as read back
+    ``check`` (e.g. :func:`dsdprof.formats.ktable.validate_table`) runs on the document *as read back
     from the temp file*, before the rename: what lands at ``path`` is always complete and valid.
     Refuses to replace an existing file unless ``force``. Every failure (parent is a file, no
     permission, disk full, invalid document) is an :class:`InputError` naming ``output``, and

@@ -29,10 +29,8 @@ from bisect import bisect_left
 from typing import Any
 
 from dsdprof.errors import InputError
-from dsdprof.formats.schema import (
-    MAX_BATCH_SIZE, MAX_K, TableError, validate_num_speculative_tokens, validate_ranges, validate_table,
-)
-from dsdprof.export.table import LAST_RANGE_END
+from dsdprof.formats.ktable import MAX_BATCH_SIZE, MAX_K, TableError, validate_num_speculative_tokens, validate_ranges, validate_table
+from dsdprof.formats.ktable import LAST_RANGE_END
 
 # vLLM / dsdprof method name -> TensorRT-LLM speculative config ``decoding_type``.
 DECODING_TYPES = {"eagle3": "Eagle3", "eagle": "Eagle", "mtp": "MTP", "ngram": "NGram",

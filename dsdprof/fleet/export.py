@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dsdprof.errors import InputError
+from dsdprof.formats.versions import FLEET_INDEX_SCHEMA
 from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore
 
-INDEX_SCHEMA = "dsdprof.fleet-index/v1"
+INDEX_SCHEMA = FLEET_INDEX_SCHEMA
 INDEX_NAME = "index.json"
 KEY_FIELDS = ("model", "draft_model", "method", "hardware", "tensor_parallel_size")
 

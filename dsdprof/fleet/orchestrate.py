@@ -20,11 +20,12 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
 from dsdprof.errors import InputError
+from dsdprof.formats.versions import FLEET_RUN_RECORD_SCHEMA
 from dsdprof.fleet.plan import FleetPlan, FleetSettings, RunPlan, asks_gpus, shard_batch_sizes, shard_spec, spans_nodes
 from dsdprof.fleet.runner import ShardResult, ShardTask, execute_shard
 from dsdprof.fleet.store import FLEET_DIR, FleetStore, run_record_rel, shard_rel
 
-RUN_RECORD_SCHEMA = "dsdprof.fleet-run/v1"
+RUN_RECORD_SCHEMA = FLEET_RUN_RECORD_SCHEMA
 FLEET_LOCK = f"{FLEET_DIR}/fleet.lock"
 STATE_RUNNING, STATE_DONE, STATE_INCOMPLETE = "running", "done", "incomplete"
 

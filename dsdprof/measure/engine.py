@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from dsdprof.formats.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA
+from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA
 
 
 @dataclass(frozen=True, order=True)

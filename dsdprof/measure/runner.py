@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Engine, plan_cells
-from dsdprof.formats.schema import MODE_DSD, STATUS_FAILED, STATUS_OK, empty_row
+from dsdprof.formats.measurements import MODE_DSD, STATUS_FAILED, STATUS_OK, empty_row
 from dsdprof.config.spec import SweepSpec
 from dsdprof.io.store import SweepWriter, provenance_dict, utc_now
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from vllm.logger import init_logger
 
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
-from dsdprof.measure.vllm.scheduler import (
+from dsdprof.plugins.vllm_profiling import (
     TracingAsyncScheduler, TracingScheduler, build_for_config, class_for_config,
 )
 

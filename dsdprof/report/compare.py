@@ -1,6 +1,6 @@
 """Compare vanilla, fixed-K, DSD and adaptive serving per batch size: pure functions over a DataFrame.
 
-Input: measurement rows (the :mod:`dsdprof.formats.schema` columns) of a ``dsdprof validate`` run, with
+Input: measurement rows (the :mod:`dsdprof.formats.measurements` columns) of a ``dsdprof validate`` run, with
 ``mode`` = ``vanilla`` | ``fixed`` | ``dsd`` | ``adaptive`` (optional), ``batch_size``,
 ``num_spec_tokens`` (the fixed K, the table's K at that batch size for ``dsd``, the engine's largest
 K for ``adaptive``) and a per-user speed: ``tokens_per_s_per_user``
@@ -37,9 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dsdprof.decide.bootstrap import DEFAULT_CONFIDENCE, bootstrap_batch, check_confidence, interval, row_samples
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE
+from dsdprof.decide.bootstrap import bootstrap_batch, check_confidence, interval, row_samples
 from dsdprof.errors import InputError
-from dsdprof.formats.schema import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, MODES, STATUS_OK
+from dsdprof.formats.measurements import MODES, MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 
 DEFAULT_NOISE_FLOOR = 0.05
 K0_NOTE = "K=0 range still runs the drafter (vLLM issue 49548): serve it without speculation"

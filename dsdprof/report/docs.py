@@ -9,8 +9,8 @@ import sys
 
 
 def columns_markdown() -> str:
-    """Markdown table of :data:`dsdprof.formats.schema.MEASUREMENT_COLUMNS` (name, type, meaning)."""
-    from dsdprof.formats.schema import MEASUREMENT_COLUMNS
+    """Markdown table of :data:`dsdprof.formats.measurements.MEASUREMENT_COLUMNS` (name, type, meaning)."""
+    from dsdprof.formats.measurements import MEASUREMENT_COLUMNS
 
     lines = ["| column | type | meaning |", "|---|---|---|"]
     for c in MEASUREMENT_COLUMNS:

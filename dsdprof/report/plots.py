@@ -102,7 +102,7 @@ def _log2_bs_axis(ax, batch_sizes) -> None:
 
 def optimal_k_figure(analysis, table_ranges: list[list[int]] | None = None):
     """Goodput-optimal K per profiled batch size, the served table's K between them, speedups."""
-    from dsdprof.export.table import k_for_batch_size, ranges_from_points
+    from dsdprof.formats.ktable import k_for_batch_size, ranges_from_points
 
     opt = analysis.optimal
     bs = opt["batch_size"].astype(int).tolist()
@@ -275,8 +275,9 @@ def acceptance_figure(df: pd.DataFrame, provenance: dict[str, Any] | None = None
 def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = 0.02,
                  force: bool = False) -> list[Path]:
     """Write every figure that ``results`` supports into ``out_dir``; return the paths."""
-    from dsdprof.decide.analysis import analyze, read_measurements, read_provenance, validate_measurements
-    from dsdprof.plans.validate import is_validate_run
+    from dsdprof.decide.analysis import analyze
+    from dsdprof.io.readers import read_measurements, read_provenance, validate_measurements
+    from dsdprof.jobs.validate import is_validate_run
 
     require_matplotlib()
     df = read_measurements(results)

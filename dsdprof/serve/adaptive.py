@@ -60,11 +60,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from dsdprof.serve.runtime import build_lookup, lookup_list
-from dsdprof.formats.schema import (
-    TABLE_SCHEMA_V2, TableError, read_table_file, validate_num_speculative_tokens,
-    validate_ranges, validate_table,
-)
-from dsdprof.export.table import ranges_from_points
+from dsdprof.formats.ktable import TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
+from dsdprof.formats.versions import TABLE_SCHEMA_V2
+from dsdprof.formats.ktable import ranges_from_points
 
 __all__ = ["AdaptiveKSelector"]
 

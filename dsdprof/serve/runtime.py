@@ -26,9 +26,7 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any, Sequence
 
-from dsdprof.formats.schema import (
-    TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table,
-)
+from dsdprof.formats.ktable import TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
 
 __all__ = ["DENSE_CAP", "KSelector", "TableError", "build_lookup"]
 

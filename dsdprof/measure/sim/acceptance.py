@@ -68,7 +68,7 @@ def from_measurements(path: str | Path, field: str = "sim.acceptance_from") -> n
 
     Positions are averaged over the rows that drafted them (a K=3 row informs positions 1..3).
     """
-    from dsdprof.decide.analysis import load_measurements  # pandas: imported only here
+    from dsdprof.io.readers import load_measurements  # pandas: imported only here
 
     p = Path(path).expanduser()
     if not p.exists():

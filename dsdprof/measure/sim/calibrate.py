@@ -15,7 +15,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from dsdprof.errors import InputError
 from dsdprof.measure.sim.catalog import ModelArch
 from dsdprof.measure.sim.hardware import Efficiency, Hardware
 from dsdprof.measure.sim.model import NO_DRAFT, HwArrays, arch_features, resolve_dtype, step_parts
@@ -86,58 +85,6 @@ def _speculative(df: Any) -> np.ndarray:
 
 def design_for(ct: CalibrationTarget, df: Any) -> Design:
     return design(ct, df["batch_size"].to_numpy(), df["num_spec_tokens"].to_numpy(), _speculative(df))
-
-
-@dataclass(frozen=True)
-class HoldoutReport:
-    """Fit on ``fit_batch_sizes``, predict ``heldout_batch_sizes``."""
-
-    fit_batch_sizes: list[int]
-    heldout_batch_sizes: list[int]
-    efficiency: Efficiency
-    fit_mape: float
-    heldout_mape: float
-    k_match_share: float  # predicted optimal K == measured optimal K, AL per K taken from the fit half
-    k_match_share_measured_al: float  # same with each held-out cell's own measured AL
-    per_batch: list[dict[str, Any]]
-
-
-def _optimal_k(df: Any, tolerance: float) -> dict[int, int]:
-    from dsdprof.decide.analysis import analyze
-
-    opt = analyze(df, tolerance=tolerance).optimal
-    return dict(zip(opt["batch_size"].astype(int), opt["k"].astype(int)))
-
-
-def holdout(ct: CalibrationTarget, df: Any, tolerance: float = 0.02) -> HoldoutReport:
-    """Fit on every other batch size (1st, 3rd, ...), predict the rest: ITL MAPE on held-out cells
-    and the share of held-out batch sizes whose optimal K (``dsdprof.decide.analysis.analyze``) matches."""
-    sizes = sorted(int(b) for b in df["batch_size"].unique())
-    if len(sizes) < 2:
-        raise InputError("batch_size", sizes, "need at least 2 batch sizes to hold some out")
-    fit_bs, held_bs = sizes[0::2], sizes[1::2]
-    fit_df = df[df["batch_size"].isin(fit_bs)]
-    held = df[df["batch_size"].isin(held_bs)].copy()
-    eff = fit_efficiency(design_for(ct, fit_df), fit_df["itl_s"].to_numpy(), ct.hardware.efficiency)
-    fit_pred = predict(design_for(ct, fit_df), eff)
-    held_pred = predict(design_for(ct, held), eff)
-    # AL is a property of draft and data, not of batch size: take the fit half's median per K
-    key = held["num_spec_tokens"].astype(str) + "/" + (held["mode"].astype(str) if "mode" in held else "")
-    fit_key = fit_df["num_spec_tokens"].astype(str) + "/" + (fit_df["mode"].astype(str) if "mode" in fit_df else "")
-    al_by_key = fit_df.groupby(fit_key)["acceptance_length"].median()
-    measured_k = _optimal_k(held, tolerance)
-    pred_own = held.assign(itl_s=held_pred)
-    pred_fit = pred_own.assign(acceptance_length=key.map(al_by_key).fillna(held["acceptance_length"]).to_numpy())
-    k_own, k_fit = _optimal_k(pred_own, tolerance), _optimal_k(pred_fit, tolerance)
-    per_batch = []
-    for b in held_bs:
-        rows = held["batch_size"] == b
-        per_batch.append({"batch_size": b, "measured_k": measured_k.get(b), "predicted_k": k_fit.get(b),
-                          "predicted_k_measured_al": k_own.get(b),
-                          "itl_mape": mape(held_pred[rows.to_numpy()], held.loc[rows, "itl_s"].to_numpy())})
-    share = lambda ks: float(np.mean([ks.get(b) == measured_k.get(b) for b in held_bs]))  # noqa: E731
-    return HoldoutReport(fit_bs, held_bs, eff, mape(fit_pred, fit_df["itl_s"].to_numpy()),
-                         mape(held_pred, held["itl_s"].to_numpy()), share(k_fit), share(k_own), per_batch)
 
 
 def read_sweep_context(path: str | Path) -> Optional[int]:

@@ -21,12 +21,12 @@ import numpy as np
 
 from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance
-from dsdprof.formats.schema import MODE_DSD, MODE_VANILLA
+from dsdprof.formats.measurements import MODE_DSD, MODE_VANILLA
+from dsdprof.formats.versions import SIM_MODEL_VERSION
 from dsdprof.measure.sim.acceptance import acceptance_length
 from dsdprof.measure.sim.config import SimSetup, resolve
 from dsdprof.measure.sim.model import MEMORY_UTILIZATION, NO_DRAFT, HwArrays, arch_features, memory_bytes, step_time
 
-SIM_MODEL_VERSION = "sim-step-model/2"  # 2: small-M GEMM tiles, quantization_config storage
 
 
 class SimEngine:

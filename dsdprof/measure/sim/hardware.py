@@ -25,8 +25,9 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dsdprof.errors import InputError
+from dsdprof.formats.versions import HWPROFILE_SCHEMA
 
-PROFILE_SCHEMA = "dsdprof.hwprofile/v1"
+PROFILE_SCHEMA = HWPROFILE_SCHEMA
 
 
 @dataclass(frozen=True)

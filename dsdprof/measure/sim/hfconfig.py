@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dsdprof.errors import InputError
-from dsdprof.measure.sim.catalog import MLA, ModelArch
+from dsdprof.measure.sim.arch import MLA, ModelArch
 from dsdprof.measure.sim.quant import parse_quantization
 
 MAX_INT = 2**31  # larger than any real dimension; keeps byte counts finite

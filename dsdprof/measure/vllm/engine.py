@@ -2,7 +2,7 @@
 
 * ``dsd`` mode (default): one engine started in vLLM's dynamic-SD mode with
   ``num_speculative_tokens = max K`` and a ``num_speculative_tokens_per_batch_size`` schedule;
-  dsdprof's scheduler (:mod:`dsdprof.measure.vllm.scheduler`) runs every wave at the K its
+  dsdprof's scheduler (:mod:`dsdprof.plugins.vllm_profiling`) runs every wave at the K its
   requests carry. K=0 in this mode is its own row (it can still pay drafter overhead).
 * ``vanilla`` cells run on a second engine with no speculative config: the baseline.
 * ``fixed`` mode (``dsd_mode = "fixed"``, or ``auto`` when vLLM rejects the DSD schedule itself):
@@ -26,7 +26,7 @@ from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance
 from dsdprof.measure.vllm.worker import CellRequest, WorkerConfig, detect_hardware, worker_main
 from dsdprof.errors import InputError
-from dsdprof.formats.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA
+from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default, shared out between concurrent engines
 # Words in vLLM's errors when it rejects a dynamic-SD schedule (and only then may auto fall back).
@@ -263,7 +263,7 @@ class VllmEngine:
     # ------------------------------------------------------------------ configuration
     def base_kwargs(self) -> dict[str, Any]:
         """vllm.LLM kwargs every engine of this spec shares (dsdprof's scheduler included)."""
-        from dsdprof.measure.vllm.names import SCHEDULER_QUALNAME
+        from dsdprof.plugins.names import SCHEDULER_QUALNAME
 
         e, sweep = self.spec.engine, self.spec.sweep
         kwargs: dict[str, Any] = {

@@ -1,6 +1,6 @@
 """The step trace: what vLLM's engine core did in each step of a cell, and the cell's numbers from it.
 
-dsdprof's scheduler subclass (:mod:`dsdprof.measure.vllm.scheduler`) runs inside vLLM's engine
+dsdprof's scheduler subclass (:mod:`dsdprof.plugins.vllm_profiling`) runs inside vLLM's engine
 core and appends one record per engine step to the cell's trace file (JSON lines, one list of
 records per wave). A record (:class:`Step`) says which wave the step belonged to, when the step
 ended, how many of the wave's requests it ran and how many of them were decoding (no prefill
@@ -35,9 +35,6 @@ from pathlib import Path
 from typing import Iterable
 
 # Keys of the request's SamplingParams.extra_args the scheduler understands.
-GATE_ARG = "dsdprof_wave_size"  # hold scheduling until this many requests of the wave are queued
-TRACE_ARG = "dsdprof_trace"  # path of the trace file (JSON lines) for this request's cell
-WAVE_ARG = "dsdprof_wave"  # wave index within the cell (< 0: warm-up, not summarised)
 
 K_TOLERANCE = 0.02  # drafted tokens per draft may differ from the row's K by at most this (relative)
 

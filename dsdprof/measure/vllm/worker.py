@@ -70,9 +70,10 @@ def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int
 
     from vllm import SamplingParams
 
-    from dsdprof.measure.vllm.trace import GATE_ARG, TRACE_ARG, WAVE_ARG, read_trace, summarize
+    from dsdprof.measure.vllm.trace import read_trace, summarize
+    from dsdprof.plugins.names import GATE_ARG, TRACE_ARG, WAVE_ARG
     from dsdprof.measure.vllm.metrics import RequestTiming, build_measurement, snapshot_from_metrics
-    from dsdprof.measure.vllm.names import K_EXTRA_ARG
+    from dsdprof.plugins.names import K_EXTRA_ARG
     from dsdprof.measure.workload import wave_indices
 
     trace_path = req.trace_path

@@ -27,8 +27,8 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from dsdprof.measure.vllm.trace import GATE_ARG, TRACE_ARG, WAVE_ARG
-from dsdprof.measure.vllm.names import K_EXTRA_ARG
+from dsdprof.plugins.names import GATE_ARG, TRACE_ARG, WAVE_ARG
+from dsdprof.plugins.names import K_EXTRA_ARG
 
 
 def _extra(request) -> dict[str, Any]:

@@ -1,127 +1,16 @@
-"""The one place that owns dsdprof's on-disk formats and their versions.
-
-* Measurement rows (Parquet): :data:`MEASUREMENT_COLUMNS`, version :data:`MEASUREMENT_SCHEMA_VERSION`.
-  Every Parquet file written by dsdprof carries the version and the run's provenance in its
-  key-value metadata under :data:`PARQUET_METADATA_KEY`.
-* The K table (JSON): :data:`TABLE_SCHEMA` (v2; v1 still loads), :func:`validate_table` and
-  :func:`read_table_file` -- the one validator behind ``show``, ``export``, ``validate`` and
-  ``dsdprof.serve.runtime``.
-
-This module is stdlib-only at import time so that ``dsdprof.serve.runtime`` stays free of pandas,
-pyarrow, torch and vllm; :func:`arrow_schema` imports pyarrow lazily.
+"""The K table (JSON, ``dsdprof.ktable/v1`` and ``/v2``): its validator, the range semantics
+(:func:`ranges_from_points`, :func:`k_for_batch_size`) and its limits -- the one home behind
+``show``, ``export``, ``validate`` and ``dsdprof.serve``. Stdlib only.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
-MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v2"
-# Every measurement version this dsdprof reads (v2 added columns; v1 files lack them).
-READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2")
-PARQUET_METADATA_KEY = b"dsdprof"
-TABLE_SCHEMA = "dsdprof.ktable/v2"  # the K-table version dsdprof writes (v1 still loads)
+from dsdprof.errors import InputError
+from dsdprof.formats.versions import TABLE_SCHEMA_V1, TABLE_SCHEMA_V2, TABLE_SCHEMAS  # noqa: F401 - re-exported
 
-# Values of the ``mode`` column.
-MODE_VANILLA = "vanilla"  # engine started without any speculative config (the baseline)
-MODE_DSD = "dsd"  # one engine in vLLM's dynamic-SD mode, K switched per wave
-MODE_FIXED = "fixed"  # one engine per K (fallback for methods that cannot run in DSD mode)
-MODE_ADAPTIVE = "adaptive"  # validate only: the table served by dsdprof's adaptive vLLM scheduler
-MODES = (MODE_VANILLA, MODE_DSD, MODE_FIXED, MODE_ADAPTIVE)
-
-STATUS_OK = "ok"
-STATUS_FAILED = "failed"
-
-# The four columns any Parquet handed to ``analyze``/``export`` must have.
-CONTRACT_COLUMNS = ("batch_size", "num_spec_tokens", "acceptance_length", "itl_s")
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    arrow_type: str  # "int64" | "float64" | "string" | "bool" | "list<float64>"
-    doc: str
-
-
-MEASUREMENT_COLUMNS: tuple[Column, ...] = (
-    Column("cell_id", "string", "stable id of the grid cell: '<mode>-bs<B>-k<K>-r<repeat>'"),
-    Column("mode", "string", "vanilla | dsd | fixed | adaptive (how the engine ran this cell; adaptive: validate only)"),
-    Column("batch_size", "int64", "concurrent requests per wave (held exactly)"),
-    Column("num_spec_tokens", "int64", "K, draft tokens proposed per step (0 = no speculation)"),
-    Column("repeat", "int64", "repeat index of this cell within the sweep"),
-    Column("status", "string", "ok | failed"),
-    Column("error", "string", "error message for failed cells, empty otherwise"),
-    Column("acceptance_length", "float64",
-           "tokens DELIVERED per request per steady-state step (after trimming at max_tokens/EOS)"),
-    Column("acceptance_per_pos", "list<float64>", "acceptance rate of draft position 1..K (steady steps)"),
-    Column("num_drafts", "int64", "request-steps with a draft, over the steady-state steps"),
-    Column("num_draft_tokens", "int64", "draft tokens scheduled in the steady-state steps"),
-    Column("num_accepted_tokens", "int64", "draft tokens accepted in the steady-state steps (before trimming)"),
-    Column("itl_s", "float64", "mean seconds per steady-state engine step (schedule+draft+verify)"),
-    Column("itl_p50_s", "float64", "median steady-state step"),
-    Column("itl_p90_s", "float64", "90th percentile steady-state step"),
-    Column("itl_p99_s", "float64", "99th percentile steady-state step"),
-    Column("tpot_s", "float64", "request-seconds per delivered token over the steady-state steps"),
-    Column("tpot_p50_s", "float64", "median over requests of their steady-state TPOT"),
-    Column("tpot_p90_s", "float64", "90th percentile of the requests' steady-state TPOT"),
-    Column("tpot_p99_s", "float64", "99th percentile of the requests' steady-state TPOT"),
-    Column("tokens_per_s_per_user", "float64", "delivered tokens/s seen by one request (1/tpot_s)"),
-    Column("tokens_per_s_total", "float64", "delivered tokens/s of the whole engine over the measured waves"),
-    Column("goodput_check", "float64", "(acceptance_length/itl_s) * tpot_s; 1 when the window is steady"),
-    Column("consistent", "bool", "goodput_check within consistency_tolerance of 1"),
-    Column("num_requests", "int64", "measured requests (waves x batch_size)"),
-    Column("num_output_tokens", "int64", "delivered output tokens of the measured requests"),
-    Column("wall_s", "float64", "wall-clock seconds of the measured waves"),
-    Column("drafted_per_draft", "float64", "draft tokens per draft in the steady steps: the K actually run"),
-    Column("steady_steps", "int64", "steps with exactly batch_size requests decoding at the row's K"),
-    Column("excluded_steps", "int64", "steps of the measured waves that were not steady (prefill, tails)"),
-    Column("sample_acceptance_length", "list<float64>", "acceptance_length of each measured wave"),
-    Column("sample_itl_s", "list<float64>", "itl_s of each measured wave"),
-    Column("vllm_acceptance_length", "float64", "cross-check: 1 + accepted/drafts from vLLM's counters (untrimmed)"),
-    Column("vllm_itl_s", "float64", "cross-check: mean of vLLM's ITL histogram over the measured waves"),
-    Column("vllm_tpot_s", "float64", "cross-check: mean TPOT from vLLM's request timestamps"),
-    Column("engine", "string", "vllm | sim (sim rows are predictions)"),
-    Column("engine_version", "string", "engine library version"),
-    Column("model", "string", "target model"),
-    Column("draft_model", "string", "draft model (empty for ngram/suffix)"),
-    Column("method", "string", "speculative method"),
-    Column("hardware", "string", "GPU name or CPU model"),
-    Column("dtype", "string", "weights/activations dtype"),
-    Column("dataset", "string", "workload dataset"),
-    Column("seed", "int64", "workload seed"),
-    Column("dsdprof_version", "string", "dsdprof version that wrote the row"),
-    Column("created_at", "string", "UTC ISO-8601 time the cell finished"),
-)
-
-COLUMN_NAMES = tuple(c.name for c in MEASUREMENT_COLUMNS)
-PROVENANCE_FIELDS = (
-    "engine", "engine_version", "model", "draft_model", "method", "hardware", "dtype",
-    "dataset", "seed", "dsdprof_version",
-)
-
-
-def arrow_schema():  # -> pyarrow.Schema
-    """The pyarrow schema of a measurement file (pyarrow imported lazily)."""
-    import pyarrow as pa
-
-    types = {
-        "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "bool": pa.bool_(),
-        "list<float64>": pa.list_(pa.float64()),
-    }
-    return pa.schema([pa.field(c.name, types[c.arrow_type]) for c in MEASUREMENT_COLUMNS])
-
-
-def empty_row() -> dict[str, Any]:
-    """A row with every column present and null-ish defaults."""
-    row: dict[str, Any] = {}
-    for c in MEASUREMENT_COLUMNS:
-        row[c.name] = {"string": "", "list<float64>": []}.get(c.arrow_type)
-    return row
-
-
-# --------------------------------------------------------------------------- table JSON
-#
 # dsdprof.ktable/v1: ``ranges`` (what is served), optional ``num_speculative_tokens`` (a cap on K,
 #   as in vLLM), ``points`` (the profiled optimum per batch size), ``provenance`` and descriptive keys.
 # dsdprof.ktable/v2: v1 plus ``cells`` -- the measured step time and acceptance length of every
@@ -129,13 +18,14 @@ def empty_row() -> dict[str, Any]:
 #   p_i (accepted at position i / drafts), so K can be re-derived for another acceptance
 #   (:mod:`dsdprof.serve.adaptive`) without re-profiling. Both versions load everywhere.
 
-TABLE_SCHEMA_V1 = "dsdprof.ktable/v1"
-TABLE_SCHEMA_V2 = "dsdprof.ktable/v2"
-TABLE_SCHEMAS = (TABLE_SCHEMA_V1, TABLE_SCHEMA_V2)
 # Largest K a table may hold: vLLM's rejection sampler asserts max_spec_len <= MAX_SPEC_LEN = 128
 # (vllm/v1/sample/rejection_sampler.py); no engine verifies longer drafts.
 MAX_K = 128
-MAX_BATCH_SIZE = 2**63 - 1  # int64, the type of batch_size in measurement files
+MAX_BATCH_SIZE = 2**63 - 1  # int64, the type of batch_size in measurement files: the largest a table may name
+# Where ranges_from_points ends a table's last range (vLLM carries the last K forward anyway), and
+# the largest batch size a sweep may measure (config.spec).
+LAST_RANGE_END = 1 << 20
+INTERPOLATION = "nearest-log"  # between profiled batch sizes: the nearest on a log scale
 MAX_TABLE_BYTES = 64 << 20  # a table with a million ranges is ~30 MB
 _AL_SLACK = 1e-6
 
@@ -331,3 +221,37 @@ def read_table_file(path: Any) -> dict[str, Any]:
     except (ValueError, RecursionError) as err:
         raise TableError(f"{where}: not valid JSON ({_short(str(err), 120)})") from None
     return validate_table(doc)
+
+
+# --------------------------------------------------------------------------- range semantics
+
+def ranges_from_points(points: list[tuple[int, int]], last_end: int = LAST_RANGE_END) -> list[list[int]]:
+    """``[(batch_size, k), ...]`` (any order) -> merged inclusive ``[[start, end, k], ...]``."""
+    if not points:
+        raise InputError("points", [], "need at least one profiled batch size")
+    pts = sorted(points)
+    sizes = [b for b, _ in pts]
+    if len(set(sizes)) != len(sizes):
+        raise InputError("batch_size", sizes, "duplicate profiled batch sizes")
+    ranges: list[list[int]] = []
+    start = 1
+    for i, (b, k) in enumerate(pts):
+        if i + 1 < len(pts):
+            end = math.isqrt(b * pts[i + 1][0])  # largest e with e*e <= b_i*b_{i+1}
+        else:
+            end = max(last_end, b)
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = end
+        else:
+            ranges.append([start, end, k])
+        start = end + 1
+    return ranges
+
+
+def k_for_batch_size(ranges: list[list[int]], batch_size: int) -> int:
+    """Reference (slow) lookup: the K a table gives at ``batch_size`` (carry-forward past the end)."""
+    k = ranges[0][2]
+    for start, end, kk in ranges:
+        if batch_size >= start:
+            k = kk
+    return k

@@ -36,10 +36,11 @@ from typing import Any, Callable
 from dsdprof.measure.engine import Cell, Provenance
 from dsdprof.measure.vllm.engine import VllmEngine
 from dsdprof.errors import InputError
-from dsdprof.formats.schema import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, TableError
+from dsdprof.formats.ktable import TableError
+from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.io.store import SWEEP_META, SweepWriter, provenance_dict
 from dsdprof.measure.runner import SweepProgress, measurement_row, run_cells
-from dsdprof.export.table import k_for_batch_size
+from dsdprof.formats.ktable import k_for_batch_size
 
 VALIDATE_KEY = "validate"  # key in _sweep.json marking a validate run
 DEFAULT_FIXED_KS = (3,)
@@ -272,7 +273,7 @@ class ValidateEngine(VllmEngine):
 
 def is_validate_run(path: str | Path) -> bool:
     """True when ``path`` (directory or Parquet file) was written by ``dsdprof validate``."""
-    from dsdprof.decide.analysis import read_provenance
+    from dsdprof.io.readers import read_provenance
 
     try:
         if read_provenance(path).get("extra_run_kind") == VALIDATE_KEY:

@@ -44,10 +44,10 @@ from typing import Any, Callable, Optional
 import pandas as pd
 
 from dsdprof.decide.chain import CHAIN_METHODS
-from dsdprof.decide.bootstrap import DEFAULT_CONFIDENCE
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE
 from dsdprof.measure.engine import Cell, Engine, balanced_order, plan_cells
 from dsdprof.errors import InputError
-from dsdprof.formats.schema import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
+from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 from dsdprof.measure.runner import SweepSummary
 
 DEFAULT_MIN_REPEATS = 2
@@ -293,7 +293,8 @@ def run_budgeted_sweep(spec: Any, out_dir: str | Path, budget: Budget, resume: b
                        tolerance: float = 0.02, confidence: float = DEFAULT_CONFIDENCE,
                        min_repeats: int = DEFAULT_MIN_REPEATS, max_passes: int = MAX_PASSES) -> BudgetSummary:
     """Run ``spec`` into ``out_dir`` within ``budget`` (see the module docstring)."""
-    from dsdprof.decide.analysis import analyze, read_measurements
+    from dsdprof.decide.analysis import analyze
+    from dsdprof.io.readers import read_measurements
     from dsdprof.io.manifest import normalised_spec_dump
     from dsdprof.io.store import SweepWriter, provenance_dict
     from dsdprof.measure.runner import SweepProgress, measurement_row, run_cells

@@ -1,0 +1,58 @@
+"""The ``[sim]`` section of a sweep spec (analytic engine settings), validated: unknown keys are
+rejected by name. Resolving it into hardware, architectures and acceptance is
+:mod:`dsdprof.measure.sim.config`'s job; this module only says what the keys are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dsdprof.errors import InputError
+
+SIM_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix")
+_ACCEPTANCE_KEYS = ("acceptance_alpha", "acceptance_per_pos", "acceptance_conditional", "acceptance_from")
+
+
+class SimConfig(BaseModel):
+    """``[sim]`` keys. Exactly one acceptance source is needed when the sweep has K > 0."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hardware: str = Field(description="catalog name (H100 SXM, H200 SXM, B200, ...) or profile TOML path")
+    context_len: Optional[int] = Field(None, ge=1, description="KV positions per sequence during decode")
+    routing_correlation: float = Field(0.0, ge=0.0, lt=1.0)
+    acceptance_alpha: Optional[float] = Field(None, gt=0.0, le=1.0)
+    acceptance_per_pos: Optional[list[float]] = Field(None, min_length=1)
+    acceptance_conditional: Optional[list[float]] = Field(None, min_length=1)
+    acceptance_from: Optional[str] = None
+    bandwidth_efficiency: Optional[float] = Field(None, gt=0.0, le=100.0)
+    compute_efficiency: Optional[float] = Field(None, gt=0.0, le=100.0)
+    step_overhead_s: Optional[float] = Field(None, ge=0.0)
+    draft_step_overhead_s: Optional[float] = Field(None, ge=0.0)
+    dsd_overhead_s: Optional[float] = Field(None, ge=0.0)
+    check_memory: bool = Field(True, description="predict OOM cells as failed rows")
+
+    @model_validator(mode="after")
+    def _one_acceptance(self) -> "SimConfig":
+        given = [k for k in _ACCEPTANCE_KEYS if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one acceptance source, not {given}")
+        return self
+
+
+def parse_sim_config(data: Optional[dict[str, Any]]) -> SimConfig:
+    """Validate ``spec.sim``; InputError naming ``sim.<key>`` on bad input."""
+    if data is None:
+        raise InputError("sim", None, "engine.name = 'sim' needs a [sim] section (at least hardware)")
+    try:
+        return SimConfig.model_validate(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        loc = ".".join(str(p) for p in e["loc"])
+        field = f"sim.{loc}" if loc else "sim"
+        if e["type"] == "extra_forbidden":
+            raise InputError(field, e.get("input"), "unknown key") from None
+        value = e.get("input") if loc else {k: data.get(k) for k in _ACCEPTANCE_KEYS if k in data}
+        raise InputError(field, value, e["msg"].removeprefix("Value error, ")) from None

@@ -1,0 +1,25 @@
+"""Every on-disk format dsdprof writes or reads, with its version: the one home of version strings.
+
+Bump a version here when a format changes what its fields mean; list the versions still read
+beside it. Formats: measurement rows (Parquet), the K table (JSON), the run manifest
+(``_sweep.json``), a fleet's index and run records, hardware profiles (TOML), and the analytic
+engine's step model (its version is part of a sim run's identity).
+"""
+
+MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v2"
+# Every measurement version this dsdprof reads (v2 added columns; v1 files lack them).
+READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2")
+PARQUET_METADATA_KEY = b"dsdprof"  # Parquet key-value metadata: version + the run's provenance
+
+TABLE_SCHEMA_V1 = "dsdprof.ktable/v1"
+TABLE_SCHEMA_V2 = "dsdprof.ktable/v2"
+TABLE_SCHEMA = TABLE_SCHEMA_V2  # the K-table version dsdprof writes (v1 still loads)
+TABLE_SCHEMAS = (TABLE_SCHEMA_V1, TABLE_SCHEMA_V2)
+
+MANIFEST_VERSION = "dsdprof.run/v1"  # a run directory's _sweep.json
+READABLE_MANIFEST_VERSIONS = (MANIFEST_VERSION,)
+
+FLEET_INDEX_SCHEMA = "dsdprof.fleet-index/v1"
+FLEET_RUN_RECORD_SCHEMA = "dsdprof.fleet-run/v1"
+HWPROFILE_SCHEMA = "dsdprof.hwprofile/v1"  # probe-hardware / calibrate profiles
+SIM_MODEL_VERSION = "sim-step-model/2"  # 2: small-M GEMM tiles, quantization_config storage

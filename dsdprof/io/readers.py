@@ -1,0 +1,164 @@
+"""Reading measurement files: Parquet rows and the provenance stored in their metadata.
+
+The one reader behind ``analyze``, ``export``, ``plot``, ``compare``, the budgeted sweep and the
+analytic engine's calibration: it refuses files of a measurement version this dsdprof cannot read,
+runs that mix provenance (unless asked), and rows that break the input contract.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsdprof.errors import InputError
+from dsdprof.formats.measurements import CONTRACT_COLUMNS, MODE_VANILLA, MODES, STATUS_OK
+from dsdprof.formats.versions import PARQUET_METADATA_KEY, READABLE_MEASUREMENT_VERSIONS
+
+MIXABLE_PROVENANCE = ("hardware", "model", "draft_model", "method", "dtype", "engine", "engine_version")
+
+
+def _parquet_files(path: Path) -> list[Path]:
+    """Parquet files of a run directory (skipping ``_``/``.`` names and folders) or one file."""
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.parquet")
+                       if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts))
+        if not files:
+            raise InputError("measurements", str(path), "directory holds no .parquet files")
+        return files
+    if path.is_file():
+        return [path]
+    raise InputError("measurements", str(path), "no such file or directory")
+
+
+def _file_metadata(f: Path) -> dict[str, Any] | None:
+    """The dsdprof key-value metadata of one Parquet file (None for files dsdprof did not write)."""
+    import pyarrow.parquet as pq
+
+    raw = (pq.read_schema(f).metadata or {}).get(PARQUET_METADATA_KEY)
+    if not raw:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise InputError("measurements", str(f), "its dsdprof metadata is not a JSON object")
+    version = meta.get("schema_version")
+    if version not in READABLE_MEASUREMENT_VERSIONS:
+        raise InputError("schema_version", version, f"{f} has a measurement schema this dsdprof cannot read "
+                         f"(it reads {', '.join(READABLE_MEASUREMENT_VERSIONS)})")
+    return meta
+
+
+def read_provenance(path: str | Path) -> dict[str, Any]:
+    """Provenance stored in the first dsdprof Parquet file under ``path`` (empty if none)."""
+    for f in _parquet_files(Path(path)):
+        try:
+            meta = _file_metadata(f)
+        except Exception:  # noqa: BLE001 - unreadable file or metadata: no provenance from it
+            continue
+        if meta:
+            return meta
+    return {}
+
+
+def mixed_provenance(df: pd.DataFrame, versions: set[str] | None = None) -> dict[str, list[str]]:
+    """Provenance fields with more than one value in ``df`` (and more than one schema version)."""
+    mixed: dict[str, list[str]] = {}
+    for name in MIXABLE_PROVENANCE:
+        if name in df.columns:
+            values = sorted({str(v) for v in df[name].dropna().unique()})
+            if len(values) > 1:
+                mixed[name] = values
+    if versions and len(versions) > 1:
+        mixed["schema_version"] = sorted(versions)
+    return mixed
+
+
+def read_measurements(path: str | Path, allow_mixed: bool = False) -> pd.DataFrame:
+    """All rows of a sweep directory or Parquet file, unvalidated.
+
+    Files written by dsdprof must carry a readable measurement schema version. Rows of different
+    provenance (:data:`MIXABLE_PROVENANCE`, or schema versions) are refused unless ``allow_mixed``.
+    """
+    files = _parquet_files(Path(path))
+    frames = []
+    versions: set[str] = set()
+    for f in files:
+        try:
+            meta = _file_metadata(f)
+            frames.append(pd.read_parquet(f))
+        except InputError:
+            raise
+        except Exception as err:  # noqa: BLE001 - report which file is unreadable
+            raise InputError("measurements", str(f), f"not a readable Parquet file ({type(err).__name__})") from None
+        if meta is not None:
+            versions.add(meta["schema_version"])
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    if not allow_mixed:
+        mixed = mixed_provenance(df, versions)
+        if mixed:
+            name, values = next(iter(mixed.items()))
+            raise InputError(name, values, f"rows of different provenance under {path}; analyze one run "
+                             "at a time, or pass --allow-mixed to pool them")
+    return df
+
+
+def _check_int_column(df: pd.DataFrame, name: str, minimum: int) -> pd.Series:
+    col = df[name]
+    values = pd.to_numeric(col, errors="coerce")
+    bad = values.isna() | (values != np.floor(values.fillna(0))) | (values < minimum)
+    if bad.any():
+        raise InputError(name, col[bad].iloc[0], f"must be an integer >= {minimum}")
+    return values.astype("int64")
+
+
+def _check_float_column(df: pd.DataFrame, name: str, minimum: float, strict: bool) -> pd.Series:
+    col = df[name]
+    values = pd.to_numeric(col, errors="coerce").astype("float64")
+    bad = ~np.isfinite(values) | ((values <= minimum) if strict else (values < minimum))
+    if bad.any():
+        op = ">" if strict else ">="
+        raise InputError(name, col[bad].iloc[0], f"must be a finite number {op} {minimum}")
+    return values
+
+
+def validate_measurements(df: pd.DataFrame) -> pd.DataFrame:
+    """Keep ok rows and check the contract columns; raises InputError naming column and value."""
+    missing = [c for c in CONTRACT_COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError("columns", missing, f"measurements need {list(CONTRACT_COLUMNS)}")
+    if "status" in df.columns:
+        df = df[df["status"].astype(str) == STATUS_OK]
+    if df.empty:
+        raise InputError("rows", 0, "no measurement rows with status 'ok'")
+    df = df.copy()
+    df["batch_size"] = _check_int_column(df, "batch_size", 1)
+    df["num_spec_tokens"] = _check_int_column(df, "num_spec_tokens", 0)
+    df["acceptance_length"] = _check_float_column(df, "acceptance_length", 1.0 - 1e-9, strict=False)
+    df["itl_s"] = _check_float_column(df, "itl_s", 0.0, strict=True)
+    too_long = df["acceptance_length"] > df["num_spec_tokens"] + 1 + 1e-6
+    if too_long.any():
+        row = df[too_long].iloc[0]
+        raise InputError("acceptance_length", float(row["acceptance_length"]),
+                         f"exceeds K+1={int(row['num_spec_tokens']) + 1}")
+    if "mode" in df.columns:
+        modes = df["mode"].astype(str)
+        bad = ~modes.isin(MODES)
+        if bad.any():
+            raise InputError("mode", modes[bad].iloc[0], f"must be one of {', '.join(MODES)}")
+        df["mode"] = modes
+        spec_vanilla = (modes == MODE_VANILLA) & (df["num_spec_tokens"] != 0)
+        if spec_vanilla.any():
+            raise InputError("num_spec_tokens", int(df[spec_vanilla]["num_spec_tokens"].iloc[0]),
+                             "vanilla rows must have K=0")
+    return df
+
+
+def load_measurements(path: str | Path) -> pd.DataFrame:
+    """Read and validate measurements (ok rows only) from a sweep dir or Parquet file."""
+    return validate_measurements(read_measurements(path))
