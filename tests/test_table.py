@@ -9,13 +9,15 @@ from typer.testing import CliRunner
 
 from conftest import make_rows
 from dsdprof.export import table as table_mod
+from dsdprof.io import atomic as atomic_mod
 from dsdprof.decide.analysis import analyze
 from dsdprof.cli.app import app
 from dsdprof.errors import InputError
 from dsdprof.runtime import KSelector
 from dsdprof.formats.ktable import TableError, validate_table
 from dsdprof.formats.versions import TABLE_SCHEMA_V2
-from dsdprof.export.table import build_table, check_vllm_config, load_table, vllm_speculative_config, write_json_atomic
+from dsdprof.export.table import build_table, check_vllm_config, load_table, vllm_speculative_config
+from dsdprof.io.atomic import write_json_atomic
 from dsdprof.formats.ktable import LAST_RANGE_END, k_for_batch_size, ranges_from_points
 
 runner = CliRunner()
@@ -236,7 +238,7 @@ def test_write_failure_mid_way_leaves_no_temp(tmp_path, monkeypatch):
     def full_disk(fd):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(table_mod.os, "fsync", full_disk)
+    monkeypatch.setattr(atomic_mod.os, "fsync", full_disk)
     with pytest.raises(InputError, match="No space left"):
         write_json_atomic(tmp_path / "t.json", {"a": 1})
     assert os.listdir(tmp_path) == []
@@ -282,7 +284,7 @@ def test_export_output_problems_are_one_line(tmp_path, measured, monkeypatch):
     def denied(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(table_mod.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(atomic_mod.tempfile, "mkstemp", denied)
     _one_line_error(runner.invoke(app, ["export", str(measured), "-o", str(tmp_path / "ro" / "t.json")]),
                     "output=", "Permission denied")
     assert not (tmp_path / "ro").exists() and _leftovers(tmp_path) == []

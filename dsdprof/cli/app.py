@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof import __version__
 from dsdprof.cli.common import (
     EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, fail, guarded, handle_sigterm, interrupted, make_console,
@@ -138,7 +139,7 @@ def _fmt(x: float, digits: int = 2) -> str:
 @guarded
 def analyze(
     measurements: Path = typer.Argument(..., help="Sweep directory or Parquet file."),
-    tolerance: float = typer.Option(0.02, "--tolerance", help="A smaller K replaces the best when its goodput is within this (relative) of the best, at --confidence."),
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="A smaller K replaces the best when its goodput is within this (relative) of the best, at --confidence."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-BS result as JSON instead of tables."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
     confidence: float = typer.Option(0.9, "--confidence", help="Confidence of the bootstrap intervals the decisions use (central interval)."),
@@ -168,13 +169,14 @@ def export(
     source: Path = typer.Argument(..., help="Sweep directory / Parquet file, or an existing table JSON (v1 or v2)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON) or trtllm (speculative_config with draft_len_schedule)."),
-    tolerance: float = typer.Option(0.02, "--tolerance", help="Relative goodput tolerance for choosing K."),
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
     from dsdprof.formats.ktable import validate_table
-    from dsdprof.export.table import build_table, check_output_path, check_vllm_config, load_table, vllm_speculative_config, write_json_atomic
+    from dsdprof.export.table import build_table, check_vllm_config, load_table, vllm_speculative_config
+    from dsdprof.io.atomic import check_output_path, write_json_atomic
     from dsdprof.export.trtllm import check_trtllm_config, trtllm_speculative_config
 
     if fmt not in _EXPORT_FORMATS:

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.cli.common import fail, guarded
 
 
@@ -68,7 +69,7 @@ def _print_report(report) -> None:
 
 def _fleet_export(
     fleet_out: str = typer.Argument(..., metavar="FLEET_OUT", help="A fleet's output: a directory or a pyarrow URL."),
-    tolerance: float = typer.Option(0.02, "--tolerance", help="Relative goodput tolerance for choosing K."),
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K."),
     staging: Optional[str] = typer.Option(None, "--staging", help="Local directory for a URL's tables (default: a temp dir)."),
 ) -> None:
     """Write one K table per finished run of a fleet (per model, draft, hardware, TP) and an index."""

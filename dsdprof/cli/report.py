@@ -11,6 +11,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.cli.common import fail, guarded, interrupted, make_console
 
 console = make_console()
@@ -214,7 +215,7 @@ def register(app: typer.Typer) -> None:
     def plot(
         results: Path = typer.Argument(..., metavar="RESULTS", help="Sweep or validate output (directory or Parquet file)."),
         out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the PNG files."),
-        tolerance: float = typer.Option(0.02, "--tolerance", help="Relative goodput tolerance for choosing K (sweeps)."),
+        tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K (sweeps)."),
         force: bool = typer.Option(False, "--force", help="Replace existing PNGs of the same names."),
     ) -> None:
         """Draw PNGs: optimal K vs BS, goodput heatmap, TOPS/user (validate runs), acceptance per position."""

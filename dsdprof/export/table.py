@@ -16,14 +16,11 @@ TensorRT-LLM's ``draft_len_schedule`` is in :mod:`dsdprof.export.trtllm`.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from statistics import median
-from typing import Any, Callable
+from typing import Any
 
 from dsdprof import __version__
 from dsdprof.errors import InputError
@@ -217,63 +214,3 @@ def check_vllm_config(cfg: Any) -> None:
         raise TableError("num_speculative_tokens=0: vLLM needs at least 1")
 
 
-def check_output_path(path: str | Path, force: bool = False, field: str = "output") -> Path:
-    """Refuse, before any work, an output that exists (without ``force``), is a directory, or
-    lies under something that is not a directory. Returns the path."""
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(field, str(p), "is a directory")
-    if p.exists() and not force:
-        raise InputError(field, str(p), "exists; pass --force to replace it")
-    for up in p.parents:
-        if up.exists():
-            if not up.is_dir():
-                raise InputError(field, str(p), f"{str(up)!r} is not a directory")
-            break
-    return p
-
-
-def write_json_atomic(path: str | Path, doc: Any, force: bool = False,
-                      check: Callable[[Any], Any] | None = None) -> Path:
-    """Write JSON through a temp file in the target directory, fsync, check, rename.
-
-    ``check`` (e.g. :func:`dsdprof.formats.ktable.validate_table`) runs on the document *as read back
-    from the temp file*, before the rename: what lands at ``path`` is always complete and valid.
-    Refuses to replace an existing file unless ``force``. Every failure (parent is a file, no
-    permission, disk full, invalid document) is an :class:`InputError` naming ``output``, and
-    leaves neither ``path`` changed nor a temp file behind.
-    """
-    p = check_output_path(path, force)
-    parent = p.parent
-    try:
-        text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-    except (TypeError, ValueError) as err:
-        raise InputError("output", str(p), f"document is not JSON-serialisable ({err})") from None
-    created = [d for d in (parent, *parent.parents) if not d.exists()]
-    tmp, done = None, False
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if check is not None:
-            check(json.loads(Path(tmp).read_text(encoding="utf-8")))
-        os.replace(tmp, p)
-        done = True
-    except OSError as err:
-        raise InputError("output", str(p), f"cannot write ({err.strerror or type(err).__name__})") from None
-    finally:
-        if not done:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-            for d in created:  # directories this call made, innermost first, if still empty
-                try:
-                    d.rmdir()
-                except OSError:
-                    break
-    return p

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.formats.versions import FLEET_INDEX_SCHEMA
 from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore
@@ -72,9 +73,9 @@ def _vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
         return None  # K = 0 everywhere: serve without speculation
 
 
-def export_fleet(out: str, staging: Optional[str] = None, tolerance: float = 0.02) -> FleetIndex:
+def export_fleet(out: str, staging: Optional[str] = None, tolerance: float = DEFAULT_TOLERANCE) -> FleetIndex:
     """Analyze every finished run of the fleet in ``out``; write its table and the index."""
-    from dsdprof.export.table import write_json_atomic
+    from dsdprof.io.atomic import write_json_atomic
 
     store = FleetStore(out, staging)
     records = _records(store)

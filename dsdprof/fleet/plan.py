@@ -37,6 +37,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.config.spec import SweepSpec, parse_spec
 
@@ -55,7 +56,7 @@ class FleetSettings(_Strict):
     gpus_per_node: Optional[int] = Field(None, ge=1, description="a vLLM run with a larger TP spans nodes")
     cpus_per_run: float = Field(1.0, gt=0, description="CPUs a run asks Ray for")
     max_retries: int = Field(3, ge=0, description="Ray retries of a run whose worker or node died")
-    tolerance: float = Field(0.02, ge=0, lt=1, description="relative goodput tolerance of the K tables")
+    tolerance: float = Field(DEFAULT_TOLERANCE, ge=0, lt=1, description="relative goodput tolerance of the K tables")
 
 
 class DraftChoice(_Strict):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dsdprof.errors import InputError
+from dsdprof.io.atomic import write_bytes_atomic
 
 FLEET_DIR = "_fleet"
 TABLES_DIR = "tables"
@@ -50,12 +51,7 @@ def default_staging(out: str) -> Path:
 
 def write_local_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_bytes_atomic(path, data)
 
 
 class FleetStore:

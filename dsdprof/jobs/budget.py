@@ -43,8 +43,10 @@ from typing import Any, Callable, Optional
 
 import pandas as pd
 
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
+from dsdprof.decide.analysis import analyze
 from dsdprof.decide.chain import CHAIN_METHODS
-from dsdprof.config.defaults import DEFAULT_CONFIDENCE
+from dsdprof.io.store import provenance_dict
 from dsdprof.measure.engine import Cell, Engine, balanced_order, plan_cells
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
@@ -266,21 +268,6 @@ def acceptance_note(analysis: Any) -> str:
     return "AL measured per K"
 
 
-class _RecordingWriter:
-    """Passes rows to the run's writer and keeps them for the next plan."""
-
-    def __init__(self, writer: Any, rows: list[dict[str, Any]]) -> None:
-        self._writer, self.rows = writer, rows
-
-    @property
-    def done(self) -> set[str]:
-        return self._writer.done
-
-    def write_row(self, row: dict[str, Any]) -> None:
-        self._writer.write_row(row)
-        self.rows.append(dict(row))
-
-
 def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame(columns=["cell_id", "mode", "batch_size", "num_spec_tokens", "repeat", "status", "wall_s"])
@@ -288,83 +275,100 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return df.drop_duplicates("cell_id", keep="last").reset_index(drop=True)
 
 
+class BudgetPlanner:
+    """Passes over :func:`dsdprof.measure.runner.run_plan`: pass 0 is the grid once; each later pass
+    is :func:`plan_pass` on the analysis of every row so far; a cell that does not fit the budget
+    ends the run."""
+
+    def __init__(self, spec: Any, budget: Budget, tolerance: float, confidence: float, min_repeats: int,
+                 max_passes: int) -> None:
+        self.spec, self.budget, self.tolerance, self.confidence = spec, budget, tolerance, confidence
+        self.min_repeats, self.max_passes = min_repeats, max_passes
+        self.batch_sizes = list(spec.sweep.batch_sizes)
+        self.waves = int(spec.sweep.waves)
+        self.ks = list(spec.sweep.num_spec_tokens) if max(spec.sweep.num_spec_tokens) > 0 else []
+        self.passes, self.exhausted, self.reason = 0, False, ""
+        self.status: dict[int, str] = {}
+        self.analysis: Any = None
+        self.mode = ""
+        self.engine: Optional[Engine] = None
+        self.spent_s, self.spent_waves = 0.0, 0
+
+    def start(self, engine: Engine, done: set[str]) -> str:
+        self.engine = engine
+        self.mode = engine.speculation_mode
+        if provenance_dict(engine.provenance()).get("engine") == "sim":
+            self.min_repeats = 1  # predictions: a second repeat is the same number
+        return self.mode
+
+    def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool:
+        if Ledger(_frame(rows), self.waves).fits(cell, self.budget):
+            return True
+        self.exhausted = True
+        return False
+
+    def describe(self, cells: list[Cell], mode: str) -> str:
+        return f"pass {self.passes}: {len(cells)} cells (speculation mode {mode}, budget {self.budget})"
+
+    def plan(self, rows: list[dict[str, Any]]) -> list[Cell]:
+        if self.passes == 0 and not self.exhausted:
+            self.passes = 1
+            cells = plan_cells(self.batch_sizes, self.ks, 1, self.mode)
+            return [c for c in cells if c.mode != MODE_DSD] if self.mode == MODE_DSD and not self.ks else cells
+        cells = self._next_pass(rows)
+        self.reason = self._stop_reason(cells)
+        if self.reason:
+            return []
+        self.passes += 1
+        return cells
+
+    def finish(self, rows: list[dict[str, Any]]) -> None:
+        """After the last pass (or the cell the budget refused): status, reason and spending."""
+        if self.exhausted:
+            self.reason = self._stop_reason(self._next_pass(rows))
+        final = Ledger(_frame(rows), self.waves)
+        self.spent_s, self.spent_waves = final.spent_s, final.spent_waves
+
+    def _next_pass(self, rows: list[dict[str, Any]]) -> list[Cell]:
+        frame = _frame(rows)
+        if (frame["status"].astype(str) == STATUS_OK).any() and self.ks:
+            prov = provenance_dict(self.engine.provenance()) if self.engine is not None else {}
+            self.analysis = analyze(frame, self.tolerance, provenance=prov, confidence=self.confidence,
+                                    acceptance="auto")
+        cells, self.status = plan_pass(self.analysis, Ledger(frame, self.waves), self.mode, self.batch_sizes,
+                                       self.ks, self.passes, self.tolerance, self.min_repeats)
+        return cells
+
+    def _stop_reason(self, cells: list[Cell]) -> str:
+        if self.exhausted:
+            return "budget spent before every batch size was settled" if cells else "budget spent"
+        if not self.ks:
+            return "no K > 0 in the grid: nothing to decide"
+        if not cells:
+            return ("every batch size settled" if all(s in SETTLED for s in self.status.values())
+                    else "nothing left to run (failing cells)")
+        if self.passes >= self.max_passes:
+            return f"stopped after {self.max_passes} passes"
+        return ""
+
+
 def run_budgeted_sweep(spec: Any, out_dir: str | Path, budget: Budget, resume: bool = False,
                        on_progress: Optional[Callable[[Any], None]] = None, engine: Optional[Engine] = None,
-                       tolerance: float = 0.02, confidence: float = DEFAULT_CONFIDENCE,
+                       tolerance: float = DEFAULT_TOLERANCE, confidence: float = DEFAULT_CONFIDENCE,
                        min_repeats: int = DEFAULT_MIN_REPEATS, max_passes: int = MAX_PASSES) -> BudgetSummary:
     """Run ``spec`` into ``out_dir`` within ``budget`` (see the module docstring)."""
-    from dsdprof.decide.analysis import analyze
-    from dsdprof.io.readers import read_measurements
     from dsdprof.io.manifest import normalised_spec_dump
-    from dsdprof.io.store import SweepWriter, provenance_dict
-    from dsdprof.measure.runner import SweepProgress, measurement_row, run_cells
+    from dsdprof.measure.runner import batching_for, default_engine, run_plan
 
-    notify = on_progress or (lambda _event: None)
     t_start = time.perf_counter()
-    bs, waves = list(spec.sweep.batch_sizes), int(spec.sweep.waves)
-    ks = list(spec.sweep.num_spec_tokens) if max(spec.sweep.num_spec_tokens) > 0 else []
-    with SweepWriter(out_dir, normalised_spec_dump(spec), resume=resume) as writer:
-        rows: list[dict[str, Any]] = []
-        if resume and any(Path(out_dir).glob("part-*.parquet")):
-            rows = read_measurements(out_dir, allow_mixed=True).to_dict("records")
-        if engine is None:
-            from dsdprof.measure.factory import make_engine
-
-            engine = make_engine(spec, out_dir=out_dir)
-        try:
-            mode = engine.speculation_mode
-            prov = provenance_dict(engine.provenance())
-            writer.start(prov)
-            if prov.get("engine") == "sim":
-                min_repeats = 1  # predictions: a second repeat is the same number
-            recorder = _RecordingWriter(writer, rows)
-            tol = spec.sweep.consistency_tolerance
-
-            def measure(cell: Cell) -> dict[str, Any]:
-                return measurement_row(cell, engine.measure(cell), prov, tol)
-
-            cells = plan_cells(bs, ks, 1, mode)
-            if mode == MODE_DSD and not ks:
-                cells = [c for c in cells if c.mode != MODE_DSD]
-            ok = failed = skipped = total = passes = 0
-            exhausted, reason, status, analysis = False, "", {}, None
-            while True:
-                ledger = Ledger(_frame(rows), waves)
-                notify(SweepProgress("plan", 0, len(cells), message=f"pass {passes}: {len(cells)} cells "
-                                     f"(speculation mode {mode}, budget {budget})"))
-                for i, cell in enumerate(cells):
-                    if cell.cell_id not in writer.done and not ledger.fits(cell, budget):
-                        exhausted = True
-                        break
-
-                    def shifted(ev: Any, i: int = i, n: int = len(cells)) -> None:
-                        notify(replace(ev, index=i + ev.index, total=n))
-
-                    o, f, s = run_cells([cell], recorder, measure, prov, tol, shifted)
-                    ok, failed, skipped, total = ok + o, failed + f, skipped + s, total + 1
-                    ledger = Ledger(_frame(rows), waves)
-                passes += 1
-                frame = _frame(rows)
-                if (frame["status"].astype(str) == STATUS_OK).any() and ks:
-                    analysis = analyze(frame, tolerance, provenance=prov, confidence=confidence, acceptance="auto")
-                cells, status = plan_pass(analysis, Ledger(frame, waves), mode, bs, ks, passes, tolerance, min_repeats)
-                if exhausted:
-                    reason = "budget spent before every batch size was settled" if cells else "budget spent"
-                    break
-                if not ks:
-                    reason = "no K > 0 in the grid: nothing to decide"
-                    break
-                if not cells:
-                    reason = ("every batch size settled" if all(s in SETTLED for s in status.values())
-                              else "nothing left to run (failing cells)")
-                    break
-                if passes >= max_passes:
-                    reason = f"stopped after {max_passes} passes"
-                    break
-            final = Ledger(_frame(rows), waves)
-            return BudgetSummary(
-                Path(out_dir), total, ok, failed, skipped, mode, budget, passes, final.spent_s, final.spent_waves,
-                exhausted, status, analysis.acceptance if analysis is not None else "measured", reason,
-                time.perf_counter() - t_start, acceptance_note(analysis))
-        finally:
-            engine.close()
+    planner = BudgetPlanner(spec, budget, tolerance, confidence, min_repeats, max_passes)
+    res = run_plan(planner, normalised_spec_dump(spec), out_dir,
+                   (lambda: engine) if engine is not None else default_engine(spec, out_dir),
+                   resume=resume, on_progress=on_progress, tolerance=spec.sweep.consistency_tolerance,
+                   batching=batching_for(spec))
+    final = planner.analysis
+    return BudgetSummary(
+        res.out, res.total, res.ok, res.failed, res.skipped, res.speculation_mode, budget, planner.passes,
+        planner.spent_s, planner.spent_waves, planner.exhausted, planner.status,
+        final.acceptance if final is not None else "measured", planner.reason,
+        time.perf_counter() - t_start, acceptance_note(final))

@@ -29,18 +29,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from dsdprof.measure.engine import Cell, Provenance
-from dsdprof.measure.vllm.engine import VllmEngine
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import TableError
+from dsdprof.export.table import vllm_speculative_config
+from dsdprof.formats.ktable import TableError, k_for_batch_size
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
-from dsdprof.io.store import SWEEP_META, SweepWriter, provenance_dict
-from dsdprof.measure.runner import SweepProgress, measurement_row, run_cells
-from dsdprof.formats.ktable import k_for_batch_size
+from dsdprof.io.atomic import write_json_atomic
+from dsdprof.io.manifest import normalised_spec_dump
+from dsdprof.io.store import SWEEP_META
+from dsdprof.measure.engine import Cell
+from dsdprof.measure.runner import SweepProgress, run_plan
+from dsdprof.measure.vllm.engine import VllmEngine
 
 VALIDATE_KEY = "validate"  # key in _sweep.json marking a validate run
 DEFAULT_FIXED_KS = (3,)
@@ -97,8 +99,6 @@ def dsd_llm_kwargs(base: dict[str, Any], table: dict[str, Any], spec) -> dict[st
     method and draft model come from the spec being run (the table's provenance may name another
     path for the same model); ranges and max K come from the table.
     """
-    from dsdprof.export.table import vllm_speculative_config
-
     if max(r[2] for r in table["ranges"]) == 0:
         return None
     cfg = vllm_speculative_config(table)
@@ -172,6 +172,39 @@ def table_warnings(table: dict[str, Any], spec) -> list[str]:
     return out
 
 
+class ValidatePlanner:
+    """The validation cells once, on engines started for them (models checked, the first cell's
+    engine warm so that the rows' provenance comes from a live engine)."""
+
+    def __init__(self, cells: list[Cell], variants: str) -> None:
+        self._cells, self._variants, self._planned = cells, variants, False
+
+    def start(self, engine: Any, done: set[str]) -> str:
+        todo = [c for c in self._cells if c.cell_id not in done]
+        if todo:
+            engine.check_models()
+            try:
+                engine.pool.get(worker_key(todo[0]))  # provenance from a live engine when possible
+            except Exception:  # noqa: BLE001 - the failure becomes that cell's row
+                pass
+        return VALIDATE_KEY
+
+    def plan(self, rows: list[dict[str, Any]]) -> list[Cell]:
+        if self._planned:
+            return []
+        self._planned = True
+        return self._cells
+
+    def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool:
+        return True
+
+    def describe(self, cells: list[Cell], mode: str) -> str:
+        return f"{len(cells)} cells: {self._variants}"
+
+    def finish(self, rows: list[dict[str, Any]]) -> None:
+        pass
+
+
 def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: list[int],
                    table_path: str = "", resume: bool = False,
                    on_progress: Callable[[SweepProgress], None] | None = None,
@@ -181,13 +214,13 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
 
     ``adaptive``: None, or the selector options (``{}`` for defaults) of an ``adaptive`` variant.
 
-    The same engine pool and cell runner as ``sweep`` (:class:`dsdprof.measure.vllm.engine.VllmEngine`,
-    :func:`dsdprof.measure.runner.run_cells`): every engine is alive for the whole run (GPU memory split
-    between them), and every cell is measured from the engine-core step trace with its K verified
-    (the table's K at the batch size for DSD). ``start_worker(WorkerConfig, timeout_s)`` replaces the
-    vLLM child process (orchestration tests only).
+    The same cell loop as ``sweep`` (:func:`dsdprof.measure.runner.run_plan`) on the same engine
+    pool (:class:`~dsdprof.measure.vllm.engine.VllmEngine`, the table's engines added with
+    :meth:`~dsdprof.measure.vllm.engine.VllmEngine.serve`): every engine is alive for the whole run
+    (GPU memory split between them), and every cell is measured from the engine-core step trace
+    with its K verified (the table's K at the batch size for DSD). ``start_worker(WorkerConfig,
+    timeout_s)`` replaces the vLLM child process (orchestration tests only).
     """
-    notify = on_progress or (lambda _e: None)
     if spec.engine.name != "vllm":
         raise InputError("engine.name", spec.engine.name, "validate runs real vLLM: use name = \"vllm\"")
     ranges = [list(r) for r in table["ranges"]]
@@ -197,78 +230,28 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
     if adaptive is not None:  # only then, so that runs without it keep their manifest hash
         digest = hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()
         validate_doc["adaptive"] = {"options": dict(adaptive), "max_k": adaptive_k, "table_sha256": digest}
-    spec_dump = spec.model_dump(mode="json")
+    spec_dump = normalised_spec_dump(spec)  # the same dump as sweep (for a vLLM spec: model_dump)
     spec_dump[VALIDATE_KEY] = validate_doc
     out = Path(out_dir)
-    # Refuses to overwrite, to share OUT, or to resume a run of another spec/table (the whole
-    # spec_dump, validate doc included, is hashed in the run manifest), before any work.
-    writer = SweepWriter(out, spec_dump, resume=resume)
-    engine = None
-    try:  # the run lock is released whatever fails below
-        adaptive_kwargs = None
+    warnings = list(table_warnings(table, spec))
+
+    def make_engine() -> VllmEngine:
+        engine = VllmEngine(spec, out_dir=out, one_fixed_engine=False, start_worker=start_worker,
+                            concurrent_engines=2 + len(fixed_ks) + (adaptive is not None))
+        served = {MODE_DSD: dsd_llm_kwargs(engine.base_kwargs(), table, spec)}
+        if served[MODE_DSD] is None:
+            warnings.append("table has K=0 at every batch size: DSD is served without a speculative config")
         if adaptive is not None:
-            from dsdprof.export.table import write_json_atomic
-
             table_file = write_json_atomic(out / ADAPTIVE_TABLE_FILE, table, force=True)
-            adaptive_kwargs = (str(table_file.resolve()), adaptive_k, dict(adaptive))
-        engine = ValidateEngine(spec, table, out, table_path, concurrent_engines=2 + len(fixed_ks) + (adaptive is not None),
-                                start_worker=start_worker, adaptive=adaptive_kwargs)
-        warnings = tuple(table_warnings(table, spec))
-        if engine.dsd_kwargs is None:
-            warnings += ("table has K=0 at every batch size: DSD is served without a speculative config",)
-        todo = [c for c in cells if c.cell_id not in writer.done]
-        if todo:
-            engine.check_models()
-            try:
-                engine.pool.get(worker_key(todo[0]))  # provenance from a live engine when possible
-            except Exception:  # noqa: BLE001 - the failure becomes that cell's row below
-                pass
-        prov = provenance_dict(engine.provenance())
-        writer.start(prov)
-        total = len(cells)
-        variants = f"vanilla, fixed K={sorted(fixed_ks)}, DSD" + (", adaptive" if adaptive is not None else "")
-        notify(SweepProgress("plan", 0, total, message=f"{total} cells: {variants}"))
-        ok, failed, skipped = run_cells(
-            cells, writer, lambda cell: measurement_row(cell, engine.measure(cell), prov,
-                                                        spec.sweep.consistency_tolerance),
-            prov, spec.sweep.consistency_tolerance, notify)
-        return ValidateSummary(out, len(cells), ok, failed, skipped, warnings)
-    finally:
-        if engine is not None:
-            engine.close()
-        writer.close()
+            served[MODE_ADAPTIVE] = adaptive_llm_kwargs(engine.base_kwargs(), table, spec,
+                                                         str(table_file.resolve()), adaptive_k, dict(adaptive))
+        engine.serve(served, {"run_kind": VALIDATE_KEY, "validate_table": table_path})
+        return engine
 
-
-class ValidateEngine(VllmEngine):
-    """Serves the table on the ``dsd`` engine through vLLM's own per-batch-size schedule, and with
-    ``adaptive = (table file, max K, options)`` on the ``adaptive`` engine through dsdprof's plugin."""
-
-    def __init__(self, spec, table: dict[str, Any], out_dir, table_path: str = "",
-                 adaptive: tuple[str, int, dict[str, Any]] | None = None, **kwargs) -> None:
-        super().__init__(spec, out_dir=out_dir, one_fixed_engine=False, **kwargs)
-        self.dsd_kwargs = dsd_llm_kwargs(self.base_kwargs(), table, spec)
-        self.adaptive_kwargs = (adaptive_llm_kwargs(self.base_kwargs(), table, spec, *adaptive)
-                                if adaptive is not None else None)
-        self.table_path = table_path
-
-    def provenance(self) -> Provenance:
-        prov = super().provenance()
-        extra = {k: v for k, v in prov.extra.items() if k not in ("speculation_mode", "fallback_reason")}
-        return replace(prov, extra={"run_kind": VALIDATE_KEY, "validate_table": self.table_path, **extra})
-
-    def llm_kwargs(self, key: str) -> dict[str, Any]:
-        if key == MODE_DSD:
-            return dict(self.dsd_kwargs) if self.dsd_kwargs is not None else self.base_kwargs()
-        if key == MODE_ADAPTIVE and self.adaptive_kwargs is not None:
-            return dict(self.adaptive_kwargs)
-        return super().llm_kwargs(key)
-
-    def measure(self, cell: Cell):
-        if cell.mode == MODE_DSD:  # never force K: vLLM's lookup picks it; verify the table's K
-            return self.run(MODE_DSD, self.cell_request(cell, None, verify_k=cell.num_spec_tokens))
-        if cell.mode == MODE_ADAPTIVE:  # the plugin picks K per step: unchecked, no per-position acceptance
-            return self.run(MODE_ADAPTIVE, replace(self.cell_request(cell, None, verify_k=-1), positions=0))
-        return super().measure(cell)
+    variants = f"vanilla, fixed K={sorted(fixed_ks)}, DSD" + (", adaptive" if adaptive is not None else "")
+    res = run_plan(ValidatePlanner(cells, variants), spec_dump, out, make_engine, resume=resume,
+                   on_progress=on_progress, tolerance=spec.sweep.consistency_tolerance)
+    return ValidateSummary(out, res.total, res.ok, res.failed, res.skipped, tuple(warnings))
 
 
 def is_validate_run(path: str | Path) -> bool:

@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Engine, plan_cells
@@ -67,38 +67,140 @@ def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
     return row
 
 
-def run_cells(cells: list[Cell], writer: SweepWriter, measure_row: Callable[[Cell], dict[str, Any]],
-              prov: dict[str, Any], tolerance: float, notify: ProgressCallback) -> tuple[int, int, int]:
-    """Run ``cells`` in order, one durable row each; skip cells ``writer`` already holds.
+class Planner(Protocol):
+    """What a kind of run decides; :func:`run_plan` does the rest (lock, engine, rows, progress).
 
-    ``measure_row(cell)`` returns the cell's row; if it raises, the cell is written as a failed
-    row with the error and the loop goes on. Returns (ok, failed, skipped).
+    ``start`` readies the engine and names the run's speculation mode; ``plan`` returns the next
+    cells to run given every row so far (resumed ones included), ``[]`` when the run is over;
+    ``admit`` may refuse a cell that has not run yet (a budget), which ends the run; ``finish``
+    sees every row once the run is over.
     """
-    total = len(cells)
-    ok = failed = skipped = 0
-    for i, cell in enumerate(cells):
-        if cell.cell_id in writer.done:
-            skipped += 1
-            notify(SweepProgress("skip", i + 1, total, cell, status="skipped"))
-            continue
-        notify(SweepProgress("start", i, total, cell))
-        t0 = time.perf_counter()
+
+    def start(self, engine: Engine, done: set[str]) -> str: ...
+
+    def plan(self, rows: list[dict[str, Any]]) -> list[Cell]: ...
+
+    def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool: ...
+
+    def describe(self, cells: list[Cell], mode: str) -> str: ...
+
+    def finish(self, rows: list[dict[str, Any]]) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What :func:`run_plan` did in this session (``skipped``: cells already on disk)."""
+
+    out: Path
+    total: int
+    ok: int
+    failed: int
+    skipped: int
+    speculation_mode: str
+    provenance: dict[str, Any]
+    stopped: bool  # a cell was refused by ``Planner.admit``
+
+
+def _measure_one(cell: Cell, engine: Engine, prov: dict[str, Any], tolerance: float) -> dict[str, Any]:
+    """The cell's row; an engine error becomes a failed row with the error (the run goes on)."""
+    t0 = time.perf_counter()
+    try:
+        return measurement_row(cell, engine.measure(cell), prov, tolerance)
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001 - a failed cell is a row, not a dead sweep
+        row = measurement_row(cell, None, prov, tolerance, error=f"{type(err).__name__}: {err}")
+        row["wall_s"] = time.perf_counter() - t0
+        return row
+
+
+def _read_rows(out: Path) -> list[dict[str, Any]]:
+    from dsdprof.io.readers import read_measurements
+
+    if not any(out.glob("part-*.parquet")):
+        return []
+    return read_measurements(out, allow_mixed=True).to_dict("records")
+
+
+def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
+             make_engine: Callable[[], Engine], *, resume: bool = False,
+             on_progress: ProgressCallback | None = None, tolerance: float,
+             batching: Optional[dict[str, float]] = None) -> RunResult:
+    """The one cell loop behind ``sweep``, ``sweep --budget`` and ``validate``.
+
+    Locks ``out_dir`` and refuses to overwrite it, to resume a run of another ``spec_dump`` or to
+    share it, before any work (:class:`~dsdprof.io.store.SweepWriter`); starts the engine; writes
+    one durable row per cell (failed cells included), skipping cells already on disk; stops the
+    engine whatever happens. ``batching`` buffers rows (the analytic engine's microsecond cells).
+    """
+    notify = on_progress or (lambda _event: None)
+    out = Path(out_dir)
+    with SweepWriter(out, spec_dump, resume=resume, **(batching or {})) as writer:
+        rows = _read_rows(out) if resume else []
+        engine = make_engine()
         try:
-            row = measure_row(cell)
-        except KeyboardInterrupt:
-            raise
-        except Exception as err:  # noqa: BLE001 - a failed cell is a row, not a dead sweep
-            row = measurement_row(cell, None, prov, tolerance, error=f"{type(err).__name__}: {err}")
-            row["wall_s"] = time.perf_counter() - t0
-        writer.write_row(row)
-        if row["status"] == STATUS_OK:
-            ok += 1
-        else:
-            failed += 1
-        notify(SweepProgress("done", i + 1, total, cell, status=row["status"], message=row["error"],
-                             acceptance_length=row["acceptance_length"] or math.nan,
-                             itl_s=row["itl_s"] or math.nan))
-    return ok, failed, skipped
+            mode = planner.start(engine, writer.done)
+            prov = provenance_dict(engine.provenance())
+            writer.start(prov)
+            total = ok = failed = skipped = 0
+            stopped = False
+            while not stopped and (cells := planner.plan(rows)):
+                notify(SweepProgress("plan", 0, len(cells), message=planner.describe(cells, mode)))
+                for i, cell in enumerate(cells):
+                    if cell.cell_id in writer.done:
+                        skipped += 1
+                        total += 1
+                        notify(SweepProgress("skip", i + 1, len(cells), cell, status="skipped"))
+                        continue
+                    if not planner.admit(cell, rows):
+                        stopped = True
+                        break
+                    notify(SweepProgress("start", i, len(cells), cell))
+                    row = _measure_one(cell, engine, prov, tolerance)
+                    writer.write_row(row)
+                    rows.append(dict(row))
+                    total += 1
+                    ok, failed = (ok + 1, failed) if row["status"] == STATUS_OK else (ok, failed + 1)
+                    notify(SweepProgress("done", i + 1, len(cells), cell, status=row["status"], message=row["error"],
+                                         acceptance_length=row["acceptance_length"] or math.nan,
+                                         itl_s=row["itl_s"] or math.nan))
+            planner.finish(rows)
+            return RunResult(out, total, ok, failed, skipped, mode, prov, stopped)
+        finally:
+            engine.close()
+
+
+class GridPlanner:
+    """The plain sweep: every cell of the grid once, in :func:`plan_cells` order."""
+
+    def __init__(self, spec: SweepSpec) -> None:
+        self.spec = spec
+        self._planned = False
+
+    def start(self, engine: Engine, done: set[str]) -> str:
+        self._mode = engine.speculation_mode
+        return self._mode
+
+    def cells(self, mode: str) -> list[Cell]:
+        sweep = self.spec.sweep
+        ks = sweep.num_spec_tokens if max(sweep.num_spec_tokens) > 0 else []
+        cells = plan_cells(sweep.batch_sizes, ks, sweep.repeats, mode)
+        return [c for c in cells if c.mode != MODE_DSD] if mode == MODE_DSD and not ks else cells
+
+    def plan(self, rows: list[dict[str, Any]]) -> list[Cell]:
+        if self._planned:
+            return []
+        self._planned = True
+        return self.cells(self._mode)
+
+    def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool:
+        return True
+
+    def describe(self, cells: list[Cell], mode: str) -> str:
+        return f"{len(cells)} cells, speculation mode {mode}"
+
+    def finish(self, rows: list[dict[str, Any]]) -> None:
+        pass
 
 
 # The analytic engine predicts a cell in microseconds: buffer its rows (see dsdprof.io.store).
@@ -106,40 +208,32 @@ SIM_FLUSH_ROWS = 2000
 SIM_FLUSH_INTERVAL_S = 1.0
 
 
+def batching_for(spec: SweepSpec) -> dict[str, float]:
+    """Row buffering for ``spec``'s engine (the analytic engine's rows are buffered)."""
+    return {"flush_rows": SIM_FLUSH_ROWS, "flush_interval_s": SIM_FLUSH_INTERVAL_S} if spec.engine.name == "sim" else {}
+
+
+def default_engine(spec: SweepSpec, out_dir: str | Path) -> Callable[[], Engine]:
+    def make() -> Engine:
+        from dsdprof.measure.factory import make_engine
+
+        return make_engine(spec, out_dir=out_dir)
+    return make
+
+
 def run_sweep(spec: SweepSpec, out_dir: str | Path, resume: bool = False,
               on_progress: ProgressCallback | None = None,
               engine: Engine | None = None) -> SweepSummary:
-    """Run (or resume) ``spec`` into ``out_dir``. ``engine`` defaults to the spec's engine.
+    """Run (or resume) ``spec``'s grid into ``out_dir``. ``engine`` defaults to the spec's engine.
 
     ``out_dir`` is locked for the whole run; a resume must be the same run (spec, versions and
     provenance, see :mod:`dsdprof.io.manifest`). Rows of the analytic engine are buffered.
     """
     from dsdprof.io.manifest import normalised_spec_dump
 
-    notify = on_progress or (lambda _event: None)
-    spec_dump = normalised_spec_dump(spec)
-    batching = {"flush_rows": SIM_FLUSH_ROWS, "flush_interval_s": SIM_FLUSH_INTERVAL_S} \
-        if spec.engine.name == "sim" else {}
-    # Refuses to overwrite, to resume another run, or to share OUT, before any work.
-    with SweepWriter(out_dir, spec_dump, resume=resume, **batching) as writer:
-        if engine is None:
-            from dsdprof.measure.factory import make_engine
-
-            engine = make_engine(spec, out_dir=out_dir)
-        try:
-            mode = engine.speculation_mode
-            ks = spec.sweep.num_spec_tokens if max(spec.sweep.num_spec_tokens) > 0 else []
-            cells = plan_cells(spec.sweep.batch_sizes, ks, spec.sweep.repeats, mode)
-            if mode == MODE_DSD and not ks:
-                cells = [c for c in cells if c.mode != MODE_DSD]
-            prov = provenance_dict(engine.provenance())
-            writer.start(prov)
-            total = len(cells)
-            notify(SweepProgress("plan", 0, total, message=f"{total} cells, speculation mode {mode}"))
-            ok, failed, skipped = run_cells(
-                cells, writer, lambda cell: measurement_row(
-                    cell, engine.measure(cell), prov, spec.sweep.consistency_tolerance),
-                prov, spec.sweep.consistency_tolerance, notify)
-            return SweepSummary(Path(out_dir), total, ok, failed, skipped, mode)
-        finally:
-            engine.close()
+    planner = GridPlanner(spec)
+    res = run_plan(planner, normalised_spec_dump(spec), out_dir,
+                   (lambda: engine) if engine is not None else default_engine(spec, out_dir),
+                   resume=resume, on_progress=on_progress, tolerance=spec.sweep.consistency_tolerance,
+                   batching=batching_for(spec))
+    return SweepSummary(res.out, res.total, res.ok, res.failed, res.skipped, res.speculation_mode)

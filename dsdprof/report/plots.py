@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.errors import InputError
 
@@ -272,7 +273,7 @@ def acceptance_figure(df: pd.DataFrame, provenance: dict[str, Any] | None = None
     return fig
 
 
-def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = 0.02,
+def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = DEFAULT_TOLERANCE,
                  force: bool = False) -> list[Path]:
     """Write every figure that ``results`` supports into ``out_dir``; return the paths."""
     from dsdprof.decide.analysis import analyze

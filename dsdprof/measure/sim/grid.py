@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.measure.sim.catalog import ModelArch
 from dsdprof.measure.sim.hardware import Hardware
 from dsdprof.measure.sim.model import (
@@ -68,7 +69,7 @@ def optimal_k(goodput: np.ndarray, ks: np.ndarray, tolerance: float, valid: np.n
 
 def predict_grid(hardwares: Sequence[Hardware], cases: Sequence[ModelCase], batch_sizes: Sequence[int],
                  ks: Sequence[int], context_len: float = 1024.0, routing_correlation: float = 0.0,
-                 tolerance: float = 0.02) -> GridResult:
+                 tolerance: float = DEFAULT_TOLERANCE) -> GridResult:
     """Evaluate the step model over the full grid in one vectorised pass."""
     b = np.asarray(batch_sizes, dtype=float).reshape(1, 1, -1, 1)
     k = np.asarray(ks, dtype=float).reshape(1, 1, 1, -1)

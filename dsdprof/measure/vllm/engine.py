@@ -19,6 +19,7 @@ import importlib.metadata
 import multiprocessing as mp
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,7 +27,7 @@ from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance
 from dsdprof.measure.vllm.worker import CellRequest, WorkerConfig, detect_hardware, worker_main
 from dsdprof.errors import InputError
-from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA
+from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default, shared out between concurrent engines
 # Words in vLLM's errors when it rejects a dynamic-SD schedule (and only then may auto fall back).
@@ -248,6 +249,8 @@ class VllmEngine:
     def __init__(self, spec, out_dir: str | Path | None = None, concurrent_engines: int = 2,
                  start_worker: StartWorker | None = None, one_fixed_engine: bool = True) -> None:
         self.spec = spec
+        self.served: dict[str, dict[str, Any] | None] = {}  # see serve()
+        self.served_provenance: dict[str, str] = {}
         self.one_fixed_engine = one_fixed_engine
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self._mode: str | None = None
@@ -287,8 +290,21 @@ class VllmEngine:
         cfg.update(e.speculative_extra)
         return cfg
 
+    def serve(self, kwargs_by_mode: dict[str, dict[str, Any] | None], provenance: dict[str, str]) -> None:
+        """Engines that choose K themselves (``validate``): ``{"dsd": kwargs, "adaptive": kwargs}``.
+
+        Their cells are run without a forced K: ``dsd`` cells check that every steady step drafted
+        the cell's K (the table's), ``adaptive`` cells record the K the plugin chose. ``None``
+        kwargs: that engine runs without a speculative config (a table with K=0 everywhere).
+        ``provenance`` replaces the sweep's speculation mode in the rows' provenance."""
+        self.served = dict(kwargs_by_mode)
+        self.served_provenance = dict(provenance)
+
     def llm_kwargs(self, key: str) -> dict[str, Any]:
-        """vllm.LLM kwargs for worker ``key``: ``vanilla``, ``dsd`` or ``fixed-<K>``."""
+        """vllm.LLM kwargs for worker ``key``: ``vanilla``, ``dsd``, ``fixed-<K>`` or a served engine."""
+        if key in self.served:
+            served = self.served[key]
+            return dict(served) if served is not None else self.base_kwargs()
         kwargs = self.base_kwargs()
         if key == MODE_VANILLA:
             return kwargs
@@ -343,6 +359,13 @@ class VllmEngine:
         return self._mode
 
     def provenance(self) -> Provenance:
+        prov = self._provenance()
+        if not self.served:
+            return prov
+        extra = {k: v for k, v in prov.extra.items() if k not in ("speculation_mode", "fallback_reason")}
+        return replace(prov, extra={**self.served_provenance, **extra})
+
+    def _provenance(self) -> Provenance:
         e, w = self.spec.engine, self.spec.workload
         info = self.pool.info
         return Provenance(
@@ -382,6 +405,10 @@ class VllmEngine:
             raise EngineFailure(f"{err}" + (f" (engine log: {log})" if log else "")) from None
 
     def measure(self, cell: Cell) -> CellMeasurement:
+        if cell.mode == MODE_DSD and MODE_DSD in self.served:  # vLLM's lookup picks K: verify the table's
+            return self.run(MODE_DSD, self.cell_request(cell, None, verify_k=cell.num_spec_tokens))
+        if cell.mode == MODE_ADAPTIVE and MODE_ADAPTIVE in self.served:  # the plugin picks K per step
+            return self.run(MODE_ADAPTIVE, replace(self.cell_request(cell, None, verify_k=-1), positions=0))
         if cell.mode == MODE_VANILLA:
             return self.run(MODE_VANILLA, self.cell_request(cell, None, verify_k=0))
         if cell.mode == MODE_DSD:
