@@ -17,9 +17,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v2"
-# Every measurement version this dsdprof reads (v2 added columns; v1 files lack them).
-READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2")
+MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v3"
+# Every measurement version this dsdprof reads (v2 added columns, v1 files lack them; v3 counts
+# acceptance_length untrimmed, drops the identity goodput_check and adds the cross-check columns
+# vllm_drafted_per_draft, trace_output_tokens, checks_failed -- v1/v2 files lack them).
+READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2", "dsdprof.measurements/v3")
 PARQUET_METADATA_KEY = b"dsdprof"
 TABLE_SCHEMA = "dsdprof.ktable/v2"  # the K-table version dsdprof writes (v1 still loads)
 
@@ -53,8 +55,10 @@ MEASUREMENT_COLUMNS: tuple[Column, ...] = (
     Column("status", "string", "ok | failed"),
     Column("error", "string", "error message for failed cells, empty otherwise"),
     Column("acceptance_length", "float64",
-           "tokens DELIVERED per request per steady-state step (after trimming at max_tokens/EOS)"),
-    Column("acceptance_per_pos", "list<float64>", "acceptance rate of draft position 1..K (steady steps)"),
+           "tokens the target produced (accepted drafts + bonus) per request per steady-state step, counted "
+           "before vLLM trims at max_tokens/EOS (v1/v2 files: tokens delivered, after trimming)"),
+    Column("acceptance_per_pos", "list<float64>",
+           "acceptance rate of draft position 1..K (accepted at i / drafted at i, steady steps, untrimmed)"),
     Column("num_drafts", "int64", "request-steps with a draft, over the steady-state steps"),
     Column("num_draft_tokens", "int64", "draft tokens scheduled in the steady-state steps"),
     Column("num_accepted_tokens", "int64", "draft tokens accepted in the steady-state steps (before trimming)"),
@@ -62,25 +66,31 @@ MEASUREMENT_COLUMNS: tuple[Column, ...] = (
     Column("itl_p50_s", "float64", "median steady-state step"),
     Column("itl_p90_s", "float64", "90th percentile steady-state step"),
     Column("itl_p99_s", "float64", "99th percentile steady-state step"),
-    Column("tpot_s", "float64", "request-seconds per delivered token over the steady-state steps"),
+    Column("tpot_s", "float64", "request-seconds per produced token over the steady-state steps"),
     Column("tpot_p50_s", "float64", "median over requests of their steady-state TPOT"),
     Column("tpot_p90_s", "float64", "90th percentile of the requests' steady-state TPOT"),
     Column("tpot_p99_s", "float64", "99th percentile of the requests' steady-state TPOT"),
-    Column("tokens_per_s_per_user", "float64", "delivered tokens/s seen by one request (1/tpot_s)"),
+    Column("tokens_per_s_per_user", "float64", "tokens/s one request gets in steady state (1/tpot_s)"),
     Column("tokens_per_s_total", "float64", "delivered tokens/s of the whole engine over the measured waves"),
-    Column("goodput_check", "float64", "(acceptance_length/itl_s) * tpot_s; 1 when the window is steady"),
-    Column("consistent", "bool", "goodput_check within consistency_tolerance of 1"),
+    Column("consistent", "bool", "every cross-check passed (checks_failed is empty)"),
+    Column("checks_failed", "string",
+           "failed cross-checks, 'name: detail' joined by '; ': tokens (trace vs what the requests received), "
+           "drafts (vLLM's counters vs K), counters (trace vs vLLM's spec-decode counters), timing (BS 1: "
+           "AL/ITL vs vLLM's request timestamps, within consistency_tolerance)"),
     Column("num_requests", "int64", "measured requests (waves x batch_size)"),
     Column("num_output_tokens", "int64", "delivered output tokens of the measured requests"),
     Column("wall_s", "float64", "wall-clock seconds of the measured waves"),
     Column("drafted_per_draft", "float64", "draft tokens per draft in the steady steps: the K actually run"),
-    Column("steady_steps", "int64", "steps with exactly batch_size requests decoding at the row's K"),
+    Column("steady_steps", "int64", "steps with exactly batch_size requests decoding, every one at the row's K"),
     Column("excluded_steps", "int64", "steps of the measured waves that were not steady (prefill, tails)"),
     Column("sample_acceptance_length", "list<float64>", "acceptance_length of each measured wave"),
     Column("sample_itl_s", "list<float64>", "itl_s of each measured wave"),
     Column("vllm_acceptance_length", "float64", "cross-check: 1 + accepted/drafts from vLLM's counters (untrimmed)"),
     Column("vllm_itl_s", "float64", "cross-check: mean of vLLM's ITL histogram over the measured waves"),
     Column("vllm_tpot_s", "float64", "cross-check: mean TPOT from vLLM's request timestamps"),
+    Column("vllm_drafted_per_draft", "float64", "cross-check: draft tokens per draft from vLLM's counters"),
+    Column("trace_output_tokens", "int64",
+           "cross-check: tokens the step trace saw delivered over the measured waves (= num_output_tokens)"),
     Column("engine", "string", "vllm | sim (sim rows are predictions)"),
     Column("engine_version", "string", "engine library version"),
     Column("model", "string", "target model"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.metadata
 import multiprocessing as mp
 import os
+import secrets
 import signal
 from pathlib import Path
 from typing import Any, Callable
@@ -194,7 +195,9 @@ class EnginePool:
 
     def __init__(self, kwargs_for: Callable[[str], dict[str, Any]], workload, start_timeout_s: float,
                  log_dir: Path | None = None, start_worker: StartWorker | None = None,
-                 max_output_len: int = 2) -> None:
+                 max_output_len: int = 2, run_token: str = "", trace_dir: str = "") -> None:
+        self._run_token = run_token
+        self._trace_dir = trace_dir
         self._kwargs_for = kwargs_for
         self._max_output_len = max_output_len
         self._workload = workload
@@ -216,7 +219,8 @@ class EnginePool:
             return w
         if w is not None:
             w.kill()
-        config = WorkerConfig(self._kwargs_for(key), self._workload, self.log_path(key), self._max_output_len)
+        config = WorkerConfig(self._kwargs_for(key), self._workload, self.log_path(key), self._max_output_len,
+                              self._run_token, self._trace_dir)
         try:
             w = self._start(config, self._timeout)
         except Exception as err:  # noqa: BLE001 - remembered so later cells fail fast
@@ -257,8 +261,12 @@ class VllmEngine:
         self._memory_kwargs, self.memory_note = memory_plan(spec.engine.extra, concurrent_engines,
                                                             on_gpu=_cuda_available())
         log_dir = self.out_dir / "_logs" if self.out_dir is not None else None
+        # The run's secret and trace directory: only this run's requests drive its engines (vllm_scheduler).
+        self.run_token = secrets.token_hex(16)
+        self.trace_dir = str((self.out_dir / "_traces").resolve()) if self.out_dir is not None else ""
         self.pool = EnginePool(self.llm_kwargs, spec.workload, spec.engine.start_timeout_s, log_dir, start_worker,
-                               max_output_len=spec.sweep.output_len)
+                               max_output_len=spec.sweep.output_len, run_token=self.run_token,
+                               trace_dir=self.trace_dir)
 
     # ------------------------------------------------------------------ configuration
     def base_kwargs(self) -> dict[str, Any]:
@@ -357,19 +365,17 @@ class VllmEngine:
         )
 
     # ------------------------------------------------------------------ cells
-    def trace_path(self, cell: Cell) -> str:
-        if self.out_dir is None:
-            return ""
-        d = self.out_dir / "_traces"
-        d.mkdir(parents=True, exist_ok=True)
-        return str(d / f"{cell.cell_id}.jsonl")
+    def trace_name(self, cell: Cell) -> str:
+        """The cell's trace file name (kept in ``OUT/_traces`` when the run has an OUT)."""
+        return cell.cell_id if self.out_dir is not None else ""
 
     def cell_request(self, cell: Cell, num_spec_tokens: int | None, verify_k: int | None = None) -> CellRequest:
         s = self.spec
         return CellRequest(batch_size=cell.batch_size, num_spec_tokens=num_spec_tokens,
                            positions=cell.num_spec_tokens, waves=s.sweep.waves, warmup=s.sweep.warmup,
                            output_len=s.sweep.output_len, temperature=s.workload.temperature,
-                           seed=s.workload.seed, verify_k=verify_k, trace_path=self.trace_path(cell))
+                           seed=s.workload.seed, verify_k=verify_k, trace_name=self.trace_name(cell),
+                           timing_tolerance=s.sweep.consistency_tolerance)
 
     def run(self, key: str, req: CellRequest) -> CellMeasurement:
         if self.one_fixed_engine and key.startswith("fixed-"):  # one fixed-K engine at a time
