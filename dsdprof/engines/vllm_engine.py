@@ -280,9 +280,26 @@ class VllmEngine:
             "max_num_seqs": max(sweep.batch_sizes), "disable_log_stats": False,
             "scheduler_cls": SCHEDULER_QUALNAME,
         }
+        kwargs.update(self.cudagraph_kwargs())
         kwargs.update(e.extra)
         kwargs.update(self._memory_kwargs)
         return kwargs
+
+    def cudagraph_kwargs(self, on_gpu: bool | None = None) -> dict[str, Any]:
+        """GPU engine parity: every engine of the spec (vanilla included) runs PIECEWISE CUDA
+        graphs -- vLLM forces PIECEWISE on a dynamic-SD engine, and a vanilla engine on full graphs
+        would make the speedup compare graph modes -- with capture sizes covering every decode
+        batch of the grid, ``batch_size * (K + 1)`` for each K (vLLM's default list stops at 512
+        tokens and the DSD engine rounds it to multiples of max K + 1). Not on CPU, not with
+        ``enforce_eager``, and never over a ``compilation_config`` of ``[engine] extra``."""
+        e, sweep = self.spec.engine, self.spec.sweep
+        if (not (_cuda_available() if on_gpu is None else on_gpu) or e.extra.get("enforce_eager")
+                or "compilation_config" in e.extra):
+            return {}
+        ks = sorted({0, *sweep.num_spec_tokens})
+        sizes = sorted({b * (k + 1) for b in sweep.batch_sizes for k in ks})
+        return {"compilation_config": {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": sizes,
+                                       "max_cudagraph_capture_size": sizes[-1]}}
 
     def speculative_config(self, k: int, dsd: bool) -> dict[str, Any]:
         e = self.spec.engine
@@ -308,7 +325,11 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ start
     def check_models(self) -> None:
-        """Fail before any cell (one line, exit 2) when a model cannot be resolved offline."""
+        """Fail before any engine starts (one line, exit 2) when a model cannot be resolved offline,
+        a request would not fit ``max_model_len`` or the dataset does not exist."""
+        from dsdprof.spec import check_workload_for_engine
+
+        check_workload_for_engine(self.spec)
         e = self.spec.engine
         resolve_model_offline("engine.model", e.model)
         if e.draft_model:
@@ -360,6 +381,8 @@ class VllmEngine:
             dataset=w.dataset, seed=w.seed, dsdprof_version=__version__,
             extra={"speculation_mode": self._mode or "", "fallback_reason": self.fallback_reason,
                    "memory": self.memory_note, "async_scheduling": str(info.get("async_scheduling", "")),
+                   "cudagraph_mode": str(self.cudagraph_kwargs().get("compilation_config", {}).get(
+                       "cudagraph_mode", "vLLM default")),
                    "measurement": "engine-core step trace, steady-state steps only",
                    "ld_preload": os.environ.get("LD_PRELOAD", "")},  # e.g. libiomp5 on CPU: changes timing
         )
