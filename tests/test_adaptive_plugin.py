@@ -86,7 +86,6 @@ if HAS_VLLM:
 
     from dsdprof.plugins import vllm_adaptive as va
     from dsdprof.plugins import vllm_profiling as vs
-    from dsdprof.plugins.names import K_EXTRA_ARG
 
 MAX_BS = 8
 
@@ -126,12 +125,17 @@ def fake_scheduler(tmp_path, num_spec_tokens=4, options=None, cls=None, static_k
     return s
 
 
-def step(drafted: dict[str, int], sampled: dict[str, int]):
-    """(scheduler_output, model_runner_output) of one step: draft lengths and sampled-token counts."""
-    ids = list(sampled)
-    so = NS(scheduled_spec_decode_tokens={r: [-1] * d for r, d in drafted.items()})
-    mro = NS(sampled_token_ids=[[7] * sampled[r] for r in ids], req_id_to_index={r: i for i, r in enumerate(ids)})
-    return so, mro
+def step(drafted: dict[str, int], sampled: dict[str, int], num_spec_tokens: int = 4):
+    """vLLM's SpecDecodingStats of one step, built by vLLM's rules from draft lengths and
+    sampled-token counts (a request without a draft or without a sample is not a draft)."""
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    stats = SpecDecodingStats.new(num_spec_tokens)
+    for r, d in drafted.items():
+        g = sampled.get(r, 0)
+        if d and g:
+            stats.observe_draft(num_draft_tokens=d, num_accepted_tokens=max(g - 1, 0))
+    return stats
 
 
 def spy(sched):
@@ -144,6 +148,12 @@ def spy(sched):
 
     sched.dsdprof_selector = NS(observe=observe, version=sched.dsdprof_selector.version, real=sched.dsdprof_selector)
     return calls
+
+
+def force(sched, k):
+    """A request of a dsdprof run (secret checked at arrival) that forces K."""
+    sched._dsdprof_reqs = {"forced": vs.Profiled(k, 0, "", 0)}
+    sched.requests = {"forced": NS(is_finished=lambda: False)}
 
 
 @needs_vllm
@@ -169,20 +179,19 @@ def test_observe_aggregates_requests_per_position(tmp_path):
     s = fake_scheduler(tmp_path, options={"rebuild_every": 1000})
     calls = spy(s)
     # 4 requests drafting 3: accepted 0, 1, 3, 2 (sampled = accepted + bonus)
-    assert not s._adaptive_observe(*step({"a": 3, "b": 3, "c": 3, "d": 3}, {"a": 1, "b": 2, "c": 4, "d": 3}))
+    assert not s._adaptive_observe(step({"a": 3, "b": 3, "c": 3, "d": 3}, {"a": 1, "b": 2, "c": 4, "d": 3}))
     assert calls[-1] == (4, [3, 2, 1], None)
     # mixed draft lengths (3 and 1): drafted per position goes along; a prefilling request
-    # (no draft) and one missing from the output are skipped; sampled beyond the draft is capped
-    s._adaptive_observe(*step({"a": 3, "b": 1, "z": 2}, {"a": 4, "b": 2, "p": 1}))
+    # (no draft) and one missing from the output are skipped
+    s._adaptive_observe(step({"a": 3, "b": 1, "z": 2}, {"a": 4, "b": 2, "p": 1}))
     assert calls[-1] == (2, [2, 1, 1], [2, 1, 1])
     # nothing sampled for a drafted request (dropped this step): not a draft
-    s._adaptive_observe(*step({"a": 2, "b": 2}, {"a": 0, "b": 3}))
+    s._adaptive_observe(step({"a": 2, "b": 2}, {"a": 0, "b": 3}))
     assert calls[-1] == (1, [1, 1], None)
     n = len(calls)
-    assert not s._adaptive_observe(*step({}, {"a": 1}))  # no drafts scheduled: no call
-    assert not s._adaptive_observe(*step({"a": 1}, {}))
+    assert not s._adaptive_observe(step({}, {"a": 1}))  # no drafts scheduled: no call
+    assert not s._adaptive_observe(step({"a": 1}, {}))
     assert len(calls) == n
-    assert s._adaptive_acc == [0] * 5 and s._adaptive_drafted == [0] * 5  # scratch counts reset
 
 
 @needs_vllm
@@ -194,11 +203,11 @@ def test_lookup_follows_live_acceptance_and_is_swapped_only_on_change(tmp_path):
     # acceptance as profiled (of 100 drafts of 3: positions 1-3 accepted 99, 98, 97): nothing moves
     profiled = {r: 4 if i < 97 else 4 - (i - 96) for i, r in enumerate(ids)}
     for _ in range(20):
-        assert not s._adaptive_observe(*step({r: 3 for r in ids}, profiled))
+        assert not s._adaptive_observe(step({r: 3 for r in ids}, profiled))
     assert s.dynamic_sd_lookup is start and sel.version == 0
     # live acceptance far below the profile: a chain at 0.6 (accepted 0, 1, 2, 3 in 40/24/14/22 of 100)
     low = {r: 1 + (0 if i < 40 else 1 if i < 64 else 2 if i < 78 else 3) for i, r in enumerate(ids)}
-    changed = [s._adaptive_observe(*step({r: 3 for r in ids}, low)) for _ in range(30)]
+    changed = [s._adaptive_observe(step({r: 3 for r in ids}, low)) for _ in range(30)]
     assert any(changed) and sel.version >= 1
     assert sel.ks == {1: 1, 2: 1, 4: 1}
     assert s.dynamic_sd_lookup == sel.lookup_list(MAX_BS)
@@ -212,17 +221,16 @@ def test_lookup_follows_live_acceptance_and_is_swapped_only_on_change(tmp_path):
 @needs_vllm
 def test_forced_k_requests_keep_their_k_while_the_lookup_moves(tmp_path):
     s = fake_scheduler(tmp_path)
-    forced = NS(sampling_params=NS(extra_args={K_EXTRA_ARG: 2}))
-    s.running = [forced]
+    force(s, 2)
     s._dsdprof_apply_k()  # what schedule() does first
     assert s.dynamic_sd_lookup == [2] * (MAX_BS + 1)
     for _ in range(30):  # nothing accepted while forced: the adaptive lookup moves underneath
-        s._adaptive_observe(*step({f"r{i}": 2 for i in range(10)}, {f"r{i}": 1 for i in range(10)}))
+        s._adaptive_observe(step({f"r{i}": 2 for i in range(10)}, {f"r{i}": 1 for i in range(10)}))
     assert s.dsdprof_selector.version >= 1
     assert s.dynamic_sd_lookup == [2] * (MAX_BS + 1)  # this step stays forced
     s._dsdprof_apply_k()
     assert s.dynamic_sd_lookup == [2] * (MAX_BS + 1)  # and so does the next while the request runs
-    s.running = []
+    s._dsdprof_reqs = {}
     s._dsdprof_apply_k()
     assert s.dynamic_sd_lookup == s.dsdprof_selector.lookup_list(MAX_BS) and s.dynamic_sd_lookup[1] < 3
 
@@ -231,23 +239,23 @@ def test_forced_k_requests_keep_their_k_while_the_lookup_moves(tmp_path):
 def test_a_k0_everywhere_engine_probes_k1_to_keep_learning(tmp_path):
     s = fake_scheduler(tmp_path, options={"probe_every": 3})
     for _ in range(30):  # nothing accepted: K=0 wherever the table was measured
-        s._adaptive_observe(*step({f"r{i}": 3 for i in range(10)}, {f"r{i}": 1 for i in range(10)}))
+        s._adaptive_observe(step({f"r{i}": 3 for i in range(10)}, {f"r{i}": 1 for i in range(10)}))
     table_lookup = s._dsdprof_table_lookup
     assert table_lookup == [0] * (MAX_BS + 1)
     for _ in range(3):
         s._dsdprof_apply_k()
         assert s.dynamic_sd_lookup is table_lookup
-        s._adaptive_observe(*step({}, {"r0": 1}))  # steps without a draft
+        s._adaptive_observe(step({}, {"r0": 1}))  # steps without a draft
     s._dsdprof_apply_k()
     assert s.dynamic_sd_lookup == [1] * (MAX_BS + 1)  # one probe step at K=1
     s._dsdprof_apply_k()
     assert s.dynamic_sd_lookup is table_lookup  # then back to the table
     # the probe's draft (scheduled the step after) is observed and resets the count
-    s._adaptive_observe(*step({"r0": 1}, {"r0": 2}))
+    s._adaptive_observe(step({"r0": 1}, {"r0": 2}))
     assert s._adaptive_idle == 0
     # a forced K is never replaced by a probe; probe_every = 0 never probes
     s._adaptive_idle = 99
-    s.running = [NS(sampling_params=NS(extra_args={K_EXTRA_ARG: 0}))]
+    force(s, 0)
     s._dsdprof_apply_k()
     assert s.dynamic_sd_lookup == [0] * (MAX_BS + 1) and s.dynamic_sd_lookup is not table_lookup
     never = fake_scheduler(tmp_path, options={"probe_every": 0})
@@ -261,11 +269,11 @@ def test_a_k0_everywhere_engine_probes_k1_to_keep_learning(tmp_path):
 def test_update_from_output_runs_vllm_then_observes(tmp_path, monkeypatch, cls):
     base = AsyncScheduler if cls == "AdaptiveAsyncScheduler" else Scheduler
     seen = []
-    monkeypatch.setattr(base, "update_from_output", lambda self, so, mro: seen.append("vllm") or {"out": 1})
+    result = {0: NS(scheduler_stats=NS(spec_decoding_stats=step({"a": 2}, {"a": 2})))}
+    monkeypatch.setattr(base, "update_from_output", lambda self, so, mro: seen.append("vllm") or result)
     s = fake_scheduler(tmp_path, cls=getattr(va, cls))
     calls = spy(s)
-    so, mro = step({"a": 2}, {"a": 2})
-    assert s.update_from_output(so, mro) == {"out": 1}
+    assert s.update_from_output(NS(), NS()) is result
     assert seen == ["vllm"] and calls == [(1, [1, 0], None)]
 
 

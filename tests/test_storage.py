@@ -52,8 +52,8 @@ def test_rows_are_durable_and_readable_with_pandas(tmp_path):
     assert set(COLUMN_NAMES) <= set(df.columns)
     assert df.status.tolist() == ["ok", "failed"]
     assert df.error.tolist()[1] == "RuntimeError: boom"
-    assert df.goodput_check.iloc[0] == pytest.approx(1.0)
-    assert bool(df.consistent.iloc[0])
+    assert bool(df.consistent.iloc[0]) and df.checks_failed.iloc[0] == ""
+    assert "goodput_check" not in df.columns  # v3 dropped the identity
     meta = json.loads(pq.read_schema(next(out.glob("part-*.parquet"))).metadata[PARQUET_METADATA_KEY])
     assert meta["schema_version"] == MEASUREMENT_SCHEMA_VERSION and meta["model"] == "m"
     manifest = json.loads((out / SWEEP_META).read_text())
@@ -64,9 +64,11 @@ def test_rows_are_durable_and_readable_with_pandas(tmp_path):
     assert not (out / HOLDER_NAME).exists()  # released
 
 
-def test_inconsistent_cell_is_flagged():
-    row = measurement_row(Cell(0, 1, "dsd", 1), _m(al=2.0, itl=0.01, tpot=0.01), PROV, 0.25)
-    assert row["goodput_check"] == pytest.approx(2.0) and row["consistent"] is False
+def test_a_failed_cross_check_is_flagged_and_named():
+    from dataclasses import replace
+
+    row = measurement_row(Cell(0, 1, "dsd", 1), replace(_m(), checks_failed="tokens: 10 vs 12 (-16.67%)"), PROV, 0.25)
+    assert row["consistent"] is False and row["checks_failed"].startswith("tokens: ")
 
 
 def test_never_overwrites_and_resumes(tmp_path):

@@ -8,7 +8,6 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import make_rows
-from dsdprof.export import table as table_mod
 from dsdprof.io import atomic as atomic_mod
 from dsdprof.decide.analysis import analyze
 from dsdprof.cli.app import app

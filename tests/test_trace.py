@@ -35,11 +35,12 @@ def test_al_itl_tpot_identity_and_k():
     assert t.acceptance_length / t.itl_s * t.tpot_s == pytest.approx(1.0)
     assert t.drafted_per_draft == 3
     assert t.excluded_steps == 2  # the prefill steps
-    # 26 tokens at 3 per step: 8 full steps + a trimmed one delivering 2 -> 26/9 per step
-    assert t.sample_acceptance_length[0] == pytest.approx(26 / 9)
-    assert t.sample_acceptance_length[1] == pytest.approx(26 / 7)
+    # 26 tokens at 3 per step: 8 full steps + one trimmed to 2; AL counts the 3 generated (untrimmed)
+    assert t.sample_acceptance_length[0] == pytest.approx(3.0)
+    assert t.sample_acceptance_length[1] == pytest.approx(4.0)
     # accepted counted before trimming, delivered after
     assert t.generated_tokens > t.delivered_tokens
+    assert t.all_delivered_tokens == 2 * 4 * 26  # every step of the measured waves
     assert t.acceptance_per_pos[0] == pytest.approx(1.0)
     assert t.itl_s == pytest.approx(0.1 * 1.4)
 
@@ -54,7 +55,7 @@ def test_tail_at_smaller_batch_is_excluded():
     ss, excluded = steady_steps(steps, 3)
     assert [round(d, 3) for _, d in ss] == [0.2, 0.2] and excluded == 3
     t = summarize(steps, 3, 2, 2)
-    assert t.acceptance_length == pytest.approx((7 + 4) / 6)
+    assert t.acceptance_length == pytest.approx((7 + 6) / 6)  # generated, untrimmed
     assert t.num_accepted_tokens == 2 + 2 + 0 + 2 + 1 + 0
 
 
@@ -85,7 +86,7 @@ def test_wrong_k_fails_the_cell():
 def test_missing_drafts_fail_a_speculative_cell():
     steps = [Step(0, 0.0, 2, 0, 64, 0, (), (), {}),
              Step(0, 0.1, 2, 2, 0, 0, (2, 0), (3, 1), {"a": 3, "b": 1})]
-    with pytest.raises(CellFailure, match="no draft"):
+    with pytest.raises(CellFailure, match=r"1 of 2 steady request-steps did not draft K=2 \(1 drafted 0, 1 drafted 2\)"):
         summarize(steps, 2, 2, 2)
 
 
@@ -105,11 +106,29 @@ def test_read_trace_roundtrip(tmp_path):
     assert read_trace(tmp_path / "missing.jsonl") == []
 
 
-def test_finishing_step_counts_delivered_but_not_per_position_acceptance():
-    # draft = target, K 3: 23 decode tokens = 5 steps of 4 + a capped step of 3 (vLLM stops at max_tokens)
+def test_finishing_step_counts_its_untrimmed_tokens():
+    # draft = target, K 3: 23 decode tokens = 5 steps of 4 + a step that generated 4 but was trimmed to 3
     steps = [Step(0, 0.0, 1, 0, 32, 0, (), (), {})]
-    steps += [Step(0, 0.1 * (i + 1), 1, 1, 0, 0, (3,), (4,), {"r": 4}, (False,)) for i in range(5)]
-    steps.append(Step(0, 0.6, 1, 1, 0, 0, (3,), (3,), {"r": 3}, (True,)))
+    steps += [Step(0, 0.1 * (i + 1), 1, 1, 0, 0, (3,), (4,), {"r": 4}, (False,), (3,)) for i in range(5)]
+    steps.append(Step(0, 0.6, 1, 1, 0, 0, (3,), (4,), {"r": 3}, (True,), (3,)))
     t = summarize(steps, 1, 3, 3)
-    assert t.acceptance_length == pytest.approx(23 / 6)
+    assert t.acceptance_length == pytest.approx(4.0)  # unbiased: the trim is not the draft's doing
     assert t.acceptance_per_pos == pytest.approx((1.0, 1.0, 1.0))
+    assert t.delivered_tokens == 23 and t.generated_tokens == 24
+
+
+def test_one_steady_step_at_another_k_fails_the_cell():
+    steps = wave(0, 0.0, 2, 3, lambda s: 1, 40)
+    bad = steps[3]
+    steps[3] = Step(bad.wave, bad.t_end, bad.scheduled, bad.decoding, 0, 0, (3, 2), bad.generated, bad.delivered)
+    with pytest.raises(CellFailure, match="1 of .* did not draft K=3"):
+        summarize(steps, 2, 3, 3)
+
+
+def test_stale_outputs_make_a_step_unsteady():
+    # async scheduling: the step after a request finished ran it again; vLLM discarded its output
+    steps = [Step(0, 0.0, 2, 0, 64, 0, (), (), {}),
+             Step(0, 0.1, 2, 2, 0, 0, (1, 1), (2, 2), {"a": 2, "b": 2}),
+             Step(0, 0.2, 2, 1, 0, 0, (1,), (2,), {"b": 2}, stale=1)]
+    t = summarize(steps, 2, 1, 1)
+    assert t.steady_steps == 1 and t.excluded_steps == 2

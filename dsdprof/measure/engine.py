@@ -57,6 +57,9 @@ class CellMeasurement:
     vllm_acceptance_length: float = float("nan")
     vllm_itl_s: float = float("nan")
     vllm_tpot_s: float = float("nan")
+    vllm_drafted_per_draft: float = float("nan")
+    trace_output_tokens: int = 0  # tokens the step trace saw delivered over the measured waves
+    checks_failed: str = ""  # failed cross-checks, "name: by how much; ..." ("" = all passed)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,18 @@
 """Names shared by the parent process and vLLM's engine core, importable without vLLM."""
 
+# Keys of the request's SamplingParams.extra_args the profiling scheduler understands -- only in an
+# engine a dsdprof run started, and only on requests carrying that run's secret (RUN_ARG).
+RUN_ARG = "dsdprof_run"  # the run's secret (see RUN_TOKEN_ENV)
 K_EXTRA_ARG = "dsdprof_num_spec_tokens"  # run the cell at this K
 GATE_ARG = "dsdprof_wave_size"  # hold scheduling until this many requests of the wave are queued
-TRACE_ARG = "dsdprof_trace"  # path of the trace file (JSON lines) for this request's cell
+TRACE_ARG = "dsdprof_trace"  # name of the cell's trace file, inside the engine's trace directory
 WAVE_ARG = "dsdprof_wave"  # wave index within the cell (< 0: warm-up, not summarised)
 # vLLM's ``scheduler_cls``: a factory following vLLM's resolved ``async_scheduling``.
 SCHEDULER_QUALNAME = "dsdprof.engines.vllm_scheduler.make_scheduler"
+# Set by dsdprof's engine worker (never by a client) in the process that starts vLLM, inherited by
+# its engine core: the run's secret, which a request's extra_args must carry for the scheduler to
+# act on its dsdprof keys, and the one directory the scheduler may write step traces into. An
+# engine without them (any engine dsdprof did not start) ignores every dsdprof key.
+RUN_TOKEN_ENV = "DSDPROF_RUN_TOKEN"
+TRACE_DIR_ENV = "DSDPROF_TRACE_DIR"
+MIN_TOKEN_CHARS = 16  # a shorter token is treated as none

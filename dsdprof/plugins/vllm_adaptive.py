@@ -6,22 +6,23 @@ mode (``speculative_config.num_speculative_tokens_per_batch_size`` set, e.g. ``d
 {"dsdprof_adaptive": {"table": PATH}}`` or ``DSDPROF_ADAPTIVE_TABLE=PATH``
 (:mod:`dsdprof.serve.settings`). The factory builds the sync or async scheduler by the
 ``async_scheduling`` vLLM resolved, like :func:`dsdprof.engines.vllm_scheduler.make_scheduler`,
-whose mixin (wave gate, step trace, K forced by a request's ``extra_args``) every class here keeps.
+whose mixin every class here keeps; it ignores every dsdprof key of a client's ``extra_args`` unless
+a dsdprof run started the engine (``dsdprof validate --adaptive``), and then costs nothing per step.
 
 * **Start.** An :class:`~dsdprof.serve.adaptive.AdaptiveKSelector` on the table, capped at the engine's
   ``num_speculative_tokens``; vLLM's ``dynamic_sd_lookup`` becomes the selector's lookup, so the
   engine serves the table's K from the first step (the configured schedule only switches vLLM's
   dynamic-SD mode on).
-* **Every step** (``update_from_output``): per request with a draft, drafted = the number of
-  draft tokens scheduled (``scheduled_spec_decode_tokens``), accepted = tokens the target sampled
-  minus the bonus token (vLLM's own count). Aggregated per position -- drafts, accepted_i = drafts
-  with more than i accepted, and drafted_i when the step mixed draft lengths -- they go to
-  ``selector.observe``. Every ``rebuild_every`` steps the selector re-derives K per batch size;
+* **Every step** (``update_from_output``): vLLM's own per-step ``SpecDecodingStats`` -- drafts,
+  accepted per position, drafted per position -- counted by vLLM's rules (grammar-invalidated
+  drafts excluded, vLLM's ``num_sampled_tokens_per_step`` subtracted, stale outputs of finished or
+  preempted requests skipped, before the output is trimmed) go to ``selector.observe`` (drafted
+  per position only when the step mixed draft lengths). Reading them costs O(K) per step. Every ``rebuild_every`` steps the selector re-derives K per batch size;
   when its ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``.
 * **vLLM's semantics stay**: K is looked up by the number of requests scheduled in the step
-  (``dynamic_sd_lookup[len(num_scheduled_tokens)]``), as with a static schedule. Requests carrying
-  dsdprof's forced K (``extra_args["dsdprof_num_spec_tokens"]``, sweep cells) still run that K;
-  their acceptance is observed like any other.
+  (``dynamic_sd_lookup[len(num_scheduled_tokens)]``), as with a static schedule. No client can
+  force K: only in an engine a dsdprof run started do its own requests (carrying the run's secret)
+  force one; their acceptance is observed like any other.
 * **K=0 is not a trap**: a step without drafts teaches the selector nothing, so once K is 0
   wherever the engine runs the estimate could never recover. After ``probe_every`` steps in a row
   without a draft (default 1024; 0 = never), one unforced step runs at K=1.
@@ -32,6 +33,7 @@ The acceptance estimate is one per engine (all requests, all batch sizes); see d
 from __future__ import annotations
 
 from vllm.logger import init_logger
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
 from dsdprof.plugins.vllm_profiling import (
@@ -39,9 +41,6 @@ from dsdprof.plugins.vllm_profiling import (
 )
 
 logger = init_logger("vllm.dsdprof.serve.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
-
-BONUS_TOKENS = 1  # tokens the target samples per step beyond the accepted drafts
-
 
 class _AdaptiveMixin:
     """See the module docstring. Sits before dsdprof's tracing mixin in the MRO."""
@@ -59,8 +58,9 @@ class _AdaptiveMixin:
         settings = resolve_settings(additional_config, environ)
         self.dsdprof_selector = settings.selector(max_k=self.num_spec_tokens)  # type: ignore[attr-defined]
         self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1  # type: ignore[attr-defined]
-        self._adaptive_acc = [0] * (self.num_spec_tokens + 1)  # type: ignore[attr-defined]
-        self._adaptive_drafted = [0] * (self.num_spec_tokens + 1)  # type: ignore[attr-defined]
+        self._adaptive_pending = None
+        if not getattr(self, "log_stats", True):  # vLLM builds no SpecDecodingStats: build them for us
+            self.make_spec_decoding_stats = self._adaptive_make_spec_stats
         self._adaptive_version = -1
         self._adaptive_probe_every = settings.probe_every
         self._adaptive_idle = 0  # steps in a row without a draft
@@ -92,55 +92,53 @@ class _AdaptiveMixin:
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        self._adaptive_observe(scheduler_output, model_runner_output)
+        self._adaptive_observe(self._adaptive_step_stats(result))
         return result
 
-    def _adaptive_observe(self, scheduler_output, model_runner_output) -> bool:
-        """Feed one step's acceptance to the selector; True when the served lookup changed."""
-        spec = scheduler_output.scheduled_spec_decode_tokens
-        sampled = model_runner_output.sampled_token_ids
-        if not spec or not sampled:
-            self._adaptive_idle += 1
-            return False
-        index = model_runner_output.req_id_to_index
-        acc_hist, drafted_hist = self._adaptive_acc, self._adaptive_drafted
-        drafts = 0
-        lo = hi = 0
-        for req_id, tokens in spec.items():
-            d = len(tokens)
-            i = index.get(req_id)
-            if not d or i is None:
-                continue
-            g = len(sampled[i]) - BONUS_TOKENS
-            if g < 0:  # nothing sampled (e.g. the request was dropped this step)
-                continue
-            acc_hist[g if g < d else d] += 1
-            drafted_hist[d] += 1
-            if drafts == 0:
-                lo = hi = d
-            elif d < lo:
-                lo = d
-            elif d > hi:
-                hi = d
-            drafts += 1
+    def _adaptive_step_stats(self, result):
+        """vLLM's own ``SpecDecodingStats`` of the step just processed: counted by vLLM's rules
+        (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
+        outputs skipped), before vLLM trims the sampled tokens. O(1): vLLM already built them --
+        attached to the step's outputs when the engine logs stats, else captured by
+        :meth:`_adaptive_make_spec_stats`."""
+        pending = self._adaptive_pending
+        if pending is not None:
+            self._adaptive_pending = None
+            return pending
+        for eco in (result or {}).values():
+            stats = eco.scheduler_stats
+            if stats is not None:
+                return stats.spec_decoding_stats
+        return None
+
+    def _adaptive_make_spec_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                  num_invalid_spec_tokens, request_id):
+        """vLLM's ``make_spec_decoding_stats`` without its ``log_stats`` gate (installed on the
+        instance only when the engine does not log stats): the step's stats for the selector."""
+        if spec_decoding_stats is None:
+            spec_decoding_stats = SpecDecodingStats.new(self.num_spec_tokens)  # type: ignore[attr-defined]
+            self._adaptive_pending = spec_decoding_stats
+        if num_invalid_spec_tokens:
+            num_draft_tokens -= num_invalid_spec_tokens.get(request_id, 0)
+        spec_decoding_stats.observe_draft(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)
+        return spec_decoding_stats
+
+    def _adaptive_observe(self, stats) -> bool:
+        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``) to the selector; True when the
+        served lookup changed. O(K) per step, whatever the number of requests."""
+        drafts = stats.num_drafts if stats is not None else 0
         if not drafts:
             self._adaptive_idle += 1
             return False
         self._adaptive_idle = 0
-        accepted = [0] * hi  # accepted[i]: drafts with more than i accepted (position i+1 accepted)
-        drafted = [0] * hi if lo != hi else None
-        run_acc = acc_hist[hi]
-        run_drafted = drafted_hist[hi]
-        acc_hist[hi] = drafted_hist[hi] = 0
-        for i in range(hi - 1, -1, -1):
-            accepted[i] = run_acc
-            if drafted is not None:
-                drafted[i] = run_drafted
-            run_acc += acc_hist[i]
-            run_drafted += drafted_hist[i]
-            acc_hist[i] = drafted_hist[i] = 0
+        per_pos = stats.num_draft_tokens_per_pos
+        hi = len(per_pos)
+        while hi and not per_pos[hi - 1]:
+            hi -= 1
+        accepted = list(stats.num_accepted_tokens_per_pos[:hi])
+        drafted = list(per_pos[:hi])
         sel = self.dsdprof_selector
-        sel.observe(drafts, accepted, drafted)
+        sel.observe(drafts, accepted, None if all(d == drafts for d in drafted) else drafted)
         if sel.version == self._adaptive_version:
             return False
         self._adaptive_swap()

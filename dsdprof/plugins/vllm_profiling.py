@@ -4,65 +4,153 @@ vLLM is started with ``scheduler_cls = "dsdprof.engines.vllm_scheduler.make_sche
 factory that builds :class:`TracingAsyncScheduler` or :class:`TracingScheduler` by the
 ``async_scheduling`` value vLLM itself resolved for this engine (vLLM's default on GPU for
 EAGLE/MTP/draft-model methods; always off on CPU), so the engine keeps the scheduler it would
-have had. The mixin adds three things, all driven by the requests' ``SamplingParams.extra_args``
-(requests without them are scheduled exactly as vLLM would):
+have had.
 
-* **K**: ``extra_args[K_EXTRA_ARG]`` replaces vLLM's dynamic-SD ``batch_size -> K`` lookup with
-  that constant K (capped at ``num_speculative_tokens``), so one engine serves every K of a sweep.
-* **Wave gate**: while nothing runs, a queue of requests carrying ``extra_args[GATE_ARG] = B``
-  is not scheduled until B of them have arrived (``has_requests`` answers no, and the engine core
-  waits for input): the wave starts as one batch of exactly B, whatever the transport's timing.
-* **Step trace**: for requests carrying ``extra_args[TRACE_ARG]`` (a file path), one record per
-  engine step (:class:`dsdprof.measure.vllm.trace.Step`) is buffered and appended to that file as one
-  JSON line when the engine has no request left, i.e. before the wave's last output leaves the
-  engine core.
+**Trust.** The mixin acts only in an engine a dsdprof run started: the run's worker puts a secret
+(``DSDPROF_RUN_TOKEN``) and a trace directory (``DSDPROF_TRACE_DIR``) in the environment of the
+process that starts vLLM, which its engine core inherits; no client can set either. In any other
+engine (``vllm serve`` with the adaptive plugin, say) every dsdprof key of a request is ignored
+and never even read: the scheduler is vLLM's. In a run's engine, only requests whose
+``extra_args[RUN_ARG]`` equals the secret are profiled, and their keys are parsed once, when the
+request arrives; a value of the wrong type or out of range is ignored and counted
+(``dsdprof_ignored``), never raised. For profiled requests:
+
+* **K**: ``extra_args[K_EXTRA_ARG]`` (an int in 0..``num_spec_tokens``) replaces vLLM's
+  dynamic-SD ``batch_size -> K`` lookup with that constant K, so one engine serves every K.
+* **Wave gate**: while nothing runs, a queue headed by a request carrying ``extra_args[GATE_ARG]
+  = B`` (1..``max_num_seqs``) is not scheduled until B requests have arrived.
+* **Step trace**: ``extra_args[TRACE_ARG]`` names the cell's trace file (a plain file name) inside
+  the trace directory; one record per engine step (:class:`dsdprof.measure.vllm.trace.Step`) is
+  buffered and appended as one JSON line when the engine has no request left.
+
+**Accounting** holds under every call order vLLM uses (``EngineCore.step``, and
+``step_with_batch_queue`` where ``schedule`` of step n+1 runs before ``update_from_output`` of
+step n): what a step scheduled is keyed by its ``SchedulerOutput``; what a request was delivered is
+its output's growth across that step's ``update_from_output``; drafted/accepted are counted as
+vLLM counts them, before vLLM trims the sampled tokens in place; outputs vLLM discards (request
+already finished) are counted as stale, not as decoding.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import os
+import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from dsdprof.plugins.names import GATE_ARG, TRACE_ARG, WAVE_ARG
-from dsdprof.plugins.names import K_EXTRA_ARG
+from dsdprof.plugins.names import (
+    GATE_ARG, K_EXTRA_ARG, MIN_TOKEN_CHARS, RUN_ARG, RUN_TOKEN_ENV, TRACE_ARG, TRACE_DIR_ENV, WAVE_ARG,
+)
+
+_TRACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+_MAX_WAVE = 1 << 31
 
 
-def _extra(request) -> dict[str, Any]:
-    params = request.sampling_params
-    extra = params.extra_args if params is not None else None
-    return extra or {}
+@dataclass(frozen=True, slots=True)
+class Profiled:
+    """The dsdprof keys of one request of this engine's run, parsed and bounded."""
+
+    k: int | None
+    gate: int
+    trace: str  # absolute path of the trace file ("" = not traced)
+    wave: int
+
+
+def _int(value: Any, lo: int, hi: int) -> int | None:
+    """``value`` when it is an int (not a bool) in lo..hi, else None."""
+    if type(value) is int and lo <= value <= hi:
+        return value
+    return None
+
+
+def parse_keys(extra: Any, token: str, trace_dir: str, max_k: int, max_gate: int) -> tuple[Profiled | None, bool]:
+    """(the request's profile, whether dsdprof keys were present but ignored). Never raises."""
+    if not token or type(extra) is not dict or not extra:
+        return None, False
+    secret = extra.get(RUN_ARG)
+    if type(secret) is not str or not secret.isascii() or not hmac.compare_digest(secret, token):
+        return None, any(type(key) is str and key.startswith("dsdprof_") for key in extra)
+    bad = False
+    k = extra.get(K_EXTRA_ARG)
+    k_ok = _int(k, 0, max_k)
+    bad |= k is not None and k_ok is None
+    gate = extra.get(GATE_ARG)
+    gate_ok = _int(gate, 1, max_gate)
+    bad |= gate is not None and gate_ok is None
+    wave = extra.get(WAVE_ARG)
+    wave_ok = _int(wave, -_MAX_WAVE, _MAX_WAVE)
+    bad |= wave is not None and wave_ok is None
+    name = extra.get(TRACE_ARG)
+    path = ""
+    if name is not None:
+        if trace_dir and type(name) is str and _TRACE_NAME.match(name):
+            path = os.path.join(trace_dir, name + ".jsonl")
+        else:
+            bad = True
+    return Profiled(k_ok, gate_ok or 0, path, wave_ok or 0), bad
+
+
+def _run_settings(environ=None) -> tuple[str, str]:
+    env = os.environ if environ is None else environ
+    token = env.get(RUN_TOKEN_ENV, "")
+    if len(token) < MIN_TOKEN_CHARS or not token.isascii():
+        return "", ""
+    trace_dir = env.get(TRACE_DIR_ENV, "")
+    return token, (os.path.realpath(trace_dir) if trace_dir and os.path.isdir(trace_dir) else "")
 
 
 class _DsdprofMixin:
-    """See the module docstring. Attributes are created lazily: vLLM owns ``__init__``."""
+    """See the module docstring."""
 
-    def _dsdprof_init(self) -> None:
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self._dsdprof_init()
+
+    def _dsdprof_init(self, environ=None) -> None:
         self._dsdprof_table_lookup = self.dynamic_sd_lookup  # type: ignore[attr-defined]
         self._dsdprof_const: dict[int, list[int]] = {}
-        self._dsdprof_steps: dict[int, tuple[str, int, list[tuple[str, int, bool, int]], int, int]] = {}
+        self._dsdprof_steps: dict[int, tuple] = {}
         self._dsdprof_buffers: dict[str, list[dict[str, Any]]] = {}
+        self._dsdprof_token, self._dsdprof_trace_dir = _run_settings(environ)
+        self._dsdprof_reqs: dict[str, Profiled] = {}
+        self.dsdprof_ignored = 0  # requests whose dsdprof keys were (partly) ignored
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request) -> None:  # type: ignore[override]
+        super().add_request(request)  # type: ignore[misc]
+        if not self._dsdprof_token:
+            return
+        params = request.sampling_params
+        profile, bad = parse_keys(params.extra_args if params is not None else None, self._dsdprof_token,
+                                  self._dsdprof_trace_dir, self.num_spec_tokens,  # type: ignore[attr-defined]
+                                  self.max_num_running_reqs)  # type: ignore[attr-defined]
+        self.dsdprof_ignored += bad
+        if profile is not None:
+            self._dsdprof_reqs[request.request_id] = profile
+
+    def _dsdprof_live(self, req_id: str) -> bool:
+        request = self.requests.get(req_id)  # type: ignore[attr-defined]
+        return request is not None and not request.is_finished()
 
     # ------------------------------------------------------------------ K
     def _dsdprof_requested_k(self) -> int | None:
         requested = None
-        for queue in (self.running, self.waiting):  # type: ignore[attr-defined]
-            for request in queue:
-                extra = _extra(request)
-                if K_EXTRA_ARG in extra:
-                    k = int(extra[K_EXTRA_ARG])
-                    requested = k if requested is None else max(requested, k)
+        for req_id, p in self._dsdprof_reqs.items():
+            if p.k is not None and self._dsdprof_live(req_id):
+                requested = p.k if requested is None else max(requested, p.k)
         return requested
 
     def _dsdprof_apply_k(self) -> None:
-        k = self._dsdprof_requested_k()
+        k = self._dsdprof_requested_k() if self._dsdprof_reqs else None
         if k is None or self._dsdprof_table_lookup is None:
             self.dynamic_sd_lookup = self._dsdprof_table_lookup  # type: ignore[attr-defined]
             return
-        k = max(0, min(k, self.num_spec_tokens))  # type: ignore[attr-defined]
         lookup = self._dsdprof_const.get(k)
         if lookup is None:
             lookup = [k] * len(self._dsdprof_table_lookup)
@@ -71,22 +159,21 @@ class _DsdprofMixin:
 
     # ------------------------------------------------------------------ gate
     def has_requests(self) -> bool:  # type: ignore[override]
-        waiting = self.waiting  # type: ignore[attr-defined]
-        if not self.running and len(waiting) > 0:  # type: ignore[attr-defined]
+        if self._dsdprof_reqs and not self.running:  # type: ignore[attr-defined]
+            waiting = self.waiting  # type: ignore[attr-defined]
             for request in waiting:
-                need = int(_extra(request).get(GATE_ARG, 0) or 0)
-                if need and len(waiting) < need:
+                p = self._dsdprof_reqs.get(request.request_id)
+                if p is not None and p.gate and len(waiting) < p.gate:
                     return False
                 break
         return super().has_requests()  # type: ignore[misc]
 
     # ------------------------------------------------------------------ trace
     def schedule(self, *args, **kwargs):  # type: ignore[override]
-        if not hasattr(self, "_dsdprof_const"):
-            self._dsdprof_init()
         self._dsdprof_apply_k()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        self._dsdprof_record_schedule(out)
+        if self._dsdprof_reqs:
+            self._dsdprof_record_schedule(out)
         return out
 
     def _dsdprof_record_schedule(self, out) -> None:
@@ -95,72 +182,100 @@ class _DsdprofMixin:
             return
         new_ids = {r.req_id for r in out.scheduled_new_reqs}
         path, wave = "", 0
-        reqs: list[tuple[str, int, bool, int]] = []  # (req_id, drafted, decoding, output tokens before)
+        reqs: list[tuple[str, bool]] = []  # (req_id, decoding)
         prefill_tokens = others = 0
+        spec = out.scheduled_spec_decode_tokens
         for req_id, n in scheduled.items():
             request = self.requests.get(req_id)  # type: ignore[attr-defined]
             if request is None:
                 continue
-            drafted = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
+            drafted = len(spec.get(req_id, ()))
             computed_before = request.num_computed_tokens - n
             decoding = (req_id not in new_ids and n == 1 + drafted
                         and computed_before >= request.num_prompt_tokens)
             if not decoding:
                 prefill_tokens += n
-            extra = _extra(request)
-            trace = extra.get(TRACE_ARG)
-            if not trace:
+            p = self._dsdprof_reqs.get(req_id)
+            if p is None or not p.trace:
                 others += 1
                 continue
             if not path:
-                path, wave = str(trace), int(extra.get(WAVE_ARG, 0))
-            elif str(trace) != path or int(extra.get(WAVE_ARG, 0)) != wave:
+                path, wave = p.trace, p.wave
+            elif p.trace != path or p.wave != wave:
                 others += 1
                 continue
-            reqs.append((req_id, drafted, decoding, request.num_output_tokens))
+            reqs.append((req_id, decoding))
         if path:
             self._dsdprof_steps[id(out)] = (path, wave, reqs, prefill_tokens, others)
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
-        if not hasattr(self, "_dsdprof_const"):
-            self._dsdprof_init()
-        info = self._dsdprof_steps.pop(id(scheduler_output), None)
-        requests = {}
-        if info is not None:
-            requests = {rid: self.requests.get(rid) for rid, *_ in info[2]}  # type: ignore[attr-defined]
+        info = self._dsdprof_steps.pop(id(scheduler_output), None) if self._dsdprof_steps else None
+        before = self._dsdprof_before(info, scheduler_output, model_runner_output) if info is not None else None
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         if info is not None:
-            self._dsdprof_record_output(info, requests, model_runner_output)
-        if not self.running and len(self.waiting) == 0 and self._dsdprof_buffers:  # type: ignore[attr-defined]
-            self._dsdprof_flush()
+            self._dsdprof_record_output(info, before)
+        if self._dsdprof_reqs and not self.running and len(self.waiting) == 0:  # type: ignore[attr-defined]
+            self._dsdprof_reqs = {r: p for r, p in self._dsdprof_reqs.items() if self._dsdprof_live(r)}
+            if self._dsdprof_buffers:
+                self._dsdprof_flush()
         return result
 
-    def _dsdprof_record_output(self, info, requests, model_runner_output) -> None:
-        path, wave, reqs, prefill_tokens, others = info
-        sampled = model_runner_output.sampled_token_ids
-        index = model_runner_output.req_id_to_index
-        drafted, generated, delivered, finished = [], [], {}, []
-        decoding = 0
-        for req_id, n_draft, is_decoding, before in reqs:
-            if not is_decoding:
-                continue
-            decoding += 1
+    def _dsdprof_before(self, info, so, mro) -> list[tuple]:
+        """Per traced request, before vLLM processes the output (and trims it in place):
+        (id, request, decoding, stale, output tokens so far, drafted, accepted, sampled)."""
+        sampled = mro.sampled_token_ids
+        index = mro.req_id_to_index
+        spec = so.scheduled_spec_decode_tokens
+        invalid = so.num_invalid_spec_tokens or {}
+        per_step = getattr(self, "num_sampled_tokens_per_step", 1)
+        rows = []
+        for req_id, decoding in info[2]:
+            request = self.requests.get(req_id)  # type: ignore[attr-defined]
+            stale = request is None or request.is_finished() or bool(
+                getattr(request, "num_stale_output_tokens", 0) and getattr(request, "drop_stale_output", False))
             i = index.get(req_id)
-            drafted.append(n_draft)
-            generated.append(len(sampled[i]) if (sampled and i is not None) else 0)
-            request = requests.get(req_id)
-            delivered[req_id] = (request.num_output_tokens - before) if request is not None else 0
-            finished.append(bool(request is None or request.is_finished()))
+            g = len(sampled[i]) if (sampled and i is not None) else 0
+            d = len(spec.get(req_id, ()))
+            a = max(g - per_step, 0) if d and (g or per_step == 0) else 0
+            d = d - invalid.get(req_id, 0) if d else 0
+            rows.append((req_id, request, decoding, stale, 0 if stale else request.num_output_tokens, d, a, g))
+        return rows
+
+    def _dsdprof_record_output(self, info, before) -> None:
+        path, wave, reqs, prefill_tokens, others = info
+        ids, drafted, accepted, generated, finished, delivered = [], [], [], [], [], {}
+        stale_n = 0
+        for req_id, request, decoding, stale, n_before, d, a, g in before:
+            if stale:
+                stale_n += 1
+                continue
+            delivered[req_id] = request.num_output_tokens - n_before
+            if decoding:
+                ids.append(req_id)
+                drafted.append(d)
+                accepted.append(a)
+                generated.append(g)
+                finished.append(request.is_finished())
+        if not delivered:  # every output of the step was stale (async: the wave already finished)
+            return
         self._dsdprof_buffers.setdefault(path, []).append({
-            "wave": wave, "t_end": time.perf_counter(), "scheduled": len(reqs), "decoding": decoding,
-            "prefill_tokens": prefill_tokens, "others": others, "drafted": drafted,
-            "generated": generated, "delivered": delivered, "finished": finished,
+            "wave": wave, "t_end": time.perf_counter(), "scheduled": len(reqs), "decoding": len(ids),
+            "prefill_tokens": prefill_tokens, "others": others, "stale": stale_n, "ids": ids,
+            "drafted": drafted, "accepted": accepted, "generated": generated, "delivered": delivered,
+            "finished": finished,
         })
 
     def _dsdprof_flush(self) -> None:
+        trace_dir = self._dsdprof_trace_dir
         for path, records in self._dsdprof_buffers.items():
-            with open(path, "a") as fh:
-                fh.write(json.dumps(records) + "\n")
+            if not trace_dir or os.path.dirname(path) != trace_dir:
+                continue  # never outside the run's trace directory
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
+                with os.fdopen(fd, "a") as fh:
+                    fh.write(json.dumps(records) + "\n")
+            except OSError:
+                self.dsdprof_ignored += 1  # a trace that cannot be written fails its cell, not the engine
         self._dsdprof_buffers = {}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.metadata
 import multiprocessing as mp
 import os
+import secrets
 import signal
 from dataclasses import replace
 from pathlib import Path
@@ -195,7 +196,9 @@ class EnginePool:
 
     def __init__(self, kwargs_for: Callable[[str], dict[str, Any]], workload, start_timeout_s: float,
                  log_dir: Path | None = None, start_worker: StartWorker | None = None,
-                 max_output_len: int = 2) -> None:
+                 max_output_len: int = 2, run_token: str = "", trace_dir: str = "") -> None:
+        self._run_token = run_token
+        self._trace_dir = trace_dir
         self._kwargs_for = kwargs_for
         self._max_output_len = max_output_len
         self._workload = workload
@@ -217,7 +220,8 @@ class EnginePool:
             return w
         if w is not None:
             w.kill()
-        config = WorkerConfig(self._kwargs_for(key), self._workload, self.log_path(key), self._max_output_len)
+        config = WorkerConfig(self._kwargs_for(key), self._workload, self.log_path(key), self._max_output_len,
+                              self._run_token, self._trace_dir)
         try:
             w = self._start(config, self._timeout)
         except Exception as err:  # noqa: BLE001 - remembered so later cells fail fast
@@ -260,8 +264,12 @@ class VllmEngine:
         self._memory_kwargs, self.memory_note = memory_plan(spec.engine.extra, concurrent_engines,
                                                             on_gpu=_cuda_available())
         log_dir = self.out_dir / "_logs" if self.out_dir is not None else None
+        # The run's secret and trace directory: only this run's requests drive its engines (vllm_scheduler).
+        self.run_token = secrets.token_hex(16)
+        self.trace_dir = str((self.out_dir / "_traces").resolve()) if self.out_dir is not None else ""
         self.pool = EnginePool(self.llm_kwargs, spec.workload, spec.engine.start_timeout_s, log_dir, start_worker,
-                               max_output_len=spec.sweep.output_len)
+                               max_output_len=spec.sweep.output_len, run_token=self.run_token,
+                               trace_dir=self.trace_dir)
 
     # ------------------------------------------------------------------ configuration
     def base_kwargs(self) -> dict[str, Any]:
@@ -275,9 +283,26 @@ class VllmEngine:
             "max_num_seqs": max(sweep.batch_sizes), "disable_log_stats": False,
             "scheduler_cls": SCHEDULER_QUALNAME,
         }
+        kwargs.update(self.cudagraph_kwargs())
         kwargs.update(e.extra)
         kwargs.update(self._memory_kwargs)
         return kwargs
+
+    def cudagraph_kwargs(self, on_gpu: bool | None = None) -> dict[str, Any]:
+        """GPU engine parity: every engine of the spec (vanilla included) runs PIECEWISE CUDA
+        graphs -- vLLM forces PIECEWISE on a dynamic-SD engine, and a vanilla engine on full graphs
+        would make the speedup compare graph modes -- with capture sizes covering every decode
+        batch of the grid, ``batch_size * (K + 1)`` for each K (vLLM's default list stops at 512
+        tokens and the DSD engine rounds it to multiples of max K + 1). Not on CPU, not with
+        ``enforce_eager``, and never over a ``compilation_config`` of ``[engine] extra``."""
+        e, sweep = self.spec.engine, self.spec.sweep
+        if (not (_cuda_available() if on_gpu is None else on_gpu) or e.extra.get("enforce_eager")
+                or "compilation_config" in e.extra):
+            return {}
+        ks = sorted({0, *sweep.num_spec_tokens})
+        sizes = sorted({b * (k + 1) for b in sweep.batch_sizes for k in ks})
+        return {"compilation_config": {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": sizes,
+                                       "max_cudagraph_capture_size": sizes[-1]}}
 
     def speculative_config(self, k: int, dsd: bool) -> dict[str, Any]:
         e = self.spec.engine
@@ -316,7 +341,11 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ start
     def check_models(self) -> None:
-        """Fail before any cell (one line, exit 2) when a model cannot be resolved offline."""
+        """Fail before any engine starts (one line, exit 2) when a model cannot be resolved offline,
+        a request would not fit ``max_model_len`` or the dataset does not exist."""
+        from dsdprof.config.spec import check_workload_for_engine
+
+        check_workload_for_engine(self.spec)
         e = self.spec.engine
         resolve_model_offline("engine.model", e.model)
         if e.draft_model:
@@ -375,24 +404,24 @@ class VllmEngine:
             dataset=w.dataset, seed=w.seed, dsdprof_version=__version__,
             extra={"speculation_mode": self._mode or "", "fallback_reason": self.fallback_reason,
                    "memory": self.memory_note, "async_scheduling": str(info.get("async_scheduling", "")),
+                   "cudagraph_mode": str(self.cudagraph_kwargs().get("compilation_config", {}).get(
+                       "cudagraph_mode", "vLLM default")),
                    "measurement": "engine-core step trace, steady-state steps only",
                    "ld_preload": os.environ.get("LD_PRELOAD", "")},  # e.g. libiomp5 on CPU: changes timing
         )
 
     # ------------------------------------------------------------------ cells
-    def trace_path(self, cell: Cell) -> str:
-        if self.out_dir is None:
-            return ""
-        d = self.out_dir / "_traces"
-        d.mkdir(parents=True, exist_ok=True)
-        return str(d / f"{cell.cell_id}.jsonl")
+    def trace_name(self, cell: Cell) -> str:
+        """The cell's trace file name (kept in ``OUT/_traces`` when the run has an OUT)."""
+        return cell.cell_id if self.out_dir is not None else ""
 
     def cell_request(self, cell: Cell, num_spec_tokens: int | None, verify_k: int | None = None) -> CellRequest:
         s = self.spec
         return CellRequest(batch_size=cell.batch_size, num_spec_tokens=num_spec_tokens,
                            positions=cell.num_spec_tokens, waves=s.sweep.waves, warmup=s.sweep.warmup,
                            output_len=s.sweep.output_len, temperature=s.workload.temperature,
-                           seed=s.workload.seed, verify_k=verify_k, trace_path=self.trace_path(cell))
+                           seed=s.workload.seed, verify_k=verify_k, trace_name=self.trace_name(cell),
+                           timing_tolerance=s.sweep.consistency_tolerance)
 
     def run(self, key: str, req: CellRequest) -> CellMeasurement:
         if self.one_fixed_engine and key.startswith("fixed-"):  # one fixed-K engine at a time

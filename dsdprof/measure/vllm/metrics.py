@@ -12,6 +12,8 @@ batch included), so they are reported beside the trace, not instead of it:
   vllm_itl_s = delta sum / delta count.
 * TPOT per request from ``RequestOutput.metrics``: (last_token_ts - first_token_ts) /
   (delivered tokens - 1); vllm_tpot_s is their mean.
+
+:func:`cross_checks` compares them with the trace; a row records the failed checks.
 """
 
 from __future__ import annotations
@@ -78,17 +80,68 @@ class RequestTiming:
         return (self.last_token_ts - self.first_token_ts) / (self.num_generation_tokens - 1)
 
 
+def cross_checks(trace, drafts: float, draft_tokens: float, accepted: float, requests: list[RequestTiming],
+                 expected_k: int | None, batch_size: int, timing_tolerance: float) -> list[str]:
+    """The cell's independent cross-checks; one line per failed check, naming it and by how much.
+
+    * ``tokens``: tokens the trace saw delivered over the measured waves == tokens the requests
+      received (the client's outputs).
+    * ``drafts``: vLLM's own counters drafted exactly K tokens per draft (none at K=0).
+    * ``counters``: drafts, draft tokens and accepted tokens of the trace (every step of the
+      measured waves) == vLLM's spec-decode counter deltas, i.e. AL over those steps == vLLM's AL.
+    * ``timing`` (BS 1): acceptance_length / itl_s within ``timing_tolerance`` of the request's own
+      rate from vLLM's timestamps, (tokens - 1) / (last_token_ts - first_token_ts).
+    """
+    failures = []
+    client = sum(r.num_generation_tokens for r in requests)
+    seen = trace.all_delivered_tokens
+    if seen != client:
+        failures.append(f"tokens: the trace delivered {seen} tokens, the requests received {client} "
+                        f"({(seen - client) / client if client else math.inf:+.2%})")
+    if expected_k is not None:
+        if expected_k == 0 and drafts:
+            failures.append(f"drafts: vLLM counted {drafts:.0f} drafts, the row says K=0")
+        elif expected_k > 0:
+            dpd = draft_tokens / drafts if drafts else 0.0
+            if abs(dpd - expected_k) > 1e-9 * expected_k:
+                failures.append(f"drafts: vLLM drafted {dpd:.4f} tokens per draft, the row says K={expected_k} "
+                                f"({(dpd - expected_k) / expected_k:+.2%})")
+    mine = (trace.all_drafts, trace.all_draft_tokens, trace.all_accepted_tokens)
+    theirs = (drafts, draft_tokens, accepted)
+    if any(abs(a - b) > 0.5 for a, b in zip(mine, theirs)):
+        al_mine = 1 + mine[2] / mine[0] if mine[0] else 1.0
+        al_theirs = 1 + accepted / drafts if drafts else 1.0
+        failures.append(f"counters: trace drafts/draft tokens/accepted {mine[0]}/{mine[1]}/{mine[2]} vs vLLM's "
+                        f"{theirs[0]:.0f}/{theirs[1]:.0f}/{theirs[2]:.0f} (AL {al_mine:.4f} vs {al_theirs:.4f}, "
+                        f"{(al_mine - al_theirs) / al_theirs:+.2%})")
+    if batch_size == 1 and trace.itl_s > 0:
+        spans = [(r.num_generation_tokens - 1, r.last_token_ts - r.first_token_ts) for r in requests
+                 if r.num_generation_tokens > 1]
+        span = sum(t for _, t in spans)
+        if span > 0:
+            client_rate = sum(n for n, _ in spans) / span
+            rate = trace.acceptance_length / trace.itl_s
+            rel = rate / client_rate - 1.0
+            if abs(rel) > timing_tolerance:
+                failures.append(f"timing: AL/ITL {rate:.2f} tok/s vs {client_rate:.2f} tok/s from vLLM's request "
+                                f"timestamps ({rel:+.1%}, tolerance {timing_tolerance:.0%})")
+    return failures
+
+
 def build_measurement(trace, before: MetricSnapshot, after: MetricSnapshot, requests: list[RequestTiming],
-                      num_spec_tokens: int, wall_s: float) -> CellMeasurement:
+                      num_spec_tokens: int, wall_s: float, expected_k: int | None = None, batch_size: int = 0,
+                      timing_tolerance: float = 0.25) -> CellMeasurement:
     """A cell's measurement: headline numbers from the step ``trace`` (a
-    :class:`dsdprof.measure.vllm.trace.TraceSummary`), cross-checks from vLLM's metric deltas and the
-    requests' timestamps over the same measured waves."""
+    :class:`dsdprof.measure.vllm.trace.TraceSummary`), cross-checks (:func:`cross_checks`) against
+    vLLM's metric deltas and the requests' outputs and timestamps over the same measured waves."""
     drafts = after.drafts - before.drafts
+    draft_tokens = after.draft_tokens - before.draft_tokens
     accepted = after.accepted - before.accepted
     itl_count = after.itl_count - before.itl_count
     itl_sum = after.itl_sum - before.itl_sum
     tpots = [r.tpot_s for r in requests if not math.isnan(r.tpot_s)]
     num_tokens = sum(r.num_generation_tokens for r in requests)
+    failures = cross_checks(trace, drafts, draft_tokens, accepted, requests, expected_k, batch_size, timing_tolerance)
     t = trace
     return CellMeasurement(
         acceptance_length=t.acceptance_length,
@@ -106,4 +159,7 @@ def build_measurement(trace, before: MetricSnapshot, after: MetricSnapshot, requ
         vllm_acceptance_length=1.0 + accepted / drafts if drafts > 0 else 1.0,
         vllm_itl_s=itl_sum / itl_count if itl_count > 0 else math.nan,
         vllm_tpot_s=sum(tpots) / len(tpots) if tpots else math.nan,
+        vllm_drafted_per_draft=draft_tokens / drafts if drafts > 0 else 0.0,
+        trace_output_tokens=t.all_delivered_tokens,
+        checks_failed="; ".join(failures),
     )

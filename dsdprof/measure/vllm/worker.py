@@ -26,6 +26,8 @@ class WorkerConfig:
     workload: Any  # dsdprof.config.spec.WorkloadSpec (picklable pydantic model)
     log_path: str = ""  # vLLM's stdout/stderr and the worker's tracebacks go here ("" = inherit)
     max_output_len: int = 2  # cap on dataset output lengths ([sweep] output_len)
+    run_token: str = ""  # the run's secret: the engine acts on dsdprof keys of requests carrying it
+    trace_dir: str = ""  # the one directory the engine core writes step traces into
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class CellRequest:
     temperature: float
     seed: int
     verify_k: int | None = None  # K every steady step must draft (None: num_spec_tokens; -1: unchecked)
-    trace_path: str = ""  # where the engine core writes this cell's step trace ("" = a temp file)
+    trace_name: str = ""  # the cell's trace file name in the engine's trace directory ("" = temporary)
+    timing_tolerance: float = 0.25  # BS 1: AL/ITL vs the request timestamps may differ by this much
 
 
 def detect_hardware() -> str:
@@ -63,32 +66,32 @@ def detect_hardware() -> str:
     return f"CPU: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
-def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int] | None = None):
+def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int] | None = None,
+             run_token: str = "", trace_dir: str = ""):
     """Warm-up waves (unmeasured), then ``req.waves`` gated waves of exactly ``batch_size``
     requests, traced step by step inside the engine core (see :mod:`dsdprof.measure.vllm.trace`)."""
-    import tempfile
+    import uuid
 
     from vllm import SamplingParams
 
-    from dsdprof.measure.vllm.trace import read_trace, summarize
-    from dsdprof.plugins.names import GATE_ARG, TRACE_ARG, WAVE_ARG
     from dsdprof.measure.vllm.metrics import RequestTiming, build_measurement, snapshot_from_metrics
-    from dsdprof.plugins.names import K_EXTRA_ARG
+    from dsdprof.measure.vllm.trace import read_trace, summarize
     from dsdprof.measure.workload import wave_indices
+    from dsdprof.plugins.names import GATE_ARG, K_EXTRA_ARG, RUN_ARG, TRACE_ARG, WAVE_ARG
 
-    trace_path = req.trace_path
-    if not trace_path:
-        fd, trace_path = tempfile.mkstemp(prefix="dsdprof-trace-", suffix=".jsonl")
-        os.close(fd)
+    run_token = run_token or os.environ.get("DSDPROF_RUN_TOKEN", "")
+    trace_dir = trace_dir or os.environ.get("DSDPROF_TRACE_DIR", "")
+    name = req.trace_name or f"tmp-{uuid.uuid4().hex}"
+    trace_path = os.path.join(trace_dir, name + ".jsonl")
     if os.path.exists(trace_path):
         os.unlink(trace_path)  # a retried cell starts a fresh trace
 
     def params(wave: int, output_len: int) -> SamplingParams:
-        extra: dict[str, Any] = {GATE_ARG: req.batch_size}
+        extra: dict[str, Any] = {RUN_ARG: run_token, GATE_ARG: req.batch_size}
         if req.num_spec_tokens is not None:
             extra[K_EXTRA_ARG] = req.num_spec_tokens
         if wave >= 0:
-            extra.update({TRACE_ARG: trace_path, WAVE_ARG: wave})
+            extra.update({TRACE_ARG: name, WAVE_ARG: wave})
         return SamplingParams(
             max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
             temperature=req.temperature, seed=req.seed if req.temperature > 0 else None, extra_args=extra)
@@ -114,9 +117,10 @@ def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int
     after = snapshot_from_metrics(llm.get_metrics())
     verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
     trace = summarize(read_trace(trace_path), req.batch_size, verify, req.positions)
-    if not req.trace_path:
+    if not req.trace_name:
         os.unlink(trace_path)
-    return build_measurement(trace, before, after, timings, req.positions, wall)
+    return build_measurement(trace, before, after, timings, req.positions, wall, expected_k=verify,
+                             batch_size=req.batch_size, timing_tolerance=req.timing_tolerance)
 
 
 def _die_with_parent() -> None:
@@ -160,6 +164,17 @@ def worker_main(conn, config: WorkerConfig) -> None:
         pass
     _redirect_output(config.log_path)
     _die_with_parent()
+    from dsdprof.plugins.names import RUN_TOKEN_ENV, TRACE_DIR_ENV
+
+    # Inherited by vLLM's engine core (and nothing a client sends can set them): see vllm_scheduler.
+    import secrets
+    import tempfile
+
+    run_token = config.run_token or secrets.token_hex(16)
+    trace_dir = config.trace_dir or tempfile.mkdtemp(prefix="dsdprof-traces-")
+    os.makedirs(trace_dir, exist_ok=True)
+    os.environ[RUN_TOKEN_ENV] = run_token
+    os.environ[TRACE_DIR_ENV] = trace_dir
     try:
         import vllm
         from vllm import LLM
@@ -185,7 +200,7 @@ def worker_main(conn, config: WorkerConfig) -> None:
         if msg[0] == "stop":
             break
         try:
-            conn.send(("ok", run_cell(llm, pool, msg[1], output_lens)))
+            conn.send(("ok", run_cell(llm, pool, msg[1], output_lens, run_token, trace_dir)))
         except BaseException as err:  # noqa: BLE001 - a failed cell is reported, the worker lives on
             conn.send(_error(err))
     try:
