@@ -9,7 +9,7 @@ from dsdprof.decide.analysis import analyze
 from dsdprof.io.readers import read_measurements
 from dsdprof.jobs.budget import Budget, Ledger, batch_status, parse_budget, plan_pass, run_budgeted_sweep
 from dsdprof.cli.app import app
-from dsdprof.decide.bootstrap import regret
+from dsdprof.decide.rule import regret
 from dsdprof.measure.engine import plan_cells
 from dsdprof.errors import InputError
 from dsdprof.config.spec import parse_spec

@@ -125,103 +125,107 @@ def _title(prov: dict) -> str:
     return " / ".join(str(prov[k]) for k in ("model", "draft_model", "hardware") if prov.get(k))
 
 
+def _progress():
+    """A progress bar on stderr and the callback that feeds it from the runner's events."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), console=err_console)
+    task = None
+
+    def on_progress(ev) -> None:
+        nonlocal task
+        if ev.phase == "plan":
+            err_console.print(f"[dim]{ev.message}[/]")
+            task = progress.add_task("validate", total=ev.total, cell="")
+        elif task is not None:
+            c = ev.cell
+            progress.update(task, completed=ev.index, cell=f"BS {c.batch_size:>4} {c.mode} K={c.num_spec_tokens}")
+            if ev.status == "failed":
+                progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
+    return progress, on_progress
+
+
+
+def _validate(
+    table_path: Path = typer.Argument(..., metavar="TABLE", help="K table (dsdprof.ktable/v1 or /v2 JSON) to serve."),
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec whose engine, batch sizes and workload to run."),
+    fixed_k: Optional[List[int]] = typer.Option(None, "--fixed-k", help="Fixed K to compare against (repeatable; default 3)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for Parquet rows (default runs/validate-<time>)."),
+    fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", help="Exit 1 when DSD's regret vs the best fixed K exceeds PCT percent at any batch size."),
+    noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag (raised to the spread seen across repeats)."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the spec's sweep.repeats."),
+    waves: Optional[int] = typer.Option(None, "--waves", min=1, help="Override the spec's sweep.waves."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the validate run in OUT (same table, spec and versions): skip finished cells, retry failed ones."),
+    adaptive: bool = typer.Option(False, "--adaptive", help="Also serve the table (v2) through dsdprof's adaptive vLLM scheduler, which follows live acceptance (docs/adaptive.md)."),
+    adaptive_config: Optional[str] = typer.Option(None, "--adaptive-config", metavar="JSON", help='Adaptive selector options, e.g. \'{"half_life": 256, "margin": 0.02}\' (implies --adaptive).'),
+) -> None:
+    """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report TOPS/user, regret, speedup."""
+    from datetime import datetime
+
+    from dsdprof.jobs.validate import run_validation, table_warnings
+    from dsdprof.config.spec import load_spec
+    from dsdprof.export.table import load_table
+
+    _check_report_options(fail_on_regret, noise)
+    adaptive_options = _adaptive_options(adaptive, adaptive_config)
+    table = load_table(table_path)
+    spec = load_spec(spec_path)
+    upd = {k: v for k, v in (("repeats", repeats), ("waves", waves)) if v is not None}
+    if upd:
+        spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update=upd)})
+    if out is None:
+        out = Path("runs") / f"validate-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    ks = list(fixed_k) if fixed_k else [3]
+    early = table_warnings(table, spec)
+    for w in early:
+        err_console.print(f"[yellow]warning:[/] {w}")
+    progress, on_progress = _progress()
+    try:
+        with progress:
+            summary = run_validation(table, spec, out, ks, table_path=str(table_path), resume=resume,
+                                     on_progress=on_progress, adaptive=adaptive_options)
+    except KeyboardInterrupt:
+        again = ["dsdprof", "validate", str(table_path), str(spec_path), "--out", str(out)]
+        again += [a for k in ks for a in ("--fixed-k", str(k))]
+        again += [a for name, v in (("--repeats", repeats), ("--waves", waves)) if v is not None
+                  for a in (name, str(v))]
+        if adaptive_options is not None:
+            again += ["--adaptive-config", json.dumps(adaptive_options)]
+        raise interrupted([*again, "--resume"]) from None
+    for w in (w for w in summary.warnings if w not in early):
+        err_console.print(f"[yellow]warning:[/] {w}")
+    console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped -> {summary.out}")
+    report(out, noise, fail_on_regret, _title(table.get("provenance", {})))
+
+def _validate_report(
+    results: Path = typer.Argument(..., metavar="RESULTS", help="Output of dsdprof validate (directory or Parquet file)."),
+    fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", help="Exit 1 when DSD's regret vs the best fixed K exceeds PCT percent at any batch size."),
+    noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag."),
+) -> None:
+    """Print the vanilla / fixed K / DSD comparison of a finished validate run (no vLLM)."""
+    from dsdprof.io.readers import read_provenance
+
+    _check_report_options(fail_on_regret, noise)
+    report(results, noise, fail_on_regret, _title(read_provenance(results)))
+
+def _plot(
+    results: Path = typer.Argument(..., metavar="RESULTS", help="Sweep or validate output (directory or Parquet file)."),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the PNG files."),
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K (sweeps)."),
+    force: bool = typer.Option(False, "--force", help="Replace existing PNGs of the same names."),
+) -> None:
+    """Draw PNGs: optimal K vs BS, goodput heatmap, TOPS/user (validate runs), acceptance per position."""
+    from dsdprof.report.plots import plot_results, require_matplotlib
+
+    require_matplotlib()
+    written = plot_results(results, out_dir, tolerance=tolerance, force=force)
+    for p in written:
+        console.print(f"wrote {p}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add this subpackage's commands to ``app``."""
-
-    @app.command()
-    @guarded
-    def validate(
-        table_path: Path = typer.Argument(..., metavar="TABLE", help="K table (dsdprof.ktable/v1 or /v2 JSON) to serve."),
-        spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec whose engine, batch sizes and workload to run."),
-        fixed_k: Optional[List[int]] = typer.Option(None, "--fixed-k", help="Fixed K to compare against (repeatable; default 3)."),
-        out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for Parquet rows (default runs/validate-<time>)."),
-        fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", help="Exit 1 when DSD's regret vs the best fixed K exceeds PCT percent at any batch size."),
-        noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag (raised to the spread seen across repeats)."),
-        repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the spec's sweep.repeats."),
-        waves: Optional[int] = typer.Option(None, "--waves", min=1, help="Override the spec's sweep.waves."),
-        resume: bool = typer.Option(False, "--resume", help="Continue the validate run in OUT (same table, spec and versions): skip finished cells, retry failed ones."),
-        adaptive: bool = typer.Option(False, "--adaptive", help="Also serve the table (v2) through dsdprof's adaptive vLLM scheduler, which follows live acceptance (docs/adaptive.md)."),
-        adaptive_config: Optional[str] = typer.Option(None, "--adaptive-config", metavar="JSON", help='Adaptive selector options, e.g. \'{"half_life": 256, "margin": 0.02}\' (implies --adaptive).'),
-    ) -> None:
-        """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report TOPS/user, regret, speedup."""
-        from datetime import datetime
-
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        from dsdprof.jobs.validate import run_validation, table_warnings
-        from dsdprof.config.spec import load_spec
-        from dsdprof.export.table import load_table
-
-        _check_report_options(fail_on_regret, noise)
-        adaptive_options = _adaptive_options(adaptive, adaptive_config)
-        table = load_table(table_path)
-        spec = load_spec(spec_path)
-        upd = {k: v for k, v in (("repeats", repeats), ("waves", waves)) if v is not None}
-        if upd:
-            spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update=upd)})
-        if out is None:
-            out = Path("runs") / f"validate-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-        ks = list(fixed_k) if fixed_k else [3]
-        early = table_warnings(table, spec)
-        for w in early:
-            err_console.print(f"[yellow]warning:[/] {w}")
-        progress = Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), console=err_console)
-        task = None
-
-        def on_progress(ev) -> None:
-            nonlocal task
-            if ev.phase == "plan":
-                err_console.print(f"[dim]{ev.message}[/]")
-                task = progress.add_task("validate", total=ev.total, cell="")
-            elif task is not None:
-                c = ev.cell
-                progress.update(task, completed=ev.index, cell=f"BS {c.batch_size:>4} {c.mode} K={c.num_spec_tokens}")
-                if ev.status == "failed":
-                    progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
-
-        try:
-            with progress:
-                summary = run_validation(table, spec, out, ks, table_path=str(table_path), resume=resume,
-                                         on_progress=on_progress, adaptive=adaptive_options)
-        except KeyboardInterrupt:
-            again = ["dsdprof", "validate", str(table_path), str(spec_path), "--out", str(out)]
-            again += [a for k in ks for a in ("--fixed-k", str(k))]
-            again += [a for name, v in (("--repeats", repeats), ("--waves", waves)) if v is not None
-                      for a in (name, str(v))]
-            if adaptive_options is not None:
-                again += ["--adaptive-config", json.dumps(adaptive_options)]
-            raise interrupted([*again, "--resume"]) from None
-        for w in (w for w in summary.warnings if w not in early):
-            err_console.print(f"[yellow]warning:[/] {w}")
-        console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped -> {summary.out}")
-        report(out, noise, fail_on_regret, _title(table.get("provenance", {})))
-
-    @app.command("validate-report")
-    @guarded
-    def validate_report(
-        results: Path = typer.Argument(..., metavar="RESULTS", help="Output of dsdprof validate (directory or Parquet file)."),
-        fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", help="Exit 1 when DSD's regret vs the best fixed K exceeds PCT percent at any batch size."),
-        noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag."),
-    ) -> None:
-        """Print the vanilla / fixed K / DSD comparison of a finished validate run (no vLLM)."""
-        from dsdprof.io.readers import read_provenance
-
-        _check_report_options(fail_on_regret, noise)
-        report(results, noise, fail_on_regret, _title(read_provenance(results)))
-
-    @app.command()
-    @guarded
-    def plot(
-        results: Path = typer.Argument(..., metavar="RESULTS", help="Sweep or validate output (directory or Parquet file)."),
-        out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the PNG files."),
-        tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K (sweeps)."),
-        force: bool = typer.Option(False, "--force", help="Replace existing PNGs of the same names."),
-    ) -> None:
-        """Draw PNGs: optimal K vs BS, goodput heatmap, TOPS/user (validate runs), acceptance per position."""
-        from dsdprof.report.plots import plot_results, require_matplotlib
-
-        require_matplotlib()
-        written = plot_results(results, out_dir, tolerance=tolerance, force=force)
-        for p in written:
-            console.print(f"wrote {p}")
+    """Add ``validate``, ``validate-report`` and ``plot`` to ``app``."""
+    app.command("validate")(guarded(_validate))
+    app.command("validate-report")(guarded(_validate_report))
+    app.command("plot")(guarded(_plot))

@@ -25,8 +25,10 @@ import pandas as pd
 
 from dsdprof.decide.chain import CHAIN_METHODS, chain_check, fractions_at, with_chain_acceptance
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
-from dsdprof.decide.bootstrap import SHAPE_DENSE, SHAPE_MOE, batch_replicates, check_confidence, contenders, curve, decide_batch, margin, regret_bound
+from dsdprof.decide.bootstrap import batch_replicates, check_confidence
+from dsdprof.decide.rule import SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, margin, regret_bound
 from dsdprof.errors import InputError
+from dsdprof.formats.ktable import choose_k  # noqa: F401 - the K rule, re-exported
 from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.io.readers import mixed_provenance, read_measurements, read_provenance, validate_measurements
@@ -152,12 +154,6 @@ def split_baseline_candidates(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     return vanilla, candidates
 
 
-def choose_k(goodput_by_k: dict[int, float], tolerance: float) -> int:
-    """Smallest K whose point goodput is within ``tolerance`` (relative) of the best (no intervals)."""
-    best = max(goodput_by_k.values())
-    return min(k for k, g in goodput_by_k.items() if g >= best * (1.0 - tolerance))
-
-
 def is_non_increasing(values: list[int]) -> bool:
     return all(a >= b for a, b in zip(values, values[1:]))
 
@@ -170,6 +166,52 @@ def _method(df: pd.DataFrame, provenance: dict[str, Any]) -> str:
     return ""
 
 
+def _check_options(tolerance: float, confidence: float, acceptance: str, replicates: int) -> float:
+    if not (0.0 <= tolerance < 1.0) or math.isnan(tolerance):
+        raise InputError("tolerance", tolerance, "must be in [0, 1)")
+    confidence = check_confidence(confidence)
+    if acceptance not in ("measured", "chain", "auto"):
+        raise InputError("acceptance", acceptance, "must be measured, chain or auto")
+    if int(replicates) < 100:
+        raise InputError("replicates", replicates, "must be >= 100")
+    return confidence
+
+
+def _per_pos_table(candidate_rows: pd.DataFrame) -> pd.DataFrame:
+    """Median per-position acceptance of each (batch size, K) over its rows."""
+    if "acceptance_per_pos" not in candidate_rows.columns:
+        return pd.DataFrame(columns=["batch_size", "num_spec_tokens", "acceptance_per_pos"])
+    lists: dict[tuple[int, int], list] = {}
+    for b, k, v in zip(candidate_rows["batch_size"], candidate_rows["num_spec_tokens"],
+                       candidate_rows["acceptance_per_pos"]):
+        lists.setdefault((int(b), int(k)), []).append(v)
+    return pd.DataFrame([{"batch_size": b, "num_spec_tokens": k, "acceptance_per_pos": _per_pos_median(v)}
+                         for (b, k), v in sorted(lists.items())])
+
+
+def _optimal_record(d: Any, k: int, cells: pd.DataFrame, rep: Any, base_goodput: dict, ks: list[int],
+                    tolerance: float, confidence: float) -> dict[str, Any]:
+    """One row of ``Analysis.optimal``: the K served at ``d.batch_size`` and how sure it is."""
+    b = d.batch_size
+    group = cells[cells["batch_size"] == b]
+    by_k = dict(zip(group["num_spec_tokens"].astype(int), group["goodput"]))
+    row = group[group["num_spec_tokens"] == k].iloc[0]
+    runner_up, m, m_lo, m_hi = margin(rep, k, confidence)
+    rec: dict[str, Any] = {
+        "batch_size": int(b), "k": int(k), "goodput": float(row["goodput"]),
+        "acceptance_length": float(row["acceptance_length"]), "itl_s": float(row["itl_s"]),
+        "baseline_goodput": float(base_goodput.get(b, np.nan)),
+    }
+    rec["speedup_vs_baseline"] = rec["goodput"] / rec["baseline_goodput"]
+    for kk in ks:
+        rec[f"speedup_vs_k{kk}"] = rec["goodput"] / by_k[kk] if kk in by_k else np.nan
+    rec.update(decided=bool(d.decided and k == d.k), runner_up=runner_up, margin=m, ci_low=m_lo, ci_high=m_hi,
+               best_k=d.best_k, k_rule=d.k, admissible=list(d.admissible), interval_known=d.known,
+               regret_bound=regret_bound(rep, k, confidence),
+               contenders=sorted(set(contenders(rep, d, tolerance, confidence)) | {int(k)}))
+    return rec
+
+
 def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
             provenance: dict[str, Any] | None = None, confidence: float = DEFAULT_CONFIDENCE,
             acceptance: str = "auto", replicates: int = DEFAULT_REPLICATES,
@@ -180,13 +222,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     K's per-position acceptance where rows carry it) or ``auto`` (chain for chain drafters whose
     measured AL agrees with the prediction within its interval, else measured).
     """
-    if not (0.0 <= tolerance < 1.0) or math.isnan(tolerance):
-        raise InputError("tolerance", tolerance, "must be in [0, 1)")
-    confidence = check_confidence(confidence)
-    if acceptance not in ("measured", "chain", "auto"):
-        raise InputError("acceptance", acceptance, "must be measured, chain or auto")
-    if int(replicates) < 100:
-        raise InputError("replicates", replicates, "must be >= 100")
+    confidence = _check_options(tolerance, confidence, acceptance, replicates)
     prov = dict(provenance or {})
     check_baseline(df)
     df = validate_measurements(df)
@@ -195,14 +231,8 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
         raise InputError("rows", 0, "no speculative or K=0 candidate rows")
     cells = _mean_cells(candidate_rows).rename(columns={"acceptance_length": "acceptance_length_measured"})
     baseline = _mean_cells(baseline_rows)[["batch_size", "acceptance_length", "itl_s", "goodput"]]
-    per_pos = pd.DataFrame(columns=["batch_size", "num_spec_tokens", "acceptance_per_pos"])
-    if "acceptance_per_pos" in candidate_rows.columns:
-        lists: dict[tuple[int, int], list] = {}
-        for b, k, v in zip(candidate_rows["batch_size"], candidate_rows["num_spec_tokens"],
-                           candidate_rows["acceptance_per_pos"]):
-            lists.setdefault((int(b), int(k)), []).append(v)
-        per_pos = pd.DataFrame([{"batch_size": b, "num_spec_tokens": k, "acceptance_per_pos": _per_pos_median(v)}
-                                for (b, k), v in sorted(lists.items())])
+    per_pos = _per_pos_table(candidate_rows)
+    if len(per_pos):
         cells = cells.merge(per_pos, on=["batch_size", "num_spec_tokens"], how="left")
     reps = batch_replicates(candidate_rows, replicates, seed, confidence)
     check = chain_check(reps, per_pos, confidence)
@@ -229,26 +259,8 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     base_goodput = dict(zip(baseline["batch_size"], baseline["goodput"]))
     ks = sorted(int(k) for k in cells["num_spec_tokens"].unique())
 
-    records = []
-    for d, k in zip(decisions, path):
-        b = d.batch_size
-        group = cells[cells["batch_size"] == b]
-        by_k = dict(zip(group["num_spec_tokens"].astype(int), group["goodput"]))
-        row = group[group["num_spec_tokens"] == k].iloc[0]
-        runner_up, m, m_lo, m_hi = margin(reps[b], k, confidence)
-        rec: dict[str, Any] = {
-            "batch_size": int(b), "k": int(k), "goodput": float(row["goodput"]),
-            "acceptance_length": float(row["acceptance_length"]), "itl_s": float(row["itl_s"]),
-            "baseline_goodput": float(base_goodput.get(b, np.nan)),
-        }
-        rec["speedup_vs_baseline"] = rec["goodput"] / rec["baseline_goodput"]
-        for kk in ks:
-            rec[f"speedup_vs_k{kk}"] = rec["goodput"] / by_k[kk] if kk in by_k else np.nan
-        rec.update(decided=bool(d.decided and k == d.k), runner_up=runner_up, margin=m, ci_low=m_lo, ci_high=m_hi,
-                   best_k=d.best_k, k_rule=d.k, admissible=list(d.admissible), interval_known=d.known,
-                   regret_bound=regret_bound(reps[b], k, confidence),
-                   contenders=sorted(set(contenders(reps[b], d, tolerance, confidence)) | {int(k)}))
-        records.append(rec)
+    records = [_optimal_record(d, k, cells, reps[d.batch_size], base_goodput, ks, tolerance, confidence)
+               for d, k in zip(decisions, path)]
     optimal = pd.DataFrame.from_records(records)
     optimal["runner_up"] = optimal["runner_up"].astype("Int64")
     return Analysis(

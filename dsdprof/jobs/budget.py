@@ -17,7 +17,7 @@ is
 The next pass
 runs one more repeat (``Cell.repeat`` = the cell's last repeat + 1) of the *contenders* of every open
 batch size: the Ks that more data could still make the answer (see
-:func:`dsdprof.decide.bootstrap.contenders`), plus those two. It stops when every batch size is settled,
+:func:`dsdprof.decide.rule.contenders`), plus those two. It stops when every batch size is settled,
 when the budget would be exceeded by the next cell, or when nothing is left to run, and says
 which batch sizes are not settled. Rows stay one per cell, so ``--resume`` continues a run: the
 next pass is planned from the rows on disk.

@@ -16,17 +16,16 @@ and writes step traces to ``OUT/_traces/``. On a GPU, engines that are alive at 
 from __future__ import annotations
 
 import importlib.metadata
-import multiprocessing as mp
 import os
 import secrets
-import signal
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance
-from dsdprof.measure.vllm.worker import CellRequest, WorkerConfig, detect_hardware, worker_main
+from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401 - re-exported
+from dsdprof.measure.vllm.worker import CellRequest, detect_hardware
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 
@@ -34,10 +33,6 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default, shared out between concu
 # Words in vLLM's errors when it rejects a dynamic-SD schedule (and only then may auto fall back).
 _DSD_REJECTION_MARKERS = ("num_speculative_tokens_per_batch_size", "dynamic speculative", "Batch-size ranges",
                           "dynamic_sd")
-
-
-class EngineFailure(RuntimeError):
-    """An engine failed to start, died, or a cell raised inside it."""
 
 
 def _engine_version() -> str:
@@ -93,156 +88,6 @@ def resolve_model_offline(field: str, name: str) -> None:
     if not isinstance(try_to_load_from_cache(name, "config.json"), str):
         raise InputError(field, name, "not a local directory and not in the Hugging Face cache "
                                       f"(download it first: huggingface-cli download {name})")
-
-
-def _one_line(err: BaseException, limit: int = 400) -> str:
-    text = " ".join(str(err).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-_GENERIC_FAILURES = ("initialization failed", "See root cause above", "See stack trace")
-
-
-def root_cause(err: BaseException, log_path: str = "") -> str:
-    """One line for an engine that failed to start: vLLM's own root cause from the engine log
-    when the exception only says "see above" (the engine core's error is logged, not raised)."""
-    message = _one_line(err)
-    if not log_path or not any(g in message for g in _GENERIC_FAILURES):
-        return message
-    try:
-        lines = Path(log_path).read_text(errors="replace").splitlines()
-    except OSError:
-        return message
-    for line in lines:
-        text = line.split("] ", 1)[-1].strip() if "ERROR" in line else line.strip()
-        head = text.split(":", 1)[0]
-        if (head.endswith(("Error", "Exception")) and " " not in head
-                and not any(g in text for g in _GENERIC_FAILURES)):
-            return _one_line(RuntimeError(text))
-    return message
-
-
-class EngineWorker:
-    """Parent-side handle of one engine process."""
-
-    def __init__(self, config: WorkerConfig, start_timeout_s: float) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker_main, args=(child, config), daemon=False)
-        self.proc.start()
-        child.close()
-        self.info = self._receive(start_timeout_s, "engine start")
-
-    def _receive(self, timeout_s: float, what: str) -> Any:
-        try:
-            ready = self.conn.poll(timeout_s)
-        except (EOFError, OSError):
-            ready = True
-        if not ready:
-            self.kill()
-            raise EngineFailure(f"{what} timed out after {timeout_s:.0f} s")
-        try:
-            msg = self.conn.recv()
-        except (EOFError, OSError):
-            self.kill()
-            raise EngineFailure(f"engine process died during {what} (exit code {self.proc.exitcode})") from None
-        if msg[0] == "error":
-            if what == "engine start":
-                self.kill()
-            raise EngineFailure(msg[1])
-        return msg[1]
-
-    def run(self, req: CellRequest, timeout_s: float) -> CellMeasurement:
-        try:
-            self.conn.send(("cell", req))
-        except (OSError, BrokenPipeError):
-            self.kill()
-            raise EngineFailure("engine process is gone") from None
-        return self._receive(timeout_s, "cell")
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.is_alive()
-
-    def stop(self) -> None:
-        if self.alive:
-            try:
-                self.conn.send(("stop",))
-                self.proc.join(60)
-            except (OSError, BrokenPipeError):
-                pass
-        self.kill()
-
-    def kill(self) -> None:
-        """Kill the worker's whole process group (engine core, workers), even if its leader is gone."""
-        pid = self.proc.pid
-        if pid is not None:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                if self.proc.is_alive():
-                    self.proc.kill()
-            self.proc.join(10)
-        self.conn.close()
-
-
-StartWorker = Callable[[WorkerConfig, float], Any]
-
-
-class EnginePool:
-    """Engine workers by key (``vanilla``, ``dsd``, ``fixed-<K>``, ...), started lazily and kept
-    alive so cells can interleave; a key whose start failed stays failed. Shared by sweep and
-    validate. ``start_worker(config, timeout_s)`` defaults to a vLLM child process."""
-
-    def __init__(self, kwargs_for: Callable[[str], dict[str, Any]], workload, start_timeout_s: float,
-                 log_dir: Path | None = None, start_worker: StartWorker | None = None,
-                 max_output_len: int = 2, run_token: str = "", trace_dir: str = "") -> None:
-        self._run_token = run_token
-        self._trace_dir = trace_dir
-        self._kwargs_for = kwargs_for
-        self._max_output_len = max_output_len
-        self._workload = workload
-        self._timeout = start_timeout_s
-        self._log_dir = log_dir
-        self._start = start_worker or EngineWorker
-        self._workers: dict[str, Any] = {}
-        self.start_errors: dict[str, str] = {}
-        self.info: dict[str, Any] = {}
-
-    def log_path(self, key: str) -> str:
-        return str(self._log_dir / f"engine-{key}.log") if self._log_dir is not None else ""
-
-    def get(self, key: str):
-        if key in self.start_errors:
-            raise EngineFailure(f"engine {key!r} failed to start: {self.start_errors[key]}")
-        w = self._workers.get(key)
-        if w is not None and w.alive:
-            return w
-        if w is not None:
-            w.kill()
-        config = WorkerConfig(self._kwargs_for(key), self._workload, self.log_path(key), self._max_output_len,
-                              self._run_token, self._trace_dir)
-        try:
-            w = self._start(config, self._timeout)
-        except Exception as err:  # noqa: BLE001 - remembered so later cells fail fast
-            self.start_errors[key] = root_cause(err, self.log_path(key))
-            raise EngineFailure(self.start_errors[key]) from None
-        self._workers[key] = w
-        self.info.update(w.info)
-        return w
-
-    def stop(self, key: str) -> None:
-        w = self._workers.pop(key, None)
-        if w is not None:
-            w.stop()
-
-    def keys(self) -> list[str]:
-        return list(self._workers)
-
-    def close(self) -> None:
-        for w in self._workers.values():
-            w.stop()
-        self._workers.clear()
 
 
 class VllmEngine:

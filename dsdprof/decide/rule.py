@@ -1,0 +1,199 @@
+"""The K rule with intervals, and the curve's shape.
+
+:func:`decide_batch` applies :func:`dsdprof.formats.ktable.choose_k` to bootstrap intervals (a
+smaller K replaces the best only when the lower end of its goodput ratio clears the tolerance);
+:func:`contenders`, :func:`margin` and :func:`regret_bound` say how sure that is; :func:`curve`
+and :func:`significant_rise` label K*(batch size) dense-like or MoE-like. The intervals come from
+:mod:`dsdprof.decide.bootstrap`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE
+from dsdprof.decide.bootstrap import BatchReplicates, interval
+from dsdprof.formats.ktable import choose_k
+
+SHAPE_MOE, SHAPE_DENSE, SHAPE_FLAT = "moe-like", "dense-like", "flat"
+
+@dataclass(frozen=True)
+class Decision:
+    """The rule's outcome at one batch size (see the module docstring)."""
+
+    batch_size: int
+    k: int
+    best_k: int
+    admissible: tuple[int, ...]
+    decided: bool
+    known: bool
+    ratio: dict[int, float]  # point goodput / best point goodput
+    ratio_low: dict[int, float] = field(default_factory=dict)
+    ratio_high: dict[int, float] = field(default_factory=dict)
+
+
+def decide_batch(rep: BatchReplicates, tolerance: float, confidence: float) -> Decision:
+    ks = [int(k) for k in rep.ks]
+    g = rep.point_goodput
+    best = int(np.argmax(g))  # first maximum: ties go to the smaller K
+    ratio = {k: float(g[i] / g[best]) for i, k in enumerate(ks)}
+    floor = 1.0 - tolerance
+    if not rep.known:
+        k = choose_k(ratio, tolerance)
+        return Decision(rep.batch_size, k, ks[best], tuple(ks), False, False, ratio)
+    reps = rep.goodput
+    lo, hi = interval(reps / reps[:, [best]], confidence)
+    if rep.exact:
+        lo = hi = np.array([ratio[k] for k in ks])
+    chosen = min(i for i in range(len(ks)) if lo[i] >= floor - 1e-12)
+    admissible = {ks[chosen]}
+    for i, k in enumerate(ks):
+        if i < chosen and hi[i] >= floor - 1e-12:
+            admissible.add(k)
+        elif i > chosen:
+            vs = reps[:, chosen] / reps[:, i]
+            low = float(g[chosen] / g[i]) if rep.exact else float(interval(vs, confidence)[0])
+            if low < floor - 1e-12:
+                admissible.add(k)
+    return Decision(rep.batch_size, ks[chosen], ks[best], tuple(sorted(admissible)), len(admissible) == 1, True,
+                    ratio, {k: float(lo[i]) for i, k in enumerate(ks)}, {k: float(hi[i]) for i, k in enumerate(ks)})
+
+
+def regret_bound(rep: BatchReplicates, k: int, confidence: float) -> float:
+    """Upper confidence bound of K's shortfall against any other K: 1 - min_j lo(g_k / g_j)
+    (0 when K is confidently at least as good as every other K; NaN when intervals are unknown)."""
+    ks = [int(x) for x in rep.ks]
+    if not rep.known or len(ks) < 2:
+        return math.nan if not rep.known else 0.0
+    i = ks.index(k)
+    g = rep.point_goodput if rep.exact else rep.goodput
+    if rep.exact:
+        return max(0.0, 1.0 - min(float(g[i] / g[j]) for j in range(len(ks)) if j != i))
+    others = [j for j in range(len(ks)) if j != i]
+    lo = interval(g[:, [i]] / g[:, others], confidence)[0]
+    return max(0.0, 1.0 - float(np.min(lo)))
+
+
+def contenders(rep: BatchReplicates, d: Decision, tolerance: float, confidence: float) -> tuple[int, ...]:
+    """The Ks more data could still make the answer at this batch size: the admissible K*, the
+    best K, and every K the chosen one is not confidently within tolerance of. All Ks when the
+    intervals are unknown."""
+    ks = [int(x) for x in rep.ks]
+    if not rep.known:
+        return tuple(ks)
+    out = set(d.admissible) | {d.best_k, d.k}
+    i = ks.index(d.k)
+    g = rep.point_goodput if rep.exact else rep.goodput
+    for j, k in enumerate(ks):
+        if j == i:
+            continue
+        low = float(g[i] / g[j]) if rep.exact else float(interval(g[:, i] / g[:, j], confidence)[0])
+        if low < 1.0 - tolerance - 1e-12:
+            out.add(k)
+    return tuple(sorted(out))
+
+
+def margin(rep: BatchReplicates, k: int, confidence: float) -> tuple[Optional[int], float, float, float]:
+    """(runner-up K, goodput(k) / goodput(runner-up), its interval) with the runner-up the best
+    other K by point goodput; NaN interval when unknown."""
+    ks = [int(x) for x in rep.ks]
+    if len(ks) < 2:
+        return None, math.nan, math.nan, math.nan
+    i = ks.index(k)
+    g = rep.point_goodput
+    others = [j for j in range(len(ks)) if j != i]
+    j = max(others, key=lambda jj: (g[jj], -ks[jj]))
+    m = float(g[i] / g[j])
+    if not rep.known:
+        return ks[j], m, math.nan, math.nan
+    if rep.exact:
+        return ks[j], m, m, m
+    lo, hi = interval(rep.goodput[:, i] / rep.goodput[:, j], confidence)
+    return ks[j], m, float(lo), float(hi)
+
+
+# ----------------------------------------------------------------------------- the curve
+
+def fewest_rises_path(options: Sequence[dict[int, tuple[float, ...]]],
+                      rises_first: bool = True) -> tuple[int, list[int]]:
+    """One K per position, K from ``options[i]`` (K -> cost tuple). Minimises, lexicographically,
+    (rises, summed cost) with ``rises_first``, else (summed cost[0], rises, summed cost[1:]);
+    a rise is a position where K goes up. Returns (rises, Ks)."""
+    def key(acc: tuple[float, ...]) -> tuple[float, ...]:
+        return acc if rises_first else (acc[1], acc[0], *acc[2:])
+
+    layers: list[dict[int, tuple[tuple[float, ...], Optional[int]]]] = []
+    for i, opts in enumerate(options):
+        layer: dict[int, tuple[tuple[float, ...], Optional[int]]] = {}
+        for k, cost in opts.items():
+            if i == 0:
+                layer[k] = ((0.0, *cost), None)
+                continue
+            steps = [((float(k > kp) + c[0], *(a + b for a, b in zip(c[1:], cost))), kp)
+                     for kp, (c, _) in layers[-1].items()]
+            layer[k] = min(steps, key=lambda st: (key(st[0]), st[1]))
+        layers.append(layer)
+    k = min(layers[-1], key=lambda kk: (key(layers[-1][kk][0]), kk))
+    rises = int(layers[-1][k][0][0])
+    path = [k]
+    for layer in reversed(layers[1:]):
+        k = layer[k][1]
+        path.append(k)
+    return rises, path[::-1]
+
+
+def _ratio_interval(rep: BatchReplicates, ka: int, kb: int, confidence: float) -> tuple[float, float]:
+    """Interval of goodput(ka) / goodput(kb) at one batch size (NaN when unknown)."""
+    ks = [int(x) for x in rep.ks]
+    if not rep.known or ka not in ks or kb not in ks:
+        return math.nan, math.nan
+    i, j = ks.index(ka), ks.index(kb)
+    if rep.exact:
+        r = float(rep.point_goodput[i] / rep.point_goodput[j])
+        return r, r
+    lo, hi = interval(rep.goodput[:, i] / rep.goodput[:, j], confidence)
+    return float(lo), float(hi)
+
+
+def significant_rise(decisions: Sequence[Decision], reps: Optional[dict[int, BatchReplicates]],
+                     confidence: float, tolerance: float) -> bool:
+    """A rise of the rule's K that exceeds its intervals pairwise: for some b1 < b2 with rule K
+    k1 < k2, k1 beats k2 by more than the tolerance at b1 AND k2 beats k1 by more than the
+    tolerance at b2, both at the stated confidence (near-ties flipping by noise do not count)."""
+    if not reps:
+        return False
+    for i, d1 in enumerate(decisions):
+        for d2 in decisions[i + 1:]:
+            if d1.k >= d2.k:
+                continue
+            lo1, _ = _ratio_interval(reps[d1.batch_size], d1.k, d2.k, confidence)
+            _, hi2 = _ratio_interval(reps[d2.batch_size], d1.k, d2.k, confidence)
+            if lo1 > 1.0 + tolerance and hi2 < 1.0 - tolerance:
+                return True
+    return False
+
+
+def curve(decisions: Sequence[Decision], tolerance: float,
+          reps: Optional[dict[int, BatchReplicates]] = None,
+          confidence: float = DEFAULT_CONFIDENCE) -> tuple[str, list[int]]:
+    """(shape, K per batch size) from per-batch-size decisions in ascending batch size."""
+    floor = 1.0 - tolerance
+    options = [{k: (max(0.0, floor - d.ratio[k]), float(k != d.k), 1.0 - d.ratio[k], float(k)) for k in d.admissible}
+               for d in decisions]
+    rises, path = fewest_rises_path(options)
+    if not rises and not significant_rise(decisions, reps, confidence, tolerance):
+        return (SHAPE_FLAT if len(set(path)) == 1 else SHAPE_DENSE), path
+    return SHAPE_MOE, fewest_rises_path(options, rises_first=False)[1]
+
+
+def regret(chosen: dict[int, int], truth_goodput: dict[int, dict[int, float]]) -> dict[int, float]:
+    """Per batch size, 1 - truth goodput of the chosen K / the best truth goodput there."""
+    out = {}
+    for b, k in chosen.items():
+        g = truth_goodput[b]
+        out[b] = 1.0 - g[k] / max(g.values())
+    return out
