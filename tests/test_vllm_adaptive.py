@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsdprof.measure.engine import Cell  # noqa: E402
-from dsdprof.jobs.validate import ValidateEngine  # noqa: E402
+from dsdprof.jobs.validate import validation_engine  # noqa: E402
 from dsdprof.formats.measurements import MODE_ADAPTIVE  # noqa: E402
 from dsdprof.config.spec import parse_spec  # noqa: E402
 from dsdprof.formats.ktable import k_for_batch_size  # noqa: E402
@@ -39,7 +39,7 @@ def test_adaptive_engine_moves_k_to_the_live_acceptance(tmp_path):
     table_file.write_text(json.dumps(table))
     out = tmp_path / "run"
     options = {"prior_weight": 2, "half_life": 32, "rebuild_every": 1}  # follow within a few steps
-    engine = ValidateEngine(spec, table, out, adaptive=(str(table_file), 4, options))
+    engine = validation_engine(spec, table, out, adaptive=(str(table_file), 4, options))
     try:
         m1 = engine.measure(Cell(0, 1, MODE_ADAPTIVE, 4))
         m2 = engine.measure(Cell(0, 2, MODE_ADAPTIVE, 4))

@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsdprof.decide.analysis import analyze_path  # noqa: E402
-from dsdprof.measure.vllm.engine import EngineWorker, VllmEngine  # noqa: E402
+from dsdprof.measure.vllm.engine import VllmEngine  # noqa: E402
+from dsdprof.measure.vllm.pool import EngineWorker  # noqa: E402
 from dsdprof.measure.vllm.worker import CellRequest, WorkerConfig  # noqa: E402
 from dsdprof.config.spec import parse_spec  # noqa: E402
 from dsdprof.measure.runner import run_sweep  # noqa: E402

@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-
-def _fmt(x: Any, digits: int = 2) -> str:
-    if x is None:
-        return "-"
-    try:
-        if math.isnan(float(x)):
-            return "-"
-    except (TypeError, ValueError):
-        return str(x)
-    return f"{float(x):.{digits}f}"
+from dsdprof.cli.common import fmt_number
 
 
 def _interval(point: float, lo: float, hi: float) -> str:
     if math.isnan(lo) or math.isnan(hi):
-        return f"{_fmt(point)} [?]"
-    return f"{_fmt(point)} [{_fmt(lo)}, {_fmt(hi)}]"
+        return f"{fmt_number(point)} [?]"
+    return f"{fmt_number(point)} [{fmt_number(lo)}, {fmt_number(hi)}]"
 
 
 def analysis_json(result) -> str:
@@ -66,9 +56,9 @@ def render_analysis(result, console: Console, err_console: Console) -> None:
         decided = "yes" if r["decided"] else ("?" if not r["interval_known"] else "no")
         runner = "-" if r["runner_up"] is None or str(r["runner_up"]) == "<NA>" else str(int(r["runner_up"]))
         t.add_row(str(int(r["batch_size"])), str(int(r["k"])), decided, runner,
-                  _interval(r["margin"], r["ci_low"], r["ci_high"]), _fmt(r["acceptance_length"]),
-                  _fmt(r["itl_s"] * 1e3), _fmt(r["goodput"], 1), _fmt(r["speedup_vs_baseline"]) + "x",
-                  *[_fmt(r[f"speedup_vs_k{k}"]) + "x" for k in ks])
+                  _interval(r["margin"], r["ci_low"], r["ci_high"]), fmt_number(r["acceptance_length"]),
+                  fmt_number(r["itl_s"] * 1e3), fmt_number(r["goodput"], 1), fmt_number(r["speedup_vs_baseline"]) + "x",
+                  *[fmt_number(r[f"speedup_vs_k{k}"]) + "x" for k in ks])
     console.print(t)
 
     v = Table(title=f"Goodput vs the best K at each batch size, [{conf} interval]; * = chosen")

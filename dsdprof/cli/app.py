@@ -14,9 +14,9 @@ from rich.table import Table
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof import __version__
 from dsdprof.cli.common import (
+    fmt_number,
     EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, fail, guarded, handle_sigterm, interrupted, make_console,
 )
-from dsdprof.measure.vllm.worker import STREAM_ENGINE_LOG_ENV
 
 app = typer.Typer(
     name="dsdprof",
@@ -55,7 +55,6 @@ def sweep(
 
     Exit codes: 0 done, 1 every cell failed (the first error is printed), 2 bad input (including a
     model that cannot be resolved or loaded), 130 interrupted."""
-    import os
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dsdprof.config.spec import load_spec
@@ -78,8 +77,6 @@ def sweep(
                         TimeRemainingColumn(), console=err_console, transient=False)
     task = None
     first_error: list[str] = []
-    if verbose:
-        os.environ[STREAM_ENGINE_LOG_ENV] = "1"
 
     def on_progress(ev: SweepProgress) -> None:
         nonlocal task
@@ -105,9 +102,10 @@ def sweep(
     try:
         with progress:
             if budget is None:
-                summary = run_sweep(spec, out, resume=resume, on_progress=on_progress)
+                summary = run_sweep(spec, out, resume=resume, on_progress=on_progress, stream_engine_log=verbose)
             else:
-                summary = run_budgeted_sweep(spec, out, parsed_budget, resume=resume, on_progress=on_progress)
+                summary = run_budgeted_sweep(spec, out, parsed_budget, resume=resume, on_progress=on_progress,
+                                             stream_engine_log=verbose)
     except KeyboardInterrupt:
         raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), "--resume"]) from None
     console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped "
@@ -123,16 +121,11 @@ def sweep(
 # ----------------------------------------------------------------------------- analyze
 
 def _warn_below_baseline(optimal) -> None:
-    """Batch sizes where even the best speculative K is slower than the vanilla baseline."""
-    below = optimal[optimal["speedup_vs_baseline"] < 1.0]
-    if len(below):
-        sizes = ", ".join(str(int(b)) for b in below["batch_size"])
-        err_console.print(f"[yellow]warning: at batch size {sizes} no K beats the no-speculation baseline "
-                          "(K=0 in DSD mode still runs the drafter, vLLM issue 49548); serving those sizes "
-                          "without a speculative config is faster[/]")
+    from dsdprof.export.api import below_baseline_warning
 
-def _fmt(x: float, digits: int = 2) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+    if (w := below_baseline_warning(optimal)) is not None:
+        err_console.print(f"warning: {w}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+
 
 
 @app.command()
@@ -160,9 +153,6 @@ def analyze(
 
 # ----------------------------------------------------------------------------- export / show
 
-_EXPORT_FORMATS = ("table", "vllm", "trtllm")
-
-
 @app.command()
 @guarded
 def export(
@@ -174,38 +164,20 @@ def export(
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
-    from dsdprof.formats.ktable import validate_table
-    from dsdprof.export.table import build_table, check_vllm_config, load_table, vllm_speculative_config
+    from dsdprof.export.api import EXPORT_FORMATS, export_document
     from dsdprof.io.atomic import check_output_path, write_json_atomic
-    from dsdprof.export.trtllm import check_trtllm_config, trtllm_speculative_config
 
-    if fmt not in _EXPORT_FORMATS:
-        raise fail(f"--format={fmt!r}: must be one of {', '.join(_EXPORT_FORMATS)}")
+    if fmt not in EXPORT_FORMATS:
+        raise fail(f"--format={fmt!r}: must be one of {', '.join(EXPORT_FORMATS)}")
     if output is not None:
         check_output_path(output, force, field="--output")
-    if source.suffix == ".json" and source.is_file():
-        table = load_table(source)
-    else:
-        from dsdprof.decide.analysis import analyze_path
-        from dsdprof.io.readers import read_measurements
-
-        result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
-        _warn_below_baseline(result.optimal)
-        rows = None if "acceptance_per_pos" in result.cells.columns else read_measurements(source, allow_mixed=allow_mixed)
-        table = build_table(result, source=str(source), rows=rows)
-        if fmt == "table" and not table.get("acceptance_per_pos"):
-            err_console.print("[yellow]warning: the measurements have no per-position acceptance: the table "
-                              "serves statically but AdaptiveKSelector cannot use it[/]")
-    if fmt == "vllm":
-        doc, check = vllm_speculative_config(table), check_vllm_config
-    elif fmt == "trtllm":
-        doc, check = trtllm_speculative_config(table), check_trtllm_config
-    else:
-        doc, check = table, validate_table
+    exported = export_document(source, fmt, tolerance, allow_mixed)
+    for w in exported.warnings:
+        err_console.print(f"warning: {w}", style="yellow", markup=False, highlight=False, soft_wrap=True)
     if output is None:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(exported.doc, indent=2))
     else:
-        write_json_atomic(output, doc, force=force, check=check)
+        write_json_atomic(output, exported.doc, force=force, check=exported.check)
         console.print(f"wrote {output}")
 
 
@@ -243,9 +215,9 @@ def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof
         for col in ("BS", "K", "AL", "ITL ms", "goodput tok/s", "vs baseline"):
             p.add_column(col, justify="right")
         for pt in doc["points"]:
-            p.add_row(str(pt["batch_size"]), str(pt["k"]), _fmt(pt.get("acceptance_length")),
-                      _fmt((pt.get("itl_s") or math.nan) * 1e3), _fmt(pt.get("goodput"), 1),
-                      _fmt(pt.get("speedup_vs_baseline") if pt.get("speedup_vs_baseline") is not None else math.nan) + "x")
+            p.add_row(str(pt["batch_size"]), str(pt["k"]), fmt_number(pt.get("acceptance_length")),
+                      fmt_number((pt.get("itl_s") or math.nan) * 1e3), fmt_number(pt.get("goodput"), 1),
+                      fmt_number(pt.get("speedup_vs_baseline") if pt.get("speedup_vs_baseline") is not None else math.nan) + "x")
         console.print(p)
     if doc.get("cells"):
         sizes = sorted({c["batch_size"] for c in doc["cells"]})

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import shlex
 import signal
 import sys
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import typer
 from rich.console import Console
@@ -110,3 +111,15 @@ def guarded(fn: F) -> F:
             raise interrupted() from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def fmt_number(x: Any, digits: int = 2) -> str:
+    """``x`` with ``digits`` decimals; ``-`` for None or NaN, ``str(x)`` for anything not a number."""
+    if x is None:
+        return "-"
+    try:
+        if math.isnan(float(x)):
+            return "-"
+    except (TypeError, ValueError):
+        return str(x)
+    return f"{float(x):.{digits}f}"

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
-from dsdprof.cli.common import fail, guarded
+from dsdprof.cli.common import fail, guarded, make_console
 
 
 def _fleet(
@@ -21,7 +21,6 @@ def _fleet(
 ) -> None:
     """Run every sweep of a fleet (resuming unfinished ones; finished ones do no work), then write
     one K table per (model, draft, hardware, TP) and an index."""
-    from rich.console import Console
 
     from dsdprof.fleet.orchestrate import run_fleet
     from dsdprof.fleet.plan import load_fleet
@@ -29,7 +28,7 @@ def _fleet(
     if address is not None and not use_ray:
         raise fail(f"ADDRESS={address!r}: a cluster address needs --ray")
     plan = load_fleet(fleet_path, out=out)
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     if any(r.spec.engine.name == "sim" for r in plan.runs):
         err.print("[yellow]engine 'sim' runs: rows are analytic predictions, not measurements[/]")
     err.print(f"[dim]{len(plan.runs)} runs -> {plan.settings.out}"
@@ -48,7 +47,6 @@ def _fleet(
 
 
 def _print_report(report) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"fleet {report.out}")
@@ -62,9 +60,9 @@ def _print_report(report) -> None:
         table = f"tables/{o.table}" if o.table else (f"no ({o.table_note[:80]})" if o.table_note else "-")
         t.add_row(o.run.name, o.run.hardware or "-", str(o.run.spec.engine.tensor_parallel_size), str(o.run.shards),
                   state, str(o.ok), str(max(o.cells - o.ok, 0)), table)
-    Console().print(t)
+    make_console().print(t)
     if report.index:
-        Console().print(f"index: {report.index}")
+        make_console().print(f"index: {report.index}")
 
 
 def _fleet_export(
@@ -73,7 +71,6 @@ def _fleet_export(
     staging: Optional[str] = typer.Option(None, "--staging", help="Local directory for a URL's tables (default: a temp dir)."),
 ) -> None:
     """Write one K table per finished run of a fleet (per model, draft, hardware, TP) and an index."""
-    from rich.console import Console
 
     from dsdprof.errors import InputError
     from dsdprof.fleet.export import export_fleet
@@ -83,7 +80,7 @@ def _fleet_export(
     if "://" not in fleet_out and not Path(fleet_out).is_dir():
         raise InputError("FLEET_OUT", fleet_out, "no such directory")
     index = export_fleet(fleet_out if "://" in fleet_out else str(Path(fleet_out).resolve()), staging, tolerance)
-    con = Console()
+    con = make_console()
     con.print(f"{len(index.doc['tables'])} tables, {len(index.doc['skipped'])} runs skipped -> {index.path}")
     for s in index.doc["skipped"]:
         con.print(f"[yellow]{s['run']}: {s['reason']}[/]")
@@ -91,7 +88,6 @@ def _fleet_export(
 
 def print_index(path: Path) -> None:
     """``dsdprof show`` on a fleet index: one line per table."""
-    from rich.console import Console
     from rich.table import Table
 
     from dsdprof.fleet.export import load_index
@@ -104,7 +100,7 @@ def print_index(path: Path) -> None:
         ranges = ", ".join(f"{a}{'+' if b >= (1 << 20) else ('' if a == b else f'-{b}')}: {k}" for a, b, k in e["ranges"])
         t.add_row(str(e["model"]), str(e.get("draft_model") or "-"), str(e.get("method") or ""), str(e.get("hardware") or "-"),
                   str(e.get("tensor_parallel_size")), str(e.get("engine") or ""), ranges, str(e["table"]))
-    con = Console()
+    con = make_console()
     con.print(t)
     for s in doc["skipped"]:
         con.print(f"[yellow]no table for {s['run']}: {s['reason']}[/]")

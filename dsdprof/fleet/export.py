@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
+from dsdprof.export.api import optional_vllm_config, table_from_source
 from dsdprof.formats.versions import FLEET_INDEX_SCHEMA
 from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore
 
@@ -58,19 +59,11 @@ def _run_dir(store: FleetStore, run: str, scratch: Path) -> Path:
 
 
 def _table_for(run_dir: Path, source: str, tolerance: float) -> dict[str, Any]:
-    from dsdprof.decide.analysis import analyze_path
-    from dsdprof.export.table import build_table
-
-    return build_table(analyze_path(run_dir, tolerance=tolerance), source=source)
+    return table_from_source(run_dir, tolerance, label=source)[0]
 
 
 def _vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
-    from dsdprof.export.table import vllm_speculative_config
-
-    try:
-        return vllm_speculative_config(table)
-    except InputError:
-        return None  # K = 0 everywhere: serve without speculation
+    return optional_vllm_config(table)
 
 
 def export_fleet(out: str, staging: Optional[str] = None, tolerance: float = DEFAULT_TOLERANCE) -> FleetIndex:

@@ -355,7 +355,8 @@ class BudgetPlanner:
 def run_budgeted_sweep(spec: Any, out_dir: str | Path, budget: Budget, resume: bool = False,
                        on_progress: Optional[Callable[[Any], None]] = None, engine: Optional[Engine] = None,
                        tolerance: float = DEFAULT_TOLERANCE, confidence: float = DEFAULT_CONFIDENCE,
-                       min_repeats: int = DEFAULT_MIN_REPEATS, max_passes: int = MAX_PASSES) -> BudgetSummary:
+                       min_repeats: int = DEFAULT_MIN_REPEATS, max_passes: int = MAX_PASSES,
+                       stream_engine_log: bool = False) -> BudgetSummary:
     """Run ``spec`` into ``out_dir`` within ``budget`` (see the module docstring)."""
     from dsdprof.io.manifest import normalised_spec_dump
     from dsdprof.measure.runner import batching_for, default_engine, run_plan
@@ -363,7 +364,7 @@ def run_budgeted_sweep(spec: Any, out_dir: str | Path, budget: Budget, resume: b
     t_start = time.perf_counter()
     planner = BudgetPlanner(spec, budget, tolerance, confidence, min_repeats, max_passes)
     res = run_plan(planner, normalised_spec_dump(spec), out_dir,
-                   (lambda: engine) if engine is not None else default_engine(spec, out_dir),
+                   (lambda: engine) if engine is not None else default_engine(spec, out_dir, stream_engine_log),
                    resume=resume, on_progress=on_progress, tolerance=spec.sweep.consistency_tolerance,
                    batching=batching_for(spec))
     final = planner.analysis

@@ -172,6 +172,21 @@ def table_warnings(table: dict[str, Any], spec) -> list[str]:
     return out
 
 
+def validation_engine(spec, table: dict[str, Any], out: Path, fixed_engines: int = 1,
+                      adaptive: tuple[str, int, dict[str, Any]] | None = None, table_path: str = "",
+                      start_worker: Callable[..., Any] | None = None) -> VllmEngine:
+    """The vLLM engines of a validate run: vanilla and fixed K as in a sweep, plus ``table`` served
+    on the ``dsd`` engine through vLLM's own schedule and, with ``adaptive = (table file, max K,
+    options)``, on the ``adaptive`` engine through dsdprof's plugin."""
+    engine = VllmEngine(spec, out_dir=out, one_fixed_engine=False, start_worker=start_worker,
+                        concurrent_engines=2 + fixed_engines + (adaptive is not None))
+    served = {MODE_DSD: dsd_llm_kwargs(engine.base_kwargs(), table, spec)}
+    if adaptive is not None:
+        served[MODE_ADAPTIVE] = adaptive_llm_kwargs(engine.base_kwargs(), table, spec, *adaptive)
+    engine.serve(served, {"run_kind": VALIDATE_KEY, "validate_table": table_path})
+    return engine
+
+
 class ValidatePlanner:
     """The validation cells once, on engines started for them (models checked, the first cell's
     engine warm so that the rows' provenance comes from a live engine)."""
@@ -236,16 +251,13 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
     warnings = list(table_warnings(table, spec))
 
     def make_engine() -> VllmEngine:
-        engine = VllmEngine(spec, out_dir=out, one_fixed_engine=False, start_worker=start_worker,
-                            concurrent_engines=2 + len(fixed_ks) + (adaptive is not None))
-        served = {MODE_DSD: dsd_llm_kwargs(engine.base_kwargs(), table, spec)}
-        if served[MODE_DSD] is None:
-            warnings.append("table has K=0 at every batch size: DSD is served without a speculative config")
+        adaptive_engine = None
         if adaptive is not None:
             table_file = write_json_atomic(out / ADAPTIVE_TABLE_FILE, table, force=True)
-            served[MODE_ADAPTIVE] = adaptive_llm_kwargs(engine.base_kwargs(), table, spec,
-                                                         str(table_file.resolve()), adaptive_k, dict(adaptive))
-        engine.serve(served, {"run_kind": VALIDATE_KEY, "validate_table": table_path})
+            adaptive_engine = (str(table_file.resolve()), adaptive_k, dict(adaptive))
+        engine = validation_engine(spec, table, out, len(fixed_ks), adaptive_engine, table_path, start_worker)
+        if engine.served[MODE_DSD] is None:
+            warnings.append("table has K=0 at every batch size: DSD is served without a speculative config")
         return engine
 
     variants = f"vanilla, fixed K={sorted(fixed_ks)}, DSD" + (", adaptive" if adaptive is not None else "")

@@ -12,14 +12,15 @@ if TYPE_CHECKING:
 __all__ = ["Cell", "CellMeasurement", "Engine", "Provenance", "make_engine", "plan_cells"]
 
 
-def make_engine(spec: "SweepSpec", out_dir=None) -> Engine:
+def make_engine(spec: "SweepSpec", out_dir=None, stream_engine_log: bool = False) -> Engine:
     """Build the engine a spec names. Heavy imports (vllm, torch) happen here, not at import.
 
-    ``out_dir``: the run directory; the vLLM engine keeps its logs and step traces under it."""
+    ``out_dir``: the run directory; the vLLM engine keeps its logs and step traces under it.
+    ``stream_engine_log``: vLLM engines print to this process's stdout/stderr instead of their logs."""
     if spec.engine.name == "vllm":
         from dsdprof.measure.vllm.engine import VllmEngine
 
-        return VllmEngine(spec, out_dir=out_dir)
+        return VllmEngine(spec, out_dir=out_dir, stream_engine_log=stream_engine_log)
     if spec.engine.name == "sim":
         from dsdprof.measure.sim.engine import SimEngine
 

@@ -211,17 +211,17 @@ def batching_for(spec: SweepSpec) -> dict[str, float]:
     return {"flush_rows": SIM_FLUSH_ROWS, "flush_interval_s": SIM_FLUSH_INTERVAL_S} if spec.engine.name == "sim" else {}
 
 
-def default_engine(spec: SweepSpec, out_dir: str | Path) -> Callable[[], Engine]:
+def default_engine(spec: SweepSpec, out_dir: str | Path, stream_engine_log: bool = False) -> Callable[[], Engine]:
     def make() -> Engine:
         from dsdprof.measure.factory import make_engine
 
-        return make_engine(spec, out_dir=out_dir)
+        return make_engine(spec, out_dir=out_dir, stream_engine_log=stream_engine_log)
     return make
 
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path, resume: bool = False,
               on_progress: ProgressCallback | None = None,
-              engine: Engine | None = None) -> SweepSummary:
+              engine: Engine | None = None, stream_engine_log: bool = False) -> SweepSummary:
     """Run (or resume) ``spec``'s grid into ``out_dir``. ``engine`` defaults to the spec's engine.
 
     ``out_dir`` is locked for the whole run; a resume must be the same run (spec, versions and
@@ -231,7 +231,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, resume: bool = False,
 
     planner = GridPlanner(spec)
     res = run_plan(planner, normalised_spec_dump(spec), out_dir,
-                   (lambda: engine) if engine is not None else default_engine(spec, out_dir),
+                   (lambda: engine) if engine is not None else default_engine(spec, out_dir, stream_engine_log),
                    resume=resume, on_progress=on_progress, tolerance=spec.sweep.consistency_tolerance,
                    batching=batching_for(spec))
     return SweepSummary(res.out, res.total, res.ok, res.failed, res.skipped, res.speculation_mode)

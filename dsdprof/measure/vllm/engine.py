@@ -96,7 +96,8 @@ class VllmEngine:
     name = "vllm"
 
     def __init__(self, spec, out_dir: str | Path | None = None, concurrent_engines: int = 2,
-                 start_worker: StartWorker | None = None, one_fixed_engine: bool = True) -> None:
+                 start_worker: StartWorker | None = None, one_fixed_engine: bool = True,
+                 stream_engine_log: bool = False) -> None:
         self.spec = spec
         self.served: dict[str, dict[str, Any] | None] = {}  # see serve()
         self.served_provenance: dict[str, str] = {}
@@ -108,7 +109,7 @@ class VllmEngine:
         self.cell_timeout_s = spec.engine.cell_timeout_s
         self._memory_kwargs, self.memory_note = memory_plan(spec.engine.extra, concurrent_engines,
                                                             on_gpu=_cuda_available())
-        log_dir = self.out_dir / "_logs" if self.out_dir is not None else None
+        log_dir = self.out_dir / "_logs" if self.out_dir is not None and not stream_engine_log else None
         # The run's secret and trace directory: only this run's requests drive its engines (vllm_scheduler).
         self.run_token = secrets.token_hex(16)
         self.trace_dir = str((self.out_dir / "_traces").resolve()) if self.out_dir is not None else ""

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 # Set (by ``dsdprof sweep -v``) to stream vLLM's output to the console instead of the engine logs.
-STREAM_ENGINE_LOG_ENV = "DSDPROF_STREAM_ENGINE_LOG"
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,7 @@ def _die_with_parent() -> None:
 
 def _redirect_output(log_path: str) -> None:
     """Send this process's (and its children's) stdout/stderr to ``log_path``."""
-    if not log_path or os.environ.get(STREAM_ENGINE_LOG_ENV):
+    if not log_path:
         return
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
