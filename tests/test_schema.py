@@ -151,3 +151,22 @@ def test_read_table_file_turns_every_failure_into_table_error(tmp_path, monkeypa
     monkeypatch.undo()
     p.write_bytes(b"\xef\xbb\xbf" + json.dumps(V2).encode())  # a UTF-8 BOM is fine
     assert read_table_file(p)["schema"] == TABLE_SCHEMA_V2
+
+
+def test_one_record_cell_measurement_fields_are_columns():
+    """CellMeasurement (and the StepStats it shares with the trace summary) is the row contract:
+    every field is a measurement column of a matching type, so a field cannot be added in one
+    place only."""
+    from dataclasses import fields
+
+    from dsdprof.formats.measurements import MEASUREMENT_COLUMNS
+    from dsdprof.measure.engine import CellMeasurement, StepStats
+    from dsdprof.measure.vllm.trace import TraceSummary
+
+    columns = {c.name: c.arrow_type for c in MEASUREMENT_COLUMNS}
+    kinds = {"float": "float64", "int": "int64", "str": "string", "tuple[float, ...]": "list<float64>"}
+    for f in fields(CellMeasurement):
+        assert f.name in columns, f"CellMeasurement.{f.name} is not a measurement column"
+        assert kinds[str(f.type)] == columns[f.name], f.name
+    shared = {f.name for f in fields(StepStats)}
+    assert shared <= {f.name for f in fields(TraceSummary)} and shared <= {f.name for f in fields(CellMeasurement)}

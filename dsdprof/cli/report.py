@@ -12,14 +12,14 @@ import typer
 from rich.table import Table
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
-from dsdprof.cli.common import fail, guarded, interrupted, make_console
+from dsdprof.cli.common import fail, fmt_number, guarded, interrupted, make_console
 
 console = make_console()
 err_console = make_console(stderr=True)
 
 
 def _f(x: float, digits: int = 1) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+    return fmt_number(x, digits)
 
 
 def render_comparison(comparison, title: str = "") -> Table:

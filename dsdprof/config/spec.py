@@ -76,7 +76,7 @@ class EngineSpec(_Strict):
 
 # Bounds that keep every counter of a cell (requests, tokens, drafts) inside int64 and a sweep
 # plannable in memory. The largest batch size is the open end of a K table (dsdprof.export.table).
-MAX_BATCH_SIZE = LAST_RANGE_END  # the largest batch size a sweep may measure
+MAX_SWEEP_BATCH_SIZE = LAST_RANGE_END  # the largest batch size a sweep may measure (a table may name larger)
 MAX_WAVES = 10**6
 MAX_OUTPUT_LEN = 1 << 20
 MAX_REPEATS = 10**4
@@ -100,8 +100,8 @@ class SweepGrid(_Strict):
         if not v:
             raise ValueError("must not be empty")
         for b in v:
-            if not 1 <= b <= MAX_BATCH_SIZE:
-                raise ValueError(f"batch size {b} must be in 1..{MAX_BATCH_SIZE}")
+            if not 1 <= b <= MAX_SWEEP_BATCH_SIZE:
+                raise ValueError(f"batch size {b} must be in 1..{MAX_SWEEP_BATCH_SIZE}")
         if len(set(v)) != len(v):
             raise ValueError("duplicate batch sizes")
         return sorted(v)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA
@@ -23,13 +23,11 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class CellMeasurement:
-    """What an engine reports for one finished cell (latencies in seconds).
-
-    For vLLM the headline numbers come from the engine-core step trace over steady-state steps
-    (:mod:`dsdprof.measure.vllm.trace`); the ``vllm_*`` fields are vLLM's own counters, histogram and
-    request timestamps over the same waves, kept as independent cross-checks.
-    """
+class StepStats:
+    """The headline numbers of a cell over its steady-state steps: declared once, shared by the
+    step trace's summary (:class:`dsdprof.measure.vllm.trace.TraceSummary`) and the cell's
+    measurement (:class:`CellMeasurement`); their meaning is in
+    :data:`dsdprof.formats.measurements.MEASUREMENT_COLUMNS` (a test keeps the three in step)."""
 
     acceptance_length: float
     acceptance_per_pos: tuple[float, ...]
@@ -44,6 +42,21 @@ class CellMeasurement:
     tpot_p50_s: float
     tpot_p90_s: float
     tpot_p99_s: float
+
+    def step_stats(self) -> dict:
+        """These fields as keyword arguments (to build another record from them)."""
+        return {f.name: getattr(self, f.name) for f in fields(StepStats)}
+
+
+@dataclass(frozen=True)
+class CellMeasurement(StepStats):
+    """What an engine reports for one finished cell (latencies in seconds).
+
+    For vLLM the headline numbers (:class:`StepStats`) come from the engine-core step trace over
+    steady-state steps (:mod:`dsdprof.measure.vllm.trace`); the ``vllm_*`` fields are vLLM's own
+    counters, histogram and request timestamps over the same waves, kept as independent cross-checks.
+    """
+
     tokens_per_s_per_user: float
     tokens_per_s_total: float
     num_requests: int

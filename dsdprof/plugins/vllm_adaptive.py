@@ -40,7 +40,7 @@ from dsdprof.plugins.vllm_profiling import (
     TracingAsyncScheduler, TracingScheduler, build_for_config, class_for_config,
 )
 
-logger = init_logger("vllm.dsdprof.serve.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
+logger = init_logger("vllm.dsdprof.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
 
 class _AdaptiveMixin:
     """See the module docstring. Sits before dsdprof's tracing mixin in the MRO."""

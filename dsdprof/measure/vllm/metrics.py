@@ -144,12 +144,7 @@ def build_measurement(trace, before: MetricSnapshot, after: MetricSnapshot, requ
     failures = cross_checks(trace, drafts, draft_tokens, accepted, requests, expected_k, batch_size, timing_tolerance)
     t = trace
     return CellMeasurement(
-        acceptance_length=t.acceptance_length,
-        acceptance_per_pos=tuple(t.acceptance_per_pos[:num_spec_tokens]),
-        num_drafts=t.num_drafts, num_draft_tokens=t.num_draft_tokens,
-        num_accepted_tokens=t.num_accepted_tokens,
-        itl_s=t.itl_s, itl_p50_s=t.itl_p50_s, itl_p90_s=t.itl_p90_s, itl_p99_s=t.itl_p99_s,
-        tpot_s=t.tpot_s, tpot_p50_s=t.tpot_p50_s, tpot_p90_s=t.tpot_p90_s, tpot_p99_s=t.tpot_p99_s,
+        **{**t.step_stats(), "acceptance_per_pos": tuple(t.acceptance_per_pos[:num_spec_tokens])},
         tokens_per_s_per_user=1.0 / t.tpot_s if t.tpot_s > 0 else math.nan,
         tokens_per_s_total=num_tokens / wall_s if wall_s > 0 else math.nan,
         num_requests=len(requests), num_output_tokens=num_tokens, wall_s=wall_s,

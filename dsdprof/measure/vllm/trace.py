@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from dsdprof.measure.engine import StepStats
+
 
 
 @dataclass(frozen=True)
@@ -83,20 +85,9 @@ class CellFailure(RuntimeError):
 
 
 @dataclass(frozen=True)
-class TraceSummary:
-    acceptance_length: float
-    acceptance_per_pos: tuple[float, ...]
-    itl_s: float
-    itl_p50_s: float
-    itl_p90_s: float
-    itl_p99_s: float
-    tpot_s: float
-    tpot_p50_s: float
-    tpot_p90_s: float
-    tpot_p99_s: float
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
+class TraceSummary(StepStats):
+    """A cell's steady-state steps summarised (the headline fields are :class:`StepStats`)."""
+
     drafted_per_draft: float
     steady_steps: int
     excluded_steps: int
