@@ -72,7 +72,8 @@ def _calibrate(
                                        f"catalog model {shadowed!r}", style="yellow", markup=False, highlight=False,
                                        soft_wrap=True)
     ctx = context_len or (read_sweep_context(measured) if measured.is_dir() else None) or 1024
-    ct = CalibrationTarget(base, target, draft, pick(dtype, "dtype") or "auto", tp, ctx, routing_correlation)
+    ct = CalibrationTarget(base, target, draft, pick(dtype, "dtype") or "auto", tp, ctx, routing_correlation,
+                           method_name)
 
     report = holdout(ct, df, tolerance) if df["batch_size"].nunique() >= 2 else None
     fitted = fit(design_for(ct, df), df["itl_s"].to_numpy(), base.efficiency)

@@ -15,8 +15,10 @@ hardware = "H100 SXM"           # catalog name or a profile TOML (probe-hardware
 context_len = 1024              # default: workload.input_len + sweep.output_len / 2
 routing_correlation = 0.0       # rho in n_eff = B * (K+1)^(1-rho); 0 = uniform routing
 acceptance_alpha = 0.8          # or acceptance_per_pos / acceptance_conditional / acceptance_from
+kv_cache_dtype = "auto"         # auto | bfloat16 | float16 | float32 | fp8 | fp8_e4m3 | fp8_e5m2
 # bandwidth_efficiency, compute_efficiency, step_overhead_s, draft_step_overhead_s,
-# dsd_overhead_s override the hardware profile's values.
+# dsd_overhead_s, layer_overhead_s, moe_layer_overhead_s, expert_overhead_s override the
+# hardware profile's values.
 ```
 """
 
@@ -26,13 +28,13 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dsdprof.errors import InputError
 from dsdprof.sim import acceptance as acc
 from dsdprof.sim.catalog import ModelArch, derived_draft, resolve_model, shadowed_catalog_name
 from dsdprof.sim.hardware import Hardware, resolve_hardware, with_efficiency
-from dsdprof.sim.model import resolve_dtype
+from dsdprof.sim.model import KV_CACHE_DTYPES, resolve_dtype
 
 SIM_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix")
 _ACCEPTANCE_KEYS = ("acceptance_alpha", "acceptance_per_pos", "acceptance_conditional", "acceptance_from")
@@ -55,7 +57,18 @@ class SimConfig(BaseModel):
     step_overhead_s: Optional[float] = Field(None, ge=0.0)
     draft_step_overhead_s: Optional[float] = Field(None, ge=0.0)
     dsd_overhead_s: Optional[float] = Field(None, ge=0.0)
+    layer_overhead_s: Optional[float] = Field(None, ge=0.0)
+    moe_layer_overhead_s: Optional[float] = Field(None, ge=0.0)
+    expert_overhead_s: Optional[float] = Field(None, ge=0.0)
+    kv_cache_dtype: str = Field("auto", description="KV-cache element type (vLLM --kv-cache-dtype names)")
     check_memory: bool = Field(True, description="predict OOM cells as failed rows")
+
+    @field_validator("kv_cache_dtype", mode="before")
+    @classmethod
+    def _kv_dtype(cls, v: Any) -> Any:
+        if not isinstance(v, str) or v not in KV_CACHE_DTYPES:
+            raise ValueError(f"must be one of {', '.join(KV_CACHE_DTYPES)}")
+        return v
 
     @model_validator(mode="after")
     def _one_acceptance(self) -> "SimConfig":
@@ -96,6 +109,7 @@ class SimSetup:
     acceptance: np.ndarray  # unconditional p_1..p_Kmax
     acceptance_source: str
     check_memory: bool
+    kv_cache_dtype: str = "auto"
 
     @property
     def compute_dtype(self) -> str:
@@ -143,13 +157,14 @@ def resolve(spec: Any) -> SimSetup:
     hw = with_efficiency(
         resolve_hardware(cfg.hardware), bandwidth=cfg.bandwidth_efficiency, compute=cfg.compute_efficiency,
         step_overhead_s=cfg.step_overhead_s, draft_step_overhead_s=cfg.draft_step_overhead_s,
-        dsd_overhead_s=cfg.dsd_overhead_s)
+        dsd_overhead_s=cfg.dsd_overhead_s, layer_overhead_s=cfg.layer_overhead_s,
+        moe_layer_overhead_s=cfg.moe_layer_overhead_s, expert_overhead_s=cfg.expert_overhead_s)
     context = cfg.context_len or spec.workload.input_len + spec.sweep.output_len // 2
     if context > eng.max_model_len:
         raise InputError("sim.context_len", context, f"exceeds engine.max_model_len={eng.max_model_len}")
     p, source = _acceptance(cfg, spec.max_k)
     return SimSetup(hw, target, draft, eng.method, eng.dtype, eng.tensor_parallel_size, int(context),
-                    cfg.routing_correlation, p, source, cfg.check_memory)
+                    cfg.routing_correlation, p, source, cfg.check_memory, cfg.kv_cache_dtype)
 
 
 def model_notices(spec: Any) -> list[str]:

@@ -26,7 +26,8 @@ from dsdprof.sim.acceptance import acceptance_length
 from dsdprof.sim.config import SimSetup, resolve
 from dsdprof.sim.model import MEMORY_UTILIZATION, NO_DRAFT, HwArrays, arch_features, memory_bytes, step_time
 
-SIM_MODEL_VERSION = "sim-step-model/2"  # 2: small-M GEMM tiles, quantization_config storage
+SIM_MODEL_VERSION = "sim-step-model/3"  # 2: small-M GEMM tiles, quantization_config storage;
+# 3: per-layer / MoE latency terms, per-method speculation overhead, KV-cache dtype, fitted priors
 
 
 class SimEngine:
@@ -40,8 +41,9 @@ class SimEngine:
         self.setup: SimSetup = resolve(spec)
         s = self.setup
         self._hw = HwArrays.of(s.hardware, s.compute_dtype)
-        self._target = arch_features(s.target, s.dtype, s.tensor_parallel_size)
-        self._draft = arch_features(s.draft, s.dtype, s.tensor_parallel_size) if s.draft else NO_DRAFT
+        self._target = arch_features(s.target, s.dtype, s.tensor_parallel_size, s.kv_cache_dtype)
+        self._draft = (arch_features(s.draft, s.dtype, s.tensor_parallel_size, s.kv_cache_dtype)
+                       if s.draft else NO_DRAFT)
         self._cache: dict[tuple[int, int, bool], float] = {}
         bs, ks = spec.sweep.batch_sizes, spec.sweep.num_spec_tokens
         grid = self._itl(np.asarray(bs, dtype=float)[:, None], np.asarray(ks, dtype=float)[None, :], True)
@@ -53,7 +55,7 @@ class SimEngine:
     def _itl(self, batch: Any, k: Any, speculative: bool) -> np.ndarray:
         draft = self._draft if speculative else NO_DRAFT
         return step_time(self._hw, self._target, draft, batch, k, self.setup.context_len,
-                         self.setup.routing_correlation, 1.0 if speculative else 0.0).total_s
+                         self.setup.routing_correlation, 1.0 if speculative else 0.0, self.setup.method).total_s
 
     def provenance(self) -> Provenance:
         s = self.setup
@@ -66,9 +68,11 @@ class SimEngine:
             dsdprof_version=__version__,
             extra={"prediction": "true", "context_len": str(s.context_len),
                    "routing_correlation": str(s.routing_correlation), "acceptance": s.acceptance_source,
-                   "quantization": s.target.quantization or "none",
+                   "quantization": s.target.quantization or "none", "kv_cache_dtype": s.kv_cache_dtype,
                    "efficiency": (f"bw={e.bandwidth} compute={e.compute} step={e.step_overhead_s} "
-                                  f"draft_step={e.draft_step_overhead_s} dsd={e.dsd_overhead_s}")},
+                                  f"draft_step={e.draft_step_overhead_s} dsd={e.dsd_overhead_s} "
+                                  f"layer={e.layer_overhead_s} moe_layer={e.moe_layer_overhead_s} "
+                                  f"expert={e.expert_overhead_s}")},
         )
 
     def predict_itl(self, batch_size: int, k: int, speculative: bool) -> float:

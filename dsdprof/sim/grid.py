@@ -29,6 +29,7 @@ class ModelCase:
     acceptance: tuple[float, ...]
     dtype: str = "bfloat16"
     tensor_parallel_size: int = 1
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,10 @@ def predict_grid(hardwares: Sequence[Hardware], cases: Sequence[ModelCase], batc
     k = np.asarray(ks, dtype=float).reshape(1, 1, 1, -1)
     kmax = int(max(ks))
     shape = (1, len(cases), 1, 1)
-    tgt = ArchFeatures.stack([arch_features(c.target, c.dtype, c.tensor_parallel_size) for c in cases], shape)
-    drf = ArchFeatures.stack([arch_features(c.draft, c.dtype, c.tensor_parallel_size) if c.draft else NO_DRAFT
+    tgt = ArchFeatures.stack([arch_features(c.target, c.dtype, c.tensor_parallel_size, c.kv_cache_dtype)
                               for c in cases], shape)
+    drf = ArchFeatures.stack([arch_features(c.draft, c.dtype, c.tensor_parallel_size, c.kv_cache_dtype)
+                              if c.draft else NO_DRAFT for c in cases], shape)
     hw = _hw_arrays(hardwares, cases)
     itl = step_time(hw, tgt, drf, b, k, context_len, routing_correlation, 1.0).total_s
     van = step_time(hw, tgt, NO_DRAFT, b, 0.0, context_len, routing_correlation, 0.0).total_s[..., 0]

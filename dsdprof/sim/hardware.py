@@ -42,6 +42,9 @@ class Efficiency:
     step_overhead_s: float = 0.5e-3  # scheduler, sampling, input prep, launch per engine step
     draft_step_overhead_s: float = 0.1e-3  # per draft forward pass (launch, input prep)
     dsd_overhead_s: float = 0.2e-3  # drafter bookkeeping paid by a speculative engine even at K=0
+    layer_overhead_s: float = 0.0  # per decoder layer per forward pass (unfused small kernels)
+    moe_layer_overhead_s: float = 0.0  # per MoE layer per forward pass (router, top-k, permute)
+    expert_overhead_s: float = 0.0  # per distinct expert loaded per MoE layer (latency-bound GEMM)
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,9 @@ class _EfficiencyIn(_Strict):
     step_overhead_s: float = Field(Efficiency.step_overhead_s, ge=0)
     draft_step_overhead_s: float = Field(Efficiency.draft_step_overhead_s, ge=0)
     dsd_overhead_s: float = Field(Efficiency.dsd_overhead_s, ge=0)
+    layer_overhead_s: float = Field(Efficiency.layer_overhead_s, ge=0)
+    moe_layer_overhead_s: float = Field(Efficiency.moe_layer_overhead_s, ge=0)
+    expert_overhead_s: float = Field(Efficiency.expert_overhead_s, ge=0)
 
 
 class _ProfileIn(_Strict):

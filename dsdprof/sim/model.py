@@ -44,6 +44,23 @@ ONLINE_QUANT: dict[str, tuple[Optional[float], Optional[float], str]] = {
     "int4": (0.5, None, "bf16"), "mxfp4": (None, 4.25 / 8, "bf16"),
 }
 DTYPES = (*FLOAT_DTYPES, *ONLINE_QUANT)
+# KV-cache dtype ([sim] kv_cache_dtype, vLLM's --kv-cache-dtype names) -> bytes per element;
+# "auto" = the GEMM precision's default (4 for fp32 engines, else 2)
+KV_CACHE_DTYPES: dict[str, Optional[float]] = {
+    "auto": None, "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
+    "float32": 4.0, "fp32": 4.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_ds_mla": 1.0,
+}
+# Speculation overhead per method, relative to the profile's EAGLE-referenced
+# (dsd_overhead_s, draft_step_overhead_s): (fixed factor, per-draft-step factor). Only EAGLE is
+# fitted (vLLM's published BS-1 EAGLE K sweep, benchmarks/fidelity_points.toml); the others are
+# priors from what the engine does per step: MTP and a draft model run the same propose /
+# rejection-sample loop as EAGLE (their forward passes are costed by the roofline and per-layer
+# terms); n-gram / suffix drafting is a CPU lookup with no draft forward, so no per-step launch
+# cost, and keeps the fixed bookkeeping (rejection sampler, draft-token buffers).
+METHOD_OVERHEAD: dict[str, tuple[float, float]] = {
+    "eagle": (1.0, 1.0), "eagle3": (1.0, 1.0), "mtp": (1.0, 1.0), "draft_model": (1.0, 1.0),
+    "ngram": (1.0, 0.0), "suffix": (1.0, 0.0),
+}
 
 
 @dataclass(frozen=True)
@@ -113,6 +130,7 @@ class ArchFeatures:
     comm_bytes: ArrayLike  # ring all-reduce bytes per token per step over the link (0 if tp = 1)
     comm_count: ArrayLike  # all-reduces per step (0 if tp = 1)
     total_bytes: ArrayLike  # every stored weight / tp (memory capacity check)
+    layers: ArrayLike = 0.0  # decoder layers (per-layer fixed cost)
 
     @staticmethod
     def stack(items: list["ArchFeatures"], shape: tuple[int, ...]) -> "ArchFeatures":
@@ -124,7 +142,15 @@ class ArchFeatures:
 NO_DRAFT = ArchFeatures(*([0.0] * len(fields(ArchFeatures))))
 
 
-def arch_features(arch: ModelArch, dtype: str, tp: int) -> ArchFeatures:
+def kv_bytes(kv_cache_dtype: str, storage: Storage, field: str = "sim.kv_cache_dtype") -> float:
+    """Bytes per KV-cache element: the named dtype's, or the storage default for ``auto``."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InputError(field, kv_cache_dtype, f"must be one of {', '.join(KV_CACHE_DTYPES)}")
+    b = KV_CACHE_DTYPES[kv_cache_dtype]
+    return storage.kv if b is None else b
+
+
+def arch_features(arch: ModelArch, dtype: str, tp: int, kv_cache_dtype: str = "auto") -> ArchFeatures:
     """Count bytes and FLOP coefficients of ``arch`` per device.
 
     KV bytes per position per layer: GQA 2·n_kv·d·b_kv / min(tp, n_kv) (heads shard, the rest
@@ -133,7 +159,7 @@ def arch_features(arch: ModelArch, dtype: str, tp: int) -> ArchFeatures:
     All-reduce: 2 per layer, ring payload 2·(tp-1)/tp · h · 2 bytes per token.
     """
     st = resolve_dtype(arch, dtype)
-    kvb = st.kv
+    kvb = kv_bytes(kv_cache_dtype, st)
     if arch.mla is None:
         kv_layer = 2 * arch.num_kv_heads * arch.head_dim * kvb / min(tp, arch.num_kv_heads)
         attn_layer = 4 * arch.num_heads * arch.head_dim / tp
@@ -156,6 +182,7 @@ def arch_features(arch: ModelArch, dtype: str, tp: int) -> ArchFeatures:
         comm_bytes=(2 * arch.num_layers * 2 * (tp - 1) / tp * arch.hidden * 2) if tp > 1 else 0.0,
         comm_count=2 * arch.num_layers if tp > 1 else 0,
         total_bytes=(dense_bytes + embedding * st.head + routed * st.expert) / tp,
+        layers=arch.num_layers,
     )
 
 
@@ -175,13 +202,17 @@ class HwArrays:
     step_overhead_s: ArrayLike
     draft_step_overhead_s: ArrayLike
     dsd_overhead_s: ArrayLike
+    layer_overhead_s: ArrayLike = 0.0
+    moe_layer_overhead_s: ArrayLike = 0.0
+    expert_overhead_s: ArrayLike = 0.0
 
     @staticmethod
     def of(hw: Hardware, compute_dtype: str = "bf16") -> "HwArrays":
         e = hw.efficiency
         return HwArrays(hw.bandwidth_bytes_s, hw.peak_flops(compute_dtype), hw.tile_m, hw.min_tile_m,
                         hw.interconnect_gbs * 1e9, hw.allreduce_latency_s, hw.memory_gb * 1e9,
-                        e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s)
+                        e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s,
+                        e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s)
 
 
 def padded(n: ArrayLike, tile: ArrayLike, min_tile: ArrayLike = 16) -> ArrayLike:
@@ -261,6 +292,25 @@ def comm_seconds(f: ArchFeatures, hw: HwArrays, n: ArrayLike) -> ArrayLike:
     return f.comm_count * hw.allreduce_latency_s + n * per_token
 
 
+def latency_seconds(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_seq: ArrayLike,
+                    correlation: ArrayLike) -> ArrayLike:
+    """Fixed (latency-bound) costs of one forward pass that no roofline term captures.
+
+    * per decoder layer: ``layer_overhead_s`` (norms, activations, rotary, KV writes, small-kernel
+      launch latency; what vLLM/SGLang do not fuse away) × layers;
+    * per MoE layer: ``moe_layer_overhead_s`` (router GEMM, top-k, token permute / combine);
+    * per distinct expert loaded: ``expert_overhead_s``. Small experts are latency-bound: a grouped
+      GEMM on an expert of S bytes with n tokens takes max(S / (BW·e_bw), FLOPs / (F·e_c)) + t_e,
+      i.e. it streams at an efficiency S / (S + t_e·BW·e_bw) of the dense GEMMs' that falls with the
+      expert slice size S (per device, so also with TP) and rises with tokens per expert once the
+      FLOP side binds (the roofline max of :func:`expert_term`).
+    """
+    t = np.asarray(tokens_per_seq, dtype=float)
+    d = distinct_experts(f.num_experts, f.top_k, batch * t ** (1.0 - correlation))
+    return (f.layers * hw.layer_overhead_s + f.moe_layers * hw.moe_layer_overhead_s
+            + f.moe_layers * d * hw.expert_overhead_s)
+
+
 @dataclass(frozen=True)
 class StepParts:
     """Unit-efficiency pieces of one step: roofline terms (last axis: verify dense/expert/attention,
@@ -271,6 +321,7 @@ class StepParts:
     comm_s: ArrayLike
     k: ArrayLike
     speculative: ArrayLike
+    fixed_s: ArrayLike = 0.0  # latency_seconds of the verify pass + K draft passes
 
 
 def step_parts(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: ArrayLike, k: ArrayLike,
@@ -289,7 +340,8 @@ def step_parts(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: A
     mem = np.stack([np.broadcast_to(m, shape) for m, _ in terms], axis=-1)
     flop = np.stack([np.broadcast_to(c, shape) for _, c in terms], axis=-1)
     comm = comm_seconds(target, hw, n) + k * comm_seconds(draft, hw, batch)
-    return StepParts(mem, flop, comm, k, np.asarray(speculative, dtype=float))
+    fixed = latency_seconds(target, hw, batch, t, correlation) + k * latency_seconds(draft, hw, batch, 1.0, correlation)
+    return StepParts(mem, flop, comm, k, np.asarray(speculative, dtype=float), fixed)
 
 
 def roofline_seconds(parts: StepParts, eff_bandwidth: ArrayLike, eff_compute: ArrayLike) -> np.ndarray:
@@ -309,15 +361,21 @@ class StepTime:
 
 
 def step_time(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: ArrayLike, k: ArrayLike,
-              context: ArrayLike, correlation: ArrayLike = 0.0, speculative: ArrayLike = 1.0) -> StepTime:
-    """T = roofline_seconds + comm + step_overhead + K · draft_step_overhead + spec · dsd_overhead.
+              context: ArrayLike, correlation: ArrayLike = 0.0, speculative: ArrayLike = 1.0,
+              method: str = "eagle") -> StepTime:
+    """T = roofline_seconds + comm + latency + step_overhead
+           + K · m_step · draft_step_overhead + spec · m_fixed · dsd_overhead.
 
     ``speculative`` = 0 for a vanilla engine (no drafter at all; pass K = 0), 1 for a DSD engine
-    (which pays ``dsd_overhead_s`` even at K = 0).
+    (which pays ``dsd_overhead_s`` even at K = 0). ``latency`` = :func:`latency_seconds` of the
+    verify pass and of each of the K draft passes (the draft's layers, so the draft depth K and its
+    TP all-reduces scale it); (m_fixed, m_step) = :data:`METHOD_OVERHEAD` [method].
     """
+    m_fixed, m_step = METHOD_OVERHEAD.get(method, (1.0, 1.0))
     p = step_parts(hw, target, draft, batch, k, context, correlation, speculative)
-    kernel = roofline_seconds(p, hw.eff_bandwidth, hw.eff_compute) + p.comm_s
-    overhead = hw.step_overhead_s + p.k * hw.draft_step_overhead_s + p.speculative * hw.dsd_overhead_s
+    kernel = roofline_seconds(p, hw.eff_bandwidth, hw.eff_compute) + p.comm_s + p.fixed_s
+    overhead = (hw.step_overhead_s + p.k * m_step * hw.draft_step_overhead_s
+                + p.speculative * m_fixed * hw.dsd_overhead_s)
     overhead = np.broadcast_to(overhead, np.shape(kernel)) if np.ndim(kernel) else np.asarray(overhead)
     return StepTime(np.asarray(kernel), np.asarray(overhead), np.asarray(kernel + overhead))
 
