@@ -128,9 +128,10 @@ class ArchFeatures:
     attn_full: ArrayLike  # attention FLOPs per query token per context position, full layers / tp
     attn_sliding: ArrayLike
     comm_bytes: ArrayLike  # ring all-reduce bytes per token per step over the link (0 if tp = 1)
-    comm_count: ArrayLike  # all-reduces per step (0 if tp = 1)
+    comm_count: ArrayLike  # all-reduces per forward: 2 per layer (0 if tp = 1)
     total_bytes: ArrayLike  # every stored weight / tp (memory capacity check)
     layers: ArrayLike = 0.0  # decoder layers (per-layer fixed cost)
+    mla_layers: ArrayLike = 0.0  # layers with multi-head latent attention (their own fixed cost)
 
     @staticmethod
     def stack(items: list["ArchFeatures"], shape: tuple[int, ...]) -> "ArchFeatures":
@@ -156,7 +157,10 @@ def arch_features(arch: ModelArch, dtype: str, tp: int, kv_cache_dtype: str = "a
     KV bytes per position per layer: GQA 2·n_kv·d·b_kv / min(tp, n_kv) (heads shard, the rest
     replicate); MLA (kv_lora + rope)·b_kv, replicated. Attention FLOPs per query token per
     position per layer: GQA 4·n_q·d; MLA (absorbed) 2·n_q·(2·kv_lora + rope); both / tp.
-    All-reduce: 2 per layer, ring payload 2·(tp-1)/tp · h · 2 bytes per token.
+    All-reduce: 2 per layer, ring payload 2·(tp-1)/tp · h · 2 bytes per token; each one pays the
+    hardware's ``allreduce_latency_s`` once, whatever the TP degree (decode-sized all-reduces run
+    as one-shot NVLink kernels; a ring's 2(tp-1) latency steps fitted the published points no
+    better and made dense TP 8 slower than TP 4).
     """
     st = resolve_dtype(arch, dtype)
     kvb = kv_bytes(kv_cache_dtype, st)
@@ -182,7 +186,7 @@ def arch_features(arch: ModelArch, dtype: str, tp: int, kv_cache_dtype: str = "a
         comm_bytes=(2 * arch.num_layers * 2 * (tp - 1) / tp * arch.hidden * 2) if tp > 1 else 0.0,
         comm_count=2 * arch.num_layers if tp > 1 else 0,
         total_bytes=(dense_bytes + embedding * st.head + routed * st.expert) / tp,
-        layers=arch.num_layers,
+        layers=arch.num_layers, mla_layers=arch.num_layers if arch.mla is not None else 0,
     )
 
 
@@ -205,6 +209,7 @@ class HwArrays:
     layer_overhead_s: ArrayLike = 0.0
     moe_layer_overhead_s: ArrayLike = 0.0
     expert_overhead_s: ArrayLike = 0.0
+    mla_layer_overhead_s: ArrayLike = 0.0
 
     @staticmethod
     def of(hw: Hardware, compute_dtype: str = "bf16") -> "HwArrays":
@@ -212,7 +217,7 @@ class HwArrays:
         return HwArrays(hw.bandwidth_bytes_s, hw.peak_flops(compute_dtype), hw.tile_m, hw.min_tile_m,
                         hw.interconnect_gbs * 1e9, hw.allreduce_latency_s, hw.memory_gb * 1e9,
                         e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s,
-                        e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s)
+                        e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s, e.mla_layer_overhead_s)
 
 
 def padded(n: ArrayLike, tile: ArrayLike, min_tile: ArrayLike = 16) -> ArrayLike:
@@ -286,7 +291,10 @@ def attention_term(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_s
 
 
 def comm_seconds(f: ArchFeatures, hw: HwArrays, n: ArrayLike) -> ArrayLike:
-    """Tensor-parallel all-reduces: count · latency + n · comm_bytes / link (0 when tp = 1)."""
+    """Tensor-parallel all-reduces: count · latency + n · comm_bytes / link (0 when tp = 1).
+
+    2 all-reduces per layer, each paying ``allreduce_latency_s`` (TP-independent, see
+    :func:`arch_features`) plus the ring payload over the link."""
     link = np.asarray(hw.link_bandwidth, dtype=float)
     per_token = np.where(link > 0, f.comm_bytes / np.where(link > 0, link, 1.0), 0.0)
     return f.comm_count * hw.allreduce_latency_s + n * per_token
@@ -299,6 +307,8 @@ def latency_seconds(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_
     * per decoder layer: ``layer_overhead_s`` (norms, activations, rotary, KV writes, small-kernel
       launch latency; what vLLM/SGLang do not fuse away) × layers;
     * per MoE layer: ``moe_layer_overhead_s`` (router GEMM, top-k, token permute / combine);
+    * per MLA layer: ``mla_layer_overhead_s`` (latent-attention decode: low-rank q / kv projections
+      with their norms, the absorbed per-head W_UK / W_UV batched GEMMs, rotary, the MLA kernel);
     * per distinct expert loaded: ``expert_overhead_s``. Small experts are latency-bound: a grouped
       GEMM on an expert of S bytes with n tokens takes max(S / (BW·e_bw), FLOPs / (F·e_c)) + t_e,
       i.e. it streams at an efficiency S / (S + t_e·BW·e_bw) of the dense GEMMs' that falls with the
@@ -308,7 +318,7 @@ def latency_seconds(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_
     t = np.asarray(tokens_per_seq, dtype=float)
     d = distinct_experts(f.num_experts, f.top_k, batch * t ** (1.0 - correlation))
     return (f.layers * hw.layer_overhead_s + f.moe_layers * hw.moe_layer_overhead_s
-            + f.moe_layers * d * hw.expert_overhead_s)
+            + f.moe_layers * d * hw.expert_overhead_s + f.mla_layers * hw.mla_layer_overhead_s)
 
 
 @dataclass(frozen=True)
