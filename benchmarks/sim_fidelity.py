@@ -36,6 +36,9 @@ def main(path: str) -> None:
     for name, fit, ship in zip(fid.PARAMS, r.theta_all, shipped):
         unit, scale = ("", 1.0) if name == "bandwidth" else ("us", 1e6)
         print(f"  {name:24s} fit {fit * scale:9.3f} {unit:2s}  shipped {ship * scale:9.3f} {unit}")
+    print("  bandwidth per GPU (shared x fitted multiplier):",
+          ", ".join(f"{g} {fid.gpu_theta(r.theta_all, g)[0]:.3f} (shipped {HARDWARE[g].efficiency.bandwidth:.3f})"
+                    for g in fid.GPUS if g in {p.hardware for p in pts}))
     sweep = [p for p in pts if p.id.startswith("llama8b-h100-vllm-eagle-k")]
     if sweep:
         st = fid.terms(sweep)

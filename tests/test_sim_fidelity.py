@@ -16,9 +16,9 @@ from dsdprof.sim.catalog import MODELS
 from dsdprof.spec import parse_spec
 from dsdprof.sim.config import resolve
 
-# Achieved: 11.3 % (21 points). The issue's goal is 10 %; the bound is what the model honestly
+# Achieved: 9.9 % (30 points). The issue's goal is 10 %; the bound is what the model honestly
 # reaches plus ~1 point of slack, so a regression of the model or of the data fails it.
-LOO_MAPE_BOUND = 12.5
+LOO_MAPE_BOUND = 11.0
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +42,20 @@ def test_points_cover_dense_moe_tp_fp8_and_spec():
     spec = [p for p in pts if p.method != "none"]
     assert len(spec) >= 4 and all(p.al and p.al > 1 for p in spec)
     assert max(p.batch for p in pts) >= 32 and all(p.source and p.conversion for p in pts)
+    unscored = [p for p in fid.load_points(scored_only=False) if not p.scored]
+    assert max(p.batch for p in unscored) >= 64 and all(p.conversion for p in unscored)
 
 
 def test_shipped_priors_are_the_fit_on_all_points(loo):
     """The catalog's priors must be what the suite fits (refit when the points change)."""
-    shipped = fid.theta_of(HARDWARE["H100 SXM"])
-    np.testing.assert_allclose(shipped, loo.theta_all, rtol=0.02, atol=2e-6)
+    ar = fid.PARAMS.index("allreduce_latency_s")
+    for name, hw in HARDWARE.items():
+        want = fid.gpu_theta(loo.theta_all, name)
+        if hw.interconnect_gbs <= 64:  # PCIe cards: 3x the NVLink all-reduce latency (stated assumption)
+            want[ar] *= 3
+        np.testing.assert_allclose(fid.theta_of(hw), want, rtol=0.02, atol=2e-6, err_msg=name)
     t = fid.terms(loo.points)
-    in_sample = np.mean(np.abs(fid.predict(t, shipped) / t.y_s - 1)) * 100
+    in_sample = np.mean(np.abs(fid.predict(t, loo.theta_all) / t.y_s - 1)) * 100
     assert in_sample < loo.mape  # and the fit is better in sample than out of it
 
 

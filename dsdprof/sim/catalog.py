@@ -134,7 +134,7 @@ _HF_IDS = {
     "Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B", "Qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
     "Mixtral-8x7B": "mistralai/Mixtral-8x7B-Instruct-v0.1", "DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
     "gpt-oss-20b": "openai/gpt-oss-20b", "gpt-oss-120b": "openai/gpt-oss-120b",
-    "EAGLE3-Llama-3.1-8B": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+    "EAGLE3-Llama-3.1-8B": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "DBRX": "databricks/dbrx-instruct",
 }
 
 MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")) for m in (
@@ -152,6 +152,10 @@ MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")
     _dense("DeepSeek-V3", 61, 7168, 18432, 128, 128, 128, 129280,
            num_experts=256, experts_per_token=8, moe_intermediate=2048, moe_layers=58,
            num_shared_experts=1, mla=MLA(1536, 512, 64, 128, 128), **_FP8_BLOCK),
+    # DBRX (databricks/dbrx-instruct config.json: d_model 6144, 40 layers, 48 q / 8 kv heads,
+    # ffn_hidden_size 10752, 16 experts top-4, vocab 100352): 131.6B total / 36.4B active
+    _dense("DBRX", 40, 6144, 10752, 48, 8, 128, 100352,
+           num_experts=16, experts_per_token=4, moe_intermediate=10752, moe_layers=40),
     _dense("gpt-oss-20b", 24, 2880, 2880, 64, 8, 64, 201088,
            num_experts=32, experts_per_token=4, moe_intermediate=2880, moe_layers=24,
            sliding_window=128, sliding_layers=12, **_MXFP4_EXPERTS),

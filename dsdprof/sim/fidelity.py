@@ -27,7 +27,7 @@ import numpy as np
 
 from dsdprof.errors import InputError
 from dsdprof.sim.catalog import resolve_model
-from dsdprof.sim.hardware import Hardware, resolve_hardware
+from dsdprof.sim.hardware import HARDWARE, Hardware, resolve_hardware
 from dsdprof.sim.model import (
     METHOD_OVERHEAD, NO_DRAFT, HwArrays, arch_features, distinct_experts, resolve_dtype, step_parts,
 )
@@ -36,6 +36,8 @@ POINTS_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity_poi
 PARAMS = ("bandwidth", "layer_overhead_s", "moe_layer_overhead_s", "expert_overhead_s", "allreduce_latency_s",
           "step_overhead_s", "dsd_overhead_s", "draft_step_overhead_s", "mla_layer_overhead_s")
 COMPUTE_EFFICIENCY = 0.70
+GPUS = tuple(HARDWARE)  # per-GPU bandwidth multipliers follow the 9 shared parameters, in this order
+GPU_PRIOR_WEIGHT = 0.5  # pull of each per-GPU log multiplier towards 0 (one point's residual ~ 0.07 vs a prior sd ~ 0.15)
 _SCALE = np.array([1.0, 1e-6, 1e-6, 1e-6, 1e-6, 1e-3, 1e-3, 1e-3, 1e-6])  # (1, µs, µs, µs, µs, ms, ms, ms, µs)
 _START = np.array([0.8, 20.0, 50.0, 5.0, 5.0, 0.5, 0.5, 0.5, 50.0])
 _UPPER = np.array([1.0, 1000.0, 2000.0, 200.0, 200.0, 20.0, 20.0, 20.0, 2000.0])
@@ -107,6 +109,7 @@ class Terms:
     spec_step: np.ndarray  # K · method per-step factor
     spec_fixed: np.ndarray  # [speculative] · method fixed factor
     y_s: np.ndarray  # published seconds per step
+    gpu: np.ndarray  # index into GPUS (-1: a profile file, no multiplier)
 
 
 def _features(pt: Point) -> tuple[Hardware, Any, Any]:
@@ -143,12 +146,17 @@ def terms(points: list[Point]) -> Terms:
         rows["spec_step"].append(k * m_step)
         rows["spec_fixed"].append(m_fixed)
         rows["y_s"].append(pt.step_ms / 1e3)
-    return Terms(**{f: np.array(v, dtype=float) for f, v in rows.items()})
+        rows["gpu"].append(GPUS.index(hw.name) if hw.name in GPUS else -1)
+    return Terms(**{f: np.array(v, dtype=int if f == "gpu" else float) for f, v in rows.items()})
 
 
 def predict(t: Terms, theta: np.ndarray) -> np.ndarray:
-    """Seconds per step for parameters ``theta`` (natural units, order :data:`PARAMS`)."""
-    e_bw, lay, moe, exp, ar, step, d0, dk, mla = theta
+    """Seconds per step for parameters ``theta``: :data:`PARAMS` (natural units), then one log
+    bandwidth multiplier per entry of :data:`GPUS` (optional: missing = 0)."""
+    e_bw, lay, moe, exp, ar, step, d0, dk, mla = theta[:len(PARAMS)]
+    mult = np.asarray(theta[len(PARAMS):], dtype=float)
+    if len(mult):
+        e_bw = e_bw * np.exp(np.where(t.gpu >= 0, mult[np.maximum(t.gpu, 0)], 0.0))[:, None]
     kernel = np.maximum(t.mem_s / e_bw, t.flop_s / COMPUTE_EFFICIENCY).sum(axis=1)
     return (kernel + t.link_s + t.n_allreduce * ar + t.n_layers * lay + t.n_moe_layers * moe
             + t.n_experts * exp + t.n_mla_layers * mla + step + t.spec_fixed * d0 + t.spec_step * dk)
@@ -163,12 +171,17 @@ def fit_params(t: Terms, idx: Optional[np.ndarray] = None) -> np.ndarray:
         raise InputError("fidelity points", len(sel), f"need at least {len(PARAMS)} points to fit {len(PARAMS)} priors")
     sub = Terms(**{f: getattr(t, f)[sel] for f in Terms.__dataclass_fields__})
 
-    def resid(x: np.ndarray) -> np.ndarray:
-        return np.log(predict(sub, x * _SCALE) / sub.y_s)
+    g = len(GPUS)
+    scale = np.concatenate([_SCALE, np.ones(g)])
 
-    sol = least_squares(resid, _START, bounds=(_LOWER, _UPPER), method="trf", x_scale=_START + 1.0,
-                        ftol=1e-10, xtol=1e-10, gtol=1e-10, max_nfev=2000)
-    return sol.x * _SCALE
+    def resid(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.log(predict(sub, x * scale) / sub.y_s), GPU_PRIOR_WEIGHT * x[len(PARAMS):]])
+
+    start = np.concatenate([_START, np.zeros(g)])
+    lo, hi = np.concatenate([_LOWER, np.full(g, -1.0)]), np.concatenate([_UPPER, np.full(g, 1.0)])
+    sol = least_squares(resid, start, bounds=(lo, hi), method="trf", x_scale=np.concatenate([_START + 1.0, np.ones(g)]),
+                        ftol=1e-10, xtol=1e-10, gtol=1e-10, max_nfev=4000)
+    return sol.x * scale
 
 
 @dataclass(frozen=True)
@@ -203,6 +216,14 @@ def leave_one_out(points: list[Point]) -> LooResult:
         theta = fit_params(t, np.delete(np.arange(n), i))
         pred[i] = predict(Terms(**{f: getattr(t, f)[i:i + 1] for f in Terms.__dataclass_fields__}), theta)[0]
     return LooResult(points, pred, t.y_s, fit_params(t))
+
+
+def gpu_theta(theta: np.ndarray, name: str) -> np.ndarray:
+    """The :data:`PARAMS` vector one GPU gets: shared values, bandwidth times its multiplier."""
+    out = np.array(theta[:len(PARAMS)], dtype=float)
+    if name in GPUS and len(theta) > len(PARAMS):
+        out[0] *= float(np.exp(theta[len(PARAMS) + GPUS.index(name)]))
+    return out
 
 
 def theta_of(hw: Hardware) -> np.ndarray:
