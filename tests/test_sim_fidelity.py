@@ -90,3 +90,16 @@ def test_bad_points_file_is_one_line(tmp_path):
     p.write_text('[[point]]\nid = "x"\n')
     with pytest.raises(InputError, match="missing"):
         fid.load_points(p)
+
+
+def test_grid_charges_each_method_its_own_speculation_overhead():
+    from dsdprof.sim import acceptance as acc
+    from dsdprof.sim.grid import ModelCase, predict_grid
+
+    m = MODELS["Llama-3.1-8B"]
+    cases = [ModelCase(m, None, tuple(acc.geometric(0.7, 4)), method=meth) for meth in ("eagle", "ngram")]
+    g = predict_grid([HARDWARE["H100 SXM"]], cases, [1], [0, 3])
+    e = HARDWARE["H100 SXM"].efficiency
+    eagle, ngram = g.itl_s[0, 0, 0], g.itl_s[0, 1, 0]
+    assert eagle[0] == pytest.approx(ngram[0])  # same fixed DSD overhead at K = 0
+    assert eagle[1] - ngram[1] == pytest.approx(3 * e.draft_step_overhead_s)  # no per-step launch for n-gram

@@ -372,16 +372,17 @@ class StepTime:
 
 def step_time(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: ArrayLike, k: ArrayLike,
               context: ArrayLike, correlation: ArrayLike = 0.0, speculative: ArrayLike = 1.0,
-              method: str = "eagle") -> StepTime:
+              method: str = "eagle", method_factors: Optional[tuple[ArrayLike, ArrayLike]] = None) -> StepTime:
     """T = roofline_seconds + comm + latency + step_overhead
            + K · m_step · draft_step_overhead + spec · m_fixed · dsd_overhead.
 
     ``speculative`` = 0 for a vanilla engine (no drafter at all; pass K = 0), 1 for a DSD engine
     (which pays ``dsd_overhead_s`` even at K = 0). ``latency`` = :func:`latency_seconds` of the
     verify pass and of each of the K draft passes (the draft's layers, so the draft depth K and its
-    TP all-reduces scale it); (m_fixed, m_step) = :data:`METHOD_OVERHEAD` [method].
+    TP all-reduces scale it); (m_fixed, m_step) = :data:`METHOD_OVERHEAD` [method], or
+    ``method_factors`` (arrays, e.g. one per grid column) when given.
     """
-    m_fixed, m_step = METHOD_OVERHEAD.get(method, (1.0, 1.0))
+    m_fixed, m_step = method_factors if method_factors is not None else METHOD_OVERHEAD.get(method, (1.0, 1.0))
     p = step_parts(hw, target, draft, batch, k, context, correlation, speculative)
     kernel = roofline_seconds(p, hw.eff_bandwidth, hw.eff_compute) + p.comm_s + p.fixed_s
     overhead = (hw.step_overhead_s + p.k * m_step * hw.draft_step_overhead_s
