@@ -10,15 +10,15 @@ import pytest
 
 from dsdprof.errors import InputError
 from dsdprof.sim import fidelity as fid
-from dsdprof.sim.hardware import HARDWARE
+from dsdprof.sim.hardware import HARDWARE, PRIOR_FROM
 from dsdprof.sim.model import METHOD_OVERHEAD, arch_features
 from dsdprof.sim.catalog import MODELS
 from dsdprof.spec import parse_spec
 from dsdprof.sim.config import resolve
 
-# Achieved: 9.9 % (30 points). The issue's goal is 10 %; the bound is what the model honestly
+# Achieved: 7.4 % (46 points). The issue's goal is 10 %; the bound is what the model honestly
 # reaches plus ~1 point of slack, so a regression of the model or of the data fails it.
-LOO_MAPE_BOUND = 11.0
+LOO_MAPE_BOUND = 9.0
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_points_cover_dense_moe_tp_fp8_and_spec():
     assert any(p.kv_cache_dtype == "fp8" for p in pts)
     spec = [p for p in pts if p.method != "none"]
     assert len(spec) >= 4 and all(p.al and p.al > 1 for p in spec)
-    assert max(p.batch for p in pts) >= 32 and all(p.source and p.conversion for p in pts)
+    assert max(p.batch for p in pts) >= 64 and all(p.source and p.conversion for p in pts)
     unscored = [p for p in fid.load_points(scored_only=False) if not p.scored]
     assert max(p.batch for p in unscored) >= 64 and all(p.conversion for p in unscored)
 
@@ -50,7 +50,7 @@ def test_shipped_priors_are_the_fit_on_all_points(loo):
     """The catalog's priors must be what the suite fits (refit when the points change)."""
     ar = fid.PARAMS.index("allreduce_latency_s")
     for name, hw in HARDWARE.items():
-        want = fid.gpu_theta(loo.theta_all, name)
+        want = fid.gpu_theta(loo.theta_all, PRIOR_FROM.get(name, name))
         if hw.interconnect_gbs <= 64:  # PCIe cards: 3x the NVLink all-reduce latency (stated assumption)
             want[ar] *= 3
         np.testing.assert_allclose(fid.theta_of(hw), want, rtol=0.02, atol=2e-6, err_msg=name)

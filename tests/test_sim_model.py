@@ -42,7 +42,7 @@ def test_llama8b_h100_bs1_between_floor_and_published():
     assert 4.4e-3 < t < 7.5e-3
     # at 100 % bandwidth and no overhead the step is the weight floor minus the embedding table
     ideal = HwArrays.of(HARDWARE["H100 SXM"].__class__(**{**HARDWARE["H100 SXM"].__dict__,
-                                                          "efficiency": Efficiency(1.0, 1.0, 0, 0, 0)}))
+                                                          "efficiency": Efficiency(1.0, 1.0, *[0.0] * 8)}))
     t0 = float(step_time(ideal, f, NO_DRAFT, 1, 0, 1, 0.0, 0.0).total_s)
     assert t0 == pytest.approx(MODELS["Llama-3.1-8B"].dense_params() * 2 / 3.35e12, rel=0.01)
 

@@ -130,6 +130,7 @@ _MXFP4_EXPERTS = dict(expert_weight_bytes=_MXFP4, quantization="mxfp4 (experts)"
 
 _HF_IDS = {
     "Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
+    "Llama-3.1-405B": "meta-llama/Llama-3.1-405B-Instruct",
     "Llama-3.2-1B": "meta-llama/Llama-3.2-1B-Instruct", "Qwen3-8B": "Qwen/Qwen3-8B", "Qwen3-0.6B": "Qwen/Qwen3-0.6B",
     "Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B", "Qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
     "Mixtral-8x7B": "mistralai/Mixtral-8x7B-Instruct-v0.1", "DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
@@ -140,6 +141,7 @@ _HF_IDS = {
 MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")) for m in (
     _dense("Llama-3.1-8B", 32, 4096, 14336, 32, 8, 128, 128256),
     _dense("Llama-3.1-70B", 80, 8192, 28672, 64, 8, 128, 128256),
+    _dense("Llama-3.1-405B", 126, 16384, 53248, 128, 8, 128, 128256),
     _dense("Llama-3.2-1B", 16, 2048, 8192, 32, 8, 64, 128256, tied_embeddings=True),
     _dense("Qwen3-8B", 36, 4096, 12288, 32, 8, 128, 151936),
     _dense("Qwen3-0.6B", 28, 1024, 3072, 16, 8, 128, 151936, tied_embeddings=True),

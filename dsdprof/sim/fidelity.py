@@ -34,14 +34,14 @@ from dsdprof.sim.model import (
 
 POINTS_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity_points.toml"
 PARAMS = ("bandwidth", "layer_overhead_s", "moe_layer_overhead_s", "expert_overhead_s", "allreduce_latency_s",
-          "step_overhead_s", "dsd_overhead_s", "draft_step_overhead_s", "mla_layer_overhead_s")
+          "step_overhead_s", "dsd_overhead_s", "draft_step_overhead_s", "mla_layer_overhead_s", "token_overhead_s")
 COMPUTE_EFFICIENCY = 0.70
 GPUS = tuple(HARDWARE)  # per-GPU bandwidth multipliers follow the 9 shared parameters, in this order
 GPU_PRIOR_WEIGHT = 0.5  # pull of each per-GPU log multiplier towards 0 (one point's residual ~ 0.07 vs a prior sd ~ 0.15)
-_SCALE = np.array([1.0, 1e-6, 1e-6, 1e-6, 1e-6, 1e-3, 1e-3, 1e-3, 1e-6])  # (1, µs, µs, µs, µs, ms, ms, ms, µs)
-_START = np.array([0.8, 20.0, 50.0, 5.0, 5.0, 0.5, 0.5, 0.5, 50.0])
-_UPPER = np.array([1.0, 1000.0, 2000.0, 200.0, 200.0, 20.0, 20.0, 20.0, 2000.0])
-_LOWER = np.array([0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+_SCALE = np.array([1.0, 1e-6, 1e-6, 1e-6, 1e-6, 1e-3, 1e-3, 1e-3, 1e-6, 1e-6])  # (1, µs x4, ms x3, µs, µs)
+_START = np.array([0.8, 20.0, 50.0, 5.0, 5.0, 0.5, 0.5, 0.5, 50.0, 0.3])
+_UPPER = np.array([1.0, 1000.0, 2000.0, 200.0, 200.0, 20.0, 20.0, 20.0, 2000.0, 50.0])
+_LOWER = np.array([0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 _KEYS = ("id", "source", "engine", "setup", "model", "hardware", "tp", "dtype", "kv_cache_dtype", "method",
          "batch", "k", "context", "published", "step_ms", "conversion", "scored")
 
@@ -106,6 +106,7 @@ class Terms:
     n_moe_layers: np.ndarray
     n_experts: np.ndarray  # Σ over MoE layers of distinct experts loaded, verify + K draft passes
     n_mla_layers: np.ndarray
+    n_token_units: np.ndarray  # tokens x layers x hidden / 4096, verify + K draft passes
     spec_step: np.ndarray  # K · method per-step factor
     spec_fixed: np.ndarray  # [speculative] · method fixed factor
     y_s: np.ndarray  # published seconds per step
@@ -143,6 +144,7 @@ def terms(points: list[Point]) -> Terms:
         rows["n_moe_layers"].append(float(tgt.moe_layers + k * drf.moe_layers))
         rows["n_experts"].append(float(tgt.moe_layers * d_t + k * drf.moe_layers * d_d))
         rows["n_mla_layers"].append(float(tgt.mla_layers + k * drf.mla_layers))
+        rows["n_token_units"].append(float(b * (k + 1.0) * tgt.token_units + k * b * drf.token_units))
         rows["spec_step"].append(k * m_step)
         rows["spec_fixed"].append(m_fixed)
         rows["y_s"].append(pt.step_ms / 1e3)
@@ -152,14 +154,20 @@ def terms(points: list[Point]) -> Terms:
 
 def predict(t: Terms, theta: np.ndarray) -> np.ndarray:
     """Seconds per step for parameters ``theta``: :data:`PARAMS` (natural units), then one log
-    bandwidth multiplier per entry of :data:`GPUS` (optional: missing = 0)."""
-    e_bw, lay, moe, exp, ar, step, d0, dk, mla = theta[:len(PARAMS)]
+    bandwidth multiplier and one log compute-efficiency multiplier per entry of :data:`GPUS`
+    (optional: missing = 0)."""
+    e_bw, lay, moe, exp, ar, step, d0, dk, mla, tok = theta[:len(PARAMS)]
+    e_c = COMPUTE_EFFICIENCY
     mult = np.asarray(theta[len(PARAMS):], dtype=float)
+    g = len(GPUS)
     if len(mult):
-        e_bw = e_bw * np.exp(np.where(t.gpu >= 0, mult[np.maximum(t.gpu, 0)], 0.0))[:, None]
-    kernel = np.maximum(t.mem_s / e_bw, t.flop_s / COMPUTE_EFFICIENCY).sum(axis=1)
+        pick = lambda m: np.exp(np.where(t.gpu >= 0, m[np.maximum(t.gpu, 0)], 0.0))[:, None]  # noqa: E731
+        e_bw = e_bw * pick(mult[:g])
+        e_c = e_c * pick(mult[g:2 * g]) if len(mult) >= 2 * g else e_c
+    kernel = np.maximum(t.mem_s / e_bw, t.flop_s / e_c).sum(axis=1)
     return (kernel + t.link_s + t.n_allreduce * ar + t.n_layers * lay + t.n_moe_layers * moe
-            + t.n_experts * exp + t.n_mla_layers * mla + step + t.spec_fixed * d0 + t.spec_step * dk)
+            + t.n_experts * exp + t.n_mla_layers * mla + t.n_token_units * tok + step + t.spec_fixed * d0
+            + t.spec_step * dk)
 
 
 def fit_params(t: Terms, idx: Optional[np.ndarray] = None) -> np.ndarray:
@@ -171,14 +179,14 @@ def fit_params(t: Terms, idx: Optional[np.ndarray] = None) -> np.ndarray:
         raise InputError("fidelity points", len(sel), f"need at least {len(PARAMS)} points to fit {len(PARAMS)} priors")
     sub = Terms(**{f: getattr(t, f)[sel] for f in Terms.__dataclass_fields__})
 
-    g = len(GPUS)
+    g = 2 * len(GPUS)  # log multipliers: bandwidth, then compute efficiency, per GPU
     scale = np.concatenate([_SCALE, np.ones(g)])
 
     def resid(x: np.ndarray) -> np.ndarray:
         return np.concatenate([np.log(predict(sub, x * scale) / sub.y_s), GPU_PRIOR_WEIGHT * x[len(PARAMS):]])
 
-    start = np.concatenate([_START, np.zeros(g)])
-    lo, hi = np.concatenate([_LOWER, np.full(g, -1.0)]), np.concatenate([_UPPER, np.full(g, 1.0)])
+    start = np.concatenate([_START, np.zeros(g // 2), np.full(g // 2, -1.0)])  # compute: start below the ridge
+    lo, hi = np.concatenate([_LOWER, np.full(g, -3.0)]), np.concatenate([_UPPER, np.full(g, 1.0)])
     sol = least_squares(resid, start, bounds=(lo, hi), method="trf", x_scale=np.concatenate([_START + 1.0, np.ones(g)]),
                         ftol=1e-10, xtol=1e-10, gtol=1e-10, max_nfev=4000)
     return sol.x * scale
@@ -219,25 +227,29 @@ def leave_one_out(points: list[Point]) -> LooResult:
 
 
 def gpu_theta(theta: np.ndarray, name: str) -> np.ndarray:
-    """The :data:`PARAMS` vector one GPU gets: shared values, bandwidth times its multiplier."""
-    out = np.array(theta[:len(PARAMS)], dtype=float)
+    """What one GPU gets: :data:`PARAMS` (shared values, bandwidth times its multiplier), then its
+    compute efficiency (:data:`COMPUTE_EFFICIENCY` times its multiplier)."""
+    out = np.append(np.array(theta[:len(PARAMS)], dtype=float), COMPUTE_EFFICIENCY)
     if name in GPUS and len(theta) > len(PARAMS):
-        out[0] *= float(np.exp(theta[len(PARAMS) + GPUS.index(name)]))
+        i, g = GPUS.index(name), len(GPUS)
+        out[0] *= float(np.exp(theta[len(PARAMS) + i]))
+        if len(theta) >= len(PARAMS) + 2 * g:
+            out[-1] *= float(np.exp(theta[len(PARAMS) + g + i]))
     return out
 
 
 def theta_of(hw: Hardware) -> np.ndarray:
-    """The parameter vector a hardware profile carries (order :data:`PARAMS`)."""
+    """The vector a hardware profile carries (as :func:`gpu_theta`: :data:`PARAMS`, then compute)."""
     e = hw.efficiency
     return np.array([e.bandwidth, e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s,
                      hw.allreduce_latency_s, e.step_overhead_s, e.dsd_overhead_s, e.draft_step_overhead_s,
-                     e.mla_layer_overhead_s])
+                     e.mla_layer_overhead_s, e.token_overhead_s, e.compute])
 
 
 def with_theta(hw: Hardware, theta: np.ndarray) -> Hardware:
-    """``hw`` carrying ``theta`` (compute efficiency set to :data:`COMPUTE_EFFICIENCY`)."""
-    e_bw, lay, moe, exp, ar, step, d0, dk, mla = (float(v) for v in theta)
-    eff = replace(hw.efficiency, bandwidth=e_bw, compute=COMPUTE_EFFICIENCY, layer_overhead_s=lay,
+    """``hw`` carrying ``theta`` (a :func:`gpu_theta` vector: :data:`PARAMS`, then compute efficiency)."""
+    e_bw, lay, moe, exp, ar, step, d0, dk, mla, tok, e_c = (float(v) for v in theta)
+    eff = replace(hw.efficiency, bandwidth=e_bw, compute=e_c, layer_overhead_s=lay,
                   moe_layer_overhead_s=moe, expert_overhead_s=exp, step_overhead_s=step, dsd_overhead_s=d0,
-                  draft_step_overhead_s=dk, mla_layer_overhead_s=mla)
+                  draft_step_overhead_s=dk, mla_layer_overhead_s=mla, token_overhead_s=tok)
     return replace(hw, allreduce_latency_s=ar, efficiency=eff)

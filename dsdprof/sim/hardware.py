@@ -42,21 +42,21 @@ class Efficiency:
     (``python benchmarks/sim_fidelity.py`` prints the fit and its leave-one-out error; the test
     ``tests/test_sim_fidelity.py`` fails if they drift from a refit). ``compute`` is not
     determined by those decode points and stays at its prior. The per-layer, per-MoE-layer and
-    per-expert latencies fit to 0 on the current points: the dense points (32-layer 8B at TP 1,
-    80-layer 70B at TP 2) do not separate a per-layer cost from the per-step overhead and the TP
-    all-reduce latency; they stay in the model for [sim] overrides and profiles. The MLA term
-    carries what DeepSeek-V3 at TP 8 needs beyond the rest (about 0.45 ms per layer).
+    per-expert latencies fit to 0 on the current points (the MoE points are explained by expert
+    streaming plus the per-layer and per-token terms; they stay for [sim] overrides and profiles).
+    The MLA term carries what DeepSeek-V3 at TP 8 needs beyond the rest (about 0.43 ms per layer).
     """
 
-    bandwidth: float = 0.817  # fitted, shared; catalog GPUs with points carry their own (below)
+    bandwidth: float = 0.806  # fitted, shared; catalog GPUs with points carry their own (below)
     compute: float = 0.70  # prior: H200 8192^3 bf16 790 of 989 TFLOP/s = 0.80 at best; decode GEMMs less
-    step_overhead_s: float = 2.289e-3  # fitted: scheduler, sampling, input prep, launches per engine step
-    draft_step_overhead_s: float = 0.754e-3  # fitted (EAGLE, vLLM K sweep): per draft forward pass
-    dsd_overhead_s: float = 0.938e-3  # fitted (EAGLE): drafter bookkeeping paid even at K=0
-    layer_overhead_s: float = 0.0  # fitted 0: per decoder layer per forward pass (unfused small kernels)
+    step_overhead_s: float = 1.974e-3  # fitted: scheduler, sampling, input prep, launches per engine step
+    draft_step_overhead_s: float = 0.735e-3  # fitted (EAGLE, vLLM K sweep): per draft forward pass
+    dsd_overhead_s: float = 0.985e-3  # fitted (EAGLE): drafter bookkeeping paid even at K=0
+    layer_overhead_s: float = 14.5e-6  # fitted: per decoder layer per forward pass (unfused small kernels)
     moe_layer_overhead_s: float = 0.0  # fitted 0: per MoE layer per forward pass (router, top-k, permute)
     expert_overhead_s: float = 0.0  # fitted 0: per distinct expert loaded per MoE layer (latency-bound GEMM)
-    mla_layer_overhead_s: float = 433.6e-6  # fitted (DeepSeek-V3 points only): per MLA layer per forward
+    mla_layer_overhead_s: float = 425.6e-6  # fitted (DeepSeek-V3 points only): per MLA layer per forward
+    token_overhead_s: float = 0.511e-6  # fitted: per token per layer per 4096 hidden units (elementwise work)
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Hardware:
     fp32_tflops: float = 0.0  # 0 = half the bf16 rate (TF32 tensor cores)
     cache_mb: float = 0.0
     interconnect_gbs: float = 0.0  # per direction, per device (NVLink / IF / PCIe)
-    allreduce_latency_s: float = 21.0e-6  # fitted: per TP all-reduce (2 per layer), independent of TP
+    allreduce_latency_s: float = 18.8e-6  # fitted: per TP all-reduce (2 per layer), independent of TP
     tile_m: int = 64  # largest GEMM row tile: large token counts are padded to a multiple of it
     min_tile_m: int = 16  # smallest row tile a decode GEMM uses (see dsdprof.sim.model.padded)
     fp4_tflops: float = 0.0  # 0 = no FP4 tensor cores: W4A4 GEMMs run at the fp8 (else bf16) rate
@@ -100,12 +100,15 @@ class Hardware:
 # the published points of benchmarks/fidelity_points.toml (python benchmarks/sim_fidelity.py): the
 # fixed costs are shared by all GPUs (Efficiency() defaults, allreduce_latency_s); the bandwidth
 # efficiency is per GPU where the suite has points (a log multiplier on the shared value, pulled
-# towards it; dsdprof/sim/fidelity.py): H100 SXM (22 points: Llama-3.1-8B incl. the EAGLE K sweep,
-# Llama-3.3-70B FP8 TP 2, Llama-3-70B TP 4, Mixtral TP 2, Qwen3-30B-A3B TP 2, gpt-oss-20b), H200 SXM
-# (7: DeepSeek-V3 FP8 TP 8, vLLM nightly), A100 80GB (3), A100 40GB (1), H20 (1). B200, L40S,
-# MI300X, MI325X and RTX 4090 have no published point in the suite: they carry the shared fitted
-# values (their own software stacks' overheads are unmeasured here); PCIe cards pay 3x the NVLink
-# all-reduce latency (assumed, no point at TP > 1 over PCIe).
+# towards it; dsdprof/sim/fidelity.py): H100 SXM (19 scored points: Llama-3.1-8B incl. the EAGLE K
+# sweep, Llama-3.3-70B FP8 TP 2, Llama-3-70B TP 4, Mixtral TP 2, Qwen3-30B-A3B TP 2, gpt-oss-20b),
+# MI300X (16: Llama-3.1-70B/405B FP8 TP 8, BS 1-128), H200 SXM (6: DeepSeek-V3 FP8 TP 8, vLLM nightly),
+# A100 80GB (3), A100 40GB (1), H20 (1). The per-GPU compute efficiency multipliers the fit also
+# has stay at the 0.70 prior. B200, L40S and RTX 4090 have no published point in the suite: they
+# carry the shared fitted values (their own software stacks' overheads are unmeasured here);
+# MI325X takes MI300X's (PRIOR_FROM); PCIe cards pay 3x the NVLink all-reduce latency (assumed, no
+# point at TP > 1 over PCIe).
+PRIOR_FROM = {"MI325X": "MI300X"}  # GPUs without points that take another catalog GPU's fitted efficiency
 _NVL = Hardware.__dataclass_fields__["allreduce_latency_s"].default
 _FIT = Efficiency()
 
@@ -118,23 +121,26 @@ def _bw(e_bw: float) -> Efficiency:
 _PCIE = dict(interconnect_gbs=32.0, allreduce_latency_s=3 * _NVL)
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     # datasheet fp8, NVLink 900 GB/s bidir; bandwidth efficiency fitted on 22 H100 points
-    Hardware("H100 SXM", 989, 3.35, 80, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450, efficiency=_bw(0.896)),
-    # fitted on 7 H200 points (3.66 TB/s; the torch proxy of docs/gpu-h200.md measured its weight GEMMs
+    Hardware("H100 SXM", 989, 3.35, 80, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450, efficiency=_bw(0.935)),
+    # fitted on 6 H200 points (3.85 TB/s; the torch proxy of docs/gpu-h200.md measured its weight GEMMs
     # at 3.76 TB/s = 0.78, independently)
-    Hardware("H200 SXM", 989, 4.8, 141, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450, efficiency=_bw(0.762)),
+    Hardware("H200 SXM", 989, 4.8, 141, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450, efficiency=_bw(0.803)),
     Hardware("B200", 2250, 8.0, 180, fp8_tflops=4500, cache_mb=126, interconnect_gbs=900,
              fp4_tflops=9000),  # datasheet fp8 / fp4 (dense = half the sparse figure), NVLink5
     # datasheet (not in reference.md): H20 148 bf16 / 296 fp8 TFLOP/s dense, 4.0 TB/s HBM3, 96 GB, 60 MB L2
     Hardware("H20", 148, 4.0, 96, fp8_tflops=296, cache_mb=60, interconnect_gbs=450,
-             efficiency=_bw(0.814)),  # 1 point (DeepSeek-V3.2, latency-bound): ~ the shared value
+             efficiency=_bw(0.803)),  # 1 point (DeepSeek-V3.2, latency-bound): ~ the shared value
     Hardware("A100 80GB SXM", 312, 2.039, 80, cache_mb=40, interconnect_gbs=300,
-             efficiency=_bw(0.756)),  # fitted on 3 points (vLLM nightly)
+             efficiency=_bw(0.774)),  # fitted on 3 points (vLLM nightly)
     # datasheet (not in reference.md): A100 40GB SXM 312 bf16 TFLOP/s dense, 1.555 TB/s HBM2, 40 MB L2
     Hardware("A100 40GB SXM", 312, 1.555, 40, cache_mb=40, interconnect_gbs=300,
-             efficiency=_bw(0.864)),  # 1 point (vLLM 0.23, Llama-3.1-8B BS 1)
+             efficiency=_bw(0.870)),  # 1 point (vLLM 0.23, Llama-3.1-8B BS 1)
     Hardware("L40S", 362, 0.864, 48, fp8_tflops=733, **_PCIE),  # datasheet fp8
-    Hardware("MI300X", 1307, 5.3, 192, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448),  # datasheet: 7 IF links x 64 GB/s
-    Hardware("MI325X", 1307, 6.0, 256, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448),
+    # datasheet: 7 IF links x 64 GB/s; bandwidth efficiency fitted on 16 points (vLLM 0.11.1 RC on
+    # ROCm 7, Llama-3.1-70B/405B FP8 TP 8, BS 1-128): 3.58 TB/s
+    Hardware("MI300X", 1307, 5.3, 192, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448, efficiency=_bw(0.676)),
+    # no point; same CDNA3 die and ROCm stack as MI300X with faster HBM3E: MI300X's fitted efficiency
+    Hardware("MI325X", 1307, 6.0, 256, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448, efficiency=_bw(0.676)),
     Hardware("RTX 4090", 165, 1.008, 24, fp8_tflops=330, cache_mb=72, **_PCIE),  # FP32-accumulate rates
 )}
 _ALIASES = {"h100": "H100 SXM", "h100sxm": "H100 SXM", "h200": "H200 SXM", "h200sxm": "H200 SXM",
@@ -162,7 +168,7 @@ class _HardwareIn(_Strict):
     fp32_tflops: float = Field(0.0, ge=0)
     cache_mb: float = Field(0.0, ge=0)
     interconnect_gbs: float = Field(0.0, ge=0)
-    allreduce_latency_s: float = Field(21.0e-6, ge=0)
+    allreduce_latency_s: float = Field(18.8e-6, ge=0)
     tile_m: int = Field(64, ge=1)
     min_tile_m: int = Field(16, ge=1)
     fp4_tflops: float = Field(0.0, ge=0)
@@ -178,6 +184,7 @@ class _EfficiencyIn(_Strict):
     moe_layer_overhead_s: float = Field(Efficiency.moe_layer_overhead_s, ge=0)
     expert_overhead_s: float = Field(Efficiency.expert_overhead_s, ge=0)
     mla_layer_overhead_s: float = Field(Efficiency.mla_layer_overhead_s, ge=0)
+    token_overhead_s: float = Field(Efficiency.token_overhead_s, ge=0)
 
 
 class _ProfileIn(_Strict):

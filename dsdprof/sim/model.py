@@ -132,6 +132,7 @@ class ArchFeatures:
     total_bytes: ArrayLike  # every stored weight / tp (memory capacity check)
     layers: ArrayLike = 0.0  # decoder layers (per-layer fixed cost)
     mla_layers: ArrayLike = 0.0  # layers with multi-head latent attention (their own fixed cost)
+    token_units: ArrayLike = 0.0  # per token: layers x hidden / 4096 (per-token elementwise work)
 
     @staticmethod
     def stack(items: list["ArchFeatures"], shape: tuple[int, ...]) -> "ArchFeatures":
@@ -187,6 +188,7 @@ def arch_features(arch: ModelArch, dtype: str, tp: int, kv_cache_dtype: str = "a
         comm_count=2 * arch.num_layers if tp > 1 else 0,
         total_bytes=(dense_bytes + embedding * st.head + routed * st.expert) / tp,
         layers=arch.num_layers, mla_layers=arch.num_layers if arch.mla is not None else 0,
+        token_units=arch.num_layers * arch.hidden / 4096.0,
     )
 
 
@@ -210,6 +212,7 @@ class HwArrays:
     moe_layer_overhead_s: ArrayLike = 0.0
     expert_overhead_s: ArrayLike = 0.0
     mla_layer_overhead_s: ArrayLike = 0.0
+    token_overhead_s: ArrayLike = 0.0
 
     @staticmethod
     def of(hw: Hardware, compute_dtype: str = "bf16") -> "HwArrays":
@@ -217,7 +220,8 @@ class HwArrays:
         return HwArrays(hw.bandwidth_bytes_s, hw.peak_flops(compute_dtype), hw.tile_m, hw.min_tile_m,
                         hw.interconnect_gbs * 1e9, hw.allreduce_latency_s, hw.memory_gb * 1e9,
                         e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s,
-                        e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s, e.mla_layer_overhead_s)
+                        e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s, e.mla_layer_overhead_s,
+                        e.token_overhead_s)
 
 
 def padded(n: ArrayLike, tile: ArrayLike, min_tile: ArrayLike = 16) -> ArrayLike:
@@ -309,6 +313,9 @@ def latency_seconds(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_
     * per MoE layer: ``moe_layer_overhead_s`` (router GEMM, top-k, token permute / combine);
     * per MLA layer: ``mla_layer_overhead_s`` (latent-attention decode: low-rank q / kv projections
       with their norms, the absorbed per-head W_UK / W_UV batched GEMMs, rotary, the MLA kernel);
+    * per token: ``token_overhead_s`` × layers × hidden / 4096 (the elementwise work outside the
+      GEMM roofline: norms, activations, rotary, quantization of activations, KV writes; it makes
+      a memory-bound step grow smoothly with the tokens in it);
     * per distinct expert loaded: ``expert_overhead_s``. Small experts are latency-bound: a grouped
       GEMM on an expert of S bytes with n tokens takes max(S / (BW·e_bw), FLOPs / (F·e_c)) + t_e,
       i.e. it streams at an efficiency S / (S + t_e·BW·e_bw) of the dense GEMMs' that falls with the
@@ -318,7 +325,8 @@ def latency_seconds(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_
     t = np.asarray(tokens_per_seq, dtype=float)
     d = distinct_experts(f.num_experts, f.top_k, batch * t ** (1.0 - correlation))
     return (f.layers * hw.layer_overhead_s + f.moe_layers * hw.moe_layer_overhead_s
-            + f.moe_layers * d * hw.expert_overhead_s + f.mla_layers * hw.mla_layer_overhead_s)
+            + f.moe_layers * d * hw.expert_overhead_s + f.mla_layers * hw.mla_layer_overhead_s
+            + batch * t * f.token_units * hw.token_overhead_s)
 
 
 @dataclass(frozen=True)
