@@ -136,6 +136,7 @@ _HF_IDS = {
     "Mixtral-8x7B": "mistralai/Mixtral-8x7B-Instruct-v0.1", "DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
     "gpt-oss-20b": "openai/gpt-oss-20b", "gpt-oss-120b": "openai/gpt-oss-120b",
     "EAGLE3-Llama-3.1-8B": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "DBRX": "databricks/dbrx-instruct",
+    "EAGLE-LLaMA3-Instruct-8B": "lmsys/sglang-EAGLE-LLaMA3-Instruct-8B",
 }
 
 MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")) for m in (
@@ -168,6 +169,10 @@ MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")
     # (2h wide: + h*(nq+2nkv)*d extra), fc 3h -> h, a 32000-token draft LM head; embedding shared.
     _dense("EAGLE3-Llama-3.1-8B", 1, 4096, 14336, 32, 8, 128, 32000,
            extra_params=3 * 4096 * 4096 + 4096 * (32 + 16) * 128, has_embedding=False),
+    # EAGLE-1 head for Llama-3-8B (lmsys/sglang-EAGLE-LLaMA3-Instruct-8B): one decoder layer, fc
+    # 2h -> h; it reuses the target's embedding and 128256-token LM head, read every draft step.
+    _dense("EAGLE-LLaMA3-Instruct-8B", 1, 4096, 14336, 32, 8, 128, 128256,
+           extra_params=2 * 4096 * 4096, has_embedding=False),
     # DeepSeek-V3 MTP module: one MoE decoder layer + eh_proj (2h -> h), embedding and head shared.
     _dense("DeepSeek-V3-MTP", 1, 7168, 18432, 128, 128, 128, 129280,
            num_experts=256, experts_per_token=8, moe_intermediate=2048, moe_layers=1,

@@ -17,8 +17,8 @@ routing_correlation = 0.0       # rho in n_eff = B * (K+1)^(1-rho); 0 = uniform 
 acceptance_alpha = 0.8          # or acceptance_per_pos / acceptance_conditional / acceptance_from
 kv_cache_dtype = "auto"         # auto | bfloat16 | float16 | float32 | fp8 | fp8_e4m3 | fp8_e5m2
 # bandwidth_efficiency, compute_efficiency, step_overhead_s, draft_step_overhead_s,
-# dsd_overhead_s, layer_overhead_s, moe_layer_overhead_s, expert_overhead_s override the
-# hardware profile's values.
+# dsd_overhead_s, layer_overhead_s, moe_layer_overhead_s, expert_overhead_s, mla_layer_overhead_s,
+# token_overhead_s override the hardware profile's values.
 ```
 """
 
@@ -60,6 +60,8 @@ class SimConfig(BaseModel):
     layer_overhead_s: Optional[float] = Field(None, ge=0.0)
     moe_layer_overhead_s: Optional[float] = Field(None, ge=0.0)
     expert_overhead_s: Optional[float] = Field(None, ge=0.0)
+    mla_layer_overhead_s: Optional[float] = Field(None, ge=0.0)
+    token_overhead_s: Optional[float] = Field(None, ge=0.0)
     kv_cache_dtype: str = Field("auto", description="KV-cache element type (vLLM --kv-cache-dtype names)")
     check_memory: bool = Field(True, description="predict OOM cells as failed rows")
 
@@ -158,7 +160,8 @@ def resolve(spec: Any) -> SimSetup:
         resolve_hardware(cfg.hardware), bandwidth=cfg.bandwidth_efficiency, compute=cfg.compute_efficiency,
         step_overhead_s=cfg.step_overhead_s, draft_step_overhead_s=cfg.draft_step_overhead_s,
         dsd_overhead_s=cfg.dsd_overhead_s, layer_overhead_s=cfg.layer_overhead_s,
-        moe_layer_overhead_s=cfg.moe_layer_overhead_s, expert_overhead_s=cfg.expert_overhead_s)
+        moe_layer_overhead_s=cfg.moe_layer_overhead_s, expert_overhead_s=cfg.expert_overhead_s,
+        mla_layer_overhead_s=cfg.mla_layer_overhead_s, token_overhead_s=cfg.token_overhead_s)
     context = cfg.context_len or spec.workload.input_len + spec.sweep.output_len // 2
     if context > eng.max_model_len:
         raise InputError("sim.context_len", context, f"exceeds engine.max_model_len={eng.max_model_len}")

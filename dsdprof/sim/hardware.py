@@ -47,15 +47,15 @@ class Efficiency:
     The MLA term carries what DeepSeek-V3 at TP 8 needs beyond the rest (about 0.43 ms per layer).
     """
 
-    bandwidth: float = 0.806  # fitted, shared; catalog GPUs with points carry their own (below)
+    bandwidth: float = 0.807  # fitted, shared; catalog GPUs with points carry their own (below)
     compute: float = 0.70  # prior: H200 8192^3 bf16 790 of 989 TFLOP/s = 0.80 at best; decode GEMMs less
-    step_overhead_s: float = 1.974e-3  # fitted: scheduler, sampling, input prep, launches per engine step
-    draft_step_overhead_s: float = 0.735e-3  # fitted (EAGLE, vLLM K sweep): per draft forward pass
-    dsd_overhead_s: float = 0.985e-3  # fitted (EAGLE): drafter bookkeeping paid even at K=0
-    layer_overhead_s: float = 14.5e-6  # fitted: per decoder layer per forward pass (unfused small kernels)
+    step_overhead_s: float = 1.905e-3  # fitted: scheduler, sampling, input prep, launches per engine step
+    draft_step_overhead_s: float = 0.720e-3  # fitted (EAGLE: vLLM K sweep, vLLM V1 EAGLE-1): per draft forward pass
+    dsd_overhead_s: float = 0.885e-3  # fitted (EAGLE): drafter bookkeeping paid even at K=0
+    layer_overhead_s: float = 18.0e-6  # fitted: per decoder layer per forward pass (unfused small kernels)
     moe_layer_overhead_s: float = 0.0  # fitted 0: per MoE layer per forward pass (router, top-k, permute)
     expert_overhead_s: float = 0.0  # fitted 0: per distinct expert loaded per MoE layer (latency-bound GEMM)
-    mla_layer_overhead_s: float = 425.6e-6  # fitted (DeepSeek-V3 points only): per MLA layer per forward
+    mla_layer_overhead_s: float = 425.9e-6  # fitted (DeepSeek-V3 points only): per MLA layer per forward
     token_overhead_s: float = 0.511e-6  # fitted: per token per layer per 4096 hidden units (elementwise work)
 
 
@@ -71,7 +71,7 @@ class Hardware:
     fp32_tflops: float = 0.0  # 0 = half the bf16 rate (TF32 tensor cores)
     cache_mb: float = 0.0
     interconnect_gbs: float = 0.0  # per direction, per device (NVLink / IF / PCIe)
-    allreduce_latency_s: float = 18.8e-6  # fitted: per TP all-reduce (2 per layer), independent of TP
+    allreduce_latency_s: float = 17.5e-6  # fitted: per TP all-reduce (2 per layer), independent of TP
     tile_m: int = 64  # largest GEMM row tile: large token counts are padded to a multiple of it
     min_tile_m: int = 16  # smallest row tile a decode GEMM uses (see dsdprof.sim.model.padded)
     fp4_tflops: float = 0.0  # 0 = no FP4 tensor cores: W4A4 GEMMs run at the fp8 (else bf16) rate
@@ -100,8 +100,8 @@ class Hardware:
 # the published points of benchmarks/fidelity_points.toml (python benchmarks/sim_fidelity.py): the
 # fixed costs are shared by all GPUs (Efficiency() defaults, allreduce_latency_s); the bandwidth
 # efficiency is per GPU where the suite has points (a log multiplier on the shared value, pulled
-# towards it; dsdprof/sim/fidelity.py): H100 SXM (19 scored points: Llama-3.1-8B incl. the EAGLE K
-# sweep, Llama-3.3-70B FP8 TP 2, Llama-3-70B TP 4, Mixtral TP 2, Qwen3-30B-A3B TP 2, gpt-oss-20b),
+# towards it; dsdprof/sim/fidelity.py): H100 SXM (22 scored points: Llama-3.1-8B incl. two EAGLE
+# sweeps, Llama-3.3-70B FP8 TP 2, Llama-3-70B TP 4, Mixtral TP 2, Qwen3-30B-A3B TP 2, gpt-oss-20b),
 # MI300X (16: Llama-3.1-70B/405B FP8 TP 8, BS 1-128), H200 SXM (6: DeepSeek-V3 FP8 TP 8, vLLM nightly),
 # A100 80GB (3), A100 40GB (1), H20 (1). The per-GPU compute efficiency multipliers the fit also
 # has stay at the 0.70 prior. B200, L40S and RTX 4090 have no published point in the suite: they
@@ -120,27 +120,27 @@ def _bw(e_bw: float) -> Efficiency:
 
 _PCIE = dict(interconnect_gbs=32.0, allreduce_latency_s=3 * _NVL)
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
-    # datasheet fp8, NVLink 900 GB/s bidir; bandwidth efficiency fitted on 22 H100 points
-    Hardware("H100 SXM", 989, 3.35, 80, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450, efficiency=_bw(0.935)),
+    # datasheet fp8, NVLink 900 GB/s bidir; bandwidth efficiency fitted on 22 H100 points (3.13 TB/s)
+    Hardware("H100 SXM", 989, 3.35, 80, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450, efficiency=_bw(0.933)),
     # fitted on 6 H200 points (3.85 TB/s; the torch proxy of docs/gpu-h200.md measured its weight GEMMs
     # at 3.76 TB/s = 0.78, independently)
-    Hardware("H200 SXM", 989, 4.8, 141, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450, efficiency=_bw(0.803)),
+    Hardware("H200 SXM", 989, 4.8, 141, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450, efficiency=_bw(0.804)),
     Hardware("B200", 2250, 8.0, 180, fp8_tflops=4500, cache_mb=126, interconnect_gbs=900,
              fp4_tflops=9000),  # datasheet fp8 / fp4 (dense = half the sparse figure), NVLink5
     # datasheet (not in reference.md): H20 148 bf16 / 296 fp8 TFLOP/s dense, 4.0 TB/s HBM3, 96 GB, 60 MB L2
     Hardware("H20", 148, 4.0, 96, fp8_tflops=296, cache_mb=60, interconnect_gbs=450,
-             efficiency=_bw(0.803)),  # 1 point (DeepSeek-V3.2, latency-bound): ~ the shared value
+             efficiency=_bw(0.804)),  # 1 point (DeepSeek-V3.2, latency-bound): ~ the shared value
     Hardware("A100 80GB SXM", 312, 2.039, 80, cache_mb=40, interconnect_gbs=300,
-             efficiency=_bw(0.774)),  # fitted on 3 points (vLLM nightly)
+             efficiency=_bw(0.775)),  # fitted on 3 points (vLLM nightly)
     # datasheet (not in reference.md): A100 40GB SXM 312 bf16 TFLOP/s dense, 1.555 TB/s HBM2, 40 MB L2
     Hardware("A100 40GB SXM", 312, 1.555, 40, cache_mb=40, interconnect_gbs=300,
-             efficiency=_bw(0.870)),  # 1 point (vLLM 0.23, Llama-3.1-8B BS 1)
+             efficiency=_bw(0.873)),  # 1 point (vLLM 0.23, Llama-3.1-8B BS 1)
     Hardware("L40S", 362, 0.864, 48, fp8_tflops=733, **_PCIE),  # datasheet fp8
     # datasheet: 7 IF links x 64 GB/s; bandwidth efficiency fitted on 16 points (vLLM 0.11.1 RC on
     # ROCm 7, Llama-3.1-70B/405B FP8 TP 8, BS 1-128): 3.58 TB/s
-    Hardware("MI300X", 1307, 5.3, 192, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448, efficiency=_bw(0.676)),
+    Hardware("MI300X", 1307, 5.3, 192, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448, efficiency=_bw(0.678)),
     # no point; same CDNA3 die and ROCm stack as MI300X with faster HBM3E: MI300X's fitted efficiency
-    Hardware("MI325X", 1307, 6.0, 256, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448, efficiency=_bw(0.676)),
+    Hardware("MI325X", 1307, 6.0, 256, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448, efficiency=_bw(0.678)),
     Hardware("RTX 4090", 165, 1.008, 24, fp8_tflops=330, cache_mb=72, **_PCIE),  # FP32-accumulate rates
 )}
 _ALIASES = {"h100": "H100 SXM", "h100sxm": "H100 SXM", "h200": "H200 SXM", "h200sxm": "H200 SXM",
@@ -168,7 +168,7 @@ class _HardwareIn(_Strict):
     fp32_tflops: float = Field(0.0, ge=0)
     cache_mb: float = Field(0.0, ge=0)
     interconnect_gbs: float = Field(0.0, ge=0)
-    allreduce_latency_s: float = Field(18.8e-6, ge=0)
+    allreduce_latency_s: float = Field(17.5e-6, ge=0)
     tile_m: int = Field(64, ge=1)
     min_tile_m: int = Field(16, ge=1)
     fp4_tflops: float = Field(0.0, ge=0)
