@@ -112,3 +112,17 @@ def test_grid_charges_each_method_its_own_speculation_overhead():
     eagle, ngram = g.itl_s[0, 0, 0], g.itl_s[0, 1, 0]
     assert eagle[0] == pytest.approx(ngram[0])  # same fixed DSD overhead at K = 0
     assert eagle[1] - ngram[1] == pytest.approx(3 * e.draft_step_overhead_s)  # no per-step launch for n-gram
+
+
+def test_bad_kv_cache_dtype_is_one_line_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from dsdprof.cli import app
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[engine]\nname = "sim"\nmodel = "Llama-3.1-8B"\nmethod = "eagle3"\ndtype = "bfloat16"\n'
+                    '[sweep]\nbatch_sizes = [1]\nnum_spec_tokens = [0, 1]\noutput_len = 8\n'
+                    '[sim]\nhardware = "H100"\nacceptance_alpha = 0.7\nkv_cache_dtype = "int3"\n')
+    r = CliRunner().invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "sim.kv_cache_dtype='int3'" in r.stderr and "Traceback" not in r.stderr + r.stdout
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -244,12 +244,3 @@ def theta_of(hw: Hardware) -> np.ndarray:
     return np.array([e.bandwidth, e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s,
                      hw.allreduce_latency_s, e.step_overhead_s, e.dsd_overhead_s, e.draft_step_overhead_s,
                      e.mla_layer_overhead_s, e.token_overhead_s, e.compute])
-
-
-def with_theta(hw: Hardware, theta: np.ndarray) -> Hardware:
-    """``hw`` carrying ``theta`` (a :func:`gpu_theta` vector: :data:`PARAMS`, then compute efficiency)."""
-    e_bw, lay, moe, exp, ar, step, d0, dk, mla, tok, e_c = (float(v) for v in theta)
-    eff = replace(hw.efficiency, bandwidth=e_bw, compute=e_c, layer_overhead_s=lay,
-                  moe_layer_overhead_s=moe, expert_overhead_s=exp, step_overhead_s=step, dsd_overhead_s=d0,
-                  draft_step_overhead_s=dk, mla_layer_overhead_s=mla, token_overhead_s=tok)
-    return replace(hw, allreduce_latency_s=ar, efficiency=eff)
