@@ -8,6 +8,7 @@ Modules: :mod:`~dsdprof.sim.catalog` (models), :mod:`~dsdprof.sim.hfconfig` (HF 
 :mod:`~dsdprof.sim.acceptance`, :mod:`~dsdprof.sim.config` (the ``[sim]`` section),
 :mod:`~dsdprof.sim.engine` (``SimEngine``), :mod:`~dsdprof.sim.grid` (whole-grid vectorised
 evaluation), :mod:`~dsdprof.sim.calibrate` (+ :mod:`~dsdprof.sim.fit`, the bounded fit) and
-:mod:`~dsdprof.sim.probe`. Importing this package imports nothing heavy (no pandas, scipy, torch,
+:mod:`~dsdprof.sim.probe`; :mod:`~dsdprof.sim.fidelity` fits the priors to published GPU step times
+(``benchmarks/fidelity_points.toml``) and measures the leave-one-out error. Importing this package imports nothing heavy (no pandas, scipy, torch,
 typer).
 """

@@ -72,7 +72,8 @@ class SimEngine:
                    "efficiency": (f"bw={e.bandwidth} compute={e.compute} step={e.step_overhead_s} "
                                   f"draft_step={e.draft_step_overhead_s} dsd={e.dsd_overhead_s} "
                                   f"layer={e.layer_overhead_s} moe_layer={e.moe_layer_overhead_s} "
-                                  f"expert={e.expert_overhead_s}")},
+                                  f"expert={e.expert_overhead_s} mla_layer={e.mla_layer_overhead_s} "
+                                  f"token={e.token_overhead_s} allreduce={s.hardware.allreduce_latency_s}")},
         )
 
     def predict_itl(self, batch_size: int, k: int, speculative: bool) -> float:
