@@ -29,6 +29,9 @@ def main(path: str) -> None:
               f"{pred * 1e3:8.2f}ms {err * 100:+6.1f}%")
     print(f"\nLOO MAPE {r.mape:.1f} %  (predicted low at {r.low_share * 100:.0f} % of points; "
           f"median |err| {np.median(np.abs(r.errors)) * 100:.1f} %)")
+    loso = fid.leave_one_source_out(pts) / r.published_s - 1.0
+    print(f"leave-one-source-out ({len({p.source for p in pts})} sources): MAPE {np.mean(np.abs(loso)) * 100:.1f} %, "
+          f"median {np.median(np.abs(loso)) * 100:.1f} %, predicted low at {np.mean(loso < 0) * 100:.0f} %")
     t = fid.terms(pts)
     shipped = fid.theta_of(HARDWARE["B200"])  # a GPU without points: carries the shared values
     ins = np.mean(np.abs(fid.predict(t, r.theta_all) / t.y_s - 1)) * 100

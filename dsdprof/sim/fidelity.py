@@ -226,6 +226,19 @@ def leave_one_out(points: list[Point]) -> LooResult:
     return LooResult(points, pred, t.y_s, fit_params(t))
 
 
+def leave_one_source_out(points: list[Point]) -> np.ndarray:
+    """Predicted seconds per point from priors fitted on the points of every *other* source
+    (stricter than :func:`leave_one_out`: a source's own setup and conventions cannot help it)."""
+    t = terms(points)
+    src = np.array([p.source for p in points])
+    pred = np.empty(len(points))
+    for s in np.unique(src):
+        held = np.flatnonzero(src == s)
+        theta = fit_params(t, np.flatnonzero(src != s))
+        pred[held] = predict(Terms(**{f: getattr(t, f)[held] for f in Terms.__dataclass_fields__}), theta)
+    return pred
+
+
 def gpu_theta(theta: np.ndarray, name: str) -> np.ndarray:
     """What one GPU gets: :data:`PARAMS` (shared values, bandwidth times its multiplier), then its
     compute efficiency (:data:`COMPUTE_EFFICIENCY` times its multiplier)."""
