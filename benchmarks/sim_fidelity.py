@@ -1,97 +1,66 @@
-"""Published reference points vs the analytic engine's predictions (default priors, no fitting).
+"""The analytic engine against published GPU step times, leave-one-out.
 
-    python benchmarks/sim_fidelity.py
+    python benchmarks/sim_fidelity.py [benchmarks/fidelity_points.toml]
 
-Prints the numbers quoted in docs/sim-fidelity.md. Reference figures from ../shared/reference.md.
+For every scored point of the points file: the published step time, the prediction of priors
+fitted on all the *other* points, and the error; then the LOO MAPE, the share predicted low, the
+priors fitted on all points (what ``dsdprof/measure/sim/hardware.py`` ships) and their in-sample error,
+the BS-1 K* of the published EAGLE K sweep against the K the source found best, and the
+unscored points with the reason. The numbers are quoted in docs/sim.md.
 """
 
 from __future__ import annotations
 
-from dsdprof.measure.engine import Cell
-from dsdprof.measure.sim.catalog import MODELS
-from dsdprof.measure.sim.engine import SimEngine
-from dsdprof.config.spec import parse_spec
+import sys
 
-# vLLM BS-1 EAGLE-style K sweep: K -> (AL, TPOT ms); vanilla TPOT 7.07 ms
-VLLM_K_SWEEP = {2: (2.36, 4.32), 3: (2.79, 4.09), 4: (3.08, 4.05), 5: (3.32, 4.13), 6: (3.46, 4.20), 7: (3.54, 4.29)}
-# SGLang EAGLE-3 chain 3, throughput vs no SD by BS
-SGLANG_CHAIN3 = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 48: 1.38, 56: 1.34, 64: 1.38}
-ACC = [0.76, 0.60, 0.43, 0.29, 0.24, 0.14, 0.08]  # as in sweeps/sim-llama8b-eagle3-h100.toml
+import numpy as np
+
+from dsdprof.measure.sim import fidelity as fid
+from dsdprof.measure.sim.hardware import HARDWARE
 
 
-def engine(context: int, hardware: str = "H100 SXM", model: str = "Llama-3.1-8B", method: str = "eagle3",
-           tp: int = 1, **sim) -> SimEngine:
-    return SimEngine(parse_spec({
-        "engine": {"name": "sim", "model": model, "method": method, "dtype": "bfloat16", "max_model_len": 8192,
-                   "tensor_parallel_size": tp},
-        "sweep": {"batch_sizes": [1], "num_spec_tokens": list(range(8))},
-        "sim": {"hardware": hardware, "context_len": context, "acceptance_per_pos": ACC, **sim}}))
-
-
-def main() -> None:
-    m = MODELS["Llama-3.1-8B"]
-    print(f"Llama-3.1-8B bf16: all params {m.total_params() * 2 / 1e9:.2f} GB, read per step (no embedding table) "
-          f"{m.dense_params() * 2 / 1e9:.2f} GB; floor on H100 at 3.35 TB/s: all {m.total_params() * 2 / 3.35e12 * 1e3:.2f} ms, "
-          f"read-per-step {m.dense_params() * 2 / 3.35e12 * 1e3:.2f} ms")
-    for ctx in (128, 512, 1024, 2048):
-        e = engine(ctx)
-        its = {b: e.measure(Cell(0, b, "vanilla", 0)).itl_s * 1e3 for b in (1, 4, 16)}
-        print(f"  context {ctx:5d}: vanilla ITL BS1 {its[1]:.2f} ms, BS4 {its[4]:.2f}, BS16 {its[16]:.2f} "
-              "(published: SGLang 6.32, vLLM 6.48 / 6.59 / 10.94 ms)")
-    e = engine(512)
-    van = e.measure(Cell(0, 1, "vanilla", 0)).itl_s * 1e3
-    print(f"vLLM BS-1 K sweep (context 512): vanilla predicted {van:.2f} ms vs 7.07 published")
-    print("  K  AL(pub)  ITL pub = TPOT*AL   ITL pred (with published AL)   TPOT pub  TPOT pred")
-    best_pub = min(VLLM_K_SWEEP, key=lambda k: VLLM_K_SWEEP[k][1])
-    preds = {}
-    for k, (al, tpot) in VLLM_K_SWEEP.items():
-        itl = e.measure(Cell(0, 1, "dsd", k)).itl_s * 1e3
-        preds[k] = itl / al
-        print(f"  {k}  {al:.2f}     {al * tpot:6.2f} ms          {itl:6.2f} ms                   {tpot:.2f}      {itl / al:.2f}")
-    print(f"  best K: published {best_pub}, predicted {min(preds, key=preds.get)}")
-    print("SGLang EAGLE-3 chain 3 (K=3) speedup over no SD, H100 (context 512):")
-    for b, pub in SGLANG_CHAIN3.items():
-        e = engine(512)
-        v = e.measure(Cell(0, b, "vanilla", 0))
-        s = e.measure(Cell(0, b, "dsd", 3))
-        print(f"  BS {b:3d}: published {pub:.2f}, predicted {(s.acceptance_length / s.itl_s) / (1 / v.itl_s):.2f}")
-    q = engine(512, model="Qwen3-30B-A3B", tp=2, routing_correlation=0.34, acceptance_per_pos=None, acceptance_alpha=0.55)
-    v = q.measure(Cell(0, 1, "vanilla", 0))
-    best = max((q.measure(Cell(0, 1, "dsd", k)) for k in range(1, 8)), key=lambda c: c.acceptance_length / c.itl_s)
-    print(f"Qwen3-30B-A3B TP2 H100 BS1: vanilla predicted {1 / v.itl_s:.0f} tok/s (published 222); best EAGLE-3 "
-          f"predicted {best.acceptance_length / best.itl_s:.0f} tok/s at AL {best.acceptance_length:.2f} (published 208 at AL 1.99)")
-
-
-def low_flop_and_quantized() -> None:
-    """Cases the issue tracker flagged: no published measurement, checked against the weight floor."""
-    import json
-    import tempfile
-    from pathlib import Path
-
-    e = engine(1024, hardware="H20")
-    m = MODELS["Llama-3.1-8B"]
-    floor = m.dense_params() * 2 / 4.0e12 * 1e3
-    print(f"H20 (148 bf16 TFLOP/s, 4.0 TB/s) Llama-3.1-8B BS 1: predicted {e.measure(Cell(0, 1, 'vanilla', 0)).itl_s * 1e3:.2f} ms "
-          f"(read-per-step floor {floor:.2f} ms; 64-row padding used to give 9.8 ms)")
-    m70 = MODELS["Llama-3.1-70B"]
-    cfg = {"model_type": "llama", "hidden_size": m70.hidden, "intermediate_size": m70.intermediate,
-           "num_attention_heads": m70.num_heads, "num_key_value_heads": m70.num_kv_heads,
-           "num_hidden_layers": m70.num_layers, "vocab_size": m70.vocab, "torch_dtype": "bfloat16",
-           "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "config.json").write_text(json.dumps(cfg))
-        for label, model in (("bf16", "Llama-3.1-70B"), ("FP8 config.json", d)):
-            e = SimEngine(parse_spec({
-                "engine": {"name": "sim", "model": model, "method": "ngram", "dtype": "bfloat16",
-                           "max_model_len": 8192, "tensor_parallel_size": 4},
-                "sweep": {"batch_sizes": [1], "num_spec_tokens": [0]},
-                "sim": {"hardware": "H100 SXM", "context_len": 1024, "acceptance_alpha": 0.7}}))
-            print(f"Llama-3.1-70B {label}, 4 x H100, BS 1: predicted {e.measure(Cell(0, 1, 'vanilla', 0)).itl_s * 1e3:.2f} ms")
-    head = m70.vocab * m70.hidden
-    print(f"  FP8 weight floor per device: {((m70.dense_params() - head) + 2 * head) / 4 / 3.35e12 * 1e3:.2f} ms "
-          f"(bf16: {m70.dense_params() * 2 / 4 / 3.35e12 * 1e3:.2f} ms)")
+def main(path: str) -> None:
+    pts = fid.load_points(path)
+    r = fid.leave_one_out(pts)
+    print(f"{len(pts)} scored points; each predicted by priors fitted on the other {len(pts) - 1}\n")
+    print(f"{'id':44s} {'hw':>13s} {'TP':>2s} {'BS':>3s} {'K':>2s} {'published':>9s} {'LOO pred':>9s} {'err':>7s}")
+    for p, pred, err in zip(pts, r.predicted_s, r.errors):
+        print(f"{p.id:44s} {p.hardware:>13s} {p.tp:2d} {p.batch:3d} {p.k:2d} {p.step_ms:8.2f}ms "
+              f"{pred * 1e3:8.2f}ms {err * 100:+6.1f}%")
+    print(f"\nLOO MAPE {r.mape:.1f} %  (predicted low at {r.low_share * 100:.0f} % of points; "
+          f"median |err| {np.median(np.abs(r.errors)) * 100:.1f} %)")
+    loso = fid.leave_one_source_out(pts) / r.published_s - 1.0
+    print(f"leave-one-source-out ({len({p.source for p in pts})} sources): MAPE {np.mean(np.abs(loso)) * 100:.1f} %, "
+          f"median {np.median(np.abs(loso)) * 100:.1f} %, predicted low at {np.mean(loso < 0) * 100:.0f} %")
+    t = fid.terms(pts)
+    shipped = fid.theta_of(HARDWARE["B200"])  # a GPU without points: carries the shared values
+    ins = np.mean(np.abs(fid.predict(t, r.theta_all) / t.y_s - 1)) * 100
+    print(f"fit on all points (in-sample MAPE {ins:.1f} %); shared values shipped in dsdprof/measure/sim/hardware.py:")
+    for name, fit, ship in zip(fid.PARAMS, r.theta_all, shipped):
+        unit, scale = ("", 1.0) if name == "bandwidth" else ("us", 1e6)
+        print(f"  {name:24s} fit {fit * scale:9.3f} {unit:2s}  shipped {ship * scale:9.3f} {unit}")
+    print("  bandwidth per GPU (shared x fitted multiplier):",
+          ", ".join(f"{g} {fid.gpu_theta(r.theta_all, g)[0]:.3f} (shipped {HARDWARE[g].efficiency.bandwidth:.3f})"
+                    for g in fid.GPUS if g in {p.hardware for p in pts}))
+    for source in sorted({p.source for p in pts if p.method != "none" and p.batch == 1}):
+        sweep = sorted((p for p in pts if p.source == source and p.method != "none" and p.batch == 1), key=lambda p: p.k)
+        if len(sweep) < 2:
+            continue
+        st = fid.terms(sweep)
+        al = np.array([p.al for p in sweep])
+        best = sweep[int(np.argmin(st.y_s / al))].k
+        for label, step in (("shipped priors", fid.predict(st, r.theta_all)),
+                            ("LOO", np.array([r.predicted_s[pts.index(p)] for p in sweep]))):
+            tpot = step / al
+            print(f"BS-1 K* ({source}), TPOT at the published AL, {label}: "
+                  + " ".join(f"K{p.k} {x * 1e3:.2f}" for p, x in zip(sweep, tpot))
+                  + f" ms -> K* = {sweep[int(np.argmin(tpot))].k}; the source's best K = {best}")
+    skipped = [p for p in fid.load_points(path, scored_only=False) if not p.scored]
+    if skipped:
+        print("\nnot scored:")
+        for p in skipped:
+            print(f"  {p.id}: {p.conversion}")
 
 
 if __name__ == "__main__":
-    main()
-    low_flop_and_quantized()
+    main(sys.argv[1] if len(sys.argv) > 1 else str(fid.POINTS_FILE))

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dsdprof.errors import InputError
 
+# vLLM's --kv-cache-dtype names -> bytes per element (None: the model's own storage).
+KV_CACHE_DTYPES: dict[str, Optional[float]] = {
+    "auto": None, "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
+    "float32": 4.0, "fp32": 4.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_ds_mla": 1.0,
+}
 SIM_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix")
 _ACCEPTANCE_KEYS = ("acceptance_alpha", "acceptance_per_pos", "acceptance_conditional", "acceptance_from")
 
@@ -32,7 +37,20 @@ class SimConfig(BaseModel):
     step_overhead_s: Optional[float] = Field(None, ge=0.0)
     draft_step_overhead_s: Optional[float] = Field(None, ge=0.0)
     dsd_overhead_s: Optional[float] = Field(None, ge=0.0)
+    layer_overhead_s: Optional[float] = Field(None, ge=0.0)
+    moe_layer_overhead_s: Optional[float] = Field(None, ge=0.0)
+    expert_overhead_s: Optional[float] = Field(None, ge=0.0)
+    mla_layer_overhead_s: Optional[float] = Field(None, ge=0.0)
+    token_overhead_s: Optional[float] = Field(None, ge=0.0)
+    kv_cache_dtype: str = Field("auto", description="KV-cache element type (vLLM --kv-cache-dtype names)")
     check_memory: bool = Field(True, description="predict OOM cells as failed rows")
+
+    @field_validator("kv_cache_dtype", mode="before")
+    @classmethod
+    def _kv_dtype(cls, v: Any) -> Any:
+        if not isinstance(v, str) or v not in KV_CACHE_DTYPES:
+            raise ValueError(f"must be one of {', '.join(KV_CACHE_DTYPES)}")
+        return v
 
     @model_validator(mode="after")
     def _one_acceptance(self) -> "SimConfig":

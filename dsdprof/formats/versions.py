@@ -24,4 +24,5 @@ READABLE_MANIFEST_VERSIONS = (MANIFEST_VERSION,)
 FLEET_INDEX_SCHEMA = "dsdprof.fleet-index/v1"
 FLEET_RUN_RECORD_SCHEMA = "dsdprof.fleet-run/v1"
 HWPROFILE_SCHEMA = "dsdprof.hwprofile/v1"  # probe-hardware / calibrate profiles
-SIM_MODEL_VERSION = "sim-step-model/2"  # 2: small-M GEMM tiles, quantization_config storage
+SIM_MODEL_VERSION = "sim-step-model/3"  # 2: small-M GEMM tiles, quantization_config storage;
+# 3: per-layer / MoE latency terms, per-method speculation overhead, KV-cache dtype, fitted priors

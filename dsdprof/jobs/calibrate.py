@@ -166,7 +166,8 @@ def _target(req: CalibrationRequest, df: Any, prov: dict[str, Any]) -> tuple[Cal
                            f"catalog model {shadowed!r}")
     measured = Path(req.measured)
     ctx = req.context_len or (read_sweep_context(measured) if measured.is_dir() else None) or 1024
-    ct = CalibrationTarget(base, target, draft, pick(req.dtype, "dtype") or "auto", req.tp, ctx, req.routing_correlation)
+    ct = CalibrationTarget(base, target, draft, pick(req.dtype, "dtype") or "auto", req.tp, ctx, req.routing_correlation,
+                           method)
     return ct, method, notices
 
 

@@ -15,9 +15,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from dsdprof.measure.sim.catalog import ModelArch
+from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.hardware import Efficiency, Hardware
-from dsdprof.measure.sim.model import NO_DRAFT, HwArrays, arch_features, resolve_dtype, step_parts
+from dsdprof.measure.sim.model import METHOD_OVERHEAD, NO_DRAFT, HwArrays, arch_features, resolve_dtype, step_parts
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class CalibrationTarget:
     tensor_parallel_size: int = 1
     context_len: int = 1024
     routing_correlation: float = 0.0
+    method: str = "eagle"
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -39,22 +41,24 @@ class Design:
 
     mem_s: np.ndarray  # (n, P)
     flop_s: np.ndarray  # (n, P)
-    comm_s: np.ndarray  # (n,)
-    k: np.ndarray
-    speculative: np.ndarray
+    comm_s: np.ndarray  # (n,) non-fitted seconds: all-reduces + per-layer / MoE latency terms
+    k: np.ndarray  # K times the method's per-step factor (the fitted per-draft-step overhead's column)
+    speculative: np.ndarray  # [speculative] times the method's fixed factor
 
 
 def design(ct: CalibrationTarget, batch: np.ndarray, k: np.ndarray, speculative: np.ndarray) -> Design:
     """Step-model terms for each (batch, K, speculative) cell (vanilla cells have no draft)."""
     tp = ct.tensor_parallel_size
     hw = HwArrays.of(ct.hardware, resolve_dtype(ct.target, ct.dtype).compute)
-    tgt = arch_features(ct.target, ct.dtype, tp)
-    drf = arch_features(ct.draft, ct.dtype, tp) if ct.draft else NO_DRAFT
+    tgt = arch_features(ct.target, ct.dtype, tp, ct.kv_cache_dtype)
+    drf = arch_features(ct.draft, ct.dtype, tp, ct.kv_cache_dtype) if ct.draft else NO_DRAFT
     spec = np.asarray(speculative, dtype=float)
     b, kk = np.asarray(batch, dtype=float), np.asarray(k, dtype=float)
     # vanilla cells run K = 0 and no drafter, so draft terms vanish (multiplied by K = 0)
     p = step_parts(hw, tgt, drf, b, kk, ct.context_len, ct.routing_correlation, spec)
-    return Design(p.mem_s, p.flop_s, np.broadcast_to(p.comm_s, b.shape).astype(float), kk, spec)
+    m_fixed, m_step = METHOD_OVERHEAD.get(ct.method, (1.0, 1.0))
+    extra = np.broadcast_to(np.asarray(p.comm_s) + np.asarray(p.fixed_s), b.shape).astype(float)
+    return Design(p.mem_s, p.flop_s, extra, kk * m_step, spec * m_fixed)
 
 
 def predict(d: Design, eff: Efficiency) -> np.ndarray:

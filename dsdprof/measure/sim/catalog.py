@@ -30,16 +30,19 @@ _MXFP4_EXPERTS = dict(expert_weight_bytes=_MXFP4, quantization="mxfp4 (experts)"
 
 _HF_IDS = {
     "Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
+    "Llama-3.1-405B": "meta-llama/Llama-3.1-405B-Instruct",
     "Llama-3.2-1B": "meta-llama/Llama-3.2-1B-Instruct", "Qwen3-8B": "Qwen/Qwen3-8B", "Qwen3-0.6B": "Qwen/Qwen3-0.6B",
     "Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B", "Qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
     "Mixtral-8x7B": "mistralai/Mixtral-8x7B-Instruct-v0.1", "DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
     "gpt-oss-20b": "openai/gpt-oss-20b", "gpt-oss-120b": "openai/gpt-oss-120b",
-    "EAGLE3-Llama-3.1-8B": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+    "EAGLE3-Llama-3.1-8B": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "DBRX": "databricks/dbrx-instruct",
+    "EAGLE-LLaMA3-Instruct-8B": "lmsys/sglang-EAGLE-LLaMA3-Instruct-8B",
 }
 
 MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")) for m in (
     _dense("Llama-3.1-8B", 32, 4096, 14336, 32, 8, 128, 128256),
     _dense("Llama-3.1-70B", 80, 8192, 28672, 64, 8, 128, 128256),
+    _dense("Llama-3.1-405B", 126, 16384, 53248, 128, 8, 128, 128256),
     _dense("Llama-3.2-1B", 16, 2048, 8192, 32, 8, 64, 128256, tied_embeddings=True),
     _dense("Qwen3-8B", 36, 4096, 12288, 32, 8, 128, 151936),
     _dense("Qwen3-0.6B", 28, 1024, 3072, 16, 8, 128, 151936, tied_embeddings=True),
@@ -52,6 +55,10 @@ MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")
     _dense("DeepSeek-V3", 61, 7168, 18432, 128, 128, 128, 129280,
            num_experts=256, experts_per_token=8, moe_intermediate=2048, moe_layers=58,
            num_shared_experts=1, mla=MLA(1536, 512, 64, 128, 128), **_FP8_BLOCK),
+    # DBRX (databricks/dbrx-instruct config.json: d_model 6144, 40 layers, 48 q / 8 kv heads,
+    # ffn_hidden_size 10752, 16 experts top-4, vocab 100352): 131.6B total / 36.4B active
+    _dense("DBRX", 40, 6144, 10752, 48, 8, 128, 100352,
+           num_experts=16, experts_per_token=4, moe_intermediate=10752, moe_layers=40),
     _dense("gpt-oss-20b", 24, 2880, 2880, 64, 8, 64, 201088,
            num_experts=32, experts_per_token=4, moe_intermediate=2880, moe_layers=24,
            sliding_window=128, sliding_layers=12, **_MXFP4_EXPERTS),
@@ -62,6 +69,10 @@ MODELS: dict[str, ModelArch] = {m.name: replace(m, hf_id=_HF_IDS.get(m.name, "")
     # (2h wide: + h*(nq+2nkv)*d extra), fc 3h -> h, a 32000-token draft LM head; embedding shared.
     _dense("EAGLE3-Llama-3.1-8B", 1, 4096, 14336, 32, 8, 128, 32000,
            extra_params=3 * 4096 * 4096 + 4096 * (32 + 16) * 128, has_embedding=False),
+    # EAGLE-1 head for Llama-3-8B (lmsys/sglang-EAGLE-LLaMA3-Instruct-8B): one decoder layer, fc
+    # 2h -> h; it reuses the target's embedding and 128256-token LM head, read every draft step.
+    _dense("EAGLE-LLaMA3-Instruct-8B", 1, 4096, 14336, 32, 8, 128, 128256,
+           extra_params=2 * 4096 * 4096, has_embedding=False),
     # DeepSeek-V3 MTP module: one MoE decoder layer + eh_proj (2h -> h), embedding and head shared.
     _dense("DeepSeek-V3-MTP", 1, 7168, 18432, 128, 128, 128, 129280,
            num_experts=256, experts_per_token=8, moe_intermediate=2048, moe_layers=1,

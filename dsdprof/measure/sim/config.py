@@ -15,8 +15,10 @@ hardware = "H100 SXM"           # catalog name or a profile TOML (probe-hardware
 context_len = 1024              # default: workload.input_len + sweep.output_len / 2
 routing_correlation = 0.0       # rho in n_eff = B * (K+1)^(1-rho); 0 = uniform routing
 acceptance_alpha = 0.8          # or acceptance_per_pos / acceptance_conditional / acceptance_from
+kv_cache_dtype = "auto"         # auto | bfloat16 | float16 | float32 | fp8 | fp8_e4m3 | fp8_e5m2
 # bandwidth_efficiency, compute_efficiency, step_overhead_s, draft_step_overhead_s,
-# dsd_overhead_s override the hardware profile's values.
+# dsd_overhead_s, layer_overhead_s, moe_layer_overhead_s, expert_overhead_s, mla_layer_overhead_s,
+# token_overhead_s override the hardware profile's values.
 ```
 """
 
@@ -49,6 +51,7 @@ class SimSetup:
     acceptance: np.ndarray  # unconditional p_1..p_Kmax
     acceptance_source: str
     check_memory: bool
+    kv_cache_dtype: str = "auto"
 
     @property
     def compute_dtype(self) -> str:
@@ -96,13 +99,15 @@ def resolve(spec: Any) -> SimSetup:
     hw = with_efficiency(
         resolve_hardware(cfg.hardware), bandwidth=cfg.bandwidth_efficiency, compute=cfg.compute_efficiency,
         step_overhead_s=cfg.step_overhead_s, draft_step_overhead_s=cfg.draft_step_overhead_s,
-        dsd_overhead_s=cfg.dsd_overhead_s)
+        dsd_overhead_s=cfg.dsd_overhead_s, layer_overhead_s=cfg.layer_overhead_s,
+        moe_layer_overhead_s=cfg.moe_layer_overhead_s, expert_overhead_s=cfg.expert_overhead_s,
+        mla_layer_overhead_s=cfg.mla_layer_overhead_s, token_overhead_s=cfg.token_overhead_s)
     context = cfg.context_len or spec.workload.input_len + spec.sweep.output_len // 2
     if context > eng.max_model_len:
         raise InputError("sim.context_len", context, f"exceeds engine.max_model_len={eng.max_model_len}")
     p, source = _acceptance(cfg, spec.max_k)
     return SimSetup(hw, target, draft, eng.method, eng.dtype, eng.tensor_parallel_size, int(context),
-                    cfg.routing_correlation, p, source, cfg.check_memory)
+                    cfg.routing_correlation, p, source, cfg.check_memory, cfg.kv_cache_dtype)
 
 
 def model_notices(spec: Any) -> list[str]:

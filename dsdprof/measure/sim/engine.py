@@ -40,8 +40,9 @@ class SimEngine:
         self.setup: SimSetup = resolve(spec)
         s = self.setup
         self._hw = HwArrays.of(s.hardware, s.compute_dtype)
-        self._target = arch_features(s.target, s.dtype, s.tensor_parallel_size)
-        self._draft = arch_features(s.draft, s.dtype, s.tensor_parallel_size) if s.draft else NO_DRAFT
+        self._target = arch_features(s.target, s.dtype, s.tensor_parallel_size, s.kv_cache_dtype)
+        self._draft = (arch_features(s.draft, s.dtype, s.tensor_parallel_size, s.kv_cache_dtype)
+                       if s.draft else NO_DRAFT)
         self._cache: dict[tuple[int, int, bool], float] = {}
         bs, ks = spec.sweep.batch_sizes, spec.sweep.num_spec_tokens
         grid = self._itl(np.asarray(bs, dtype=float)[:, None], np.asarray(ks, dtype=float)[None, :], True)
@@ -53,7 +54,7 @@ class SimEngine:
     def _itl(self, batch: Any, k: Any, speculative: bool) -> np.ndarray:
         draft = self._draft if speculative else NO_DRAFT
         return step_time(self._hw, self._target, draft, batch, k, self.setup.context_len,
-                         self.setup.routing_correlation, 1.0 if speculative else 0.0).total_s
+                         self.setup.routing_correlation, 1.0 if speculative else 0.0, self.setup.method).total_s
 
     def provenance(self) -> Provenance:
         s = self.setup
@@ -66,9 +67,12 @@ class SimEngine:
             dsdprof_version=__version__,
             extra={"prediction": "true", "context_len": str(s.context_len),
                    "routing_correlation": str(s.routing_correlation), "acceptance": s.acceptance_source,
-                   "quantization": s.target.quantization or "none",
+                   "quantization": s.target.quantization or "none", "kv_cache_dtype": s.kv_cache_dtype,
                    "efficiency": (f"bw={e.bandwidth} compute={e.compute} step={e.step_overhead_s} "
-                                  f"draft_step={e.draft_step_overhead_s} dsd={e.dsd_overhead_s}")},
+                                  f"draft_step={e.draft_step_overhead_s} dsd={e.dsd_overhead_s} "
+                                  f"layer={e.layer_overhead_s} moe_layer={e.moe_layer_overhead_s} "
+                                  f"expert={e.expert_overhead_s} mla_layer={e.mla_layer_overhead_s} "
+                                  f"token={e.token_overhead_s} allreduce={s.hardware.allreduce_latency_s}")},
         )
 
     def predict_itl(self, batch_size: int, k: int, speculative: bool) -> float:

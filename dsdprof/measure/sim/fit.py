@@ -23,7 +23,7 @@ linear solve for the rest (T is linear in 1/e_bw and the overheads for fixed r).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ class _Problem:
     """Residuals and Jacobian in x = (log e_bw, log e_c, o/ȳ, d_k/ȳ, d_0/ȳ) over the free parameters."""
 
     def __init__(self, d: Any, y: np.ndarray, prior: Efficiency, free: list[int]) -> None:
+        self.prior = prior  # fields outside the five fitted ones are kept from it
         self.m, self.f = np.asarray(d.mem_s, float), np.asarray(d.flop_s, float)
         self.y, self.scale = y, float(np.median(y))
         self.extra = np.asarray(d.comm_s, float)
@@ -68,7 +69,9 @@ class _Problem:
                          e.draft_step_overhead_s / self.scale, e.dsd_overhead_s / self.scale])
 
     def to_eff(self, x: np.ndarray) -> Efficiency:
-        return Efficiency(float(np.exp(x[0])), float(np.exp(x[1])), *(float(v * self.scale) for v in x[2:]))
+        o, dk, d0 = (float(v * self.scale) for v in x[2:])
+        return replace(self.prior, bandwidth=float(np.exp(x[0])), compute=float(np.exp(x[1])),
+                       step_overhead_s=o, draft_step_overhead_s=dk, dsd_overhead_s=d0)
 
     def full(self, xf: np.ndarray) -> np.ndarray:
         x = self.prior_x.copy()
@@ -157,9 +160,8 @@ def fit(d: Any, itl_s: Any, prior: Efficiency = Efficiency(), fit_overheads: boo
         raise InputError("measurements", len(y), "need at least 2 cells to calibrate")
     if not np.all(np.isfinite(y)) or np.any(y <= 0):
         raise InputError("itl_s", float(y[~(np.isfinite(y) & (y > 0))][0]), "ITL must be positive and finite")
-    prior = Efficiency(*(min(max(v, EFFICIENCY_BOUNDS[0]), EFFICIENCY_BOUNDS[1]) for v in
-                         (prior.bandwidth, prior.compute)), prior.step_overhead_s, prior.draft_step_overhead_s,
-                       prior.dsd_overhead_s)
+    clip = lambda v: min(max(v, EFFICIENCY_BOUNDS[0]), EFFICIENCY_BOUNDS[1])  # noqa: E731
+    prior = replace(prior, bandwidth=clip(prior.bandwidth), compute=clip(prior.compute))
     free = list(range(5 if fit_overheads else 2))
     p = _Problem(d, y, prior, free)
     lo, hi = _bounds(free)

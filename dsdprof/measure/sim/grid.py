@@ -12,10 +12,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
-from dsdprof.measure.sim.catalog import ModelArch
+from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.hardware import Hardware
 from dsdprof.measure.sim.model import (
-    MEMORY_UTILIZATION, NO_DRAFT, ArchFeatures, HwArrays, arch_features, memory_bytes, resolve_dtype, step_time,
+    MEMORY_UTILIZATION, METHOD_OVERHEAD, NO_DRAFT, ArchFeatures, HwArrays, arch_features, memory_bytes, resolve_dtype,
+    step_time,
 )
 
 
@@ -30,6 +31,8 @@ class ModelCase:
     acceptance: tuple[float, ...]
     dtype: str = "bfloat16"
     tensor_parallel_size: int = 1
+    kv_cache_dtype: str = "auto"
+    method: str = "eagle"  # speculation overhead factors (dsdprof.measure.sim.model.METHOD_OVERHEAD)
 
 
 @dataclass(frozen=True)
@@ -75,11 +78,14 @@ def predict_grid(hardwares: Sequence[Hardware], cases: Sequence[ModelCase], batc
     k = np.asarray(ks, dtype=float).reshape(1, 1, 1, -1)
     kmax = int(max(ks))
     shape = (1, len(cases), 1, 1)
-    tgt = ArchFeatures.stack([arch_features(c.target, c.dtype, c.tensor_parallel_size) for c in cases], shape)
-    drf = ArchFeatures.stack([arch_features(c.draft, c.dtype, c.tensor_parallel_size) if c.draft else NO_DRAFT
+    tgt = ArchFeatures.stack([arch_features(c.target, c.dtype, c.tensor_parallel_size, c.kv_cache_dtype)
                               for c in cases], shape)
+    drf = ArchFeatures.stack([arch_features(c.draft, c.dtype, c.tensor_parallel_size, c.kv_cache_dtype)
+                              if c.draft else NO_DRAFT for c in cases], shape)
     hw = _hw_arrays(hardwares, cases)
-    itl = step_time(hw, tgt, drf, b, k, context_len, routing_correlation, 1.0).total_s
+    factors = np.array([METHOD_OVERHEAD.get(c.method, (1.0, 1.0)) for c in cases], dtype=float)
+    per_case = (factors[:, 0].reshape(shape), factors[:, 1].reshape(shape))
+    itl = step_time(hw, tgt, drf, b, k, context_len, routing_correlation, 1.0, method_factors=per_case).total_s
     van = step_time(hw, tgt, NO_DRAFT, b, 0.0, context_len, routing_correlation, 0.0).total_s[..., 0]
     acc = np.zeros((len(cases), kmax))
     for i, c in enumerate(cases):

@@ -25,73 +25,26 @@ from typing import Any, Optional
 
 import numpy as np
 
+from dsdprof.config.sim import KV_CACHE_DTYPES
 from dsdprof.errors import InputError
 from dsdprof.measure.sim.catalog import ModelArch
+from dsdprof.measure.sim.dtypes import DTYPES, FLOAT_DTYPES, ONLINE_QUANT, Storage, resolve_dtype  # noqa: F401 - re-exported
 from dsdprof.measure.sim.hardware import Hardware
 
 ArrayLike = Any  # float or numpy array (broadcastable)
 MEMORY_UTILIZATION = 0.9  # fraction of device memory an engine may use (vLLM's default)
 
-FLOAT_DTYPES: dict[str, float] = {  # engine dtype -> bytes per unquantized weight
-    "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
-    "float32": 4.0, "fp32": 4.0, "float": 4.0,
+# Speculation overhead per method, relative to the profile's EAGLE-referenced
+# (dsd_overhead_s, draft_step_overhead_s): (fixed factor, per-draft-step factor). Only EAGLE is
+# fitted (vLLM's published BS-1 EAGLE K sweep, benchmarks/fidelity_points.toml); the others are
+# priors from what the engine does per step: MTP and a draft model run the same propose /
+# rejection-sample loop as EAGLE (their forward passes are costed by the roofline and per-layer
+# terms); n-gram / suffix drafting is a CPU lookup with no draft forward, so no per-step launch
+# cost, and keeps the fixed bookkeeping (rejection sampler, draft-token buffers).
+METHOD_OVERHEAD: dict[str, tuple[float, float]] = {
+    "eagle": (1.0, 1.0), "eagle3": (1.0, 1.0), "mtp": (1.0, 1.0), "draft_model": (1.0, 1.0),
+    "ngram": (1.0, 0.0), "suffix": (1.0, 0.0),
 }
-# online quantization of an unquantized model: (linear bytes or None = 16-bit, expert bytes or
-# None = linear, GEMM precision); LM head, embedding and router stay 16-bit (vLLM quantizes
-# LinearBase and fused-MoE layers only)
-ONLINE_QUANT: dict[str, tuple[Optional[float], Optional[float], str]] = {
-    "fp8": (1.0, None, "fp8"), "float8": (1.0, None, "fp8"), "int8": (1.0, None, "bf16"),
-    "int4": (0.5, None, "bf16"), "mxfp4": (None, 4.25 / 8, "bf16"),
-}
-DTYPES = (*FLOAT_DTYPES, *ONLINE_QUANT)
-
-
-@dataclass(frozen=True)
-class Storage:
-    """Bytes per weight by class, GEMM precision and KV-cache bytes per element."""
-
-    linear: float  # attention, dense FFN, shared experts, extra params
-    expert: float  # routed experts
-    head: float  # LM head, embedding table, MoE router
-    compute: str  # bf16 | fp8 | int8 | fp4 | fp32
-    kv: float
-
-
-def resolve_dtype(arch: ModelArch, dtype: str) -> Storage:
-    """The weight storage an engine ``dtype`` gives ``arch``.
-
-    * ``auto``: the checkpoint's own storage (FP8 DeepSeek-V3, MXFP4 gpt-oss experts, whatever a
-      config.json's ``quantization_config`` says, else its ``torch_dtype``).
-    * a float dtype (bfloat16, float16, float32): unquantized models are stored in it; a quantized
-      checkpoint keeps its quantized weights (as vLLM loads it) and the dtype applies to the rest.
-      float32 on a quantized checkpoint is an InputError (vLLM's quantized kernels are 16-bit).
-    * ``fp8``, ``int8``, ``int4``, ``mxfp4``: online quantization of the linear (or expert) layers.
-
-    KV cache: 4 bytes per element for fp32 GEMMs, else 2.
-    """
-    native_head = arch.head_weight_bytes if arch.head_weight_bytes is not None else (
-        2.0 if arch.quantization else arch.weight_bytes)
-    expert = arch.expert_weight_bytes if arch.expert_weight_bytes is not None else arch.weight_bytes
-    if dtype == "auto":
-        lin, exp, head, comp = arch.weight_bytes, expert, native_head, arch.compute_dtype
-    elif dtype in FLOAT_DTYPES:
-        b = FLOAT_DTYPES[dtype]
-        if arch.quantization and b == 4.0:
-            raise InputError("engine.dtype", dtype, f"{arch.name} is a quantized checkpoint "
-                             f"({arch.quantization}); its kernels run in 16 bit: use auto, bfloat16 or float16")
-        if arch.quantization:
-            lin, exp, head, comp = arch.weight_bytes, expert, native_head, arch.compute_dtype
-        else:
-            lin = exp = head = b
-            comp = "fp32" if b == 4.0 else "bf16"
-    elif dtype in ONLINE_QUANT:
-        q_lin, q_exp, comp = ONLINE_QUANT[dtype]
-        lin = q_lin if q_lin is not None else 2.0
-        exp = q_exp if q_exp is not None else lin
-        head = 2.0
-    else:
-        raise InputError("engine.dtype", dtype, f"sim knows auto, {', '.join(DTYPES)}")
-    return Storage(lin, exp, head, comp, 4.0 if comp == "fp32" else 2.0)
 
 
 @dataclass(frozen=True)
@@ -111,8 +64,11 @@ class ArchFeatures:
     attn_full: ArrayLike  # attention FLOPs per query token per context position, full layers / tp
     attn_sliding: ArrayLike
     comm_bytes: ArrayLike  # ring all-reduce bytes per token per step over the link (0 if tp = 1)
-    comm_count: ArrayLike  # all-reduces per step (0 if tp = 1)
+    comm_count: ArrayLike  # all-reduces per forward: 2 per layer (0 if tp = 1)
     total_bytes: ArrayLike  # every stored weight / tp (memory capacity check)
+    layers: ArrayLike = 0.0  # decoder layers (per-layer fixed cost)
+    mla_layers: ArrayLike = 0.0  # layers with multi-head latent attention (their own fixed cost)
+    token_units: ArrayLike = 0.0  # per token: layers x hidden / 4096 (per-token elementwise work)
 
     @staticmethod
     def stack(items: list["ArchFeatures"], shape: tuple[int, ...]) -> "ArchFeatures":
@@ -124,16 +80,27 @@ class ArchFeatures:
 NO_DRAFT = ArchFeatures(*([0.0] * len(fields(ArchFeatures))))
 
 
-def arch_features(arch: ModelArch, dtype: str, tp: int) -> ArchFeatures:
+def kv_bytes(kv_cache_dtype: str, storage: Storage, field: str = "sim.kv_cache_dtype") -> float:
+    """Bytes per KV-cache element: the named dtype's, or the storage default for ``auto``."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InputError(field, kv_cache_dtype, f"must be one of {', '.join(KV_CACHE_DTYPES)}")
+    b = KV_CACHE_DTYPES[kv_cache_dtype]
+    return storage.kv if b is None else b
+
+
+def arch_features(arch: ModelArch, dtype: str, tp: int, kv_cache_dtype: str = "auto") -> ArchFeatures:
     """Count bytes and FLOP coefficients of ``arch`` per device.
 
     KV bytes per position per layer: GQA 2·n_kv·d·b_kv / min(tp, n_kv) (heads shard, the rest
     replicate); MLA (kv_lora + rope)·b_kv, replicated. Attention FLOPs per query token per
     position per layer: GQA 4·n_q·d; MLA (absorbed) 2·n_q·(2·kv_lora + rope); both / tp.
-    All-reduce: 2 per layer, ring payload 2·(tp-1)/tp · h · 2 bytes per token.
+    All-reduce: 2 per layer, ring payload 2·(tp-1)/tp · h · 2 bytes per token; each one pays the
+    hardware's ``allreduce_latency_s`` once, whatever the TP degree (decode-sized all-reduces run
+    as one-shot NVLink kernels; a ring's 2(tp-1) latency steps fitted the published points no
+    better and made dense TP 8 slower than TP 4).
     """
     st = resolve_dtype(arch, dtype)
-    kvb = st.kv
+    kvb = kv_bytes(kv_cache_dtype, st)
     if arch.mla is None:
         kv_layer = 2 * arch.num_kv_heads * arch.head_dim * kvb / min(tp, arch.num_kv_heads)
         attn_layer = 4 * arch.num_heads * arch.head_dim / tp
@@ -156,6 +123,8 @@ def arch_features(arch: ModelArch, dtype: str, tp: int) -> ArchFeatures:
         comm_bytes=(2 * arch.num_layers * 2 * (tp - 1) / tp * arch.hidden * 2) if tp > 1 else 0.0,
         comm_count=2 * arch.num_layers if tp > 1 else 0,
         total_bytes=(dense_bytes + embedding * st.head + routed * st.expert) / tp,
+        layers=arch.num_layers, mla_layers=arch.num_layers if arch.mla is not None else 0,
+        token_units=arch.num_layers * arch.hidden / 4096.0,
     )
 
 
@@ -175,13 +144,20 @@ class HwArrays:
     step_overhead_s: ArrayLike
     draft_step_overhead_s: ArrayLike
     dsd_overhead_s: ArrayLike
+    layer_overhead_s: ArrayLike = 0.0
+    moe_layer_overhead_s: ArrayLike = 0.0
+    expert_overhead_s: ArrayLike = 0.0
+    mla_layer_overhead_s: ArrayLike = 0.0
+    token_overhead_s: ArrayLike = 0.0
 
     @staticmethod
     def of(hw: Hardware, compute_dtype: str = "bf16") -> "HwArrays":
         e = hw.efficiency
         return HwArrays(hw.bandwidth_bytes_s, hw.peak_flops(compute_dtype), hw.tile_m, hw.min_tile_m,
                         hw.interconnect_gbs * 1e9, hw.allreduce_latency_s, hw.memory_gb * 1e9,
-                        e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s)
+                        e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s,
+                        e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s, e.mla_layer_overhead_s,
+                        e.token_overhead_s)
 
 
 def padded(n: ArrayLike, tile: ArrayLike, min_tile: ArrayLike = 16) -> ArrayLike:
@@ -255,10 +231,38 @@ def attention_term(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_s
 
 
 def comm_seconds(f: ArchFeatures, hw: HwArrays, n: ArrayLike) -> ArrayLike:
-    """Tensor-parallel all-reduces: count · latency + n · comm_bytes / link (0 when tp = 1)."""
+    """Tensor-parallel all-reduces: count · latency + n · comm_bytes / link (0 when tp = 1).
+
+    2 all-reduces per layer, each paying ``allreduce_latency_s`` (TP-independent, see
+    :func:`arch_features`) plus the ring payload over the link."""
     link = np.asarray(hw.link_bandwidth, dtype=float)
     per_token = np.where(link > 0, f.comm_bytes / np.where(link > 0, link, 1.0), 0.0)
     return f.comm_count * hw.allreduce_latency_s + n * per_token
+
+
+def latency_seconds(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_seq: ArrayLike,
+                    correlation: ArrayLike) -> ArrayLike:
+    """Fixed (latency-bound) costs of one forward pass that no roofline term captures.
+
+    * per decoder layer: ``layer_overhead_s`` (norms, activations, rotary, KV writes, small-kernel
+      launch latency; what vLLM/SGLang do not fuse away) × layers;
+    * per MoE layer: ``moe_layer_overhead_s`` (router GEMM, top-k, token permute / combine);
+    * per MLA layer: ``mla_layer_overhead_s`` (latent-attention decode: low-rank q / kv projections
+      with their norms, the absorbed per-head W_UK / W_UV batched GEMMs, rotary, the MLA kernel);
+    * per token: ``token_overhead_s`` × layers × hidden / 4096 (the elementwise work outside the
+      GEMM roofline: norms, activations, rotary, quantization of activations, KV writes; it makes
+      a memory-bound step grow smoothly with the tokens in it);
+    * per distinct expert loaded: ``expert_overhead_s``. Small experts are latency-bound: a grouped
+      GEMM on an expert of S bytes with n tokens takes max(S / (BW·e_bw), FLOPs / (F·e_c)) + t_e,
+      i.e. it streams at an efficiency S / (S + t_e·BW·e_bw) of the dense GEMMs' that falls with the
+      expert slice size S (per device, so also with TP) and rises with tokens per expert once the
+      FLOP side binds (the roofline max of :func:`expert_term`).
+    """
+    t = np.asarray(tokens_per_seq, dtype=float)
+    d = distinct_experts(f.num_experts, f.top_k, batch * t ** (1.0 - correlation))
+    return (f.layers * hw.layer_overhead_s + f.moe_layers * hw.moe_layer_overhead_s
+            + f.moe_layers * d * hw.expert_overhead_s + f.mla_layers * hw.mla_layer_overhead_s
+            + batch * t * f.token_units * hw.token_overhead_s)
 
 
 @dataclass(frozen=True)
@@ -271,6 +275,7 @@ class StepParts:
     comm_s: ArrayLike
     k: ArrayLike
     speculative: ArrayLike
+    fixed_s: ArrayLike = 0.0  # latency_seconds of the verify pass + K draft passes
 
 
 def step_parts(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: ArrayLike, k: ArrayLike,
@@ -289,7 +294,8 @@ def step_parts(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: A
     mem = np.stack([np.broadcast_to(m, shape) for m, _ in terms], axis=-1)
     flop = np.stack([np.broadcast_to(c, shape) for _, c in terms], axis=-1)
     comm = comm_seconds(target, hw, n) + k * comm_seconds(draft, hw, batch)
-    return StepParts(mem, flop, comm, k, np.asarray(speculative, dtype=float))
+    fixed = latency_seconds(target, hw, batch, t, correlation) + k * latency_seconds(draft, hw, batch, 1.0, correlation)
+    return StepParts(mem, flop, comm, k, np.asarray(speculative, dtype=float), fixed)
 
 
 def roofline_seconds(parts: StepParts, eff_bandwidth: ArrayLike, eff_compute: ArrayLike) -> np.ndarray:
@@ -309,15 +315,22 @@ class StepTime:
 
 
 def step_time(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: ArrayLike, k: ArrayLike,
-              context: ArrayLike, correlation: ArrayLike = 0.0, speculative: ArrayLike = 1.0) -> StepTime:
-    """T = roofline_seconds + comm + step_overhead + K · draft_step_overhead + spec · dsd_overhead.
+              context: ArrayLike, correlation: ArrayLike = 0.0, speculative: ArrayLike = 1.0,
+              method: str = "eagle", method_factors: Optional[tuple[ArrayLike, ArrayLike]] = None) -> StepTime:
+    """T = roofline_seconds + comm + latency + step_overhead
+           + K · m_step · draft_step_overhead + spec · m_fixed · dsd_overhead.
 
     ``speculative`` = 0 for a vanilla engine (no drafter at all; pass K = 0), 1 for a DSD engine
-    (which pays ``dsd_overhead_s`` even at K = 0).
+    (which pays ``dsd_overhead_s`` even at K = 0). ``latency`` = :func:`latency_seconds` of the
+    verify pass and of each of the K draft passes (the draft's layers, so the draft depth K and its
+    TP all-reduces scale it); (m_fixed, m_step) = :data:`METHOD_OVERHEAD` [method], or
+    ``method_factors`` (arrays, e.g. one per grid column) when given.
     """
+    m_fixed, m_step = method_factors if method_factors is not None else METHOD_OVERHEAD.get(method, (1.0, 1.0))
     p = step_parts(hw, target, draft, batch, k, context, correlation, speculative)
-    kernel = roofline_seconds(p, hw.eff_bandwidth, hw.eff_compute) + p.comm_s
-    overhead = hw.step_overhead_s + p.k * hw.draft_step_overhead_s + p.speculative * hw.dsd_overhead_s
+    kernel = roofline_seconds(p, hw.eff_bandwidth, hw.eff_compute) + p.comm_s + p.fixed_s
+    overhead = (hw.step_overhead_s + p.k * m_step * hw.draft_step_overhead_s
+                + p.speculative * m_fixed * hw.dsd_overhead_s)
     overhead = np.broadcast_to(overhead, np.shape(kernel)) if np.ndim(kernel) else np.asarray(overhead)
     return StepTime(np.asarray(kernel), np.asarray(overhead), np.asarray(kernel + overhead))
 

@@ -1,0 +1,128 @@
+"""The analytic engine against published GPU step times (benchmarks/fidelity_points.toml).
+
+Leave-one-out: every point is predicted by priors fitted on all the other points, so a point
+cannot vouch for itself. Fast (< 2 s; numpy + scipy, no engine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dsdprof.errors import InputError
+from dsdprof.measure.sim import fidelity as fid
+from dsdprof.measure.sim.hardware import HARDWARE, PRIOR_FROM
+from dsdprof.measure.sim.model import METHOD_OVERHEAD, arch_features
+from dsdprof.measure.sim.catalog import MODELS
+from dsdprof.config.spec import parse_spec
+from dsdprof.measure.sim.config import resolve
+
+# Achieved: 7.1 % (49 points). The issue's goal is 10 %; the bound is what the model honestly
+# reaches plus ~1 point of slack, so a regression of the model or of the data fails it.
+LOO_MAPE_BOUND = 9.0
+
+
+@pytest.fixture(scope="module")
+def loo() -> fid.LooResult:
+    return fid.leave_one_out(fid.load_points())
+
+
+def test_leave_one_out_error_and_no_systematic_sign(loo):
+    assert len(loo.points) >= 20
+    assert loo.mape <= LOO_MAPE_BOUND, loo.mape
+    assert 0.3 < loo.low_share < 0.7, loo.low_share  # fewer than 70 % on one side
+
+
+def test_points_cover_dense_moe_tp_fp8_and_spec():
+    pts = fid.load_points()
+    moe = {p.model for p in pts if MODELS[p.model].is_moe}
+    assert moe and {p.model for p in pts} - moe
+    assert {1, 2, 8} <= {p.tp for p in pts}
+    assert any(p.dtype == "fp8" or MODELS[p.model].compute_dtype == "fp8" for p in pts)
+    assert any(p.kv_cache_dtype == "fp8" for p in pts)
+    spec = [p for p in pts if p.method != "none"]
+    assert len(spec) >= 4 and all(p.al and p.al > 1 for p in spec)
+    assert max(p.batch for p in pts) >= 64 and all(p.source and p.conversion for p in pts)
+    unscored = [p for p in fid.load_points(scored_only=False) if not p.scored]
+    assert max(p.batch for p in unscored) >= 64 and all(p.conversion for p in unscored)
+
+
+def test_shipped_priors_are_the_fit_on_all_points(loo):
+    """The catalog's priors must be what the suite fits (refit when the points change)."""
+    ar = fid.PARAMS.index("allreduce_latency_s")
+    for name, hw in HARDWARE.items():
+        want = fid.gpu_theta(loo.theta_all, PRIOR_FROM.get(name, name))
+        if hw.interconnect_gbs <= 64:  # PCIe cards: 3x the NVLink all-reduce latency (stated assumption)
+            want[ar] *= 3
+        np.testing.assert_allclose(fid.theta_of(hw), want, rtol=0.02, atol=2e-6, err_msg=name)
+    t = fid.terms(loo.points)
+    in_sample = np.mean(np.abs(fid.predict(t, loo.theta_all) / t.y_s - 1)) * 100
+    assert in_sample < loo.mape  # and the fit is better in sample than out of it
+
+
+def test_bs1_optimal_k_matches_each_published_sweep(loo):
+    """Every source with a BS-1 K sweep (vLLM EAGLE K 2-7: best K 4; vLLM V1 EAGLE-1 K 2, 4: best 2):
+    the K with the lowest predicted TPOT at the published AL is the source's best K."""
+    sources = {p.source for p in loo.points if p.method != "none" and p.batch == 1}
+    checked = 0
+    for source in sources:
+        sweep = [p for p in loo.points if p.source == source and p.method != "none" and p.batch == 1]
+        if len(sweep) < 2:
+            continue
+        t = fid.terms(sweep)
+        al = np.array([p.al for p in sweep])
+        published_best = sweep[int(np.argmin(t.y_s / al))].k
+        assert sweep[int(np.argmin(fid.predict(t, loo.theta_all) / al))].k == published_best, source
+        checked += 1
+    assert checked >= 2
+
+
+def test_kv_cache_dtype_key(tmp_path):
+    base = {"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3", "dtype": "bfloat16"},
+            "sweep": {"batch_sizes": [1], "num_spec_tokens": [0, 1]},
+            "sim": {"hardware": "H100", "acceptance_alpha": 0.7}}
+    assert resolve(parse_spec(base)).kv_cache_dtype == "auto"
+    fp8 = resolve(parse_spec({**base, "sim": {**base["sim"], "kv_cache_dtype": "fp8"}}))
+    assert fp8.kv_cache_dtype == "fp8"
+    m = MODELS["Llama-3.1-8B"]
+    assert float(arch_features(m, "bfloat16", 1, "fp8").kv_full) * 2 == float(arch_features(m, "bfloat16", 1).kv_full)
+    with pytest.raises(InputError) as err:
+        resolve(parse_spec({**base, "sim": {**base["sim"], "kv_cache_dtype": "int3"}}))
+    assert err.value.field == "sim.kv_cache_dtype" and "fp8" in str(err.value)
+
+
+def test_method_overheads():
+    assert METHOD_OVERHEAD["ngram"][1] == 0.0 and METHOD_OVERHEAD["eagle3"] == (1.0, 1.0)
+
+
+def test_bad_points_file_is_one_line(tmp_path):
+    p = tmp_path / "p.toml"
+    p.write_text('[[point]]\nid = "x"\n')
+    with pytest.raises(InputError, match="missing"):
+        fid.load_points(p)
+
+
+def test_grid_charges_each_method_its_own_speculation_overhead():
+    from dsdprof.measure.sim import acceptance as acc
+    from dsdprof.measure.sim.grid import ModelCase, predict_grid
+
+    m = MODELS["Llama-3.1-8B"]
+    cases = [ModelCase(m, None, tuple(acc.geometric(0.7, 4)), method=meth) for meth in ("eagle", "ngram")]
+    g = predict_grid([HARDWARE["H100 SXM"]], cases, [1], [0, 3])
+    e = HARDWARE["H100 SXM"].efficiency
+    eagle, ngram = g.itl_s[0, 0, 0], g.itl_s[0, 1, 0]
+    assert eagle[0] == pytest.approx(ngram[0])  # same fixed DSD overhead at K = 0
+    assert eagle[1] - ngram[1] == pytest.approx(3 * e.draft_step_overhead_s)  # no per-step launch for n-gram
+
+
+def test_bad_kv_cache_dtype_is_one_line_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[engine]\nname = "sim"\nmodel = "Llama-3.1-8B"\nmethod = "eagle3"\ndtype = "bfloat16"\n'
+                    '[sweep]\nbatch_sizes = [1]\nnum_spec_tokens = [0, 1]\noutput_len = 8\n'
+                    '[sim]\nhardware = "H100"\nacceptance_alpha = 0.7\nkv_cache_dtype = "int3"\n')
+    r = CliRunner().invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "sim.kv_cache_dtype='int3'" in r.stderr and "Traceback" not in r.stderr + r.stdout
+    assert len(r.stderr.strip().splitlines()) == 1
