@@ -331,6 +331,8 @@ def test_sweep_help_shows_section_names():
 
 
 def test_wide_analyze_table_is_not_cut_off_a_tty(tmp_path, monkeypatch):
+    """Default: one line per batch size within 80 columns (terminal or not, COLUMNS=80 or unset);
+    --wide: every K's column whole, none squeezed away or cut with an ellipsis."""
     from dsdprof.cli import app as cli
 
     rows = [{"batch_size": b, "num_spec_tokens": k, "acceptance_length": 1.0 + 0.8 * k ** 0.5,
@@ -345,8 +347,15 @@ def test_wide_analyze_table_is_not_cut_off_a_tty(tmp_path, monkeypatch):
         r = runner.invoke(app, ["analyze", str(p)])
         assert r.exit_code == 0, r.output
         assert "…" not in r.output
-        header = next(line for line in r.stdout.splitlines() if "BS" in line)
-        assert "vs K=12" in header or "K=12" in header  # every column whole, none squeezed away
+        lines = r.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 80, r.stdout
+        for b in (1, 2, 4, 8, 16, 32, 64, 128):  # one whole line per batch size, numbers unbroken
+            row = [line for line in lines if line.split()[:1] == [str(b)]]
+            assert len(row) == 1 and row[0].rstrip().endswith("x"), r.stdout
+        r = runner.invoke(app, ["analyze", str(p), "--wide"])
+        assert r.exit_code == 0 and "…" not in r.output
+        header = next(line for line in r.stdout.splitlines() if "BS" in line and "vs" in line)
+        assert "vs K=12" in header  # every column whole, none squeezed away
 
 
 # ----------------------------------------------------------------------------- validate resumes

@@ -92,9 +92,38 @@ def test_optimal_k_figure_axes_and_title(dense_like_frame):
     title = fig._suptitle.get_text()
     assert "dense/target" in title and "CPU: Test" in title
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8", "16", "32", "64"]
-    # the profiled optimum markers sit at the analysis' K
-    pts = [line for line in ax.get_lines() if line.get_label().startswith("goodput-optimal")][0]
-    assert list(pts.get_ydata()) == a.optimal["k"].tolist()
+    # the profiled optimum markers sit at the analysis' K: filled where decided, hollow where not
+    marked = {}
+    for line in ax.get_lines():
+        if line.get_label().startswith(("goodput-optimal", "undecided")):
+            marked.update({int(x): (int(y), line.get_label()) for x, y in zip(line.get_xdata(), line.get_ydata())})
+    assert [marked[int(b)][0] for b in a.optimal["batch_size"]] == a.optimal["k"].tolist()
+    for b, d in zip(a.optimal["batch_size"], a.optimal["decided"]):
+        assert marked[int(b)][1].startswith("goodput-optimal" if d else "undecided")
+
+
+def test_optimal_k_figure_marks_undecided_points_with_their_interval(dense_like_frame):
+    """Two noisy repeats: undecided batch sizes are hollow, with a bar over the Ks still possible."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    frames = []
+    for r in range(3):
+        f = sweep_frame(dense_like_frame).copy()
+        f["repeat"] = r
+        noise = np.where(f["batch_size"] >= 16, 0.08, 0.001)  # quiet small batches, noisy large ones
+        f["itl_s"] = f["itl_s"] * (1 + noise * rng.standard_normal(len(f)))
+        frames.append(f)
+    a = analyze(pd.concat(frames, ignore_index=True), provenance=PROV)
+    undecided = [int(b) for b, d in zip(a.optimal["batch_size"], a.optimal["decided"]) if not d]
+    assert undecided and len(undecided) < len(a.optimal)  # the fixture must exercise both kinds
+    ax = plots.optimal_k_figure(a).axes[0]
+    hollow = [line for line in ax.get_lines() if line.get_label().startswith("undecided")]
+    assert len(hollow) == 1 and sorted(int(x) for x in hollow[0].get_xdata()) == undecided
+    bars = [c for c in ax.collections if c.get_segments()]
+    spans = {int(seg[0][0]) for c in bars for seg in c.get_segments()}
+    wide = [b for b, c in zip(a.optimal["batch_size"], a.optimal["contenders"]) if int(b) in undecided and len(c) > 1]
+    assert spans == {int(b) for b in wide}
 
 
 def test_heatmap_marks_chosen_k(dense_like_frame):

@@ -134,20 +134,29 @@ def analyze(
     measurements: Path = typer.Argument(..., help="Sweep directory or Parquet file."),
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="A smaller K replaces the best when its goodput is within this (relative) of the best, at --confidence."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-BS result as JSON instead of tables."),
-    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
+    csv_out: bool = typer.Option(False, "--csv", help="Print the per-BS result as CSV instead of tables."),
+    wide: bool = typer.Option(False, "--wide", help="Also show every K: speedup of K* vs each K, and each K's goodput vs the best with intervals."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version) or runs of different specs (workload, grid); the result records what it pooled."),
     confidence: float = typer.Option(0.9, "--confidence", help="Confidence of the bootstrap intervals the decisions use (central interval)."),
     acceptance: str = typer.Option("auto", "--acceptance", help="auto | measured | chain: AL per K as measured, or from the largest K's per-position acceptance (chain drafters)."),
 ) -> None:
-    """Find the goodput-optimal K (goodput = AL / ITL) per batch size, with intervals and decisions."""
-    from dsdprof.decide.analysis import analyze_path
-    from dsdprof.cli.analyze import analysis_json, render_analysis
+    """Find the goodput-optimal K (goodput = AL / ITL) per batch size, with intervals and decisions.
 
+    One line per batch size: K*, whether the data decided it, the runner-up K and how much better
+    K* is (goodput ratio - 1, with its interval), AL, ITL, goodput (tokens/s per user) and the
+    speedup vs no speculation. Grid cells with no number (failed or not yet run) are named."""
+    from dsdprof.decide.analysis import analyze_path
+    from dsdprof.cli.analyze import analysis_csv, analysis_json, render_analysis
+
+    if json_out and csv_out:
+        raise fail("--csv: give --json or --csv, not both")
     result = analyze_path(measurements, tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence,
                           acceptance=acceptance)
-    if json_out:
-        print(analysis_json(result))
+    if json_out or csv_out:
+        sys.stdout.write((analysis_json(result) + "\n") if json_out else analysis_csv(result))
+        sys.stdout.flush()
         return
-    render_analysis(result, console, err_console)
+    render_analysis(result, console, err_console, wide=wide)
     _warn_below_baseline(result.optimal)
 
 
@@ -161,7 +170,8 @@ def export(
     fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON) or trtllm (speculative_config with draft_len_schedule)."),
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
-    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version) or runs of different specs."),
+    allow_partial: bool = typer.Option(False, "--allow-partial", help="Export a run whose grid has batch sizes or Ks with no ok cell (failed or not yet run). Without it such a run is refused, naming them; with it K there comes from the measured neighbours and the table's provenance.partial records the gaps."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
     from dsdprof.export.api import EXPORT_FORMATS, export_document
@@ -171,11 +181,12 @@ def export(
         raise fail(f"--format={fmt!r}: must be one of {', '.join(EXPORT_FORMATS)}")
     if output is not None:
         check_output_path(output, force, field="--output")
-    exported = export_document(source, fmt, tolerance, allow_mixed)
+    exported = export_document(source, fmt, tolerance, allow_mixed, allow_partial)
     for w in exported.warnings:
         err_console.print(f"warning: {w}", style="yellow", markup=False, highlight=False, soft_wrap=True)
     if output is None:
-        print(json.dumps(exported.doc, indent=2))
+        sys.stdout.write(json.dumps(exported.doc, indent=2) + "\n")
+        sys.stdout.flush()  # a closed pipe fails here, inside guarded: a quiet exit 0
     else:
         write_json_atomic(output, exported.doc, force=force, check=exported.check)
         console.print(f"wrote {output}")
