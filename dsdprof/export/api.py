@@ -45,8 +45,8 @@ def partial_run_error(coverage: Any, source: str | Path) -> Optional[InputError]
         return None
     field = "batch_sizes" if coverage.missing_batch_sizes else "cells"
     value = list(coverage.missing_batch_sizes) or [list(c) for c in coverage.missing_cells[:8]]
-    return InputError(field, value, f"{source} is a partial run ({coverage.describe()}); finish it with "
-                      "`dsdprof sweep SPEC --out RUN --resume`, or pass --allow-partial to export a table "
+    return InputError(field, value, f"{source} is a partial run ({coverage.describe()}); retry the "
+                      "failed or missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass --allow-partial to export a table "
                       "whose K there comes from the measured neighbours (recorded in the table)")
 
 

@@ -117,6 +117,7 @@ class Coverage:
     missing_batch_sizes: tuple[int, ...] = ()
     missing_cells: tuple[tuple[int, int], ...] = ()
     grid_from: str = "manifest"
+    first_error: str = ""  # the first failed cell's error at a missing batch size or cell
 
     @property
     def complete(self) -> bool:
@@ -132,6 +133,8 @@ class Coverage:
             for b, k in self.missing_cells:
                 by_bs.setdefault(b, []).append(k)
             parts.append("missing " + "; ".join(f"BS {b} K={','.join(map(str, ks))}" for b, ks in by_bs.items()))
+        if parts and self.first_error:
+            parts.append(f"first error: {' '.join(self.first_error.split())[:120]}")
         return "; ".join(parts)
 
 
@@ -157,4 +160,10 @@ def coverage(path: str | Path, rows: Any) -> Coverage:
     have = {(int(b), int(k)) for b, k in zip(ok["batch_size"], ok["num_spec_tokens"])}
     missing_bs = tuple(sorted(b for b in bss if b not in have_bs))
     missing_cells = tuple(sorted((b, k) for b in bss if b in have_bs for k in ks if (b, k) not in have))
-    return Coverage(tuple(sorted(bss)), tuple(sorted(ks)), missing_bs, missing_cells, grid_from)
+    gaps = set(missing_bs) | {b for b, _ in missing_cells}
+    first_error = ""
+    if "error" in rows.columns and "status" in rows.columns:
+        failed = rows[(rows["status"].astype(str) != "ok") & rows["batch_size"].isin(gaps)]
+        errors = [str(e) for e in failed["error"] if str(e or "").strip()]
+        first_error = errors[0] if errors else ""
+    return Coverage(tuple(sorted(bss)), tuple(sorted(ks)), missing_bs, missing_cells, grid_from, first_error)
