@@ -231,3 +231,38 @@ def test_analyze_and_export_exit_0_quietly_on_a_closed_pipe(tmp_path, measured):
         finally:
             os.close(write_end)
         assert p.returncode == 0 and "error" not in p.stderr.lower() and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+# ----------------------------------------------------------------------------- progress in logs
+
+def test_sweep_progress_in_a_log_is_one_plain_line_per_cell(tmp_path):
+    """stderr not a terminal (nohup, Slurm, CI): no bar, one line per finished cell with the
+    count, the cell, its status, the rate and the ETA."""
+    run = tmp_path / "run"
+    spec = tmp_path / "s.toml"
+    spec.write_text(OOM_SPEC.format(input_len=16000))
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(run)])
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("sweep [")]
+    assert len(lines) == 12 and "━" not in r.stderr
+    assert lines[-1].startswith("sweep [12/12] ") and "cells/min" in lines[-1] and "ETA" in lines[-1]
+    assert any("failed: MemoryError" in line for line in lines)
+
+
+def test_log_progress_prints_a_periodic_line_while_a_cell_runs():
+    import io
+    import time
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from dsdprof.cli.progress import LogProgress
+
+    buf = io.StringIO()
+    cell = SimpleNamespace(batch_size=64, num_spec_tokens=3, mode="dsd")
+    with LogProgress(Console(file=buf, width=200), "sweep", heartbeat_s=0.05) as log:
+        log(SimpleNamespace(phase="plan", index=0, total=4, cell=None, status="", message="4 cells"))
+        log(SimpleNamespace(phase="start", index=0, total=4, cell=cell, status="", message=""))
+        time.sleep(0.4)
+    beats = [line for line in buf.getvalue().splitlines() if "running BS 64 K 3 dsd for" in line]
+    assert beats and beats[0].startswith("sweep [0/4] ")

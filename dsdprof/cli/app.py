@@ -58,6 +58,7 @@ def sweep(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dsdprof.config.spec import load_spec
+    from dsdprof.cli.progress import LogProgress
     from dsdprof.measure.runner import SweepProgress, run_sweep
 
     spec = load_spec(spec_path)
@@ -75,6 +76,7 @@ def sweep(
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
                         TimeRemainingColumn(), console=err_console, transient=False)
+    log = None if err_console.is_terminal else LogProgress(err_console, "sweep")  # logs: plain lines
     task = None
     first_error: list[str] = []
 
@@ -84,6 +86,11 @@ def sweep(
             for notice in notices:
                 err_console.print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
             notices.clear()  # a budgeted sweep plans several passes
+        if ev.status == "failed":
+            first_error.append(ev.message)
+        if log is not None:
+            return log(ev)
+        if ev.phase == "plan":
             err_console.print(f"[dim]{ev.message}[/]")
             task = progress.add_task("sweep", total=ev.total, cell="")
             return
@@ -96,11 +103,10 @@ def sweep(
         elif ev.phase in ("done", "skip"):
             progress.update(task, completed=ev.index, cell=label)
             if ev.status == "failed":
-                first_error.append(ev.message)
                 progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
 
     try:
-        with progress:
+        with progress if log is None else log:
             if budget is None:
                 summary = run_sweep(spec, out, resume=resume, on_progress=on_progress, stream_engine_log=verbose)
             else:

@@ -126,8 +126,15 @@ def _title(prov: dict) -> str:
 
 
 def _progress():
-    """A progress bar on stderr and the callback that feeds it from the runner's events."""
+    """A progress bar on stderr (plain lines when stderr is not a terminal) and the callback that
+    feeds it from the runner's events."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dsdprof.cli.progress import LogProgress
+
+    if not err_console.is_terminal:
+        log = LogProgress(err_console, "validate")
+        return log, log
 
     progress = Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), console=err_console)
