@@ -401,3 +401,39 @@ def test_validate_resume_of_another_run_is_refused_before_any_engine(tmp_path):
     one_line_error(runner.invoke(app, ["validate", str(other), str(spec), "--out", str(run), "--resume"]),
                    "spec.validate.table=")
     assert snapshot(run) == before
+
+
+# ----------------------------------------------------------------------------- names users bring
+
+@pytest.mark.parametrize("edit, needles", [
+    (("num_spec_tokens =", "num_speculative_tokens ="), ("sweep.num_speculative_tokens=", "did you mean sweep.num_spec_tokens")),
+    (("waves =", "wavs ="), ("sweep.wavs=", "did you mean sweep.waves")),
+    (("input_len = 16000", "input_len = 16000\noutput_len = 64"), ("workload.output_len=", "did you mean sweep.output_len")),
+    (("input_len = 16000", 'input_len = 16000\ndataset = "random"'), ("workload.dataset='random'", "vllm bench", "'synthetic'")),
+    (("input_len = 16000", 'input_len = 16000\ndataset = "sharegtp"'), ("workload.dataset='sharegtp'", "'sharegpt'")),
+    (('model = "Llama-3.1-8B"', 'model = "Llama-3-8B"'), ("engine.model='Llama-3-8B'", "did you mean Llama-3.1-8B?")),
+    (('"RTX 4090"', '"B20"'), ("sim.hardware='B20'", "did you mean B200?")),
+])
+def test_vllm_names_and_near_misses_get_a_pointer(tmp_path, edit, needles):
+    p = tmp_path / "s.toml"
+    p.write_text(SIM_SPEC.format(waves=20).replace(*edit))
+    one_line_error(runner.invoke(app, ["sweep", str(p), "--out", str(tmp_path / "run")]), *needles)
+    assert not (tmp_path / "run").exists()
+
+
+def test_show_reads_dsdprofs_own_vllm_and_trtllm_exports(tmp_path, run):
+    vllm = tmp_path / "v.json"
+    trt = tmp_path / "t.json"
+    table = tmp_path / "t2.json"
+    for fmt, path in (("vllm", vllm), ("trtllm", trt), ("table", table)):
+        r = runner.invoke(app, ["export", str(run), "--format", fmt, "-o", str(path), "--allow-partial"])
+        assert r.exit_code == 0, r.output
+    ranges = json.loads(table.read_text())["ranges"]
+    for path, kind in ((vllm, "vLLM --speculative-config"), (trt, "TensorRT-LLM speculative_config")):
+        r = runner.invoke(app, ["show", str(path)])
+        assert r.exit_code == 0, r.output
+        assert kind in r.stdout
+        first = f"{ranges[0][0]}" + ("+" if len(ranges) == 1 else f"-{ranges[0][1]}")
+        assert first in r.stdout
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    one_line_error(runner.invoke(app, ["show", str(tmp_path / "other.json")]), "schema=None")

@@ -203,20 +203,20 @@ _SHOW_MAX_RANGES = 200
 
 @app.command()
 @guarded
-def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 or /v2 JSON file.")) -> None:
+def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 or /v2 JSON file, dsdprof's vLLM or TensorRT-LLM export, or a fleet's tables/index.json.")) -> None:
     """Show a K table: ranges, profiled points, measured cells and provenance."""
     from dsdprof.fleet.export import find_index
-    from dsdprof.export.table import load_table
+    from dsdprof.export.api import load_any_table
 
     if (index := find_index(table_path)) is not None:  # a fleet's index: list its tables
         from dsdprof.cli.fleet import print_index
 
         return print_index(index)
-    doc = load_table(table_path)
+    doc, kind = load_any_table(table_path)
     prov = doc.get("provenance", {})
     ranges = doc["ranges"]
     cap = doc.get("num_speculative_tokens")
-    console.print(f"{table_path}  ({doc['schema']})", markup=False, highlight=False)
+    console.print(f"{table_path}  ({kind or doc['schema']})", markup=False, highlight=False, soft_wrap=True)
     t = Table()
     for col in ("batch sizes", "K"):
         t.add_column(col, justify="right")

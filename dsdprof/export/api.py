@@ -114,3 +114,43 @@ def optional_vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
         return format_table(table, "vllm").doc
     except InputError:
         return None
+
+
+def load_any_table(path: str | Path) -> tuple[dict[str, Any], str]:
+    """(table, what it was) for ``dsdprof show``: a dsdprof K table, or dsdprof's own vLLM
+    (``--speculative-config``) or TensorRT-LLM (``speculative_config``) export read back as a v1
+    table of the same K per batch size. Anything else fails as :func:`load_table` does."""
+    import json
+
+    from dsdprof.export.table import load_table
+    from dsdprof.formats.ktable import LAST_RANGE_END
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return load_table(p), ""
+    if not isinstance(doc, dict) or "schema" in doc:
+        return load_table(p), ""
+    if "num_speculative_tokens_per_batch_size" in doc:
+        ranges = [list(r) for r in doc["num_speculative_tokens_per_batch_size"]]
+        prov = {k: doc[k] for k in ("method", "model") if doc.get(k)}
+        table = {"schema": "dsdprof.ktable/v1", "ranges": ranges, "provenance": prov}
+        if doc.get("num_speculative_tokens") is not None:
+            table["num_speculative_tokens"] = doc["num_speculative_tokens"]
+        return validate_table(table), "vLLM --speculative-config"
+    cfg = doc.get("speculative_config")
+    if isinstance(cfg, dict) and isinstance(cfg.get("draft_len_schedule"), dict):
+        from dsdprof.export.trtllm import check_trtllm_config
+
+        check_trtllm_config(doc)
+        ranges, start = [], 1
+        for key, k in sorted((int(a), int(b)) for a, b in cfg["draft_len_schedule"].items()):
+            ranges.append([start, key, k])
+            start = key + 1
+        if start <= LAST_RANGE_END:  # above the largest key TensorRT-LLM runs K=0
+            ranges.append([start, LAST_RANGE_END, 0])
+        prov = {k: cfg[k] for k in ("decoding_type", "speculative_model") if cfg.get(k)}
+        return validate_table({"schema": "dsdprof.ktable/v1", "ranges": ranges, "provenance": prov}), \
+            "TensorRT-LLM speculative_config"
+    return load_table(p), ""
