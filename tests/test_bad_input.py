@@ -437,3 +437,40 @@ def test_show_reads_dsdprofs_own_vllm_and_trtllm_exports(tmp_path, run):
         assert first in r.stdout
     (tmp_path / "other.json").write_text('{"hello": 1}')
     one_line_error(runner.invoke(app, ["show", str(tmp_path / "other.json")]), "schema=None")
+
+
+def test_sweep_overrides_are_validated_recorded_and_needed_to_resume(tmp_path, spec):
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--dry-run", "--batch-sizes", "1,8",
+                            "--num-spec-tokens", "0,2"])
+    assert r.exit_code == 0, r.output
+    assert "batch sizes 1, 8; K 0, 2" in r.stdout and "6 cells" in r.stdout and "estimated duration" in r.stdout
+    assert not out.exists()  # a dry run writes nothing
+    one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1,x"]),
+                   "--batch-sizes='1,x'")
+    one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--num-spec-tokens", "0,99"]),
+                   "--num-spec-tokens='0,99'")
+    one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--model", "Llama-3-8B"]),
+                   "Llama-3-8B", "did you mean Llama-3.1-8B?")
+    assert not out.exists()
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1", "--num-spec-tokens", "0,2",
+                            "--model", "Llama-3.2-1B", "--draft-model", "Llama-3.2-1B"])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "_sweep.json").read_text())
+    assert manifest["spec"]["sweep"]["batch_sizes"] == [1] and manifest["spec"]["sweep"]["num_spec_tokens"] == [0, 2]
+    assert manifest["spec"]["engine"]["model"] == "Llama-3.2-1B"
+    one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--resume"]), "differs from the run being resumed")
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1", "--num-spec-tokens", "0,2",
+                            "--model", "Llama-3.2-1B", "--draft-model", "Llama-3.2-1B", "--resume"])
+    assert r.exit_code == 0 and "3 skipped" in r.stdout, r.output
+
+
+def test_dry_run_of_a_vllm_spec_checks_the_dataset_and_estimates(tmp_path):
+    p = tmp_path / "v.toml"
+    p.write_text(VLLM_SPEC)
+    r = runner.invoke(app, ["sweep", str(p), "--out", str(tmp_path / "run"), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "6 cells" in r.stdout and "assumed 20 ms per decode step" in " ".join(r.stdout.split())
+    p.write_text(VLLM_SPEC + '[workload]\ndataset = "prompts.jsonl"\n')
+    one_line_error(runner.invoke(app, ["sweep", str(p), "--out", str(tmp_path / "run"), "--dry-run"]),
+                   "workload.dataset='prompts.jsonl'")

@@ -47,9 +47,14 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 def sweep(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec (TOML): \\[engine], \\[sweep], \\[workload]."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory for the Parquet part files: new or empty, or an earlier run with --resume. Locked while the sweep runs."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same spec and versions): skip finished cells, retry failed ones."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same spec, overrides and versions): skip finished cells, retry failed ones."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream vLLM's own output to the console instead of OUT/_logs/engine-*.log."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Engine seconds (3600, 90m, 2h) or measured waves (400w): after one pass over the grid, run further repeats only of the Ks that can still win at batch sizes whose K is not yet decided."),
+    model: Optional[str] = typer.Option(None, "--model", help="Override the spec's engine.model (recorded in OUT/_sweep.json)."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Override the spec's engine.draft_model."),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", metavar="1,8,64", help="Override the spec's sweep.batch_sizes."),
+    num_spec_tokens: Optional[str] = typer.Option(None, "--num-spec-tokens", metavar="0,2,4", help="Override the spec's sweep.num_spec_tokens (vLLM's num_speculative_tokens), the Ks to measure."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the grid, the number of cells and an estimated duration; start no engine, write nothing."),
 ) -> None:
     """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet.
 
@@ -57,11 +62,13 @@ def sweep(
     model that cannot be resolved or loaded), 130 interrupted."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from dsdprof.config.spec import load_spec
+    from dsdprof.config.spec import load_spec, with_overrides
     from dsdprof.cli.progress import LogProgress
     from dsdprof.measure.runner import SweepProgress, run_sweep
 
-    spec = load_spec(spec_path)
+    overrides = {"--model": model, "--draft-model": draft_model, "--batch-sizes": batch_sizes,
+                 "--num-spec-tokens": num_spec_tokens}
+    spec = with_overrides(load_spec(spec_path), overrides)
     if budget is not None:
         from dsdprof.jobs.budget import parse_budget, run_budgeted_sweep
 
@@ -73,6 +80,12 @@ def sweep(
         resolve(spec)  # bad [sim] input or model config.json fails here, before any output
         # Notices wait until the run directory is ours: a refused --out stays a one-line error.
         notices = [*model_notices(spec), "engine 'sim': rows are analytic predictions, not measurements"]
+    if dry_run:
+        if spec.engine.name != "sim":
+            from dsdprof.config.spec import check_workload_for_engine
+
+            check_workload_for_engine(spec)  # dataset and lengths, as the engine checks them
+        return _print_plan(spec)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
                         TimeRemainingColumn(), console=err_console, transient=False)
@@ -113,7 +126,9 @@ def sweep(
                 summary = run_budgeted_sweep(spec, out, parsed_budget, resume=resume, on_progress=on_progress,
                                              stream_engine_log=verbose)
     except KeyboardInterrupt:
-        raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), "--resume"]) from None
+        again = [a for flag, v in overrides.items() if v is not None for a in (flag, v)]
+        again += ["--budget", budget] if budget is not None else []
+        raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), *again, "--resume"]) from None
     console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped "
                   f"(speculation mode {summary.speculation_mode}) -> {summary.out}")
     if budget is not None:
@@ -122,6 +137,19 @@ def sweep(
         print(f"error: every cell failed; first error: {first_error[0][:500] if first_error else 'unknown'}",
               file=sys.stderr)
         raise typer.Exit(1)
+
+
+def _print_plan(spec) -> None:
+    from dsdprof.cli.progress import duration
+    from dsdprof.measure.runner import plan_sweep
+
+    p = plan_sweep(spec)
+    console.print(f"engine {p.engine}: {spec.engine.model}" + (f" + {spec.engine.draft_model}" if spec.engine.draft_model else "")
+                  + f" ({spec.engine.method})", markup=False, highlight=False)
+    console.print(f"batch sizes {', '.join(map(str, p.batch_sizes))}; K {', '.join(map(str, p.ks))}; "
+                  f"{p.repeats} repeat(s)", markup=False, highlight=False)
+    console.print(f"{p.cells} cells (vanilla included), at most {p.decode_steps:,} decode steps", markup=False, highlight=False)
+    console.print(f"estimated duration {duration(p.est_seconds)} ({p.assumption})", markup=False, highlight=False)
 
 
 # ----------------------------------------------------------------------------- analyze

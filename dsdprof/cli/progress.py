@@ -18,7 +18,7 @@ from rich.console import Console
 HEARTBEAT_S = 30.0
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     if seconds is None or math.isnan(seconds) or math.isinf(seconds):
         return "?"
     seconds = int(round(seconds))
@@ -55,10 +55,10 @@ class LogProgress:
     def rate_eta(self) -> str:
         elapsed = self.clock() - self.started
         if self.measured == 0 or elapsed <= 0:
-            return f"elapsed {_duration(elapsed)}"
+            return f"elapsed {duration(elapsed)}"
         per_cell = elapsed / self.measured
         left = max(0, self.total - self.done)
-        return f"{60.0 / per_cell:.1f} cells/min, elapsed {_duration(elapsed)}, ETA {_duration(per_cell * left)}"
+        return f"{60.0 / per_cell:.1f} cells/min, elapsed {duration(elapsed)}, ETA {duration(per_cell * left)}"
 
     def __call__(self, ev: Any) -> None:
         if ev.phase == "plan":
@@ -90,7 +90,7 @@ class LogProgress:
             if now - self.last_line < self.heartbeat_s:
                 continue
             running = self.running
-            what = f"running {running[0]} for {_duration(now - running[1])}" if running else "waiting"
+            what = f"running {running[0]} for {duration(now - running[1])}" if running else "waiting"
             self.line(f"{self.name} [{self.done}/{self.total}] {what}; {self.rate_eta()}")
 
     def __enter__(self) -> "LogProgress":

@@ -250,3 +250,39 @@ def check_workload_for_engine(spec: SweepSpec) -> None:
         return
     if not Path(w.dataset).expanduser().is_file():
         raise InputError("workload.dataset", w.dataset, "not 'synthetic', 'sharegpt' or an existing .jsonl/.json file")
+
+
+# Command-line overrides of a spec (``dsdprof sweep --model ... --batch-sizes 1,8,64``): flag -> spec key.
+OVERRIDE_FLAGS = {"--model": ("engine", "model"), "--draft-model": ("engine", "draft_model"),
+                  "--batch-sizes": ("sweep", "batch_sizes"), "--num-spec-tokens": ("sweep", "num_spec_tokens")}
+
+
+def parse_int_list(flag: str, text: str) -> list[int]:
+    """``"1,2,4"`` or ``"1 2 4"`` -> [1, 2, 4]; InputError naming ``flag`` otherwise."""
+    parts = [p for p in text.replace(",", " ").split() if p]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise InputError(flag, text, "must be integers separated by commas, e.g. 1,8,64") from None
+    if not values:
+        raise InputError(flag, text, "must name at least one integer, e.g. 1,8,64")
+    return values
+
+
+def with_overrides(spec: SweepSpec, overrides: dict[str, Any]) -> SweepSpec:
+    """``spec`` with command-line overrides (flag -> value, None = not given), validated as a
+    spec; a bad value is one InputError naming the flag."""
+    given = {flag: v for flag, v in overrides.items() if v is not None}
+    if not given:
+        return spec
+    data = spec.model_dump(mode="json")
+    for flag, value in given.items():
+        section, key = OVERRIDE_FLAGS[flag]
+        data[section][key] = parse_int_list(flag, value) if key in ("batch_sizes", "num_spec_tokens") else value
+    try:
+        return parse_spec(data)
+    except InputError as err:
+        for flag, (section, key) in OVERRIDE_FLAGS.items():
+            if flag in given and err.field.startswith(f"{section}.{key}"):
+                raise InputError(flag, given[flag], err.reason) from None
+        raise
