@@ -474,3 +474,27 @@ def test_dry_run_of_a_vllm_spec_checks_the_dataset_and_estimates(tmp_path):
     p.write_text(VLLM_SPEC + '[workload]\ndataset = "prompts.jsonl"\n')
     one_line_error(runner.invoke(app, ["sweep", str(p), "--out", str(tmp_path / "run"), "--dry-run"]),
                    "workload.dataset='prompts.jsonl'")
+
+
+def test_help_keeps_section_names_and_shows_flags_without_a_value():
+    r = runner.invoke(app, ["fleet", "--help"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    assert "[fleet] out, and [[runs]] or base + [matrix]" in text and "Override [fleet] out" in text
+    for cmd in ("sweep", "validate", "export", "analyze", "fleet"):
+        r = runner.invoke(app, [cmd, "--help"], env={"COLUMNS": "250"})
+        assert r.exit_code == 0 and "<bool>" not in r.output, (cmd, r.output)
+    r = runner.invoke(app, ["sweep", "--help"], env={"COLUMNS": "250"})
+    resume = next(line for line in r.output.splitlines() if "--resume" in line and "Continue" in line)
+    assert resume.split("--resume")[1].split()[0] == "Continue"  # no value shown after the flag
+    r = runner.invoke(app, ["validate", "--help"], env={"COLUMNS": "250"})
+    assert "--max-regret" in r.output and "FRACTION" in r.output and "tokens/s per user" in r.output
+    assert "TOPS" not in r.output and "--fail-on-regret" not in r.output  # deprecated: hidden, still accepted
+
+
+def test_validate_on_a_sim_spec_prints_only_the_real_error(tmp_path, run, spec):
+    table = tmp_path / "t.json"
+    assert runner.invoke(app, ["export", str(run), "-o", str(table), "--allow-partial"]).exit_code == 0
+    (tmp_path / "other.toml").write_text(SIM_SPEC.format(waves=20).replace('"Llama-3.1-8B"', '"Qwen3-8B"'))
+    one_line_error(runner.invoke(app, ["validate", str(table), str(tmp_path / "other.toml"), "--out",
+                                       str(tmp_path / "v")]), "engine.name='sim'", "real vLLM")

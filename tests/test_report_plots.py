@@ -80,7 +80,7 @@ def test_validate_run_gets_tops_plot(tmp_path):
     run = tmp_path / "val"
     write_run(run, validate_frame(), dict(PROV, extra_run_kind="validate"))
     names = sorted(p.name for p in plots.plot_results(run, tmp_path / "png"))
-    assert names == ["acceptance_per_position.png", "tops_per_user.png"]
+    assert names == ["acceptance_per_position.png", "tokens_per_s_per_user.png"]
 
 
 def test_optimal_k_figure_axes_and_title(dense_like_frame):
@@ -177,3 +177,29 @@ def test_acceptance_figure_collapses_identical_curves():
                                     for b, k, a in zip(varied["batch_size"], varied["num_spec_tokens"], varied["acceptance_per_pos"])]
     labels = [line.get_label() for line in plots.acceptance_figure(varied, PROV).axes[0].get_lines()]
     assert labels == ["BS 1 (K=3)", "BS 4 (K=3)", "BS 16 (K=3)", "BS 64 (K=3)"]
+
+
+def test_validate_report_regret_gate_is_a_fraction_and_export_refuses_the_run(tmp_path):
+    """--max-regret is a fraction like --tolerance and --noise; the old --fail-on-regret PCT still
+    works with one deprecation line; export and analyze refuse a validate run in one line."""
+    from dsdprof.cli.app import app
+
+    runner = CliRunner()
+    run = tmp_path / "val"
+    write_run(run, validate_frame(), dict(PROV, extra_run_kind="validate"))
+    from dsdprof.io.readers import read_measurements
+
+    worst = compare(read_measurements(run))["regret"].max()
+    assert 0.01 < worst < 0.5  # the fixture's regret sits between the two limits below
+    r = runner.invoke(app, ["validate-report", str(run), "--max-regret", "0.5"])
+    assert r.exit_code == 0 and "deprecated" not in r.stderr, r.output
+    r = runner.invoke(app, ["validate-report", str(run), "--max-regret", "0.01"])
+    assert r.exit_code == 1 and "regret above 1.0%" in r.stdout
+    r = runner.invoke(app, ["validate-report", str(run), "--fail-on-regret", "1"])
+    assert r.exit_code == 1 and "use --max-regret 0.01" in r.stderr
+    for args in (["--max-regret", "5"], ["--max-regret", "0.1", "--fail-on-regret", "10"]):
+        r = runner.invoke(app, ["validate-report", str(run), *args])
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.output
+    for cmd in ("export", "analyze"):
+        r = runner.invoke(app, [cmd, str(run)])
+        assert r.exit_code == 2 and "is a validate run" in r.stderr and r.stderr.count("\n") == 1, r.output

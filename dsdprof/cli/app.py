@@ -16,7 +16,10 @@ from dsdprof import __version__
 from dsdprof.cli.common import (
     fmt_number,
     EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, fail, guarded, handle_sigterm, interrupted, make_console,
+    plain_flags_in_help,
 )
+
+plain_flags_in_help()
 
 app = typer.Typer(
     name="dsdprof",

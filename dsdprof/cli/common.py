@@ -73,6 +73,26 @@ class WrappingConsole(Console):
             self._width = saved
 
 
+def plain_flags_in_help() -> None:
+    """Show on/off flags (``--resume``, ``--force``, ``--help``) without a value in ``--help``.
+
+    This typer shows ``<bool>`` after every flag, which reads as if ``--resume true`` were the
+    syntax (it is refused). A flag takes no value: show none."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # pragma: no cover - typer without its core module
+        return
+    original = getattr(TyperOption, "display_type_rich", None)
+    if original is None or getattr(original, "_dsdprof_plain_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) and not getattr(self, "count", False) else original(self, ctx)
+
+    display_type_rich._dsdprof_plain_flags = True
+    TyperOption.display_type_rich = display_type_rich
+
+
 def make_console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None

@@ -51,9 +51,16 @@ def manifests_under(path: str | Path) -> dict[Path, dict[str, Any]]:
 
 def run_kind(path: str | Path) -> str:
     """``validate`` when any run under ``path`` was written by ``dsdprof validate``, else ``sweep``."""
+    from dsdprof.io.readers import read_provenance
+
     for doc in manifests_under(path).values():
         if RUN_KIND_VALIDATE in doc["spec"]:
             return RUN_KIND_VALIDATE
+    try:  # a validate run's rows also say so in their provenance
+        if read_provenance(path).get("extra_run_kind") == RUN_KIND_VALIDATE:
+            return RUN_KIND_VALIDATE
+    except InputError:
+        pass
     return RUN_KIND_SWEEP
 
 

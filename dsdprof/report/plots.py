@@ -22,7 +22,7 @@ from dsdprof.errors import InputError
 PNG_NAMES = {
     "optimal_k": "optimal_k.png",
     "goodput_heatmap": "goodput_heatmap.png",
-    "tops_per_user": "tops_per_user.png",
+    "tops_per_user": "tokens_per_s_per_user.png",  # vLLM's name: output tokens/s per user
     "acceptance": "acceptance_per_position.png",
 }
 DPI = 130
