@@ -377,3 +377,32 @@ def test_ray_fleet_runs_a_small_vllm_cpu_sweep(ray_cluster, tmp_path):
     index = json.loads((out / "tables" / "index.json").read_text())
     assert [e["run"] for e in index["tables"]] == ["toy-cpu"] and index["tables"][0]["engine"] == "vllm"
     assert {o.state for o in run_fleet(plan, use_ray=True).outcomes} == {"skipped"}
+
+
+def test_resubmission_with_other_shards_is_refused_and_duplicate_rows_are_never_read(tmp_path):
+    """A driver killed after its run finished leaves the record at "running"; resubmitting with
+    other shards would measure every cell again into per-shard part files next to the first ones.
+    It is refused in one line before anything is written, and analyze/export refuse a run
+    directory that holds a cell twice."""
+    import shutil
+
+    out = tmp_path / "fleet"
+    spec = _sim(batch_sizes=(1, 4, 16))
+    run_fleet(parse_fleet(_fleet(out, [{"spec": spec, "name": "a"}]), tmp_path))
+    record = out / "_fleet" / "runs" / "a.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "state": "running"}))  # the driver died
+    before = _snapshot(out)
+    with pytest.raises(InputError, match="was 1") as err:
+        run_fleet(parse_fleet(_fleet(out, [{"spec": spec, "name": "a", "shards": 3}]), tmp_path))
+    assert err.value.field == "runs[0].shards" and err.value.value == 3
+    assert _snapshot(out) == before
+    again = run_fleet(parse_fleet(_fleet(out, [{"spec": spec, "name": "a"}]), tmp_path))  # same shards: resumes
+    assert again.complete
+    df = _rows(out / "a")
+    assert len(df) == df.cell_id.nunique() == _cells(spec)
+
+    part = next((out / "a").glob("part-*.parquet"))
+    shutil.copy(part, part.with_name("part-s0-" + part.name[len("part-"):]))  # what a re-shard stored
+    for cmd in ("analyze", "export"):
+        r = CliRunner().invoke(app, [cmd, str(out / "a")])
+        assert r.exit_code == 2 and "stored twice" in r.stderr and r.stderr.count("\n") == 1, r.output

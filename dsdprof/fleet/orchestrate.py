@@ -97,7 +97,9 @@ def ray_task_options(task: ShardTask, hardware: str, settings: FleetSettings) ->
 
 
 def _check_records(plan: FleetPlan, store: FleetStore) -> dict[str, Optional[dict[str, Any]]]:
-    """Each run's stored record; a run whose spec changed is refused before anything is written."""
+    """Each run's stored record; a run whose spec changed, or an unfinished run resubmitted with
+    other ``shards`` (its finished cells are stored per shard: new shards would measure and store
+    them again), is refused before anything is written."""
     records = {}
     for run in plan.runs:
         rec = store.read_json(run_record_rel(run.name))
@@ -105,6 +107,12 @@ def _check_records(plan: FleetPlan, store: FleetStore) -> dict[str, Optional[dic
             raise InputError(f"{run.where}", run.name,
                              f"its spec differs from the run already in {store.describe(run.name)}; "
                              "name it differently or choose another [fleet] out")
+        old_shards = int((rec or {}).get("shards") or 1)
+        if rec is not None and rec.get("state") != STATE_DONE and old_shards != run.shards:
+            raise InputError(f"{run.where}.shards", run.shards,
+                             f"differs from the unfinished run {run.name!r} in {store.describe(run.name)} "
+                             f"(was {old_shards}); its finished cells are stored per shard, so resubmit with "
+                             f"shards = {old_shards} to finish it (no cell is measured or stored twice)")
         records[run.name] = rec
     return records
 
