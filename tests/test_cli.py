@@ -266,3 +266,25 @@ def test_log_progress_prints_a_periodic_line_while_a_cell_runs():
         time.sleep(0.4)
     beats = [line for line in buf.getvalue().splitlines() if "running BS 64 K 3 dsd for" in line]
     assert beats and beats[0].startswith("sweep [0/4] ")
+
+
+def test_analyze_with_intervals_fits_80_columns_one_line_per_batch_size(tmp_path):
+    """Repeats give intervals (and undecided sizes); margins up to +300 % stay within 80 columns."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(1)
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+    rows = [dict(batch_size=b, num_spec_tokens=k, acceptance_length=1 + 0.8 * k ** 0.5, repeat=r,
+                 itl_s=(0.0123 + 0.0007 * k * b ** 0.7) * (1 + 0.03 * rng.standard_normal()))
+            for r in range(3) for b in sizes for k in range(8)]
+    p = tmp_path / "noisy.parquet"
+    pd.DataFrame(rows).to_parquet(p)
+    r = runner.invoke(app, ["analyze", str(p)], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, r.stdout
+    body = [line for line in lines if line.split()[:1] and line.split()[0].isdigit() and line.rstrip().endswith("x")]
+    assert [int(line.split()[0]) for line in body] == list(sizes)
+    assert any(" no " in line for line in body) and any(" yes " in line for line in body)
+    assert "still possible" in r.stdout  # undecided sizes name the Ks the data still allow

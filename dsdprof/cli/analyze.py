@@ -53,9 +53,11 @@ def _runner_up(r) -> str:
 
 
 def fmt_pct(x: float, sign: bool = True, unit: str = "%") -> str:
+    """``+1.9%``; whole percents from 10 % on (``+364%``), so a row stays within 80 columns."""
     if x is None or math.isnan(x):
         return "-"
-    return f"{x * 100:{'+' if sign else ''}.1f}{unit}"
+    digits = 0 if abs(x) >= 0.0995 else 1
+    return f"{x * 100:{'+' if sign else ''}.{digits}f}{unit}"
 
 
 def title_line(result) -> str:
@@ -94,7 +96,8 @@ def analysis_csv(result) -> str:
 def render_analysis(result, console: Console, err_console: Console, wide: bool = False) -> None:
     """Optimal K per batch size, one line each; with ``wide``, every K's goodput vs the best."""
     conf = f"{result.confidence:.0%}"
-    console.print(f"Optimal K per batch size: {title_line(result)}", markup=False, highlight=False)
+    title = title_line(result)
+    console.print("Optimal K per batch size" + (f": {title}" if title else ""), markup=False, highlight=False)
     console.print(compact_table(result) if not wide else _wide_table(result))
     if wide:
         console.print(_vs_best_table(result))
