@@ -63,11 +63,9 @@ def sweep(
 
     Exit codes: 0 done, 1 every cell failed (the first error is printed), 2 bad input (including a
     model that cannot be resolved or loaded), 130 interrupted."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from dsdprof.config.spec import load_spec, with_overrides
-    from dsdprof.cli.progress import LogProgress
-    from dsdprof.measure.runner import SweepProgress, run_sweep
+    from dsdprof.cli.progress import sweep_progress
+    from dsdprof.measure.runner import run_sweep
 
     overrides = {"--model": model, "--draft-model": draft_model, "--batch-sizes": batch_sizes,
                  "--num-spec-tokens": num_spec_tokens}
@@ -89,40 +87,10 @@ def sweep(
 
             check_workload_for_engine(spec)  # dataset and lengths, as the engine checks them
         return _print_plan(spec)
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                        TimeRemainingColumn(), console=err_console, transient=False)
-    log = None if err_console.is_terminal else LogProgress(err_console, "sweep")  # logs: plain lines
-    task = None
     first_error: list[str] = []
-
-    def on_progress(ev: SweepProgress) -> None:
-        nonlocal task
-        if ev.phase == "plan":
-            for notice in notices:
-                err_console.print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
-            notices.clear()  # a budgeted sweep plans several passes
-        if ev.status == "failed":
-            first_error.append(ev.message)
-        if log is not None:
-            return log(ev)
-        if ev.phase == "plan":
-            err_console.print(f"[dim]{ev.message}[/]")
-            task = progress.add_task("sweep", total=ev.total, cell="")
-            return
-        if task is None:
-            return
-        c = ev.cell
-        label = f"BS {c.batch_size:>4} K {c.num_spec_tokens} {c.mode}" if c else ""
-        if ev.phase == "start":
-            progress.update(task, cell=label)
-        elif ev.phase in ("done", "skip"):
-            progress.update(task, completed=ev.index, cell=label)
-            if ev.status == "failed":
-                progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
-
+    progress, on_progress = sweep_progress(err_console, notices, first_error)
     try:
-        with progress if log is None else log:
+        with progress:
             if budget is None:
                 summary = run_sweep(spec, out, resume=resume, on_progress=on_progress, stream_engine_log=verbose)
             else:

@@ -104,5 +104,39 @@ class LogProgress:
             self._thread.join(timeout=1.0)
 
 
-def is_terminal(console: Console) -> bool:
-    return bool(console.is_terminal)
+def sweep_progress(err_console: Console, notices: list[str], first_error: list[str]):
+    """(context manager, callback) for ``sweep``: a rich bar on a terminal, else :class:`LogProgress`.
+    ``notices`` print once the run has planned; failed cells' messages go to ``first_error``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                        TimeRemainingColumn(), console=err_console, transient=False)
+    log = None if err_console.is_terminal else LogProgress(err_console, "sweep")  # logs: plain lines
+    task = None
+
+    def on_progress(ev: Any) -> None:
+        nonlocal task
+        if ev.phase == "plan":
+            for notice in notices:
+                err_console.print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
+            notices.clear()  # a budgeted sweep plans several passes
+        if ev.status == "failed":
+            first_error.append(ev.message)
+        if log is not None:
+            return log(ev)
+        if ev.phase == "plan":
+            err_console.print(f"[dim]{ev.message}[/]")
+            task = progress.add_task("sweep", total=ev.total, cell="")
+            return
+        if task is None:
+            return
+        label = f"BS {ev.cell.batch_size:>4} K {ev.cell.num_spec_tokens} {ev.cell.mode}" if ev.cell else ""
+        if ev.phase == "start":
+            progress.update(task, cell=label)
+        elif ev.phase in ("done", "skip"):
+            progress.update(task, completed=ev.index, cell=label)
+            if ev.status == "failed":
+                progress.console.print(f"[red]cell {ev.cell.cell_id} failed:[/] {ev.message[:300]}")
+
+    return (progress if log is None else log), on_progress
