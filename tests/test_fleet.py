@@ -406,3 +406,23 @@ def test_resubmission_with_other_shards_is_refused_and_duplicate_rows_are_never_
     for cmd in ("analyze", "export"):
         r = CliRunner().invoke(app, [cmd, str(out / "a")])
         assert r.exit_code == 2 and "stored twice" in r.stderr and r.stderr.count("\n") == 1, r.output
+
+
+def test_each_run_record_is_written_when_that_run_finishes(tmp_path):
+    """The driver dies (Ctrl-C) as the second run starts: the first run's record already says done,
+    so the resubmission skips it (no engine started) and runs only the second."""
+    out = tmp_path / "fleet"
+    runs = [{"spec": _sim(), "name": "first"}, {"spec": _sim(hardware="H200 SXM"), "name": "second"}]
+
+    def die_on_second(ev):
+        if ev.kind == "submit" and ev.run == "second":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_fleet(parse_fleet(_fleet(out, runs), tmp_path), on_event=die_on_second)
+    records = {n: json.loads((out / "_fleet" / "runs" / f"{n}.json").read_text())["state"] for n in ("first", "second")}
+    assert records == {"first": "done", "second": "running"}
+    events = []
+    again = run_fleet(parse_fleet(_fleet(out, runs), tmp_path), on_event=events.append)
+    assert [o.state for o in again.outcomes] == ["skipped", "done"] and again.complete
+    assert [e.run for e in events if e.kind == "submit"] == ["second"]
