@@ -426,3 +426,25 @@ def test_each_run_record_is_written_when_that_run_finishes(tmp_path):
     again = run_fleet(parse_fleet(_fleet(out, runs), tmp_path), on_event=events.append)
     assert [o.state for o in again.outcomes] == ["skipped", "done"] and again.complete
     assert [e.run for e in events if e.kind == "submit"] == ["second"]
+
+
+def test_default_run_names_stay_unique_when_paths_end_alike(tmp_path):
+    """Two configs .../a/moe and .../b/moe: default names use the last path component, so they
+    would collide; each gets a digest of its full model path instead."""
+    specs = []
+    for d in ("a", "b"):
+        cfg = tmp_path / d / "moe"
+        cfg.mkdir(parents=True)
+        (cfg / "config.json").write_text(json.dumps({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+            "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 1000,
+            "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))
+        spec = _sim(batch_sizes=(1, 4))
+        spec["engine"].update(model=str(cfg), method="ngram")
+        spec["engine"].pop("draft_model")
+        spec["sim"]["acceptance_per_pos"] = [0.5, 0.3, 0.2]
+        spec["sim"].pop("acceptance_alpha")
+        specs.append({"spec": spec})
+    plan = parse_fleet(_fleet(tmp_path / "out", specs), tmp_path)
+    names = [r.name for r in plan.runs]
+    assert len(set(names)) == 2 and all(n.startswith("moe--ngram--") for n in names), names
