@@ -331,6 +331,8 @@ def test_sweep_help_shows_section_names():
 
 
 def test_wide_analyze_table_is_not_cut_off_a_tty(tmp_path, monkeypatch):
+    """Default: one line per batch size within 80 columns (terminal or not, COLUMNS=80 or unset);
+    --wide: every K's column whole, none squeezed away or cut with an ellipsis."""
     from dsdprof.cli import app as cli
 
     rows = [{"batch_size": b, "num_spec_tokens": k, "acceptance_length": 1.0 + 0.8 * k ** 0.5,
@@ -345,8 +347,15 @@ def test_wide_analyze_table_is_not_cut_off_a_tty(tmp_path, monkeypatch):
         r = runner.invoke(app, ["analyze", str(p)])
         assert r.exit_code == 0, r.output
         assert "…" not in r.output
-        header = next(line for line in r.stdout.splitlines() if "BS" in line)
-        assert "vs K=12" in header or "K=12" in header  # every column whole, none squeezed away
+        lines = r.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 80, r.stdout
+        for b in (1, 2, 4, 8, 16, 32, 64, 128):  # one whole line per batch size, numbers unbroken
+            row = [line for line in lines if line.split()[:1] == [str(b)]]
+            assert len(row) == 1 and row[0].rstrip().endswith("x"), r.stdout
+        r = runner.invoke(app, ["analyze", str(p), "--wide"])
+        assert r.exit_code == 0 and "…" not in r.output
+        header = next(line for line in r.stdout.splitlines() if "BS" in line and "vs" in line)
+        assert "vs K=12" in header  # every column whole, none squeezed away
 
 
 # ----------------------------------------------------------------------------- validate resumes
@@ -392,3 +401,100 @@ def test_validate_resume_of_another_run_is_refused_before_any_engine(tmp_path):
     one_line_error(runner.invoke(app, ["validate", str(other), str(spec), "--out", str(run), "--resume"]),
                    "spec.validate.table=")
     assert snapshot(run) == before
+
+
+# ----------------------------------------------------------------------------- names users bring
+
+@pytest.mark.parametrize("edit, needles", [
+    (("num_spec_tokens =", "num_speculative_tokens ="), ("sweep.num_speculative_tokens=", "did you mean sweep.num_spec_tokens")),
+    (("waves =", "wavs ="), ("sweep.wavs=", "did you mean sweep.waves")),
+    (("input_len = 16000", "input_len = 16000\noutput_len = 64"), ("workload.output_len=", "did you mean sweep.output_len")),
+    (("input_len = 16000", 'input_len = 16000\ndataset = "random"'), ("workload.dataset='random'", "vllm bench", "'synthetic'")),
+    (("input_len = 16000", 'input_len = 16000\ndataset = "sharegtp"'), ("workload.dataset='sharegtp'", "'sharegpt'")),
+    (('model = "Llama-3.1-8B"', 'model = "Llama-3-8B"'), ("engine.model='Llama-3-8B'", "did you mean Llama-3.1-8B?")),
+    (('"RTX 4090"', '"B20"'), ("sim.hardware='B20'", "did you mean B200?")),
+])
+def test_vllm_names_and_near_misses_get_a_pointer(tmp_path, edit, needles):
+    p = tmp_path / "s.toml"
+    p.write_text(SIM_SPEC.format(waves=20).replace(*edit))
+    one_line_error(runner.invoke(app, ["sweep", str(p), "--out", str(tmp_path / "run")]), *needles)
+    assert not (tmp_path / "run").exists()
+
+
+def test_show_reads_dsdprofs_own_vllm_and_trtllm_exports(tmp_path, run):
+    vllm = tmp_path / "v.json"
+    trt = tmp_path / "t.json"
+    table = tmp_path / "t2.json"
+    for fmt, path in (("vllm", vllm), ("trtllm", trt), ("table", table)):
+        r = runner.invoke(app, ["export", str(run), "--format", fmt, "-o", str(path), "--allow-partial"])
+        assert r.exit_code == 0, r.output
+    ranges = json.loads(table.read_text())["ranges"]
+    for path, kind in ((vllm, "vLLM --speculative-config"), (trt, "TensorRT-LLM speculative_config")):
+        r = runner.invoke(app, ["show", str(path)])
+        assert r.exit_code == 0, r.output
+        assert kind in r.stdout
+        first = f"{ranges[0][0]}" + ("+" if len(ranges) == 1 else f"-{ranges[0][1]}")
+        assert first in r.stdout
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    one_line_error(runner.invoke(app, ["show", str(tmp_path / "other.json")]), "schema=None")
+
+
+def test_sweep_overrides_are_validated_recorded_and_needed_to_resume(tmp_path, spec):
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--dry-run", "--batch-sizes", "1,8",
+                            "--num-spec-tokens", "0,2"])
+    assert r.exit_code == 0, r.output
+    assert "batch sizes 1, 8; K 0, 2" in r.stdout and "6 cells" in r.stdout and "estimated duration" in r.stdout
+    assert not out.exists()  # a dry run writes nothing
+    one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1,x"]),
+                   "--batch-sizes='1,x'")
+    one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--num-spec-tokens", "0,99"]),
+                   "--num-spec-tokens='0,99'")
+    one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--model", "Llama-3-8B"]),
+                   "Llama-3-8B", "did you mean Llama-3.1-8B?")
+    assert not out.exists()
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1", "--num-spec-tokens", "0,2",
+                            "--model", "Llama-3.2-1B", "--draft-model", "Llama-3.2-1B"])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "_sweep.json").read_text())
+    assert manifest["spec"]["sweep"]["batch_sizes"] == [1] and manifest["spec"]["sweep"]["num_spec_tokens"] == [0, 2]
+    assert manifest["spec"]["engine"]["model"] == "Llama-3.2-1B"
+    one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--resume"]), "differs from the run being resumed")
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1", "--num-spec-tokens", "0,2",
+                            "--model", "Llama-3.2-1B", "--draft-model", "Llama-3.2-1B", "--resume"])
+    assert r.exit_code == 0 and "3 skipped" in r.stdout, r.output
+
+
+def test_dry_run_of_a_vllm_spec_checks_the_dataset_and_estimates(tmp_path):
+    p = tmp_path / "v.toml"
+    p.write_text(VLLM_SPEC)
+    r = runner.invoke(app, ["sweep", str(p), "--out", str(tmp_path / "run"), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "6 cells" in r.stdout and "assumed 20 ms per decode step" in " ".join(r.stdout.split())
+    p.write_text(VLLM_SPEC + '[workload]\ndataset = "prompts.jsonl"\n')
+    one_line_error(runner.invoke(app, ["sweep", str(p), "--out", str(tmp_path / "run"), "--dry-run"]),
+                   "workload.dataset='prompts.jsonl'")
+
+
+def test_help_keeps_section_names_and_shows_flags_without_a_value():
+    r = runner.invoke(app, ["fleet", "--help"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    assert "[fleet] out, and [[runs]] or base + [matrix]" in text and "Override [fleet] out" in text
+    for cmd in ("sweep", "validate", "export", "analyze", "fleet"):
+        r = runner.invoke(app, [cmd, "--help"], env={"COLUMNS": "250"})
+        assert r.exit_code == 0 and "<bool>" not in r.output, (cmd, r.output)
+    r = runner.invoke(app, ["sweep", "--help"], env={"COLUMNS": "250"})
+    resume = next(line for line in r.output.splitlines() if "--resume" in line and "Continue" in line)
+    assert resume.split("--resume")[1].split()[0] == "Continue"  # no value shown after the flag
+    r = runner.invoke(app, ["validate", "--help"], env={"COLUMNS": "250"})
+    assert "--max-regret" in r.output and "FRACTION" in r.output and "tokens/s per user" in r.output
+    assert "TOPS" not in r.output and "--fail-on-regret" not in r.output  # deprecated: hidden, still accepted
+
+
+def test_validate_on_a_sim_spec_prints_only_the_real_error(tmp_path, run, spec):
+    table = tmp_path / "t.json"
+    assert runner.invoke(app, ["export", str(run), "-o", str(table), "--allow-partial"]).exit_code == 0
+    (tmp_path / "other.toml").write_text(SIM_SPEC.format(waves=20).replace('"Llama-3.1-8B"', '"Qwen3-8B"'))
+    one_line_error(runner.invoke(app, ["validate", str(table), str(tmp_path / "other.toml"), "--out",
+                                       str(tmp_path / "v")]), "engine.name='sim'", "real vLLM")

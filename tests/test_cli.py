@@ -113,3 +113,178 @@ acceptance_per_pos = [0.7, 0.5]
     r = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "run")])
     assert r.exit_code == 1, r.output
     assert "every cell failed; first error:" in r.stderr and "out of memory" in r.stderr
+
+
+# ----------------------------------------------------------------------------- partial runs, run kinds
+
+OOM_SPEC = """\
+[engine]
+name = "sim"
+model = "Llama-3.1-8B"
+draft_model = "EAGLE3-Llama-3.1-8B"
+method = "eagle3"
+dtype = "bfloat16"
+max_model_len = 32768
+[sweep]
+batch_sizes = [1, 8, 64]
+num_spec_tokens = [0, 2, 4]
+waves = 2
+[workload]
+input_len = {input_len}
+[sim]
+hardware = "RTX 4090"
+acceptance_alpha = 0.8
+"""
+
+
+def _sim_run(tmp_path, name="run", input_len=16000):
+    spec = tmp_path / f"{name}.toml"
+    spec.write_text(OOM_SPEC.format(input_len=input_len))
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / name)])
+    assert r.exit_code == 0, r.output
+    return tmp_path / name
+
+
+def test_export_refuses_batch_sizes_that_produced_no_number(tmp_path):
+    """BS 8 and 64 are predicted out of memory on a 24 GB GPU at 16k context: analyze names them,
+    export refuses in one line (naming them and why), --allow-partial records them in the table."""
+    run = _sim_run(tmp_path)
+    r = runner.invoke(app, ["analyze", str(run)])
+    assert r.exit_code == 0 and "no ok cell at batch size 8, 64" in " ".join(r.stderr.split())
+    _one_line_error(runner.invoke(app, ["export", str(run)]), "batch_sizes=[8, 64]", "out of memory",
+                    "--allow-partial")
+    _one_line_error(runner.invoke(app, ["export", str(run), "--format", "vllm"]), "batch_sizes=[8, 64]")
+    r = runner.invoke(app, ["export", str(run), "--allow-partial"])
+    assert r.exit_code == 0, r.output
+    table = json.loads(r.stdout)
+    assert "no ok cell at batch size 8, 64" in table["provenance"]["partial"]
+    assert "partial run" in r.stderr
+
+
+def test_export_refuses_an_interrupted_run_against_its_manifest_grid(tmp_path, dense_like_frame):
+    """The rows alone look complete; the manifest's grid says BS 64 and K=5 were never run."""
+    from dsdprof.formats.measurements import empty_row
+    from dsdprof.io.store import SweepWriter
+
+    run = tmp_path / "interrupted"
+    done = dense_like_frame[(dense_like_frame["batch_size"] < 64) & (dense_like_frame["num_spec_tokens"] < 5)]
+    grid = {"batch_sizes": sorted(int(b) for b in dense_like_frame["batch_size"].unique()),
+            "num_spec_tokens": sorted(int(k) for k in dense_like_frame["num_spec_tokens"].unique())}
+    with SweepWriter(run, {"engine": {}, "sweep": grid, "workload": {}}) as w:
+        w.start({"engine": "vllm", "hardware": "cpu"})
+        for i, rec in enumerate(done.to_dict("records")):
+            row = empty_row()
+            row.update(rec, mode="dsd", status="ok", cell_id=f"dsd-{i}")
+            w.write_row(row)
+    r = runner.invoke(app, ["export", str(run)])
+    _one_line_error(r, "batch_sizes=[64]", "partial run")
+    r = runner.invoke(app, ["analyze", str(run), "--json"])
+    cov = json.loads(r.stdout)["coverage"]
+    assert cov["missing_batch_sizes"] == [64] and [1, 5] in cov["missing_cells"]
+
+
+def test_validate_runs_are_refused_by_export_and_analyze(tmp_path, dense_like_frame):
+    from dsdprof.formats.measurements import empty_row
+    from dsdprof.io.store import SweepWriter
+
+    run = tmp_path / "validate-run"
+    with SweepWriter(run, {"engine": {}, "sweep": {}, "validate": {"table": "t.json", "fixed_ks": [3]}}) as w:
+        w.start({"engine": "vllm", "hardware": "cpu"})
+        for i, rec in enumerate(dense_like_frame.to_dict("records")):
+            row = empty_row()
+            row.update(rec, mode="fixed", status="ok", cell_id=f"fixed-{i}")
+            w.write_row(row)
+    _one_line_error(runner.invoke(app, ["export", str(run)]), "is a validate run", "validate-report")
+    _one_line_error(runner.invoke(app, ["analyze", str(run)]), "is a validate run")
+
+
+def test_pooling_runs_of_different_input_len_needs_allow_mixed_and_is_recorded(tmp_path):
+    both = tmp_path / "both"
+    both.mkdir()
+    _sim_run(both, "short", input_len=512)
+    _sim_run(both, "long", input_len=1024)
+    _one_line_error(runner.invoke(app, ["analyze", str(both)]), "spec.workload.input_len=", "--allow-mixed")
+    _one_line_error(runner.invoke(app, ["export", str(both)]), "spec.workload.input_len=")
+    r = runner.invoke(app, ["analyze", str(both), "--allow-mixed", "--json"])
+    assert r.exit_code == 0, r.output
+    prov = json.loads(r.stdout)["provenance"]
+    assert prov["pooled_workload.input_len"] in ("1024 | 512", "512 | 1024")
+    assert "short" in prov["pooled_runs"] and "long" in prov["pooled_runs"]
+    r = runner.invoke(app, ["analyze", str(both), "--allow-mixed"])
+    assert "pooled runs (--allow-mixed)" in r.stdout
+
+
+def test_analyze_and_export_exit_0_quietly_on_a_closed_pipe(tmp_path, measured):
+    """`dsdprof analyze | head`: stdout is a pipe whose reader has gone (closed before the first
+    write, so every write fails): exit 0, no error line, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    for args in (["analyze", str(measured)], ["analyze", str(measured), "--wide"],
+                 ["export", str(measured), "--format", "vllm"], ["analyze", str(measured), "--csv"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            p = subprocess.run([sys.executable, "-m", "dsdprof.cli", *args], stdout=write_end,
+                               stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write_end)
+        assert p.returncode == 0 and "error" not in p.stderr.lower() and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+# ----------------------------------------------------------------------------- progress in logs
+
+def test_sweep_progress_in_a_log_is_one_plain_line_per_cell(tmp_path):
+    """stderr not a terminal (nohup, Slurm, CI): no bar, one line per finished cell with the
+    count, the cell, its status, the rate and the ETA."""
+    run = tmp_path / "run"
+    spec = tmp_path / "s.toml"
+    spec.write_text(OOM_SPEC.format(input_len=16000))
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(run)])
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("sweep [")]
+    assert len(lines) == 12 and "━" not in r.stderr
+    assert lines[-1].startswith("sweep [12/12] ") and "cells/min" in lines[-1] and "ETA" in lines[-1]
+    assert any("failed: MemoryError" in line for line in lines)
+
+
+def test_log_progress_prints_a_periodic_line_while_a_cell_runs():
+    import io
+    import time
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from dsdprof.cli.progress import LogProgress
+
+    buf = io.StringIO()
+    cell = SimpleNamespace(batch_size=64, num_spec_tokens=3, mode="dsd")
+    with LogProgress(Console(file=buf, width=200), "sweep", heartbeat_s=0.05) as log:
+        log(SimpleNamespace(phase="plan", index=0, total=4, cell=None, status="", message="4 cells"))
+        log(SimpleNamespace(phase="start", index=0, total=4, cell=cell, status="", message=""))
+        time.sleep(0.4)
+    beats = [line for line in buf.getvalue().splitlines() if "running BS 64 K 3 dsd for" in line]
+    assert beats and beats[0].startswith("sweep [0/4] ")
+
+
+def test_analyze_with_intervals_fits_80_columns_one_line_per_batch_size(tmp_path):
+    """Repeats give intervals (and undecided sizes); margins up to +300 % stay within 80 columns."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(1)
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+    rows = [dict(batch_size=b, num_spec_tokens=k, acceptance_length=1 + 0.8 * k ** 0.5, repeat=r,
+                 itl_s=(0.0123 + 0.0007 * k * b ** 0.7) * (1 + 0.03 * rng.standard_normal()))
+            for r in range(3) for b in sizes for k in range(8)]
+    p = tmp_path / "noisy.parquet"
+    pd.DataFrame(rows).to_parquet(p)
+    r = runner.invoke(app, ["analyze", str(p)], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, r.stdout
+    body = [line for line in lines if line.split()[:1] and line.split()[0].isdigit() and line.rstrip().endswith("x")]
+    assert [int(line.split()[0]) for line in body] == list(sizes)
+    assert any(" no " in line for line in body) and any(" yes " in line for line in body)
+    assert "still possible" in r.stdout  # undecided sizes name the Ks the data still allow

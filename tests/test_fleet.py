@@ -377,3 +377,74 @@ def test_ray_fleet_runs_a_small_vllm_cpu_sweep(ray_cluster, tmp_path):
     index = json.loads((out / "tables" / "index.json").read_text())
     assert [e["run"] for e in index["tables"]] == ["toy-cpu"] and index["tables"][0]["engine"] == "vllm"
     assert {o.state for o in run_fleet(plan, use_ray=True).outcomes} == {"skipped"}
+
+
+def test_resubmission_with_other_shards_is_refused_and_duplicate_rows_are_never_read(tmp_path):
+    """A driver killed after its run finished leaves the record at "running"; resubmitting with
+    other shards would measure every cell again into per-shard part files next to the first ones.
+    It is refused in one line before anything is written, and analyze/export refuse a run
+    directory that holds a cell twice."""
+    import shutil
+
+    out = tmp_path / "fleet"
+    spec = _sim(batch_sizes=(1, 4, 16))
+    run_fleet(parse_fleet(_fleet(out, [{"spec": spec, "name": "a"}]), tmp_path))
+    record = out / "_fleet" / "runs" / "a.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "state": "running"}))  # the driver died
+    before = _snapshot(out)
+    with pytest.raises(InputError, match="was 1") as err:
+        run_fleet(parse_fleet(_fleet(out, [{"spec": spec, "name": "a", "shards": 3}]), tmp_path))
+    assert err.value.field == "runs[0].shards" and err.value.value == 3
+    assert _snapshot(out) == before
+    again = run_fleet(parse_fleet(_fleet(out, [{"spec": spec, "name": "a"}]), tmp_path))  # same shards: resumes
+    assert again.complete
+    df = _rows(out / "a")
+    assert len(df) == df.cell_id.nunique() == _cells(spec)
+
+    part = next((out / "a").glob("part-*.parquet"))
+    shutil.copy(part, part.with_name("part-s0-" + part.name[len("part-"):]))  # what a re-shard stored
+    for cmd in ("analyze", "export"):
+        r = CliRunner().invoke(app, [cmd, str(out / "a")])
+        assert r.exit_code == 2 and "stored twice" in r.stderr and r.stderr.count("\n") == 1, r.output
+
+
+def test_each_run_record_is_written_when_that_run_finishes(tmp_path):
+    """The driver dies (Ctrl-C) as the second run starts: the first run's record already says done,
+    so the resubmission skips it (no engine started) and runs only the second."""
+    out = tmp_path / "fleet"
+    runs = [{"spec": _sim(), "name": "first"}, {"spec": _sim(hardware="H200 SXM"), "name": "second"}]
+
+    def die_on_second(ev):
+        if ev.kind == "submit" and ev.run == "second":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_fleet(parse_fleet(_fleet(out, runs), tmp_path), on_event=die_on_second)
+    records = {n: json.loads((out / "_fleet" / "runs" / f"{n}.json").read_text())["state"] for n in ("first", "second")}
+    assert records == {"first": "done", "second": "running"}
+    events = []
+    again = run_fleet(parse_fleet(_fleet(out, runs), tmp_path), on_event=events.append)
+    assert [o.state for o in again.outcomes] == ["skipped", "done"] and again.complete
+    assert [e.run for e in events if e.kind == "submit"] == ["second"]
+
+
+def test_default_run_names_stay_unique_when_paths_end_alike(tmp_path):
+    """Two configs .../a/moe and .../b/moe: default names use the last path component, so they
+    would collide; each gets a digest of its full model path instead."""
+    specs = []
+    for d in ("a", "b"):
+        cfg = tmp_path / d / "moe"
+        cfg.mkdir(parents=True)
+        (cfg / "config.json").write_text(json.dumps({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+            "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 1000,
+            "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))
+        spec = _sim(batch_sizes=(1, 4))
+        spec["engine"].update(model=str(cfg), method="ngram")
+        spec["engine"].pop("draft_model")
+        spec["sim"]["acceptance_per_pos"] = [0.5, 0.3, 0.2]
+        spec["sim"].pop("acceptance_alpha")
+        specs.append({"spec": spec})
+    plan = parse_fleet(_fleet(tmp_path / "out", specs), tmp_path)
+    names = [r.name for r in plan.runs]
+    assert len(set(names)) == 2 and all(n.startswith("moe--ngram--") for n in names), names

@@ -25,7 +25,7 @@ def test_analysis_notebook_executes_and_draws(monkeypatch):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     pngs = [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
-    assert len(pngs) >= 3  # optimal K, heatmap, acceptance (+ TOPS/user with a validate run)
+    assert len(pngs) >= 3  # optimal K, heatmap, acceptance (+ tokens/s per user with a validate run)
     assert all(base64.b64decode(p)[:4] == b"\x89PNG" for p in pngs)
     text = "".join(o.get("text", "") for o in outputs)
     assert "ranges:" in text and "shape of K* vs batch size" in text

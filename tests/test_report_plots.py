@@ -80,7 +80,7 @@ def test_validate_run_gets_tops_plot(tmp_path):
     run = tmp_path / "val"
     write_run(run, validate_frame(), dict(PROV, extra_run_kind="validate"))
     names = sorted(p.name for p in plots.plot_results(run, tmp_path / "png"))
-    assert names == ["acceptance_per_position.png", "tops_per_user.png"]
+    assert names == ["acceptance_per_position.png", "tokens_per_s_per_user.png"]
 
 
 def test_optimal_k_figure_axes_and_title(dense_like_frame):
@@ -92,9 +92,38 @@ def test_optimal_k_figure_axes_and_title(dense_like_frame):
     title = fig._suptitle.get_text()
     assert "dense/target" in title and "CPU: Test" in title
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8", "16", "32", "64"]
-    # the profiled optimum markers sit at the analysis' K
-    pts = [line for line in ax.get_lines() if line.get_label().startswith("goodput-optimal")][0]
-    assert list(pts.get_ydata()) == a.optimal["k"].tolist()
+    # the profiled optimum markers sit at the analysis' K: filled where decided, hollow where not
+    marked = {}
+    for line in ax.get_lines():
+        if line.get_label().startswith(("goodput-optimal", "undecided")):
+            marked.update({int(x): (int(y), line.get_label()) for x, y in zip(line.get_xdata(), line.get_ydata())})
+    assert [marked[int(b)][0] for b in a.optimal["batch_size"]] == a.optimal["k"].tolist()
+    for b, d in zip(a.optimal["batch_size"], a.optimal["decided"]):
+        assert marked[int(b)][1].startswith("goodput-optimal" if d else "undecided")
+
+
+def test_optimal_k_figure_marks_undecided_points_with_their_interval(dense_like_frame):
+    """Two noisy repeats: undecided batch sizes are hollow, with a bar over the Ks still possible."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    frames = []
+    for r in range(3):
+        f = sweep_frame(dense_like_frame).copy()
+        f["repeat"] = r
+        noise = np.where(f["batch_size"] >= 16, 0.08, 0.001)  # quiet small batches, noisy large ones
+        f["itl_s"] = f["itl_s"] * (1 + noise * rng.standard_normal(len(f)))
+        frames.append(f)
+    a = analyze(pd.concat(frames, ignore_index=True), provenance=PROV)
+    undecided = [int(b) for b, d in zip(a.optimal["batch_size"], a.optimal["decided"]) if not d]
+    assert undecided and len(undecided) < len(a.optimal)  # the fixture must exercise both kinds
+    ax = plots.optimal_k_figure(a).axes[0]
+    hollow = [line for line in ax.get_lines() if line.get_label().startswith("undecided")]
+    assert len(hollow) == 1 and sorted(int(x) for x in hollow[0].get_xdata()) == undecided
+    bars = [c for c in ax.collections if c.get_segments()]
+    spans = {int(seg[0][0]) for c in bars for seg in c.get_segments()}
+    wide = [b for b, c in zip(a.optimal["batch_size"], a.optimal["contenders"]) if int(b) in undecided and len(c) > 1]
+    assert spans == {int(b) for b in wide}
 
 
 def test_heatmap_marks_chosen_k(dense_like_frame):
@@ -148,3 +177,29 @@ def test_acceptance_figure_collapses_identical_curves():
                                     for b, k, a in zip(varied["batch_size"], varied["num_spec_tokens"], varied["acceptance_per_pos"])]
     labels = [line.get_label() for line in plots.acceptance_figure(varied, PROV).axes[0].get_lines()]
     assert labels == ["BS 1 (K=3)", "BS 4 (K=3)", "BS 16 (K=3)", "BS 64 (K=3)"]
+
+
+def test_validate_report_regret_gate_is_a_fraction_and_export_refuses_the_run(tmp_path):
+    """--max-regret is a fraction like --tolerance and --noise; the old --fail-on-regret PCT still
+    works with one deprecation line; export and analyze refuse a validate run in one line."""
+    from dsdprof.cli.app import app
+
+    runner = CliRunner()
+    run = tmp_path / "val"
+    write_run(run, validate_frame(), dict(PROV, extra_run_kind="validate"))
+    from dsdprof.io.readers import read_measurements
+
+    worst = compare(read_measurements(run))["regret"].max()
+    assert 0.01 < worst < 0.5  # the fixture's regret sits between the two limits below
+    r = runner.invoke(app, ["validate-report", str(run), "--max-regret", "0.5"])
+    assert r.exit_code == 0 and "deprecated" not in r.stderr, r.output
+    r = runner.invoke(app, ["validate-report", str(run), "--max-regret", "0.01"])
+    assert r.exit_code == 1 and "regret above 1.0%" in r.stdout
+    r = runner.invoke(app, ["validate-report", str(run), "--fail-on-regret", "1"])
+    assert r.exit_code == 1 and "use --max-regret 0.01" in r.stderr
+    for args in (["--max-regret", "5"], ["--max-regret", "0.1", "--fail-on-regret", "10"]):
+        r = runner.invoke(app, ["validate-report", str(run), *args])
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.output
+    for cmd in ("export", "analyze"):
+        r = runner.invoke(app, [cmd, str(run)])
+        assert r.exit_code == 2 and "is a validate run" in r.stderr and r.stderr.count("\n") == 1, r.output

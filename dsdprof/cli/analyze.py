@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -26,6 +27,8 @@ def analysis_json(result) -> str:
         "intervals_known": result.intervals_known, "undecided": result.undecided,
         "optimal": json.loads(result.optimal.to_json(orient="records")),
         "cells": json.loads(cells.to_json(orient="records")),
+        "coverage": None if result.coverage is None else dataclasses.asdict(result.coverage),
+        "provenance": {k: str(v) for k, v in result.provenance.items()},
     }, indent=2)
 
 
@@ -37,16 +40,73 @@ def shape_line(result) -> str:
     }.get(result.shape, "K* vs BS is monotonic non-increasing (dense-like)")
 
 
-def render_analysis(result, console: Console, err_console: Console) -> None:
-    """Optimal K per batch size with decisions and margins, then every K's goodput vs the best."""
-    from dsdprof.decide.analysis import fixed_k_summary
+def _runner_up(r) -> str:
+    """``K=3 +1.9% [+0.4,+3.1]``: the runner-up and how much better the chosen K is (goodput ratio)."""
+    if r["runner_up"] is None or str(r["runner_up"]) in ("<NA>", "nan"):
+        return "-"
+    txt = f"K={int(r['runner_up'])} {fmt_pct(r['margin'] - 1)}"
+    lo, hi = r["ci_low"], r["ci_high"]
+    if not r["interval_known"] or lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return txt + " [?]"
+    lo_txt, hi_txt = fmt_pct(lo - 1, sign=True, unit=""), fmt_pct(hi - 1, sign=True, unit="")
+    return txt if lo_txt == hi_txt else f"{txt} [{lo_txt},{hi_txt}]"
 
+
+def fmt_pct(x: float, sign: bool = True, unit: str = "%") -> str:
+    """``+1.9%``; whole percents from 10 % on (``+364%``), so a row stays within 80 columns."""
+    if x is None or math.isnan(x):
+        return "-"
+    digits = 0 if abs(x) >= 0.0995 else 1
+    return f"{x * 100:{'+' if sign else ''}.{digits}f}{unit}"
+
+
+def title_line(result) -> str:
     prov = result.provenance
     title = " / ".join(str(prov[k]) for k in ("model", "draft_model", "hardware") if prov.get(k))
     if prov.get("engine") == "sim":
         title += "  (sim: predicted)"
+    return title
+
+
+def compact_table(result) -> Table:
+    """One line per batch size: K*, decided, runner-up with margin [interval], AL, ITL, goodput, speedup."""
+    from rich import box
+
     conf = f"{result.confidence:.0%}"
-    t = Table(title=f"Optimal K per batch size  {title}")
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
+    for col in ("BS", "K*", "decided", f"runner-up, margin [{conf}]", "AL", "ITL ms", "tok/s", "vs no-SD"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for _, r in result.optimal.iterrows():
+        decided = "yes" if r["decided"] else ("?" if not r["interval_known"] else "no")
+        t.add_row(str(int(r["batch_size"])), str(int(r["k"])), decided, _runner_up(r),
+                  fmt_number(r["acceptance_length"]), fmt_number(r["itl_s"] * 1e3), fmt_number(r["goodput"], 1),
+                  fmt_number(r["speedup_vs_baseline"]) + "x")
+    return t
+
+
+def analysis_csv(result) -> str:
+    """The per-BS result as CSV (list columns joined with ``;``)."""
+    opt = result.optimal.copy()
+    for col in opt.columns:
+        if opt[col].map(lambda v: isinstance(v, (list, tuple))).any():
+            opt[col] = opt[col].map(lambda v: ";".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
+    return opt.to_csv(index=False)
+
+
+def render_analysis(result, console: Console, err_console: Console, wide: bool = False) -> None:
+    """Optimal K per batch size, one line each; with ``wide``, every K's goodput vs the best."""
+    conf = f"{result.confidence:.0%}"
+    title = title_line(result)
+    console.print("Optimal K per batch size" + (f": {title}" if title else ""), markup=False, highlight=False)
+    console.print(compact_table(result) if not wide else _wide_table(result))
+    if wide:
+        console.print(_vs_best_table(result))
+    _footer(result, console, err_console, conf)
+
+
+def _wide_table(result) -> Table:
+    conf = f"{result.confidence:.0%}"
+    t = Table()
     for col in ("BS", "K*", "decided", "runner-up", f"margin [{conf}]", "AL", "ITL ms", "goodput tok/s", "vs no-SD"):
         t.add_column(col, justify="right")
     ks = result.candidate_ks
@@ -59,8 +119,12 @@ def render_analysis(result, console: Console, err_console: Console) -> None:
                   _interval(r["margin"], r["ci_low"], r["ci_high"]), fmt_number(r["acceptance_length"]),
                   fmt_number(r["itl_s"] * 1e3), fmt_number(r["goodput"], 1), fmt_number(r["speedup_vs_baseline"]) + "x",
                   *[fmt_number(r[f"speedup_vs_k{k}"]) + "x" for k in ks])
-    console.print(t)
+    return t
 
+
+def _vs_best_table(result) -> Table:
+    conf = f"{result.confidence:.0%}"
+    ks = result.candidate_ks
     v = Table(title=f"Goodput vs the best K at each batch size, [{conf} interval]; * = chosen")
     v.add_column("BS", justify="right")
     for k in ks:
@@ -74,8 +138,23 @@ def render_analysis(result, console: Console, err_console: Console) -> None:
             row.append("" if c is None else _interval(c.ratio_to_best, c.ratio_low, c.ratio_high)
                        + ("*" if chosen.get(int(b)) == k else ""))
         v.add_row(str(int(b)), *row)
-    console.print(v)
+    return v
 
+
+def _footer(result, console: Console, err_console: Console, conf: str) -> None:
+    """Notes under the table: gaps, pooled runs, DSD vs fixed K, undecided sizes, shape."""
+    from dsdprof.decide.analysis import fixed_k_summary
+
+    cov = result.coverage
+    if cov is not None and not cov.complete:
+        err_console.print(f"warning: partial run: {cov.describe()} (grid from the {cov.grid_from}); "
+                          "`dsdprof export` refuses it unless --allow-partial", style="yellow",
+                          markup=False, highlight=False)
+    if result.provenance.get("pooled_runs"):
+        pooled = {k: v for k, v in result.provenance.items() if k.startswith("pooled_") and k != "pooled_runs"}
+        console.print("pooled runs (--allow-mixed): " + result.provenance["pooled_runs"]
+                      + "".join(f"; {k.removeprefix('pooled_')} = {v}" for k, v in pooled.items()),
+                      markup=False, highlight=False)
     summary = fixed_k_summary(result)
     if not summary.empty:
         console.print("DSD vs always-K (geometric mean over batch sizes): " + ", ".join(
@@ -88,8 +167,11 @@ def render_analysis(result, console: Console, err_console: Console) -> None:
                           "Use repeats >= 2 or schema-v2 rows.[/]")
     open_bs = [b for b in result.undecided if b not in set(opt.loc[~opt["interval_known"], "batch_size"])]
     if open_bs:
-        console.print(f"not decided at {conf} confidence: batch size {', '.join(map(str, open_bs))} "
-                      "(more repeats, or `dsdprof sweep --budget`, would separate them)")
+        still = dict(zip(opt["batch_size"].astype(int), opt["contenders"])) if "contenders" in opt.columns else {}
+        console.print(f"not decided at {conf} confidence: " + ", ".join(
+            f"BS {b}" + (f" (K {','.join(map(str, still[b]))} still possible)" if len(still.get(b) or []) > 1 else "")
+            for b in open_bs) + "; more repeats, or `dsdprof sweep --budget`, would separate them",
+            markup=False, highlight=False)
     changed = opt[opt["k"] != opt["k_rule"]]
     if len(changed):
         console.print("kept non-increasing where undecided: " + ", ".join(

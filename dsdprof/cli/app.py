@@ -16,7 +16,10 @@ from dsdprof import __version__
 from dsdprof.cli.common import (
     fmt_number,
     EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, fail, guarded, handle_sigterm, interrupted, make_console,
+    plain_flags_in_help,
 )
+
+plain_flags_in_help()
 
 app = typer.Typer(
     name="dsdprof",
@@ -47,20 +50,26 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 def sweep(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec (TOML): \\[engine], \\[sweep], \\[workload]."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory for the Parquet part files: new or empty, or an earlier run with --resume. Locked while the sweep runs."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same spec and versions): skip finished cells, retry failed ones."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same spec, overrides and versions): skip finished cells, retry failed ones."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream vLLM's own output to the console instead of OUT/_logs/engine-*.log."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Engine seconds (3600, 90m, 2h) or measured waves (400w): after one pass over the grid, run further repeats only of the Ks that can still win at batch sizes whose K is not yet decided."),
+    model: Optional[str] = typer.Option(None, "--model", help="Override the spec's engine.model (recorded in OUT/_sweep.json)."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Override the spec's engine.draft_model."),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", metavar="1,8,64", help="Override the spec's sweep.batch_sizes."),
+    num_spec_tokens: Optional[str] = typer.Option(None, "--num-spec-tokens", metavar="0,2,4", help="Override the spec's sweep.num_spec_tokens (vLLM's num_speculative_tokens), the Ks to measure."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the grid, the number of cells and an estimated duration; start no engine, write nothing."),
 ) -> None:
     """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet.
 
     Exit codes: 0 done, 1 every cell failed (the first error is printed), 2 bad input (including a
     model that cannot be resolved or loaded), 130 interrupted."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from dsdprof.config.spec import load_spec, with_overrides
+    from dsdprof.cli.progress import sweep_progress
+    from dsdprof.measure.runner import run_sweep
 
-    from dsdprof.config.spec import load_spec
-    from dsdprof.measure.runner import SweepProgress, run_sweep
-
-    spec = load_spec(spec_path)
+    overrides = {"--model": model, "--draft-model": draft_model, "--batch-sizes": batch_sizes,
+                 "--num-spec-tokens": num_spec_tokens}
+    spec = with_overrides(load_spec(spec_path), overrides)
     if budget is not None:
         from dsdprof.jobs.budget import parse_budget, run_budgeted_sweep
 
@@ -72,33 +81,14 @@ def sweep(
         resolve(spec)  # bad [sim] input or model config.json fails here, before any output
         # Notices wait until the run directory is ours: a refused --out stays a one-line error.
         notices = [*model_notices(spec), "engine 'sim': rows are analytic predictions, not measurements"]
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                        TimeRemainingColumn(), console=err_console, transient=False)
-    task = None
+    if dry_run:
+        if spec.engine.name != "sim":
+            from dsdprof.config.spec import check_workload_for_engine
+
+            check_workload_for_engine(spec)  # dataset and lengths, as the engine checks them
+        return _print_plan(spec)
     first_error: list[str] = []
-
-    def on_progress(ev: SweepProgress) -> None:
-        nonlocal task
-        if ev.phase == "plan":
-            for notice in notices:
-                err_console.print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
-            notices.clear()  # a budgeted sweep plans several passes
-            err_console.print(f"[dim]{ev.message}[/]")
-            task = progress.add_task("sweep", total=ev.total, cell="")
-            return
-        if task is None:
-            return
-        c = ev.cell
-        label = f"BS {c.batch_size:>4} K {c.num_spec_tokens} {c.mode}" if c else ""
-        if ev.phase == "start":
-            progress.update(task, cell=label)
-        elif ev.phase in ("done", "skip"):
-            progress.update(task, completed=ev.index, cell=label)
-            if ev.status == "failed":
-                first_error.append(ev.message)
-                progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
-
+    progress, on_progress = sweep_progress(err_console, notices, first_error)
     try:
         with progress:
             if budget is None:
@@ -107,7 +97,9 @@ def sweep(
                 summary = run_budgeted_sweep(spec, out, parsed_budget, resume=resume, on_progress=on_progress,
                                              stream_engine_log=verbose)
     except KeyboardInterrupt:
-        raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), "--resume"]) from None
+        again = [a for flag, v in overrides.items() if v is not None for a in (flag, v)]
+        again += ["--budget", budget] if budget is not None else []
+        raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), *again, "--resume"]) from None
     console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped "
                   f"(speculation mode {summary.speculation_mode}) -> {summary.out}")
     if budget is not None:
@@ -116,6 +108,19 @@ def sweep(
         print(f"error: every cell failed; first error: {first_error[0][:500] if first_error else 'unknown'}",
               file=sys.stderr)
         raise typer.Exit(1)
+
+
+def _print_plan(spec) -> None:
+    from dsdprof.cli.progress import duration
+    from dsdprof.measure.runner import plan_sweep
+
+    p = plan_sweep(spec)
+    console.print(f"engine {p.engine}: {spec.engine.model}" + (f" + {spec.engine.draft_model}" if spec.engine.draft_model else "")
+                  + f" ({spec.engine.method})", markup=False, highlight=False)
+    console.print(f"batch sizes {', '.join(map(str, p.batch_sizes))}; K {', '.join(map(str, p.ks))}; "
+                  f"{p.repeats} repeat(s)", markup=False, highlight=False)
+    console.print(f"{p.cells} cells (vanilla included), at most {p.decode_steps:,} decode steps", markup=False, highlight=False)
+    console.print(f"estimated duration {duration(p.est_seconds)} ({p.assumption})", markup=False, highlight=False)
 
 
 # ----------------------------------------------------------------------------- analyze
@@ -134,20 +139,29 @@ def analyze(
     measurements: Path = typer.Argument(..., help="Sweep directory or Parquet file."),
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="A smaller K replaces the best when its goodput is within this (relative) of the best, at --confidence."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-BS result as JSON instead of tables."),
-    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
+    csv_out: bool = typer.Option(False, "--csv", help="Print the per-BS result as CSV instead of tables."),
+    wide: bool = typer.Option(False, "--wide", help="Also show every K: speedup of K* vs each K, and each K's goodput vs the best with intervals."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version) or runs of different specs (workload, grid); the result records what it pooled."),
     confidence: float = typer.Option(0.9, "--confidence", help="Confidence of the bootstrap intervals the decisions use (central interval)."),
     acceptance: str = typer.Option("auto", "--acceptance", help="auto | measured | chain: AL per K as measured, or from the largest K's per-position acceptance (chain drafters)."),
 ) -> None:
-    """Find the goodput-optimal K (goodput = AL / ITL) per batch size, with intervals and decisions."""
-    from dsdprof.decide.analysis import analyze_path
-    from dsdprof.cli.analyze import analysis_json, render_analysis
+    """Find the goodput-optimal K (goodput = AL / ITL) per batch size, with intervals and decisions.
 
+    One line per batch size: K*, whether the data decided it, the runner-up K and how much better
+    K* is (goodput ratio - 1, with its interval), AL, ITL, goodput (tokens/s per user) and the
+    speedup vs no speculation. Grid cells with no number (failed or not yet run) are named."""
+    from dsdprof.decide.analysis import analyze_path
+    from dsdprof.cli.analyze import analysis_csv, analysis_json, render_analysis
+
+    if json_out and csv_out:
+        raise fail("--csv: give --json or --csv, not both")
     result = analyze_path(measurements, tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence,
                           acceptance=acceptance)
-    if json_out:
-        print(analysis_json(result))
+    if json_out or csv_out:
+        sys.stdout.write((analysis_json(result) + "\n") if json_out else analysis_csv(result))
+        sys.stdout.flush()
         return
-    render_analysis(result, console, err_console)
+    render_analysis(result, console, err_console, wide=wide)
     _warn_below_baseline(result.optimal)
 
 
@@ -161,7 +175,8 @@ def export(
     fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON) or trtllm (speculative_config with draft_len_schedule)."),
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
-    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version) or runs of different specs."),
+    allow_partial: bool = typer.Option(False, "--allow-partial", help="Export a run whose grid has batch sizes or Ks with no ok cell (failed or not yet run). Without it such a run is refused, naming them; with it K there comes from the measured neighbours and the table's provenance.partial records the gaps."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
     from dsdprof.export.api import EXPORT_FORMATS, export_document
@@ -171,11 +186,12 @@ def export(
         raise fail(f"--format={fmt!r}: must be one of {', '.join(EXPORT_FORMATS)}")
     if output is not None:
         check_output_path(output, force, field="--output")
-    exported = export_document(source, fmt, tolerance, allow_mixed)
+    exported = export_document(source, fmt, tolerance, allow_mixed, allow_partial)
     for w in exported.warnings:
         err_console.print(f"warning: {w}", style="yellow", markup=False, highlight=False, soft_wrap=True)
     if output is None:
-        print(json.dumps(exported.doc, indent=2))
+        sys.stdout.write(json.dumps(exported.doc, indent=2) + "\n")
+        sys.stdout.flush()  # a closed pipe fails here, inside guarded: a quiet exit 0
     else:
         write_json_atomic(output, exported.doc, force=force, check=exported.check)
         console.print(f"wrote {output}")
@@ -186,20 +202,20 @@ _SHOW_MAX_RANGES = 200
 
 @app.command()
 @guarded
-def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 or /v2 JSON file.")) -> None:
+def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 or /v2 JSON file, dsdprof's vLLM or TensorRT-LLM export, or a fleet's tables/index.json.")) -> None:
     """Show a K table: ranges, profiled points, measured cells and provenance."""
     from dsdprof.fleet.export import find_index
-    from dsdprof.export.table import load_table
+    from dsdprof.export.api import load_any_table
 
     if (index := find_index(table_path)) is not None:  # a fleet's index: list its tables
         from dsdprof.cli.fleet import print_index
 
         return print_index(index)
-    doc = load_table(table_path)
+    doc, kind = load_any_table(table_path)
     prov = doc.get("provenance", {})
     ranges = doc["ranges"]
     cap = doc.get("num_speculative_tokens")
-    console.print(f"{table_path}  ({doc['schema']})", markup=False, highlight=False)
+    console.print(f"{table_path}  ({kind or doc['schema']})", markup=False, highlight=False, soft_wrap=True)
     t = Table()
     for col in ("batch sizes", "K"):
         t.add_column(col, justify="right")

@@ -21,7 +21,7 @@ F = TypeVar("F", bound=Callable)
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
-PIPE_WIDTH = 200  # console width when the output is not a terminal and COLUMNS is unset
+PIPE_WIDTH = 80  # prose width off a terminal when COLUMNS is unset (wider tables print at their natural width)
 
 
 class Terminated(KeyboardInterrupt):
@@ -46,6 +46,11 @@ class WrappingConsole(Console):
     that is printed at its natural width rather than squeezed (rich would shrink columns down to
     nothing)."""
 
+    def on_broken_pipe(self) -> None:
+        """``dsdprof ... | head``: stop quietly with exit 0 (rich's default exits 1)."""
+        self.quiet = True
+        raise quiet_broken_pipe()
+
     def print(self, *objects, **kwargs) -> None:  # noqa: D401 - rich's signature
         from rich.measure import Measurement
 
@@ -66,6 +71,26 @@ class WrappingConsole(Console):
             super().print(*objects, **kwargs)
         finally:
             self._width = saved
+
+
+def plain_flags_in_help() -> None:
+    """Show on/off flags (``--resume``, ``--force``, ``--help``) without a value in ``--help``.
+
+    This typer shows ``<bool>`` after every flag, which reads as if ``--resume true`` were the
+    syntax (it is refused). A flag takes no value: show none."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # pragma: no cover - typer without its core module
+        return
+    original = getattr(TyperOption, "display_type_rich", None)
+    if original is None or getattr(original, "_dsdprof_plain_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) and not getattr(self, "count", False) else original(self, ctx)
+
+    display_type_rich._dsdprof_plain_flags = True
+    TyperOption.display_type_rich = display_type_rich
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -93,9 +118,19 @@ def interrupted(resume_command: list[str] | None = None) -> "typer.Exit":
     return typer.Exit(EXIT_INTERRUPTED)
 
 
+def quiet_broken_pipe() -> "typer.Exit":
+    """Point stdout at /dev/null (so the interpreter's last flush cannot fail) and return Exit(0)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a descriptor (tests)
+        pass
+    return typer.Exit(0)
+
+
 def guarded(fn: F) -> F:
     """Turn InputError/TableError/OSError into one line on stderr and exit code 2; Ctrl-C into
-    one line and exit code 130."""
+    one line and exit code 130; a closed stdout (``| head``) into a quiet exit 0."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -103,6 +138,8 @@ def guarded(fn: F) -> F:
             return fn(*args, **kwargs)
         except (InputError, TableError) as err:
             raise fail(str(err)) from None
+        except BrokenPipeError:  # `dsdprof ... | head`: the reader has what it wanted
+            raise quiet_broken_pipe() from None
         except FileNotFoundError as err:
             raise fail(f"path={err.filename!r}: file not found") from None
         except OSError as err:

@@ -13,10 +13,10 @@ from dsdprof.cli.common import fail, guarded, make_console
 
 
 def _fleet(
-    fleet_path: Path = typer.Argument(..., metavar="FLEET", help="Fleet file (TOML): [fleet] out, and [[runs]] or base + [matrix]."),
+    fleet_path: Path = typer.Argument(..., metavar="FLEET", help="Fleet file (TOML): \\[fleet] out, and \\[\\[runs]] or base + \\[matrix]."),
     address: Optional[str] = typer.Argument(None, metavar="[ADDRESS]", help="With --ray: the cluster to join (e.g. ray://head:10001 or auto). Default: RAY_ADDRESS or a cluster started on this machine, else a new local one."),
     use_ray: bool = typer.Option(False, "--ray", help="Run each run as a Ray task (asking for its GPUs) instead of one after another here."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Override [fleet] out (a directory or a pyarrow URL)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Override \\[fleet] out (a directory or a pyarrow URL)."),
     export: bool = typer.Option(True, "--export/--no-export", help="Write the K tables and their index when the runs finish."),
 ) -> None:
     """Run every sweep of a fleet (resuming unfinished ones; finished ones do no work), then write
@@ -38,7 +38,7 @@ def _fleet(
         style = {"skip": "dim", "submit": "cyan", "done": "green", "error": "red", "shard": "dim"}.get(ev.kind, "")
         text = {"skip": "finished earlier, no work", "submit": "started", "done": "done",
                 "shard": "shard done", "error": f"failed: {ev.message}"}.get(ev.kind, ev.kind)
-        err.print(f"[{style}]{ev.run}: {text}[/]")
+        err.print(f"{ev.run}: {text}", style=style or None, markup=False, highlight=False)
 
     report = run_fleet(plan, use_ray=use_ray, address=address, on_event=on_event, export=export)
     _print_report(report)

@@ -76,14 +76,32 @@ def _regret(point: float, lo: Optional[float], hi: Optional[float]) -> str:
     return txt
 
 
-def _check_report_options(fail_on_regret: Optional[float], noise: float) -> None:
+def _check_report_options(max_regret: Optional[float], fail_on_regret: Optional[float], noise: float) -> Optional[float]:
+    """The regret limit as a fraction (None: no gate). ``--fail-on-regret PCT`` (deprecated: a
+    percentage where every other option is a fraction) still works, with one warning line."""
+    if max_regret is not None and fail_on_regret is not None:
+        raise fail(f"--fail-on-regret={fail_on_regret!r}: give --max-regret (a fraction) or the deprecated "
+                   "--fail-on-regret (a percentage), not both")
+    if max_regret is not None and (math.isnan(max_regret) or not 0 <= max_regret < 1):
+        raise fail(f"--max-regret={max_regret!r}: must be a fraction in [0, 1) (0.03 = 3%), like --tolerance")
     if fail_on_regret is not None and (math.isnan(fail_on_regret) or fail_on_regret < 0):
         raise fail(f"--fail-on-regret={fail_on_regret!r}: must be a percentage >= 0")
     if not (0 <= noise < 1):
         raise fail(f"--noise={noise!r}: must be in [0, 1)")
+    if fail_on_regret is not None:
+        err_console.print(f"warning: --fail-on-regret PCT is deprecated; use --max-regret {fail_on_regret / 100:g} "
+                          "(a fraction, like --tolerance and --noise)", style="yellow", markup=False,
+                          highlight=False, soft_wrap=True)
+        return fail_on_regret / 100.0
+    return max_regret
 
 
-def report(results: Path, noise: float, fail_on_regret: Optional[float], title: str) -> None:
+_MAX_REGRET_HELP = ("Exit 1 when DSD's regret vs the best fixed K exceeds this fraction (0.03 = 3%) at any "
+                    "batch size. A fraction, like --tolerance and --noise.")
+_FAIL_ON_REGRET_HELP = "Deprecated (a percentage): use --max-regret PCT/100."
+
+
+def report(results: Path, noise: float, max_regret: Optional[float], title: str) -> None:
     """Print the comparison of a validate run; ``typer.Exit(1)`` when regret exceeds the limit."""
     from dsdprof.io.readers import read_measurements
     from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
@@ -98,13 +116,13 @@ def report(results: Path, noise: float, fail_on_regret: Optional[float], title: 
         aw = comparison.loc[comparison["adaptive_regret"].idxmax()]
         console.print(f"adaptive: max regret vs best fixed K {aw['adaptive_regret'] * 100:+.1f}% at BS "
                       f"{int(aw['batch_size'])} (static table there: {aw['regret'] * 100:+.1f}%); "
-                      "--fail-on-regret gates the static table only")
+                      "--max-regret gates the static table only")
     for r in below_vanilla_ranges(comparison):
         console.print(f"[red]flag[/] {r.label()}")
-    if fail_on_regret is not None:
-        over = regret_exceeds(comparison, fail_on_regret)
+    if max_regret is not None:
+        over = regret_exceeds(comparison, max_regret * 100.0)
         if over:
-            console.print(f"[red]regret above {fail_on_regret:g}% at BS {over}[/]")
+            console.print(f"[red]regret above {max_regret:.1%} (--max-regret {max_regret:g}) at BS {over}[/]")
             raise typer.Exit(1)
 
 
@@ -126,8 +144,15 @@ def _title(prov: dict) -> str:
 
 
 def _progress():
-    """A progress bar on stderr and the callback that feeds it from the runner's events."""
+    """A progress bar on stderr (plain lines when stderr is not a terminal) and the callback that
+    feeds it from the runner's events."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dsdprof.cli.progress import LogProgress
+
+    if not err_console.is_terminal:
+        log = LogProgress(err_console, "validate")
+        return log, log
 
     progress = Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), console=err_console)
@@ -152,7 +177,8 @@ def _validate(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec whose engine, batch sizes and workload to run."),
     fixed_k: Optional[List[int]] = typer.Option(None, "--fixed-k", help="Fixed K to compare against (repeatable; default 3)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for Parquet rows (default runs/validate-<time>)."),
-    fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", help="Exit 1 when DSD's regret vs the best fixed K exceeds PCT percent at any batch size."),
+    max_regret: Optional[float] = typer.Option(None, "--max-regret", metavar="FRACTION", help=_MAX_REGRET_HELP),
+    fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", hidden=True, help=_FAIL_ON_REGRET_HELP),
     noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag (raised to the spread seen across repeats)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the spec's sweep.repeats."),
     waves: Optional[int] = typer.Option(None, "--waves", min=1, help="Override the spec's sweep.waves."),
@@ -160,14 +186,14 @@ def _validate(
     adaptive: bool = typer.Option(False, "--adaptive", help="Also serve the table (v2) through dsdprof's adaptive vLLM scheduler, which follows live acceptance (docs/adaptive.md)."),
     adaptive_config: Optional[str] = typer.Option(None, "--adaptive-config", metavar="JSON", help='Adaptive selector options, e.g. \'{"half_life": 256, "margin": 0.02}\' (implies --adaptive).'),
 ) -> None:
-    """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report TOPS/user, regret, speedup."""
+    """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report tokens/s per user, regret, speedup."""
     from datetime import datetime
 
     from dsdprof.jobs.validate import run_validation, table_warnings
     from dsdprof.config.spec import load_spec
     from dsdprof.export.table import load_table
 
-    _check_report_options(fail_on_regret, noise)
+    limit = _check_report_options(max_regret, fail_on_regret, noise)
     adaptive_options = _adaptive_options(adaptive, adaptive_config)
     table = load_table(table_path)
     spec = load_spec(spec_path)
@@ -196,18 +222,19 @@ def _validate(
     for w in (w for w in summary.warnings if w not in early):
         err_console.print(f"[yellow]warning:[/] {w}")
     console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped -> {summary.out}")
-    report(out, noise, fail_on_regret, _title(table.get("provenance", {})))
+    report(out, noise, limit, _title(table.get("provenance", {})))
 
 def _validate_report(
     results: Path = typer.Argument(..., metavar="RESULTS", help="Output of dsdprof validate (directory or Parquet file)."),
-    fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", help="Exit 1 when DSD's regret vs the best fixed K exceeds PCT percent at any batch size."),
+    max_regret: Optional[float] = typer.Option(None, "--max-regret", metavar="FRACTION", help=_MAX_REGRET_HELP),
+    fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", hidden=True, help=_FAIL_ON_REGRET_HELP),
     noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag."),
 ) -> None:
     """Print the vanilla / fixed K / DSD comparison of a finished validate run (no vLLM)."""
     from dsdprof.io.readers import read_provenance
 
-    _check_report_options(fail_on_regret, noise)
-    report(results, noise, fail_on_regret, _title(read_provenance(results)))
+    limit = _check_report_options(max_regret, fail_on_regret, noise)
+    report(results, noise, limit, _title(read_provenance(results)))
 
 def _plot(
     results: Path = typer.Argument(..., metavar="RESULTS", help="Sweep or validate output (directory or Parquet file)."),
@@ -215,7 +242,7 @@ def _plot(
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K (sweeps)."),
     force: bool = typer.Option(False, "--force", help="Replace existing PNGs of the same names."),
 ) -> None:
-    """Draw PNGs: optimal K vs BS, goodput heatmap, TOPS/user (validate runs), acceptance per position."""
+    """Draw PNGs: optimal K vs BS, goodput heatmap, tokens/s per user (validate runs), acceptance per position."""
     from dsdprof.report.plots import plot_results, require_matplotlib
 
     require_matplotlib()

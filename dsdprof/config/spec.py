@@ -140,6 +140,17 @@ class WorkloadSpec(_Strict):
         "fixed", description="fixed: every request generates [sweep] output_len tokens; dataset: each prompt's "
                              "reference reply length (ShareGPT/JSONL), capped at output_len")
 
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        if v in ("synthetic", "sharegpt") or v.endswith((".jsonl", ".json")) or "/" in v or Path(v).expanduser().is_file():
+            return v
+        if v in VLLM_DATASET_NAMES:
+            ours = VLLM_DATASET_NAMES[v]
+            raise ValueError(f"is a `vllm bench` dataset name; dsdprof's are 'synthetic' (random prompts of "
+                             f"input_len tokens{', as vllm bench random' if ours else ''}), 'sharegpt' or a .jsonl/.json file")
+        raise ValueError("must be 'synthetic', 'sharegpt' or a path to a .jsonl/.json file")
+
 
 class SweepSpec(_Strict):
     engine: EngineSpec
@@ -153,12 +164,43 @@ class SweepSpec(_Strict):
         return max(self.sweep.num_spec_tokens)
 
 
+# vLLM's names (LLM kwargs, speculative_config, `vllm bench` flags) -> dsdprof's spec key.
+VLLM_KEY_NAMES = {
+    "num_speculative_tokens": "sweep.num_spec_tokens", "speculative_model": "engine.draft_model",
+    "max_num_seqs": "sweep.batch_sizes", "batch_size": "sweep.batch_sizes", "max_concurrency": "sweep.batch_sizes",
+    "dataset_name": "workload.dataset", "dataset_path": "workload.dataset",
+    "random_input_len": "workload.input_len", "random_output_len": "sweep.output_len",
+    "speculative_config": "engine.method / engine.draft_model / sweep.num_spec_tokens",
+}
+# vLLM bench dataset names that are not dsdprof's.
+VLLM_DATASET_NAMES = {"random": "synthetic", "sonnet": None, "burstgpt": None, "hf": None, "custom": None,
+                      "prefix_repetition": None, "random-mm": None, "random-rerank": None}
+
+
+def _key_hint(loc: tuple, key: str) -> str:
+    """``; did you mean sweep.num_spec_tokens (vLLM's name)`` or a close spelling, else ""."""
+    import difflib
+
+    if key in VLLM_KEY_NAMES:
+        return f"; did you mean {VLLM_KEY_NAMES[key]} (vLLM calls it {key})"
+    sections = {"engine": EngineSpec, "sweep": SweepGrid, "workload": WorkloadSpec}
+    for name, model in sections.items():  # the right key in another section
+        if key in model.model_fields and tuple(loc[:-1]) != (name,):
+            return f"; did you mean {name}.{key}"
+    model = sections.get(str(loc[0])) if len(loc) == 2 else SweepSpec if len(loc) == 1 else None
+    if model is not None:
+        close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+        if close:
+            return f"; did you mean {'.'.join(map(str, loc[:-1] + (close[0],)))}"
+    return ""
+
+
 def _first_error(err: ValidationError, data: dict[str, Any]) -> InputError:
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"])
     value = e.get("input")
     if e["type"] == "extra_forbidden":
-        return InputError(loc, value, "unknown key")
+        return InputError(loc, value, "unknown key" + _key_hint(tuple(e["loc"]), str(e["loc"][-1])))
     if isinstance(value, dict) and e["type"] == "value_error" and tuple(e["loc"]) == ("engine",):
         value = {k: v for k, v in value.items() if k in ("method", "draft_model")}
     return InputError(loc or "spec", value, e["msg"].removeprefix("Value error, "))
@@ -208,3 +250,39 @@ def check_workload_for_engine(spec: SweepSpec) -> None:
         return
     if not Path(w.dataset).expanduser().is_file():
         raise InputError("workload.dataset", w.dataset, "not 'synthetic', 'sharegpt' or an existing .jsonl/.json file")
+
+
+# Command-line overrides of a spec (``dsdprof sweep --model ... --batch-sizes 1,8,64``): flag -> spec key.
+OVERRIDE_FLAGS = {"--model": ("engine", "model"), "--draft-model": ("engine", "draft_model"),
+                  "--batch-sizes": ("sweep", "batch_sizes"), "--num-spec-tokens": ("sweep", "num_spec_tokens")}
+
+
+def parse_int_list(flag: str, text: str) -> list[int]:
+    """``"1,2,4"`` or ``"1 2 4"`` -> [1, 2, 4]; InputError naming ``flag`` otherwise."""
+    parts = [p for p in text.replace(",", " ").split() if p]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise InputError(flag, text, "must be integers separated by commas, e.g. 1,8,64") from None
+    if not values:
+        raise InputError(flag, text, "must name at least one integer, e.g. 1,8,64")
+    return values
+
+
+def with_overrides(spec: SweepSpec, overrides: dict[str, Any]) -> SweepSpec:
+    """``spec`` with command-line overrides (flag -> value, None = not given), validated as a
+    spec; a bad value is one InputError naming the flag."""
+    given = {flag: v for flag, v in overrides.items() if v is not None}
+    if not given:
+        return spec
+    data = spec.model_dump(mode="json")
+    for flag, value in given.items():
+        section, key = OVERRIDE_FLAGS[flag]
+        data[section][key] = parse_int_list(flag, value) if key in ("batch_sizes", "num_spec_tokens") else value
+    try:
+        return parse_spec(data)
+    except InputError as err:
+        for flag, (section, key) in OVERRIDE_FLAGS.items():
+            if flag in given and err.field.startswith(f"{section}.{key}"):
+                raise InputError(flag, given[flag], err.reason) from None
+        raise

@@ -15,6 +15,7 @@ only when, at the stated confidence (bootstrap over waves and repeats), it is wi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from dsdprof.errors import InputError
 from dsdprof.formats.ktable import choose_k  # noqa: F401 - the K rule, re-exported
 from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
+from dsdprof.io.runs import Coverage, check_pooled_runs, coverage, refuse_validate_run
 from dsdprof.io.readers import mixed_provenance, read_measurements, read_provenance, validate_measurements
 
 
@@ -63,6 +65,7 @@ class Analysis:
     curve: str = ""  # moe-like | dense-like | flat ("" = derived from monotonic)
     acceptance: str = "measured"  # measured | chain: where each K's AL came from
     chain_check: Optional[pd.DataFrame] = None
+    coverage: Optional[Coverage] = None  # the planned grid against what produced a number (analyze_path)
 
     @property
     def shape(self) -> str:
@@ -274,9 +277,13 @@ def analyze_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
                  allow_mixed: bool = False, **options: Any) -> Analysis:
     """:func:`analyze` on a sweep directory or Parquet file, with its stored provenance.
 
-    Inputs of mixed provenance are refused unless ``allow_mixed``; then the provenance names
-    every value of a mixed field (``"A100 | H100"``). ``options`` go to :func:`analyze`.
+    Inputs of mixed provenance, or runs of different specs, are refused unless ``allow_mixed``;
+    then the provenance names every value of a mixed field (``"A100 | H100"``) and the runs pooled.
+    A validate run is refused (it is no sweep). ``coverage`` names the grid cells with no number.
+    ``options`` go to :func:`analyze`.
     """
+    refuse_validate_run(path, "analyze")
+    pooled = check_pooled_runs(path, allow_mixed)
     df = read_measurements(path, allow_mixed=allow_mixed)
     prov = read_provenance(path)
     if not prov:
@@ -284,7 +291,9 @@ def analyze_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
         prov = {c: str(df[c].dropna().iloc[0]) for c in cols if not df[c].dropna().empty}
     for name, values in mixed_provenance(df).items():
         prov[name] = " | ".join(values)
-    return analyze(df, tolerance=tolerance, provenance=prov, **options)
+    prov.update(pooled.provenance())
+    result = analyze(df, tolerance=tolerance, provenance=prov, **options)
+    return dataclasses.replace(result, coverage=coverage(path, df))
 
 
 def fixed_k_summary(analysis: Analysis) -> pd.DataFrame:

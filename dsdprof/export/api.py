@@ -39,11 +39,25 @@ def below_baseline_warning(optimal: Any) -> Optional[str]:
             "drafter, vLLM issue 49548); serving those sizes without a speculative config is faster")
 
 
+def partial_run_error(coverage: Any, source: str | Path) -> Optional[InputError]:
+    """The refusal of a table over a grid with gaps (None when every grid cell has a number)."""
+    if coverage is None or coverage.complete:
+        return None
+    field = "batch_sizes" if coverage.missing_batch_sizes else "cells"
+    value = list(coverage.missing_batch_sizes) or [list(c) for c in coverage.missing_cells[:8]]
+    return InputError(field, value, f"{source} is a partial run ({coverage.describe()}); retry the "
+                      "failed or missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass --allow-partial to export a table "
+                      "whose K there comes from the measured neighbours (recorded in the table)")
+
+
 def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_mixed: bool = False,
-                      label: Optional[str] = None) -> tuple[dict[str, Any], list[str]]:
+                      label: Optional[str] = None, allow_partial: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The K table of a run directory / Parquet file (analysed here), or a table JSON as loaded.
-    ``label``: the source the table's provenance names (default: ``source``)."""
+    ``label``: the source the table's provenance names (default: ``source``). A run whose grid
+    (from its manifest) has batch sizes or Ks with no ok cell is refused unless ``allow_partial``;
+    then the table's provenance records the gaps (``partial``)."""
     from dsdprof.export.table import build_table, load_table
+    from dsdprof.io.runs import refuse_validate_run
 
     source = Path(source)
     if source.suffix == ".json" and source.is_file():
@@ -51,8 +65,15 @@ def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, 
     from dsdprof.decide.analysis import analyze_path
     from dsdprof.io.readers import read_measurements
 
+    refuse_validate_run(source, "export")
     result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
     warnings = [w for w in [below_baseline_warning(result.optimal)] if w]
+    if (err := partial_run_error(result.coverage, source)) is not None:
+        if not allow_partial:
+            raise err
+        warnings.append(f"partial run: {result.coverage.describe()}; K there comes from the measured "
+                        "neighbours (the table's provenance.partial says so)")
+        result.provenance["partial"] = result.coverage.describe()
     rows = None if "acceptance_per_pos" in result.cells.columns else read_measurements(source, allow_mixed=allow_mixed)
     table = build_table(result, source=label or str(source), rows=rows)
     if not table.get("acceptance_per_pos"):
@@ -76,11 +97,11 @@ def format_table(table: dict[str, Any], fmt: str) -> ExportDocument:
 
 
 def export_document(source: str | Path, fmt: str = "table", tolerance: float = DEFAULT_TOLERANCE,
-                    allow_mixed: bool = False) -> ExportDocument:
+                    allow_mixed: bool = False, allow_partial: bool = False) -> ExportDocument:
     """What ``dsdprof export SOURCE --format FMT`` prints or writes."""
     if fmt not in EXPORT_FORMATS:
         raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
-    table, warnings = table_from_source(source, tolerance, allow_mixed)
+    table, warnings = table_from_source(source, tolerance, allow_mixed, allow_partial=allow_partial)
     if fmt != "table":  # the per-position note concerns the portable table only
         warnings = [w for w in warnings if "per-position" not in w]
     out = format_table(table, fmt)
@@ -93,3 +114,43 @@ def optional_vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
         return format_table(table, "vllm").doc
     except InputError:
         return None
+
+
+def load_any_table(path: str | Path) -> tuple[dict[str, Any], str]:
+    """(table, what it was) for ``dsdprof show``: a dsdprof K table, or dsdprof's own vLLM
+    (``--speculative-config``) or TensorRT-LLM (``speculative_config``) export read back as a v1
+    table of the same K per batch size. Anything else fails as :func:`load_table` does."""
+    import json
+
+    from dsdprof.export.table import load_table
+    from dsdprof.formats.ktable import LAST_RANGE_END
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return load_table(p), ""
+    if not isinstance(doc, dict) or "schema" in doc:
+        return load_table(p), ""
+    if "num_speculative_tokens_per_batch_size" in doc:
+        ranges = [list(r) for r in doc["num_speculative_tokens_per_batch_size"]]
+        prov = {k: doc[k] for k in ("method", "model") if doc.get(k)}
+        table = {"schema": "dsdprof.ktable/v1", "ranges": ranges, "provenance": prov}
+        if doc.get("num_speculative_tokens") is not None:
+            table["num_speculative_tokens"] = doc["num_speculative_tokens"]
+        return validate_table(table), "vLLM --speculative-config"
+    cfg = doc.get("speculative_config")
+    if isinstance(cfg, dict) and isinstance(cfg.get("draft_len_schedule"), dict):
+        from dsdprof.export.trtllm import check_trtllm_config
+
+        check_trtllm_config(doc)
+        ranges, start = [], 1
+        for key, k in sorted((int(a), int(b)) for a, b in cfg["draft_len_schedule"].items()):
+            ranges.append([start, key, k])
+            start = key + 1
+        if start <= LAST_RANGE_END:  # above the largest key TensorRT-LLM runs K=0
+            ranges.append([start, LAST_RANGE_END, 0])
+        prov = {k: cfg[k] for k in ("decoding_type", "speculative_model") if cfg.get(k)}
+        return validate_table({"schema": "dsdprof.ktable/v1", "ranges": ranges, "provenance": prov}), \
+            "TensorRT-LLM speculative_config"
+    return load_table(p), ""

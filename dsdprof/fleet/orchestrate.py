@@ -97,7 +97,9 @@ def ray_task_options(task: ShardTask, hardware: str, settings: FleetSettings) ->
 
 
 def _check_records(plan: FleetPlan, store: FleetStore) -> dict[str, Optional[dict[str, Any]]]:
-    """Each run's stored record; a run whose spec changed is refused before anything is written."""
+    """Each run's stored record; a run whose spec changed, or an unfinished run resubmitted with
+    other ``shards`` (its finished cells are stored per shard: new shards would measure and store
+    them again), is refused before anything is written."""
     records = {}
     for run in plan.runs:
         rec = store.read_json(run_record_rel(run.name))
@@ -105,6 +107,12 @@ def _check_records(plan: FleetPlan, store: FleetStore) -> dict[str, Optional[dic
             raise InputError(f"{run.where}", run.name,
                              f"its spec differs from the run already in {store.describe(run.name)}; "
                              "name it differently or choose another [fleet] out")
+        old_shards = int((rec or {}).get("shards") or 1)
+        if rec is not None and rec.get("state") != STATE_DONE and old_shards != run.shards:
+            raise InputError(f"{run.where}.shards", run.shards,
+                             f"differs from the unfinished run {run.name!r} in {store.describe(run.name)} "
+                             f"(was {old_shards}); its finished cells are stored per shard, so resubmit with "
+                             f"shards = {old_shards} to finish it (no cell is measured or stored twice)")
         records[run.name] = rec
     return records
 
@@ -130,7 +138,10 @@ def _write_run_manifest(store: FleetStore, run: RunPlan) -> None:
     store.write_json(f"{run.name}/_sweep.json", doc)
 
 
-def _run_local(tasks: list[ShardTask], notify: Notify) -> dict[str, ShardResult | str]:
+OnResult = Callable[[ShardTask, "ShardResult | str"], None]
+
+
+def _run_local(tasks: list[ShardTask], notify: Notify, on_result: OnResult) -> dict[str, ShardResult | str]:
     results: dict[str, ShardResult | str] = {}
     for task in tasks:
         notify(FleetEvent("submit", task.label))
@@ -140,6 +151,7 @@ def _run_local(tasks: list[ShardTask], notify: Notify) -> dict[str, ShardResult 
             results[task.label] = str(err)
         except Exception as err:  # noqa: BLE001 - one run failing does not stop the fleet
             results[task.label] = f"{type(err).__name__}: {err}"
+        on_result(task, results[task.label])
     return results
 
 
@@ -151,7 +163,7 @@ def _ray_error(err: BaseException) -> str:
 
 
 def _run_ray(tasks: list[ShardTask], hardware: dict[str, str], settings: FleetSettings,
-             address: Optional[str], notify: Notify) -> dict[str, ShardResult | str]:
+             address: Optional[str], notify: Notify, on_result: OnResult) -> dict[str, ShardResult | str]:
     try:
         import ray
     except ImportError:
@@ -177,6 +189,7 @@ def _run_ray(tasks: list[ShardTask], hardware: dict[str, str], settings: FleetSe
                     results[task.label] = _ray_error(err)
                 notify(FleetEvent("error" if isinstance(results[task.label], str) else "shard", task.label,
                                   results[task.label] if isinstance(results[task.label], str) else ""))
+                on_result(task, results[task.label])
         return results
     finally:
         if owns:
@@ -212,6 +225,27 @@ def run_fleet(plan: FleetPlan, use_ray: bool = False, address: Optional[str] = N
         return _run_fleet(plan, store, use_ray, address, on_event or (lambda _e: None), export)
 
 
+def _finish_run(store: FleetStore, run: RunPlan, mine: list, started_at: str, notify: Notify) -> RunOutcome:
+    """Write ``run``'s record from its tasks' results (``ShardResult`` or an error string)."""
+    errors = [r for r in mine if isinstance(r, str)]
+    done = [r for r in mine if not isinstance(r, str)]
+    outcome = RunOutcome(run, STATE_INCOMPLETE if errors else STATE_DONE, sum(r.total for r in done),
+                         sum(r.ok for r in done), sum(r.measured for r in done), "; ".join(errors))
+    if errors:
+        rec = run_record(run, STATE_INCOMPLETE, started_at=started_at, error=outcome.error)
+    else:
+        if run.shards > 1:
+            _write_run_manifest(store, run)
+        rec = run_record(run, STATE_DONE, started_at=started_at, finished_at=_now(),
+                         cells=outcome.cells, ok=outcome.ok, failed=outcome.cells - outcome.ok,
+                         speculation_mode=done[0].speculation_mode if done else "",
+                         workers=[{"shard": r.shard, "host": r.host, "pid": r.pid, "measured": r.measured,
+                                   "skipped": r.skipped, "wall_s": round(r.wall_s, 3)} for r in done])
+    store.write_json(run_record_rel(run.name), rec)
+    notify(FleetEvent("error" if errors else "done", run.name, outcome.error))
+    return outcome
+
+
 def _run_fleet(plan: FleetPlan, store: FleetStore, use_ray: bool, address: Optional[str], notify: Notify,
                export: bool) -> FleetReport:
     settings = plan.settings
@@ -229,29 +263,23 @@ def _run_fleet(plan: FleetPlan, store: FleetStore, use_ray: bool, address: Optio
     for run in pending:
         store.write_json(run_record_rel(run.name), run_record(run, STATE_RUNNING, started_at=started[run.name]))
     tasks = [t for run in pending for t in shard_tasks(run, settings, os.getcwd())]
+    by_run = {run.name: [t.label for t in tasks if t.run == run.name] for run in pending}
+    got: dict[str, dict[str, ShardResult | str]] = {name: {} for name in by_run}
+    plans = {run.name: run for run in pending}
+
+    def on_result(task: ShardTask, result: ShardResult | str) -> None:
+        """A run's record is written as soon as its last task returns (a driver that dies later
+        keeps it)."""
+        got[task.run][task.label] = result
+        if len(got[task.run]) == len(by_run[task.run]):
+            mine = [got[task.run][label] for label in by_run[task.run]]
+            report.outcomes.append(_finish_run(store, plans[task.run], mine, started[task.run], notify))
+
     if use_ray:
-        results = _run_ray(tasks, {r.name: r.hardware for r in pending}, settings, address, notify) if tasks else {}
+        if tasks:
+            _run_ray(tasks, {r.name: r.hardware for r in pending}, settings, address, notify, on_result)
     else:
-        results = _run_local(tasks, notify)
-    for run in pending:
-        mine = [results[t.label] for t in tasks if t.run == run.name]
-        errors = [r for r in mine if isinstance(r, str)]
-        done = [r for r in mine if not isinstance(r, str)]
-        outcome = RunOutcome(run, STATE_INCOMPLETE if errors else STATE_DONE, sum(r.total for r in done),
-                             sum(r.ok for r in done), sum(r.measured for r in done), "; ".join(errors))
-        if errors:
-            rec = run_record(run, STATE_INCOMPLETE, started_at=started[run.name], error=outcome.error)
-        else:
-            if run.shards > 1:
-                _write_run_manifest(store, run)
-            rec = run_record(run, STATE_DONE, started_at=started[run.name], finished_at=_now(),
-                             cells=outcome.cells, ok=outcome.ok, failed=outcome.cells - outcome.ok,
-                             speculation_mode=done[0].speculation_mode if done else "",
-                             workers=[{"shard": r.shard, "host": r.host, "pid": r.pid, "measured": r.measured,
-                                       "skipped": r.skipped, "wall_s": round(r.wall_s, 3)} for r in done])
-        store.write_json(run_record_rel(run.name), rec)
-        notify(FleetEvent("error" if errors else "done", run.name, outcome.error))
-        report.outcomes.append(outcome)
+        _run_local(tasks, notify, on_result)
     report.outcomes.sort(key=lambda o: [r.name for r in plan.runs].index(o.run.name))
     if export:
         from dsdprof.fleet.export import current_index, export_fleet

@@ -220,6 +220,23 @@ def _build_run(data: dict[str, Any], hardware: Optional[str], shards: int, name:
     return RunPlan(run_name, spec, label, shards, where)
 
 
+def _unique_default_names(runs: list[RunPlan], named: set[str]) -> list[RunPlan]:
+    """Default names use the last path component (``.../moe/target`` -> ``target``): where two
+    default names collide, each gets a short digest of its full model and draft."""
+    from collections import Counter
+    from dataclasses import replace
+
+    counts = Counter(r.name for r in runs if r.where not in named)
+    out = []
+    for r in runs:
+        if r.where not in named and counts[r.name] > 1:
+            e = r.spec.engine
+            digest = hashlib.sha256(f"{e.model}\0{e.draft_model or ''}\0{e.method}".encode()).hexdigest()[:8]
+            r = replace(r, name=f"{r.name}--{digest}")
+        out.append(r)
+    return out
+
+
 def _draft_label(d: Union[str, DraftChoice]) -> str:
     if isinstance(d, str):
         return d
@@ -302,6 +319,8 @@ def parse_fleet(data: dict[str, Any], base_dir: str | Path = ".", source: str = 
                            f"runs[{i}]") for i, r in enumerate(fleet.runs)]
     else:
         runs = _matrix_runs(fleet, base)
+    named = {f"runs[{i}]" for i, r in enumerate(fleet.runs or []) if r.name}
+    runs = _unique_default_names(runs, named)
     seen: dict[str, RunPlan] = {}
     keys: dict[tuple, RunPlan] = {}
     for run in runs:

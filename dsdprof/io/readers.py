@@ -98,6 +98,7 @@ def read_measurements(path: str | Path, allow_mixed: bool = False) -> pd.DataFra
             raise InputError("measurements", str(f), f"not a readable Parquet file ({type(err).__name__})") from None
         if meta is not None:
             versions.add(meta["schema_version"])
+    check_no_duplicate_cells(Path(path), files, frames)
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if not allow_mixed:
         mixed = mixed_provenance(df, versions)
@@ -106,6 +107,42 @@ def read_measurements(path: str | Path, allow_mixed: bool = False) -> pd.DataFra
             raise InputError(name, values, f"rows of different provenance under {path}; analyze one run "
                              "at a time, or pass --allow-mixed to pool them")
     return df
+
+
+def _run_dir_of(f: Path, root: Path) -> Path:
+    """The run directory holding part file ``f``: the nearest folder (up to ``root``) with a run
+    manifest, else ``f``'s folder."""
+    for d in [f.parent, *f.parent.parents]:
+        if (d / "_sweep.json").is_file():
+            return d
+        if d == root:
+            break
+    return f.parent
+
+
+def check_no_duplicate_cells(root: Path, files: list[Path], frames: list[pd.DataFrame]) -> None:
+    """One run stores each cell once: an ok row whose ``cell_id`` another part file of the same
+    run also holds (a fleet resubmitted with other shards, a copied part file) is refused."""
+    seen: dict[tuple[Path, str], Path] = {}
+    for f, frame in zip(files, frames):
+        if "cell_id" not in frame.columns:
+            continue
+        ok = frame if "status" not in frame.columns else frame[frame["status"].astype(str) == STATUS_OK]
+        run = _run_dir_of(f, root)
+        ids = ok["cell_id"].astype(str)
+        if ids.duplicated().any():
+            raise _stored_twice(run, ids[ids.duplicated()].iloc[0], f, f)
+        for cell in ids:
+            first = seen.setdefault((run, cell), f)
+            if first != f:
+                raise _stored_twice(run, cell, first, f)
+
+
+def _stored_twice(run: Path, cell: str, first: Path, second: Path) -> InputError:
+    where = first.name if first == second else f"{first.name} and {second.name}"
+    return InputError("cell_id", cell, f"stored twice in run {run} ({where}); one run holds each cell once "
+                      "(a fleet resubmitted with other shards?): remove the extra part files, or re-run "
+                      "into a new --out")
 
 
 def _check_int_column(df: pd.DataFrame, name: str, minimum: int) -> pd.Series:

@@ -155,8 +155,16 @@ def adaptive_llm_kwargs(base: dict[str, Any], table: dict[str, Any], spec, table
     return kwargs
 
 
+def check_validate_spec(spec) -> None:
+    """validate serves tables on real vLLM: any other engine is one InputError."""
+    if spec.engine.name != "vllm":
+        raise InputError("engine.name", spec.engine.name, "validate runs real vLLM: use name = \"vllm\"")
+
+
 def table_warnings(table: dict[str, Any], spec) -> list[str]:
-    """Mismatches between the table's provenance and the spec being validated."""
+    """Mismatches between the table's provenance and the spec being validated (a spec validate
+    cannot run is refused first: errors come before warnings)."""
+    check_validate_spec(spec)
     prov = table.get("provenance", {}) or {}
     out = []
     for key, ours in (("model", spec.engine.model), ("draft_model", spec.engine.draft_model or ""),
@@ -236,8 +244,7 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
     with its K verified (the table's K at the batch size for DSD). ``start_worker(WorkerConfig,
     timeout_s)`` replaces the vLLM child process (orchestration tests only).
     """
-    if spec.engine.name != "vllm":
-        raise InputError("engine.name", spec.engine.name, "validate runs real vLLM: use name = \"vllm\"")
+    check_validate_spec(spec)
     ranges = [list(r) for r in table["ranges"]]
     adaptive_k = adaptive_max_k(table, adaptive) if adaptive is not None else None
     cells = plan_validation(spec.sweep.batch_sizes, fixed_ks, ranges, spec.sweep.repeats, adaptive_k)

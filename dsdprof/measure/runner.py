@@ -201,6 +201,44 @@ class GridPlanner:
         pass
 
 
+# --dry-run's estimate for a real engine: an assumed step time (stated with the estimate).
+ASSUMED_STEP_S = 0.02
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What ``dsdprof sweep --dry-run`` prints: the grid, the cells and an estimated duration.
+
+    Cells are planned in DSD mode (the engine may fall back to fixed mode, one engine per K).
+    ``decode_steps`` is an upper bound: (waves + warmup) x output_len per cell, as if no draft
+    token were ever accepted."""
+
+    engine: str
+    batch_sizes: tuple[int, ...]
+    ks: tuple[int, ...]
+    repeats: int
+    cells: int
+    decode_steps: int
+    est_seconds: float
+    assumption: str
+
+
+def plan_sweep(spec: SweepSpec) -> SweepPlan:
+    """The plan of ``spec``'s sweep, without starting an engine."""
+
+    s = spec.sweep
+    cells = GridPlanner(spec).cells(MODE_DSD)
+    steps = len(cells) * (s.waves + s.warmup) * s.output_len
+    if spec.engine.name == "sim":
+        est, assumption = 0.005 * len(cells), "analytic predictions: milliseconds per cell"
+    else:
+        est = steps * ASSUMED_STEP_S
+        assumption = (f"at an assumed {ASSUMED_STEP_S * 1e3:.0f} ms per decode step, steps an upper bound "
+                      "((waves + warmup) x output_len per cell), plus engine loads")
+    return SweepPlan(spec.engine.name, tuple(s.batch_sizes), tuple(s.num_spec_tokens), s.repeats, len(cells),
+                     steps, est, assumption)
+
+
 # The analytic engine predicts a cell in microseconds: buffer its rows (see dsdprof.io.store).
 SIM_FLUSH_ROWS = 2000
 SIM_FLUSH_INTERVAL_S = 1.0

@@ -22,7 +22,7 @@ from dsdprof.errors import InputError
 PNG_NAMES = {
     "optimal_k": "optimal_k.png",
     "goodput_heatmap": "goodput_heatmap.png",
-    "tops_per_user": "tops_per_user.png",
+    "tops_per_user": "tokens_per_s_per_user.png",  # vLLM's name: output tokens/s per user
     "acceptance": "acceptance_per_position.png",
 }
 DPI = 130
@@ -112,7 +112,11 @@ def optimal_k_figure(analysis, table_ranges: list[list[int]] | None = None):
     grid = np.unique(np.round(np.geomspace(bs[0], bs[-1], 400)).astype(int)) if len(bs) > 1 else np.array(bs)
     ax.step(grid, [k_for_batch_size(ranges, int(b)) for b in grid], where="post", color="tab:blue",
             alpha=0.35, lw=2, label="table: K served between profiled sizes")
-    ax.plot(bs, ks, "o", color="tab:blue", ms=8, label="goodput-optimal K (profiled)")
+    decided = [bool(d) for d in opt["decided"]] if "decided" in opt.columns else [True] * len(bs)
+    dec_bs = [b for b, d in zip(bs, decided) if d]
+    ax.plot(dec_bs, [k for k, d in zip(ks, decided) if d], "o", color="tab:blue", ms=8,
+            label="goodput-optimal K (profiled, decided)")
+    _mark_undecided(ax, opt, bs, ks, decided, getattr(analysis, "confidence", 0.9))
     for b, k, sp in zip(bs, ks, opt["speedup_vs_baseline"]):
         if sp is not None and not math.isnan(sp):
             ax.annotate(f"{sp:.2f}x", (b, k), textcoords="offset points", xytext=(0, 9), ha="center",
@@ -127,6 +131,22 @@ def optimal_k_figure(analysis, table_ranges: list[list[int]] | None = None):
     _titles(fig, f"Optimal K vs batch size ({analysis.shape}, tolerance {analysis.tolerance:.0%})",
             analysis.provenance)
     return fig
+
+
+def _mark_undecided(ax, opt, bs, ks, decided, confidence: float) -> None:
+    """Hollow markers at undecided batch sizes, with a bar over the Ks the data still allow."""
+    und = [i for i, d in enumerate(decided) if not d]
+    if not und:
+        return
+    ax.plot([bs[i] for i in und], [ks[i] for i in und], "o", mfc="white", mec="tab:red", mew=2, ms=8,
+            label=f"undecided at {confidence:.0%} (bar: Ks still possible)")
+    if "contenders" not in opt.columns:
+        return
+    for i in und:
+        still = [int(k) for k in (opt["contenders"].iloc[i] or [])] + [ks[i]]
+        lo, hi = min(still), max(still)
+        if hi > lo:
+            ax.vlines(bs[i], lo, hi, color="tab:red", lw=2, alpha=0.6)
 
 
 def goodput_heatmap_figure(analysis):
@@ -277,6 +297,7 @@ def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = DE
     """Write every figure that ``results`` supports into ``out_dir``; return the paths."""
     from dsdprof.decide.analysis import analyze
     from dsdprof.io.readers import read_measurements, read_provenance, validate_measurements
+    from dsdprof.io.runs import RUN_KIND_VALIDATE, run_kind
     from dsdprof.jobs.validate import is_validate_run
 
     require_matplotlib()
@@ -286,7 +307,7 @@ def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = DE
     if out.exists() and not out.is_dir():
         raise InputError("--out", str(out), "exists and is not a directory")
     figures: dict[str, Any] = {}
-    if is_validate_run(results):
+    if is_validate_run(results) or run_kind(results) == RUN_KIND_VALIDATE:
         from dsdprof.report.compare import compare
 
         figures["tops_per_user"] = tops_figure(compare(df), prov)

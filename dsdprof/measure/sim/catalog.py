@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from dsdprof.errors import InputError
+from dsdprof.errors import InputError, did_you_mean
 from dsdprof.measure.sim.arch import MLA, ModelArch  # noqa: F401 - re-exported
 from dsdprof.measure.sim.hfconfig import load_hf_config as _load
 
@@ -148,7 +148,8 @@ def resolve_model(name_or_path: str, field: str = "engine.model") -> ModelArch:
     if exists:
         return load_hf_config(name_or_path, field)  # a directory without config.json: a one-line error
     raise InputError(field, name_or_path,
-                     f"unknown model; catalog: {', '.join(sorted(MODELS))}; or give a path to config.json")
+                     f"unknown model; {did_you_mean(name_or_path, MODELS)}catalog: {', '.join(sorted(MODELS))}; "
+                     "or give a path to config.json")
 
 
 def derived_draft(target: ModelArch, method: str) -> Optional[ModelArch]:

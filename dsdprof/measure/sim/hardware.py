@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dsdprof.errors import InputError
+from dsdprof.errors import InputError, did_you_mean
 from dsdprof.formats.versions import HWPROFILE_SCHEMA
 
 PROFILE_SCHEMA = HWPROFILE_SCHEMA
@@ -218,7 +218,7 @@ def load_profile(path: str | Path, field: str = "sim.hardware") -> Hardware:
     p = Path(path).expanduser()
     if not p.is_file():
         raise InputError(field, str(path), "not a catalog hardware name and no such profile file; "
-                                           f"catalog: {', '.join(HARDWARE)}")
+                                           f"{did_you_mean(str(path), HARDWARE)}catalog: {', '.join(HARDWARE)}")
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as err:

@@ -1,0 +1,176 @@
+"""What a results path holds, from its run manifests: the run kind, the runs pooled, the grid covered.
+
+``analyze``, ``export`` and ``plot`` take a run directory, a Parquet file or a directory of runs.
+This module answers, before any decision is made from the rows:
+
+* :func:`run_kind` -- ``sweep`` or ``validate`` (a validate run is no sweep: it has no K grid);
+* :func:`pooled_runs` / :func:`check_pooled_runs` -- the runs (manifests with their spec hashes)
+  under a path, refused when they differ unless the caller allows mixing;
+* :func:`coverage` -- the grid the manifest planned against the cells that produced a number, so
+  a table never silently covers batch sizes that never produced one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from dsdprof.errors import InputError
+from dsdprof.io.manifest import MANIFEST_NAME, first_difference
+
+RUN_KIND_SWEEP = "sweep"
+RUN_KIND_VALIDATE = "validate"  # key in a validate run's manifest spec (dsdprof.jobs.validate)
+
+
+def _manifest(run_dir: Path) -> Optional[dict[str, Any]]:
+    try:
+        doc = json.loads((run_dir / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("spec"), dict) else None
+
+
+def manifests_under(path: str | Path) -> dict[Path, dict[str, Any]]:
+    """Run directory -> manifest, for the run at ``path`` (or the one holding a Parquet file) and
+    every run below it."""
+    path = Path(path)
+    base = path if path.is_dir() else path.parent
+    found: dict[Path, dict[str, Any]] = {}
+    if (doc := _manifest(base)) is not None:
+        found[base] = doc
+    if path.is_dir():
+        for m in sorted(path.rglob(MANIFEST_NAME)):
+            rel = m.parent.relative_to(path).parts
+            if m.parent != base and not any(p.startswith((".", "_")) for p in rel):
+                if (doc := _manifest(m.parent)) is not None:
+                    found[m.parent] = doc
+    return found
+
+
+def run_kind(path: str | Path) -> str:
+    """``validate`` when any run under ``path`` was written by ``dsdprof validate``, else ``sweep``."""
+    from dsdprof.io.readers import read_provenance
+
+    for doc in manifests_under(path).values():
+        if RUN_KIND_VALIDATE in doc["spec"]:
+            return RUN_KIND_VALIDATE
+    try:  # a validate run's rows also say so in their provenance
+        if read_provenance(path).get("extra_run_kind") == RUN_KIND_VALIDATE:
+            return RUN_KIND_VALIDATE
+    except InputError:
+        pass
+    return RUN_KIND_SWEEP
+
+
+def refuse_validate_run(path: str | Path, command: str) -> None:
+    """One line for ``export``/``analyze`` given a validate run (it has no K grid to decide from)."""
+    if run_kind(path) == RUN_KIND_VALIDATE:
+        raise InputError("measurements", str(path), f"is a validate run, not a sweep; {command} needs a sweep "
+                         "(`dsdprof validate-report` and `dsdprof plot` read validate runs)")
+
+
+@dataclass(frozen=True)
+class PooledRuns:
+    """The runs under one path: directory and spec hash of each; ``differences`` names the
+    first spec field that differs from the first run (``spec.workload.input_len``)."""
+
+    runs: tuple[tuple[str, str], ...]
+    differences: tuple[tuple[str, str], ...] = ()
+
+    def provenance(self) -> dict[str, str]:
+        """What a pooled analysis records: each differing field's values and every run pooled."""
+        if len(self.runs) < 2:
+            return {}
+        out = {f"pooled_{field.removeprefix('spec.')}": values for field, values in self.differences}
+        out["pooled_runs"] = " | ".join(f"{d} ({h[:19]})" for d, h in self.runs)
+        return out
+
+
+def pooled_runs(path: str | Path) -> PooledRuns:
+    manifests = manifests_under(path)
+    runs = tuple((str(d), str(doc.get("spec_hash", ""))) for d, doc in manifests.items())
+    docs = list(manifests.values())
+    diffs: dict[str, list[str]] = {}
+    for doc in docs[1:]:
+        diff = first_difference(docs[0]["spec"], doc["spec"], "spec")
+        if diff is not None:
+            vals = diffs.setdefault(diff[0], [json.dumps(diff[1], default=str)])
+            vals.append(json.dumps(diff[2], default=str))
+    return PooledRuns(runs, tuple((f, " | ".join(dict.fromkeys(v))) for f, v in diffs.items()))
+
+
+def check_pooled_runs(path: str | Path, allow_mixed: bool) -> PooledRuns:
+    """The runs under ``path``; runs of different specs are refused (first difference named)
+    unless ``allow_mixed``."""
+    pooled = pooled_runs(path)
+    if not allow_mixed and len({h for _, h in pooled.runs}) > 1:
+        field, values = pooled.differences[0] if pooled.differences else ("spec_hash", "")
+        raise InputError(field, values, f"runs with different specs under {path}; analyze one run at a "
+                         "time, or pass --allow-mixed to pool them (the result records what it pooled)")
+    return pooled
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """The planned grid (from the manifests; else the rows) against the cells with a number.
+
+    ``missing_batch_sizes``: grid batch sizes with no ok speculative cell; ``missing_cells``:
+    (batch size, K) grid cells with no ok row at batch sizes that have some."""
+
+    batch_sizes: tuple[int, ...]
+    ks: tuple[int, ...]
+    missing_batch_sizes: tuple[int, ...] = ()
+    missing_cells: tuple[tuple[int, int], ...] = ()
+    grid_from: str = "manifest"
+    first_error: str = ""  # the first failed cell's error at a missing batch size or cell
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing_batch_sizes and not self.missing_cells
+
+    def describe(self) -> str:
+        """One line naming the gaps ("" when complete)."""
+        parts = []
+        if self.missing_batch_sizes:
+            parts.append("no ok cell at batch size " + ", ".join(map(str, self.missing_batch_sizes)))
+        if self.missing_cells:
+            by_bs: dict[int, list[int]] = {}
+            for b, k in self.missing_cells:
+                by_bs.setdefault(b, []).append(k)
+            parts.append("missing " + "; ".join(f"BS {b} K={','.join(map(str, ks))}" for b, ks in by_bs.items()))
+        if parts and self.first_error:
+            parts.append(f"first error: {' '.join(self.first_error.split())[:120]}")
+        return "; ".join(parts)
+
+
+def coverage(path: str | Path, rows: Any) -> Coverage:
+    """Gaps of ``rows`` (all rows read from ``path``, failed ones included) against the grid."""
+    bss: set[int] = set()
+    ks: set[int] = set()
+    grid_from = "manifest"
+    for doc in manifests_under(path).values():
+        sweep = doc["spec"].get("sweep") or {}
+        bss.update(int(b) for b in sweep.get("batch_sizes") or [])
+        ks.update(int(k) for k in sweep.get("num_spec_tokens") or [])
+    if not bss or not ks:
+        grid_from = "rows"
+        bss = {int(b) for b in rows["batch_size"]}
+        ks = {int(k) for k in rows["num_spec_tokens"]}
+    ok = rows
+    if "status" in rows.columns:
+        ok = rows[rows["status"].astype(str) == "ok"]
+    spec_rows = ok[ok["mode"].astype(str) != "vanilla"] if "mode" in ok.columns else ok
+    have_bs = {int(b) for b in spec_rows["batch_size"]}
+    # a vanilla row is the K=0 candidate where no speculative K=0 ran (fixed speculation mode)
+    have = {(int(b), int(k)) for b, k in zip(ok["batch_size"], ok["num_spec_tokens"])}
+    missing_bs = tuple(sorted(b for b in bss if b not in have_bs))
+    missing_cells = tuple(sorted((b, k) for b in bss if b in have_bs for k in ks if (b, k) not in have))
+    gaps = set(missing_bs) | {b for b, _ in missing_cells}
+    first_error = ""
+    if "error" in rows.columns and "status" in rows.columns:
+        failed = rows[(rows["status"].astype(str) != "ok") & rows["batch_size"].isin(gaps)]
+        errors = [str(e) for e in failed["error"] if str(e or "").strip()]
+        first_error = errors[0] if errors else ""
+    return Coverage(tuple(sorted(bss)), tuple(sorted(ks)), missing_bs, missing_cells, grid_from, first_error)
