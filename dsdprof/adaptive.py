@@ -43,8 +43,8 @@ that the second one verifies and drafts the probed K (a pure step for its step t
 **Serving** is as :class:`dsdprof.runtime.KSelector`: ``select(n)`` is one C-level dict lookup,
 swapped with one attribute store on a change (call it as ``selector.select(n)``);
 :meth:`lookup_list` gives vLLM's dense list and ``version`` counts changes. Rebuilds run in
-:meth:`observe` every ``rebuild_every`` steps with drafts (and steps at K=0), at once after a
-detected shift, or on :meth:`rebuild`.
+:meth:`observe` every ``rebuild_every`` steps with drafts (and steps at K=0), on each of the
+``rebuild_every`` steps after a detected shift, or on :meth:`rebuild`.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class AdaptiveKSelector:
     __slots__ = ("select", "version", "max_k", "ranges", "margin", "prior_weight", "half_life",
                  "rebuild_every", "explore_every", "itl_half_life", "tolerance", "rejected",
                  "_sizes", "_ends", "_cells", "_k", "_table_k", "_g0", "_handicap", "_q0", "_pooled_q0",
-                 "_acc", "_itl", "_pending", "_last_bucket", "_tick", "_probe", "_probe_up")
+                 "_acc", "_itl", "_pending", "_hot", "_last_bucket", "_tick", "_probe", "_probe_up")
 
     def __init__(self, table: dict[str, Any], *, margin: float = 0.02, prior_weight: float = 16.0,
                  half_life: float = 2048.0, rebuild_every: int = 32, max_k: int | None = None,
@@ -147,7 +147,7 @@ class AdaptiveKSelector:
         allowed = None if allowed_ks is None else {validate_num_speculative_tokens(k, "allowed_ks") for k in allowed_ks}
         self._build_grid(table, allowed)
         self.rejected = 0
-        self._pending = 0
+        self._pending = self._hot = 0
         self._last_bucket = None
         self._tick = 0
         self._probe: list[int] | None = None
@@ -229,9 +229,13 @@ class AdaptiveKSelector:
         else:
             self.rejected += 1
             return False
-        shifted = self._acc.update(int(num_drafts), accepted_per_pos, drafted_per_pos, q0)
+        if self._acc.update(int(num_drafts), accepted_per_pos, drafted_per_pos, q0):
+            self._hot = self.rebuild_every  # a shift: re-derive K on each of the next rebuild_every steps
         self._pending += 1
-        if shifted or self._pending >= self.rebuild_every:
+        if self._hot:
+            self._hot -= 1
+            return self.rebuild()
+        if self._pending >= self.rebuild_every:
             return self.rebuild()
         return False
 
@@ -332,7 +336,7 @@ class AdaptiveKSelector:
         if not every:
             return None
         tick = self._tick = self._tick + 1
-        phase = tick % every
+        phase = (tick + PROBE_STEPS - 1) % every  # the last PROBE_STEPS steps of every period
         if phase >= PROBE_STEPS:
             return None
         if phase == 0 or self._probe is None or len(self._probe) != max_batch_size + 1:

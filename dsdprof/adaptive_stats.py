@@ -12,17 +12,20 @@ r_i = (accepted_i) / (exposure_i * q0_i), pooled over batch sizes, where q0_i is
 acceptance profiled *at the batch size the step ran at*: at the profile r_i = 1 at every batch
 size, so a batch size whose profiled acceptance was below the pooled one is not shifted twice.
 Evidence decays with drafts (half-life ``half_life`` drafts, every position, observed or not),
-a single step counts as at most ``half_life / 8`` drafts (it cannot capture the estimate), and
+a single step counts as at most ``half_life / 8`` drafts and at most as much as the estimate
+already holds (prior + evidence; so it cannot capture the estimate), and
 each position's estimate is shrunk toward the one before it (position 1 toward the profile)
 with ``prior_weight`` expected acceptances::
 
     r_i = (S_i + w * r_{i-1}) / (E_i + w)        r_0 = 1 (the profile)
 
 so a position not drafted relaxes toward its shallower neighbour as its evidence fades. A second,
-fast copy of the evidence (half-life ``half_life / 8``) detects a change: when its ratio differs
-from the slow one by more than ``DETECT_Z`` standard errors (and ``DETECT_MIN`` absolute), the slow
-evidence at that position and every deeper one is replaced by the fast evidence. Leaving the
-profile and coming back are then the same problem, solved in the same number of drafts.
+two-sided CUSUM per position detects a shift: it sums, over the steps since it last stood at
+zero, the gap between the accepted and the expected counts beyond a slack of ``DETECT_SLACK``
+per expected acceptance (each step's share clipped to ~2 standard deviations, so no single step
+triggers it); past ``DETECT_Z`` standard errors the position's evidence is replaced by that run's
+(the evidence since the shift began) and deeper positions forget theirs. Leaving the profile and
+coming back are then the same problem, solved in about the same number of drafts.
 
 **Step time** (:class:`StepTimes`): per profiled batch size b and K, decayed counts and sums of
 the observed step time (half-life ``half_life`` steps at that batch size; a step more than 4x
@@ -45,6 +48,7 @@ Q_FLOOR = 1e-3  # conditional profile below this is treated as this when standar
 DETECT_Z = 5.0  # CUSUM threshold, in standard errors of the run's expected acceptances
 DETECT_SLACK = 0.025  # ratio drift per expected acceptance the CUSUM tolerates (shifts < ~0.05 are not "shifts")
 DETECT_MIN_EVIDENCE = 8.0  # expected acceptances in a run before it may count as a shift
+RESET_WEIGHT = 32.0  # expected acceptances the evidence keeps after a detected shift
 STEP_CAP_FRACTION = 1.0 / 8.0  # one step counts as at most half_life / 8 drafts
 STEP_CLIP = 4.0
 
@@ -103,9 +107,10 @@ class AcceptanceStats:
                q0: Sequence[float]) -> bool:
         """Add one checked step (``q0``: floored conditional profile of its batch size).
         Returns True when a shift was detected (the evidence was reset to the post-shift part)."""
-        scale = 1.0 if n <= self.cap else self.cap / n
-        d = 0.5 ** (n * scale / self.half_life)
         S, E, w = self.S, self.E, self.prior_weight
+        cap = min(self.cap, w + E[0])  # one step weighs at most what the estimate already holds
+        scale = 1.0 if n <= cap else cap / n
+        d = 0.5 ** (n * scale / self.half_life)
         for i in range(self.depth):
             S[i] *= d
             E[i] *= d
@@ -128,8 +133,9 @@ class AcceptanceStats:
             prev_a = a
             c = self.cusum[i]
             slack = DETECT_SLACK * e
+            clip = 2.0 * math.sqrt(max(r, 0.05) * e) + 1.0  # one step moves the statistic <= ~2 sd
             for j, excess in ((0, r * e - s - slack), (3, s - r * e - slack)):  # down, up
-                g = c[j] + excess
+                g = c[j] + (excess if excess < clip else clip)
                 if g <= 0.0:
                     c[j] = c[j + 1] = c[j + 2] = 0.0
                     continue
@@ -141,8 +147,10 @@ class AcceptanceStats:
         return False
 
     def _reset(self, i: int, s: float, e: float) -> None:
-        """A shift at position i: keep only its evidence since the shift began; forget deeper ones."""
-        self.S[i], self.E[i] = s, e
+        """A shift at position i: keep only its evidence since the shift began, at a weight of at most
+        ``RESET_WEIGHT`` (the run may include a few steps from before the shift); forget deeper ones."""
+        c = min(1.0, RESET_WEIGHT / e)
+        self.S[i], self.E[i] = s * c, e * c
         for j in range(i + 1, self.depth):
             self.S[j] = self.E[j] = 0.0
         for j in range(i, self.depth):
