@@ -239,9 +239,13 @@ class AdaptiveKSelector:
             return self.rebuild()
         return False
 
-    def observe_step(self, batch_size: int, k: int, seconds: float) -> bool:
+    def observe_step(self, batch_size: int, k: int | None, seconds: float | None) -> bool:
         """One engine step that verified and drafted ``k`` per request at ``batch_size`` took
-        ``seconds``; True when the lookup changed. Bad input: ignored, counted."""
+        ``seconds``; True when the lookup changed. Bad input: ignored, counted. ``seconds=None``:
+        no time (a mixed step), only the batch size for the next :meth:`observe`."""
+        if seconds is None and type(batch_size) is int and batch_size >= 1:
+            self._last_bucket = self._bucket(batch_size)
+            return False
         if type(batch_size) is not int or type(k) is not int or batch_size < 1 or not check_seconds(seconds):
             self.rejected += 1
             return False

@@ -47,7 +47,7 @@ HOSTILE_DRAFTED = [([2, 1], [4]), ([2, 1], [4, 1, 1]), ([2, 1], [4, 5]), ([2, 1]
                    ([2, 1], [math.nan, 1]), ([2, 1], "41")]
 HOSTILE_STEPS = [(1, 2, math.nan), (1, 2, math.inf), (1, 2, -0.01), (1, 2, 0.0), (1, 2, 1e9), (1, 2, "0.1"),
                  (0, 2, 0.1), (-1, 2, 0.1), (True, 2, 0.1), (1.0, 2, 0.1), (1, 2.0, 0.1), (1, None, 0.1),
-                 (1, 2, None), (1, 2, True)]
+                 (0, 2, None), (1, 2, True)]
 
 
 def test_hostile_counts_are_rejected_before_any_state_changes():

@@ -129,7 +129,9 @@ def fake_scheduler(tmp_path, num_spec_tokens=4, options=None, cls=None, static_k
 def step(drafted: dict[str, int], sampled: dict[str, int]):
     """(scheduler_output, model_runner_output) of one step: draft lengths and sampled-token counts."""
     ids = list(sampled)
-    so = NS(scheduled_spec_decode_tokens={r: [-1] * d for r, d in drafted.items()})
+    so = NS(scheduled_spec_decode_tokens={r: [-1] * d for r, d in drafted.items()},
+            num_scheduled_tokens={r: 1 + drafted.get(r, 0) for r in ids},
+            total_num_scheduled_tokens=sum(1 + drafted.get(r, 0) for r in ids), num_spec_tokens_to_schedule=0)
     mro = NS(sampled_token_ids=[[7] * sampled[r] for r in ids], req_id_to_index={r: i for i, r in enumerate(ids)})
     return so, mro
 
@@ -142,7 +144,9 @@ def spy(sched):
         calls.append((n, list(acc), None if drafted is None else list(drafted)))
         return real(n, acc, drafted)
 
-    sched.dsdprof_selector = NS(observe=observe, version=sched.dsdprof_selector.version, real=sched.dsdprof_selector)
+    sel = sched.dsdprof_selector
+    sched.dsdprof_selector = NS(observe=observe, version=sel.version, real=sel,
+                                observe_step=sel.observe_step, explore=sel.explore)
     return calls
 
 
