@@ -43,8 +43,8 @@ that the second one verifies and drafts the probed K (a pure step for its step t
 **Serving** is as :class:`dsdprof.runtime.KSelector`: ``select(n)`` is one C-level dict lookup,
 swapped with one attribute store on a change (call it as ``selector.select(n)``);
 :meth:`lookup_list` gives vLLM's dense list and ``version`` counts changes. Rebuilds run in
-:meth:`observe` every ``rebuild_every`` steps with drafts (and steps at K=0), on each of the
-``rebuild_every`` steps after a detected shift, or on :meth:`rebuild`.
+:meth:`observe` every ``rebuild_every`` steps with drafts (and steps at K=0), every 4th of
+the ``rebuild_every`` steps after a detected shift (the first at once), or on :meth:`rebuild`.
 """
 
 from __future__ import annotations
@@ -97,14 +97,16 @@ def _conditional(p: Sequence[float]) -> list[float]:
 
 
 class _Cell:
-    __slots__ = ("k", "al", "itl", "q0", "p0")
+    __slots__ = ("k", "al", "itl", "q0", "p0", "shared")
 
-    def __init__(self, k: int, al: float, itl: float, q0: list[float]) -> None:
+    def __init__(self, k: int, al: float, itl: float, q0: list[float], ref: list[float]) -> None:
         self.k, self.al, self.itl, self.q0 = k, al, itl, q0[:k]
         self.p0, p = [], 1.0
         for q in self.q0:
             p *= q
             self.p0.append(p)
+        # profiled like its batch size's reference: its shift is the reference's prefix (computed once)
+        self.shared = all(abs(a - b) <= 1e-9 for a, b in zip(self.q0, ref))
 
 
 class AdaptiveKSelector:
@@ -116,7 +118,7 @@ class AdaptiveKSelector:
 
     __slots__ = ("select", "version", "max_k", "ranges", "margin", "prior_weight", "half_life",
                  "rebuild_every", "explore_every", "itl_half_life", "tolerance", "rejected",
-                 "_sizes", "_ends", "_cells", "_k", "_table_k", "_g0", "_handicap", "_q0", "_pooled_q0",
+                 "_sizes", "_ends", "_cells", "_ref", "_k", "_table_k", "_g0", "_handicap", "_q0", "_pooled_q0",
                  "_acc", "_itl", "_pending", "_hot", "_last_bucket", "_tick", "_probe", "_probe_up")
 
     def __init__(self, table: dict[str, Any], *, margin: float = 0.02, prior_weight: float = 16.0,
@@ -173,16 +175,18 @@ class AdaptiveKSelector:
         self._ends = [math.isqrt(a * b) for a, b in zip(self._sizes, self._sizes[1:])]
         lookup = build_lookup(validate_ranges(table["ranges"]), self.max_k)
         self._cells, self._q0, self._k, self._table_k, self._g0, self._handicap = [], [], {}, {}, [], []
+        self._ref: list[list[float]] = []
         for b in self._sizes:
             cells = grid[b]
             deepest = max((c for c in cells.values() if c.get("acceptance_per_pos")), key=lambda c: c["k"], default=None)
             ref = _conditional(deepest["acceptance_per_pos"]) if deepest else []
             ref = ref + pooled[len(ref):]
             self._q0.append([max(q, Q_FLOOR) for q in ref])
+            self._ref.append(ref)
             row = {}
             for k, c in sorted(cells.items()):
                 own = _conditional(c.get("acceptance_per_pos") or [])
-                row[k] = _Cell(k, float(c["acceptance_length"]), float(c["itl_s"]), own + ref[len(own):])
+                row[k] = _Cell(k, float(c["acceptance_length"]), float(c["itl_s"]), own + ref[len(own):], ref)
             self._cells.append(row)
             g0 = {k: c.al / c.itl for k, c in row.items()}
             self._g0.append(g0)
@@ -234,7 +238,8 @@ class AdaptiveKSelector:
         self._pending += 1
         if self._hot:
             self._hot -= 1
-            return self.rebuild()
+            if self._hot % 4 == 3:
+                return self.rebuild()
         if self._pending >= self.rebuild_every:
             return self.rebuild()
         return False
@@ -283,26 +288,44 @@ class AdaptiveKSelector:
 
     def _goodputs(self, bi: int, r: list[float]) -> dict[int, float]:
         est = self._itl.est[bi]
+        shared = [0.0]  # shift of the batch size's reference chain at each depth
+        p = p0 = 1.0
+        shift = 0.0
+        for ri, q in zip(r, self._ref[bi]):
+            x = ri * q
+            p *= x if x < 1.0 else 1.0
+            p0 *= q
+            shift += p - p0
+            shared.append(shift)
         out = {}
         for k, c in self._cells[bi].items():
-            p, shift = 1.0, 0.0
-            for ri, q, p0 in zip(r, c.q0, c.p0):
-                x = ri * q
-                p *= x if x < 1.0 else 1.0
-                shift += p - p0
+            if c.shared:
+                shift = shared[k]
+            else:
+                p, shift = 1.0, 0.0
+                for ri, q, p0 in zip(r, c.q0, c.p0):
+                    x = ri * q
+                    p *= x if x < 1.0 else 1.0
+                    shift += p - p0
             out[k] = min(k + 1.0, max(1.0, c.al + shift)) / est[k]
         return out
 
     def _decide(self, bi: int, current: int | None, r: list[float]) -> int:
         g = self._goodputs(bi, r)
         g0, handicap = self._g0[bi], self._handicap[bi]
-        dist = max(abs(math.log(g[k] / g0[k])) for k in g)
-        rho = max(0.0, 1.0 - dist / FADE)
-        score = {k: v / handicap[k] ** rho for k, v in g.items()} if rho > 0 else dict(g)
+        ratios = [v / g0[k] for k, v in g.items()]
+        dist = max(math.log(max(ratios)), -math.log(min(ratios)))
+        rho = 1.0 - dist / FADE
+        score = dict(g)
+        if rho > 0:  # near the profile: the Ks that beat the table's K there carry that advantage as a handicap
+            for k, h in handicap.items():
+                if h > 1.0:
+                    score[k] /= h**rho
         if current is not None:  # a thinly observed alternative must win by its uncertainty too (<= margin)
+            sigma, n, margin = self._itl.noise_sd(bi), self._itl.n[bi], self.margin
             for k in score:
                 if k != current:
-                    score[k] /= 1.0 + min(self.margin, self._itl.relative_error(bi, k))
+                    score[k] /= 1.0 + min(margin, sigma / math.sqrt(1.0 + n[k]))
         best = max(score.values())
         if current is not None and best <= (1.0 + self.margin) * score[current]:
             return current

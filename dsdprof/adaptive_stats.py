@@ -174,7 +174,8 @@ class AcceptanceStats:
 class StepTimes:
     """Live step time per (profiled batch size, K) with the table as prior (module docstring)."""
 
-    __slots__ = ("table", "n", "s", "est", "decay", "prior_weight", "slope_weight", "cell_weight", "scales", "noise")
+    __slots__ = ("table", "n", "s", "est", "decay", "prior_weight", "slope_weight", "cell_weight", "scales", "noise",
+                 "fits", "pooled", "dirty")
 
     def __init__(self, table: list[dict[int, float]], half_life: float, prior_weight: float = 2.0,
                  slope_weight: float = 0.25, cell_weight: float = 1.0) -> None:
@@ -186,6 +187,9 @@ class StepTimes:
         self.prior_weight, self.slope_weight, self.cell_weight = prior_weight, slope_weight, cell_weight
         self.scales = [0.0] * len(table)
         self.noise = [[0.0, 0.0] for _ in table]  # decayed (weight, sum of squared log residuals)
+        self.fits = [(0.0, 0.0)] * len(table)  # (alpha, weight) of each bucket's last fit
+        self.pooled = 0.0
+        self.dirty = set(range(len(table)))
 
     def update(self, bucket: int, k: int, seconds: float) -> bool:
         """One pure step (verified and drafted ``k``) of ``seconds`` at ``bucket``; False if no such cell."""
@@ -205,30 +209,38 @@ class StepTimes:
             s[kk] *= d
         n[k] += 1.0
         s[k] += seconds
+        self.dirty.add(bucket)
         return True
 
-    def relative_error(self, bucket: int, k: int) -> float:
-        """Approximate relative standard error of the estimate at (bucket, k): the step-time noise
-        seen at this bucket over the square root of the cell's weight (+1 for its prior)."""
+    def noise_sd(self, bucket: int) -> float:
+        """Step-to-step relative noise of the step times seen at this bucket (0 until settled);
+        an estimate's relative standard error is about this over sqrt(1 + its cell's weight)."""
         w, ss = self.noise[bucket]
-        sigma = math.sqrt(ss / w) if w > 2.0 else 0.0
-        return sigma / math.sqrt(1.0 + self.n[bucket][k])
+        return math.sqrt(ss / w) if w > 2.0 else 0.0
 
     def refit(self) -> None:
-        """Re-derive every estimate: per-bucket fits, then the pooled scale as their prior."""
-        fits = [self._fit(b, 0.0) for b in range(len(self.table))]
-        num = sum(w * a for a, _, _, w in fits)
-        den = sum(w for _, _, _, w in fits) + self.prior_weight
-        pooled = num / den
-        for b in range(len(self.table)):
-            alpha, beta, kc, _ = self._fit(b, pooled)
-            self.scales[b] = alpha
-            table, n, s, est = self.table[b], self.n[b], self.s[b], self.est[b]
-            tbar = sum(table.values()) / len(table)
-            for k, t in table.items():
-                pred = max(t * (1.0 + alpha) + beta * tbar * (k - kc), 0.25 * t * max(1.0 + alpha, 0.05))
-                nk = n[k]
-                est[k] = (s[k] + self.cell_weight * pred) / (nk + self.cell_weight) if nk > 1e-3 else pred
+        """Re-derive the estimates of the buckets observed since the last refit (all of them when the
+        pooled scale, the prior of every bucket's scale, moved)."""
+        while self.dirty:
+            dirty, self.dirty = self.dirty, set()
+            for b in dirty:
+                self._estimate(b)
+            num = sum(w * a for a, w in self.fits)
+            pooled = num / (sum(w for _, w in self.fits) + self.prior_weight)
+            if abs(pooled - self.pooled) > 1e-3:
+                self.pooled = pooled
+                self.dirty = set(range(len(self.table)))
+
+    def _estimate(self, b: int) -> None:
+        alpha, beta, kc, weight = self._fit(b, self.pooled)
+        self.fits[b] = (alpha, weight)
+        self.scales[b] = alpha
+        table, n, s, est = self.table[b], self.n[b], self.s[b], self.est[b]
+        tbar = sum(table.values()) / len(table)
+        for k, t in table.items():
+            pred = max(t * (1.0 + alpha) + beta * tbar * (k - kc), 0.25 * t * max(1.0 + alpha, 0.05))
+            nk = n[k]
+            est[k] = (s[k] + self.cell_weight * pred) / (nk + self.cell_weight) if nk > 1e-3 else pred
 
     def _fit(self, b: int, alpha0: float) -> tuple[float, float, float, float]:
         """(alpha, beta, Kc, total weight) of the ridge fit at bucket b, alpha shrunk toward alpha0."""
