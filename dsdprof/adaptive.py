@@ -43,8 +43,8 @@ that the second one verifies and drafts the probed K (a pure step for its step t
 **Serving** is as :class:`dsdprof.runtime.KSelector`: ``select(n)`` is one C-level dict lookup,
 swapped with one attribute store on a change (call it as ``selector.select(n)``);
 :meth:`lookup_list` gives vLLM's dense list and ``version`` counts changes. Rebuilds run in
-:meth:`observe` every ``rebuild_every`` steps with drafts (and steps at K=0), every 4th of
-the ``rebuild_every`` steps after a detected shift (the first at once), or on :meth:`rebuild`.
+:meth:`observe` every ``rebuild_every`` steps with drafts (and steps at K=0), on each of the
+first 8 and every 4th of the ``rebuild_every`` steps after a detected shift, or on :meth:`rebuild`.
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ class AdaptiveKSelector:
         self._pending += 1
         if self._hot:
             self._hot -= 1
-            if self._hot % 4 == 3:
+            if self._hot % 4 == 3 or self._hot >= self.rebuild_every - 8:
                 return self.rebuild()
         if self._pending >= self.rebuild_every:
             return self.rebuild()
@@ -321,8 +321,8 @@ class AdaptiveKSelector:
             for k, h in handicap.items():
                 if h > 1.0:
                     score[k] /= h**rho
-        if current is not None:  # a thinly observed alternative must win by its uncertainty too (<= margin)
-            sigma, n, margin = self._itl.noise_sd(bi), self._itl.n[bi], self.margin
+        if current is not None:  # a thinly observed alternative must win by its uncertainty too (<= margin / 2)
+            sigma, n, margin = self._itl.noise_sd(bi), self._itl.n[bi], self.margin / 2
             for k in score:
                 if k != current:
                     score[k] /= 1.0 + min(margin, sigma / math.sqrt(1.0 + n[k]))
