@@ -4,7 +4,7 @@
 integers (not bool), ``0 < num_drafts <= MAX_DRAFTS_PER_STEP``, a chain (``accepted_i <=
 accepted_{i-1} <= num_drafts``) and, with ``drafted_per_pos``, as long as ``accepted_per_pos``
 with ``accepted_i <= drafted_i <= drafted_{i-1} <= num_drafts``. Anything else (inf, NaN, floats,
-negatives, accepted > drafted, huge, short or wrong-typed lists) is ignored and counted; nothing
+negatives, accepted > drafted, huge, short, over-long or wrong-typed lists) is ignored and counted; nothing
 on this path raises. Step times likewise: a finite number of seconds in ``(0, MAX_STEP_S]``.
 
 **Acceptance** (:class:`AcceptanceStats`): one standardized ratio per position,
@@ -44,6 +44,7 @@ from typing import Any, Sequence
 
 MAX_DRAFTS_PER_STEP = 1 << 24
 MAX_STEP_S = 3600.0
+MAX_POSITIONS = 128  # dsdprof.schema.MAX_K: longer per-position lists are refused unread
 Q_FLOOR = 1e-3  # conditional profile below this is treated as this when standardizing
 DETECT_Z = 5.0  # CUSUM threshold, in standard errors of the run's expected acceptances
 DETECT_SLACK = 0.025  # ratio drift per expected acceptance the CUSUM tolerates (shifts < ~0.05 are not "shifts")
@@ -65,7 +66,8 @@ def check_counts(num_drafts: Any, accepted: Any, drafted: Any) -> bool:
     """True when one step's counts are a valid chain (module docstring); never raises."""
     try:
         n = _count(num_drafts)
-        if not 0 < n <= MAX_DRAFTS_PER_STEP or not isinstance(accepted, (list, tuple)) or not accepted:
+        if (not 0 < n <= MAX_DRAFTS_PER_STEP or not isinstance(accepted, (list, tuple))
+                or not 0 < len(accepted) <= MAX_POSITIONS):
             return False
         if drafted is not None and (not isinstance(drafted, (list, tuple)) or len(drafted) != len(accepted)):
             return False
