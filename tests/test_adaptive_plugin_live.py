@@ -99,3 +99,21 @@ def test_exploration_probes_unforced_steps_only(tmp_path):
     for _ in range(600):
         never._dsdprof_apply_k()
         assert never.dynamic_sd_lookup is never._dsdprof_table_lookup
+
+
+def test_a_k_change_from_step_times_alone_is_served_at_once(tmp_path, monkeypatch):
+    """A step without drafts (K=0 served) never reaches the acceptance path; when its step time
+    moves K, the new lookup is served at once."""
+    s = scheduler(tmp_path)
+    sel = s.dsdprof_selector
+    before = list(s.dynamic_sd_lookup)
+
+    def observe_step(self, n, k, seconds):  # as if this step's time tipped a rebuild
+        self._k = {b: 0 for b in self._k}
+        self._swap()
+        return True
+
+    monkeypatch.setattr(type(sel), "observe_step", observe_step)
+    s._adaptive_step_time(output(4, 0))
+    assert s._adaptive_version == sel.version and s.dynamic_sd_lookup == [0] * (MAX_BS + 1) != before
+    assert s._dsdprof_table_lookup is s.dynamic_sd_lookup

@@ -122,7 +122,10 @@ class _AdaptiveMixin:
         k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
         pure = (last is not None and type(k) is int
                 and scheduler_output.total_num_scheduled_tokens == n * (1 + k))
-        self.dsdprof_selector.observe_step(n, k, now - last if pure else None)
+        sel = self.dsdprof_selector
+        if sel.observe_step(n, k, now - last if pure else None):  # K moved on a step without drafts
+            self._adaptive_swap()
+            logger.info("dsdprof adaptive K: now %s (step times)", sel.ks)
 
     def _adaptive_observe(self, scheduler_output, model_runner_output) -> bool:
         """Feed one step's acceptance to the selector; True when the served lookup changed."""
