@@ -1,5 +1,6 @@
 """Runtime cost of serving a K table: select() next to a bare list index, load time and memory of
-sparse tables, and AdaptiveKSelector's observe()/rebuild() cost.
+sparse tables, and AdaptiveKSelector's per-step cost (observe_step() + observe() at 256 running
+requests, rebuilds included; goal <= 50 us) and rebuild().
 
     python benchmarks/bench_runtime.py
 
@@ -88,7 +89,8 @@ def bench_select() -> None:
     print(f"  def f(b): return lookup[b]                   : {t_py * ns:6.1f} ns")
     print(f"  KSelector.select(b)                          : {t_sel * ns:6.1f} ns   "
           f"= {t_sel / t_get:.2f}x the call floor, {t_sel / t_idx:.2f}x the inline index")
-    print(f"  AdaptiveKSelector.select(b)                  : {t_ada * ns:6.1f} ns   = {t_ada / t_get:.2f}x the call floor")
+    print(f"  AdaptiveKSelector.select(b)                  : {t_ada * ns:6.1f} ns   = {t_ada / t_get:.2f}x the call floor "
+          f"(goal <= 1.5x: {'met' if t_ada <= 1.5 * t_get else 'NOT met'})")
     print(f"  KSelector.select(10**6) (past ranges)        : {t_tail * ns:6.1f} ns")
     print(f"  KSelector.select(0)     (n <= 0)             : {t_neg * ns:6.1f} ns")
 
@@ -111,29 +113,37 @@ def bench_load() -> None:
 
 
 def bench_adaptive() -> None:
+    """Per engine step at 256 running requests: observe_step() + observe() (K=7 drafts, acceptance
+    switching between two regimes so that shifts are detected and K moves), the rebuilds included."""
     table = _v2_table()
-    sel = AdaptiveKSelector(table, rebuild_every=10**9)
     rng = random.Random(0)
     steps = []
-    for _ in range(2000):
-        k = rng.randint(1, 7)
-        n = rng.choice((1, 8, 64))
-        acc, per_pos = n, []
-        for _ in range(k):
-            acc = sum(rng.random() < 0.8 for _ in range(acc))
-            per_pos.append(acc)
-        steps.append((n, per_pos))
-    t0 = time.perf_counter()
-    for n, per_pos in steps:
-        sel.observe(n, per_pos)
-    t_obs = (time.perf_counter() - t0) / len(steps)
+    for s in range(4096):
+        alpha = (0.9, 0.45)[(s // 512) % 2]
+        per_pos = [0] * 7
+        for _ in range(256):
+            a = 0
+            while a < 7 and rng.random() < alpha:
+                a += 1
+            for i in range(a):
+                per_pos[i] += 1
+        steps.append(per_pos)
+    best = float("inf")
+    for _ in range(3):
+        sel = AdaptiveKSelector(table)
+        t0 = time.perf_counter()
+        for per_pos in steps:
+            sel.observe_step(256, 7, 0.05)
+            sel.observe(256, per_pos, batch_size=256)
+        best = min(best, (time.perf_counter() - t0) / len(steps))
     t_reb = min(timeit.repeat(sel.rebuild, number=20, repeat=5)) / 20
     t_list = min(timeit.repeat(lambda: sel.lookup_list(1024), number=20, repeat=5)) / 20
-    print("AdaptiveKSelector (9 profiled batch sizes x 8 K):")
-    print(f"  observe() per step (K 1..7)   : {t_obs * 1e6:7.2f} us")
-    print(f"  rebuild() (no change)         : {t_reb * 1e6:7.2f} us")
-    print(f"  lookup_list(1024)             : {t_list * 1e6:7.2f} us")
-    print(f"  rebuild every 32 steps        : {t_reb / 32 * 1e6:7.2f} us per step amortised")
+    print("AdaptiveKSelector (9 profiled batch sizes x 8 K), per engine step at 256 running requests:")
+    print(f"  observe_step() + observe(), rebuilds included : {best * 1e6:7.2f} us   "
+          f"(goal <= 50 us: {'met' if best <= 50e-6 else 'NOT met'}; {sel.version} changes, "
+          f"{sel._acc.resets} shifts detected)")
+    print(f"  rebuild() (no change)                          : {t_reb * 1e6:7.2f} us")
+    print(f"  lookup_list(1024)                              : {t_list * 1e6:7.2f} us")
 
 
 def main() -> None:

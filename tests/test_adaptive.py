@@ -120,24 +120,26 @@ def test_stays_put_under_noise():
 def test_few_samples_barely_move_it():
     sel = AdaptiveKSelector(make_table(0.8), rebuild_every=1)
     before = sel.ks
-    for _ in range(5):  # five single drafts, all rejected at the first position
+    for _ in range(2):  # two single drafts, both rejected at the first position
         sel.observe(1, [0, 0, 0])
-    assert sel.acceptance()[0] > 0.78 and sel.ks == before
+    assert sel.acceptance()[0] > 0.7 and sel.ks == before
 
 
-def test_deeper_positions_keep_their_ratio_when_not_drafted():
+def test_deeper_positions_follow_the_shallower_ratio_when_not_drafted():
     sel = AdaptiveKSelector(make_table(0.8), rebuild_every=10**9)
     for _ in range(200):
-        sel.observe(100, [50])  # only K=1 drafted: position 1 accepted half the time
+        sel.observe(100, [50])  # only K=1 drafted: position 1 accepted half the time (0.625 of the profile)
     p = sel.acceptance()
     assert p[0] == pytest.approx(0.5, abs=0.02)
-    assert p[1] / p[0] == pytest.approx(0.8) and p[6] / p[5] == pytest.approx(0.8)
+    # a position never drafted is shrunk toward the one before: the same ratio to its profile
+    assert p[1] / p[0] == pytest.approx(0.8 * 0.625, abs=0.02) and p[6] / p[5] == pytest.approx(0.5, abs=0.02)
 
 
 def test_drafted_per_pos_handles_mixed_draft_lengths():
     sel = AdaptiveKSelector(make_table(0.8), rebuild_every=10**9, prior_weight=1e-6)
     # 100 drafts, 60 of length 1 and 40 of length 2; conditional acceptance 0.5 at both positions
-    sel.observe(100, [50, 10], drafted_per_pos=[100, 40])
+    for _ in range(60):  # one step weighs at most what the estimate holds: repeat it
+        sel.observe(100, [50, 10], drafted_per_pos=[100, 40])
     p = sel.acceptance()
     assert p[0] == pytest.approx(0.5, rel=1e-3) and p[1] == pytest.approx(0.25, rel=1e-3)
 
@@ -185,13 +187,12 @@ def test_v1_and_incomplete_tables_are_refused(tmp_path):
         AdaptiveKSelector(v2, allowed_ks=[200])
 
 
-def test_bad_counts():
+def test_bad_counts_are_ignored_and_counted():
     sel = AdaptiveKSelector(make_table())
-    assert sel.observe(0, [1, 2]) is False  # no drafts: nothing to learn
-    with pytest.raises(ValueError):
-        sel.observe(10, [-1])
-    sel.observe(10, [20, 30])  # inconsistent (more accepted than drafted): clamped, p stays <= 1
-    assert all(0 <= p <= 1 for p in sel.acceptance())
+    assert sel.observe(0, [1, 2]) is False and sel.rejected == 0  # no drafts: nothing to learn
+    assert sel.observe(10, [-1]) is False and sel.rejected == 1
+    assert sel.observe(10, [20, 30]) is False and sel.rejected == 2  # more accepted than drafted
+    assert sel.acceptance() == pytest.approx([0.8**i for i in range(1, 8)])
 
 
 def test_import_adaptive_is_light():

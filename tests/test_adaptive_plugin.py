@@ -146,7 +146,9 @@ def spy(sched):
         calls.append((n, list(acc), None if drafted is None else list(drafted)))
         return real(n, acc, drafted)
 
-    sched.dsdprof_selector = NS(observe=observe, version=sched.dsdprof_selector.version, real=sched.dsdprof_selector)
+    sel = sched.dsdprof_selector
+    sched.dsdprof_selector = NS(observe=observe, version=sel.version, real=sel,
+                                observe_step=sel.observe_step, explore=sel.explore)
     return calls
 
 
@@ -273,7 +275,8 @@ def test_update_from_output_runs_vllm_then_observes(tmp_path, monkeypatch, cls):
     monkeypatch.setattr(base, "update_from_output", lambda self, so, mro: seen.append("vllm") or result)
     s = fake_scheduler(tmp_path, cls=getattr(va, cls))
     calls = spy(s)
-    assert s.update_from_output(NS(), NS()) is result
+    so = NS(num_scheduled_tokens={"a": 3}, total_num_scheduled_tokens=3, num_spec_tokens_to_schedule=2)
+    assert s.update_from_output(so, NS()) is result
     assert seen == ["vllm"] and calls == [(1, [1, 0], None)]
 
 

@@ -23,6 +23,12 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
   (``dynamic_sd_lookup[len(num_scheduled_tokens)]``), as with a static schedule. No client can
   force K: only in an engine a dsdprof run started do its own requests (carrying the run's secret)
   force one; their acceptance is observed like any other.
+* **Step times** (``update_from_output``): the time since the previous step's output, when the
+  step was pure -- every request decoding with the K the step also drafts (``total_num_scheduled_tokens
+  == requests * (1 + num_spec_tokens_to_schedule)``) -- goes to ``selector.observe_step(requests, K,
+  seconds)``; any other step only tells the selector its batch size (the acceptance reference).
+* **Exploration**: on unforced steps the selector's :meth:`~dsdprof.serve.adaptive.AdaptiveKSelector.explore`
+  may serve a neighbouring K for 2 steps in 256 (<= 1 %), so Ks not served still get step times.
 * **K=0 is not a trap**: a step without drafts teaches the selector nothing, so once K is 0
   wherever the engine runs the estimate could never recover. After ``probe_every`` steps in a row
   without a draft (default 1024; 0 = never), one unforced step runs at K=1.
@@ -31,6 +37,8 @@ The acceptance estimate is one per engine (all requests, all batch sizes); see d
 """
 
 from __future__ import annotations
+
+import time
 
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
@@ -64,6 +72,7 @@ class _AdaptiveMixin:
         self._adaptive_version = -1
         self._adaptive_probe_every = settings.probe_every
         self._adaptive_idle = 0  # steps in a row without a draft
+        self._adaptive_t = None  # perf_counter() at the previous update_from_output (None: no step before)
         self._adaptive_swap()
         self._adaptive_probe = [min(1, self.num_spec_tokens)] * len(self.dynamic_sd_lookup)  # type: ignore[attr-defined]
         logger.info("dsdprof adaptive K: table %s (from %s), K <= %d, K per profiled batch size %s",
@@ -85,6 +94,11 @@ class _AdaptiveMixin:
 
     def _dsdprof_apply_k(self) -> None:
         super()._dsdprof_apply_k()  # type: ignore[misc]  # forced K, else the adaptive lookup
+        if self.dynamic_sd_lookup is self._dsdprof_table_lookup:  # type: ignore[attr-defined]
+            probe = self.dsdprof_selector.explore(self._adaptive_max_bs)  # <= 1 % of steps: a neighbouring K
+            if probe is not None:
+                self.dynamic_sd_lookup = probe  # type: ignore[attr-defined]
+                return
         if (self._adaptive_probe_every and self._adaptive_idle >= self._adaptive_probe_every
                 and self.dynamic_sd_lookup is self._dsdprof_table_lookup):  # type: ignore[attr-defined]
             self.dynamic_sd_lookup = self._adaptive_probe  # type: ignore[attr-defined]
@@ -92,8 +106,26 @@ class _AdaptiveMixin:
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        self._adaptive_step_time(scheduler_output)
         self._adaptive_observe(self._adaptive_step_stats(result))
         return result
+
+    def _adaptive_step_time(self, scheduler_output) -> None:
+        """Feed the step's duration (since the previous step's output) when every scheduled request
+        verified and drafted the same K (no prefill, no K change): a step of the table's kind."""
+        now = time.perf_counter()
+        last, self._adaptive_t = self._adaptive_t, now
+        n = len(scheduler_output.num_scheduled_tokens)
+        if not n:
+            self._adaptive_t = None  # an empty step: the next interval would include idle time
+            return
+        k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
+        pure = (last is not None and type(k) is int
+                and scheduler_output.total_num_scheduled_tokens == n * (1 + k))
+        sel = self.dsdprof_selector
+        if sel.observe_step(n, k, now - last if pure else None):  # K moved on a step without drafts
+            self._adaptive_swap()
+            logger.info("dsdprof adaptive K: now %s (step times)", sel.ks)
 
     def _adaptive_step_stats(self, result):
         """vLLM's own ``SpecDecodingStats`` of the step just processed: counted by vLLM's rules

@@ -1,98 +1,110 @@
-"""Adaptive K: the profiled step times + the acceptance seen live -> K per batch size. Stdlib only.
+"""Adaptive K: the profiled table + the acceptance and step times seen live -> K per batch size.
 
-A ``dsdprof.ktable/v2`` table keeps what profiling measured per (batch size b, K): the step time
-ITL(b, K) and the acceptance length AL(b, K), plus the profiled per-position acceptance
-p0_1..p0_L. Step time is a property of model + hardware; acceptance moves with the traffic.
-:class:`AdaptiveKSelector` keeps the first and follows the second.
+Stdlib only. A ``dsdprof.ktable/v2`` table keeps, per profiled (batch size b, K), the step time
+ITL(b, K), the acceptance length AL(b, K) and (per cell) the per-position acceptance p0_1..p0_K.
+:class:`AdaptiveKSelector` starts from it and follows what the engine reports:
 
-**Acceptance.** vLLM counts, per step, the drafts (``num_drafts``) and how many drafts had
-position i accepted (``num_accepted_tokens_per_pos[i]``). For a chain drafter a position is
-accepted only if every earlier one was, so p_i = accepted_i / drafts is already the probability
-that the first i drafted tokens are all accepted, and a K-token draft delivers
-AL(K) = 1 + sum_{i=1..K} p_i tokens per step. The estimate is kept as conditional rates
-q_i = p_i / p_{i-1} (p_0 = 1), each from exponentially decayed counts::
+* ``observe(num_drafts, accepted_per_pos, drafted_per_pos=None, batch_size=None)``: one step's
+  acceptance counts in vLLM's layout (``accepted_per_pos[i]``: drafts whose position i+1 was
+  accepted). Estimated as per-position ratios to the profile of the batch size they ran at
+  (:class:`dsdprof.serve.stats.AcceptanceStats`: decayed by drafts, per-step weight capped,
+  unobserved positions relaxing toward their shallower neighbour, shifts detected both ways).
+* ``observe_step(batch_size, k, seconds)``: the duration of one engine step that verified and
+  drafted ``k`` tokens per request at ``batch_size`` (:class:`dsdprof.serve.stats.StepTimes`:
+  per (b, K), the table as prior, a scale-and-slope fit in K for the Ks not seen).
 
-    S_i <- S_i * 0.5**(x_i / H) + accepted_i        x_i = accepted_{i-1}   (exposure; accepted_0 = drafts)
-    E_i <- E_i * 0.5**(x_i / H) + x_i               q_i = S_i / E_i,  p_i = q_1 * ... * q_i
+Invalid counts or times are ignored and counted in ``rejected`` (before any state changes);
+nothing on the serving path raises.
 
-starting from a prior worth ``prior_weight`` drafts of the profile (E_i = w * p0_{i-1},
-S_i = w * p0_i), so a few samples barely move it and the prior fades with half-life H
-(``half_life``, in exposures). Only positions that were drafted are updated: when K is small the
-deeper q_i keep their last value and p_i still follows the observed shallower positions.
-(With ``drafted_per_pos`` -- vLLM's ``num_draft_tokens_per_pos`` -- the exposure of position i is
-accepted_{i-1} * drafted_i / drafted_{i-1}, for observations that mix draft lengths.)
+**Goodput per profiled cell.** With r_i the live acceptance ratios and q0 the cell's own profiled
+conditional acceptance, p_i = prod_{j<=i} min(1, r_j q0_j) and::
 
-**K per profiled batch size.** With the live p and the profile p0, the acceptance length of each
-profiled cell is shifted by the change in expected accepted tokens, and goodput re-derived::
+    AL'(b, K) = AL(b, K) + sum_{i<=K} (p_i - p0_i)       (clamped to [1, K+1])
+    G(b, K)   = AL'(b, K) / ITL'(b, K)                     ITL' = live step time estimate
 
-    AL'(b, K) = AL(b, K) + sum_{i<=K} (p_i - p0_i)      (clamped to [1, K+1])
-    G(b, K)   = AL'(b, K) / ITL(b, K)
+At the profile (r = 1, step times as in the table) G is the table's goodput exactly.
 
-Anchoring on the measured AL(b, K) keeps whatever the measurement saw beyond 1 + sum p0 (e.g.
-requests ending inside a step), and reproduces the static table's goodputs exactly while p = p0.
-K_b starts at the table's K and is switched only when the best candidate beats it by more than
-``margin`` (hysteresis)::
+**Keeping the table's K.** The table chose K_t at b (the smallest K within its tolerance, or
+whatever its decision rule kept at an undecided point). Another K that beat K_t by h(b, K) =
+G0(b, K) / G0(b, K_t) > 1 at the profile is handicapped by that factor, faded out as the live
+goodputs move away from the profile: score(K) = G(K) / h(K)^rho, rho = max(0, 1 - D / FADE),
+D = max_K |log G(b, K) / G0(b, K)|. So at the profiled acceptance and step times every K_t is
+kept (a rebuild right after load changes nothing), and far from it the plain goodput decides.
 
-    switch when   max_K G(b, K) > (1 + margin) * G(b, K_b)
-    to            the smallest K with G(b, K) >= max_K G(b, K) / (1 + margin / 2)
+**Hysteresis.** K_b changes only when the best score beats K_b's by more than ``margin``, to the
+smallest K within ``margin / 2`` of the best.
 
-so K_b never stays more than ``margin`` below the best the estimate allows, and after a switch it
-sits inside half the band: it takes a further change in acceptance, not noise, to move it again.
-(The static table chose the smallest K within its ``tolerance`` of the best; such a K is kept as
-long as it is within ``margin`` of the best.) Candidates are the Ks measured at b, at most
-``max_k`` (vLLM's ``num_speculative_tokens``), optionally restricted to ``allowed_ks`` (e.g. the
-Ks an engine captured CUDA graphs for; a table K outside them is replaced at construction).
+**Exploration.** :meth:`explore` (called once per engine step by a scheduler) returns, for
+``PROBE_STEPS`` consecutive steps out of every ``explore_every`` (default 2 of 256: 0.8 % of
+steps; 0 = never), a lookup in which every profiled batch size runs a neighbouring K (down and up
+alternately), so K=0 and the Ks not served still get step times and acceptance. Two steps, so
+that the second one verifies and drafts the probed K (a pure step for its step time).
 
-**Serving.** K_b at the profiled batch sizes become ranges by the table's nearest-log rule
-(:func:`dsdprof.export.table.ranges_from_points`); the lookup is rebuilt off the hot path -- in
-:meth:`observe` every ``rebuild_every`` observations, or by :meth:`rebuild` -- and only when some
-K_b changed; it is swapped in with one attribute store. ``select(n)`` is the same C-level dict
-lookup as :class:`dsdprof.serve.runtime.KSelector` (O(1), allocation-free); call it as
-``selector.select(n)`` (do not cache the bound method: a rebuild replaces it).
-:meth:`lookup_list` gives the schedule as vLLM's dense ``dynamic_sd_lookup`` list; ``version``
-increments on every change, so a scheduler can copy it only when it moved.
+**Serving** is as :class:`dsdprof.serve.runtime.KSelector`: ``select(n)`` is one C-level dict lookup,
+swapped with one attribute store on a change (call it as ``selector.select(n)``);
+:meth:`lookup_list` gives vLLM's dense list and ``version`` counts changes. Rebuilds run in
+:meth:`observe` every ``rebuild_every`` steps with drafts (and steps at K=0), on each of the
+first 8 and every 4th of the ``rebuild_every`` steps after a detected shift, or on :meth:`rebuild`.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from dsdprof.serve.stats import _check_fraction, _check_int, _check_positive, Q_FLOOR, AcceptanceStats, StepTimes, check_counts, check_seconds
 from dsdprof.serve.runtime import build_lookup, lookup_list
-from dsdprof.formats.ktable import TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
+from dsdprof.formats.ktable import choose_k, TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
 from dsdprof.formats.versions import TABLE_SCHEMA_V2
 from dsdprof.formats.ktable import ranges_from_points
 
-__all__ = ["AdaptiveKSelector"]
+__all__ = ["AdaptiveKSelector", "PROBE_STEPS"]
+
+PROBE_STEPS = 2
+FADE = 0.20  # live goodputs this far (log) from the profile: the table's handicap is gone
 
 
-def _check_fraction(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name}={value!r}: must be a number in [0, 1)")
-    return float(value)
+def _conditional(p: Sequence[float]) -> list[float]:
+    """Chain p_1..p_n -> conditional q_i = p_i / p_{i-1} (p capped to be non-increasing)."""
+    out, prev = [], 1.0
+    for x in p:
+        x = min(max(float(x), 0.0), prev)
+        out.append(x / prev if prev > 0 else 0.0)
+        prev = x
+    return out
 
 
-def _check_positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name}={value!r}: must be a finite number > 0")
-    return float(value)
+class _Cell:
+    __slots__ = ("k", "al", "itl", "q0", "p0", "shared")
+
+    def __init__(self, k: int, al: float, itl: float, q0: list[float], ref: list[float]) -> None:
+        self.k, self.al, self.itl, self.q0 = k, al, itl, q0[:k]
+        self.p0, p = [], 1.0
+        for q in self.q0:
+            p *= q
+            self.p0.append(p)
+        # profiled like its batch size's reference: its shift is the reference's prefix (computed once)
+        self.shared = all(abs(a - b) <= 1e-9 for a, b in zip(self.q0, ref))
 
 
 class AdaptiveKSelector:
-    """Batch size -> K, re-derived from live acceptance on a v2 table's measured ITL grid.
+    """Batch size -> K, re-derived from live acceptance and step times on a v2 table.
 
-    See the module docstring for the math. ``select(n)`` behaves like ``KSelector.select``
-    (``n <= 0`` -> K of batch size 1). Not thread-safe for concurrent :meth:`observe` calls;
-    ``select`` may run concurrently with a rebuild (it sees the old or the new lookup).
+    See the module docstring. ``select(n)`` behaves like ``KSelector.select``. Not thread-safe
+    for concurrent :meth:`observe` calls; ``select`` may run concurrently with a rebuild.
     """
 
-    __slots__ = ("select", "version", "max_k", "ranges", "margin", "prior_weight",
-                 "half_life", "rebuild_every", "_grid", "_k", "_p0", "_q0", "_succ", "_expo", "_pending")
+    __slots__ = ("select", "version", "max_k", "ranges", "margin", "prior_weight", "half_life",
+                 "rebuild_every", "explore_every", "itl_half_life", "tolerance", "rejected",
+                 "_sizes", "_ends", "_cells", "_ref", "_k", "_table_k", "_g0", "_handicap", "_q0", "_pooled_q0",
+                 "_acc", "_itl", "_pending", "_hot", "_last_bucket", "_tick", "_probe", "_probe_up")
 
-    def __init__(self, table: dict[str, Any], *, margin: float = 0.02, prior_weight: float = 256.0,
-                 half_life: float = 2048.0, rebuild_every: int = 32,
-                 max_k: int | None = None, allowed_ks: Iterable[int] | None = None) -> None:
+    def __init__(self, table: dict[str, Any], *, margin: float = 0.02, prior_weight: float = 16.0,
+                 half_life: float = 2048.0, rebuild_every: int = 32, max_k: int | None = None,
+                 allowed_ks: Iterable[int] | None = None, explore_every: int = 256,
+                 itl_half_life: float = 256.0) -> None:
         validate_table(table)
         if table["schema"] != TABLE_SCHEMA_V2:
             raise TableError(f"schema={table['schema']!r}: adaptive K needs a {TABLE_SCHEMA_V2} table "
@@ -104,45 +116,68 @@ class AdaptiveKSelector:
         self.margin = _check_fraction("margin", margin)
         self.prior_weight = _check_positive("prior_weight", prior_weight)
         self.half_life = _check_positive("half_life", half_life)
-        if isinstance(rebuild_every, bool) or not isinstance(rebuild_every, int) or rebuild_every < 1:
-            raise ValueError(f"rebuild_every={rebuild_every!r}: must be an integer >= 1")
-        self.rebuild_every = rebuild_every
+        self.itl_half_life = _check_positive("itl_half_life", itl_half_life)
+        self.rebuild_every = _check_int("rebuild_every", rebuild_every, 1)
+        self.explore_every = _check_int("explore_every", explore_every, 0)
+        if 0 < self.explore_every < PROBE_STEPS * 100:
+            raise ValueError(f"explore_every={explore_every!r}: must be 0 (never) or >= {PROBE_STEPS * 100} "
+                             f"(exploration is {PROBE_STEPS} steps per period, at most 1 % of steps)")
+        self.tolerance = float(table.get("tolerance") or 0.0)
         ranges = validate_ranges(table["ranges"])
         cap = table.get("num_speculative_tokens") if max_k is None else max_k
         self.max_k = max(k for _, _, k in ranges) if cap is None else validate_num_speculative_tokens(cap, "max_k")
         allowed = None if allowed_ks is None else {validate_num_speculative_tokens(k, "allowed_ks") for k in allowed_ks}
+        self._build_grid(table, allowed)
+        self.rejected = 0
+        self._pending = self._hot = 0
+        self._last_bucket = None
+        self._tick = 0
+        self._probe: list[int] | None = None
+        self._probe_up = False
+        self.version = 0
+        self._swap()
+        self.version = 0
 
-        grid: dict[int, dict[int, tuple[float, float]]] = {}
+    def _build_grid(self, table: dict[str, Any], allowed: set[int] | None) -> None:
+        pooled = _conditional(table["acceptance_per_pos"])
+        grid: dict[int, dict[int, dict]] = {}
         for c in table["cells"]:
             k = c["k"]
             if k <= self.max_k and (allowed is None or k in allowed):
-                grid.setdefault(c["batch_size"], {})[k] = (float(c["acceptance_length"]), float(c["itl_s"]))
+                grid.setdefault(c["batch_size"], {})[k] = c
         if not grid:
             raise TableError(f"cells: no measured cell with K <= {self.max_k}"
                              + (f" in allowed_ks={sorted(allowed)}" if allowed is not None else ""))
-        self._grid = dict(sorted(grid.items()))
-        lookup = build_lookup(ranges, self.max_k)
-        self._k = {b: lookup[b] for b in self._grid}  # start from the K the table serves
-        self.ranges = tuple(ranges)
-        self.select = lookup.__getitem__
-        self.version = 0
-
-        self._p0, self._q0, self._succ, self._expo = [], [], [], []
-        prev = 1.0
-        for p in p0:
-            p = min(float(p), prev)  # a chain's p_i cannot exceed p_{i-1}
-            self._p0.append(p)
-            self._q0.append(p / prev if prev > 0 else 0.0)
-            self._succ.append(self.prior_weight * p)
-            self._expo.append(self.prior_weight * prev)
-            prev = p
-        self._pending = 0
-        forced = {b for b, k in self._k.items() if k not in self._grid[b]}  # capped / not allowed
-        if forced:
-            for b in forced:
-                self._k[b] = self._target(self.goodput(b))
-            self._swap()
-            self.version = 0
+        depth = max(1, max(k for cells in grid.values() for k in cells))
+        pooled = (pooled + [pooled[-1]] * depth)[:depth]
+        self._pooled_q0 = [max(q, Q_FLOOR) for q in pooled]
+        self._sizes = sorted(grid)
+        self._ends = [math.isqrt(a * b) for a, b in zip(self._sizes, self._sizes[1:])]
+        lookup = build_lookup(validate_ranges(table["ranges"]), self.max_k)
+        self._cells, self._q0, self._k, self._table_k, self._g0, self._handicap = [], [], {}, {}, [], []
+        self._ref: list[list[float]] = []
+        for b in self._sizes:
+            cells = grid[b]
+            deepest = max((c for c in cells.values() if c.get("acceptance_per_pos")), key=lambda c: c["k"], default=None)
+            ref = _conditional(deepest["acceptance_per_pos"]) if deepest else []
+            ref = ref + pooled[len(ref):]
+            self._q0.append([max(q, Q_FLOOR) for q in ref])
+            self._ref.append(ref)
+            row = {}
+            for k, c in sorted(cells.items()):
+                own = _conditional(c.get("acceptance_per_pos") or [])
+                row[k] = _Cell(k, float(c["acceptance_length"]), float(c["itl_s"]), own + ref[len(own):], ref)
+            self._cells.append(row)
+            g0 = {k: c.al / c.itl for k, c in row.items()}
+            self._g0.append(g0)
+            kt = lookup[b]
+            self._table_k[b] = kt if kt in row else None
+            self._handicap.append({k: (max(1.0, g / g0[kt]) if kt in row and k != kt else 1.0) for k, g in g0.items()})
+        self._acc = AcceptanceStats(depth, self.half_life, self.prior_weight)
+        self._itl = StepTimes([{k: c.itl for k, c in row.items()} for row in self._cells], self.itl_half_life)
+        for bi, b in enumerate(self._sizes):  # a table K capped or not allowed: the best candidate instead
+            kt = self._table_k[b]
+            self._k[b] = kt if kt is not None else self._decide(bi, None, [1.0] * depth)
 
     @classmethod
     def from_dict(cls, doc: Any, **kwargs: Any) -> "AdaptiveKSelector":
@@ -153,100 +188,190 @@ class AdaptiveKSelector:
         """Load a v2 table file; any unusable file (or a v1 table) is a :class:`TableError`."""
         return cls(read_table_file(path), **kwargs)
 
-    # ------------------------------------------------------------------ acceptance
+    # ------------------------------------------------------------------ live input
+
+    def _bucket(self, batch_size: int) -> int:
+        """Index of the profiled batch size nearest (on a log scale, as the table's ranges) to ``batch_size``."""
+        return bisect_left(self._ends, batch_size)
 
     def observe(self, num_drafts: int, accepted_per_pos: Sequence[int],
-                drafted_per_pos: Sequence[int] | None = None) -> bool:
-        """Add one step's (or interval's) counts; every ``rebuild_every`` calls, re-derive K.
+                drafted_per_pos: Sequence[int] | None = None, batch_size: int | None = None) -> bool:
+        """Add one step's acceptance counts; True when the lookup changed. Bad counts: ignored, counted.
 
-        ``num_drafts``: drafts (request-steps with a proposal). ``accepted_per_pos[i]``: drafts
-        whose position i+1 was accepted (vLLM's ``num_accepted_tokens_per_pos``); its length is
-        the K that was drafted. Returns True when the lookup changed.
+        ``batch_size``: the step's number of requests (its profile is the reference); default the
+        batch size of the last :meth:`observe_step`, else the pooled profile.
         """
-        if num_drafts <= 0:
+        if type(num_drafts) is int and num_drafts == 0:
             return False
-        prev_acc = float(num_drafts)
-        prev_drafted = prev_acc
-        succ, expo = self._succ, self._expo
-        for i in range(min(len(accepted_per_pos), len(succ))):
-            acc = float(accepted_per_pos[i])
-            if drafted_per_pos is None:
-                exposure = prev_acc
-            else:
-                drafted = float(drafted_per_pos[i])
-                exposure = prev_acc * drafted / prev_drafted if prev_drafted > 0 else 0.0
-                prev_drafted = drafted
-            if not exposure > 0:
-                break
-            if not acc >= 0:
-                raise ValueError(f"accepted_per_pos[{i}]={accepted_per_pos[i]!r}: must be >= 0")
-            acc = min(acc, exposure)
-            decay = 0.5 ** (exposure / self.half_life)
-            succ[i] = succ[i] * decay + acc
-            expo[i] = expo[i] * decay + exposure
-            prev_acc = acc
+        if not check_counts(num_drafts, accepted_per_pos, drafted_per_pos):
+            self.rejected += 1
+            return False
+        if batch_size is None:
+            q0 = self._pooled_q0 if self._last_bucket is None else self._q0[self._last_bucket]
+        elif type(batch_size) is int:
+            q0 = self._q0[self._bucket(batch_size)]
+        else:
+            self.rejected += 1
+            return False
+        if self._acc.update(int(num_drafts), accepted_per_pos, drafted_per_pos, q0):
+            self._hot = self.rebuild_every  # a shift: re-derive K on each of the next rebuild_every steps
         self._pending += 1
+        if self._hot:
+            self._hot -= 1
+            if self._hot % 4 == 3 or self._hot >= self.rebuild_every - 8:
+                return self.rebuild()
         if self._pending >= self.rebuild_every:
             return self.rebuild()
         return False
 
-    def acceptance(self) -> list[float]:
-        """Current estimate of p_1..p_L (probability that the first i drafted tokens are accepted)."""
+    def observe_step(self, batch_size: int, k: int | None, seconds: float | None) -> bool:
+        """One engine step that verified and drafted ``k`` per request at ``batch_size`` took
+        ``seconds``; True when the lookup changed. Bad input: ignored, counted. ``seconds=None``:
+        no time (a mixed step), only the batch size for the next :meth:`observe`."""
+        if seconds is None and type(batch_size) is int and batch_size >= 1:
+            self._last_bucket = self._bucket(batch_size)
+            return False
+        if type(batch_size) is not int or type(k) is not int or batch_size < 1 or not check_seconds(seconds):
+            self.rejected += 1
+            return False
+        bucket = self._bucket(batch_size)
+        self._last_bucket = bucket
+        self._itl.update(bucket, k, float(seconds))
+        if k == 0:  # no observe() follows: count the step here
+            self._pending += 1
+            if self._pending >= self.rebuild_every:
+                return self.rebuild()
+        return False
+
+    def acceptance(self, batch_size: int | None = None) -> list[float]:
+        """Live p_1..p_L (first i drafts all accepted) at ``batch_size``'s profile, or the pooled one."""
+        q0 = self._pooled_q0 if batch_size is None else self._q0[self._bucket(batch_size)]
         out, p = [], 1.0
-        for s, e, q0 in zip(self._succ, self._expo, self._q0):
-            p *= min(1.0, s / e) if e > 0 else q0
+        for r, q in zip(self._acc.ratios(), q0):
+            p *= min(1.0, r * q)
             out.append(p)
         return out
 
+    def acceptance_interval(self, z: float = 1.96) -> list[tuple[float, float]]:
+        """Approximate interval of each position's live / profiled ratio (1 = as profiled)."""
+        return self._acc.intervals(z)
+
+    def step_time(self, batch_size: int, k: int) -> float:
+        """Current step-time estimate of a profiled cell (KeyError if K was not measured there)."""
+        return self._itl.est[self._sizes.index(batch_size)][k]
+
     # ------------------------------------------------------------------ K
 
-    def _shift(self) -> list[float]:
-        """``shift[K] = sum_{i<=K} (p_i - p0_i)``: the change in expected accepted tokens at K."""
-        shift, acc = [0.0], 0.0
-        for live, prof in zip(self.acceptance(), self._p0):
-            acc += live - prof
-            shift.append(acc)
-        return shift
+    def goodput(self, batch_size: int) -> dict[int, float]:
+        """Live goodput estimate (tokens/s per request) of each candidate K at a profiled batch size."""
+        return self._goodputs(self._sizes.index(batch_size), self._acc.ratios())
 
-    def goodput(self, batch_size: int, _shift: list[float] | None = None) -> dict[int, float]:
-        """Re-derived goodput (tokens/s per request) of each candidate K at a profiled batch size."""
-        shift = self._shift() if _shift is None else _shift
-        last = len(shift) - 1
-        return {k: min(k + 1.0, max(1.0, al + shift[k if k < last else last])) / itl
-                for k, (al, itl) in self._grid[batch_size].items()}
+    def _goodputs(self, bi: int, r: list[float]) -> dict[int, float]:
+        est = self._itl.est[bi]
+        shared = [0.0]  # shift of the batch size's reference chain at each depth
+        p = p0 = 1.0
+        shift = 0.0
+        for ri, q in zip(r, self._ref[bi]):
+            x = ri * q
+            p *= x if x < 1.0 else 1.0
+            p0 *= q
+            shift += p - p0
+            shared.append(shift)
+        out = {}
+        for k, c in self._cells[bi].items():
+            if c.shared:
+                shift = shared[k]
+            else:
+                p, shift = 1.0, 0.0
+                for ri, q, p0 in zip(r, c.q0, c.p0):
+                    x = ri * q
+                    p *= x if x < 1.0 else 1.0
+                    shift += p - p0
+            out[k] = min(k + 1.0, max(1.0, c.al + shift)) / est[k]
+        return out
+
+    def _decide(self, bi: int, current: int | None, r: list[float]) -> int:
+        g = self._goodputs(bi, r)
+        g0, handicap = self._g0[bi], self._handicap[bi]
+        ratios = [v / g0[k] for k, v in g.items()]
+        dist = max(math.log(max(ratios)), -math.log(min(ratios)))
+        rho = 1.0 - dist / FADE
+        score = dict(g)
+        if rho > 0:  # near the profile: the Ks that beat the table's K there carry that advantage as a handicap
+            for k, h in handicap.items():
+                if h > 1.0:
+                    score[k] /= h**rho
+        if current is not None:  # a thinly observed alternative must win by its uncertainty too (<= margin / 2)
+            sigma, n, margin = self._itl.noise_sd(bi), self._itl.n[bi], self.margin / 2
+            for k in score:
+                if k != current:
+                    score[k] /= 1.0 + min(margin, sigma / math.sqrt(1.0 + n[k]))
+        best = max(score.values())
+        if current is not None and best <= (1.0 + self.margin) * score[current]:
+            return current
+        return choose_k(score, 1.0 - 1.0 / (1.0 + self.margin / 2))  # the K rule, inside the hysteresis band
 
     def rebuild(self) -> bool:
         """Re-derive K at every profiled batch size (with hysteresis); swap the lookup if any moved."""
         self._pending = 0
+        self._itl.refit()
+        r = self._acc.ratios()
         changed = False
-        shift = self._shift()
-        for b in self._grid:
-            g = self.goodput(b, shift)
-            if max(g.values()) > (1.0 + self.margin) * g.get(self._k[b], -math.inf):
-                new = self._target(g)
-                if new != self._k[b]:
-                    self._k[b] = new
-                    changed = True
+        for bi, b in enumerate(self._sizes):
+            new = self._decide(bi, self._k[b], r)
+            if new != self._k[b]:
+                self._k[b] = new
+                changed = True
         if changed:
             self._swap()
         return changed
-
-    def _target(self, g: dict[int, float]) -> int:
-        """Smallest K within half the hysteresis band of the best."""
-        best = max(g.values())
-        return min(k for k, v in g.items() if v >= best / (1.0 + self.margin / 2))
 
     def _swap(self) -> None:
         ranges = [tuple(r) for r in ranges_from_points(list(self._k.items()))]
         lookup = build_lookup(ranges, self.max_k)
         self.ranges = tuple(ranges)
         self.select = lookup.__getitem__  # one attribute store: select() sees old or new, never half
+        self._probe = None
         self.version += 1
+
+    # ------------------------------------------------------------------ exploration
+
+    def explore(self, max_batch_size: int) -> list[int] | None:
+        """Call once per engine step before scheduling: a dense probe lookup (index = batch size)
+        for ``PROBE_STEPS`` steps of every ``explore_every``, else None (serve :meth:`lookup_list`)."""
+        every = self.explore_every
+        if not every:
+            return None
+        tick = self._tick = self._tick + 1
+        phase = (tick + PROBE_STEPS - 1) % every  # the last PROBE_STEPS steps of every period
+        if phase >= PROBE_STEPS:
+            return None
+        if phase == 0 or self._probe is None or len(self._probe) != max_batch_size + 1:
+            if phase == 0:
+                self._probe_up = not self._probe_up
+            points = [(b, self._neighbour(bi, self._k[b])) for bi, b in enumerate(self._sizes)]
+            self._probe = lookup_list(ranges_from_points(points), self.max_k, max_batch_size)
+        return self._probe
+
+    def _neighbour(self, bi: int, k: int) -> int:
+        ks = sorted(self._cells[bi])
+        i = ks.index(k)
+        down = ks[i - 1] if i > 0 else None
+        up = ks[i + 1] if i + 1 < len(ks) else None
+        first, second = (up, down) if self._probe_up else (down, up)
+        return first if first is not None else second if second is not None else k
+
+    # ------------------------------------------------------------------ views
 
     @property
     def ks(self) -> dict[int, int]:
         """Current K at each profiled batch size."""
         return dict(self._k)
+
+    @property
+    def table_ks(self) -> dict[int, int | None]:
+        """The table's K at each profiled batch size (None where it is not a candidate)."""
+        return dict(self._table_k)
 
     def lookup_list(self, max_batch_size: int) -> list[int]:
         """``[0, K(1), ..., K(max_batch_size)]``: assignable to vLLM's scheduler ``dynamic_sd_lookup``."""
@@ -257,5 +382,4 @@ class AdaptiveKSelector:
 
     def __repr__(self) -> str:
         return (f"AdaptiveKSelector(ks={self._k!r}, acceptance={[round(p, 3) for p in self.acceptance()]!r}, "
-                f"version={self.version})")
-
+                f"version={self.version}, rejected={self.rejected})")

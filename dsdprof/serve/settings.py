@@ -8,9 +8,10 @@ environment. Either names the table, first match wins:
    ``VllmConfig.additional_config`` (``--additional-config`` of ``vllm serve``, ``additional_config=``
    of ``vllm.LLM``), which reaches the scheduler as ``vllm_config.additional_config``. Optional
    keys tune :class:`dsdprof.serve.adaptive.AdaptiveKSelector`: ``margin``, ``prior_weight``,
-   ``half_life``, ``rebuild_every``, ``allowed_ks``; and the scheduler: ``probe_every`` (after
-   this many engine steps without a draft -- K=0 wherever the engine ran -- one step runs at K=1,
-   so the acceptance estimate can still recover; 0 = never; default 1024).
+   ``half_life``, ``rebuild_every``, ``allowed_ks``, ``explore_every``, ``itl_half_life``; and the
+   scheduler: ``probe_every`` (after this many engine steps without a draft -- K=0 wherever the
+   engine ran -- one step runs at K=1, so the acceptance estimate can still recover; 0 = never;
+   default 1024).
 2. ``DSDPROF_ADAPTIVE_TABLE=PATH`` in the environment (inherited by the engine-core process);
    selector defaults.
 
@@ -29,7 +30,8 @@ from typing import Any, Mapping
 ADAPTIVE_SCHEDULER_QUALNAME = "dsdprof.engines.vllm_adaptive.make_scheduler"
 ADAPTIVE_TABLE_ENV = "DSDPROF_ADAPTIVE_TABLE"
 ADAPTIVE_CONFIG_KEY = "dsdprof_adaptive"
-SELECTOR_OPTIONS = ("margin", "prior_weight", "half_life", "rebuild_every", "allowed_ks")
+SELECTOR_OPTIONS = ("margin", "prior_weight", "half_life", "rebuild_every", "allowed_ks", "explore_every",
+                    "itl_half_life")
 PLUGIN_OPTIONS = ("probe_every",)
 DEFAULT_PROBE_EVERY = 1024
 

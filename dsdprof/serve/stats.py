@@ -1,0 +1,288 @@
+"""Live statistics behind :class:`dsdprof.serve.adaptive.AdaptiveKSelector`. Stdlib only.
+
+**Counts are checked before anything changes** (:func:`check_counts`): a step's counts must be
+integers (not bool), ``0 < num_drafts <= MAX_DRAFTS_PER_STEP``, a chain (``accepted_i <=
+accepted_{i-1} <= num_drafts``) and, with ``drafted_per_pos``, as long as ``accepted_per_pos``
+with ``accepted_i <= drafted_i <= drafted_{i-1} <= num_drafts``. Anything else (inf, NaN, floats,
+negatives, accepted > drafted, huge, short, over-long or wrong-typed lists) is ignored and counted; nothing
+on this path raises. Step times likewise: a finite number of seconds in ``(0, MAX_STEP_S]``.
+
+**Acceptance** (:class:`AcceptanceStats`): one standardized ratio per position,
+r_i = (accepted_i) / (exposure_i * q0_i), pooled over batch sizes, where q0_i is the conditional
+acceptance profiled *at the batch size the step ran at*: at the profile r_i = 1 at every batch
+size, so a batch size whose profiled acceptance was below the pooled one is not shifted twice.
+Evidence decays with drafts (half-life ``half_life`` drafts, every position, observed or not),
+a single step counts as at most ``half_life / 8`` drafts and at most as much as the estimate
+already holds (prior + evidence; so it cannot capture the estimate), and
+each position's estimate is shrunk toward the one before it (position 1 toward the profile)
+with ``prior_weight`` expected acceptances::
+
+    r_i = (S_i + w * r_{i-1}) / (E_i + w)        r_0 = 1 (the profile)
+
+so a position not drafted relaxes toward its shallower neighbour as its evidence fades. A second,
+two-sided CUSUM per position detects a shift: it sums, over the steps since it last stood at
+zero, the gap between the accepted and the expected counts beyond a slack of ``DETECT_SLACK``
+per expected acceptance (each step's share clipped to ~2 standard deviations, so no single step
+triggers it); past ``DETECT_Z`` standard errors the position's evidence is replaced by that run's
+(the evidence since the shift began) and deeper positions forget theirs. Leaving the profile and
+coming back are then the same problem, solved in about the same number of drafts.
+
+**Step time** (:class:`StepTimes`): per profiled batch size b and K, decayed counts and sums of
+the observed step time (half-life ``half_life`` steps at that batch size; a step more than 4x
+away from the current estimate is clipped to 4x). Per b, the deviation from the table is fitted
+by ridge-regularised weighted least squares as ``o(K) - T(K) = alpha * T(K) + beta * Tbar *
+(K - Kc)`` (a scale and a slope in K: with one K observed, a pure scale; with two, the slope
+too), the scale shrunk toward the scale of the other batch sizes. An observed cell's estimate is
+its own mean shrunk toward that fit; an unobserved one is the fit.
+"""
+
+from __future__ import annotations
+
+import math
+from operator import index as _index
+from typing import Any, Sequence
+
+MAX_DRAFTS_PER_STEP = 1 << 24
+MAX_STEP_S = 3600.0
+MAX_POSITIONS = 128  # dsdprof.formats.schema.MAX_K: longer per-position lists are refused unread
+Q_FLOOR = 1e-3  # conditional profile below this is treated as this when standardizing
+DETECT_Z = 5.0  # CUSUM threshold, in standard errors of the run's expected acceptances
+DETECT_SLACK = 0.025  # ratio drift per expected acceptance the CUSUM tolerates (shifts < ~0.05 are not "shifts")
+DETECT_MIN_EVIDENCE = 8.0  # expected acceptances in a run before it may count as a shift
+RESET_WEIGHT = 32.0  # expected acceptances the evidence keeps after a detected shift
+STEP_CAP_FRACTION = 1.0 / 8.0  # one step counts as at most half_life / 8 drafts
+STEP_CLIP = 4.0
+
+
+def _count(x: Any) -> int:
+    if type(x) is int:
+        return x
+    if isinstance(x, bool):
+        raise TypeError
+    return _index(x)  # numpy integers; floats, str, None raise TypeError
+
+
+def check_counts(num_drafts: Any, accepted: Any, drafted: Any) -> bool:
+    """True when one step's counts are a valid chain (module docstring); never raises."""
+    try:
+        n = _count(num_drafts)
+        if (not 0 < n <= MAX_DRAFTS_PER_STEP or not isinstance(accepted, (list, tuple))
+                or not 0 < len(accepted) <= MAX_POSITIONS):
+            return False
+        if drafted is not None and (not isinstance(drafted, (list, tuple)) or len(drafted) != len(accepted)):
+            return False
+        prev_a = prev_d = n
+        for i, a in enumerate(accepted):
+            a = _count(a)
+            if drafted is not None:
+                d = _count(drafted[i])
+                if not 0 <= d <= prev_d:
+                    return False
+                prev_d = d
+            if not 0 <= a <= prev_a or a > prev_d:
+                return False
+            prev_a = a
+        return True
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def check_seconds(seconds: Any) -> bool:
+    return (type(seconds) is float or (isinstance(seconds, (int, float)) and not isinstance(seconds, bool))) \
+        and 0.0 < seconds <= MAX_STEP_S  # NaN fails both comparisons
+
+
+class AcceptanceStats:
+    """Per-position standardized acceptance ratios (module docstring)."""
+
+    __slots__ = ("depth", "half_life", "prior_weight", "cap", "S", "E", "cusum", "resets")
+
+    def __init__(self, depth: int, half_life: float, prior_weight: float) -> None:
+        self.depth, self.half_life, self.prior_weight = depth, half_life, prior_weight
+        self.cap = half_life * STEP_CAP_FRACTION
+        self.S, self.E = [0.0] * depth, [0.0] * depth
+        # per position: [down statistic, its successes, its expectation, up statistic, successes, expectation]
+        self.cusum = [[0.0] * 6 for _ in range(depth)]
+        self.resets = 0
+
+    def update(self, n: int, accepted: Sequence[int], drafted: Sequence[int] | None,
+               q0: Sequence[float]) -> bool:
+        """Add one checked step (``q0``: floored conditional profile of its batch size).
+        Returns True when a shift was detected (the evidence was reset to the post-shift part)."""
+        S, E, w = self.S, self.E, self.prior_weight
+        cap = min(self.cap, w + E[0])  # one step weighs at most what the estimate already holds
+        scale = 1.0 if n <= cap else cap / n
+        d = 0.5 ** (n * scale / self.half_life)
+        for i in range(self.depth):
+            S[i] *= d
+            E[i] *= d
+        prev_a = prev_d = float(n)
+        r = 1.0
+        for i in range(min(len(accepted), self.depth)):
+            a = float(accepted[i])
+            if drafted is None:
+                x = prev_a
+            else:
+                dr = float(drafted[i])
+                x = prev_a * dr / prev_d if prev_d > 0 else 0.0
+                prev_d = dr
+            if x <= 0:
+                break
+            e, s = x * q0[i] * scale, a * scale
+            r = (S[i] + w * r) / (E[i] + w)  # the estimate before this step
+            S[i] += s
+            E[i] += e
+            prev_a = a
+            c = self.cusum[i]
+            slack = DETECT_SLACK * e
+            clip = 2.0 * math.sqrt(max(r, 0.05) * e) + 1.0  # one step moves the statistic <= ~2 sd
+            for j, excess in ((0, r * e - s - slack), (3, s - r * e - slack)):  # down, up
+                g = c[j] + (excess if excess < clip else clip)
+                if g <= 0.0:
+                    c[j] = c[j + 1] = c[j + 2] = 0.0
+                    continue
+                c[j], c[j + 1], c[j + 2] = g, c[j + 1] + s, c[j + 2] + e
+                run_e = c[j + 2]
+                if run_e >= DETECT_MIN_EVIDENCE and g * g > DETECT_Z * DETECT_Z * max(r, 0.05) * run_e:
+                    self._reset(i, c[j + 1], run_e)
+                    return True
+        return False
+
+    def _reset(self, i: int, s: float, e: float) -> None:
+        """A shift at position i: keep only its evidence since the shift began, at a weight of at most
+        ``RESET_WEIGHT`` (the run may include a few steps from before the shift); forget deeper ones."""
+        c = min(1.0, RESET_WEIGHT / e)
+        self.S[i], self.E[i] = s * c, e * c
+        for j in range(i + 1, self.depth):
+            self.S[j] = self.E[j] = 0.0
+        for j in range(i, self.depth):
+            self.cusum[j] = [0.0] * 6
+        self.resets += 1
+
+    def ratios(self) -> list[float]:
+        """r_1..r_depth: live / profiled conditional acceptance, each shrunk toward the one before."""
+        out, prev, w = [], 1.0, self.prior_weight
+        for s, e in zip(self.S, self.E):
+            prev = (s + w * prev) / (e + w)
+            out.append(prev)
+        return out
+
+    def intervals(self, z: float = 1.96) -> list[tuple[float, float]]:
+        """Approximate (lo, hi) of each ratio (Poisson standard error on its evidence + prior)."""
+        return [(max(0.0, r - z * math.sqrt(r / (e + self.prior_weight))),
+                 r + z * math.sqrt(r / (e + self.prior_weight))) for r, e in zip(self.ratios(), self.E)]
+
+
+class StepTimes:
+    """Live step time per (profiled batch size, K) with the table as prior (module docstring)."""
+
+    __slots__ = ("table", "n", "s", "est", "decay", "prior_weight", "slope_weight", "cell_weight", "scales", "noise",
+                 "fits", "pooled", "dirty")
+
+    def __init__(self, table: list[dict[int, float]], half_life: float, prior_weight: float = 2.0,
+                 slope_weight: float = 0.25, cell_weight: float = 1.0) -> None:
+        self.table = table
+        self.n = [dict.fromkeys(t, 0.0) for t in table]
+        self.s = [dict.fromkeys(t, 0.0) for t in table]
+        self.est = [dict(t) for t in table]
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.prior_weight, self.slope_weight, self.cell_weight = prior_weight, slope_weight, cell_weight
+        self.scales = [0.0] * len(table)
+        self.noise = [[0.0, 0.0] for _ in table]  # decayed (weight, sum of squared log residuals)
+        self.fits = [(0.0, 0.0)] * len(table)  # (alpha, weight) of each bucket's last fit
+        self.pooled = 0.0
+        self.dirty = set(range(len(table)))
+
+    def update(self, bucket: int, k: int, seconds: float) -> bool:
+        """One pure step (verified and drafted ``k``) of ``seconds`` at ``bucket``; False if no such cell."""
+        n, s = self.n[bucket], self.s[bucket]
+        if k not in n:
+            return False
+        est = self.est[bucket][k]
+        seconds = min(max(seconds, est / STEP_CLIP), est * STEP_CLIP)
+        d = self.decay
+        noise = self.noise[bucket]
+        if n[k] > 4.0:  # the residual against a settled estimate: the step-to-step noise
+            resid = math.log(seconds / est)
+            noise[0] = noise[0] * d + 1.0
+            noise[1] = noise[1] * d + resid * resid
+        for kk in n:
+            n[kk] *= d
+            s[kk] *= d
+        n[k] += 1.0
+        s[k] += seconds
+        self.dirty.add(bucket)
+        return True
+
+    def noise_sd(self, bucket: int) -> float:
+        """Step-to-step relative noise of the step times seen at this bucket (0 until settled);
+        an estimate's relative standard error is about this over sqrt(1 + its cell's weight)."""
+        w, ss = self.noise[bucket]
+        return math.sqrt(ss / w) if w > 2.0 else 0.0
+
+    def refit(self) -> None:
+        """Re-derive the estimates of the buckets observed since the last refit (all of them when the
+        pooled scale, the prior of every bucket's scale, moved)."""
+        while self.dirty:
+            dirty, self.dirty = self.dirty, set()
+            for b in dirty:
+                self._estimate(b)
+            num = sum(w * a for a, w in self.fits)
+            pooled = num / (sum(w for _, w in self.fits) + self.prior_weight)
+            if abs(pooled - self.pooled) > 1e-3:
+                self.pooled = pooled
+                self.dirty = set(range(len(self.table)))
+
+    def _estimate(self, b: int) -> None:
+        alpha, beta, kc, weight = self._fit(b, self.pooled)
+        self.fits[b] = (alpha, weight)
+        self.scales[b] = alpha
+        table, n, s, est = self.table[b], self.n[b], self.s[b], self.est[b]
+        tbar = sum(table.values()) / len(table)
+        for k, t in table.items():
+            pred = max(t * (1.0 + alpha) + beta * tbar * (k - kc), 0.25 * t * max(1.0 + alpha, 0.05))
+            nk = n[k]
+            est[k] = (s[k] + self.cell_weight * pred) / (nk + self.cell_weight) if nk > 1e-3 else pred
+
+    def _fit(self, b: int, alpha0: float) -> tuple[float, float, float, float]:
+        """(alpha, beta, Kc, total weight) of the ridge fit at bucket b, alpha shrunk toward alpha0."""
+        table, n, s = self.table[b], self.n[b], self.s[b]
+        tbar = sum(table.values()) / len(table)
+        wsum = sum(n.values())
+        if wsum <= 1e-3:
+            return alpha0, 0.0, 0.0, 0.0
+        kc = sum(w * k for k, w in n.items()) / wsum
+        ra, rb = self.prior_weight * tbar * tbar, self.slope_weight * tbar * tbar
+        a11, a12, a22, b1, b2 = ra, 0.0, rb, ra * alpha0, 0.0
+        for k, w in n.items():
+            if w <= 1e-3:
+                continue
+            x1, x2 = table[k], tbar * (k - kc)
+            y = s[k] / w - x1
+            a11 += w * x1 * x1
+            a12 += w * x1 * x2
+            a22 += w * x2 * x2
+            b1 += w * x1 * y
+            b2 += w * x2 * y
+        det = a11 * a22 - a12 * a12
+        return (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det, kc, wsum
+
+
+# ---------------------------------------------------------------- option checks (the selector's settings)
+
+def _check_fraction(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name}={value!r}: must be a number in [0, 1)")
+    return float(value)
+
+
+def _check_positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name}={value!r}: must be a finite number > 0")
+    return float(value)
+
+
+def _check_int(name: str, value: Any, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name}={value!r}: must be an integer >= {lo}")
+    return value

@@ -1,0 +1,203 @@
+"""AdaptiveKSelector as a controller: hostile input, the table's own K, live step times, recovery.
+
+Closed loops run through dsdprof.serve.simulate (a stdlib engine with known truth)."""
+
+import math
+import statistics
+
+import pytest
+
+from dsdprof.serve.adaptive import PROBE_STEPS, AdaptiveKSelector
+from dsdprof.serve.simulate import (
+    Phase, best_fixed, chain_al, first_within, reach_step, served_goodput, simulate, synthetic_table,
+)
+from dsdprof.formats.ktable import ranges_from_points
+
+SIZES = (1, 2, 4, 8, 16)
+P0 = (0.8,) * 4
+
+
+def _interp(v0, v2, v4):
+    return {0: v0, 1: (v0 + v2) / 2, 2: v2, 3: (v2 + v4) / 2, 4: v4}
+
+
+def _by_bs(row):
+    """Step times at every batch size: a row at BS 1, verification growing with BS * (K + 1)."""
+    return {b: {k: t * (1 + 0.03 * (b - 1) * (1 + k) / 5) for k, t in row.items()} for b in SIZES}
+
+
+FAR_TABLE = _by_bs(_interp(0.015, 0.021, 0.025))  # the issue's table: 15/21/25 ms at K 0/2/4
+FAR_TRUE = _by_bs(_interp(0.033, 0.088, 0.140))  # ... served on a pair that runs 33/88/140 ms
+SPEC = _by_bs(_interp(0.030, 0.036, 0.040))  # a pair where speculation pays
+
+
+def state(sel):
+    return (sel.ks, sel.version, sel.acceptance(), sel.acceptance_interval(),
+            {b: {k: sel.step_time(b, k) for k in range(5)} for b in SIZES}, sel.lookup_list(64))
+
+
+# ---------------------------------------------------------------- sound statistics
+
+HOSTILE_COUNTS = [
+    (math.inf, [1]), (math.nan, [1]), (-3, [1]), (10**18, [1]), (1 << 30, [1]), (2.0, [1]), ("4", [1]),
+    (True, [1]), (None, [1]), (4, [5]), (4, [1, 2]), (4, [-1]), (4, [math.inf]), (4, [math.nan]),
+    (4, [1.5]), (4, ["1"]), (4, None), (4, "11"), (4, []), (4, [10**18]), (4, {0: 1}), (4, [0] * 129),
+]
+HOSTILE_DRAFTED = [([2, 1], [4]), ([2, 1], [4, 1, 1]), ([2, 1], [4, 5]), ([2, 1], [4, 0]), ([2], [5]),
+                   ([2, 1], [math.nan, 1]), ([2, 1], "41")]
+HOSTILE_STEPS = [(1, 2, math.nan), (1, 2, math.inf), (1, 2, -0.01), (1, 2, 0.0), (1, 2, 1e9), (1, 2, "0.1"),
+                 (0, 2, 0.1), (-1, 2, 0.1), (True, 2, 0.1), (1.0, 2, 0.1), (1, 2.0, 0.1), (1, None, 0.1),
+                 (0, 2, None), (1, 2, True)]
+
+
+def test_hostile_counts_are_rejected_before_any_state_changes():
+    sel = AdaptiveKSelector(synthetic_table(SPEC, P0), rebuild_every=1)
+    for _ in range(50):  # some honest evidence first, so a partial update would show
+        sel.observe(4, [3, 2, 2, 1], batch_size=4)
+        sel.observe_step(4, 4, 0.05)
+    sel.rebuild()
+    before = state(sel)
+    n = 0
+    for num, acc in HOSTILE_COUNTS:
+        assert sel.observe(num, acc) is False
+        n += 1
+    for acc, drafted in HOSTILE_DRAFTED:
+        assert sel.observe(4, acc, drafted) is False
+        n += 1
+    for args in HOSTILE_STEPS:
+        assert sel.observe_step(*args) is False
+        n += 1
+    assert sel.observe(4, [1], batch_size="4") is False
+    assert sel.rejected == n + 1
+    assert state(sel) == before
+
+
+def test_one_step_cannot_capture_the_estimate():
+    sel = AdaptiveKSelector(synthetic_table(SPEC, P0), rebuild_every=10**9)
+    fresh = sel.acceptance()[0]
+    sel.observe((1 << 24), [0], batch_size=1)  # the largest valid step, every draft rejected
+    assert sel.acceptance()[0] >= 0.5 * fresh  # weighs at most what the estimate held (the prior)
+    for _ in range(400):
+        sel.observe(8, [6, 5, 4, 3], batch_size=8)
+    settled = sel.acceptance()[0]
+    sel.observe((1 << 24), [0], batch_size=8)
+    assert sel.acceptance()[0] >= 0.85 * settled  # at most half_life / 8 drafts: <= ~12 % of a settled one
+
+
+def _table_with_undecided_point():
+    """The SPEC table, but BS 4 serves K=2 though K=4 is ~5 % faster there (an undecided point)."""
+    table = synthetic_table(SPEC, P0)
+    points = [(p["batch_size"], 2 if p["batch_size"] == 4 else p["k"]) for p in table["points"]]
+    table["points"] = [{"batch_size": b, "k": k, "decided": b != 4} for b, k in points]
+    table["ranges"] = ranges_from_points(points)
+    return table
+
+
+@pytest.mark.parametrize("make", [lambda: synthetic_table(SPEC, P0), _table_with_undecided_point,
+                                  lambda: synthetic_table(FAR_TABLE, P0, tolerance=0.05)])
+def test_the_table_k_is_kept_at_the_profile(make):
+    table = make()
+    sel = AdaptiveKSelector(table, rebuild_every=1, explore_every=0)
+    table_ks = {p["batch_size"]: p["k"] for p in table["points"]}
+    assert sel.ks == table_ks and sel.table_ks == table_ks
+    assert sel.rebuild() is False and sel.ks == table_ks
+    itl = {(c["batch_size"], c["k"]): c["itl_s"] for c in table["cells"]}
+    for _ in range(300):  # the profile: acceptance (to the count) and step times as in the table
+        for b, k in table_ks.items():
+            if k:
+                sel.observe(1000, [round(1000 * 0.8**i) for i in range(1, k + 1)], batch_size=b)
+            sel.observe_step(b, k, itl[(b, k)])
+    assert sel.ks == table_ks and sel.version == 0
+
+
+def test_a_batch_size_profiled_below_the_pooled_acceptance_is_not_shifted_twice():
+    """BS 1 was profiled at 0.5 per position (the pool: 0.8). Live BS-1 traffic at 0.5 is its
+    profile: K stays. (Shifting by live - pooled on top of BS 1's own AL drove K to 0.)"""
+    low = synthetic_table({1: SPEC[1]}, (0.5,) * 4)
+    high = synthetic_table({b: SPEC[b] for b in SIZES[1:]}, P0)
+    table = dict(high, cells=low["cells"] + high["cells"],
+                 points=low["points"] + high["points"],
+                 ranges=ranges_from_points([(p["batch_size"], p["k"]) for p in low["points"] + high["points"]]))
+    sel = AdaptiveKSelector(table, explore_every=0)
+    kt = sel.ks[1]
+    assert kt >= 1
+    res = simulate(sel, 1, [Phase(3000, (0.5,) * 4)], SPEC[1], seed=3)
+    assert set(res.ks) == {kt} and sel.ks[1] == kt
+
+
+# ---------------------------------------------------------------- live step times and exploration
+
+@pytest.mark.parametrize("accept", [P0, (0.55, 0.45, 0.4, 0.35)], ids=["profiled", "low"])
+@pytest.mark.parametrize("b", SIZES)
+def test_far_shifted_pair_reaches_the_best_fixed_k_or_vanilla_within_2000_steps(b, accept):
+    table = synthetic_table(FAR_TABLE, P0)
+    best_k, best = best_fixed(accept, FAR_TRUE[b])
+    assert best_k == 0 and table["points"][SIZES.index(b)]["k"] >= 3  # vanilla wins; the table says 3-4
+    for seed in range(2):
+        sel = AdaptiveKSelector(table)
+        res = simulate(sel, b, [Phase(4000, accept)], FAR_TRUE[b], seed=seed)
+        reach = reach_step(res, accept, FAR_TRUE[b], 0, 4000)
+        assert reach is not None and reach <= 2000, (b, seed, reach)
+        assert served_goodput(res, accept, FAR_TRUE[b], 2000, 4000) >= 0.98 * best
+        assert abs(sel.step_time(b, 0) / FAR_TRUE[b][0] - 1) < 0.05  # vanilla's step time was learnt
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.5])
+def test_a_table_whose_speculative_step_times_are_wrong_by_2x(factor):
+    true = {b: {k: r[0] + factor * (t - r[0]) for k, t in r.items()} for b, r in SPEC.items()}
+    table = synthetic_table(SPEC, P0)
+    for b in SIZES:
+        sel = AdaptiveKSelector(table)
+        res = simulate(sel, b, [Phase(3000, P0)], true[b], seed=b)
+        _, best = best_fixed(P0, true[b])
+        assert served_goodput(res, P0, true[b], 1000, 3000) >= 0.98 * best, b
+
+
+def test_exploration_is_bounded_and_probes_neighbours():
+    sel = AdaptiveKSelector(synthetic_table(SPEC, P0))
+    res = simulate(sel, 4, [Phase(10_000, P0)], SPEC[4], seed=1)
+    assert sum(res.probe) / len(res.probe) <= 0.01
+    assert sum(res.probe) == PROBE_STEPS * (10_000 // sel.explore_every)
+    k = sel.ks[4]
+    assert {kk for kk, p in zip(res.ks, res.probe) if p} == ({k - 1} if k == 4 else {k - 1, k + 1})
+    assert AdaptiveKSelector(synthetic_table(SPEC, P0), explore_every=0).explore(8) is None
+    with pytest.raises(ValueError, match="explore_every"):
+        AdaptiveKSelector(synthetic_table(SPEC, P0), explore_every=50)
+
+
+def test_every_position_has_an_estimate_with_uncertainty_that_shrinks_with_evidence():
+    sel = AdaptiveKSelector(synthetic_table(SPEC, P0), explore_every=0)
+    wide = [hi - lo for lo, hi in sel.acceptance_interval()]
+    assert len(wide) == 4
+    for _ in range(200):
+        sel.observe(16, [13, 10, 8, 6], batch_size=16)
+    narrow = [hi - lo for lo, hi in sel.acceptance_interval()]
+    assert all(n < w / 3 for n, w in zip(narrow, wide))
+
+
+# ---------------------------------------------------------------- symmetric recovery
+
+@pytest.mark.parametrize("low", [0.3, 0.1])
+@pytest.mark.parametrize("b", [1, 4])
+def test_recovery_takes_no_longer_than_leaving(b, low):
+    """Profile, then acceptance drops, then it returns: drafts until K is within 2 % of the best
+    (the shifted optimum, then the table's own K) -- coming back is not slower than leaving."""
+    table = synthetic_table(SPEC, P0)
+    shifted = (low,) * 4
+    leave, back, kept = [], [], []
+    for seed in range(3):
+        sel = AdaptiveKSelector(table)
+        res = simulate(sel, b, [Phase(2000, P0), Phase(4000, shifted), Phase(30_000, P0)], SPEC[b], seed=seed)
+        _, s1, s2 = res.phase_start
+        leave.append(first_within(res, shifted, SPEC[b], s1, s2))
+        back.append(first_within(res, P0, SPEC[b], s2, len(res.ks)))
+        kept.append(res.ks[-1])
+    assert None not in leave and None not in back
+    assert statistics.median(back) <= 1.5 * statistics.median(leave), (leave, back)
+    assert statistics.median(leave) <= 1000
+    assert set(kept) == {table["points"][SIZES.index(b)]["k"]}
+
+
+def test_chain_al_and_best_fixed():
+    assert chain_al((0.5, 0.5), 2) == pytest.approx(1.75)
+    assert best_fixed((0.0,) * 4, {0: 1.0, 1: 1.1})[0] == 0

@@ -1,0 +1,119 @@
+"""The adaptive vLLM scheduler feeds step times and serves exploration probes (fake outputs, no engine)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from types import SimpleNamespace as NS
+
+import pytest
+
+from dsdprof.serve.adaptive import PROBE_STEPS
+from dsdprof.serve.simulate import synthetic_table
+from dsdprof.serve.settings import adaptive_additional_config
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
+MAX_BS = 8
+STEP_S = {b: {k: 0.030 + 0.003 * k + 0.001 * b * k for k in range(5)} for b in (1, 2, 4, 8)}
+
+
+def scheduler(tmp_path, options=None):
+    from dsdprof.plugins import vllm_adaptive as va
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(synthetic_table(STEP_S, (0.8,) * 4)))
+    s = va.AdaptiveScheduler.__new__(va.AdaptiveScheduler)
+    s.num_spec_tokens = 4
+    s.dynamic_sd_lookup = [0] + [4] * MAX_BS
+    s.running, s.waiting, s.requests = [], [], {}
+    s._adaptive_setup(adaptive_additional_config(str(path), options or {}), environ={})
+    return s
+
+
+def output(n: int, k: int, prefill: int = 0):
+    """A scheduler output of n decoding requests verifying and drafting k, plus prefill tokens."""
+    ids = [f"r{i}" for i in range(n)]
+    return NS(num_scheduled_tokens={r: 1 + k for r in ids}, total_num_scheduled_tokens=n * (1 + k) + prefill,
+              num_spec_tokens_to_schedule=k, scheduled_spec_decode_tokens={})
+
+
+def test_pure_steps_feed_their_duration_and_others_only_their_batch_size(tmp_path, monkeypatch):
+    from dsdprof.plugins import vllm_adaptive as va
+
+    s = scheduler(tmp_path)
+    sel = s.dsdprof_selector
+    calls = []
+    real = sel.observe_step
+    monkeypatch.setattr(type(sel), "observe_step", lambda self, *a: calls.append(a) or real(*a))
+    clock = iter([10.0, 10.2, 10.5, 11.0, 11.4, 20.0, 20.1])
+    monkeypatch.setattr(va.time, "perf_counter", lambda: next(clock))
+    s._adaptive_step_time(output(4, 2))  # the first step: no interval yet
+    s._adaptive_step_time(output(4, 2))  # pure: 0.2 s at (4, 2)
+    s._adaptive_step_time(output(4, 2, prefill=37))  # a prefill rides along: no time
+    s._adaptive_step_time(output(3, 1))  # pure: 0.5 s at (3, 1)
+    s._adaptive_step_time(output(0, 0))  # nothing scheduled: the next interval is not a step
+    s._adaptive_step_time(output(2, 3))
+    s._adaptive_step_time(output(2, 3))  # pure: 0.1 s at (2, 3)
+    assert calls[0] == (4, 2, None) and calls[2] == (4, 2, None) and calls[4] == (2, 3, None)
+    assert [c for c in calls if c[2] is not None] == [(4, 2, pytest.approx(0.2)), (3, 1, pytest.approx(0.5)),
+                                                      (2, 3, pytest.approx(0.1))]
+    assert len(calls) == 6 and sel.rejected == 0
+
+
+def test_live_step_times_reach_the_estimate(tmp_path, monkeypatch):
+    from dsdprof.plugins import vllm_adaptive as va
+
+    s = scheduler(tmp_path, {"explore_every": 0})
+    t = [0.0]
+
+    def tick():
+        t[0] += 0.09  # 3x the table's step time
+        return t[0]
+
+    monkeypatch.setattr(va.time, "perf_counter", tick)
+    for _ in range(300):
+        s._adaptive_step_time(output(4, s.dynamic_sd_lookup[4]))
+    s.dsdprof_selector.rebuild()
+    k = s.dsdprof_selector.ks[4]
+    assert s.dsdprof_selector.step_time(4, k) == pytest.approx(0.09, rel=0.02)
+
+
+def test_exploration_probes_unforced_steps_only(tmp_path):
+    from dsdprof.plugins.names import K_EXTRA_ARG
+
+    s = scheduler(tmp_path)
+    table = s._dsdprof_table_lookup
+    served = []
+    for _ in range(512):
+        s._dsdprof_apply_k()
+        served.append(s.dynamic_sd_lookup)
+    probes = [lk for lk in served if lk is not table]
+    assert len(probes) == 2 * PROBE_STEPS and all(len(p) == MAX_BS + 1 for p in probes)
+    assert all(p[b] != table[b] for p in probes for b in range(1, MAX_BS + 1))  # a neighbouring K everywhere
+    assert all(abs(p[b] - table[b]) == 1 for p in probes for b in range(1, MAX_BS + 1))
+    s.running = [NS(sampling_params=NS(extra_args={K_EXTRA_ARG: 2}))]  # a client's K: ignored
+    for _ in range(512):
+        s._dsdprof_apply_k()
+        assert s.dynamic_sd_lookup != [2] * (MAX_BS + 1)
+    never = scheduler(tmp_path, {"explore_every": 0})
+    for _ in range(600):
+        never._dsdprof_apply_k()
+        assert never.dynamic_sd_lookup is never._dsdprof_table_lookup
+
+
+def test_a_k_change_from_step_times_alone_is_served_at_once(tmp_path, monkeypatch):
+    """A step without drafts (K=0 served) never reaches the acceptance path; when its step time
+    moves K, the new lookup is served at once."""
+    s = scheduler(tmp_path)
+    sel = s.dsdprof_selector
+    before = list(s.dynamic_sd_lookup)
+
+    def observe_step(self, n, k, seconds):  # as if this step's time tipped a rebuild
+        self._k = {b: 0 for b in self._k}
+        self._swap()
+        return True
+
+    monkeypatch.setattr(type(sel), "observe_step", observe_step)
+    s._adaptive_step_time(output(4, 0))
+    assert s._adaptive_version == sel.version and s.dynamic_sd_lookup == [0] * (MAX_BS + 1) != before
+    assert s._dsdprof_table_lookup is s.dynamic_sd_lookup
