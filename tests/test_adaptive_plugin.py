@@ -195,6 +195,65 @@ def test_observe_aggregates_requests_per_position(tmp_path):
 
 
 @needs_vllm
+def test_without_stats_logging_the_histogram_rebuilds_vllms_own_stats(tmp_path):
+    # An engine that logs no stats: the plugin's make_spec_decoding_stats counts what vLLM's
+    # observe_draft would have, invalid drafts excluded; requests without a draft do not count.
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    s = va.AdaptiveScheduler.__new__(va.AdaptiveScheduler)
+    s.log_stats = False
+    s.num_spec_tokens, s.dynamic_sd_lookup = 4, [0] + [3] * MAX_BS
+    s.running, s.waiting, s.requests = [], [], {}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(shifted_table()))
+    s._adaptive_setup(adaptive_additional_config(str(path)), environ={})
+    calls = [("a", 3, 0, None), ("b", 3, 3, None), ("c", 1, 1, None), ("d", 0, 0, None), ("e", 4, 2, {"e": 2}),
+             ("f", 2, 1, {"x": 1}), ("g", 4, 4, None), ("h", 9, 0, None)]  # h: beyond K, never raised
+    want = SpecDecodingStats.new(4)
+    for r, d, a, invalid in calls:
+        assert s.make_spec_decoding_stats(None, num_draft_tokens=d, num_accepted_tokens=a,
+                                          num_invalid_spec_tokens=invalid, request_id=r) is None
+        if d and d < 9:
+            want.observe_draft(num_draft_tokens=d - (invalid or {}).get(r, 0), num_accepted_tokens=a)
+    got = s._adaptive_step_stats(None)
+    assert got == want
+    assert s._adaptive_step_stats(None) is None  # cleared: the next step starts from zero
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_with_or_without_stats_logging_the_selector_sees_the_same_steps(tmp_path, mode):
+    # vLLM's real (Async)Scheduler driven by a fake runner: the selector is fed the same counts
+    # step by step whether vLLM builds its SpecDecodingStats (log_stats) or the plugin counts them.
+    import copy
+    import zlib
+
+    from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(shifted_table()))
+    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
+    config.additional_config = adaptive_additional_config(str(path), {"rebuild_every": 4})
+
+    def accept(req_id, n, d):  # chain acceptance ~0.7 per position, the same in both runs
+        h, a = zlib.crc32(f"{req_id}:{n}".encode()), 0
+        while a < d and (h >> (4 * a)) & 15 < 11:
+            a += 1
+        return a
+
+    seen = {}
+    for log_stats in (True, False):
+        s = make_scheduler(va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler, config, log_stats)
+        calls = spy(s)
+        for i in range(MAX_BS + 3):
+            s.add_request(make_request(f"r{i}", 20 + i, 25 + 7 * i))
+        drive(s, FakeRunner(accept, {"r2": 9}), mode, True)
+        seen[log_stats] = calls
+    assert seen[True] == seen[False]
+    assert sum(c[0] for c in seen[True]) > 100
+
+
+@needs_vllm
 def test_lookup_follows_live_acceptance_and_is_swapped_only_on_change(tmp_path):
     s = fake_scheduler(tmp_path)
     sel = s.dsdprof_selector

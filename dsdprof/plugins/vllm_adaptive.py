@@ -58,9 +58,10 @@ class _AdaptiveMixin:
         settings = resolve_settings(additional_config, environ)
         self.dsdprof_selector = settings.selector(max_k=self.num_spec_tokens)  # type: ignore[attr-defined]
         self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1  # type: ignore[attr-defined]
-        self._adaptive_pending = None
-        if not getattr(self, "log_stats", True):  # vLLM builds no SpecDecodingStats: build them for us
-            self.make_spec_decoding_stats = self._adaptive_make_spec_stats
+        self._adaptive_hist: list[int] | None = None
+        if not getattr(self, "log_stats", True):  # vLLM builds no SpecDecodingStats: count them for us
+            self._adaptive_hist = [0] * (self.num_spec_tokens + 1) ** 2  # type: ignore[attr-defined]
+            self.make_spec_decoding_stats = self._adaptive_counter(self._adaptive_hist)
         self._adaptive_version = -1
         self._adaptive_probe_every = settings.probe_every
         self._adaptive_idle = 0  # steps in a row without a draft
@@ -99,29 +100,61 @@ class _AdaptiveMixin:
         """vLLM's own ``SpecDecodingStats`` of the step just processed: counted by vLLM's rules
         (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
         outputs skipped), before vLLM trims the sampled tokens. O(1): vLLM already built them --
-        attached to the step's outputs when the engine logs stats, else captured by
-        :meth:`_adaptive_make_spec_stats`."""
-        pending = self._adaptive_pending
-        if pending is not None:
-            self._adaptive_pending = None
-            return pending
+        attached to the step's outputs when the engine logs stats, else from the histogram
+        :meth:`_adaptive_counter` filled (O(K^2) to read)."""
+        if self._adaptive_hist is not None:
+            return self._adaptive_hist_stats()
         for eco in (result or {}).values():
             stats = eco.scheduler_stats
             if stats is not None:
                 return stats.spec_decoding_stats
         return None
 
-    def _adaptive_make_spec_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
-                                  num_invalid_spec_tokens, request_id):
-        """vLLM's ``make_spec_decoding_stats`` without its ``log_stats`` gate (installed on the
-        instance only when the engine does not log stats): the step's stats for the selector."""
-        if spec_decoding_stats is None:
-            spec_decoding_stats = SpecDecodingStats.new(self.num_spec_tokens)  # type: ignore[attr-defined]
-            self._adaptive_pending = spec_decoding_stats
-        if num_invalid_spec_tokens:
-            num_draft_tokens -= num_invalid_spec_tokens.get(request_id, 0)
-        spec_decoding_stats.observe_draft(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)
-        return spec_decoding_stats
+    def _adaptive_counter(self, hist: list[int]):
+        """``make_spec_decoding_stats`` for an engine that logs no stats (installed on the
+        instance; vLLM calls it once per drafted request): vLLM's rules (no draft: not counted;
+        grammar-invalidated drafts excluded), into ``hist[drafted * (K+1) + accepted]``. One
+        increment per request, no object built: costs about what vLLM's own no-op call costs."""
+        width = self.num_spec_tokens + 1  # type: ignore[attr-defined]
+
+        def count(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id):
+            if num_draft_tokens:
+                if num_invalid_spec_tokens:
+                    num_draft_tokens -= num_invalid_spec_tokens.get(request_id, 0)
+                try:
+                    hist[num_draft_tokens * width + num_accepted_tokens] += 1
+                except IndexError:  # out of vLLM's own bounds: not counted, never raised
+                    pass
+            return spec_decoding_stats
+
+        return count
+
+    def _adaptive_hist_stats(self):
+        """The step's ``SpecDecodingStats`` from the histogram (what ``observe_draft`` per request
+        would have built), which is then cleared; None when nothing drafted."""
+        hist = self._adaptive_hist
+        if not any(hist):
+            return None
+        k = self.num_spec_tokens  # type: ignore[attr-defined]
+        width = k + 1
+        stats = SpecDecodingStats.new(k)
+        by_drafted, by_accepted = [0] * (width + 1), [0] * (width + 1)
+        for i, n in enumerate(hist):
+            if n:
+                d, a = divmod(i, width)
+                by_drafted[d] += n
+                by_accepted[a] += n
+                stats.num_drafts += n
+                stats.num_draft_tokens += d * n
+                stats.num_accepted_tokens += a * n
+        hist[:] = [0] * len(hist)
+        acc = dr = 0
+        for pos in range(k, 0, -1):  # position pos (1-based) counts every draft reaching it
+            acc += by_accepted[pos]
+            dr += by_drafted[pos]
+            stats.num_accepted_tokens_per_pos[pos - 1] = acc
+            stats.num_draft_tokens_per_pos[pos - 1] = dr
+        return stats
 
     def _adaptive_observe(self, stats) -> bool:
         """Feed one step's acceptance (vLLM's ``SpecDecodingStats``) to the selector; True when the
