@@ -215,7 +215,7 @@ def test_without_stats_logging_the_histogram_rebuilds_vllms_own_stats(tmp_path):
                                           num_invalid_spec_tokens=invalid, request_id=r) is None
         if d and d < 9:
             want.observe_draft(num_draft_tokens=d - (invalid or {}).get(r, 0), num_accepted_tokens=a)
-    got = s._adaptive_step_stats(None)
+    got = s._adaptive_hist_stats(s._adaptive_step_stats(None))
     assert got == want
     assert s._adaptive_step_stats(None) is None  # cleared: the next step starts from zero
 
@@ -251,6 +251,49 @@ def test_with_or_without_stats_logging_the_selector_sees_the_same_steps(tmp_path
         seen[log_stats] = calls
     assert seen[True] == seen[False]
     assert sum(c[0] for c in seen[True]) > 100
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_queued_steps_serve_the_k_that_feeding_every_step_would(tmp_path, mode):
+    # The plugin feeds the selector every rebuild_every drafted steps; fed at every step instead
+    # (_adaptive_every = 1), every step must be scheduled at the same K, swaps included.
+    import copy
+    import zlib
+
+    from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(shifted_table()))
+    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
+    config.additional_config = adaptive_additional_config(
+        str(path), {"rebuild_every": 5, "prior_weight": 4, "half_life": 64})
+
+    def accept(req_id, n, d):  # all accepted for 6 steps, then a chain acceptance of ~0.5
+        h, a = zlib.crc32(f"{req_id}:{n}".encode()), 0
+        while a < d and (n < 6 or (h >> (4 * a)) & 15 < 8):
+            a += 1
+        return a
+
+    served = {}
+    for every in (None, 1):
+        s = make_scheduler(va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler, config)
+        if every:
+            s._adaptive_every = every
+        ks, schedule = [], s.schedule
+
+        def spy_schedule(*a, schedule=schedule, ks=ks):
+            out = schedule(*a)
+            ks.append(out.num_spec_tokens_to_schedule)
+            return out
+
+        s.schedule = spy_schedule
+        for i in range(MAX_BS):
+            s.add_request(make_request(f"r{i}", 20 + i, 60 + 9 * i))
+        drive(s, FakeRunner(accept), mode, True)
+        served[every] = (ks, s.dsdprof_selector.version)
+    assert served[None] == served[1]
+    assert served[1][1] >= 1 and len(set(served[1][0])) > 1  # the lookup did move
 
 
 @needs_vllm

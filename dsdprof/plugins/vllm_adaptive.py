@@ -16,9 +16,14 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
 * **Every step** (``update_from_output``): vLLM's own per-step ``SpecDecodingStats`` -- drafts,
   accepted per position, drafted per position -- counted by vLLM's rules (grammar-invalidated
   drafts excluded, vLLM's ``num_sampled_tokens_per_step`` subtracted, stale outputs of finished or
-  preempted requests skipped, before the output is trimmed) go to ``selector.observe`` (drafted
-  per position only when the step mixed draft lengths). Reading them costs O(K) per step. Every ``rebuild_every`` steps the selector re-derives K per batch size;
-  when its ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``.
+  preempted requests skipped, before the output is trimmed) are queued; every ``rebuild_every``
+  drafted steps they go to ``selector.observe`` one step at a time (drafted per position only when
+  the step mixed draft lengths) and the selector re-derives K per batch size -- the same state at
+  every rebuild as feeding each step at once, for an append per step. When vLLM logs no stats
+  it builds no ``SpecDecodingStats``; the plugin's ``make_spec_decoding_stats`` then counts each
+  drafted request into a (drafted, accepted) histogram, one increment each. When the selector's
+  ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``. Cost per step at 256
+  running + 2,000 waiting: ``benchmarks/bench_scheduler_overhead.py``, docs/adaptive.md.
 * **vLLM's semantics stay**: K is looked up by the number of requests scheduled in the step
   (``dynamic_sd_lookup[len(num_scheduled_tokens)]``), as with a static schedule. No client can
   force K: only in an engine a dsdprof run started do its own requests (carrying the run's secret)
@@ -58,10 +63,11 @@ class _AdaptiveMixin:
         settings = resolve_settings(additional_config, environ)
         self.dsdprof_selector = settings.selector(max_k=self.num_spec_tokens)  # type: ignore[attr-defined]
         self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1  # type: ignore[attr-defined]
-        self._adaptive_hist: list[int] | None = None
-        if not getattr(self, "log_stats", True):  # vLLM builds no SpecDecodingStats: count them for us
-            self._adaptive_hist = [0] * (self.num_spec_tokens + 1) ** 2  # type: ignore[attr-defined]
-            self.make_spec_decoding_stats = self._adaptive_counter(self._adaptive_hist)
+        self._adaptive_take = None  # () -> this step's histogram, when vLLM builds no SpecDecodingStats
+        if not getattr(self, "log_stats", True):
+            self.make_spec_decoding_stats, self._adaptive_take = self._adaptive_counter()
+        self._adaptive_queue: list = []  # drafted steps not yet fed to the selector
+        self._adaptive_every = self.dsdprof_selector.rebuild_every
         self._adaptive_version = -1
         self._adaptive_probe_every = settings.probe_every
         self._adaptive_idle = 0  # steps in a row without a draft
@@ -93,29 +99,53 @@ class _AdaptiveMixin:
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        self._adaptive_observe(self._adaptive_step_stats(result))
+        self._adaptive_queue_step(self._adaptive_step_stats(result))
         return result
 
     def _adaptive_step_stats(self, result):
-        """vLLM's own ``SpecDecodingStats`` of the step just processed: counted by vLLM's rules
+        """vLLM's own acceptance counts of the step just processed, by vLLM's rules
         (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
-        outputs skipped), before vLLM trims the sampled tokens. O(1): vLLM already built them --
-        attached to the step's outputs when the engine logs stats, else from the histogram
-        :meth:`_adaptive_counter` filled (O(K^2) to read)."""
-        if self._adaptive_hist is not None:
-            return self._adaptive_hist_stats()
+        outputs skipped), before vLLM trims the sampled tokens; None when nothing drafted. O(1):
+        vLLM's ``SpecDecodingStats``, attached to the step's outputs when the engine logs stats,
+        else the histogram :meth:`_adaptive_counter` filled."""
+        if self._adaptive_take is not None:
+            return self._adaptive_take()
         for eco in (result or {}).values():
             stats = eco.scheduler_stats
             if stats is not None:
                 return stats.spec_decoding_stats
         return None
 
-    def _adaptive_counter(self, hist: list[int]):
-        """``make_spec_decoding_stats`` for an engine that logs no stats (installed on the
-        instance; vLLM calls it once per drafted request): vLLM's rules (no draft: not counted;
-        grammar-invalidated drafts excluded), into ``hist[drafted * (K+1) + accepted]``. One
-        increment per request, no object built: costs about what vLLM's own no-op call costs."""
+    def _adaptive_queue_step(self, stats) -> bool:
+        """Queue one step's counts; every ``rebuild_every`` drafted steps feed them to the selector,
+        one :meth:`_adaptive_observe` per step, in order. ``observe`` only accumulates between
+        rebuilds and rebuilds on its ``rebuild_every``-th call, so the selector's state at each
+        rebuild -- hence K, and the step the lookup changes -- is what feeding every step would
+        give; a step pays for an append, and the arithmetic runs once per ``rebuild_every`` steps
+        in one warm loop. True when the served lookup changed."""
+        if stats is None or (type(stats) is not list and not stats.num_drafts):
+            self._adaptive_idle += 1
+            return False
+        self._adaptive_idle = 0
+        queue = self._adaptive_queue
+        queue.append(stats)
+        if len(queue) < self._adaptive_every:
+            return False
+        self._adaptive_queue = []
+        changed = False
+        for step_stats in queue:
+            changed |= self._adaptive_observe(step_stats)
+        return changed
+
+    def _adaptive_counter(self):
+        """(``make_spec_decoding_stats`` for an engine that logs no stats, installed on the
+        instance -- vLLM calls it once per drafted request; a function returning the step's
+        histogram and starting a new one, or None when nothing drafted). vLLM's rules (no draft:
+        not counted; grammar-invalidated drafts excluded) into ``hist[drafted * (K+1) + accepted]``:
+        one increment per request, no object built, about what vLLM's own no-op call costs."""
         width = self.num_spec_tokens + 1  # type: ignore[attr-defined]
+        size = width * width
+        hist = [0] * size
 
         def count(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id):
             if num_draft_tokens:
@@ -127,14 +157,18 @@ class _AdaptiveMixin:
                     pass
             return spec_decoding_stats
 
-        return count
+        def take():
+            nonlocal hist
+            if not any(hist):
+                return None
+            step, hist = hist, [0] * size
+            return step
 
-    def _adaptive_hist_stats(self):
-        """The step's ``SpecDecodingStats`` from the histogram (what ``observe_draft`` per request
-        would have built), which is then cleared; None when nothing drafted."""
-        hist = self._adaptive_hist
-        if not any(hist):
-            return None
+        return count, take
+
+    def _adaptive_hist_stats(self, hist: list[int]):
+        """The ``SpecDecodingStats`` vLLM's ``observe_draft`` per request would have built from
+        the requests counted in ``hist``."""
         k = self.num_spec_tokens  # type: ignore[attr-defined]
         width = k + 1
         stats = SpecDecodingStats.new(k)
@@ -147,7 +181,6 @@ class _AdaptiveMixin:
                 stats.num_drafts += n
                 stats.num_draft_tokens += d * n
                 stats.num_accepted_tokens += a * n
-        hist[:] = [0] * len(hist)
         acc = dr = 0
         for pos in range(k, 0, -1):  # position pos (1-based) counts every draft reaching it
             acc += by_accepted[pos]
@@ -157,8 +190,11 @@ class _AdaptiveMixin:
         return stats
 
     def _adaptive_observe(self, stats) -> bool:
-        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``) to the selector; True when the
-        served lookup changed. O(K) per step, whatever the number of requests."""
+        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``, or a histogram of
+        :meth:`_adaptive_counter`) to the selector now; True when the served lookup changed.
+        O(K) per step (O(K^2) for a histogram), whatever the number of requests."""
+        if type(stats) is list:
+            stats = self._adaptive_hist_stats(stats)
         drafts = stats.num_drafts if stats is not None else 0
         if not drafts:
             self._adaptive_idle += 1
