@@ -42,7 +42,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
 from dsdprof.plugins.vllm_profiling import (
-    TracingAsyncScheduler, TracingScheduler, build_for_config, class_for_config,
+    TracingAsyncScheduler, TracingScheduler, _DsdprofMixin, build_for_config, class_for_config,
 )
 
 logger = init_logger("vllm.dsdprof.serve.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
@@ -63,9 +63,11 @@ class _AdaptiveMixin:
         settings = resolve_settings(additional_config, environ)
         self.dsdprof_selector = settings.selector(max_k=self.num_spec_tokens)  # type: ignore[attr-defined]
         self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1  # type: ignore[attr-defined]
-        self._adaptive_take = None  # () -> this step's histogram, when vLLM builds no SpecDecodingStats
+        self._adaptive_hist: list[int] | None = None  # the step's counts when vLLM builds no SpecDecodingStats
         if not getattr(self, "log_stats", True):
-            self.make_spec_decoding_stats, self._adaptive_take = self._adaptive_counter()
+            self._adaptive_hist = [0] * (self.num_spec_tokens + 1) ** 2  # type: ignore[attr-defined]
+            self._adaptive_zeros = tuple(self._adaptive_hist)
+            self.make_spec_decoding_stats = self._adaptive_counter(self._adaptive_hist)
         self._adaptive_queue: list = []  # drafted steps not yet fed to the selector
         self._adaptive_every = self.dsdprof_selector.rebuild_every
         self._adaptive_version = -1
@@ -73,6 +75,9 @@ class _AdaptiveMixin:
         self._adaptive_idle = 0  # steps in a row without a draft
         self._adaptive_swap()
         self._adaptive_probe = [min(1, self.num_spec_tokens)] * len(self.dynamic_sd_lookup)  # type: ignore[attr-defined]
+        self._adaptive_update = super().update_from_output  # type: ignore[misc]
+        if not self._dsdprof_token:  # type: ignore[attr-defined]
+            self._adaptive_skip_tracing()
         logger.info("dsdprof adaptive K: table %s (from %s), K <= %d, K per profiled batch size %s",
                     settings.table_path, settings.source, self.dsdprof_selector.max_k, self.dsdprof_selector.ks)
 
@@ -91,61 +96,79 @@ class _AdaptiveMixin:
         self._adaptive_version = sel.version
 
     def _dsdprof_apply_k(self) -> None:
-        super()._dsdprof_apply_k()  # type: ignore[misc]  # forced K, else the adaptive lookup
+        if self._dsdprof_reqs:  # type: ignore[attr-defined]  # a dsdprof run's requests may force K
+            super()._dsdprof_apply_k()  # type: ignore[misc]
+        else:
+            self.dynamic_sd_lookup = self._dsdprof_table_lookup  # type: ignore[attr-defined]
         if (self._adaptive_probe_every and self._adaptive_idle >= self._adaptive_probe_every
                 and self.dynamic_sd_lookup is self._dsdprof_table_lookup):  # type: ignore[attr-defined]
             self.dynamic_sd_lookup = self._adaptive_probe  # type: ignore[attr-defined]
             self._adaptive_idle = 0
 
+    def _adaptive_skip_tracing(self) -> None:
+        """No dsdprof run started this engine (no run secret), so the tracing mixin never acts
+        (no request is profiled): bind vLLM's own methods on the instance and skip its frames --
+        a few us each per step at 256 running. K is still applied before vLLM schedules."""
+        vllm = super(_DsdprofMixin, self)
+        self.has_requests, self.add_request = vllm.has_requests, vllm.add_request  # type: ignore[attr-defined]
+        self._adaptive_update = vllm.update_from_output  # type: ignore[attr-defined]
+        vllm_schedule = vllm.schedule  # type: ignore[attr-defined]
+        apply_k = self._dsdprof_apply_k
+
+        def schedule(*args, **kwargs):
+            apply_k()
+            return vllm_schedule(*args, **kwargs)
+
+        self.schedule = schedule
+
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
-        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        self._adaptive_queue_step(self._adaptive_step_stats(result))
-        return result
-
-    def _adaptive_step_stats(self, result):
-        """vLLM's own acceptance counts of the step just processed, by vLLM's rules
+        """vLLM's, then queue the step's acceptance counts -- vLLM's own, by vLLM's rules
         (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
-        outputs skipped), before vLLM trims the sampled tokens; None when nothing drafted. O(1):
-        vLLM's ``SpecDecodingStats``, attached to the step's outputs when the engine logs stats,
-        else the histogram :meth:`_adaptive_counter` filled."""
-        if self._adaptive_take is not None:
-            return self._adaptive_take()
-        for eco in (result or {}).values():
-            stats = eco.scheduler_stats
-            if stats is not None:
-                return stats.spec_decoding_stats
-        return None
-
-    def _adaptive_queue_step(self, stats) -> bool:
-        """Queue one step's counts; every ``rebuild_every`` drafted steps feed them to the selector,
-        one :meth:`_adaptive_observe` per step, in order. ``observe`` only accumulates between
-        rebuilds and rebuilds on its ``rebuild_every``-th call, so the selector's state at each
-        rebuild -- hence K, and the step the lookup changes -- is what feeding every step would
-        give; a step pays for an append, and the arithmetic runs once per ``rebuild_every`` steps
-        in one warm loop. True when the served lookup changed."""
-        if stats is None or (type(stats) is not list and not stats.num_drafts):
+        outputs skipped), before vLLM trims the sampled tokens: its ``SpecDecodingStats`` attached
+        to the step's outputs, or the histogram :meth:`_adaptive_counter` filled. O(1) per step;
+        every ``rebuild_every`` drafted steps :meth:`_adaptive_feed` feeds the queue."""
+        result = self._adaptive_update(scheduler_output, model_runner_output)
+        hist = self._adaptive_hist
+        if hist is None:
+            stats = None
+            for eco in (result or {}).values():
+                if eco.scheduler_stats is not None:
+                    stats = eco.scheduler_stats.spec_decoding_stats
+                    break
+            drafted = stats is not None and stats.num_drafts
+        else:
+            drafted = any(hist)
+            if drafted:
+                stats, hist[:] = hist[:], self._adaptive_zeros
+        if not drafted:
             self._adaptive_idle += 1
-            return False
+            return result
         self._adaptive_idle = 0
         queue = self._adaptive_queue
         queue.append(stats)
-        if len(queue) < self._adaptive_every:
-            return False
-        self._adaptive_queue = []
+        if len(queue) >= self._adaptive_every:
+            self._adaptive_feed()
+        return result
+
+    def _adaptive_feed(self) -> bool:
+        """Feed the queued steps to the selector, one :meth:`_adaptive_observe` per step, in
+        order. ``observe`` only accumulates between rebuilds and rebuilds on its
+        ``rebuild_every``-th call, so the selector's state at each rebuild -- hence K, and the step
+        the lookup changes -- is what feeding every step at once would give; a step pays for an
+        append, and the arithmetic runs once per ``rebuild_every`` steps, in one warm loop. True
+        when the served lookup changed."""
+        queue, self._adaptive_queue = self._adaptive_queue, []
         changed = False
-        for step_stats in queue:
-            changed |= self._adaptive_observe(step_stats)
+        for stats in queue:
+            changed |= self._adaptive_observe(stats)
         return changed
 
-    def _adaptive_counter(self):
-        """(``make_spec_decoding_stats`` for an engine that logs no stats, installed on the
-        instance -- vLLM calls it once per drafted request; a function returning the step's
-        histogram and starting a new one, or None when nothing drafted). vLLM's rules (no draft:
-        not counted; grammar-invalidated drafts excluded) into ``hist[drafted * (K+1) + accepted]``:
-        one increment per request, no object built, about what vLLM's own no-op call costs."""
+    def _adaptive_counter(self, hist: list[int]):
+        """``make_spec_decoding_stats`` for an engine that logs no stats (installed on the
+        instance; vLLM calls it once per drafted request): vLLM's rules (no draft: not counted;
+        grammar-invalidated drafts excluded) into ``hist[drafted * (K+1) + accepted]``. One
+        increment per request, no object built: about what vLLM's own no-op call costs."""
         width = self.num_spec_tokens + 1  # type: ignore[attr-defined]
-        size = width * width
-        hist = [0] * size
 
         def count(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id):
             if num_draft_tokens:
@@ -157,14 +180,7 @@ class _AdaptiveMixin:
                     pass
             return spec_decoding_stats
 
-        def take():
-            nonlocal hist
-            if not any(hist):
-                return None
-            step, hist = hist, [0] * size
-            return step
-
-        return count, take
+        return count
 
     def _adaptive_hist_stats(self, hist: list[int]):
         """The ``SpecDecodingStats`` vLLM's ``observe_draft`` per request would have built from
