@@ -1,27 +1,33 @@
 """Per-step cost of dsdprof's schedulers next to vLLM's plain one, at a large batch, no GPU.
 
-    PYTHONPATH=. python benchmarks/bench_scheduler_overhead.py [--running 256] [--waiting 2000] [--steps 300]
+    python benchmarks/bench_scheduler_overhead.py [--running 256] [--waiting 2000] [--steps 300] [--k 3]
 
 vLLM's real ``Scheduler`` is driven in ``EngineCore.step``'s order (``has_requests``,
 ``schedule``, the model, ``update_from_output``, ``update_draft_token_ids``) by the fake model
 runner of ``tests/vllm_fakes.py`` (known, deterministic chain acceptance; the runner is not
-timed). Three schedulers run side by side in one process, interleaved step by step (the order
+timed). The schedulers run side by side in one process, interleaved step by step (the order
 rotates every step), each on its own copy of the same requests:
 
 * **plain**: vLLM's ``Scheduler`` in dynamic-SD mode (``num_speculative_tokens_per_batch_size``);
-* **serving**: ``dsdprof.plugins.vllm_adaptive.make_scheduler`` (the adaptive serving plugin) on a
-  v2 table whose K is the engine's maximum at every batch size, so it serves the same K as plain
+  **plain-2**, a second copy of it, shows the noise floor;
+* **serving**: ``dsdprof.plugins.vllm_adaptive``'s ``AdaptiveScheduler`` (the serving plugin) on
+  a v2 table whose K is the engine's maximum at every batch size, so it serves the same K as plain
   (checked: the run stops if any step's K differs);
-* **profiling**: ``dsdprof.plugins.vllm_profiling.make_scheduler`` in an engine a dsdprof run
-  started (run secret in the environment), every request carrying the secret, K and a trace name
-  -- the sweep's case.
+* **profiling**: ``dsdprof.plugins.vllm_profiling``'s ``TracingScheduler`` in an engine a dsdprof
+  run started (run secret in the environment), every request carrying the secret, K and a trace
+  name -- a sweep's requests.
 
-``--running`` requests run (``max_num_seqs``) and ``--waiting`` more wait behind them for the whole
-measurement (outputs are long enough that none finishes). A step's time is the sum of the
-scheduler calls; the "added" columns are per-step paired differences against plain (median, mean
-of the middle 90 %). Both ``log_stats`` settings are run: on (``vllm serve``'s default) and off
-(``vllm.LLM``'s default, where the serving plugin builds the acceptance stats vLLM would skip).
-Goal (issue 16): the serving plugin adds <= 50 us per step over plain at 256 running + 2,000 waiting.
+Every one is built on a subclass of vLLM's ``Scheduler`` that times its entry points, so the
+dsdprof classes keep their MRO with that class in vLLM's place. Per step and scheduler two
+numbers: **step CPU** -- thread CPU time of its calls (``ratio``, and ``added`` against plain:
+median and mean of the middle 90 % of per-step differences) -- and **own code** -- the wall time
+of its calls minus the time inside vLLM's methods (plus, without ``log_stats``, the time in
+``make_spec_decoding_stats``, which the serving plugin replaces), against plain's. Own code is what
+the goal is about; a busy machine disturbs it far less than the step's CPU time. ``--running``
+requests run (``max_num_seqs``) and ``--waiting`` more wait behind them for the whole measurement
+(outputs long enough that none finishes). Both ``log_stats`` settings run: on (``vllm serve``'s
+default) and off (``vllm.LLM``'s default, where the serving plugin counts the acceptance vLLM then
+skips). Goal (issue 16): the serving plugin adds <= 50 us per step at 256 running + 2,000 waiting.
 """
 
 from __future__ import annotations
