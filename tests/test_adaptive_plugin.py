@@ -295,6 +295,33 @@ def test_queued_steps_serve_the_k_that_feeding_every_step_would(tmp_path, mode):
 
 
 @needs_vllm
+def test_without_a_run_secret_vllms_own_methods_are_called_directly(tmp_path, monkeypatch):
+    # The tracing mixin cannot act without a run's secret: its frames are skipped on the hot path,
+    # unless an override above it is in force.
+    import copy
+
+    from tests.vllm_fakes import make_scheduler, vllm_config
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(shifted_table()))
+    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
+    config.additional_config = adaptive_additional_config(str(path))
+    s = make_scheduler(va.AdaptiveScheduler, config)
+    assert s.has_requests.__func__ is Scheduler.has_requests and s.add_request.__func__ is Scheduler.add_request
+    assert s._adaptive_update.__func__ is Scheduler.update_from_output and "schedule" in vars(s)
+
+    class Above(va.AdaptiveScheduler):
+        def schedule(self, *args, **kwargs):
+            return super().schedule(*args, **kwargs)
+
+    assert "schedule" not in vars(make_scheduler(Above, config))
+    monkeypatch.setenv("DSDPROF_RUN_TOKEN", "t" * 32)
+    run = make_scheduler(va.AdaptiveScheduler, config)
+    assert not {"has_requests", "add_request", "schedule"} & set(vars(run))
+    assert run._adaptive_update.__func__ is vs._DsdprofMixin.update_from_output
+
+
+@needs_vllm
 def test_lookup_follows_live_acceptance_and_is_swapped_only_on_change(tmp_path):
     s = fake_scheduler(tmp_path)
     sel = s.dsdprof_selector

@@ -107,19 +107,23 @@ class _AdaptiveMixin:
 
     def _adaptive_skip_tracing(self) -> None:
         """No dsdprof run started this engine (no run secret), so the tracing mixin never acts
-        (no request is profiled): bind vLLM's own methods on the instance and skip its frames --
-        a few us each per step at 256 running. K is still applied before vLLM schedules."""
-        vllm = super(_DsdprofMixin, self)
-        self.has_requests, self.add_request = vllm.has_requests, vllm.add_request  # type: ignore[attr-defined]
-        self._adaptive_update = vllm.update_from_output  # type: ignore[attr-defined]
-        vllm_schedule = vllm.schedule  # type: ignore[attr-defined]
-        apply_k = self._dsdprof_apply_k
+        (no request is profiled): where its method is the one in force, bind vLLM's own on the
+        instance and skip its frame -- a few us each per step at 256 running. K is still applied
+        before vLLM schedules. An override added above the tracing mixin stays in force."""
+        cls, vllm = type(self), super(_DsdprofMixin, self)
+        for name in ("has_requests", "add_request"):
+            if getattr(cls, name) is getattr(_DsdprofMixin, name):
+                setattr(self, name, getattr(vllm, name))
+        if getattr(self._adaptive_update, "__func__", None) is _DsdprofMixin.update_from_output:
+            self._adaptive_update = vllm.update_from_output  # type: ignore[attr-defined]
+        if cls.schedule is _DsdprofMixin.schedule:  # type: ignore[attr-defined]
+            vllm_schedule, apply_k = vllm.schedule, self._dsdprof_apply_k  # type: ignore[attr-defined]
 
-        def schedule(*args, **kwargs):
-            apply_k()
-            return vllm_schedule(*args, **kwargs)
+            def schedule(*args, **kwargs):
+                apply_k()
+                return vllm_schedule(*args, **kwargs)
 
-        self.schedule = schedule
+            self.schedule = schedule
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
         """vLLM's, then queue the step's acceptance counts -- vLLM's own, by vLLM's rules
