@@ -142,9 +142,9 @@ def spy(sched):
     calls = []
     real = sched.dsdprof_selector.observe
 
-    def observe(n, acc, drafted=None):
+    def observe(n, acc, drafted=None, batch_size=None):
         calls.append((n, list(acc), None if drafted is None else list(drafted)))
-        return real(n, acc, drafted)
+        return real(n, acc, drafted, batch_size=batch_size)
 
     sel = sched.dsdprof_selector
     sched.dsdprof_selector = NS(observe=observe, version=sel.version, real=sel,
@@ -194,6 +194,133 @@ def test_observe_aggregates_requests_per_position(tmp_path):
     assert not s._adaptive_observe(step({}, {"a": 1}))  # no drafts scheduled: no call
     assert not s._adaptive_observe(step({"a": 1}, {}))
     assert len(calls) == n
+
+
+@needs_vllm
+def test_without_stats_logging_the_histogram_rebuilds_vllms_own_stats(tmp_path):
+    # An engine that logs no stats: the plugin's make_spec_decoding_stats counts what vLLM's
+    # observe_draft would have, invalid drafts excluded; requests without a draft do not count.
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    s = va.AdaptiveScheduler.__new__(va.AdaptiveScheduler)
+    s.log_stats = False
+    s.num_spec_tokens, s.dynamic_sd_lookup = 4, [0] + [3] * MAX_BS
+    s.running, s.waiting, s.requests = [], [], {}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(shifted_table()))
+    s._adaptive_setup(adaptive_additional_config(str(path)), environ={})
+    calls = [("a", 3, 0, None), ("b", 3, 3, None), ("c", 1, 1, None), ("d", 0, 0, None), ("e", 4, 2, {"e": 2}),
+             ("f", 2, 1, {"x": 1}), ("g", 4, 4, None), ("h", 9, 0, None)]  # h: beyond K, never raised
+    want = SpecDecodingStats.new(4)
+    for r, d, a, invalid in calls:
+        assert s.make_spec_decoding_stats(None, num_draft_tokens=d, num_accepted_tokens=a,
+                                          num_invalid_spec_tokens=invalid, request_id=r) is None
+        if d and d < 9:
+            want.observe_draft(num_draft_tokens=d - (invalid or {}).get(r, 0), num_accepted_tokens=a)
+    assert s._adaptive_hist_stats(s._adaptive_hist) == want
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_with_or_without_stats_logging_the_selector_sees_the_same_steps(tmp_path, mode):
+    # vLLM's real (Async)Scheduler driven by a fake runner: the selector is fed the same counts
+    # step by step whether vLLM builds its SpecDecodingStats (log_stats) or the plugin counts them.
+    import copy
+    import zlib
+
+    from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(shifted_table()))
+    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
+    config.additional_config = adaptive_additional_config(str(path), {"rebuild_every": 4})
+
+    def accept(req_id, n, d):  # chain acceptance ~0.7 per position, the same in both runs
+        h, a = zlib.crc32(f"{req_id}:{n}".encode()), 0
+        while a < d and (h >> (4 * a)) & 15 < 11:
+            a += 1
+        return a
+
+    seen = {}
+    for log_stats in (True, False):
+        s = make_scheduler(va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler, config, log_stats)
+        calls = spy(s)
+        for i in range(MAX_BS + 3):
+            s.add_request(make_request(f"r{i}", 20 + i, 25 + 7 * i))
+        drive(s, FakeRunner(accept, {"r2": 9}), mode, True)
+        seen[log_stats] = calls
+    assert seen[True] == seen[False]
+    assert sum(c[0] for c in seen[True]) > 100
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_queued_steps_serve_the_k_that_feeding_every_step_would(tmp_path, mode):
+    # The plugin feeds the selector every rebuild_every drafted steps; fed at every step instead
+    # (_adaptive_every = 1), every step must be scheduled at the same K, swaps included.
+    import copy
+    import zlib
+
+    from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(shifted_table()))
+    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
+    config.additional_config = adaptive_additional_config(
+        str(path), {"rebuild_every": 5, "prior_weight": 4, "half_life": 64})
+
+    def accept(req_id, n, d):  # all accepted for 6 steps, then a chain acceptance of ~0.5
+        h, a = zlib.crc32(f"{req_id}:{n}".encode()), 0
+        while a < d and (n < 6 or (h >> (4 * a)) & 15 < 8):
+            a += 1
+        return a
+
+    served = {}
+    for every in (None, 1):
+        s = make_scheduler(va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler, config)
+        if every:
+            s._adaptive_every = every
+        ks, schedule = [], s.schedule
+
+        def spy_schedule(*a, schedule=schedule, ks=ks):
+            out = schedule(*a)
+            ks.append(out.num_spec_tokens_to_schedule)
+            return out
+
+        s.schedule = spy_schedule
+        for i in range(MAX_BS):
+            s.add_request(make_request(f"r{i}", 20 + i, 60 + 9 * i))
+        drive(s, FakeRunner(accept), mode, True)
+        served[every] = (ks, s.dsdprof_selector.version)
+    assert served[None] == served[1]
+    assert served[1][1] >= 1 and len(set(served[1][0])) > 1  # the lookup did move
+
+
+@needs_vllm
+def test_without_a_run_secret_vllms_own_methods_are_called_directly(tmp_path, monkeypatch):
+    # The tracing mixin cannot act without a run's secret: its frames are skipped on the hot path,
+    # unless an override above it is in force.
+    import copy
+
+    from tests.vllm_fakes import make_scheduler, vllm_config
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(shifted_table()))
+    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
+    config.additional_config = adaptive_additional_config(str(path))
+    s = make_scheduler(va.AdaptiveScheduler, config)
+    assert s.has_requests.__func__ is Scheduler.has_requests and s.add_request.__func__ is Scheduler.add_request
+    assert s._adaptive_update.__func__ is Scheduler.update_from_output and "schedule" in vars(s)
+
+    class Above(va.AdaptiveScheduler):
+        def schedule(self, *args, **kwargs):
+            return super().schedule(*args, **kwargs)
+
+    assert "schedule" not in vars(make_scheduler(Above, config))
+    monkeypatch.setenv("DSDPROF_RUN_TOKEN", "t" * 32)
+    run = make_scheduler(va.AdaptiveScheduler, config)
+    assert not {"has_requests", "add_request", "schedule"} & set(vars(run))
+    assert run._adaptive_update.__func__ is vs._DsdprofMixin.update_from_output
 
 
 @needs_vllm

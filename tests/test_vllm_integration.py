@@ -54,13 +54,15 @@ def test_draft_equal_target_counts_delivered_tokens_at_the_rows_k(toy, tmp_path)
         if k:
             assert row.drafted_per_draft == pytest.approx(k, rel=0.02), row.cell_id
             assert list(row.acceptance_per_pos) == pytest.approx([1.0] * k), row.cell_id
-            # delivered: 23 decode tokens in ceil(23/(K+1)) steps per request, not K+1 per step
-            steps = -(-23 // (k + 1))
-            assert row.acceptance_length == pytest.approx(23 / steps, rel=0.01), row.cell_id
-            # vLLM's own counter agrees here (no tail: every request finishes in the same step)
-            assert row.vllm_acceptance_length == pytest.approx(row.acceptance_length, rel=0.05), row.cell_id
+            # counted before vLLM trims at max_tokens: every step produced K+1 (draft = target),
+            # although the last step of a request delivered only what was left of its 23 tokens
+            assert row.acceptance_length == pytest.approx(k + 1, rel=1e-9), row.cell_id
+            # vLLM's own (untrimmed) counters agree exactly
+            assert row.vllm_acceptance_length == pytest.approx(row.acceptance_length, rel=1e-9), row.cell_id
         else:
             assert row.acceptance_length == 1.0 and row.num_draft_tokens == 0
+        # delivered (after trimming): every measured request got exactly output_len tokens
+        assert row.trace_output_tokens == row.num_output_tokens == spec.sweep.waves * row.batch_size * 24, row.cell_id
     assert (df["itl_s"] > 0).all() and (df["tpot_s"] > 0).all()
     assert (df["engine"] == "vllm").all() and df["hardware"].iloc[0]
     assert df["consistent"].all()

@@ -24,8 +24,10 @@ EOS = 2
 
 
 @functools.lru_cache(maxsize=None)
-def vllm_config(max_k: int, max_num_seqs: int = 8, max_model_len: int = 1024, dsd: bool = True):
-    """A VllmConfig (vLLM validates it) for a config-only llama; speculative when ``max_k`` > 0."""
+def vllm_config(max_k: int, max_num_seqs: int = 8, max_model_len: int = 1024, dsd: bool = True,
+                num_blocks: int = 4096):
+    """A VllmConfig (vLLM validates it) for a config-only llama; speculative when ``max_k`` > 0;
+    ``num_blocks`` KV-cache blocks of 16 tokens."""
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
 
     d = Path(tempfile.mkdtemp(prefix="dsdprof-fake-model-"))
@@ -37,7 +39,7 @@ def vllm_config(max_k: int, max_num_seqs: int = 8, max_model_len: int = 1024, ds
     sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=8192, max_model_len=max_model_len,
                          is_encoder_decoder=False)
     cc = CacheConfig(block_size=16, enable_prefix_caching=False)
-    cc.num_gpu_blocks = 4096
+    cc.num_gpu_blocks = num_blocks
     spec = None
     if max_k > 0:
         spec = SpeculativeConfig(method="ngram_gpu", num_speculative_tokens=max_k, prompt_lookup_max=3,

@@ -92,7 +92,8 @@ class SweepGrid(_Strict):
     warmup: StrictInt = Field(1, ge=0, le=MAX_WAVES, description="unmeasured warm-up waves before each cell")
     repeats: StrictInt = Field(1, ge=1, le=MAX_REPEATS, description="repeat the whole grid, interleaved, for medians")
     consistency_tolerance: float = Field(
-        0.25, gt=0, allow_inf_nan=False, description="flag cells where (AL/ITL)*TPOT deviates from 1 by more")
+        0.25, gt=0, allow_inf_nan=False,
+        description="BS 1: flag cells whose AL/ITL differs from the rate of vLLM's request timestamps by more")
 
     @field_validator("batch_sizes")
     @classmethod

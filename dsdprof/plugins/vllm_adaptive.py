@@ -16,9 +16,14 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
 * **Every step** (``update_from_output``): vLLM's own per-step ``SpecDecodingStats`` -- drafts,
   accepted per position, drafted per position -- counted by vLLM's rules (grammar-invalidated
   drafts excluded, vLLM's ``num_sampled_tokens_per_step`` subtracted, stale outputs of finished or
-  preempted requests skipped, before the output is trimmed) go to ``selector.observe`` (drafted
-  per position only when the step mixed draft lengths). Reading them costs O(K) per step. Every ``rebuild_every`` steps the selector re-derives K per batch size;
-  when its ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``.
+  preempted requests skipped, before the output is trimmed) are queued; every ``rebuild_every``
+  drafted steps they go to ``selector.observe`` one step at a time (drafted per position only when
+  the step mixed draft lengths) and the selector re-derives K per batch size -- the same state at
+  every rebuild as feeding each step at once, for an append per step. When vLLM logs no stats
+  it builds no ``SpecDecodingStats``; the plugin's ``make_spec_decoding_stats`` then counts each
+  drafted request into a (drafted, accepted) histogram, one increment each. When the selector's
+  ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``. Cost per step at 256
+  running + 2,000 waiting: ``benchmarks/bench_scheduler_overhead.py``, docs/adaptive.md.
 * **vLLM's semantics stay**: K is looked up by the number of requests scheduled in the step
   (``dynamic_sd_lookup[len(num_scheduled_tokens)]``), as with a static schedule. No client can
   force K: only in an engine a dsdprof run started do its own requests (carrying the run's secret)
@@ -45,7 +50,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
 from dsdprof.plugins.vllm_profiling import (
-    TracingAsyncScheduler, TracingScheduler, build_for_config, class_for_config,
+    TracingAsyncScheduler, TracingScheduler, _DsdprofMixin, build_for_config, class_for_config,
 )
 
 logger = init_logger("vllm.dsdprof.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
@@ -66,15 +71,22 @@ class _AdaptiveMixin:
         settings = resolve_settings(additional_config, environ)
         self.dsdprof_selector = settings.selector(max_k=self.num_spec_tokens)  # type: ignore[attr-defined]
         self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1  # type: ignore[attr-defined]
-        self._adaptive_pending = None
-        if not getattr(self, "log_stats", True):  # vLLM builds no SpecDecodingStats: build them for us
-            self.make_spec_decoding_stats = self._adaptive_make_spec_stats
+        self._adaptive_hist: list[int] | None = None  # the step's counts when vLLM builds no SpecDecodingStats
+        if not getattr(self, "log_stats", True):
+            self._adaptive_hist = [0] * (self.num_spec_tokens + 1) ** 2  # type: ignore[attr-defined]
+            self._adaptive_zeros = tuple(self._adaptive_hist)
+            self.make_spec_decoding_stats = self._adaptive_counter(self._adaptive_hist)
+        self._adaptive_queue: list = []  # drafted steps not yet fed to the selector
+        self._adaptive_every = self.dsdprof_selector.rebuild_every
         self._adaptive_version = -1
         self._adaptive_probe_every = settings.probe_every
         self._adaptive_idle = 0  # steps in a row without a draft
         self._adaptive_t = None  # perf_counter() at the previous update_from_output (None: no step before)
         self._adaptive_swap()
         self._adaptive_probe = [min(1, self.num_spec_tokens)] * len(self.dynamic_sd_lookup)  # type: ignore[attr-defined]
+        self._adaptive_update = super().update_from_output  # type: ignore[misc]
+        if not self._dsdprof_token:  # type: ignore[attr-defined]
+            self._adaptive_skip_tracing()
         logger.info("dsdprof adaptive K: table %s (from %s), K <= %d, K per profiled batch size %s",
                     settings.table_path, settings.source, self.dsdprof_selector.max_k, self.dsdprof_selector.ks)
 
@@ -93,7 +105,10 @@ class _AdaptiveMixin:
         self._adaptive_version = sel.version
 
     def _dsdprof_apply_k(self) -> None:
-        super()._dsdprof_apply_k()  # type: ignore[misc]  # forced K, else the adaptive lookup
+        if self._dsdprof_reqs:  # type: ignore[attr-defined]  # a dsdprof run's requests may force K
+            super()._dsdprof_apply_k()  # type: ignore[misc]
+        else:
+            self.dynamic_sd_lookup = self._dsdprof_table_lookup  # type: ignore[attr-defined]
         if self.dynamic_sd_lookup is self._dsdprof_table_lookup:  # type: ignore[attr-defined]
             probe = self.dsdprof_selector.explore(self._adaptive_max_bs)  # <= 1 % of steps: a neighbouring K
             if probe is not None:
@@ -104,13 +119,70 @@ class _AdaptiveMixin:
             self.dynamic_sd_lookup = self._adaptive_probe  # type: ignore[attr-defined]
             self._adaptive_idle = 0
 
+    def _adaptive_skip_tracing(self) -> None:
+        """No dsdprof run started this engine (no run secret), so the tracing mixin never acts
+        (no request is profiled): where its method is the one in force, bind vLLM's own on the
+        instance and skip its frame -- a few us each per step at 256 running. K is still applied
+        before vLLM schedules. An override added above the tracing mixin stays in force."""
+        cls, vllm = type(self), super(_DsdprofMixin, self)
+        for name in ("has_requests", "add_request"):
+            if getattr(cls, name) is getattr(_DsdprofMixin, name):
+                setattr(self, name, getattr(vllm, name))
+        if getattr(self._adaptive_update, "__func__", None) is _DsdprofMixin.update_from_output:
+            self._adaptive_update = vllm.update_from_output  # type: ignore[attr-defined]
+        if cls.schedule is _DsdprofMixin.schedule:  # type: ignore[attr-defined]
+            vllm_schedule, apply_k = vllm.schedule, self._dsdprof_apply_k  # type: ignore[attr-defined]
+
+            def schedule(*args, **kwargs):
+                apply_k()
+                return vllm_schedule(*args, **kwargs)
+
+            self.schedule = schedule
+
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
-        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        self._adaptive_step_time(scheduler_output)
-        self._adaptive_observe(self._adaptive_step_stats(result))
+        """vLLM's, then queue the step's acceptance counts -- vLLM's own, by vLLM's rules
+        (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
+        outputs skipped), before vLLM trims the sampled tokens: its ``SpecDecodingStats`` attached
+        to the step's outputs, or the histogram :meth:`_adaptive_counter` filled. O(1) per step;
+        every ``rebuild_every`` drafted steps :meth:`_adaptive_feed` feeds the queue."""
+        result = self._adaptive_update(scheduler_output, model_runner_output)
+        n = self._adaptive_step_time(scheduler_output)
+        hist = self._adaptive_hist
+        if hist is None:
+            stats = None
+            for eco in (result or {}).values():
+                if eco.scheduler_stats is not None:
+                    stats = eco.scheduler_stats.spec_decoding_stats
+                    break
+            drafted = stats is not None and stats.num_drafts
+        else:
+            drafted = any(hist)
+            if drafted:
+                stats, hist[:] = hist[:], self._adaptive_zeros
+        if not drafted:
+            self._adaptive_idle += 1
+            return result
+        self._adaptive_idle = 0
+        queue = self._adaptive_queue
+        queue.append((stats, n))
+        if len(queue) >= self._adaptive_every:
+            self._adaptive_feed()
         return result
 
-    def _adaptive_step_time(self, scheduler_output) -> None:
+    def _adaptive_feed(self) -> bool:
+        """Feed the queued steps to the selector, one :meth:`_adaptive_observe` per step, in
+        order. ``observe`` only accumulates between rebuilds and rebuilds on its
+        ``rebuild_every``-th call, so the selector's state at each rebuild -- hence K, and the step
+        the lookup changes -- is what feeding every step at once would give; a step pays for an
+        append, and the arithmetic runs once per ``rebuild_every`` steps, in one warm loop. True
+        when the served lookup changed."""
+        queue, self._adaptive_queue = self._adaptive_queue, []
+        changed = False
+        for stats, n in queue:
+            changed |= self._adaptive_observe(stats, n)
+        return changed
+
+    def _adaptive_step_time(self, scheduler_output) -> int:
         """Feed the step's duration (since the previous step's output) when every scheduled request
         verified and drafted the same K (no prefill, no K change): a step of the table's kind."""
         now = time.perf_counter()
@@ -118,7 +190,7 @@ class _AdaptiveMixin:
         n = len(scheduler_output.num_scheduled_tokens)
         if not n:
             self._adaptive_t = None  # an empty step: the next interval would include idle time
-            return
+            return 0
         k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
         pure = (last is not None and type(k) is int
                 and scheduler_output.total_num_scheduled_tokens == n * (1 + k))
@@ -126,38 +198,56 @@ class _AdaptiveMixin:
         if sel.observe_step(n, k, now - last if pure else None):  # K moved on a step without drafts
             self._adaptive_swap()
             logger.info("dsdprof adaptive K: now %s (step times)", sel.ks)
+        return n
 
-    def _adaptive_step_stats(self, result):
-        """vLLM's own ``SpecDecodingStats`` of the step just processed: counted by vLLM's rules
-        (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
-        outputs skipped), before vLLM trims the sampled tokens. O(1): vLLM already built them --
-        attached to the step's outputs when the engine logs stats, else captured by
-        :meth:`_adaptive_make_spec_stats`."""
-        pending = self._adaptive_pending
-        if pending is not None:
-            self._adaptive_pending = None
-            return pending
-        for eco in (result or {}).values():
-            stats = eco.scheduler_stats
-            if stats is not None:
-                return stats.spec_decoding_stats
-        return None
+    def _adaptive_counter(self, hist: list[int]):
+        """``make_spec_decoding_stats`` for an engine that logs no stats (installed on the
+        instance; vLLM calls it once per drafted request): vLLM's rules (no draft: not counted;
+        grammar-invalidated drafts excluded) into ``hist[drafted * (K+1) + accepted]``. One
+        increment per request, no object built: about what vLLM's own no-op call costs."""
+        width = self.num_spec_tokens + 1  # type: ignore[attr-defined]
 
-    def _adaptive_make_spec_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
-                                  num_invalid_spec_tokens, request_id):
-        """vLLM's ``make_spec_decoding_stats`` without its ``log_stats`` gate (installed on the
-        instance only when the engine does not log stats): the step's stats for the selector."""
-        if spec_decoding_stats is None:
-            spec_decoding_stats = SpecDecodingStats.new(self.num_spec_tokens)  # type: ignore[attr-defined]
-            self._adaptive_pending = spec_decoding_stats
-        if num_invalid_spec_tokens:
-            num_draft_tokens -= num_invalid_spec_tokens.get(request_id, 0)
-        spec_decoding_stats.observe_draft(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)
-        return spec_decoding_stats
+        def count(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id):
+            if num_draft_tokens:
+                if num_invalid_spec_tokens:
+                    num_draft_tokens -= num_invalid_spec_tokens.get(request_id, 0)
+                try:
+                    hist[num_draft_tokens * width + num_accepted_tokens] += 1
+                except IndexError:  # out of vLLM's own bounds: not counted, never raised
+                    pass
+            return spec_decoding_stats
 
-    def _adaptive_observe(self, stats) -> bool:
-        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``) to the selector; True when the
-        served lookup changed. O(K) per step, whatever the number of requests."""
+        return count
+
+    def _adaptive_hist_stats(self, hist: list[int]):
+        """The ``SpecDecodingStats`` vLLM's ``observe_draft`` per request would have built from
+        the requests counted in ``hist``."""
+        k = self.num_spec_tokens  # type: ignore[attr-defined]
+        width = k + 1
+        stats = SpecDecodingStats.new(k)
+        by_drafted, by_accepted = [0] * (width + 1), [0] * (width + 1)
+        for i, n in enumerate(hist):
+            if n:
+                d, a = divmod(i, width)
+                by_drafted[d] += n
+                by_accepted[a] += n
+                stats.num_drafts += n
+                stats.num_draft_tokens += d * n
+                stats.num_accepted_tokens += a * n
+        acc = dr = 0
+        for pos in range(k, 0, -1):  # position pos (1-based) counts every draft reaching it
+            acc += by_accepted[pos]
+            dr += by_drafted[pos]
+            stats.num_accepted_tokens_per_pos[pos - 1] = acc
+            stats.num_draft_tokens_per_pos[pos - 1] = dr
+        return stats
+
+    def _adaptive_observe(self, stats, batch_size: int | None = None) -> bool:
+        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``, or a histogram of
+        :meth:`_adaptive_counter`) to the selector now; True when the served lookup changed.
+        O(K) per step (O(K^2) for a histogram), whatever the number of requests."""
+        if type(stats) is list:
+            stats = self._adaptive_hist_stats(stats)
         drafts = stats.num_drafts if stats is not None else 0
         if not drafts:
             self._adaptive_idle += 1
@@ -170,7 +260,8 @@ class _AdaptiveMixin:
         accepted = list(stats.num_accepted_tokens_per_pos[:hi])
         drafted = list(per_pos[:hi])
         sel = self.dsdprof_selector
-        sel.observe(drafts, accepted, None if all(d == drafts for d in drafted) else drafted)
+        sel.observe(drafts, accepted, None if all(d == drafts for d in drafted) else drafted,
+                    batch_size=batch_size or None)
         if sel.version == self._adaptive_version:
             return False
         self._adaptive_swap()

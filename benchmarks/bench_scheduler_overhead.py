@@ -1,0 +1,282 @@
+"""Per-step cost of dsdprof's schedulers next to vLLM's plain one, at a large batch, no GPU.
+
+    python benchmarks/bench_scheduler_overhead.py [--running 256] [--waiting 2000] [--steps 300] [--k 3]
+
+vLLM's real ``Scheduler`` is driven in ``EngineCore.step``'s order (``has_requests``,
+``schedule``, the model, ``update_from_output``, ``update_draft_token_ids``) by the fake model
+runner of ``tests/vllm_fakes.py`` (known, deterministic chain acceptance; the runner is not
+timed). The schedulers run side by side in one process, interleaved step by step (the order
+rotates every step), each on its own copy of the same requests:
+
+* **plain**: vLLM's ``Scheduler`` in dynamic-SD mode (``num_speculative_tokens_per_batch_size``);
+  **plain-2**, a second copy of it, shows the noise floor;
+* **serving**: ``dsdprof.plugins.vllm_adaptive``'s ``AdaptiveScheduler`` (the serving plugin) on
+  a v2 table whose K is the engine's maximum at every batch size, so it serves the same K as plain
+  (checked: the run stops if any step's K differs);
+* **profiling**: ``dsdprof.plugins.vllm_profiling``'s ``TracingScheduler`` in an engine a dsdprof
+  run started (run secret in the environment), every request carrying the secret, K and a trace
+  name -- a sweep's requests.
+
+Every one is built on a subclass of vLLM's ``Scheduler`` that times its entry points, so the
+dsdprof classes keep their MRO with that class in vLLM's place. Per step and scheduler two
+numbers: **step CPU** -- thread CPU time of its calls (``ratio``, and ``added`` against plain:
+median and mean of the middle 90 % of per-step differences) -- and **own code** -- the wall time
+of its calls minus the time inside vLLM's methods (plus, without ``log_stats``, the time in
+``make_spec_decoding_stats``, which the serving plugin replaces), against plain's. Own code is what
+the goal is about; a busy machine disturbs it far less than the step's CPU time. ``--running``
+requests run (``max_num_seqs``) and ``--waiting`` more wait behind them for the whole measurement
+(outputs long enough that none finishes). Both ``log_stats`` settings run: on (``vllm serve``'s
+default) and off (``vllm.LLM``'s default, where the serving plugin counts the acceptance vLLM then
+skips). Goal (issue 16): the serving plugin adds <= 50 us per step at 256 running + 2,000 waiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.vllm_fakes import FakeRunner, make_request, make_scheduler, vllm_config  # noqa: E402
+
+TOKEN = "b" * 32
+ALPHA = 0.8  # per-position conditional acceptance of the fake runner
+PROMPT = 16
+GOAL_US = 50.0
+
+
+def accept(req_id: str, step: int, drafted: int) -> int:
+    """Deterministic chain acceptance: the same for every scheduler's copy of a request."""
+    h = zlib.crc32(f"{req_id}:{step}".encode())
+    a = 0
+    while a < drafted and ((h >> (4 * a)) & 15) < ALPHA * 16:
+        a += 1
+    return a
+
+
+def table(max_k: int, max_bs: int) -> dict:
+    """A v2 table whose best K is ``max_k`` at every batch size (step time barely grows with K)."""
+    from dsdprof.formats.ktable import ranges_from_points
+
+    sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, max_bs})
+    p = [ALPHA ** i for i in range(1, max_k + 1)]
+    al = {k: 1 + sum(p[:k]) for k in range(max_k + 1)}
+    return {"schema": "dsdprof.ktable/v2", "num_speculative_tokens": max_k,
+            "ranges": ranges_from_points([(b, max_k) for b in sizes]),
+            "cells": [{"batch_size": b, "k": k, "itl_s": 0.01 * (1 + 0.001 * k), "acceptance_length": al[k]}
+                      for b in sizes for k in al],
+            "acceptance_per_pos": p}
+
+
+def timed_base():
+    """vLLM's ``Scheduler`` with its entry points timed (``perf_counter_ns`` into ``vllm_ns``): a
+    class built on it measures its own code as (time in its calls) - (time in vLLM's)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    clock = time.perf_counter_ns
+
+    class Timed(Scheduler):
+        vllm_ns = 0
+
+        def has_requests(self):
+            t = clock()
+            r = super().has_requests()
+            self.vllm_ns += clock() - t
+            return r
+
+        def schedule(self, *args, **kwargs):
+            t = clock()
+            r = super().schedule(*args, **kwargs)
+            self.vllm_ns += clock() - t
+            return r
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            t = clock()
+            r = super().update_from_output(scheduler_output, model_runner_output)
+            self.vllm_ns += clock() - t
+            return r
+
+        def update_draft_token_ids(self, draft_token_ids):
+            t = clock()
+            super().update_draft_token_ids(draft_token_ids)
+            self.vllm_ns += clock() - t
+
+    return Timed
+
+
+def classes() -> dict[str, type]:
+    """name -> class: each of dsdprof's schedulers with the timed vLLM scheduler as its base."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from dsdprof.plugins import vllm_adaptive, vllm_profiling
+
+    timed = timed_base()
+    out = {"plain": timed, "plain-2": timed}  # plain-2: a second plain copy, the noise floor
+    for name, real in (("serving", vllm_adaptive.AdaptiveScheduler), ("profiling", vllm_profiling.TracingScheduler)):
+        mixins = tuple(c for c in real.__mro__[1:] if c.__module__.startswith("dsdprof."))
+        if real.__mro__[1 + len(mixins)] is not Scheduler:
+            raise SystemExit(f"{real.__name__}: MRO {real.__mro__} is not dsdprof mixins over Scheduler")
+        out[name] = type(f"Timed{real.__name__}", mixins + (timed,), {})
+    return out
+
+
+def time_callback(sched, log_stats: bool) -> None:
+    """Without ``log_stats`` time ``make_spec_decoding_stats`` -- called by vLLM's
+    ``update_from_output`` once per drafted request; the serving plugin replaces vLLM's no-op one
+    then -- into ``callback_ns``, which :func:`step` counts as the scheduler's own code, for every
+    scheduler alike (plain: vLLM's no-op). With ``log_stats`` it is vLLM's own, in every scheduler."""
+    clock, inner = time.perf_counter_ns, sched.make_spec_decoding_stats
+    sched.callback_ns = 0
+    if log_stats:
+        return
+
+    def timed(*args, **kwargs):
+        t = clock()
+        r = inner(*args, **kwargs)
+        sched.callback_ns += clock() - t
+        return r
+
+    sched.make_spec_decoding_stats = timed
+
+
+def build(args, log_stats: bool, tmp: str) -> dict:
+    """name -> (scheduler, runner), each on its own copy of the same requests."""
+    from dsdprof.serve.settings import adaptive_additional_config
+
+    total = args.running + args.waiting
+    max_len = PROMPT + args.output + args.k + 8
+    blocks = args.running * (max_len // 16 + 2) + 64
+    config = vllm_config(args.k, args.running, max_model_len=max_len, num_blocks=blocks)
+    table_path = Path(tmp) / "table.json"
+    table_path.write_text(json.dumps(table(args.k, args.running)))
+    config.additional_config = adaptive_additional_config(str(table_path))
+    scheds = {}
+    for name, cls in classes().items():
+        profiled = name == "profiling"
+        if profiled:  # an engine a dsdprof run started: the run's secret and trace directory
+            os.environ.update({"DSDPROF_RUN_TOKEN": TOKEN, "DSDPROF_TRACE_DIR": tmp})
+        try:
+            sched = make_scheduler(cls, config, log_stats)
+        finally:
+            os.environ.pop("DSDPROF_RUN_TOKEN", None), os.environ.pop("DSDPROF_TRACE_DIR", None)
+        time_callback(sched, log_stats)
+        for i in range(total):
+            extra = ({"dsdprof_run": TOKEN, "dsdprof_num_spec_tokens": args.k, "dsdprof_trace": "bench",
+                      "dsdprof_wave": 0} if profiled else None)
+            sched.add_request(make_request(f"r{i}", PROMPT, args.output, extra, eos=False))
+        scheds[name] = (sched, FakeRunner(accept))
+    return scheds
+
+
+def step(sched, runner) -> tuple[int, int, int]:
+    """One ``EngineCore.step`` (sync) + ``post_step``: (CPU ns in the scheduler's calls, ns of its
+    own code outside vLLM's, K scheduled). The fake runner is not counted."""
+    cpu, wall = time.thread_time_ns, time.perf_counter_ns  # CPU time: a busy machine's waits don't count
+    vllm0 = sched.vllm_ns - sched.callback_ns
+    c0, w0 = cpu(), wall()
+    sched.has_requests()
+    so = sched.schedule(False)
+    w1, c1 = wall(), cpu()
+    mro = runner.execute(so)
+    c2, w2 = cpu(), wall()
+    sched.update_from_output(so, mro)
+    w3 = wall()
+    drafts = runner.take_draft_token_ids(so)
+    w4 = wall()
+    if drafts is not None:
+        sched.update_draft_token_ids(drafts)
+    w5, c3 = wall(), cpu()
+    own = (w1 - w0) + (w3 - w2) + (w5 - w4) - (sched.vllm_ns - sched.callback_ns - vllm0)
+    return (c1 - c0) + (c3 - c2), own, so.num_spec_tokens_to_schedule
+
+
+def measure(args, log_stats: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        scheds = build(args, log_stats, tmp)
+        names = list(scheds)
+        cpu: dict[str, list[int]] = {n: [] for n in names}
+        own: dict[str, list[int]] = {n: [] for n in names}
+        gc.collect()
+        gc.freeze()  # as vLLM's engine core does after start-up
+        for i in range(args.warmup + args.steps):
+            order = names[i % len(names):] + names[:i % len(names)]
+            ks = {}
+            for n in order:
+                c, o, ks[n] = step(*scheds[n])
+                if i >= args.warmup:
+                    cpu[n].append(c)
+                    own[n].append(o)
+            if len(set(ks.values())) != 1:
+                raise SystemExit(f"step {i}: the schedulers served different K {ks}: not comparable")
+        gc.unfreeze()
+        for n, (s, _) in scheds.items():
+            state = (len(s.running), len(s.waiting))
+            if state != (args.running, args.waiting):
+                raise SystemExit(f"{n}: {state} running/waiting at the end, wanted "
+                                 f"({args.running}, {args.waiting}): lengthen --output")
+    return {"cpu": cpu, "own": own, "k": ks["plain"]}
+
+
+def middle_mean(xs: list[float], keep: float = 0.9) -> float:
+    xs = sorted(xs)
+    cut = int(len(xs) * (1 - keep) / 2)
+    return statistics.fmean(xs[cut:len(xs) - cut])
+
+
+def report(label: str, res: dict) -> float:
+    """Print both tables; returns the serving plugin's median own-code cost per step (us)."""
+    cpu, own = res["cpu"], res["own"]
+    base, base_own = cpu["plain"], own["plain"]
+    print(f"\n{label}  (K={res['k']}, {len(base)} steps)")
+    print(f"{'scheduler':>10} {'step CPU us':>12} {'ratio':>7} {'added us':>9} {'added mean90':>13}"
+          f" | {'own code us':>12} {'own mean90':>11}")
+    serving = 0.0
+    for name in cpu:
+        diff = [(t - b) / 1e3 for t, b in zip(cpu[name], base)]
+        own_diff = [(t - b) / 1e3 for t, b in zip(own[name], base_own)]
+        med = statistics.median(cpu[name]) / 1e3
+        ratio = med / (statistics.median(base) / 1e3)
+        own_med = statistics.median(own_diff)
+        if name == "serving":
+            serving = own_med
+        note = "  (reference)" if name == "plain" else ""
+        print(f"{name:>10} {med:>12.1f} {ratio:>7.3f} {statistics.median(diff):>9.1f} {middle_mean(diff):>13.1f}"
+              f" | {own_med:>12.1f} {middle_mean(own_diff):>11.1f}{note}")
+    return serving
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--running", type=int, default=256, help="requests running (max_num_seqs)")
+    ap.add_argument("--waiting", type=int, default=2000, help="requests waiting behind them")
+    ap.add_argument("--k", type=int, default=3, help="speculative tokens per step (default 3)")
+    ap.add_argument("--steps", type=int, default=300, help="measured steps per scheduler")
+    ap.add_argument("--warmup", type=int, default=20, help="unmeasured first steps (prefill)")
+    ap.add_argument("--output", type=int, default=0, help="output tokens per request (default: enough)")
+    args = ap.parse_args(argv)
+    args.output = args.output or (args.k + 1) * (args.steps + args.warmup) + 64
+    import logging
+
+    logging.getLogger("vllm").setLevel(logging.WARNING)
+    print(f"{args.running} running + {args.waiting} waiting requests, prompt {PROMPT}, "
+          f"fake acceptance {ALPHA} per position; per-step time of the scheduler calls")
+    worst = 0.0
+    for log_stats in (True, False):
+        gc.collect()
+        worst = max(worst, report(f"log_stats={log_stats}", measure(args, log_stats)))
+    verdict = "met" if worst <= GOAL_US else "NOT met"
+    print(f"\nserving plugin: its own code costs at most {worst:.1f} us per step, median "
+          f"(goal <= {GOAL_US:.0f} us: {verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
