@@ -162,6 +162,7 @@ def export(
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version)."),
+    context: Optional[int] = typer.Option(None, "--context", help="Context sweeps (dsdprof.ktable/v3): the context (prompt tokens) whose slice a batch-size-only schedule serves; default: the table's batch-size-only answer."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
     from dsdprof.export.api import EXPORT_FORMATS, export_document
@@ -171,7 +172,7 @@ def export(
         raise fail(f"--format={fmt!r}: must be one of {', '.join(EXPORT_FORMATS)}")
     if output is not None:
         check_output_path(output, force, field="--output")
-    exported = export_document(source, fmt, tolerance, allow_mixed)
+    exported = export_document(source, fmt, tolerance, allow_mixed, context=context)
     for w in exported.warnings:
         err_console.print(f"warning: {w}", style="yellow", markup=False, highlight=False, soft_wrap=True)
     if output is None:

@@ -16,10 +16,12 @@ class Cell:
     batch_size: int
     mode: str  # vanilla | dsd | fixed
     num_spec_tokens: int
+    context_len: int = 0  # prompt tokens per request; 0 = the spec's workload.input_len (no context axis)
 
     @property
     def cell_id(self) -> str:
-        return f"{self.mode}-bs{self.batch_size}-k{self.num_spec_tokens}-r{self.repeat}"
+        base = f"{self.mode}-bs{self.batch_size}-k{self.num_spec_tokens}-r{self.repeat}"
+        return f"{base}-c{self.context_len}" if self.context_len else base
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def balanced_order(m: int, s: int) -> list[int]:
 
 
 def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
-               include_vanilla: bool = True) -> list[Cell]:
+               include_vanilla: bool = True, context_lens: list[int] | None = None) -> list[Cell]:
     """Cells in run order: repeats interleaved, the order inside a block rotated.
 
     DSD mode runs one block per batch size per repeat (vanilla and every K of that batch size, so
@@ -144,6 +146,8 @@ def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_
     """
     if speculation_mode not in (MODE_DSD, MODE_FIXED):
         raise ValueError(f"speculation_mode={speculation_mode!r}")
+    if context_lens:
+        return _plan_contexts(batch_sizes, ks, repeats, speculation_mode, include_vanilla, context_lens)
     cells: list[Cell] = []
     for r in range(repeats):
         if speculation_mode == MODE_DSD:
@@ -156,4 +160,30 @@ def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_
                 [[Cell(r, b, MODE_FIXED, k) for b in batch_sizes] for k in ks if k != 0]  # fixed K=0 is vanilla
             for j in balanced_order(len(groups), r):
                 cells.extend(groups[j])
+    return cells
+
+
+def _plan_contexts(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
+                   include_vanilla: bool, context_lens: list[int]) -> list[Cell]:
+    """:func:`plan_cells` over a context axis. DSD: inside each repeat the grid of every context in
+    turn (contexts rotate with the repeat, so none always runs first; each context's blocks are
+    rotated by its place). Fixed: the K groups (one engine each) stay outermost, every context's
+    batch sizes inside a group."""
+    from dataclasses import replace
+
+    cells: list[Cell] = []
+    n = len(context_lens)
+    for r in range(repeats):
+        if speculation_mode == MODE_FIXED:
+            one = plan_cells(batch_sizes, ks, r + 1, speculation_mode, include_vanilla)
+            one = [c for c in one if c.repeat == r]
+            for g in range(0, len(one), len(batch_sizes)):
+                cells.extend(replace(c, context_len=context_lens[(j + r) % n])
+                             for j in range(n) for c in one[g:g + len(batch_sizes)])
+            continue
+        for j in range(n):
+            ci = (j + r) % n
+            one = [c for c in plan_cells(batch_sizes, ks, r + ci + 1, speculation_mode, include_vanilla)
+                   if c.repeat == r + ci]
+            cells.extend(replace(c, repeat=r, context_len=context_lens[ci]) for c in one)
     return cells

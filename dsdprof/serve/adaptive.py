@@ -61,7 +61,7 @@ from typing import Any, Iterable, Sequence
 
 from dsdprof.serve.runtime import build_lookup, lookup_list
 from dsdprof.formats.ktable import TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
-from dsdprof.formats.versions import TABLE_SCHEMA_V2
+from dsdprof.formats.versions import TABLE_SCHEMA_V2, TABLE_SCHEMA_V3
 from dsdprof.formats.ktable import ranges_from_points
 
 __all__ = ["AdaptiveKSelector"]
@@ -94,7 +94,7 @@ class AdaptiveKSelector:
                  half_life: float = 2048.0, rebuild_every: int = 32,
                  max_k: int | None = None, allowed_ks: Iterable[int] | None = None) -> None:
         validate_table(table)
-        if table["schema"] != TABLE_SCHEMA_V2:
+        if table["schema"] not in (TABLE_SCHEMA_V2, TABLE_SCHEMA_V3):  # v3: its batch-size-only answer (top level)
             raise TableError(f"schema={table['schema']!r}: adaptive K needs a {TABLE_SCHEMA_V2} table "
                              "(measured step time per batch size and K); re-export it with `dsdprof export RUN`")
         p0 = table.get("acceptance_per_pos")

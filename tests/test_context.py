@@ -1,0 +1,201 @@
+"""Issue 21: K by batch size x context -- the sweep axis, per-context analysis, the v3 table,
+export --context, and KSelector.select(batch_size, context_len). Fast: the analytic engine only."""
+
+from __future__ import annotations
+
+import glob
+import json
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from dsdprof.config.spec import parse_spec
+from dsdprof.decide.analysis import analyze
+from dsdprof.decide.context import analyze_contexts, analyze_contexts_path
+from dsdprof.errors import InputError
+from dsdprof.export.api import export_document
+from dsdprof.export.context import build_context_table, slice_for_context
+from dsdprof.formats.ktable import TableError, context_buckets, validate_table
+from dsdprof.formats.measurements import COLUMN_NAMES, arrow_schema
+from dsdprof.io.manifest import normalised_spec_dump, spec_hash
+from dsdprof.measure.engine import Cell, plan_cells
+from dsdprof.measure.runner import run_sweep
+from dsdprof.serve.adaptive import AdaptiveKSelector
+from dsdprof.serve.runtime import KSelector
+
+CONTEXTS = [1024, 16384, 65536]  # the held-out check's three contexts
+
+
+def _sim_spec(contexts=None, **sweep):
+    data = {"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3", "max_model_len": 70000},
+            "sweep": {"batch_sizes": [1, 2, 4, 8], "num_spec_tokens": [0, 1, 2, 4, 8, 16, 31, 32],
+                      "waves": 3, **sweep},
+            "sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.9}}
+    if contexts is not None:
+        data["sweep"]["context_lens"] = contexts
+    return parse_spec(data)
+
+
+@pytest.fixture(scope="module")
+def ctx_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ctx") / "run"
+    run_sweep(_sim_spec(CONTEXTS), out)
+    return out
+
+
+# ----------------------------------------------------------------------------- spec and cells
+
+def test_spec_without_context_lens_hashes_as_before():
+    """Hashes computed by the code before issue 21 (commit bacee00): unchanged."""
+    a = parse_spec({"engine": {"model": "m", "method": "ngram"}})
+    b = parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3"},
+                    "sweep": {"batch_sizes": [1, 8], "num_spec_tokens": [0, 2]},
+                    "sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.8}})
+    assert "context_lens" not in normalised_spec_dump(a)["sweep"]
+    assert spec_hash(normalised_spec_dump(a)) == "sha256:653b2b25aca6991b6343e24a5d07abd4c1858d96c69aaac0701ef88ee3bebca0"
+    assert spec_hash(normalised_spec_dump(b)) == "sha256:7776b0a9a980df0ae30cc33b796ce1cc0d48cfafa96e8c8226e56a9203bf386e"
+    with_ctx = parse_spec({"engine": {"model": "m", "method": "ngram"}, "sweep": {"context_lens": [4096, 512]}})
+    assert normalised_spec_dump(with_ctx)["sweep"]["context_lens"] == [512, 4096]
+    assert spec_hash(normalised_spec_dump(with_ctx)) != spec_hash(normalised_spec_dump(a))
+
+
+@pytest.mark.parametrize("value, words", [
+    ([], "must not be empty"), ([0], "context 0 must be in 1..16777216"), ([8, 8], "duplicate contexts"),
+    ([1.5], "valid integer"), ("4096", "valid list"),
+])
+def test_context_lens_bad_values_are_one_line_errors(value, words):
+    with pytest.raises(InputError) as err:
+        parse_spec({"engine": {"model": "m", "method": "ngram"}, "sweep": {"context_lens": value}})
+    msg = str(err.value)
+    assert msg.startswith("sweep.context_lens") and words in msg and "\n" not in msg
+
+
+def test_engine_check_uses_the_longest_context():
+    from dsdprof.config.spec import check_workload_for_engine
+
+    spec = parse_spec({"engine": {"model": "m", "method": "ngram", "max_model_len": 4096},
+                       "sweep": {"context_lens": [512, 4096]}})
+    with pytest.raises(InputError, match="max context_lens"):
+        check_workload_for_engine(spec)
+
+
+def test_cell_ids_unchanged_without_contexts_and_suffixed_with():
+    assert Cell(0, 4, "dsd", 2).cell_id == "dsd-bs4-k2-r0"
+    assert Cell(1, 4, "dsd", 2, 8192).cell_id == "dsd-bs4-k2-r1-c8192"
+    plain = plan_cells([1, 2], [1, 2], 2, "dsd")
+    assert plan_cells([1, 2], [1, 2], 2, "dsd", context_lens=None) == plain
+    for mode in ("dsd", "fixed"):
+        cells = plan_cells([1, 2], [1, 2], 2, mode, context_lens=[100, 1000])
+        ids = [c.cell_id for c in cells]
+        assert len(ids) == len(set(ids)) == 2 * 2 * 3 * 2
+        for c in (100, 1000):  # every context holds the full grid of every repeat
+            assert sorted((x.repeat, x.batch_size, x.mode, x.num_spec_tokens) for x in cells if x.context_len == c) \
+                == sorted((x.repeat, x.batch_size, x.mode, x.num_spec_tokens) for x in plan_cells([1, 2], [1, 2], 2, mode))
+
+
+# ----------------------------------------------------------------------------- rows
+
+def test_rows_without_contexts_keep_the_schema(tmp_path):
+    run_sweep(_sim_spec(batch_sizes=[1, 2], num_spec_tokens=[0, 2]), tmp_path / "r")
+    schema = pq.read_schema(glob.glob(str(tmp_path / "r" / "*.parquet"))[0])
+    assert schema.names == list(COLUMN_NAMES) and schema.remove_metadata().equals(arrow_schema())
+
+
+def test_context_rows_record_their_context(ctx_run):
+    df = pd.read_parquet(ctx_run)
+    assert sorted(df["context_len"].unique()) == CONTEXTS
+    assert all(cid.endswith(f"-c{c}") for cid, c in zip(df["cell_id"], df["context_len"]))
+    ok = df[df["status"] == "ok"]
+    # a longer context is a slower step at the same batch size and K (the KV read)
+    piv = ok[ok["mode"] == "dsd"].pivot_table(index=["batch_size", "num_spec_tokens"], columns="context_len",
+                                              values="itl_s")
+    assert (piv[16384] > piv[1024]).all() and (piv[65536].dropna() > piv[16384][piv[65536].notna()]).all()
+
+
+def test_kv_capacity_limits_batch_size_at_long_context(ctx_run):
+    df = pd.read_parquet(ctx_run)
+    failed = df[(df["status"] == "failed") & (df["context_len"] == 65536)]
+    assert len(failed) and failed["error"].str.contains("predicted out of memory").all()
+    assert (df[(df["context_len"] == 1024)]["status"] == "ok").all()
+
+
+# ----------------------------------------------------------------------------- analysis and table
+
+def test_each_context_is_analysed_by_the_same_rule(ctx_run):
+    df = pd.read_parquet(ctx_run)
+    res = analyze_contexts(df)
+    assert res.contexts == CONTEXTS and res.default_context == 1024
+    for c in CONTEXTS:
+        alone = analyze(df[df["context_len"] == c].drop(columns=["context_len"]))
+        pd.testing.assert_frame_equal(res.slices[c].optimal, alone.optimal)
+    with pytest.raises(InputError, match="rows of several contexts"):
+        analyze(df)
+
+
+def test_long_context_does_not_lower_k_where_attention_dominates(ctx_run):
+    res = analyze_contexts_path(ctx_run)
+    k = {c: dict(zip(a.optimal["batch_size"], a.optimal["k"])) for c, a in res.slices.items()}
+    for b in k[65536]:
+        assert k[65536][b] >= k[16384][b] >= k[1024][b]
+    assert any(k[65536][b] > k[1024][b] for b in k[65536])  # and it does move K* here
+
+
+def test_v3_table_and_selector_serve_every_exported_k(ctx_run):
+    doc, _ = __import__("dsdprof.export.api", fromlist=["x"]).table_from_source(ctx_run)
+    assert doc["schema"] == "dsdprof.ktable/v3" and validate_table(json.loads(json.dumps(doc)))
+    tops = [sl["max_context"] for sl in doc["contexts"]]
+    assert tops == context_buckets(CONTEXTS)
+    sel = KSelector.from_dict(doc)
+    for sl in doc["contexts"]:
+        lo = 1 + max([t for t in tops if t < sl["max_context"]], default=0)
+        for p in sl["points"]:
+            for ctx in {lo, sl["context_len"], min(sl["max_context"], 10**7)}:
+                assert sel.select(p["batch_size"], ctx) == p["k"], (ctx, p)
+    for p in doc["points"]:  # without a context: the batch-size-only answer (shortest context)
+        assert sel.select(p["batch_size"]) == sel.select(p["batch_size"], None) == p["k"]
+    assert sel.select(1, 10**12) == sel.select(1, 65536)  # past the last bucket: the last slice
+    assert sel.select(1, -3) == sel.select(1, 2.5) == sel.select(1)  # bad context: batch-size-only
+    assert AdaptiveKSelector(doc).select(1) == sel.select(1)
+
+
+def test_v2_tables_still_serve_with_a_context(tmp_path):
+    run_sweep(_sim_spec(batch_sizes=[1, 8], num_spec_tokens=[0, 2, 4]), tmp_path / "r")
+    doc = export_document(tmp_path / "r").doc
+    assert doc["schema"] == "dsdprof.ktable/v2"
+    sel = KSelector.from_dict(doc)
+    assert [sel.select(b, c) for b in (1, 8) for c in (None, 1, 10**6)] == [sel.select(b) for b in (1, 8) for _ in range(3)]
+    v1 = {"schema": "dsdprof.ktable/v1", "ranges": [[1, 3, 4], [4, 100, 1]]}
+    assert KSelector.from_dict(v1).select(2, 99999) == 4
+    assert sel.lookup_list(8, 12345) == sel.lookup_list(8)
+
+
+def test_export_vllm_context_picks_a_slice_and_says_so(ctx_run):
+    long = export_document(ctx_run, "vllm", context=60000)
+    short = export_document(ctx_run, "vllm")
+    table = export_document(ctx_run).doc
+    assert long.doc["num_speculative_tokens_per_batch_size"] == slice_for_context(table, 60000)["ranges"]
+    assert short.doc["num_speculative_tokens_per_batch_size"] == table["ranges"]
+    assert any("profiled at context 65536" in w for w in long.warnings)
+    assert any("batch size only" in w and "--context" in w for w in short.warnings)
+    with pytest.raises(InputError, match="--context"):
+        export_document(ctx_run, "vllm", context=0)
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda d: d.pop("contexts"), "contexts=None"),
+    (lambda d: d["contexts"].reverse(), "max_context"),
+    (lambda d: d["contexts"][0].__setitem__("ranges", [[2, 5, 1]]), "contexts[0].ranges[0]"),
+    (lambda d: d["contexts"][1].__setitem__("context_len", 1), "contexts[1].context_len"),
+])
+def test_bad_v3_tables_name_the_field(ctx_run, mutate, words):
+    doc = json.loads(json.dumps(export_document(ctx_run).doc))
+    mutate(doc)
+    with pytest.raises(TableError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        validate_table(doc)
+
+
+def test_build_context_table_without_rows_matches(ctx_run):
+    res = analyze_contexts_path(ctx_run)
+    doc = build_context_table(res, source="x")
+    assert [sl["context_len"] for sl in doc["contexts"]] == CONTEXTS
