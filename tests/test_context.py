@@ -199,3 +199,102 @@ def test_build_context_table_without_rows_matches(ctx_run):
     res = analyze_contexts_path(ctx_run)
     doc = build_context_table(res, source="x")
     assert [sl["context_len"] for sl in doc["contexts"]] == CONTEXTS
+
+
+# ----------------------------------------------------------------------------- serving: mean, not max
+
+def test_a_mixed_batch_costs_what_its_mean_context_costs_not_its_max():
+    """The step model summed request by request (attention is per request, linear in its context)
+    equals the step at the batch's mean context; K* of a batch with one long request among short
+    ones is K* at the mean context, not at the max (which would over-draft)."""
+    import numpy as np
+
+    from dsdprof.measure.sim.catalog import MODELS
+    from dsdprof.measure.sim.hardware import HARDWARE
+    from dsdprof.measure.sim.model import (
+        HwArrays, arch_features, attention_term, dense_term, expert_term, step_time,
+    )
+    from dsdprof.serve.runtime import batch_context
+
+    hw = HwArrays.of(HARDWARE["H100 SXM"])
+    tgt = arch_features(MODELS["Llama-3.1-8B"], "bfloat16", 1)
+    drf = arch_features(MODELS["EAGLE3-Llama-3.1-8B"], "bfloat16", 1)
+    contexts = [120_000] + [2_000] * 15
+    b, ks = len(contexts), np.arange(0, 33)
+    al = np.array([sum(0.9 ** i for i in range(k + 1)) for k in ks])
+
+    def summed(k):  # per-request attention, shared weights; roofline per term
+        t = k + 1.0
+        parts = [dense_term(tgt, hw, b * t), expert_term(tgt, hw, b, t, 0.0)]
+        parts += [tuple(sum(x) for x in zip(*[attention_term(tgt, hw, 1, t, c) for c in contexts]))]
+        parts += [(k * m, k * f) for m, f in (dense_term(drf, hw, b), expert_term(drf, hw, b, 1.0, 0.0))]
+        parts += [tuple(k * sum(x) for x in zip(*[attention_term(drf, hw, 1, 1.0, c) for c in contexts]))]
+        kern = sum(max(float(m) / hw.eff_bandwidth, float(f) / hw.eff_compute) for m, f in parts)
+        return kern + hw.step_overhead_s + k * hw.draft_step_overhead_s + hw.dsd_overhead_s
+
+    true = np.array([summed(k) for k in ks])
+    at = lambda c: np.array([float(step_time(hw, tgt, drf, b, k, c).total_s) for k in ks])  # noqa: E731
+    mean, biggest = batch_context(contexts), max(contexts)
+    assert np.allclose(true, at(np.mean(contexts)), rtol=1e-9) and abs(mean - np.mean(contexts)) < 1
+    k_true, k_mean, k_max = (int(ks[np.argmax(al / t)]) for t in (true, at(mean), at(biggest)))
+    assert k_true == k_mean and k_max > k_true
+
+
+def test_tile_effect_drafts_up_to_128_over_g_are_free_when_attention_dominates():
+    import numpy as np
+
+    from dsdprof.measure.sim.catalog import MODELS
+    from dsdprof.measure.sim.context import free_draft_length, query_tokens
+    from dsdprof.measure.sim.hardware import HARDWARE
+    from dsdprof.measure.sim.model import HwArrays, arch_features, attention_term
+
+    assert list(query_tokens(4, np.array([1, 32, 33]), 128)) == [1, 32, 64]
+    assert list(query_tokens(4, np.array([1, 33]), 1)) == [1, 33]  # no tile on a CPU profile
+    for name, g, free in (("Llama-3.1-8B", 4, 31), ("Qwen3-30B-A3B", 8, 15)):
+        f = arch_features(MODELS[name], "bfloat16", 1)
+        assert f.q_per_kv == g and free_draft_length(g) == free
+        hw = HwArrays.of(HARDWARE["H200 SXM"])
+        cost = [max(float(m) / hw.eff_bandwidth, float(x) / hw.eff_compute)
+                for m, x in (attention_term(f, hw, 8, k + 1.0, 65536) for k in (0, free, free + 1))]
+        assert cost[1] == pytest.approx(cost[0], rel=1e-9) and cost[2] > 1.2 * cost[1]
+
+
+def _v3_doc(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_adaptive_plugin import shifted_table
+
+    short = shifted_table()
+    long = shifted_table(base_itl_s=0.04)
+    for c in long["cells"]:  # attention-bound at long context: K nearly free
+        c["itl_s"] = 0.5 + c["itl_s"] * 0.01
+        c["goodput"] = c["acceptance_length"] / c["itl_s"]
+    long["ranges"], long["points"] = [[1, 1 << 20, 3]], [{"batch_size": b, "k": 3} for b in (1, 2, 4)]
+    slices = [{"max_context": 1000, "context_len": 500, **{k: short[k] for k in ("ranges", "points", "cells", "acceptance_per_pos")}},
+              {"max_context": 1 << 24, "context_len": 32000, **{k: long[k] for k in ("ranges", "points", "cells", "acceptance_per_pos")}}]
+    doc = {**short, "schema": "dsdprof.ktable/v3", "default_context": 500, "contexts": slices}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(validate_table(doc)))
+    return doc
+
+
+def test_adaptive_plugin_keys_each_step_on_the_batch_mean_context(tmp_path):
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace as NS
+
+    import dsdprof.plugins.vllm_adaptive as va
+    from dsdprof.serve.settings import adaptive_additional_config
+
+    _v3_doc(tmp_path)
+    s = va.AdaptiveScheduler.__new__(va.AdaptiveScheduler)
+    s.num_spec_tokens, s.dynamic_sd_lookup = 4, [0] + [3] * 8
+    s.running, s.waiting, s.requests = [], [], {}
+    s._adaptive_setup(adaptive_additional_config(str(tmp_path / "table.json"), {"rebuild_every": 1}), environ={})
+    short_lookup, long_lookup = s._adaptive_ctx_lookups
+    assert short_lookup != long_lookup and long_lookup[1:] == [3] * 8
+    for contexts, want in (([100] * 4, short_lookup), ([40_000] * 4, long_lookup),
+                           ([3_000] + [100] * 3, short_lookup)):  # mean 825: the max (3000) would say long
+        s.running = [NS(num_computed_tokens=c) for c in contexts]
+        s._dsdprof_apply_k()
+        assert s.dynamic_sd_lookup == want, contexts

@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import context_buckets, validate_table
+from dsdprof.formats.ktable import SLICE_KEYS as _SLICE_KEYS, context_buckets, context_slice, validate_table
 from dsdprof.formats.versions import TABLE_SCHEMA_V3
 
 CONTEXT_INTERPOLATION = "nearest-log"  # a request context takes the slice of the nearest profiled one (log scale)
-_SLICE_KEYS = ("ranges", "points", "cells", "acceptance_per_pos")
 
 
 def build_context_table(result: Any, source: str = "", rows: Any = None) -> dict[str, Any]:
@@ -46,22 +45,12 @@ def build_context_table(result: Any, source: str = "", rows: Any = None) -> dict
 
 
 def slice_for_context(table: dict[str, Any], context: int) -> dict[str, Any]:
-    """The slice of a v3 ``table`` serving ``context`` (first ``max_context >= context``, else the
-    last), as a v2-shaped table (provenance and cap of the whole table)."""
+    """The slice of a v3 ``table`` serving ``context`` as a v2-shaped table (:func:`context_slice`)."""
     if not isinstance(context, int) or isinstance(context, bool) or context < 1:
         raise InputError("--context", context, "must be an integer >= 1 (prompt tokens)")
-    contexts = table.get("contexts")
-    if not contexts:
+    if not table.get("contexts"):
         raise InputError("--context", context, f"the table ({table.get('schema')}) has no context axis")
-    chosen = next((sl for sl in contexts if context <= sl["max_context"]), contexts[-1])
-    out = {k: v for k, v in table.items() if k not in ("contexts", "default_context", "context_interpolation",
-                                                        "contexts_skipped", *_SLICE_KEYS)}
-    out.update({k: chosen[k] for k in _SLICE_KEYS if k in chosen})
-    out["schema"] = "dsdprof.ktable/v2" if "cells" in chosen else "dsdprof.ktable/v1"
-    out["num_speculative_tokens"] = chosen.get("num_speculative_tokens", table.get("num_speculative_tokens"))
-    out["num_speculative_tokens"] = max([r[2] for r in chosen["ranges"]] + [0]) \
-        if out["num_speculative_tokens"] is None else out["num_speculative_tokens"]
-    return validate_table(out)
+    return context_slice(table, context)
 
 
 def context_notice(table: dict[str, Any], context: Optional[int]) -> Optional[str]:

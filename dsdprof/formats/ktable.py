@@ -243,6 +243,24 @@ def validate_contexts(contexts: object) -> list[tuple[int, list[tuple[int, int, 
     return out
 
 
+SLICE_KEYS = ("ranges", "points", "cells", "acceptance_per_pos")  # what a v3 slice holds of a v2 table
+
+
+def context_slice(table: dict[str, Any], context: int) -> dict[str, Any]:
+    """The slice of a validated v3 ``table`` serving ``context`` (the first with ``max_context >=
+    context``, else the last) as a v2-shaped table (v1 when the slice has no cells), keeping the
+    whole table's provenance; its cap is the slice's ``num_speculative_tokens`` else its largest K."""
+    contexts = table["contexts"]
+    chosen = next((sl for sl in contexts if context <= sl["max_context"]), contexts[-1])
+    out = {k: v for k, v in table.items() if k not in ("contexts", "default_context", "context_interpolation",
+                                                        "contexts_skipped", *SLICE_KEYS)}
+    out.update({k: chosen[k] for k in SLICE_KEYS if k in chosen})
+    out["schema"] = TABLE_SCHEMA_V2 if "cells" in chosen else TABLE_SCHEMA_V1
+    cap = chosen.get("num_speculative_tokens")
+    out["num_speculative_tokens"] = cap if cap is not None else max(r[2] for r in chosen["ranges"])
+    return validate_table(out)
+
+
 def context_buckets(contexts: list[int], last_end: int = LAST_CONTEXT_END) -> list[int]:
     """Profiled contexts (ascending) -> each slice's ``max_context``: the nearest profiled context on
     a log scale serves a request (edge ``isqrt(c_i · c_{i+1})``), the last up to ``last_end``."""

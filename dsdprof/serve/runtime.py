@@ -11,9 +11,10 @@ range, capped at ``num_speculative_tokens``. For ``batch_size <= 0`` (no request
 returns the K of batch size 1 -- never another batch size's K.
 
 Cost: loading is O(number of ranges + :data:`DENSE_CAP`) in time and memory at most, whatever
-the batch sizes in the table (a range starting at 10**12 is fine). ``select`` is one C-level dict
-lookup (no Python frame, no allocation) for ``0 <= batch_size <= max(DENSE_MIN, min(last range
-start, DENSE_CAP))``; any other batch size at or past the last range's start, or ``<= 0``, is
+the batch sizes in the table (a range starting at 10**12 is fine). The batch-size lookup is one
+C-level dict lookup (no allocation) for ``0 <= batch_size <= max(DENSE_MIN, min(last range
+start, DENSE_CAP))``, reached through ``select`` (a small Python function, since it takes an
+optional context) or, with no Python frame at all, through ``for_context(None)``; any other batch size at or past the last range's start, or ``<= 0``, is
 O(1) in a small Python method; only batch sizes above :data:`DENSE_CAP` that fall before the last
 range's start take a binary search over the range starts (O(log ranges)).
 
@@ -26,7 +27,7 @@ of the optional second argument); ``for_context(context_len)`` returns the slice
 lookup for callers that bucket once per batch.
 
 :class:`AdaptiveKSelector` (in :mod:`dsdprof.serve.adaptive`, re-exported here) re-derives K per batch
-size from live acceptance counts; it needs a ``dsdprof.ktable/v2`` table.
+size from live acceptance counts; it needs a ``dsdprof.ktable/v2`` (or v3: its batch-size-only answer) table.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any, Sequence
 
 from dsdprof.formats.ktable import TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
 
-__all__ = ["CONTEXT_DENSE_CAP", "DENSE_CAP", "KSelector", "TableError", "build_lookup"]
+__all__ = ["CONTEXT_DENSE_CAP", "DENSE_CAP", "KSelector", "TableError", "batch_context", "build_lookup"]
 
 DENSE_CAP = 4096  # batch sizes up to here (and below the last range's start) are one dict lookup
 DENSE_MIN = 1024  # ... and always at least up to here, even when the last range starts lower
@@ -197,3 +198,21 @@ def lookup_list(ranges: Sequence[tuple[int, int, int]], cap: int, max_batch_size
         out.extend([min(k, cap)] * (min(end, max_batch_size) - start + 1))
     out.extend([min(ranges[-1][2], cap)] * (max_batch_size + 1 - len(out)))
     return out
+
+
+def batch_context(contexts: Any) -> int:
+    """The context a batch is served at: the **mean** of its requests' contexts (KV positions).
+
+    Why the mean and not the max: one step's time is the shared weight pass plus, per request, its
+    attention -- a KV read of ``kv · C_i`` bytes (and ``t · C_i`` of math) that is linear in C_i
+    (:func:`dsdprof.measure.sim.model.attention_term`). K is one value for the whole step, so the
+    step costs ``dense(B, K) + Σ_i attn(C_i, K) = dense(B, K) + B · attn(mean C, K)``: the batch
+    behaves exactly like B requests at the mean context. The max would serve a batch with one long
+    request among many short ones the K of an all-long batch. (tests/test_context.py checks this on
+    the step model.) An empty batch is context 0.
+    """
+    total = n = 0
+    for c in contexts:
+        total += c
+        n += 1
+    return total // n if n else 0
