@@ -185,6 +185,25 @@ def export(
 _SHOW_MAX_RANGES = 200
 
 
+def _show_contexts(doc: dict) -> None:
+    """A v3 table: one table per context slice, the contexts it serves in its title."""
+    cap, lo = doc.get("num_speculative_tokens"), 1
+    for sl in doc["contexts"]:
+        last = sl is doc["contexts"][-1]
+        span = f"{lo}+" if last else f"{lo}..{sl['max_context']}"
+        t = Table(title=f"context {span} (profiled at {sl.get('context_len', '?')})")
+        for col in ("batch sizes", "K", "profiled BS: K (vs baseline)"):
+            t.add_column(col, justify="right")
+        pts = {p["batch_size"]: p for p in sl.get("points", [])}
+        for i, (start, end, k) in enumerate(sl["ranges"][:_SHOW_MAX_RANGES]):
+            bs = "+" if i == len(sl["ranges"]) - 1 else ("" if start == end else f"-{end}")
+            inside = [f"{b}: {p['k']} ({fmt_number(p.get('speedup_vs_baseline') or math.nan)}x)"
+                      for b, p in sorted(pts.items()) if start <= b <= end]
+            t.add_row(f"{start}{bs}", str(min(k, cap)) if cap is not None else str(k), ", ".join(inside))
+        console.print(t)
+        lo = sl["max_context"] + 1
+
+
 @app.command()
 @guarded
 def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 or /v2 JSON file.")) -> None:
@@ -201,7 +220,9 @@ def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof
     ranges = doc["ranges"]
     cap = doc.get("num_speculative_tokens")
     console.print(f"{table_path}  ({doc['schema']})", markup=False, highlight=False)
-    t = Table()
+    if doc.get("contexts"):
+        _show_contexts(doc)
+    t = Table(title="no context known" if doc.get("contexts") else None)
     for col in ("batch sizes", "K"):
         t.add_column(col, justify="right")
     for i, (start, end, k) in enumerate(ranges[:_SHOW_MAX_RANGES]):
