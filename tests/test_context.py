@@ -298,3 +298,37 @@ def test_adaptive_plugin_keys_each_step_on_the_batch_mean_context(tmp_path):
         s.running = [NS(num_computed_tokens=c) for c in contexts]
         s._dsdprof_apply_k()
         assert s.dynamic_sd_lookup == want, contexts
+
+
+# ----------------------------------------------------------------------------- plots and show
+
+def test_plot_draws_a_heatmap_per_context(ctx_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    from dsdprof.report.plots import plot_results
+
+    paths = plot_results(ctx_run, tmp_path / "plots")
+    names = {p.name for p in paths}
+    assert {"goodput_heatmap_by_context.png", "optimal_k_by_context.png"} <= names
+    assert "goodput_heatmap.png" not in names  # never one pooled heatmap
+    from dsdprof.decide.context import analyze_contexts_path
+    from dsdprof.report.context_plots import context_heatmaps_figure
+
+    fig = context_heatmaps_figure(analyze_contexts_path(ctx_run))
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["context 1k", "context 16k", "context 64k"]
+
+
+def test_show_prints_a_table_per_context(ctx_run, tmp_path):
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(export_document(ctx_run).doc))
+    out = CliRunner().invoke(app, ["show", str(path)], env={"COLUMNS": "160"})
+    assert out.exit_code == 0, out.output
+    for title in ("context 1..4096 (profiled at 1024)", "context 4097..32768 (profiled at 16384)",
+                  "context 32769+ (profiled at 65536)", "no context known"):
+        assert title in out.output
+    res = CliRunner().invoke(app, ["export", str(ctx_run), "--format", "vllm", "--context", "20000"])
+    assert res.exit_code == 0 and "profiled at context 16384" in res.output
