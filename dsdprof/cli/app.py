@@ -140,10 +140,20 @@ def analyze(
 ) -> None:
     """Find the goodput-optimal K (goodput = AL / ITL) per batch size, with intervals and decisions."""
     from dsdprof.decide.analysis import analyze_path
+    from dsdprof.decide.context import analyze_contexts_path
     from dsdprof.cli.analyze import analysis_json, render_analysis
 
-    result = analyze_path(measurements, tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence,
-                          acceptance=acceptance)
+    options = dict(tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence, acceptance=acceptance)
+    by_context = analyze_contexts_path(measurements, **options)
+    if by_context is not None:  # a context sweep: the same analysis per context
+        if json_out:
+            print(json.dumps({str(c): json.loads(analysis_json(a)) for c, a in by_context.slices.items()}, indent=2))
+            return
+        for c, a in by_context.slices.items():
+            console.rule(f"context {c}")
+            render_analysis(a, console, err_console)
+        return
+    result = analyze_path(measurements, **options)
     if json_out:
         print(analysis_json(result))
         return

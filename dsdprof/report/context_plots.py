@@ -13,18 +13,35 @@ from typing import Any
 
 import numpy as np
 
-PNG_NAMES = {"context_heatmaps": "goodput_heatmap_by_context.png", "context_optimal_k": "optimal_k_by_context.png"}
+DPI = 130  # as dsdprof.report.plots (which imports this module: no import back)
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _title(fig, title: str, prov: dict[str, Any]) -> None:
+    parts = [str(prov.get("model") or ""), str(prov.get("hardware") or ""),
+             "sim (predicted)" if prov.get("engine") == "sim" else str(prov.get("engine") or "")]
+    sub = "  |  ".join(p for p in parts if p)
+    fig.suptitle(title + (f"\n{sub}" if sub else ""), fontsize=10)
+
+
+def _box(j: int, i: int):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor="red", lw=2)
 
 
 def _ctx_label(c: int) -> str:
-    if c >= 1024 and c % 1024 == 0:
-        return f"{c // 1024}k"
-    return f"{c // 1000}k" if c >= 1000 and c % 1000 == 0 else str(c)
+    if c >= 1000 and c % 1000 == 0:
+        return f"{c // 1000}k"
+    return f"{c // 1024}k" if c >= 1024 and c % 1024 == 0 else str(c)
 
 
 def _heatmap(ax, analysis: Any, bs: list[int], ks: list[int]):
-    from dsdprof.report.plots import _box
-
     cells = analysis.cells
     grid = cells.pivot_table(index="num_spec_tokens", columns="batch_size", values="goodput").reindex(index=ks, columns=bs)
     rel = (grid / grid.max(axis=0)).to_numpy(dtype=float)
@@ -45,15 +62,12 @@ def _heatmap(ax, analysis: Any, bs: list[int], ks: list[int]):
 
 def context_heatmaps_figure(result: Any, provenance: dict[str, Any] | None = None):
     """One goodput heatmap per context (a :class:`dsdprof.decide.context.ContextAnalysis`)."""
-    from dsdprof.report.plots import _figure, _titles
-
     contexts = result.contexts
     bs = sorted({int(b) for a in result.slices.values() for b in a.cells["batch_size"].unique()})
     ks = sorted({int(k) for a in result.slices.values() for k in a.candidate_ks})
     ncol = min(3, len(contexts))
     nrow = math.ceil(len(contexts) / ncol)
-    fig, _ = _figure(width=3.4 * ncol + 1.2, height=2.9 * nrow + 1.0)
-    fig.clear()
+    fig = _figure(width=3.4 * ncol + 1.2, height=2.9 * nrow + 1.0)
     axes = fig.subplots(nrow, ncol, squeeze=False)
     im = None
     for n, c in enumerate(contexts):
@@ -69,28 +83,31 @@ def context_heatmaps_figure(result: Any, provenance: dict[str, Any] | None = Non
     if im is not None:
         cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.85)
         cb.set_label("goodput / best K at this batch size", fontsize=8)
-    _titles(fig, "Goodput by batch size x K, per context (box = chosen K)", provenance or {})
+    _title(fig, "Goodput by batch size x K, per context (box = chosen K)", provenance or {})
     return fig
 
 
 def context_k_figure(result: Any, provenance: dict[str, Any] | None = None):
     """K* against batch size, one line per context."""
-    from dsdprof.report.plots import _figure, _log2_bs_axis, _titles
-
-    fig, ax = _figure()
+    fig = _figure(7.5, 4.6)
+    ax = fig.add_subplot(1, 1, 1)
     all_bs: list[int] = []
     for c in result.contexts:
         opt = result.slices[c].optimal
         bs, ks = opt["batch_size"].astype(int).tolist(), opt["k"].astype(int).tolist()
         all_bs += bs
         ax.plot(bs, ks, "o-", label=f"context {_ctx_label(c)}", drawstyle="steps-post", alpha=0.85)
-    _log2_bs_axis(ax, sorted(set(all_bs)))
+    ticks = sorted(set(all_bs))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(b) for b in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size (log2 scale)")
     kmax = max(int(k) for a in result.slices.values() for k in a.optimal["k"])
     ax.set_yticks(np.arange(0, kmax + 1, max(1, (kmax + 1) // 10)))
     ax.set_ylabel("goodput-optimal K")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    _titles(fig, "Optimal K vs batch size, per context", provenance or {})
+    _title(fig, "Optimal K vs batch size, per context", provenance or {})
     return fig
 
 
