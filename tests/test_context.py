@@ -332,3 +332,17 @@ def test_show_prints_a_table_per_context(ctx_run, tmp_path):
         assert title in out.output
     res = CliRunner().invoke(app, ["export", str(ctx_run), "--format", "vllm", "--context", "20000"])
     assert res.exit_code == 0 and "profiled at context 16384" in res.output
+
+
+def test_vllm_engine_builds_the_pool_at_the_longest_context_and_cuts_per_cell():
+    """No engine starts: the pool's workload is at the longest context, each cell asks for its own."""
+    from dsdprof.measure.vllm.engine import VllmEngine
+
+    spec = parse_spec({"engine": {"model": "m", "method": "ngram", "max_model_len": 9000},
+                       "sweep": {"context_lens": [8000, 100], "batch_sizes": [1, 2]},
+                       "workload": {"input_len": 7}})
+    eng = VllmEngine(spec, start_worker=lambda *a, **k: None)
+    assert eng.pool._workload.input_len == 8000 and spec.workload.input_len == 7
+    assert eng.cell_request(Cell(0, 2, "dsd", 1, 100), 1).context_len == 100
+    plain = VllmEngine(parse_spec({"engine": {"model": "m", "method": "ngram"}}), start_worker=lambda *a, **k: None)
+    assert plain.pool._workload.input_len == 128 and plain.cell_request(Cell(0, 2, "dsd", 1), 1).context_len == 0
