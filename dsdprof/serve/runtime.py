@@ -21,7 +21,8 @@ range's start take a binary search over the range starts (O(log ranges)).
 Context (``dsdprof.ktable/v3``): ``select(batch_size, context_len)`` serves the slice whose bucket
 holds ``context_len`` (contexts past the last bucket: the last slice; ``None``, a negative or a
 non-integer context: the batch-size-only answer); one list index picks the slice for contexts up to
-:data:`CONTEXT_DENSE_CAP` (a binary search over the buckets above), then the slice's dict lookup.
+:data:`CONTEXT_DENSE_CAP` (2 MB per selector; above it the last slice or a binary search over the
+buckets), then the slice's dict lookup.
 A v1/v2 table ignores ``context_len``. ``select`` is a small Python function bound once (the price
 of the optional second argument); ``for_context(context_len)`` returns the slice's own C-level
 lookup for callers that bucket once per batch.
@@ -89,8 +90,9 @@ def _parse(ranges: Sequence[Sequence[int]], max_k: Any) -> tuple[list[tuple[int,
 
 
 def _context_index(tops: Sequence[int], dense_cap: int = CONTEXT_DENSE_CAP) -> list[int]:
-    """``index[c]`` = the slice serving context ``c``, for ``0 <= c <= min(tops[-2], dense_cap)``."""
-    end = min(tops[-2] if len(tops) > 1 else 0, dense_cap)
+    """``index[c]`` = the slice serving context ``c``, for ``0 <= c <= min(tops[-1], dense_cap)``
+    (the last slice included: it serves every context past its start)."""
+    end = min(tops[-1], dense_cap)
     index: list[int] = []
     for i, top in enumerate(tops):
         index.extend([i] * (min(top, end) + 1 - len(index)))
@@ -106,15 +108,15 @@ def _selector(default: Any, slices: Sequence[Any], tops: Sequence[int]) -> Any:
         def select(batch_size: int, context_len: Any = None, _get: Any = default) -> int:
             return _get(batch_size)
         return select
-    index = _context_index(tops)
-    n, tail, last_start = len(index), slices[-1], (tops[-2] + 1 if len(tops) > 1 else 1)
+    by_context = [slices[i] for i in _context_index(tops)]  # context -> its slice's lookup, dense
+    tail, last_start = slices[-1], (tops[-2] + 1 if len(tops) > 1 else 1)
 
-    def select(batch_size: int, context_len: Any = None, _get: Any = default, _s: Any = slices,
-               _i: Any = index, _n: int = n) -> int:
+    def select(batch_size: int, context_len: Any = None, _get: Any = default, _f: Any = by_context,
+               _n: int = len(by_context), _type: Any = type, _int: Any = int) -> int:
         if context_len is None:
             return _get(batch_size)
-        if type(context_len) is int and 0 <= context_len < _n:
-            return _s[_i[context_len]](batch_size)
+        if _type(context_len) is _int and 0 <= context_len < _n:
+            return _f[context_len](batch_size)
         return _far(batch_size, context_len)
 
     def _far(batch_size: int, context_len: Any) -> int:
