@@ -166,24 +166,22 @@ def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_
 def _plan_contexts(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
                    include_vanilla: bool, context_lens: list[int]) -> list[Cell]:
     """:func:`plan_cells` over a context axis. DSD: inside each repeat the grid of every context in
-    turn (contexts rotate with the repeat, so none always runs first; each context's blocks are
-    rotated by its place). Fixed: the K groups (one engine each) stay outermost, every context's
-    batch sizes inside a group."""
-    from dataclasses import replace
-
+    turn (contexts rotate with the repeat, so none always runs first); the block of the ``i``-th
+    batch size at the ``c``-th context is ordered by Williams row ``r + c + i``. Fixed: the K groups
+    (one engine each, ordered by row ``r``) stay outermost, every context's batch sizes inside."""
     cells: list[Cell] = []
     n = len(context_lens)
     for r in range(repeats):
         if speculation_mode == MODE_FIXED:
-            one = plan_cells(batch_sizes, ks, r + 1, speculation_mode, include_vanilla)
-            one = [c for c in one if c.repeat == r]
-            for g in range(0, len(one), len(batch_sizes)):
-                cells.extend(replace(c, context_len=context_lens[(j + r) % n])
-                             for j in range(n) for c in one[g:g + len(batch_sizes)])
+            groups = ([(MODE_VANILLA, 0)] if include_vanilla else []) + [(MODE_FIXED, k) for k in ks if k != 0]
+            for g in balanced_order(len(groups), r):
+                mode, k = groups[g]
+                cells.extend(Cell(r, b, mode, k, context_lens[(j + r) % n]) for j in range(n) for b in batch_sizes)
             continue
         for j in range(n):
             ci = (j + r) % n
-            one = [c for c in plan_cells(batch_sizes, ks, r + ci + 1, speculation_mode, include_vanilla)
-                   if c.repeat == r + ci]
-            cells.extend(replace(c, repeat=r, context_len=context_lens[ci]) for c in one)
+            for i, b in enumerate(batch_sizes):
+                block = ([Cell(r, b, MODE_VANILLA, 0, context_lens[ci])] if include_vanilla else []) + \
+                    [Cell(r, b, MODE_DSD, k, context_lens[ci]) for k in ks]
+                cells.extend(block[x] for x in balanced_order(len(block), r + ci + i))
     return cells
