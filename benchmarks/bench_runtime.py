@@ -95,6 +95,47 @@ def bench_select() -> None:
     print(f"  KSelector.select(0)     (n <= 0)             : {t_neg * ns:6.1f} ns")
 
 
+def bench_select_context() -> None:
+    """``select(b, ctx)`` on a v3 table (3 context slices) and ``select(b)`` / ``select(b, ctx)``
+    on a v2 one, next to the same call floor (a bound ``list.__getitem__``) and a Python function
+    doing one list index."""
+    v2 = _v2_table()
+    slices = [{"max_context": top, "ranges": v2["ranges"]} for top in (4096, 45_000, 1 << 24)]
+    v3 = {**v2, "schema": "dsdprof.ktable/v3", "contexts": slices}
+    sel3, sel2 = KSelector.from_dict(v3), KSelector.from_dict(v2)
+    lookup = sel2.lookup_list(256)
+    ctxs = [512, 3000, 9000, 30000, 70000, 100, 2048, 131072, 60000, 1024]
+    pairs = list(zip(SIZES, ctxs))
+    get = sel3.for_context(30000)  # bucket once per batch, then the slice's C-level lookup
+
+    class Holder:
+        __slots__ = ("getitem",)
+
+    holder = Holder()
+    holder.getitem = lookup.__getitem__
+
+    def py_index(b, _lookup=lookup):
+        return _lookup[b]
+
+    t = _per_call({
+        "get": lambda: [holder.getitem(b) for b in SIZES],
+        "py": lambda: [py_index(b) for b in SIZES],
+        "v3ctx": lambda: [sel3.select(b, c) for b, c in pairs],
+        "v3for": lambda: [get(b) for b in SIZES],
+        "v3": lambda: [sel3.select(b) for b in SIZES],
+        "v2ctx": lambda: [sel2.select(b, c) for b, c in pairs],
+        "v2": lambda: [sel2.select(b) for b in SIZES],
+    })
+    ns, floor, py = 1e9, t["get"], t["py"]
+    print("select(batch_size, context_len) per call (comprehension overhead removed):")
+    print(f"  obj.getitem(b), list.__getitem__ (call floor): {floor * ns:6.1f} ns")
+    print(f"  def f(b): return lookup[b]                   : {py * ns:6.1f} ns")
+    for key, label in (("v3ctx", "v3 select(b, ctx)"), ("v3for", "v3 for_context(ctx) -> get(b)"), ("v3", "v3 select(b)"), ("v2ctx", "v2 select(b, ctx)"),
+                       ("v2", "v2 select(b)")):
+        print(f"  {label:45s}: {t[key] * ns:6.1f} ns   = {t[key] / floor:.2f}x the call floor, "
+              f"{t[key] / py:.2f}x a Python list-index function")
+
+
 def bench_load() -> None:
     print("load time and memory (tracemalloc peak) by table:")
     tables = {
@@ -148,6 +189,7 @@ def bench_adaptive() -> None:
 
 def main() -> None:
     bench_select()
+    bench_select_context()
     bench_load()
     bench_adaptive()
 

@@ -115,5 +115,5 @@ def test_a_k_change_from_step_times_alone_is_served_at_once(tmp_path, monkeypatc
 
     monkeypatch.setattr(type(sel), "observe_step", observe_step)
     s._adaptive_step_time(output(4, 0))
-    assert s._adaptive_version == sel.version and s.dynamic_sd_lookup == [0] * (MAX_BS + 1) != before
+    assert s._adaptive_version == s._adaptive_versions() and s.dynamic_sd_lookup == [0] * (MAX_BS + 1) != before
     assert s._dsdprof_table_lookup is s.dynamic_sd_lookup

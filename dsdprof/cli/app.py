@@ -151,12 +151,22 @@ def analyze(
     K* is (goodput ratio - 1, with its interval), AL, ITL, goodput (tokens/s per user) and the
     speedup vs no speculation. Grid cells with no number (failed or not yet run) are named."""
     from dsdprof.decide.analysis import analyze_path
+    from dsdprof.decide.context import analyze_contexts_path
     from dsdprof.cli.analyze import analysis_csv, analysis_json, render_analysis
 
     if json_out and csv_out:
         raise fail("--csv: give --json or --csv, not both")
-    result = analyze_path(measurements, tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence,
-                          acceptance=acceptance)
+    options = dict(tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence, acceptance=acceptance)
+    by_context = analyze_contexts_path(measurements, **options)
+    if by_context is not None:  # a context sweep: the same analysis per context
+        if json_out:
+            print(json.dumps({str(c): json.loads(analysis_json(a)) for c, a in by_context.slices.items()}, indent=2))
+            return
+        for c, a in by_context.slices.items():
+            console.rule(f"context {c}")
+            render_analysis(a, console, err_console)
+        return
+    result = analyze_path(measurements, **options)
     if json_out or csv_out:
         sys.stdout.write((analysis_json(result) + "\n") if json_out else analysis_csv(result))
         sys.stdout.flush()
@@ -177,6 +187,7 @@ def export(
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version) or runs of different specs."),
     allow_partial: bool = typer.Option(False, "--allow-partial", help="Export a run whose grid has batch sizes or Ks with no ok cell (failed or not yet run). Without it such a run is refused, naming them; with it K there comes from the measured neighbours and the table's provenance.partial records the gaps."),
+    context: Optional[int] = typer.Option(None, "--context", help="Context sweeps (dsdprof.ktable/v3): the context (prompt tokens) whose slice a batch-size-only schedule serves; default: the table's batch-size-only answer."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
     from dsdprof.export.api import EXPORT_FORMATS, export_document
@@ -186,7 +197,7 @@ def export(
         raise fail(f"--format={fmt!r}: must be one of {', '.join(EXPORT_FORMATS)}")
     if output is not None:
         check_output_path(output, force, field="--output")
-    exported = export_document(source, fmt, tolerance, allow_mixed, allow_partial)
+    exported = export_document(source, fmt, tolerance, allow_mixed, allow_partial, context=context)
     for w in exported.warnings:
         err_console.print(f"warning: {w}", style="yellow", markup=False, highlight=False, soft_wrap=True)
     if output is None:
@@ -198,6 +209,25 @@ def export(
 
 
 _SHOW_MAX_RANGES = 200
+
+
+def _show_contexts(doc: dict) -> None:
+    """A v3 table: one table per context slice, the contexts it serves in its title."""
+    cap, lo = doc.get("num_speculative_tokens"), 1
+    for sl in doc["contexts"]:
+        last = sl is doc["contexts"][-1]
+        span = f"{lo}+" if last else f"{lo}..{sl['max_context']}"
+        t = Table(title=f"context {span} (profiled at {sl.get('context_len', '?')})")
+        for col in ("batch sizes", "K", "profiled BS: K (vs baseline)"):
+            t.add_column(col, justify="right")
+        pts = {p["batch_size"]: p for p in sl.get("points", [])}
+        for i, (start, end, k) in enumerate(sl["ranges"][:_SHOW_MAX_RANGES]):
+            bs = "+" if i == len(sl["ranges"]) - 1 else ("" if start == end else f"-{end}")
+            inside = [f"{b}: {p['k']} ({fmt_number(p.get('speedup_vs_baseline') or math.nan)}x)"
+                      for b, p in sorted(pts.items()) if start <= b <= end]
+            t.add_row(f"{start}{bs}", str(min(k, cap)) if cap is not None else str(k), ", ".join(inside))
+        console.print(t)
+        lo = sl["max_context"] + 1
 
 
 @app.command()
@@ -216,7 +246,9 @@ def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof
     ranges = doc["ranges"]
     cap = doc.get("num_speculative_tokens")
     console.print(f"{table_path}  ({kind or doc['schema']})", markup=False, highlight=False, soft_wrap=True)
-    t = Table()
+    if doc.get("contexts"):
+        _show_contexts(doc)
+    t = Table(title="no context known" if doc.get("contexts") else None)
     for col in ("batch sizes", "K"):
         t.add_column(col, justify="right")
     for i, (start, end, k) in enumerate(ranges[:_SHOW_MAX_RANGES]):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import (
-    BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator,
+    BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_serializer, model_validator,
 )
 
 from dsdprof.errors import InputError
@@ -82,6 +82,8 @@ MAX_OUTPUT_LEN = 1 << 20
 MAX_REPEATS = 10**4
 MAX_CELLS = 10**7
 INT64_MAX = 2**63 - 1
+MAX_CONTEXT_LEN = 1 << 24  # the largest context a sweep may measure (also workload.input_len's bound)
+MAX_CONTEXTS = 64
 
 
 class SweepGrid(_Strict):
@@ -94,6 +96,33 @@ class SweepGrid(_Strict):
     consistency_tolerance: float = Field(
         0.25, gt=0, allow_inf_nan=False,
         description="BS 1: flag cells whose AL/ITL differs from the rate of vLLM's request timestamps by more")
+    context_lens: Optional[list[StrictInt]] = Field(
+        None, description="contexts (prompt tokens) at which decode is measured, one grid per context; "
+                          "unset: the single workload.input_len (and nothing about the run changes)")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        """Unset ``context_lens`` is left out, so a spec without it dumps (and hashes) as before."""
+        data = handler(self)
+        if self.context_lens is None:
+            data.pop("context_lens", None)
+        return data
+
+    @field_validator("context_lens")
+    @classmethod
+    def _contexts(cls, v: Optional[list[int]]) -> Optional[list[int]]:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("must not be empty (leave it out to measure at workload.input_len)")
+        if len(v) > MAX_CONTEXTS:
+            raise ValueError(f"{len(v)} contexts; at most {MAX_CONTEXTS}")
+        for c in v:
+            if not 1 <= c <= MAX_CONTEXT_LEN:
+                raise ValueError(f"context {c} must be in 1..{MAX_CONTEXT_LEN}")
+        if len(set(v)) != len(v):
+            raise ValueError("duplicate contexts")
+        return sorted(v)
 
     @field_validator("batch_sizes")
     @classmethod
@@ -121,9 +150,10 @@ class SweepGrid(_Strict):
 
     @model_validator(mode="after")
     def _fits(self) -> "SweepGrid":
-        cells = len(self.batch_sizes) * (len(self.num_spec_tokens) + 1) * self.repeats
+        cells = len(self.batch_sizes) * (len(self.num_spec_tokens) + 1) * self.repeats * len(self.context_lens or [0])
         if cells > MAX_CELLS:
-            raise ValueError(f"{cells} cells (batch sizes x (K values + vanilla) x repeats); at most {MAX_CELLS}")
+            raise ValueError(f"{cells} cells (batch sizes x (K values + vanilla) x repeats"
+                             f"{' x contexts' if self.context_lens else ''}); at most {MAX_CELLS}")
         tokens = (self.waves + self.warmup) * max(self.batch_sizes) * self.output_len * (max(self.num_spec_tokens) + 1)
         if tokens > INT64_MAX // 4:
             raise ValueError(f"(waves + warmup) x batch size x output_len x (K + 1) = {tokens} overflows "
@@ -163,6 +193,11 @@ class SweepSpec(_Strict):
     @property
     def max_k(self) -> int:
         return max(self.sweep.num_spec_tokens)
+
+    @property
+    def max_context(self) -> int:
+        """The longest prompt a request of this sweep holds (``input_len`` without a context axis)."""
+        return max(self.sweep.context_lens) if self.sweep.context_lens else self.workload.input_len
 
 
 # vLLM's names (LLM kwargs, speculative_config, `vllm bench` flags) -> dsdprof's spec key.
@@ -237,10 +272,11 @@ def check_workload_for_engine(spec: SweepSpec) -> None:
     import importlib.util
 
     w, e, s = spec.workload, spec.engine, spec.sweep
-    need = w.input_len + s.output_len + max(s.num_spec_tokens) + 1
+    need = spec.max_context + s.output_len + max(s.num_spec_tokens) + 1
     if need > e.max_model_len:
+        name = "max context_lens" if s.context_lens else "input_len"
         raise InputError("engine.max_model_len", e.max_model_len,
-                         f"must be >= input_len + output_len + max K + 1 = {w.input_len} + {s.output_len} + "
+                         f"must be >= {name} + output_len + max K + 1 = {spec.max_context} + {s.output_len} + "
                          f"{max(s.num_spec_tokens)} + 1 = {need}")
     if w.dataset == "synthetic":
         return

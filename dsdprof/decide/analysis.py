@@ -30,7 +30,7 @@ from dsdprof.decide.bootstrap import batch_replicates, check_confidence
 from dsdprof.decide.rule import SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, margin, regret_bound
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import choose_k  # noqa: F401 - the K rule, re-exported
-from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
+from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.io.runs import Coverage, check_pooled_runs, coverage, refuse_validate_run
 from dsdprof.io.readers import mixed_provenance, read_measurements, read_provenance, validate_measurements
@@ -227,6 +227,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     """
     confidence = _check_options(tolerance, confidence, acceptance, replicates)
     prov = dict(provenance or {})
+    _one_context(df)
     check_baseline(df)
     df = validate_measurements(df)
     baseline_rows, candidate_rows = split_baseline_candidates(df)
@@ -273,6 +274,15 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     )
 
 
+def _one_context(df: pd.DataFrame) -> None:
+    """Rows of several contexts (a context sweep) are never pooled into one K per batch size."""
+    if CONTEXT_COLUMN.name in df.columns:
+        contexts = sorted(int(c) for c in df[CONTEXT_COLUMN.name].dropna().unique())
+        if len(contexts) > 1:
+            raise InputError(CONTEXT_COLUMN.name, contexts, "rows of several contexts: analyse each context "
+                             "(dsdprof.decide.context.analyze_contexts), never pool them")
+
+
 def analyze_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
                  allow_mixed: bool = False, **options: Any) -> Analysis:
     """:func:`analyze` on a sweep directory or Parquet file, with its stored provenance.
@@ -285,15 +295,21 @@ def analyze_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
     refuse_validate_run(path, "analyze")
     pooled = check_pooled_runs(path, allow_mixed)
     df = read_measurements(path, allow_mixed=allow_mixed)
+    prov = run_provenance(path, df)
+    prov.update(pooled.provenance())
+    result = analyze(df, tolerance=tolerance, provenance=prov, **options)
+    return dataclasses.replace(result, coverage=coverage(path, df))
+
+
+def run_provenance(path: str | Path, df: pd.DataFrame) -> dict[str, Any]:
+    """The stored provenance of a run (else the rows' own), mixed fields as ``"A | B"``."""
     prov = read_provenance(path)
     if not prov:
         cols = [c for c in ("engine", "model", "draft_model", "method", "hardware", "dtype") if c in df.columns]
         prov = {c: str(df[c].dropna().iloc[0]) for c in cols if not df[c].dropna().empty}
     for name, values in mixed_provenance(df).items():
         prov[name] = " | ".join(values)
-    prov.update(pooled.provenance())
-    result = analyze(df, tolerance=tolerance, provenance=prov, **options)
-    return dataclasses.replace(result, coverage=coverage(path, df))
+    return prov
 
 
 def fixed_k_summary(analysis: Analysis) -> pd.DataFrame:

@@ -66,6 +66,11 @@ def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, 
     from dsdprof.io.readers import read_measurements
 
     refuse_validate_run(source, "export")
+    from dsdprof.decide.context import analyze_contexts_path
+
+    by_context = analyze_contexts_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
+    if by_context is not None:  # a context sweep: a dsdprof.ktable/v3 table
+        return _context_table(by_context, source, label, allow_mixed)
     result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
     warnings = [w for w in [below_baseline_warning(result.optimal)] if w]
     if (err := partial_run_error(result.coverage, source)) is not None:
@@ -80,6 +85,18 @@ def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, 
         warnings.append("the measurements have no per-position acceptance: the table serves statically but "
                         "AdaptiveKSelector cannot use it")
     return table, warnings
+
+
+def _context_table(by_context: Any, source: Path, label: Optional[str],
+                   allow_mixed: bool) -> tuple[dict[str, Any], list[str]]:
+    from dsdprof.export.context import build_context_table
+    from dsdprof.io.readers import read_measurements
+
+    warnings = [f"context {c}: {w}" for c, a in sorted(by_context.slices.items())
+                if (w := below_baseline_warning(a.optimal))]
+    warnings += [f"context {c}: no slice ({why})" for c, why in sorted(by_context.skipped.items())]
+    rows = read_measurements(source, allow_mixed=allow_mixed)
+    return build_context_table(by_context, source=label or str(source), rows=rows), warnings
 
 
 def format_table(table: dict[str, Any], fmt: str) -> ExportDocument:
@@ -97,11 +114,23 @@ def format_table(table: dict[str, Any], fmt: str) -> ExportDocument:
 
 
 def export_document(source: str | Path, fmt: str = "table", tolerance: float = DEFAULT_TOLERANCE,
-                    allow_mixed: bool = False, allow_partial: bool = False) -> ExportDocument:
-    """What ``dsdprof export SOURCE --format FMT`` prints or writes."""
+                    allow_mixed: bool = False, allow_partial: bool = False,
+                    context: Optional[int] = None) -> ExportDocument:
+    """What ``dsdprof export SOURCE --format FMT [--context N]`` prints or writes.
+
+    A table with a context axis (v3) exported to an engine keyed on batch size only (vllm,
+    trtllm) serves one slice: ``context``'s, else the batch-size-only answer; a notice says which.
+    ``--format table --context N`` writes that slice as a v2 table."""
+    from dsdprof.export.context import context_notice, slice_for_context
+
     if fmt not in EXPORT_FORMATS:
         raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
     table, warnings = table_from_source(source, tolerance, allow_mixed, allow_partial=allow_partial)
+    if table.get("contexts") and (fmt != "table" or context is not None):
+        warnings = warnings + [context_notice(table, context)]
+        table = slice_for_context(table, context if context is not None else int(table["default_context"]))
+    elif context is not None:
+        raise InputError("--context", context, f"{source} has no context axis (a sweep without [sweep] context_lens)")
     if fmt != "table":  # the per-position note concerns the portable table only
         warnings = [w for w in warnings if "per-position" not in w]
     out = format_table(table, fmt)

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from dsdprof.errors import InputError
-from dsdprof.formats.versions import TABLE_SCHEMA_V1, TABLE_SCHEMA_V2, TABLE_SCHEMAS  # noqa: F401 - re-exported
+from dsdprof.formats.versions import TABLE_SCHEMA_V1, TABLE_SCHEMA_V2, TABLE_SCHEMA_V3, TABLE_SCHEMAS  # noqa: F401 - re-exported
 
 # dsdprof.ktable/v1: ``ranges`` (what is served), optional ``num_speculative_tokens`` (a cap on K,
 #   as in vLLM), ``points`` (the profiled optimum per batch size), ``provenance`` and descriptive keys.
@@ -17,6 +17,13 @@ from dsdprof.formats.versions import TABLE_SCHEMA_V1, TABLE_SCHEMA_V2, TABLE_SCH
 #   profiled (batch size, K) -- and ``acceptance_per_pos``, the profiled per-position acceptance
 #   p_i (accepted at position i / drafts), so K can be re-derived for another acceptance
 #   (:mod:`dsdprof.serve.adaptive`) without re-profiling. Both versions load everywhere.
+# dsdprof.ktable/v3: v2 (its top-level ``ranges``/``points``/``cells`` are the batch-size-only
+#   answer: the slice of ``default_context``, the shortest profiled context) plus ``contexts``:
+#   ``[{"max_context": N, "context_len": c, "ranges": [...], "points": [...], "cells": [...],
+#   "acceptance_per_pos": [...]}, ...]`` sorted by ``max_context``; a request context C is served by
+#   the first slice with C <= max_context, contexts past the last by the last (carried forward).
+#   ``context_len`` is the context the slice was profiled at; bucket edges are the geometric means of
+#   neighbouring profiled contexts (:func:`context_buckets`).
 
 # Largest K a table may hold: vLLM's rejection sampler asserts max_spec_len <= MAX_SPEC_LEN = 128
 # (vllm/v1/sample/rejection_sampler.py); no engine verifies longer drafts.
@@ -25,6 +32,9 @@ MAX_BATCH_SIZE = 2**63 - 1  # int64, the type of batch_size in measurement files
 # Where ranges_from_points ends a table's last range (vLLM carries the last K forward anyway), and
 # the largest batch size a sweep may measure (config.spec).
 LAST_RANGE_END = 1 << 20
+LAST_CONTEXT_END = 1 << 24  # where context_buckets ends the last slice (contexts past it carry forward)
+MAX_CONTEXT = 2**63 - 1
+MAX_CONTEXT_SLICES = 1024
 INTERPOLATION = "nearest-log"  # between profiled batch sizes: the nearest on a log scale
 MAX_TABLE_BYTES = 64 << 20  # a table with a million ranges is ~30 MB
 _AL_SLACK = 1e-6
@@ -190,11 +200,72 @@ def validate_table(doc: object) -> dict[str, Any]:
     prov = doc.get("provenance", {})
     if not isinstance(prov, dict):
         raise TableError(f"provenance={_short(prov)}: must be an object")
-    if schema == TABLE_SCHEMA_V2:
+    if schema in (TABLE_SCHEMA_V2, TABLE_SCHEMA_V3):
         _validate_cells(doc.get("cells"))
         if doc.get("acceptance_per_pos") is not None:
             validate_acceptance(doc["acceptance_per_pos"])
+    if schema == TABLE_SCHEMA_V3:
+        validate_contexts(doc.get("contexts"))
+        if doc.get("default_context") is not None:
+            _int_in(doc["default_context"], "default_context", 1, MAX_CONTEXT)
     return doc
+
+
+def validate_contexts(contexts: object) -> list[tuple[int, list[tuple[int, int, int]]]]:
+    """Check a v3 table's ``contexts``: a non-empty list of slices with strictly increasing integer
+    ``max_context``, valid ``ranges`` (and ``points``/``cells``/``acceptance_per_pos`` when given),
+    and ``context_len`` (when given) inside the slice's bucket. Returns ``[(max_context, ranges)]``."""
+    if not isinstance(contexts, list) or not contexts or len(contexts) > MAX_CONTEXT_SLICES:
+        raise TableError(f"contexts={_short(contexts)}: a {TABLE_SCHEMA_V3} table needs a non-empty list "
+                         f"(at most {MAX_CONTEXT_SLICES}) of {{max_context, ranges}} slices")
+    out: list[tuple[int, list[tuple[int, int, int]]]] = []
+    prev = 0
+    for i, sl in enumerate(contexts):
+        where = f"contexts[{i}]"
+        if not isinstance(sl, dict):
+            raise TableError(f"{where}={_short(sl)}: must be an object with max_context and ranges")
+        top = _int_in(sl.get("max_context"), f"{where}.max_context", 1, MAX_CONTEXT)
+        if top <= prev:
+            raise TableError(f"{where}.max_context={top}: must be > {prev} (slices sorted, strictly increasing)")
+        if sl.get("context_len") is not None:
+            _int_in(sl["context_len"], f"{where}.context_len", prev + 1, top)
+        ranges = validate_ranges(sl.get("ranges"), f"{where}.ranges")
+        try:
+            _validate_points(sl.get("points", []))
+            if sl.get("cells") is not None:
+                _validate_cells(sl["cells"])
+            if sl.get("acceptance_per_pos") is not None:
+                validate_acceptance(sl["acceptance_per_pos"])
+        except TableError as err:
+            raise TableError(f"{where}.{err}") from None
+        out.append((top, ranges))
+        prev = top
+    return out
+
+
+SLICE_KEYS = ("ranges", "points", "cells", "acceptance_per_pos")  # what a v3 slice holds of a v2 table
+
+
+def context_slice(table: dict[str, Any], context: int) -> dict[str, Any]:
+    """The slice of a validated v3 ``table`` serving ``context`` (the first with ``max_context >=
+    context``, else the last) as a v2-shaped table (v1 when the slice has no cells), keeping the
+    whole table's provenance; its cap is the slice's ``num_speculative_tokens`` else its largest K."""
+    contexts = table["contexts"]
+    chosen = next((sl for sl in contexts if context <= sl["max_context"]), contexts[-1])
+    out = {k: v for k, v in table.items() if k not in ("contexts", "default_context", "context_interpolation",
+                                                        "contexts_skipped", *SLICE_KEYS)}
+    out.update({k: chosen[k] for k in SLICE_KEYS if k in chosen})
+    out["schema"] = TABLE_SCHEMA_V2 if "cells" in chosen else TABLE_SCHEMA_V1
+    cap = chosen.get("num_speculative_tokens")
+    out["num_speculative_tokens"] = cap if cap is not None else max(r[2] for r in chosen["ranges"])
+    return validate_table(out)
+
+
+def context_buckets(contexts: list[int], last_end: int = LAST_CONTEXT_END) -> list[int]:
+    """Profiled contexts (ascending) -> each slice's ``max_context``: the nearest profiled context on
+    a log scale serves a request (edge ``isqrt(c_i · c_{i+1})``), the last up to ``last_end``."""
+    cs = sorted(contexts)
+    return [math.isqrt(a * b) for a, b in zip(cs, cs[1:])] + [max(last_end, cs[-1])]
 
 
 def read_table_file(path: Any) -> dict[str, Any]:

@@ -90,21 +90,30 @@ MEASUREMENT_COLUMNS: tuple[Column, ...] = (
 )
 
 COLUMN_NAMES = tuple(c.name for c in MEASUREMENT_COLUMNS)
+
+# The one optional column: written only by a context sweep (``[sweep] context_lens``), so files of
+# every other sweep keep exactly the columns above. Absent (or null) = the spec's ``input_len``.
+CONTEXT_COLUMN = Column("context_len", "int64",
+                        "prompt tokens each request held before its measured decode (context sweeps only; "
+                        "absent = the spec's workload.input_len)")
+OPTIONAL_COLUMN_NAMES = (CONTEXT_COLUMN.name,)
 PROVENANCE_FIELDS = (
     "engine", "engine_version", "model", "draft_model", "method", "hardware", "dtype",
     "dataset", "seed", "dsdprof_version",
 )
 
 
-def arrow_schema():  # -> pyarrow.Schema
-    """The pyarrow schema of a measurement file (pyarrow imported lazily)."""
+def arrow_schema(with_context: bool = False):  # -> pyarrow.Schema
+    """The pyarrow schema of a measurement file (pyarrow imported lazily); ``with_context`` adds
+    :data:`CONTEXT_COLUMN` (last, so every other column keeps its place)."""
     import pyarrow as pa
 
     types = {
         "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "bool": pa.bool_(),
         "list<float64>": pa.list_(pa.float64()),
     }
-    return pa.schema([pa.field(c.name, types[c.arrow_type]) for c in MEASUREMENT_COLUMNS])
+    cols = MEASUREMENT_COLUMNS + ((CONTEXT_COLUMN,) if with_context else ())
+    return pa.schema([pa.field(c.name, types[c.arrow_type]) for c in cols])
 
 
 def empty_row() -> dict[str, Any]:

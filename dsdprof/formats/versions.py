@@ -10,13 +10,16 @@ MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v3"
 # Every measurement version this dsdprof reads (v2 added columns, v1 files lack them; v3 counts
 # acceptance_length untrimmed, drops the identity goodput_check and adds the cross-check columns
 # vllm_drafted_per_draft, trace_output_tokens, checks_failed -- v1/v2 files lack them).
+# A v3 file of a context sweep ([sweep] context_lens) carries one more column, ``context_len``
+# (:data:`dsdprof.formats.measurements.CONTEXT_COLUMN`); files without it are at the spec's input_len.
 READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2", "dsdprof.measurements/v3")
 PARQUET_METADATA_KEY = b"dsdprof"  # Parquet key-value metadata: version + the run's provenance
 
 TABLE_SCHEMA_V1 = "dsdprof.ktable/v1"
 TABLE_SCHEMA_V2 = "dsdprof.ktable/v2"
-TABLE_SCHEMA = TABLE_SCHEMA_V2  # the K-table version dsdprof writes (v1 still loads)
-TABLE_SCHEMAS = (TABLE_SCHEMA_V1, TABLE_SCHEMA_V2)
+TABLE_SCHEMA_V3 = "dsdprof.ktable/v3"  # v2 + ``contexts``: a K table per context bucket (a context sweep)
+TABLE_SCHEMA = TABLE_SCHEMA_V2  # the K-table version dsdprof writes without a context axis (v1 still loads)
+TABLE_SCHEMAS = (TABLE_SCHEMA_V1, TABLE_SCHEMA_V2, TABLE_SCHEMA_V3)
 
 MANIFEST_VERSION = "dsdprof.run/v1"  # a run directory's _sweep.json
 READABLE_MANIFEST_VERSIONS = (MANIFEST_VERSION,)
@@ -25,4 +28,5 @@ FLEET_INDEX_SCHEMA = "dsdprof.fleet-index/v1"
 FLEET_RUN_RECORD_SCHEMA = "dsdprof.fleet-run/v1"
 HWPROFILE_SCHEMA = "dsdprof.hwprofile/v1"  # probe-hardware / calibrate profiles
 SIM_MODEL_VERSION = "sim-step-model/3"  # 2: small-M GEMM tiles, quantization_config storage;
-# 3: per-layer / MoE latency terms, per-method speculation overhead, KV-cache dtype, fitted priors
+# 3: per-layer / MoE latency terms, per-method speculation overhead, KV-cache dtype, fitted priors,
+#    GQA attention tile (measure.sim.context)

@@ -45,7 +45,7 @@ from dsdprof.io.manifest import (
     parse_manifest,
 )
 from dsdprof.io.runlock import LOCK_FILES, LOCK_NAME, RunLock
-from dsdprof.formats.measurements import COLUMN_NAMES, STATUS_OK, arrow_schema
+from dsdprof.formats.measurements import COLUMN_NAMES, CONTEXT_COLUMN, OPTIONAL_COLUMN_NAMES, STATUS_OK, arrow_schema
 from dsdprof.formats.versions import MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
 
 SWEEP_META = MANIFEST_NAME
@@ -210,13 +210,14 @@ class SweepWriter:
 
     def write_row(self, row: dict[str, Any]) -> None:
         """Record one cell's row; durable now (``flush_rows == 1``) or at the next flush."""
-        unknown = set(row) - set(COLUMN_NAMES)
+        unknown = set(row) - set(COLUMN_NAMES) - set(OPTIONAL_COLUMN_NAMES)
         if unknown:
             raise ValueError(f"unknown measurement columns {sorted(unknown)}")
         if not self._started:
             raise RuntimeError("SweepWriter.start() must be called before write_row()")
         self._buffer.pop(row["cell_id"], None)
-        self._buffer[row["cell_id"]] = {c: row.get(c) for c in COLUMN_NAMES}
+        self._buffer[row["cell_id"]] = {c: row.get(c) for c in COLUMN_NAMES + tuple(
+            c for c in OPTIONAL_COLUMN_NAMES if c in row)}
         if row.get("status") == STATUS_OK:
             self.done.add(row["cell_id"])
         else:
@@ -294,7 +295,8 @@ class SweepWriter:
         import pyarrow.parquet as pq
 
         meta = {"schema_version": MEASUREMENT_SCHEMA_VERSION, **self.provenance}
-        schema = arrow_schema().with_metadata({PARQUET_METADATA_KEY: json.dumps(meta, default=str).encode()})
+        with_context = any(CONTEXT_COLUMN.name in r for r in rows)  # a context sweep's rows only
+        schema = arrow_schema(with_context).with_metadata({PARQUET_METADATA_KEY: json.dumps(meta, default=str).encode()})
         table = pa.Table.from_pylist(rows, schema=schema)
         tmp = self.out / f".{name}.tmp"
 

@@ -361,6 +361,9 @@ def run_budgeted_sweep(spec: Any, out_dir: str | Path, budget: Budget, resume: b
     from dsdprof.io.manifest import normalised_spec_dump
     from dsdprof.measure.runner import batching_for, default_engine, run_plan
 
+    if spec.sweep.context_lens:
+        raise InputError("sweep.context_lens", spec.sweep.context_lens,
+                         "a budgeted sweep has no context axis yet: run a plain sweep (no --budget)")
     t_start = time.perf_counter()
     planner = BudgetPlanner(spec, budget, tolerance, confidence, min_repeats, max_passes)
     res = run_plan(planner, normalised_spec_dump(spec), out_dir,

@@ -245,6 +245,9 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
     timeout_s)`` replaces the vLLM child process (orchestration tests only).
     """
     check_validate_spec(spec)
+    if spec.sweep.context_lens:
+        raise InputError("sweep.context_lens", spec.sweep.context_lens,
+                         "validate serves one context (workload.input_len): leave context_lens out")
     ranges = [list(r) for r in table["ranges"]]
     adaptive_k = adaptive_max_k(table, adaptive) if adaptive is not None else None
     cells = plan_validation(spec.sweep.batch_sizes, fixed_ks, ranges, spec.sweep.repeats, adaptive_k)

@@ -16,10 +16,12 @@ class Cell:
     batch_size: int
     mode: str  # vanilla | dsd | fixed
     num_spec_tokens: int
+    context_len: int = 0  # prompt tokens per request; 0 = the spec's workload.input_len (no context axis)
 
     @property
     def cell_id(self) -> str:
-        return f"{self.mode}-bs{self.batch_size}-k{self.num_spec_tokens}-r{self.repeat}"
+        base = f"{self.mode}-bs{self.batch_size}-k{self.num_spec_tokens}-r{self.repeat}"
+        return f"{base}-c{self.context_len}" if self.context_len else base
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def balanced_order(m: int, s: int) -> list[int]:
 
 
 def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
-               include_vanilla: bool = True) -> list[Cell]:
+               include_vanilla: bool = True, context_lens: list[int] | None = None) -> list[Cell]:
     """Cells in run order: repeats interleaved, the order inside a block rotated.
 
     DSD mode runs one block per batch size per repeat (vanilla and every K of that batch size, so
@@ -144,6 +146,8 @@ def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_
     """
     if speculation_mode not in (MODE_DSD, MODE_FIXED):
         raise ValueError(f"speculation_mode={speculation_mode!r}")
+    if context_lens:
+        return _plan_contexts(batch_sizes, ks, repeats, speculation_mode, include_vanilla, context_lens)
     cells: list[Cell] = []
     for r in range(repeats):
         if speculation_mode == MODE_DSD:
@@ -156,4 +160,28 @@ def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_
                 [[Cell(r, b, MODE_FIXED, k) for b in batch_sizes] for k in ks if k != 0]  # fixed K=0 is vanilla
             for j in balanced_order(len(groups), r):
                 cells.extend(groups[j])
+    return cells
+
+
+def _plan_contexts(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
+                   include_vanilla: bool, context_lens: list[int]) -> list[Cell]:
+    """:func:`plan_cells` over a context axis. DSD: inside each repeat the grid of every context in
+    turn (contexts rotate with the repeat, so none always runs first); the block of the ``i``-th
+    batch size at the ``c``-th context is ordered by Williams row ``r + c + i``. Fixed: the K groups
+    (one engine each, ordered by row ``r``) stay outermost, every context's batch sizes inside."""
+    cells: list[Cell] = []
+    n = len(context_lens)
+    for r in range(repeats):
+        if speculation_mode == MODE_FIXED:
+            groups = ([(MODE_VANILLA, 0)] if include_vanilla else []) + [(MODE_FIXED, k) for k in ks if k != 0]
+            for g in balanced_order(len(groups), r):
+                mode, k = groups[g]
+                cells.extend(Cell(r, b, mode, k, context_lens[(j + r) % n]) for j in range(n) for b in batch_sizes)
+            continue
+        for j in range(n):
+            ci = (j + r) % n
+            for i, b in enumerate(batch_sizes):
+                block = ([Cell(r, b, MODE_VANILLA, 0, context_lens[ci])] if include_vanilla else []) + \
+                    [Cell(r, b, MODE_DSD, k, context_lens[ci]) for k in ks]
+                cells.extend(block[x] for x in balanced_order(len(block), r + ci + i))
     return cells

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Engine, plan_cells
-from dsdprof.formats.measurements import MODE_DSD, STATUS_FAILED, STATUS_OK, empty_row
+from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, STATUS_FAILED, STATUS_OK, empty_row
 from dsdprof.config.spec import SweepSpec
 from dsdprof.io.store import SweepWriter, provenance_dict, utc_now
 
@@ -55,6 +55,8 @@ def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
     row.update(cell_id=cell.cell_id, mode=cell.mode, batch_size=cell.batch_size,
                num_spec_tokens=cell.num_spec_tokens, repeat=cell.repeat,
                dsdprof_version=__version__, created_at=utc_now())
+    if cell.context_len:  # a context sweep's rows carry their context (the optional column)
+        row[CONTEXT_COLUMN.name] = cell.context_len
     if m is None:
         row.update(status=STATUS_FAILED, error=error or "unknown error")
         return row
@@ -182,7 +184,7 @@ class GridPlanner:
     def cells(self, mode: str) -> list[Cell]:
         sweep = self.spec.sweep
         ks = sweep.num_spec_tokens if max(sweep.num_spec_tokens) > 0 else []
-        cells = plan_cells(sweep.batch_sizes, ks, sweep.repeats, mode)
+        cells = plan_cells(sweep.batch_sizes, ks, sweep.repeats, mode, context_lens=sweep.context_lens)
         return [c for c in cells if c.mode != MODE_DSD] if mode == MODE_DSD and not ks else cells
 
     def plan(self, rows: list[dict[str, Any]]) -> list[Cell]:

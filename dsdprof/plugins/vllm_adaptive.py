@@ -38,6 +38,12 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
   wherever the engine runs the estimate could never recover. After ``probe_every`` steps in a row
   without a draft (default 1024; 0 = never), one unforced step runs at K=1.
 
+* **Context** (a ``dsdprof.ktable/v3`` table): one selector per context slice, all fed the same
+  acceptance; every step serves the slice of the batch's **mean** context
+  (:func:`dsdprof.serve.runtime.batch_context`: the step's attention cost is linear in each
+  request's context, so a batch costs what B requests at the mean cost), O(B) per step. A v1/v2
+  table keeps the batch-size-only lookup.
+
 The acceptance estimate is one per engine (all requests, all batch sizes); see docs/adaptive.md.
 """
 
@@ -48,6 +54,9 @@ import time
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
+from dsdprof.formats.ktable import context_slice, read_table_file
+from dsdprof.serve.adaptive import AdaptiveKSelector
+from dsdprof.serve.runtime import batch_context
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
 from dsdprof.plugins.vllm_profiling import (
     TracingAsyncScheduler, TracingScheduler, _DsdprofMixin, build_for_config, class_for_config,
@@ -70,6 +79,7 @@ class _AdaptiveMixin:
                 "vLLM's dynamic-SD mode (serve the table's `dsdprof export --format vllm` speculative config)")
         settings = resolve_settings(additional_config, environ)
         self.dsdprof_selector = settings.selector(max_k=self.num_spec_tokens)  # type: ignore[attr-defined]
+        self._adaptive_context_setup(settings)
         self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1  # type: ignore[attr-defined]
         self._adaptive_hist: list[int] | None = None  # the step's counts when vLLM builds no SpecDecodingStats
         if not getattr(self, "log_stats", True):
@@ -90,9 +100,32 @@ class _AdaptiveMixin:
         logger.info("dsdprof adaptive K: table %s (from %s), K <= %d, K per profiled batch size %s",
                     settings.table_path, settings.source, self.dsdprof_selector.max_k, self.dsdprof_selector.ks)
 
+    def _adaptive_context_setup(self, settings) -> None:
+        """A v3 table: an adaptive selector per context slice (``_adaptive_ctx``: (max_context,
+        selector)); none for v1/v2."""
+        doc = read_table_file(settings.table_path)
+        self._adaptive_ctx = [(sl["max_context"], AdaptiveKSelector(
+            context_slice(doc, sl["max_context"]), max_k=self.num_spec_tokens, **dict(settings.options)))  # type: ignore[attr-defined]
+            for sl in doc.get("contexts") or ()]
+        self._adaptive_ctx_lookups: list[list[int]] = []
+        self._adaptive_ctx_i = 0  # the slice the last step served (its selector learns that step's time)
+
+    def _adaptive_versions(self) -> tuple:
+        return (self.dsdprof_selector.version, *(s.version for _, s in self._adaptive_ctx))
+
+    def _adaptive_context_lookup(self) -> None:
+        """Before vLLM looks K up: the unforced schedule is the slice of the batch's mean context."""
+        if not self._adaptive_ctx:
+            return
+        ctx = batch_context(r.num_computed_tokens for r in self.running)  # type: ignore[attr-defined]
+        i = next((j for j, (top, _) in enumerate(self._adaptive_ctx) if ctx <= top), len(self._adaptive_ctx) - 1)
+        self._adaptive_ctx_i = i
+        self._dsdprof_table_lookup = self._adaptive_ctx_lookups[i]
+
     def _adaptive_swap(self) -> None:
         """Serve the selector's current lookup (also as the tracing mixin's unforced schedule)."""
         sel = self.dsdprof_selector
+        self._adaptive_ctx_lookups = [s.lookup_list(self._adaptive_max_bs) for _, s in self._adaptive_ctx]
         lookup = sel.lookup_list(self._adaptive_max_bs)
         old = getattr(self, "_dsdprof_table_lookup", None)
         if old is None:
@@ -102,9 +135,10 @@ class _AdaptiveMixin:
             if self.dynamic_sd_lookup is old:  # type: ignore[attr-defined]  # not forced this step
                 self.dynamic_sd_lookup = lookup  # type: ignore[attr-defined]
             self._dsdprof_table_lookup = lookup
-        self._adaptive_version = sel.version
+        self._adaptive_version = self._adaptive_versions()
 
     def _dsdprof_apply_k(self) -> None:
+        self._adaptive_context_lookup()
         if self._dsdprof_reqs:  # type: ignore[attr-defined]  # a dsdprof run's requests may force K
             super()._dsdprof_apply_k()  # type: ignore[misc]
         else:
@@ -195,7 +229,11 @@ class _AdaptiveMixin:
         pure = (last is not None and type(k) is int
                 and scheduler_output.total_num_scheduled_tokens == n * (1 + k))
         sel = self.dsdprof_selector
-        if sel.observe_step(n, k, now - last if pure else None):  # K moved on a step without drafts
+        seconds = now - last if pure else None
+        moved = sel.observe_step(n, k, seconds)
+        if self._adaptive_ctx:  # the slice served at this step's context learns its time too
+            moved |= self._adaptive_ctx[self._adaptive_ctx_i][1].observe_step(n, k, seconds)
+        if moved:  # K moved on a step without drafts
             self._adaptive_swap()
             logger.info("dsdprof adaptive K: now %s (step times)", sel.ks)
         return n
@@ -260,9 +298,10 @@ class _AdaptiveMixin:
         accepted = list(stats.num_accepted_tokens_per_pos[:hi])
         drafted = list(per_pos[:hi])
         sel = self.dsdprof_selector
-        sel.observe(drafts, accepted, None if all(d == drafts for d in drafted) else drafted,
-                    batch_size=batch_size or None)
-        if sel.version == self._adaptive_version:
+        mixed = None if all(d == drafts for d in drafted) else drafted
+        for s in (sel, *(s for _, s in self._adaptive_ctx)):
+            s.observe(drafts, accepted, mixed, batch_size=batch_size or None)
+        if self._adaptive_versions() == self._adaptive_version:
             return False
         self._adaptive_swap()
         logger.info("dsdprof adaptive K: now %s (acceptance per position %s)", sel.ks,

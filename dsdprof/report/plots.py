@@ -24,6 +24,8 @@ PNG_NAMES = {
     "goodput_heatmap": "goodput_heatmap.png",
     "tops_per_user": "tokens_per_s_per_user.png",  # vLLM's name: output tokens/s per user
     "acceptance": "acceptance_per_position.png",
+    "context_heatmaps": "goodput_heatmap_by_context.png",  # context sweeps (report.context_plots)
+    "context_optimal_k": "optimal_k_by_context.png",
 }
 DPI = 130
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -296,6 +298,7 @@ def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = DE
                  force: bool = False) -> list[Path]:
     """Write every figure that ``results`` supports into ``out_dir``; return the paths."""
     from dsdprof.decide.analysis import analyze
+    from dsdprof.decide.context import has_contexts
     from dsdprof.io.readers import read_measurements, read_provenance, validate_measurements
     from dsdprof.io.runs import RUN_KIND_VALIDATE, run_kind
     from dsdprof.jobs.validate import is_validate_run
@@ -311,6 +314,10 @@ def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = DE
         from dsdprof.report.compare import compare
 
         figures["tops_per_user"] = tops_figure(compare(df), prov)
+    elif has_contexts(df):  # a context sweep: a grid of heatmaps, K* per context
+        from dsdprof.report.context_plots import context_figures
+
+        figures.update(context_figures(df, prov, tolerance))
     else:
         analysis = analyze(df, tolerance=tolerance, provenance=prov)
         figures["optimal_k"] = optimal_k_figure(analysis)

@@ -56,8 +56,8 @@ from typing import Any, Iterable, Sequence
 
 from dsdprof.serve.stats import _check_fraction, _check_int, _check_positive, Q_FLOOR, AcceptanceStats, StepTimes, check_counts, check_seconds
 from dsdprof.serve.runtime import build_lookup, lookup_list
-from dsdprof.formats.ktable import choose_k, TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
-from dsdprof.formats.versions import TABLE_SCHEMA_V2
+from dsdprof.formats.ktable import TableError, choose_k, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
+from dsdprof.formats.versions import TABLE_SCHEMA_V2, TABLE_SCHEMA_V3
 from dsdprof.formats.ktable import ranges_from_points
 
 __all__ = ["AdaptiveKSelector", "PROBE_STEPS"]
@@ -106,7 +106,7 @@ class AdaptiveKSelector:
                  allowed_ks: Iterable[int] | None = None, explore_every: int = 256,
                  itl_half_life: float = 256.0) -> None:
         validate_table(table)
-        if table["schema"] != TABLE_SCHEMA_V2:
+        if table["schema"] not in (TABLE_SCHEMA_V2, TABLE_SCHEMA_V3):  # v3: its batch-size-only answer (top level)
             raise TableError(f"schema={table['schema']!r}: adaptive K needs a {TABLE_SCHEMA_V2} table "
                              "(measured step time per batch size and K); re-export it with `dsdprof export RUN`")
         p0 = table.get("acceptance_per_pos")

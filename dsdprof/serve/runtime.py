@@ -2,7 +2,8 @@
 
     from dsdprof.runtime import KSelector
     selector = KSelector.from_file("tables/llama8b.json")
-    k = selector.select(batch_size)
+    k = selector.select(batch_size)                 # the table's batch-size-only answer
+    k = selector.select(batch_size, context_len)    # a dsdprof.ktable/v3 table: K by batch size x context
 
 For every ``batch_size >= 1``, ``select`` returns what vLLM's ``build_dynamic_sd_schedule_lookup``
 returns for the same ranges: K of the range holding the batch size, carried forward past the last
@@ -10,28 +11,39 @@ range, capped at ``num_speculative_tokens``. For ``batch_size <= 0`` (no request
 returns the K of batch size 1 -- never another batch size's K.
 
 Cost: loading is O(number of ranges + :data:`DENSE_CAP`) in time and memory at most, whatever
-the batch sizes in the table (a range starting at 10**12 is fine). ``select`` is one C-level dict
-lookup (no Python frame, no allocation) for ``0 <= batch_size <= max(DENSE_MIN, min(last range
-start, DENSE_CAP))``; any other batch size at or past the last range's start, or ``<= 0``, is
+the batch sizes in the table (a range starting at 10**12 is fine). The batch-size lookup is one
+C-level dict lookup (no allocation) for ``0 <= batch_size <= max(DENSE_MIN, min(last range
+start, DENSE_CAP))``, reached through ``select`` (a small Python function, since it takes an
+optional context) or, with no Python frame at all, through ``for_context(None)``; any other batch size at or past the last range's start, or ``<= 0``, is
 O(1) in a small Python method; only batch sizes above :data:`DENSE_CAP` that fall before the last
 range's start take a binary search over the range starts (O(log ranges)).
 
+Context (``dsdprof.ktable/v3``): ``select(batch_size, context_len)`` serves the slice whose bucket
+holds ``context_len`` (contexts past the last bucket: the last slice; ``None``, a negative or a
+non-integer context: the batch-size-only answer); one list index picks the slice for contexts up to
+:data:`CONTEXT_DENSE_CAP` (2 MB per selector; above it the last slice or a binary search over the
+buckets), then the slice's dict lookup.
+A v1/v2 table ignores ``context_len``. ``select`` is a small Python function bound once (the price
+of the optional second argument); ``for_context(context_len)`` returns the slice's own C-level
+lookup for callers that bucket once per batch.
+
 :class:`AdaptiveKSelector` (in :mod:`dsdprof.serve.adaptive`, re-exported here) re-derives K per batch
-size from live acceptance counts; it needs a ``dsdprof.ktable/v2`` table.
+size from live acceptance counts; it needs a ``dsdprof.ktable/v2`` (or v3: its batch-size-only answer) table.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any, Sequence
 
 from dsdprof.formats.ktable import TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
 
-__all__ = ["DENSE_CAP", "KSelector", "TableError", "build_lookup"]
+__all__ = ["CONTEXT_DENSE_CAP", "DENSE_CAP", "KSelector", "TableError", "batch_context", "build_lookup"]
 
 DENSE_CAP = 4096  # batch sizes up to here (and below the last range's start) are one dict lookup
 DENSE_MIN = 1024  # ... and always at least up to here, even when the last range starts lower
+CONTEXT_DENSE_CAP = 1 << 18  # contexts up to here pick their slice by one list index
 
 
 class _Lookup(dict):
@@ -77,44 +89,104 @@ def _parse(ranges: Sequence[Sequence[int]], max_k: Any) -> tuple[list[tuple[int,
     return parsed, cap
 
 
-class KSelector:
-    """Batch size -> K for a validated table.
+def _context_index(tops: Sequence[int], dense_cap: int = CONTEXT_DENSE_CAP) -> list[int]:
+    """``index[c]`` = the slice serving context ``c``, for ``0 <= c <= min(tops[-1], dense_cap)``
+    (the last slice included: it serves every context past its start)."""
+    end = min(tops[-1], dense_cap)
+    index: list[int] = []
+    for i, top in enumerate(tops):
+        index.extend([i] * (min(top, end) + 1 - len(index)))
+        if len(index) > end:
+            break
+    return index
 
-    ``select(batch_size)`` is the lookup (an attribute holding a bound C method: call it as
-    ``selector.select(n)`` or ``selector(n)``). ``lookup_list(max_batch_size)`` gives the same
-    schedule as a dense list indexed by batch size, exactly what vLLM's
-    ``build_dynamic_sd_schedule_lookup`` builds (index 0 unused, 0).
+
+def _selector(default: Any, slices: Sequence[Any], tops: Sequence[int]) -> Any:
+    """``select(batch_size, context_len=None)``: see the module docstring. ``default`` and each of
+    ``slices`` are C-level lookups (``_Lookup.__getitem__``)."""
+    if not slices:
+        def select(batch_size: int, context_len: Any = None, _get: Any = default) -> int:
+            return _get(batch_size)
+        return select
+    by_context = [slices[i] for i in _context_index(tops)]  # context -> its slice's lookup, dense
+    tail, last_start = slices[-1], (tops[-2] + 1 if len(tops) > 1 else 1)
+
+    def select(batch_size: int, context_len: Any = None, _get: Any = default, _f: Any = by_context,
+               _n: int = len(by_context), _type: Any = type, _int: Any = int) -> int:
+        if context_len is None:
+            return _get(batch_size)
+        if _type(context_len) is _int and 0 <= context_len < _n:
+            return _f[context_len](batch_size)
+        return _far(batch_size, context_len)
+
+    def _far(batch_size: int, context_len: Any) -> int:
+        if type(context_len) is not int or context_len < 0:  # bool, float, str, negative: no context
+            return default(batch_size)
+        if context_len >= last_start:
+            return tail(batch_size)
+        return slices[bisect_left(tops, context_len)](batch_size)
+    return select
+
+
+class KSelector:
+    """Batch size (x context) -> K for a validated table.
+
+    ``select(batch_size, context_len=None)`` is the lookup (call it as ``selector.select(n)``,
+    ``selector.select(n, ctx)`` or ``selector(n, ctx)``). ``lookup_list(max_batch_size, context_len=None)``
+    gives the same schedule as a dense list indexed by batch size, exactly what vLLM's
+    ``build_dynamic_sd_schedule_lookup`` builds (index 0 unused, 0). ``contexts``: ``((max_context,
+    ranges), ...)`` of a v3 table (empty for v1/v2).
     """
 
-    __slots__ = ("select", "_lookup", "ranges", "max_k")
+    __slots__ = ("select", "_lookup", "ranges", "max_k", "contexts", "_slices")
 
-    def __init__(self, ranges: Sequence[Sequence[int]], max_k: int | None = None) -> None:
+    def __init__(self, ranges: Sequence[Sequence[int]], max_k: int | None = None,
+                 contexts: Sequence[tuple[int, Sequence[Sequence[int]]]] = ()) -> None:
         parsed, cap = _parse(ranges, max_k)
+        slices = [(int(top), _parse(r, cap)[0]) for top, r in contexts]
         self._lookup = build_lookup(parsed, cap)
-        self.select = self._lookup.__getitem__
+        self._slices = [build_lookup(r, cap) for _, r in slices]
+        self.select = _selector(self._lookup.__getitem__, [s.__getitem__ for s in self._slices],
+                                [top for top, _ in slices])
         self.ranges = tuple(parsed)
         self.max_k = cap
+        self.contexts = tuple((top, tuple(r)) for top, r in slices)
 
     @classmethod
     def from_dict(cls, doc: Any) -> "KSelector":
-        """From a parsed ``dsdprof.ktable/v1`` or ``/v2`` document; :class:`TableError` if malformed."""
+        """From a parsed ``dsdprof.ktable/v1``, ``/v2`` or ``/v3`` document; :class:`TableError` if malformed."""
         validate_table(doc)
-        return cls(doc["ranges"], doc.get("num_speculative_tokens"))
+        return cls(doc["ranges"], doc.get("num_speculative_tokens"),
+                   [(sl["max_context"], sl["ranges"]) for sl in doc.get("contexts") or ()])
 
     @classmethod
     def from_file(cls, path: str | Path) -> "KSelector":
         """Load and validate a table file; any unusable file is a :class:`TableError`."""
         return cls.from_dict(read_table_file(path))
 
-    def __call__(self, batch_size: int) -> int:
-        return self.select(batch_size)
+    def __call__(self, batch_size: int, context_len: int | None = None) -> int:
+        return self.select(batch_size, context_len)
 
-    def lookup_list(self, max_batch_size: int) -> list[int]:
-        """``[0, K(1), ..., K(max_batch_size)]``: vLLM's dense schedule for these ranges and cap."""
-        return lookup_list(self.ranges, self.max_k, max_batch_size)
+    def slice_index(self, context_len: int | None) -> int:
+        """Which context slice serves ``context_len`` (-1: the batch-size-only answer)."""
+        if not self.contexts or context_len is None or type(context_len) is not int or context_len < 0:
+            return -1
+        return next((i for i, (top, _) in enumerate(self.contexts) if context_len <= top), len(self.contexts) - 1)
+
+    def for_context(self, context_len: int | None) -> Any:
+        """The C-level batch-size lookup serving ``context_len`` (bucket once, look up per batch)."""
+        i = self.slice_index(context_len)
+        return (self._slices[i] if i >= 0 else self._lookup).__getitem__
+
+    def lookup_list(self, max_batch_size: int, context_len: int | None = None) -> list[int]:
+        """``[0, K(1), ..., K(max_batch_size)]``: vLLM's dense schedule for these ranges (the slice
+        serving ``context_len`` on a v3 table) and cap."""
+        i = self.slice_index(context_len)
+        return lookup_list(self.contexts[i][1] if i >= 0 else self.ranges, self.max_k, max_batch_size)
 
     def __repr__(self) -> str:
-        return f"KSelector(ranges={list(map(list, self.ranges))!r}, max_k={self.max_k})"
+        extra = f", contexts={[(t, list(map(list, r))) for t, r in self.contexts]!r}" if self.contexts else ""
+        return f"KSelector(ranges={list(map(list, self.ranges))!r}, max_k={self.max_k}{extra})"
 
 
 def lookup_list(ranges: Sequence[tuple[int, int, int]], cap: int, max_batch_size: int) -> list[int]:
@@ -128,3 +200,21 @@ def lookup_list(ranges: Sequence[tuple[int, int, int]], cap: int, max_batch_size
         out.extend([min(k, cap)] * (min(end, max_batch_size) - start + 1))
     out.extend([min(ranges[-1][2], cap)] * (max_batch_size + 1 - len(out)))
     return out
+
+
+def batch_context(contexts: Any) -> int:
+    """The context a batch is served at: the **mean** of its requests' contexts (KV positions).
+
+    Why the mean and not the max: one step's time is the shared weight pass plus, per request, its
+    attention -- a KV read of ``kv · C_i`` bytes (and ``t · C_i`` of math) that is linear in C_i
+    (:func:`dsdprof.measure.sim.model.attention_term`). K is one value for the whole step, so the
+    step costs ``dense(B, K) + Σ_i attn(C_i, K) = dense(B, K) + B · attn(mean C, K)``: the batch
+    behaves exactly like B requests at the mean context. The max would serve a batch with one long
+    request among many short ones the K of an all-long batch. (tests/test_context.py checks this on
+    the step model.) An empty batch is context 0.
+    """
+    total = n = 0
+    for c in contexts:
+        total += c
+        n += 1
+    return total // n if n else 0

@@ -78,6 +78,21 @@ def _acceptance(cfg: SimConfig, k_max: int) -> tuple[np.ndarray, str]:
                                   "acceptance_per_pos, acceptance_conditional or acceptance_from")
 
 
+def _check_context_sweep(spec: Any, cfg: SimConfig) -> None:
+    """A context sweep sets each cell's context: ``[sim] context_len`` would contradict it, and
+    its longest request must fit ``max_model_len``."""
+    contexts = getattr(spec.sweep, "context_lens", None)
+    if not contexts:
+        return
+    if cfg.context_len is not None:
+        raise InputError("sim.context_len", cfg.context_len,
+                         "a context sweep sets each cell's context ([sweep] context_lens): leave it out")
+    need = max(contexts) + spec.sweep.output_len + spec.max_k + 1
+    if need > spec.engine.max_model_len:
+        raise InputError("engine.max_model_len", spec.engine.max_model_len,
+                         f"must be >= max context_lens + output_len + max K + 1 = {need}")
+
+
 def resolve(spec: Any) -> SimSetup:
     """Build a :class:`SimSetup` from a validated :class:`dsdprof.config.spec.SweepSpec`."""
     eng = spec.engine
@@ -105,6 +120,7 @@ def resolve(spec: Any) -> SimSetup:
     context = cfg.context_len or spec.workload.input_len + spec.sweep.output_len // 2
     if context > eng.max_model_len:
         raise InputError("sim.context_len", context, f"exceeds engine.max_model_len={eng.max_model_len}")
+    _check_context_sweep(spec, cfg)
     p, source = _acceptance(cfg, spec.max_k)
     return SimSetup(hw, target, draft, eng.method, eng.dtype, eng.tensor_parallel_size, int(context),
                     cfg.routing_correlation, p, source, cfg.check_memory, cfg.kv_cache_dtype)

@@ -25,6 +25,7 @@ from dsdprof.formats.measurements import MODE_DSD, MODE_VANILLA
 from dsdprof.formats.versions import SIM_MODEL_VERSION
 from dsdprof.measure.sim.acceptance import acceptance_length
 from dsdprof.measure.sim.config import SimSetup, resolve
+from dsdprof.measure.sim.context import decode_context
 from dsdprof.measure.sim.model import MEMORY_UTILIZATION, NO_DRAFT, HwArrays, arch_features, memory_bytes, step_time
 
 
@@ -43,17 +44,24 @@ class SimEngine:
         self._target = arch_features(s.target, s.dtype, s.tensor_parallel_size, s.kv_cache_dtype)
         self._draft = (arch_features(s.draft, s.dtype, s.tensor_parallel_size, s.kv_cache_dtype)
                        if s.draft else NO_DRAFT)
-        self._cache: dict[tuple[int, int, bool], float] = {}
+        self._cache: dict[tuple[int, int, bool, int], float] = {}
         bs, ks = spec.sweep.batch_sizes, spec.sweep.num_spec_tokens
-        grid = self._itl(np.asarray(bs, dtype=float)[:, None], np.asarray(ks, dtype=float)[None, :], True)
-        van = self._itl(np.asarray(bs, dtype=float), 0.0, False)
-        for i, b in enumerate(bs):
-            self._cache[(b, 0, False)] = float(van[i])
-            self._cache.update({(b, k, True): float(grid[i, j]) for j, k in enumerate(ks)})
+        for c in spec.sweep.context_lens or [0]:  # 0: no context axis (the setup's context)
+            ctx = self.decode_context(c)
+            grid = self._itl(np.asarray(bs, dtype=float)[:, None], np.asarray(ks, dtype=float)[None, :], True, ctx)
+            van = self._itl(np.asarray(bs, dtype=float), 0.0, False, ctx)
+            for i, b in enumerate(bs):
+                self._cache[(b, 0, False, c)] = float(van[i])
+                self._cache.update({(b, k, True, c): float(grid[i, j]) for j, k in enumerate(ks)})
 
-    def _itl(self, batch: Any, k: Any, speculative: bool) -> np.ndarray:
+    def decode_context(self, context_len: int) -> int:
+        """KV positions a cell decodes at: its prompt plus half the output (a context sweep's
+        cell), else the setup's context (``[sim] context_len`` or input_len + output_len / 2)."""
+        return decode_context(context_len, self.spec.sweep.output_len) if context_len else self.setup.context_len
+
+    def _itl(self, batch: Any, k: Any, speculative: bool, context: Any) -> np.ndarray:
         draft = self._draft if speculative else NO_DRAFT
-        return step_time(self._hw, self._target, draft, batch, k, self.setup.context_len,
+        return step_time(self._hw, self._target, draft, batch, k, context,
                          self.setup.routing_correlation, 1.0 if speculative else 0.0, self.setup.method).total_s
 
     def provenance(self) -> Provenance:
@@ -75,10 +83,12 @@ class SimEngine:
                                   f"token={e.token_overhead_s} allreduce={s.hardware.allreduce_latency_s}")},
         )
 
-    def predict_itl(self, batch_size: int, k: int, speculative: bool) -> float:
-        """Seconds per engine step (see :func:`dsdprof.measure.sim.model.step_time`)."""
-        hit = self._cache.get((batch_size, k, speculative))
-        return hit if hit is not None else float(self._itl(batch_size, k, speculative))
+    def predict_itl(self, batch_size: int, k: int, speculative: bool, context_len: int = 0) -> float:
+        """Seconds per engine step (see :func:`dsdprof.measure.sim.model.step_time`) at a cell's
+        ``context_len`` (0: no context axis)."""
+        hit = self._cache.get((batch_size, k, speculative, context_len))
+        return hit if hit is not None else float(
+            self._itl(batch_size, k, speculative, self.decode_context(context_len)))
 
     def measure(self, cell: Cell) -> CellMeasurement:
         s = self.setup
@@ -88,14 +98,16 @@ class SimEngine:
             raise ValueError(f"vanilla cell with K={k}")
         if k > len(s.acceptance):
             raise ValueError(f"K={k} beyond the acceptance vector ({len(s.acceptance)} positions)")
+        ctx = self.decode_context(cell.context_len)
         if s.check_memory:
-            need = float(memory_bytes(self._target, self._draft if speculative else NO_DRAFT, b, k, s.context_len))
+            need = float(memory_bytes(self._target, self._draft if speculative else NO_DRAFT, b, k, ctx))
             have = s.hardware.memory_gb * 1e9 * MEMORY_UTILIZATION
             if need > have:
                 raise MemoryError(f"predicted out of memory: needs {need / 1e9:.1f} GB per device, "
                                   f"{have / 1e9:.1f} GB usable on {s.hardware.name} "
-                                  f"(tensor_parallel_size={s.tensor_parallel_size})")
-        itl = self.predict_itl(b, k, speculative)
+                                  f"(tensor_parallel_size={s.tensor_parallel_size}"
+                                  + (f", context {cell.context_len}" if cell.context_len else "") + ")")
+        itl = self.predict_itl(b, k, speculative, cell.context_len)
         al = acceptance_length(s.acceptance, k)
         waves, out_len = self.spec.sweep.waves, self.spec.sweep.output_len
         steps = math.ceil(out_len / al)

@@ -29,6 +29,7 @@ from dsdprof.config.sim import KV_CACHE_DTYPES
 from dsdprof.errors import InputError
 from dsdprof.measure.sim.catalog import ModelArch
 from dsdprof.measure.sim.dtypes import DTYPES, FLOAT_DTYPES, ONLINE_QUANT, Storage, resolve_dtype  # noqa: F401 - re-exported
+from dsdprof.measure.sim.context import attention_tile, query_tokens
 from dsdprof.measure.sim.hardware import Hardware
 
 ArrayLike = Any  # float or numpy array (broadcastable)
@@ -69,6 +70,7 @@ class ArchFeatures:
     layers: ArrayLike = 0.0  # decoder layers (per-layer fixed cost)
     mla_layers: ArrayLike = 0.0  # layers with multi-head latent attention (their own fixed cost)
     token_units: ArrayLike = 0.0  # per token: layers x hidden / 4096 (per-token elementwise work)
+    q_per_kv: ArrayLike = 1.0  # G: query heads sharing one KV head per device (attention tile, sim.context)
 
     @staticmethod
     def stack(items: list["ArchFeatures"], shape: tuple[int, ...]) -> "ArchFeatures":
@@ -104,10 +106,12 @@ def arch_features(arch: ModelArch, dtype: str, tp: int, kv_cache_dtype: str = "a
     if arch.mla is None:
         kv_layer = 2 * arch.num_kv_heads * arch.head_dim * kvb / min(tp, arch.num_kv_heads)
         attn_layer = 4 * arch.num_heads * arch.head_dim / tp
+        group = (arch.num_heads / tp) / (arch.num_kv_heads / min(tp, arch.num_kv_heads))
     else:
         m = arch.mla
         kv_layer = (m.kv_lora_rank + m.rope_dim) * kvb
         attn_layer = 2 * arch.num_heads * (2 * m.kv_lora_rank + m.rope_dim) / tp
+        group = arch.num_heads / tp  # one latent KV shared by every head
     full = arch.num_layers - arch.sliding_layers
     routed = arch.moe_layers * arch.num_experts * arch.expert_params()
     embedding = arch.vocab * arch.hidden if arch.has_embedding and not arch.tied_embeddings else 0
@@ -125,6 +129,7 @@ def arch_features(arch: ModelArch, dtype: str, tp: int, kv_cache_dtype: str = "a
         total_bytes=(dense_bytes + embedding * st.head + routed * st.expert) / tp,
         layers=arch.num_layers, mla_layers=arch.num_layers if arch.mla is not None else 0,
         token_units=arch.num_layers * arch.hidden / 4096.0,
+        q_per_kv=max(group, 1.0),
     )
 
 
@@ -219,14 +224,16 @@ def attention_term(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_s
                    context: ArrayLike) -> tuple[ArrayLike, ArrayLike]:
     """KV-cache reads and attention math at context length C (sliding layers see min(C, W)).
 
-    The t query tokens of a sequence share one pass over its KV cache:
+    The t query tokens of a sequence share one pass over its KV cache, and their G·t query rows
+    are computed in whole tiles (:func:`dsdprof.measure.sim.context.query_tokens`, t' = pad(G·t)/G):
     mem = B · (kv_full · C + kv_sliding · min(C, W)) / BW;
-    flops = B · t · (attn_full · C + attn_sliding · min(C, W)) / F.
+    flops = B · t' · (attn_full · C + attn_sliding · min(C, W)) / F.
     """
     c = np.asarray(context, dtype=float)
     cs = np.where(np.asarray(f.window) > 0, np.minimum(c, f.window), 0.0)
     mem = batch * (f.kv_full * c + f.kv_sliding * cs) / hw.bandwidth
-    flop = batch * tokens_per_seq * (f.attn_full * c + f.attn_sliding * cs) / hw.flops
+    t = query_tokens(f.q_per_kv, tokens_per_seq, attention_tile(hw.tile_m))
+    flop = batch * t * (f.attn_full * c + f.attn_sliding * cs) / hw.flops
     return mem, flop
 
 

@@ -113,7 +113,10 @@ class VllmEngine:
         # The run's secret and trace directory: only this run's requests drive its engines (vllm_scheduler).
         self.run_token = secrets.token_hex(16)
         self.trace_dir = str((self.out_dir / "_traces").resolve()) if self.out_dir is not None else ""
-        self.pool = EnginePool(self.llm_kwargs, spec.workload, spec.engine.start_timeout_s, log_dir, start_worker,
+        # A context sweep's prompt pool holds prompts of its longest context; each cell cuts them.
+        workload = spec.workload.model_copy(update={"input_len": spec.max_context}) \
+            if spec.sweep.context_lens else spec.workload
+        self.pool = EnginePool(self.llm_kwargs, workload, spec.engine.start_timeout_s, log_dir, start_worker,
                                max_output_len=spec.sweep.output_len, run_token=self.run_token,
                                trace_dir=self.trace_dir)
 
@@ -267,7 +270,7 @@ class VllmEngine:
                            positions=cell.num_spec_tokens, waves=s.sweep.waves, warmup=s.sweep.warmup,
                            output_len=s.sweep.output_len, temperature=s.workload.temperature,
                            seed=s.workload.seed, verify_k=verify_k, trace_name=self.trace_name(cell),
-                           timing_tolerance=s.sweep.consistency_tolerance)
+                           timing_tolerance=s.sweep.consistency_tolerance, context_len=cell.context_len)
 
     def run(self, key: str, req: CellRequest) -> CellMeasurement:
         if self.one_fixed_engine and key.startswith("fixed-"):  # one fixed-K engine at a time

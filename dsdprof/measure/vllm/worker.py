@@ -42,6 +42,7 @@ class CellRequest:
     verify_k: int | None = None  # K every steady step must draft (None: num_spec_tokens; -1: unchecked)
     trace_name: str = ""  # the cell's trace file name in the engine's trace directory ("" = temporary)
     timing_tolerance: float = 0.25  # BS 1: AL/ITL vs the request timestamps may differ by this much
+    context_len: int = 0  # prompts cut to this many tokens (a context sweep; 0 = the pool's full length)
 
 
 def detect_hardware() -> str:
@@ -97,7 +98,8 @@ def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int
 
     def wave(w: int, prompt_index: int):
         idx = wave_indices(len(pool), req.batch_size, prompt_index)
-        prompts = [{"prompt_token_ids": pool[i]} for i in idx]
+        cut = req.context_len or None  # a context sweep's pool holds prompts of its longest context
+        prompts = [{"prompt_token_ids": pool[i][:cut]} for i in idx]
         lens = [output_lens[i] if output_lens else req.output_len for i in idx]
         return llm.generate(prompts, [params(w, n) for n in lens], use_tqdm=False)
 

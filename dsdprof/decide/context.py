@@ -1,0 +1,100 @@
+"""K by batch size x context: the rows of a context sweep (``[sweep] context_lens``) split by
+their ``context_len`` column and each slice analysed by :func:`dsdprof.decide.analysis.analyze`
+-- the same rule, the same intervals, no second decision rule.
+
+A context whose every cell failed (a predicted or real OOM: the KV cache cannot hold the batch)
+has no slice; a context whose large batch sizes failed has a slice over the batch sizes that ran.
+Rows without the column (every sweep without a context axis) are not a context analysis:
+:func:`context_slices` returns None and callers use ``analyze`` as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
+from dsdprof.decide.analysis import Analysis, analyze
+from dsdprof.errors import InputError
+from dsdprof.formats.measurements import CONTEXT_COLUMN, STATUS_OK
+
+CONTEXT = CONTEXT_COLUMN.name
+
+
+@dataclass(frozen=True)
+class ContextAnalysis:
+    """One :class:`Analysis` per measured context (ascending); ``skipped``: context -> why not."""
+
+    slices: dict[int, Analysis]
+    skipped: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def contexts(self) -> list[int]:
+        return sorted(self.slices)
+
+    @property
+    def default_context(self) -> int:
+        """The context whose table answers when no context is known: the shortest measured."""
+        return self.contexts[0]
+
+    def optimal(self) -> pd.DataFrame:
+        """Every slice's ``optimal`` with a ``context_len`` column first."""
+        frames = [a.optimal.assign(**{CONTEXT: c}) for c, a in sorted(self.slices.items())]
+        df = pd.concat(frames, ignore_index=True)
+        return df[[CONTEXT] + [c for c in df.columns if c != CONTEXT]]
+
+
+def has_contexts(df: pd.DataFrame) -> bool:
+    """Whether rows carry a context axis (the optional ``context_len`` column, not all null)."""
+    return CONTEXT in df.columns and df[CONTEXT].notna().any()
+
+
+def context_slices(df: pd.DataFrame) -> Optional[dict[int, pd.DataFrame]]:
+    """Rows per context, or None when the rows have no context axis. A row without a context in
+    a context sweep is an error naming the cell."""
+    if not has_contexts(df):
+        return None
+    missing = df[CONTEXT].isna()
+    if missing.any():
+        where = df.loc[missing, "cell_id"].iloc[0] if "cell_id" in df.columns else int(missing.idxmax())
+        raise InputError(CONTEXT, where, "a row of a context sweep has no context")
+    ctx = pd.to_numeric(df[CONTEXT], errors="coerce")
+    bad = ctx.isna() | (ctx < 1) | (ctx != ctx.round())
+    if bad.any():
+        raise InputError(CONTEXT, df.loc[bad, CONTEXT].iloc[0], "must be an integer >= 1")
+    return {int(c): part.drop(columns=[CONTEXT]) for c, part in df.groupby(ctx.astype("int64"))}
+
+
+def analyze_contexts(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
+                     provenance: dict[str, Any] | None = None, **options: Any) -> ContextAnalysis:
+    """:func:`analyze` on every context slice of ``df`` (InputError when it has no context axis)."""
+    slices = context_slices(df)
+    if slices is None:
+        raise InputError(CONTEXT, None, "the rows have no context axis (a sweep without [sweep] context_lens)")
+    out: dict[int, Analysis] = {}
+    skipped: dict[int, str] = {}
+    for c, part in slices.items():
+        ok = part["status"].astype(str) == STATUS_OK if "status" in part.columns else pd.Series(True, part.index)
+        if not ok.any():
+            err = str(part["error"].iloc[0]) if "error" in part.columns else ""
+            skipped[c] = f"no cell ran at this context ({err[:160]})"
+            continue
+        out[c] = analyze(part, tolerance=tolerance, provenance=provenance, **options)
+    if not out:
+        raise InputError(CONTEXT, sorted(slices), "no context has a cell that ran")
+    return ContextAnalysis(out, skipped)
+
+
+def analyze_contexts_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_mixed: bool = False,
+                          **options: Any) -> Optional[ContextAnalysis]:
+    """:func:`analyze_contexts` on a run directory / Parquet file; None when it has no context axis."""
+    from dsdprof.decide.analysis import run_provenance
+    from dsdprof.io.readers import read_measurements
+
+    df = read_measurements(path, allow_mixed=allow_mixed)
+    if not has_contexts(df):
+        return None
+    return analyze_contexts(df, tolerance=tolerance, provenance=run_provenance(path, df), **options)

@@ -1,0 +1,70 @@
+"""The K table of a context sweep (``dsdprof.ktable/v3``): one v2 table per profiled context,
+bucketed by context, and the slice an engine that keys K on batch size alone can serve.
+
+Each slice is :func:`dsdprof.export.table.build_table` on that context's analysis (the same rule,
+intervals and range semantics); the top level of the v3 document is the slice of the shortest
+profiled context (``default_context``), so a reader that knows no context gets a complete v2-shaped
+answer. ``num_speculative_tokens`` is the largest K of any slice (the cap must not cut a slice).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from dsdprof.errors import InputError
+from dsdprof.formats.ktable import SLICE_KEYS as _SLICE_KEYS, context_buckets, context_slice, validate_table
+from dsdprof.formats.versions import TABLE_SCHEMA_V3
+
+CONTEXT_INTERPOLATION = "nearest-log"  # a request context takes the slice of the nearest profiled one (log scale)
+
+
+def build_context_table(result: Any, source: str = "", rows: Any = None) -> dict[str, Any]:
+    """``dsdprof.ktable/v3`` from a :class:`dsdprof.decide.context.ContextAnalysis` (``rows``: the
+    run's rows, for per-position acceptance when the analyses lack it)."""
+    from dsdprof.export.table import build_table
+
+    contexts = result.contexts
+    edges = context_buckets(contexts)
+    slices, tables = [], {}
+    for c, top in zip(contexts, edges):
+        part = None
+        if rows is not None and "context_len" in rows.columns:
+            part = rows[rows["context_len"] == c]
+        tables[c] = build_table(result.slices[c], source=source, rows=part)
+        sl = {"max_context": int(top), "context_len": int(c), "num_speculative_tokens":
+              tables[c]["num_speculative_tokens"]}
+        sl.update({k: tables[c][k] for k in _SLICE_KEYS if tables[c].get(k) is not None})
+        slices.append(sl)
+    doc = dict(tables[result.default_context])
+    doc.update(schema=TABLE_SCHEMA_V3, default_context=int(result.default_context),
+               context_interpolation=CONTEXT_INTERPOLATION, contexts=slices,
+               num_speculative_tokens=max(sl["num_speculative_tokens"] for sl in slices))
+    if result.skipped:
+        doc["contexts_skipped"] = {str(c): why for c, why in sorted(result.skipped.items())}
+    return validate_table(doc)
+
+
+def slice_for_context(table: dict[str, Any], context: int) -> dict[str, Any]:
+    """The slice of a v3 ``table`` serving ``context`` as a v2-shaped table (:func:`context_slice`)."""
+    if not isinstance(context, int) or isinstance(context, bool) or context < 1:
+        raise InputError("--context", context, "must be an integer >= 1 (prompt tokens)")
+    if not table.get("contexts"):
+        raise InputError("--context", context, f"the table ({table.get('schema')}) has no context axis")
+    return context_slice(table, context)
+
+
+def context_notice(table: dict[str, Any], context: Optional[int]) -> Optional[str]:
+    """One line for stderr when a batch-size-only schedule is cut from a v3 table."""
+    contexts = table.get("contexts")
+    if not contexts:
+        return None
+    profiled = [sl.get("context_len", sl["max_context"]) for sl in contexts]
+    if context is None:
+        return (f"vLLM's schedule is keyed on batch size only: serving the slice of context "
+                f"{table.get('default_context', profiled[0])} (the table's batch-size-only answer) of "
+                f"contexts {profiled}; pass --context N to serve another")
+    i = next((j for j, sl in enumerate(contexts) if context <= sl["max_context"]), len(contexts) - 1)
+    lo = contexts[i - 1]["max_context"] + 1 if i else 1
+    hi = contexts[i]["max_context"]
+    return (f"vLLM's schedule is keyed on batch size only: serving the slice profiled at context "
+            f"{profiled[i]} (contexts {lo}..{hi}) for --context {context}; other contexts get the same K")
