@@ -6,11 +6,13 @@ beside it. Formats: measurement rows (Parquet), the K table (JSON), the run mani
 engine's step model (its version is part of a sim run's identity).
 """
 
-MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v3"
+MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v4"
 # Every measurement version this dsdprof reads (v2 added columns, v1 files lack them; v3 counts
 # acceptance_length untrimmed, drops the identity goodput_check and adds the cross-check columns
-# vllm_drafted_per_draft, trace_output_tokens, checks_failed -- v1/v2 files lack them).
-READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2", "dsdprof.measurements/v3")
+# vllm_drafted_per_draft, trace_output_tokens, checks_failed -- v1/v2 files lack them; v4 adds
+# design, paired rows whose waves are shared by every K of a batch size -- v1-v3 rows are cells).
+READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2", "dsdprof.measurements/v3",
+                                 "dsdprof.measurements/v4")
 PARQUET_METADATA_KEY = b"dsdprof"  # Parquet key-value metadata: version + the run's provenance
 
 TABLE_SCHEMA_V1 = "dsdprof.ktable/v1"
