@@ -72,7 +72,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cell-waves", type=int, default=4)
     ap.add_argument("--paired-waves", type=int, default=0, help="default: number of Ks x cell waves")
     ap.add_argument("--out", type=Path, default=None, help="write <out>-cells.parquet and <out>-paired.parquet")
+    ap.add_argument("--report", type=Path, default=None, help="only report on <report>-{cells,paired}.parquet")
     args = ap.parse_args(argv)
+    if args.report is not None:
+        frames = {d: pd.read_parquet(f"{args.report}-{d}.parquet") for d in ("cells", "paired")}
+        report(frames, sorted(set(frames["paired"]["batch_size"])), sorted(set(frames["paired"]["num_spec_tokens"])))
+        return 0
     from dsdprof.measure.vllm.engine import VllmEngine
 
     bs = [int(b) for b in args.batch_sizes.split(",")]
@@ -96,13 +101,27 @@ def main(argv=None) -> int:
                     cell = Cell(0, b, MODE_DSD, k, tuple(ks) if design == "paired" else ())
                     rows[design].append(measurement_row(cell, engine.measure(cell), prov, 0.25))
                 print(f"BS {b} {design}: {time.perf_counter() - t:.0f} s", flush=True)
+                _write(args.out, rows)  # after every block: a run cut short keeps what it measured
     finally:
         engine.close()
     frames = {d: pd.DataFrame(r) for d, r in rows.items()}
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        for d, df in frames.items():
-            df.to_parquet(f"{args.out}-{d}.parquet")
+    report(frames, bs, ks)
+    return 0
+
+
+def _write(out, rows) -> None:
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for d, r in rows.items():
+        if r:
+            pd.DataFrame(r).to_parquet(f"{out}-{d}.parquet")
+
+
+def report(frames: dict, bs, ks) -> None:
+    """The comparison, from the two designs' rows (also: ``--report OUT`` on written files)."""
+    bs = [b for b in bs if (frames["paired"]["batch_size"] == b).any() and (frames["cells"]["batch_size"] == b).any()]
+    frames = {d: df[df["batch_size"].isin(bs)] for d, df in frames.items()}
     summary("cells", frames["cells"])
     summary("paired", frames["paired"])
     print("\nswitching K per step vs a fixed-K cell (paired / cells, 90 % interval):")
@@ -117,7 +136,6 @@ def main(argv=None) -> int:
             al = _ratio_ci(np.asarray(p.sample_acceptance_length), np.asarray(c.sample_acceptance_length), rng)
             print(f"| {b} | {k} | {itl[0]:.3f} [{itl[1]:.3f}, {itl[2]:.3f}] | {al[0]:.3f} [{al[1]:.3f}, {al[2]:.3f}] "
                   f"| {int(p.steady_steps)} | {int(c.steady_steps)} |")
-    return 0
 
 
 if __name__ == "__main__":
