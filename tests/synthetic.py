@@ -61,10 +61,13 @@ def truth_k(t, tolerance: float = 0.02) -> dict[int, int]:
 
 def noisy_rows(t, seed: int, repeats: int = 3, waves: int = 20, wave_noise: float = 0.06,
                repeat_noise: float = 0.02, al_noise: float = 0.04, samples: bool = True,
-               vanilla: bool = True) -> pd.DataFrame:
+               vanilla: bool = True, outliers: float = 0.0, outlier_factor: float = 3.0) -> pd.DataFrame:
     """One row per (batch size, K, repeat) in DSD mode (plus vanilla rows), lognormal noise:
-    per wave on ITL (``wave_noise``) and AL (``al_noise``, K > 0), per repeat on ITL (drift)."""
+    per wave on ITL (``wave_noise``) and AL (``al_noise``, K > 0), per repeat on ITL (drift).
+    ``outliers``: the share of waves (drawn independently) whose ITL is ``outlier_factor`` times
+    slower (a GC pause, a noisy neighbour); the truth is the cell without them."""
     rng = np.random.default_rng(seed)
+    out_rng = np.random.default_rng((seed, 7919))  # its own stream: the clean noise is the same with or without
     rows = []
     for b, by_k in t.items():
         for r in range(repeats):
@@ -74,6 +77,8 @@ def noisy_rows(t, seed: int, repeats: int = 3, waves: int = 20, wave_noise: floa
             for mode, k, al, itl in cells:
                 drift = rng.lognormal(0.0, repeat_noise)
                 s_itl = itl * drift * rng.lognormal(0.0, wave_noise, waves)
+                if outliers:
+                    s_itl = s_itl * np.where(out_rng.random(waves) < outliers, outlier_factor, 1.0)
                 s_al = np.ones(waves) if k == 0 else np.clip(
                     al * rng.lognormal(0.0, al_noise, waves), 1.0, k + 1.0)
                 row = {"mode": mode, "batch_size": b, "num_spec_tokens": k, "repeat": r, "status": "ok",

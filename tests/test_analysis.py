@@ -50,7 +50,7 @@ def test_non_monotonic_curve_is_moe_like_when_the_rise_exceeds_its_intervals():
     assert not res.monotonic and res.shape == "moe-like"
 
 
-def test_one_sample_per_cell_has_unknown_intervals_and_no_rise():
+def test_one_sample_per_cell_exports_the_points_with_a_warning():
     itl = {(1, 0): 1.0, (1, 2): 1.0, (4, 0): 1.0, (4, 2): 3.5, (16, 0): 1.0, (16, 2): 1.0, (64, 0): 1.0, (64, 2): 4.0}
     al = {key: (3.0 if key[1] == 2 else 1.0) for key in itl}
     res = analyze(make_rows(itl, al))
@@ -58,9 +58,15 @@ def test_one_sample_per_cell_has_unknown_intervals_and_no_rise():
     assert not opt.interval_known.any() and not opt.decided.any() and not res.intervals_known
     assert opt.ci_low.isna().all() and res.cells.ratio_low.isna().all()
     assert opt.k_rule.tolist() == [2, 0, 2, 0]  # the point rule
-    assert res.shape == "dense-like" and res.monotonic  # a rise needs intervals to be shown
-    assert opt.k.tolist() == [2, 2, 2, 0]  # the least-regret non-increasing choice
+    # unknown intervals are not noise: the points are exported as they are, never forced monotone,
+    # and the shape is read from them, with a warning saying so
+    assert opt.k.tolist() == [2, 0, 2, 0]
+    assert res.shape == "moe-like" and not res.monotonic
+    assert len(res.warnings) == 1 and "intervals unknown at batch size 1, 4, 16, 64" in res.warnings[0]
+    assert "read from the points" in res.warnings[0]
     assert res.undecided == [1, 4, 16, 64]
+    known = analyze(pd.concat([make_rows(itl, al, repeat=r) for r in range(3)], ignore_index=True))
+    assert known.warnings == ()
 
 
 def test_means_over_repeats_and_status_filter():

@@ -47,14 +47,16 @@ def ctx_run(tmp_path_factory):
 # ----------------------------------------------------------------------------- spec and cells
 
 def test_spec_without_context_lens_hashes_as_before():
-    """Hashes computed by the code before issue 21 (the vLLM spec's at commit bacee00; the sim
-    spec's after issue 20 added [sim] keys, whose defaults the normalised dump carries): unchanged."""
+    """Hashes computed by the code before issue 21 (the vLLM spec's after issue 17 added
+    sweep.design -- a run's design changes what it measures, so a run of the old cell design must
+    not resume as a paired one; the sim spec's after issue 20 added [sim] keys, whose defaults the
+    normalised dump carries): unchanged by the context axis."""
     a = parse_spec({"engine": {"model": "m", "method": "ngram"}})
     b = parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3"},
                     "sweep": {"batch_sizes": [1, 8], "num_spec_tokens": [0, 2]},
                     "sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.8}})
     assert "context_lens" not in normalised_spec_dump(a)["sweep"]
-    assert spec_hash(normalised_spec_dump(a)) == "sha256:653b2b25aca6991b6343e24a5d07abd4c1858d96c69aaac0701ef88ee3bebca0"
+    assert spec_hash(normalised_spec_dump(a)) == "sha256:a3098ea3444386baf583b662de52e3b044376e7f68827adbd5abe92e9dd38f65"
     assert spec_hash(normalised_spec_dump(b)) == "sha256:7c68772b5470d0ede311fd09e717af3c154f4a57c9c7fc20a6d4eb26121d280f"
     with_ctx = parse_spec({"engine": {"model": "m", "method": "ngram"}, "sweep": {"context_lens": [4096, 512]}})
     assert normalised_spec_dump(with_ctx)["sweep"]["context_lens"] == [512, 4096]

@@ -25,12 +25,12 @@ def toy(tmp_path_factory):
     return build_toy_pair(tmp_path_factory.mktemp("toy") / "dense", ToyModelConfig(kind="dense"))
 
 
-def _spec(target, draft, batch_sizes, ks, waves=3, output_len=32, **engine):
+def _spec(target, draft, batch_sizes, ks, waves=3, output_len=32, design="cells", **engine):
     return parse_spec({
         "engine": {"name": "vllm", "model": str(target), "draft_model": str(draft), "method": "draft_model",
                    "dtype": "float32", "max_model_len": 512, "extra": {"enforce_eager": True}, **engine},
         "sweep": {"batch_sizes": batch_sizes, "num_spec_tokens": ks, "waves": waves,
-                  "output_len": output_len, "warmup": 1},
+                  "output_len": output_len, "warmup": 1, "design": design},
         "workload": {"dataset": "synthetic", "input_len": 32, "num_prompts": 64, "seed": 0},
     })
 
@@ -69,6 +69,30 @@ def test_draft_equal_target_counts_delivered_tokens_at_the_rows_k(toy, tmp_path)
     assert [e.phase for e in events].count("done") == len(df)
     assert (tmp_path / "run" / "_logs" / "engine-dsd.log").stat().st_size > 0
     assert len(list((tmp_path / "run" / "_traces").glob("*.jsonl"))) == len(df)
+
+
+def test_paired_design_runs_every_k_in_the_same_waves(toy, tmp_path):
+    """The default design: one trace per batch size, every K in it, K switched per step; each
+    K's row from its own steps. Draft = target accepts every draft, so AL(K) = K + 1 exactly."""
+    spec = _spec(toy.target, toy.target, [1, 2], [0, 1, 3], waves=2, output_len=40, design="paired")
+    summary = run_sweep(spec, tmp_path / "run")
+    assert summary.failed == 0 and summary.speculation_mode == "dsd"
+    df = pd.read_parquet(tmp_path / "run")
+    dsd = df[df["mode"] == "dsd"]
+    assert len(dsd) == 2 * 3 and (dsd["design"] == "paired").all() and (df[df["mode"] == "vanilla"]["design"] == "cells").all()
+    for row in dsd.itertuples():
+        k = row.num_spec_tokens
+        assert row.acceptance_length == pytest.approx(k + 1, rel=1e-9), row.cell_id
+        assert row.drafted_per_draft == pytest.approx(k), row.cell_id
+        assert row.steady_steps > 0 and len(row.sample_itl_s) == len(row.sample_acceptance_length)
+        assert row.consistent, row.checks_failed  # tokens and counters over the shared waves
+    for b in (1, 2):  # every K of a batch size holds the same waves
+        assert len({len(r) for r in dsd[dsd["batch_size"] == b]["sample_itl_s"]}) == 1
+    traces = sorted(p.name for p in (tmp_path / "run" / "_traces").glob("*.jsonl"))
+    assert traces == ["dsd-bs1-paired-r0.jsonl", "dsd-bs2-paired-r0.jsonl", "vanilla-bs1-k0-r0.jsonl",
+                      "vanilla-bs2-k0-r0.jsonl"]
+    res = analyze_path(tmp_path / "run")
+    assert res.intervals_known
 
 
 def test_toy_pair_optimal_k_falls_with_batch_size(toy, tmp_path):

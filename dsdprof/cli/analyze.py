@@ -34,6 +34,8 @@ def analysis_json(result) -> str:
 
 def shape_line(result) -> str:
     conf = f"{result.confidence:.0%}"
+    if result.shape == "moe-like" and not result.intervals_known:
+        return "K* vs BS is non-monotonic (MoE-like) in the point estimates; intervals unknown, so not shown beyond noise"
     return {
         "moe-like": f"K* vs BS is non-monotonic (MoE-like): K* rises with batch size beyond its {conf} intervals",
         "flat": "K* vs BS is flat (one K at every batch size; monotonic)",
@@ -160,11 +162,8 @@ def _footer(result, console: Console, err_console: Console, conf: str) -> None:
         console.print("DSD vs always-K (geometric mean over batch sizes): " + ", ".join(
             f"K={int(r.k)} {r.geomean_speedup:.2f}x" for r in summary.itertuples()))
     opt = result.optimal
-    if not result.intervals_known:
-        unknown = [int(b) for b, kn in zip(opt["batch_size"], opt["interval_known"]) if not kn]
-        err_console.print(f"[yellow]intervals unknown at batch size {', '.join(map(str, unknown))}: one sample per "
-                          "cell (one repeat without per-wave samples); nothing there is called decided. "
-                          "Use repeats >= 2 or schema-v2 rows.[/]")
+    for warning in result.warnings:
+        err_console.print(f"[yellow]{warning}[/]")
     open_bs = [b for b in result.undecided if b not in set(opt.loc[~opt["interval_known"], "batch_size"])]
     if open_bs:
         still = dict(zip(opt["batch_size"].astype(int), opt["contenders"])) if "contenders" in opt.columns else {}

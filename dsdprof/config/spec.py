@@ -93,6 +93,9 @@ class SweepGrid(_Strict):
     output_len: StrictInt = Field(64, ge=2, le=MAX_OUTPUT_LEN, description="output tokens per request (ignore_eos)")
     warmup: StrictInt = Field(1, ge=0, le=MAX_WAVES, description="unmeasured warm-up waves before each cell")
     repeats: StrictInt = Field(1, ge=1, le=MAX_REPEATS, description="repeat the whole grid, interleaved, for medians")
+    design: Literal["paired", "cells"] = Field(
+        "paired", description="paired: in DSD mode every K of a batch size runs inside the same waves, switched "
+                              "per step (vLLM engines); cells: one cell per (batch size, K), waves of its own")
     consistency_tolerance: float = Field(
         0.25, gt=0, allow_inf_nan=False,
         description="BS 1: flag cells whose AL/ITL differs from the rate of vLLM's request timestamps by more")

@@ -66,6 +66,7 @@ class Analysis:
     acceptance: str = "measured"  # measured | chain: where each K's AL came from
     chain_check: Optional[pd.DataFrame] = None
     coverage: Optional[Coverage] = None  # the planned grid against what produced a number (analyze_path)
+    warnings: tuple[str, ...] = ()  # what a reader must know about these numbers (e.g. unknown intervals)
 
     @property
     def shape(self) -> str:
@@ -114,6 +115,19 @@ def _mean_cells(df: pd.DataFrame) -> pd.DataFrame:
                 samples=("itl_s", "size"))
     out["goodput"] = out["acceptance_length"] / out["itl_s"]
     return out
+
+
+def _robust_points(cells: pd.DataFrame, reps: dict) -> pd.DataFrame:
+    """Each cell's AL and ITL as the bootstrap's point (heavy-tailed waves winsorized, see
+    :func:`dsdprof.decide.bootstrap.robust_units`), so the table, the rule and the intervals agree."""
+    point = {(b, int(k)): (float(rep.point_al[i]), float(rep.point_itl[i]))
+             for b, rep in reps.items() for i, k in enumerate(rep.ks)}
+    keys = list(zip(cells["batch_size"].astype(int), cells["num_spec_tokens"].astype(int)))
+    cells = cells.copy()
+    cells["acceptance_length_measured"] = [point.get(key, (a, 0))[0] for key, a in
+                                           zip(keys, cells["acceptance_length_measured"])]
+    cells["itl_s"] = [point.get(key, (0, t))[1] for key, t in zip(keys, cells["itl_s"])]
+    return cells
 
 
 def check_baseline(df: pd.DataFrame) -> None:
@@ -239,6 +253,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     if len(per_pos):
         cells = cells.merge(per_pos, on=["batch_size", "num_spec_tokens"], how="left")
     reps = batch_replicates(candidate_rows, replicates, seed, confidence)
+    cells = _robust_points(cells, reps)
     check = chain_check(reps, per_pos, confidence)
     use_chain = acceptance == "chain" or (
         acceptance == "auto" and _method(df, prov) in CHAIN_METHODS and not check.empty
@@ -271,6 +286,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
         cells=cells, baseline=baseline, optimal=optimal, tolerance=tolerance,
         monotonic=shape != SHAPE_MOE, provenance=prov, confidence=confidence, curve=shape,
         acceptance="chain" if use_chain else "measured", chain_check=check,
+        warnings=_unknown_warning(decisions),
     )
 
 
@@ -281,6 +297,16 @@ def _one_context(df: pd.DataFrame) -> None:
         if len(contexts) > 1:
             raise InputError(CONTEXT_COLUMN.name, contexts, "rows of several contexts: analyse each context "
                              "(dsdprof.decide.context.analyze_contexts), never pool them")
+
+
+def _unknown_warning(decisions: list) -> tuple[str, ...]:
+    unknown = [d.batch_size for d in decisions if not d.known]
+    if not unknown:
+        return ()
+    return (f"intervals unknown at batch size {', '.join(map(str, unknown))}: one sample per cell (one repeat "
+            "without per-wave samples). K there is the best point estimate (smallest K within tolerance of the "
+            "best point goodput), nothing there is decided, and the curve's shape there is read from the "
+            "points, which noise alone can bend. Use repeats >= 2 or schema-v2 rows.",)
 
 
 def analyze_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE,

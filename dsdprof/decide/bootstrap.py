@@ -23,6 +23,10 @@ interval is a small-sample t interval (3 repeats: x2.2; 20 waves: x1.08). Random
 ``numpy.random.default_rng((seed, batch_size))``, so a batch size's intervals do not depend on the
 other batch sizes' data.
 
+**Heavy-tailed waves** are winsorized before anything else (:func:`robust_units`: a wave beyond 3
+robust scales from its row's median is clipped to that bound), so a few slow waves do not move a
+point or an interval.
+
 A cell with a single sample (one repeat, at most one wave) has no interval: the batch size's
 intervals are then *unknown* and nothing there is called decided. Rows from the analytic engine
 (``engine = "sim"``) are deterministic predictions: their intervals are exact (zero width).
@@ -33,8 +37,9 @@ the chosen K is the smallest K with ``lo_k >= 1 - tolerance`` (the best K always
 The K* the data still allow (``admissible``) are the chosen K, every smaller K with
 ``hi_k >= 1 - tolerance`` (it may be within tolerance) and every larger K against which the
 chosen one is not confidently within tolerance (``lo(g_chosen / g_k) < 1 - tolerance``). The
-point is ``decided`` when that set is the chosen K alone. Where intervals are unknown the old point
-rule applies (smallest K within tolerance of the best point goodput) and every K is admissible.
+point is ``decided`` when that set is the chosen K alone. Where intervals are unknown the point
+rule applies (smallest K within tolerance of the best point goodput) and every K is admissible (for
+the budget); the curve keeps that point K (:func:`dsdprof.decide.rule.curve`).
 
 **Shape.** The curve is ``moe-like`` only when the rise of K* with batch size exceeds its
 intervals: every sequence taking an admissible K at every batch size rises somewhere, or, pairwise,
@@ -156,6 +161,41 @@ def _repeats_differ(units: Sequence[tuple[float, float, np.ndarray, np.ndarray]]
     return False
 
 
+ROBUST_CLIP = 3.0  # winsorize a wave beyond this many robust standard deviations from its row's median
+ROBUST_MIN_WAVES = 5  # fewer waves in a cell: no robust scale, plain means
+
+
+def robust_units(units: Sequence[tuple[float, float, np.ndarray, np.ndarray]]
+                 ) -> list[tuple[float, float, np.ndarray, np.ndarray]]:
+    """A cell's repeats with heavy-tailed waves winsorized (one-step Huber): per quantity (AL, ITL),
+    each wave's relative deviation from its own row's median is pooled over the cell's rows (so
+    drift between repeats is not mistaken for a tail), the robust scale is ``1.4826 * MAD`` of
+    those deviations, and a wave beyond ``ROBUST_CLIP`` scales is clipped to that bound; the row's
+    value is scaled by (clipped wave mean / wave mean). Clean Gaussian waves are left alone (3
+    scales clip 0.3 % of them); one wave 3x slow moves its cell by at most 3 scales / waves instead
+    of 2 / waves. Cells with fewer than ``ROBUST_MIN_WAVES`` waves (v1 rows) are returned as they are."""
+    if sum(u[3].size for u in units) < ROBUST_MIN_WAVES or all(u[3].size < 2 for u in units):
+        return list(units)
+    out = [list(u) for u in units]
+    for j in (2, 3):
+        dev = np.concatenate([u[j] / np.median(u[j]) - 1.0 for u in units if u[j].size >= 2])
+        scale = 1.4826 * float(np.median(np.abs(dev)))
+        if scale <= 0.0:
+            continue
+        for row in out:
+            x = row[j]
+            if x.size < 2:
+                continue
+            med = float(np.median(x))
+            clipped = np.clip(x, med * (1.0 - ROBUST_CLIP * scale), med * (1.0 + ROBUST_CLIP * scale))
+            if j == 2:
+                clipped = np.maximum(clipped, 1.0)
+            if not np.array_equal(clipped, x):
+                row[j - 2] = float(row[j - 2]) * float(clipped.mean() / x.mean())
+                row[j] = clipped
+    return [tuple(r) for r in out]  # type: ignore[misc]
+
+
 def small_sample_factor(n: int, confidence: float) -> float:
     """Widening of a percentile bootstrap of a mean of ``n`` samples to a t interval: the bootstrap
     variance is (n-1)/n of the usual estimate and its tails are normal, not Student t (n-1 df)."""
@@ -167,19 +207,28 @@ def small_sample_factor(n: int, confidence: float) -> float:
 
 def bootstrap_batch(batch_size: int, cells: Sequence[tuple[int, list[tuple[float, float, np.ndarray, np.ndarray]]]],
                     replicates: int = DEFAULT_REPLICATES, seed: int = DEFAULT_SEED,
-                    exact: bool = False, confidence: float = DEFAULT_CONFIDENCE) -> BatchReplicates:
+                    exact: bool = False, confidence: float = DEFAULT_CONFIDENCE,
+                    paired: bool = False) -> BatchReplicates:
     """Bootstrap of one batch size (see the module docstring).
 
     ``cells``: per K (ascending), the K and its repeats as (row AL, row ITL, AL waves, ITL waves).
+    ``paired``: the cells' waves are the same waves (paired design: wave ``i`` of every K of a
+    repeat is one wave); when their wave counts agree, every replicate resamples the waves as
+    blocks, one draw for every K, so what a wave shares across Ks (drift, a slow machine) cancels
+    in the ratios between them.
     """
     ks = np.array([k for k, _ in cells], dtype=int)
+    if not exact:
+        cells = [(k, robust_units(reps)) for k, reps in cells]
     point_al = np.array([np.mean([u[0] for u in reps]) for _, reps in cells])
     point_itl = np.array([np.mean([u[1] for u in reps]) for _, reps in cells])
     if exact:  # deterministic predictions: the point is the only replicate
         return BatchReplicates(batch_size, ks, point_al, point_itl, point_al[None, :], point_itl[None, :], exact=True)
+    shapes = {tuple(u[3].size for u in reps) for _, reps in cells}
+    paired = paired and len(shapes) == 1 and sum(next(iter(shapes))) >= 2
     s_al, s_itl = [], []  # per cell: the samples its replicates resample
     for _, reps in cells:
-        if len(reps) == 1 or (all(u[2].size >= 2 for u in reps) and not _repeats_differ(reps)):
+        if paired or len(reps) == 1 or (all(u[2].size >= 2 for u in reps) and not _repeats_differ(reps)):
             s_al.append(np.concatenate([u[2] for u in reps]))  # waves (pooled over repeats)
             s_itl.append(np.concatenate([u[3] for u in reps]))
         else:
@@ -192,7 +241,11 @@ def bootstrap_batch(batch_size: int, cells: Sequence[tuple[int, list[tuple[float
     flat_al, flat_itl = np.concatenate(s_al), np.concatenate(s_itl)
     off = np.concatenate([[0], np.cumsum(counts)[:-1]])
     cell_of = np.repeat(np.arange(len(cells)), counts)
-    idx = off[cell_of] + (rng.random((int(replicates), flat_al.size)) * counts[cell_of]).astype(np.int64)
+    if paired:  # one draw of waves for every K: blocks
+        draw = (rng.random((int(replicates), int(counts[0]))) * counts[0]).astype(np.int64)
+        idx = np.concatenate([o + draw for o in off], axis=1)
+    else:
+        idx = off[cell_of] + (rng.random((int(replicates), flat_al.size)) * counts[cell_of]).astype(np.int64)
     ratio_al = np.add.reduceat(flat_al[idx], off, axis=1) / counts / np.array([a.mean() for a in s_al])
     ratio_itl = np.add.reduceat(flat_itl[idx], off, axis=1) / counts / np.array([a.mean() for a in s_itl])
     widen = np.array([small_sample_factor(int(n), confidence) for n in counts])
@@ -209,20 +262,26 @@ def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICA
     samples = row_samples(rows)
     exact_rows = (rows["engine"].astype(str) == "sim").to_numpy() if "engine" in rows else np.zeros(len(rows), bool)
     units = [(float(a), float(t), s[0], s[1]) for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]
+    design = rows["design"].astype(str).to_numpy() if "design" in rows else np.full(len(rows), "cells")
+    repeat = rows["repeat"].astype(int).to_numpy() if "repeat" in rows else np.zeros(len(rows), int)
     out: dict[int, BatchReplicates] = {}
     keys = list(zip(rows["batch_size"].astype(int), rows["num_spec_tokens"].astype(int)))
     i = 0
     while i < len(keys):
         b = keys[i][0]
         cells: list[tuple[int, list]] = []
-        exact = True
+        exact = paired = True
+        repeats: dict[int, list[int]] = {}
         while i < len(keys) and keys[i][0] == b:
             if not cells or cells[-1][0] != keys[i][1]:
                 cells.append((keys[i][1], []))
             cells[-1][1].append(units[i])
+            repeats.setdefault(keys[i][1], []).append(int(repeat[i]))
             exact &= bool(exact_rows[i])
+            paired &= design[i] == "paired"
             i += 1
-        out[b] = bootstrap_batch(b, cells, replicates, seed, exact=exact, confidence=confidence)
+        paired &= len({tuple(r) for r in repeats.values()}) == 1  # the same repeats (waves) at every K
+        out[b] = bootstrap_batch(b, cells, replicates, seed, exact=exact, confidence=confidence, paired=paired)
     return out
 
 

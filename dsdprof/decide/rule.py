@@ -182,8 +182,9 @@ def curve(decisions: Sequence[Decision], tolerance: float,
           confidence: float = DEFAULT_CONFIDENCE) -> tuple[str, list[int]]:
     """(shape, K per batch size) from per-batch-size decisions in ascending batch size."""
     floor = 1.0 - tolerance
-    options = [{k: (max(0.0, floor - d.ratio[k]), float(k != d.k), 1.0 - d.ratio[k], float(k)) for k in d.admissible}
-               for d in decisions]
+    # Unknown intervals are not noise: such a point keeps its point rule's K (never forced monotone).
+    options = [{k: (max(0.0, floor - d.ratio[k]), float(k != d.k), 1.0 - d.ratio[k], float(k))
+                for k in (d.admissible if d.known else (d.k,))} for d in decisions]
     rises, path = fewest_rises_path(options)
     if not rises and not significant_rise(decisions, reps, confidence, tolerance):
         return (SHAPE_FLAT if len(set(path)) == 1 else SHAPE_DENSE), path

@@ -70,6 +70,9 @@ MEASUREMENT_COLUMNS: tuple[Column, ...] = (
     Column("excluded_steps", "int64", "steps of the measured waves that were not steady (prefill, tails)"),
     Column("sample_acceptance_length", "list<float64>", "acceptance_length of each measured wave"),
     Column("sample_itl_s", "list<float64>", "itl_s of each measured wave"),
+    Column("design", "string",
+           "cells (the row's own waves) | paired (every K of the batch size ran inside the same waves, K switched "
+           "per step: sample i of every K of a repeat is the same wave; v1-v3 files: cells)"),
     Column("vllm_acceptance_length", "float64", "cross-check: 1 + accepted/drafts from vLLM's counters (untrimmed)"),
     Column("vllm_itl_s", "float64", "cross-check: mean of vLLM's ITL histogram over the measured waves"),
     Column("vllm_tpot_s", "float64", "cross-check: mean TPOT from vLLM's request timestamps"),

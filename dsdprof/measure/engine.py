@@ -17,6 +17,7 @@ class Cell:
     mode: str  # vanilla | dsd | fixed
     num_spec_tokens: int
     context_len: int = 0  # prompt tokens per request; 0 = the spec's workload.input_len (no context axis)
+    group: tuple[int, ...] = ()  # paired design: every K measured inside the same waves as this one
 
     @property
     def cell_id(self) -> str:
@@ -134,7 +135,8 @@ def balanced_order(m: int, s: int) -> list[int]:
 
 
 def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
-               include_vanilla: bool = True, context_lens: list[int] | None = None) -> list[Cell]:
+               include_vanilla: bool = True, context_lens: list[int] | None = None,
+               paired: bool = False) -> list[Cell]:
     """Cells in run order: repeats interleaved, the order inside a block rotated.
 
     DSD mode runs one block per batch size per repeat (vanilla and every K of that batch size, so
@@ -142,7 +144,8 @@ def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_
     row ``r + i`` of a Williams design (:func:`balanced_order`), so no cell is always first and
     none always follows the same cell. Fixed mode groups by K (one engine per K; vanilla is the
     K=0 engine) and loops batch sizes inside a group; the order of the groups is row ``r`` of the
-    design.
+    design. ``paired`` (DSD mode only): the DSD cells of a block carry ``group`` = every K, so the
+    engine runs them inside the same waves; the block is then vanilla and the group, in design order.
     """
     if speculation_mode not in (MODE_DSD, MODE_FIXED):
         raise ValueError(f"speculation_mode={speculation_mode!r}")
@@ -152,6 +155,12 @@ def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_
     for r in range(repeats):
         if speculation_mode == MODE_DSD:
             for i, b in enumerate(batch_sizes):
+                if paired and ks:
+                    vanilla = [[Cell(r, b, MODE_VANILLA, 0)]] if include_vanilla else []
+                    blocks = vanilla + [[Cell(r, b, MODE_DSD, k, group=tuple(ks)) for k in ks]]
+                    for j in balanced_order(len(blocks), r + i):
+                        cells.extend(blocks[j])
+                    continue
                 block = ([Cell(r, b, MODE_VANILLA, 0)] if include_vanilla else []) + \
                     [Cell(r, b, MODE_DSD, k) for k in ks]
                 cells.extend(block[j] for j in balanced_order(len(block), r + i))

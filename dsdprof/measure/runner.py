@@ -53,7 +53,7 @@ def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
     row = empty_row()
     row.update({k: v for k, v in prov.items() if k in row})
     row.update(cell_id=cell.cell_id, mode=cell.mode, batch_size=cell.batch_size,
-               num_spec_tokens=cell.num_spec_tokens, repeat=cell.repeat,
+               num_spec_tokens=cell.num_spec_tokens, repeat=cell.repeat, design="paired" if cell.group else "cells",
                dsdprof_version=__version__, created_at=utc_now())
     if cell.context_len:  # a context sweep's rows carry their context (the optional column)
         row[CONTEXT_COLUMN.name] = cell.context_len
@@ -176,28 +176,33 @@ class GridPlanner:
     def __init__(self, spec: SweepSpec) -> None:
         self.spec = spec
         self._planned = False
+        self._paired = False
 
     def start(self, engine: Engine, done: set[str]) -> str:
         self._mode = engine.speculation_mode
+        # paired design: the engine runs a batch size's Ks inside the same waves (vLLM, DSD mode)
+        self._paired = bool(getattr(engine, "paired", False)) and self._mode == MODE_DSD
         return self._mode
 
-    def cells(self, mode: str) -> list[Cell]:
+    def cells(self, mode: str, paired: bool = False) -> list[Cell]:
         sweep = self.spec.sweep
         ks = sweep.num_spec_tokens if max(sweep.num_spec_tokens) > 0 else []
-        cells = plan_cells(sweep.batch_sizes, ks, sweep.repeats, mode, context_lens=sweep.context_lens)
+        cells = plan_cells(sweep.batch_sizes, ks, sweep.repeats, mode, context_lens=sweep.context_lens,
+                           paired=paired)
         return [c for c in cells if c.mode != MODE_DSD] if mode == MODE_DSD and not ks else cells
 
     def plan(self, rows: list[dict[str, Any]]) -> list[Cell]:
         if self._planned:
             return []
         self._planned = True
-        return self.cells(self._mode)
+        return self.cells(self._mode, self._paired)
 
     def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool:
         return True
 
     def describe(self, cells: list[Cell], mode: str) -> str:
-        return f"{len(cells)} cells, speculation mode {mode}"
+        design = "paired (every K in the same waves)" if self._paired else "cell by cell"
+        return f"{len(cells)} cells, speculation mode {mode}, design {design}"
 
     def finish(self, rows: list[dict[str, Any]]) -> None:
         pass

@@ -4,6 +4,8 @@
 # engine a dsdprof run started, and only on requests carrying that run's secret (RUN_ARG).
 RUN_ARG = "dsdprof_run"  # the run's secret (see RUN_TOKEN_ENV)
 K_EXTRA_ARG = "dsdprof_num_spec_tokens"  # run the cell at this K
+K_SEQ_ARG = "dsdprof_k_sequence"  # paired design: K of the wave's i-th step is seq[i % len(seq)]
+MAX_K_SEQ = 4096  # longest K sequence honoured
 GATE_ARG = "dsdprof_wave_size"  # hold scheduling until this many requests of the wave are queued
 TRACE_ARG = "dsdprof_trace"  # name of the cell's trace file, inside the engine's trace directory
 WAVE_ARG = "dsdprof_wave"  # wave index within the cell (< 0: warm-up, not summarised)

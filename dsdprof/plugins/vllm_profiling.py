@@ -17,6 +17,11 @@ request arrives; a value of the wrong type or out of range is ignored and counte
 
 * **K**: ``extra_args[K_EXTRA_ARG]`` (an int in 0..``num_spec_tokens``) replaces vLLM's
   dynamic-SD ``batch_size -> K`` lookup with that constant K, so one engine serves every K.
+* **K sequence** (paired design): ``extra_args[K_SEQ_ARG]`` (a list of 1..``MAX_K_SEQ`` ints in
+  0..``num_spec_tokens``) sets the K of the wave's i-th scheduled step to ``seq[i % len(seq)]``
+  (the step counter is per traced wave); it takes precedence over a constant K. The K each step
+  scheduled (vLLM's ``num_spec_tokens_to_schedule``: the drafts it proposes for the next step) is
+  recorded in the trace as ``k_next``.
 * **Wave gate**: while nothing runs, a queue headed by a request carrying ``extra_args[GATE_ARG]
   = B`` (1..``max_num_seqs``) is not scheduled until B requests have arrived.
 * **Step trace**: ``extra_args[TRACE_ARG]`` names the cell's trace file (a plain file name) inside
@@ -45,7 +50,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from dsdprof.plugins.names import (
-    GATE_ARG, K_EXTRA_ARG, MIN_TOKEN_CHARS, RUN_ARG, RUN_TOKEN_ENV, TRACE_ARG, TRACE_DIR_ENV, WAVE_ARG,
+    GATE_ARG, K_EXTRA_ARG, K_SEQ_ARG, MAX_K_SEQ, MIN_TOKEN_CHARS, RUN_ARG, RUN_TOKEN_ENV, TRACE_ARG, TRACE_DIR_ENV, WAVE_ARG,
 )
 
 _TRACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
@@ -60,6 +65,7 @@ class Profiled:
     gate: int
     trace: str  # absolute path of the trace file ("" = not traced)
     wave: int
+    k_seq: tuple[int, ...] = ()  # paired design: K per step of the wave, cycled
 
 
 def _int(value: Any, lo: int, hi: int) -> int | None:
@@ -80,6 +86,13 @@ def parse_keys(extra: Any, token: str, trace_dir: str, max_k: int, max_gate: int
     k = extra.get(K_EXTRA_ARG)
     k_ok = _int(k, 0, max_k)
     bad |= k is not None and k_ok is None
+    seq = extra.get(K_SEQ_ARG)
+    seq_ok: tuple[int, ...] = ()
+    if seq is not None:
+        if type(seq) is list and 0 < len(seq) <= MAX_K_SEQ and all(_int(x, 0, max_k) is not None for x in seq):
+            seq_ok = tuple(seq)
+        else:
+            bad = True
     gate = extra.get(GATE_ARG)
     gate_ok = _int(gate, 1, max_gate)
     bad |= gate is not None and gate_ok is None
@@ -93,7 +106,7 @@ def parse_keys(extra: Any, token: str, trace_dir: str, max_k: int, max_gate: int
             path = os.path.join(trace_dir, name + ".jsonl")
         else:
             bad = True
-    return Profiled(k_ok, gate_ok or 0, path, wave_ok or 0), bad
+    return Profiled(k_ok, gate_ok or 0, path, wave_ok or 0, seq_ok), bad
 
 
 def _run_settings(environ=None) -> tuple[str, str]:
@@ -119,6 +132,8 @@ class _DsdprofMixin:
         self._dsdprof_buffers: dict[str, list[dict[str, Any]]] = {}
         self._dsdprof_token, self._dsdprof_trace_dir = _run_settings(environ)
         self._dsdprof_reqs: dict[str, Profiled] = {}
+        self._dsdprof_seq_step: dict[tuple[str, int], int] = {}  # (trace, wave) -> steps scheduled
+        self._dsdprof_seq_key: tuple[str, int] | None = None
         self.dsdprof_ignored = 0  # requests whose dsdprof keys were (partly) ignored
 
     # ------------------------------------------------------------------ requests
@@ -142,6 +157,10 @@ class _DsdprofMixin:
     def _dsdprof_requested_k(self) -> int | None:
         requested = None
         for req_id, p in self._dsdprof_reqs.items():
+            if p.k_seq and self._dsdprof_live(req_id):  # paired design: the wave's step sequence
+                key = (p.trace, p.wave)
+                self._dsdprof_seq_key = key  # advanced by schedule() only if the step runs anything
+                return p.k_seq[self._dsdprof_seq_step.get(key, 0) % len(p.k_seq)]
             if p.k is not None and self._dsdprof_live(req_id):
                 requested = p.k if requested is None else max(requested, p.k)
         return requested
@@ -170,8 +189,12 @@ class _DsdprofMixin:
 
     # ------------------------------------------------------------------ trace
     def schedule(self, *args, **kwargs):  # type: ignore[override]
+        self._dsdprof_seq_key = None
         self._dsdprof_apply_k()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        key = self._dsdprof_seq_key
+        if key is not None and out.total_num_scheduled_tokens > 0:  # the wave's next step of its sequence
+            self._dsdprof_seq_step[key] = self._dsdprof_seq_step.get(key, 0) + 1
         if self._dsdprof_reqs:
             self._dsdprof_record_schedule(out)
         return out
@@ -206,7 +229,8 @@ class _DsdprofMixin:
                 continue
             reqs.append((req_id, decoding))
         if path:
-            self._dsdprof_steps[id(out)] = (path, wave, reqs, prefill_tokens, others)
+            self._dsdprof_steps[id(out)] = (path, wave, reqs, prefill_tokens, others,
+                                            int(getattr(out, "num_spec_tokens_to_schedule", -1)))
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
         info = self._dsdprof_steps.pop(id(scheduler_output), None) if self._dsdprof_steps else None
@@ -216,6 +240,7 @@ class _DsdprofMixin:
             self._dsdprof_record_output(info, before)
         if self._dsdprof_reqs and not self.running and len(self.waiting) == 0:  # type: ignore[attr-defined]
             self._dsdprof_reqs = {r: p for r, p in self._dsdprof_reqs.items() if self._dsdprof_live(r)}
+            self._dsdprof_seq_step = {}
             if self._dsdprof_buffers:
                 self._dsdprof_flush()
         return result
@@ -242,7 +267,7 @@ class _DsdprofMixin:
         return rows
 
     def _dsdprof_record_output(self, info, before) -> None:
-        path, wave, reqs, prefill_tokens, others = info
+        path, wave, reqs, prefill_tokens, others, k_next = info
         ids, drafted, accepted, generated, finished, delivered = [], [], [], [], [], {}
         stale_n = 0
         for req_id, request, decoding, stale, n_before, d, a, g in before:
@@ -262,7 +287,7 @@ class _DsdprofMixin:
             "wave": wave, "t_end": time.perf_counter(), "scheduled": len(reqs), "decoding": len(ids),
             "prefill_tokens": prefill_tokens, "others": others, "stale": stale_n, "ids": ids,
             "drafted": drafted, "accepted": accepted, "generated": generated, "delivered": delivered,
-            "finished": finished,
+            "finished": finished, "k_next": k_next,
         })
 
     def _dsdprof_flush(self) -> None:

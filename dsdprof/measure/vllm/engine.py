@@ -116,6 +116,9 @@ class VllmEngine:
         # A context sweep's prompt pool holds prompts of its longest context; each cell cuts them.
         workload = spec.workload.model_copy(update={"input_len": spec.max_context}) \
             if spec.sweep.context_lens else spec.workload
+        # paired design (DSD mode): a batch size's Ks share waves; measured once per group, see measure()
+        self.paired = spec.sweep.design == "paired"
+        self._groups: dict[tuple, dict[int, Any]] = {}
         self.pool = EnginePool(self.llm_kwargs, workload, spec.engine.start_timeout_s, log_dir, start_worker,
                                max_output_len=spec.sweep.output_len, run_token=self.run_token,
                                trace_dir=self.trace_dir)
@@ -252,6 +255,7 @@ class VllmEngine:
             hardware=info.get("hardware") or detect_hardware(), dtype=e.dtype,
             dataset=w.dataset, seed=w.seed, dsdprof_version=__version__,
             extra={"speculation_mode": self._mode or "", "fallback_reason": self.fallback_reason,
+                   "design": "paired" if self.paired and self._mode == MODE_DSD else "cells",
                    "memory": self.memory_note, "async_scheduling": str(info.get("async_scheduling", "")),
                    "cudagraph_mode": str(self.cudagraph_kwargs().get("compilation_config", {}).get(
                        "cudagraph_mode", "vLLM default")),
@@ -289,9 +293,31 @@ class VllmEngine:
             return self.run(MODE_ADAPTIVE, replace(self.cell_request(cell, None, verify_k=-1), positions=0))
         if cell.mode == MODE_VANILLA:
             return self.run(MODE_VANILLA, self.cell_request(cell, None, verify_k=0))
+        if cell.mode == MODE_DSD and cell.group:
+            return self.measure_paired(cell)
         if cell.mode == MODE_DSD:
             return self.run(MODE_DSD, self.cell_request(cell, cell.num_spec_tokens))
         return self.run(f"fixed-{cell.num_spec_tokens}", self.cell_request(cell, None, cell.num_spec_tokens))
+
+    def measure_paired(self, cell: Cell) -> CellMeasurement:
+        """Paired design: the first cell of a group runs every K of ``cell.group`` inside the same
+        waves (one trace, ``dsd-bs<B>-paired-r<R>``); its siblings take their rows from that run
+        (or its error). A resumed run re-measures a group whose rows are not all on disk."""
+        key = (cell.repeat, cell.batch_size, cell.group)
+        if key not in self._groups:
+            name = f"dsd-bs{cell.batch_size}-paired-r{cell.repeat}" if self.out_dir is not None else ""
+            req = replace(self.cell_request(cell, None), group=cell.group, positions=max(cell.group),
+                          trace_name=name, order_offset=cell.repeat * self.spec.sweep.waves)
+            try:
+                result: Any = self.pool.get(MODE_DSD).run(req, self.cell_timeout_s * len(cell.group))
+            except EngineFailure as err:
+                log = self.pool.log_path(MODE_DSD)
+                result = EngineFailure(f"{err}" + (f" (engine log: {log})" if log else ""))
+            self._groups = {key: result}  # one group at a time: the planner runs a group's cells together
+        result = self._groups[key]
+        if isinstance(result, Exception):
+            raise result
+        return result[cell.num_spec_tokens]
 
     def close(self) -> None:
         self.pool.close()

@@ -63,6 +63,7 @@ class Step:
     accepted: tuple[int, ...] | None = None  # per decoding request: drafts accepted (None: generated - 1)
     stale: int = 0  # requests of this wave whose output vLLM discarded
     ids: tuple[str, ...] = ()  # per decoding request: its id
+    k_next: int = -1  # K the step scheduled (drafts proposed for the next step); -1: not recorded
 
     @classmethod
     def from_json(cls, d: dict) -> "Step":
@@ -72,7 +73,7 @@ class Step:
                    tuple(d["generated"]), {str(k): int(v) for k, v in d["delivered"].items()},
                    tuple(bool(x) for x in d.get("finished", ())),
                    tuple(int(a) for a in acc) if acc is not None else None, int(d.get("stale", 0)),
-                   tuple(str(i) for i in d.get("ids", ())))
+                   tuple(str(i) for i in d.get("ids", ())), int(d.get("k_next", -1)))
 
     def accepted_counts(self) -> tuple[int, ...]:
         if self.accepted is not None:
@@ -178,9 +179,16 @@ def summarize(steps: list[Step], batch_size: int, num_spec_tokens: int | None,
                           f"requests ({excluded} steps excluded); raise output_len or max_num_batched_tokens")
     if num_spec_tokens is not None:
         check_k(steady, num_spec_tokens)
+    return _summary(steady, steady, excluded, [s for s in steps if s.wave >= 0], positions)
+
+
+def _summary(steady: list[tuple[Step, float]], timed: list[tuple[Step, float]], excluded: int,
+             measured: list[Step], positions: int) -> TraceSummary:
+    """Numbers over ``steady`` steps (tokens, acceptance) and ``timed`` steps (durations); the
+    cross-check totals over every ``measured`` step."""
     n_req_steps = sum(s.decoding for s, _ in steady)
     generated = sum(sum(s.generated) for s, _ in steady)
-    durations = [t for _, t in steady]
+    durations = [t for _, t in timed]
     drafts = sum(1 for s, _ in steady for d in s.drafted if d > 0)
     draft_tokens = sum(sum(s.drafted) for s, _ in steady)
     accepted_per_pos = [0] * positions
@@ -195,22 +203,25 @@ def summarize(steps: list[Step], batch_size: int, num_spec_tokens: int | None,
                 for i in range(min(d, positions)):
                     drafted_per_pos[i] += 1
     samples_al, samples_itl = [], []
-    for w in sorted({s.wave for s, _ in steady}):
+    timed_waves = {s.wave for s, _ in timed}
+    for w in sorted({s.wave for s, _ in steady} & timed_waves):
         ws = [(s, t) for s, t in steady if s.wave == w]
+        wt = [t for s, t in timed if s.wave == w]
         samples_al.append(sum(sum(s.generated) for s, _ in ws) / sum(s.decoding for s, _ in ws))
-        samples_itl.append(sum(t for _, t in ws) / len(ws))
-    measured = [s for s in steps if s.wave >= 0]
-    tpots = _per_request_tpot(steady)
+        samples_itl.append(sum(wt) / len(wt))
+    tpots = _per_request_tpot(timed)
+    itl = sum(durations) / len(durations)
+    al = generated / n_req_steps
     return TraceSummary(
         acceptance_length=generated / n_req_steps,
         acceptance_per_pos=tuple(a / d if d else 0.0 for a, d in zip(accepted_per_pos, drafted_per_pos)),
         itl_s=sum(durations) / len(durations), itl_p50_s=_percentile(durations, 0.5),
         itl_p90_s=_percentile(durations, 0.9), itl_p99_s=_percentile(durations, 0.99),
-        tpot_s=sum(t * s.decoding for s, t in steady) / generated if generated else math.nan,
+        tpot_s=itl / al,
         tpot_p50_s=_percentile(tpots, 0.5), tpot_p90_s=_percentile(tpots, 0.9),
         tpot_p99_s=_percentile(tpots, 0.99),
         num_drafts=drafts, num_draft_tokens=draft_tokens, num_accepted_tokens=accepted,
-        drafted_per_draft=draft_tokens / drafts if drafts else 0.0, steady_steps=len(steady),
+        drafted_per_draft=draft_tokens / drafts if drafts else 0.0, steady_steps=len(timed),
         excluded_steps=excluded, delivered_tokens=sum(sum(s.delivered.values()) for s, _ in steady),
         generated_tokens=generated,
         sample_acceptance_length=tuple(samples_al), sample_itl_s=tuple(samples_itl),
@@ -219,3 +230,44 @@ def summarize(steps: list[Step], batch_size: int, num_spec_tokens: int | None,
         all_draft_tokens=sum(sum(s.drafted) for s in measured),
         all_accepted_tokens=sum(sum(s.accepted_counts()) for s in measured),
     )
+
+
+def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
+                     positions: int) -> dict[int, TraceSummary]:
+    """Paired design: every K of ``ks`` ran inside the same waves (a K per step, see
+    :mod:`dsdprof.plugins.vllm_profiling`). A steady step verified the drafts the previous step
+    proposed (``drafted``, all the same K) and proposed ``k_next`` for the next one. Per K:
+
+    * tokens and acceptance from every steady step that verified K (acceptance does not depend on
+      the step's timing);
+    * step time from the **pure** steady steps, which verified K *and* proposed K (the previous
+      step proposed K too), so the step did exactly what a step of a fixed-K run does; a step right
+      after a switch (verify one K, draft another) is timed for no K.
+
+    Only waves in which every K has a pure step count, so the rows of the group hold the same waves
+    (sample ``i`` of every K is the same wave). Raises :class:`CellFailure` when a K has none."""
+    steady, excluded = steady_steps(steps, batch_size)
+    by_k: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
+    pure: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
+    odd = 0
+    for s, t in steady:
+        kinds = set(s.drafted)
+        k = kinds.pop() if len(kinds) == 1 else None
+        if k not in by_k:
+            odd += 1
+            continue
+        by_k[k].append((s, t))
+        if s.k_next == k:
+            pure[k].append((s, t))
+    waves = set.intersection(*({s.wave for s, _ in pure[k]} for k in ks)) if ks else set()
+    if not waves:
+        counts = ", ".join(f"K={k}: {len(pure[k])}" for k in ks)
+        raise CellFailure(f"paired design: no wave in which every K ran a pure step ({counts}; {odd} steady steps "
+                          f"drafted no K of the group); raise output_len")
+    measured = [s for s in steps if s.wave >= 0]
+    out = {}
+    for k in ks:
+        kept = [(s, t) for s, t in by_k[k] if s.wave in waves]
+        timed = [(s, t) for s, t in pure[k] if s.wave in waves]
+        out[k] = _summary(kept, timed, excluded + len(steady) - len(timed), measured, positions)
+    return out

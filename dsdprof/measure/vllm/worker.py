@@ -29,6 +29,9 @@ class WorkerConfig:
     trace_dir: str = ""  # the one directory the engine core writes step traces into
 
 
+PAIRED_HOLD = 2  # steps per K before switching: the 2nd verifies and drafts one K, as a fixed-K step does
+
+
 @dataclass(frozen=True)
 class CellRequest:
     batch_size: int
@@ -43,6 +46,20 @@ class CellRequest:
     trace_name: str = ""  # the cell's trace file name in the engine's trace directory ("" = temporary)
     timing_tolerance: float = 0.25  # BS 1: AL/ITL vs the request timestamps may differ by this much
     context_len: int = 0  # prompts cut to this many tokens (a context sweep; 0 = the pool's full length)
+    group: tuple[int, ...] = ()  # paired design: every K of the group inside the same waves (one row per K)
+    hold: int = PAIRED_HOLD  # paired design: steps each K is held before the next K of the wave's order
+    order_offset: int = 0  # paired design: wave w runs the K order of design row w + order_offset
+
+
+def k_sequence(group: tuple[int, ...], wave: int, hold: int) -> list[int]:
+    """The K of each step of one wave (cycled by the scheduler): the group's Ks in row ``wave`` of a
+    Williams design (:func:`dsdprof.measure.engine.balanced_order`), each held ``hold`` steps. Over
+    ``len(group)`` consecutive waves (twice that when odd) every K runs first equally often and
+    follows every other K equally often, so neither a position in the wave nor the K before a
+    switch stays with one K."""
+    from dsdprof.measure.engine import balanced_order
+
+    return [group[j] for j in balanced_order(len(group), wave) for _ in range(hold)]
 
 
 def detect_hardware() -> str:
@@ -75,9 +92,9 @@ def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int
     from vllm import SamplingParams
 
     from dsdprof.measure.vllm.metrics import RequestTiming, build_measurement, snapshot_from_metrics
-    from dsdprof.measure.vllm.trace import read_trace, summarize
+    from dsdprof.measure.vllm.trace import read_trace, summarize, summarize_paired
     from dsdprof.measure.workload import wave_indices
-    from dsdprof.plugins.names import GATE_ARG, K_EXTRA_ARG, RUN_ARG, TRACE_ARG, WAVE_ARG
+    from dsdprof.plugins.names import GATE_ARG, K_EXTRA_ARG, K_SEQ_ARG, RUN_ARG, TRACE_ARG, WAVE_ARG
 
     run_token = run_token or os.environ.get("DSDPROF_RUN_TOKEN", "")
     trace_dir = trace_dir or os.environ.get("DSDPROF_TRACE_DIR", "")
@@ -88,7 +105,9 @@ def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int
 
     def params(wave: int, output_len: int) -> SamplingParams:
         extra: dict[str, Any] = {RUN_ARG: run_token, GATE_ARG: req.batch_size}
-        if req.num_spec_tokens is not None:
+        if req.group:
+            extra[K_SEQ_ARG] = k_sequence(req.group, wave + req.order_offset, req.hold)
+        elif req.num_spec_tokens is not None:
             extra[K_EXTRA_ARG] = req.num_spec_tokens
         if wave >= 0:
             extra.update({TRACE_ARG: name, WAVE_ARG: wave})
@@ -116,10 +135,18 @@ def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int
                                          len(out.outputs[0].token_ids)))
     wall = time.perf_counter() - t0
     after = snapshot_from_metrics(llm.get_metrics())
-    verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
-    trace = summarize(read_trace(trace_path), req.batch_size, verify, req.positions)
+    steps = read_trace(trace_path)
     if not req.trace_name:
         os.unlink(trace_path)
+    if req.group:  # one measurement per K; the cross-checks are over the shared waves
+        by_k = summarize_paired(steps, req.batch_size, req.group, req.positions)
+        from dataclasses import replace
+
+        share = wall / len(req.group)  # each row's part of the engine time (the rows sum to the waves' time)
+        return {k: replace(build_measurement(t, before, after, timings, k, wall, expected_k=None, batch_size=0),
+                           wall_s=share) for k, t in by_k.items()}
+    verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
+    trace = summarize(steps, req.batch_size, verify, req.positions)
     return build_measurement(trace, before, after, timings, req.positions, wall, expected_k=verify,
                              batch_size=req.batch_size, timing_tolerance=req.timing_tolerance)
 
