@@ -88,15 +88,9 @@ class Planner(Protocol):
 
 
 @dataclass(frozen=True)
-class RunResult:
+class RunResult(SweepSummary):
     """What :func:`run_plan` did in this session (``skipped``: cells already on disk)."""
 
-    out: Path
-    total: int
-    ok: int
-    failed: int
-    skipped: int
-    speculation_mode: str
     provenance: dict[str, Any]
     stopped: bool  # a cell was refused by ``Planner.admit``
 
