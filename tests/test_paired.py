@@ -131,6 +131,26 @@ def test_every_k_in_the_same_waves_is_exact(run_env, mode, batch_size):
     assert sched.dsdprof_ignored == 0
 
 
+def test_short_waves_pair_as_blocks_of_waves(run_env):
+    """Waves shorter than the K sequence: consecutive waves form one sample (a block closes once
+    every K ran a pure step in it), so a short output_len still measures every K, exactly."""
+    steps, _, _ = run_group(run_env, "sync", 2, KS, lambda r, s, d: d - 1, waves=12, output_len=8)
+    waves = {s.wave for s in steps if s.wave >= 0}
+    by_k = summarize_paired(steps, 2, KS, max(KS))
+    n = {len(t.sample_itl_s) for t in by_k.values()}
+    assert len(n) == 1 and 1 <= n.pop() < len(waves)  # blocks of several waves, the same for every K
+    for k, t in by_k.items():
+        assert t.acceptance_length == pytest.approx(max(k, 1), rel=1e-12)
+
+
+def test_wave_blocks():
+    from dsdprof.measure.vllm.trace import wave_blocks
+
+    assert wave_blocks({0: {0, 1, 2}, 1: {0, 1, 2}}) == {0: 0, 1: 1, 2: 2}
+    assert wave_blocks({0: {0, 2}, 1: {1, 3}, 2: {1, 4}}, {5}) == {0: 0, 1: 0, 2: 1, 3: 1, 4: 1, 5: 1}
+    assert wave_blocks({0: {0}, 1: set()}) == {}
+
+
 def test_a_k_the_sequence_never_ran_fails_the_group(run_env):
     steps, _, _ = run_group(run_env, "sync", 2, (1, 3), lambda r, s, d: d - 1)
     with pytest.raises(CellFailure, match="paired design"):

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -244,8 +244,10 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
       step proposed K too), so the step did exactly what a step of a fixed-K run does; a step right
       after a switch (verify one K, draft another) is timed for no K.
 
-    Only waves in which every K has a pure step count, so the rows of the group hold the same waves
-    (sample ``i`` of every K is the same wave). Raises :class:`CellFailure` when a K has none."""
+    Samples are **blocks** of consecutive waves: a block closes as soon as every K has a pure step
+    in it (one wave when waves are long enough for the whole K sequence, several when they are
+    short; trailing waves that complete no block join the last one), so sample ``i`` of every K is
+    the same stretch of waves. Raises :class:`CellFailure` when a K has no pure step at all."""
     steady, excluded = steady_steps(steps, batch_size)
     by_k: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
     pure: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
@@ -259,15 +261,35 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
         by_k[k].append((s, t))
         if s.k_next == k:
             pure[k].append((s, t))
-    waves = set.intersection(*({s.wave for s, _ in pure[k]} for k in ks)) if ks else set()
-    if not waves:
+    block = wave_blocks({k: {s.wave for s, _ in pure[k]} for k in ks}, {s.wave for s, _ in steady})
+    if not block:
         counts = ", ".join(f"K={k}: {len(pure[k])}" for k in ks)
-        raise CellFailure(f"paired design: no wave in which every K ran a pure step ({counts}; {odd} steady steps "
+        raise CellFailure(f"paired design: a K never ran a pure step ({counts}; {odd} steady steps "
                           f"drafted no K of the group); raise output_len")
     measured = [s for s in steps if s.wave >= 0]
     out = {}
     for k in ks:
-        kept = [(s, t) for s, t in by_k[k] if s.wave in waves]
-        timed = [(s, t) for s, t in pure[k] if s.wave in waves]
+        kept = [(replace(s, wave=block[s.wave]), t) for s, t in by_k[k] if s.wave in block]
+        timed = [(replace(s, wave=block[s.wave]), t) for s, t in pure[k] if s.wave in block]
         out[k] = _summary(kept, timed, excluded + len(steady) - len(timed), measured, positions)
     return out
+
+
+def wave_blocks(pure_waves: dict[int, set[int]], waves_seen: set[int] = frozenset()) -> dict[int, int]:
+    """Wave -> block: consecutive waves (of ``pure_waves`` and ``waves_seen``) grouped until every
+    K has a pure step in the block (the waves after the last complete block join it). Empty when
+    some K has no pure step at all."""
+    if not pure_waves or not all(pure_waves.values()):
+        return {}
+    waves = sorted(set().union(*pure_waves.values(), waves_seen))
+    block: dict[int, int] = {}
+    n, seen = 0, set()
+    for w in waves:
+        block[w] = n
+        seen |= {k for k, ws in pure_waves.items() if w in ws}
+        if len(seen) == len(pure_waves):
+            n, seen = n + 1, set()
+    for w in waves:  # an incomplete tail joins the last complete block
+        if block[w] == n:
+            block[w] = n - 1
+    return block
