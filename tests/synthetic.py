@@ -102,8 +102,9 @@ class TruthEngine:
     speculation_mode = "dsd"
 
     def __init__(self, t, seed: int = 0, waves: int = 20, wave_noise: float = 0.05, repeat_noise: float = 0.01,
-                 al_noise: float = 0.03, method: str = "eagle3", chain: bool = True, mode: str = "dsd"):
-        self.t, self.seed, self.waves = t, seed, waves
+                 al_noise: float = 0.03, method: str = "eagle3", chain: bool = True, mode: str = "dsd",
+                 paired: bool = False):
+        self.t, self.seed, self.waves, self.paired = t, seed, waves, paired
         self.wave_noise, self.repeat_noise, self.al_noise = wave_noise, repeat_noise, al_noise
         self.method, self.chain, self.speculation_mode = method, chain, mode
         self.kmax = max(max(by_k) for by_k in t.values())
@@ -128,6 +129,10 @@ class TruthEngine:
             al = 1.0 + (al - 1.0) * 0.9
         rng = np.random.default_rng((self.seed, b, k, cell.repeat, ["vanilla", "dsd", "fixed"].index(cell.mode)))
         s_itl = itl * rng.lognormal(0.0, self.repeat_noise) * rng.lognormal(0.0, self.wave_noise, self.waves)
+        if cell.group:  # paired: the Ks of a wave share its drift; each K keeps a quarter of the noise
+            shared = np.random.default_rng((self.seed, b, cell.repeat, 99))
+            s_itl = itl * shared.lognormal(0.0, self.repeat_noise) * shared.lognormal(0.0, self.wave_noise, self.waves) \
+                * rng.lognormal(0.0, self.wave_noise / 4, self.waves)
         s_al = np.ones(self.waves) if k == 0 else np.clip(al * rng.lognormal(0.0, self.al_noise, self.waves), 1.0, k + 1.0)
         a, t_ = float(s_al.mean()), float(s_itl.mean())
         steps = self.waves * 32 / a
@@ -136,7 +141,8 @@ class TruthEngine:
             num_draft_tokens=int(steps * b * k), num_accepted_tokens=int(steps * b * (a - 1)), itl_s=t_,
             itl_p50_s=t_, itl_p90_s=t_, itl_p99_s=t_, tpot_s=t_ / a, tpot_p50_s=t_ / a, tpot_p90_s=t_ / a,
             tpot_p99_s=t_ / a, tokens_per_s_per_user=a / t_, tokens_per_s_total=b * a / t_,
-            num_requests=self.waves * b, num_output_tokens=self.waves * b * 32, wall_s=steps * t_,
+            num_requests=self.waves * b, num_output_tokens=self.waves * b * 32,
+            wall_s=steps * t_ / (len(cell.group) if cell.group else 1),
             sample_acceptance_length=tuple(s_al.tolist()), sample_itl_s=tuple(s_itl.tolist()))
 
     def close(self):

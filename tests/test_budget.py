@@ -143,6 +143,41 @@ def test_budgeted_table_matches_truth_for_a_fraction_of_the_full_grid(tmp_path, 
     assert counts.min() == 1 and counts.max() > 1  # extra repeats went to some cells only
 
 
+@pytest.mark.parametrize("kind, seed", [("dense", 0), ("moe", 1)])
+def test_paired_budget_runs_whole_groups_and_settles_for_a_quarter_of_the_grid(tmp_path, kind, seed):
+    """Paired design: each pass runs every K of an open batch size inside one group (so the repeats
+    pair), a group is costed whole, and one group can settle a batch size."""
+    t = truth(kind)
+    spec = _spec(sorted(t))
+    eng = TruthEngine(t, seed=seed, paired=True)
+    s = run_budgeted_sweep(spec, tmp_path / "run", parse_budget("100000"), engine=eng)
+    assert not s.unsettled
+    df = read_measurements(tmp_path / "run")
+    dsd = df[df["mode"] == "dsd"]
+    assert (dsd["design"] == "paired").all()
+    reps = dsd.groupby("batch_size").apply(lambda g: g.groupby("num_spec_tokens")["repeat"].apply(tuple).nunique())
+    assert (reps == 1).all()  # every K of a batch size ran in the same groups
+    a = analyze(df)
+    chosen = dict(zip(a.optimal.batch_size, a.optimal.k))
+    assert max(regret(chosen, truth_goodput(t)).values()) <= 0.02
+    full = sum(TruthEngine(t, seed=seed, paired=True).measure(c).wall_s
+               for c in plan_cells(sorted(t), list(KS), 5, "dsd", paired=True))
+    assert s.spent_s <= 0.25 * full
+
+
+def test_paired_group_is_costed_whole():
+    from dsdprof.measure.engine import Cell
+
+    rows = pd.DataFrame([{"mode": "dsd", "batch_size": 1, "num_spec_tokens": 0, "repeat": 0, "status": "ok",
+                          "wall_s": 10.0, "design": "paired"}])
+    group = (0, 1, 2)
+    ledger = Ledger(rows, 20)
+    assert ledger.fits(Cell(0, 1, "dsd", 1, group=group), Budget(seconds=10.5))  # its group already ran
+    assert not ledger.fits(Cell(1, 1, "dsd", 0, group=group), Budget(seconds=35))  # 10 + 3 x 10
+    assert ledger.fits(Cell(1, 1, "dsd", 0, group=group), Budget(seconds=40))
+    assert ledger.spent_waves == 20
+
+
 def test_chain_and_non_chain_drafters(tmp_path):
     t = truth("dense", batch_sizes=(1, 16))
     spec = _spec(sorted(t))

@@ -1,9 +1,7 @@
 """``dsdprof sweep --budget``: spend engine time only where the K decision is still open.
 
-Pass 0 runs every cell of the grid once (vanilla and every K, order rotated as in
-:func:`~dsdprof.measure.engine.plan_cells`). After each pass the rows so far are analysed
-(:func:`dsdprof.decide.analysis.analyze`, bootstrap intervals, ``acceptance="auto"``) and each batch size
-is
+Pass 0 runs the grid once (:func:`~dsdprof.measure.engine.plan_cells`). After each pass the rows
+so far are analysed (:func:`dsdprof.decide.analysis.analyze`, ``acceptance="auto"``); a batch size is
 
 * ``decided`` -- the data separate the chosen K from every other K at the stated confidence,
 * ``within tolerance`` -- not separated, but the chosen K is, at that confidence, within the
@@ -14,18 +12,17 @@ is
 * ``open`` -- also while a grid K has no ok row at that batch size yet (a budget smaller than
   pass 0 stops there).
 
-The next pass
-runs one more repeat (``Cell.repeat`` = the cell's last repeat + 1) of the *contenders* of every open
-batch size: the Ks that more data could still make the answer (see
-:func:`dsdprof.decide.rule.contenders`), plus those two. It stops when every batch size is settled,
-when the budget would be exceeded by the next cell, or when nothing is left to run, and says
-which batch sizes are not settled. Rows stay one per cell, so ``--resume`` continues a run: the
-next pass is planned from the rows on disk.
+The next pass runs one more repeat of the *contenders* of every open batch size (the Ks more data
+could still make the answer, :func:`dsdprof.decide.rule.contenders`, plus those two); in the
+paired design (vLLM, DSD mode) one more paired group of every K, and one group is enough to settle
+(drift is shared by the Ks of a wave). It stops when every batch size is settled, when the next
+cell would exceed the budget, or when nothing is left, and says which batch sizes are not settled.
+Rows stay one per cell, so ``--resume`` continues a run from the rows on disk.
 
 Budget: engine seconds (the cells' ``wall_s``: measured waves, not warm-up or engine start; for
-the analytic engine the predicted seconds) or measured waves (``400w``; ``[sweep] waves`` per
-cell). A cell runs only if its estimated cost (the mean ``wall_s`` of earlier repeats of it, else
-of its batch size, else of any cell) fits what is left.
+the analytic engine the predicted seconds) or measured waves (``400w``; ``[sweep] waves`` per cell
+or paired group). A cell runs only if its estimated cost (mean ``wall_s`` of earlier repeats of
+it, else of its batch size, else of any cell) fits what is left.
 
 Chain drafters (``draft_model``, ``eagle``, ``eagle3``, ``mtp``) whose measured AL(K) agrees with
 the largest K's per-position prediction take AL(K) from it (less AL noise, fewer waves); n-gram,
@@ -111,7 +108,13 @@ class Ledger:
 
     @property
     def spent_waves(self) -> int:
-        return len(self.rows) * self.waves_per_cell
+        """Waves run: a cell's ``waves``; a paired group's ``waves`` once for all its rows."""
+        if not len(self.rows):
+            return 0
+        paired = self.rows["design"].astype(str) == "paired" if "design" in self.rows else pd.Series(False)
+        n_paired = int(paired.sum())
+        groups = self.rows[paired].groupby(["repeat", "batch_size"]).ngroups if n_paired else 0
+        return (len(self.rows) - n_paired + groups) * self.waves_per_cell
 
     def next_repeat(self, cell: Cell) -> int:
         key = (cell.mode, cell.batch_size, cell.num_spec_tokens)
@@ -143,9 +146,16 @@ class Ledger:
         return 0.0
 
     def fits(self, cell: Cell, budget: Budget) -> bool:
+        """Whether ``cell`` fits what is left; a paired group's first cell is costed for the whole
+        group and its siblings always fit (the engine ran them with it)."""
+        r = self.rows
+        if cell.group and len(r) and "design" in r and ((r["design"].astype(str) == "paired")
+                                                        & (r["repeat"].astype(int) == cell.repeat)
+                                                        & (r["batch_size"].astype(int) == cell.batch_size)).any():
+            return True
         if budget.waves is not None:
             return self.spent_waves + self.waves_per_cell <= budget.waves
-        return self.spent_s + self.estimate_s(cell) <= budget.seconds + 1e-9
+        return self.spent_s + len(cell.group or (0,)) * self.estimate_s(cell) <= budget.seconds + 1e-9
 
 
 def batch_status(opt_row: Any, tolerance: float, repeats_ok: Callable[[int], int], min_repeats: int) -> str:
@@ -167,11 +177,13 @@ def batch_status(opt_row: Any, tolerance: float, repeats_ok: Callable[[int], int
 
 def plan_pass(analysis: Any, ledger: Ledger, mode: str, batch_sizes: list[int], ks: list[int],
               pass_index: int, tolerance: float, min_repeats: int = DEFAULT_MIN_REPEATS,
-              max_failures: int = 2) -> tuple[list[Cell], dict[int, str]]:
+              max_failures: int = 2, paired: bool = False) -> tuple[list[Cell], dict[int, str]]:
     """The next pass (cells, in run order) and every batch size's status.
 
     Open batch sizes get one more repeat of each contender (and of the chosen K and runner-up);
-    grid Ks with no ok row yet are retried until they failed ``max_failures`` times.
+    grid Ks with no ok row yet are retried until they failed ``max_failures`` times. ``paired``
+    (DSD mode): an open batch size gets one more paired group of every K instead (every K inside
+    the same waves, so the repeat pairs with the earlier ones).
     """
     opt = {int(r["batch_size"]): r for _, r in analysis.optimal.iterrows()} if analysis is not None else {}
     status: dict[int, str] = {}
@@ -210,6 +222,11 @@ def plan_pass(analysis: Any, ledger: Ledger, mode: str, batch_sizes: list[int], 
                 if k in wanted.get(b, []):
                     c = cell_for(mode, b, k, 0)
                     cells.append(replace(c, repeat=ledger.next_repeat(c)))
+    elif paired and mode == MODE_DSD:
+        for b in batch_sizes:
+            if wanted.get(b):
+                rep = max(ledger.next_repeat(cell_for(mode, b, k, 0)) for k in ks)
+                cells.extend(Cell(rep, b, MODE_DSD, k, group=tuple(ks)) for k in ks)
     else:
         for i, b in enumerate(batch_sizes):
             block = [cell_for(mode, b, k, 0) for k in wanted.get(b, [])]
@@ -292,13 +309,17 @@ class BudgetPlanner:
         self.analysis: Any = None
         self.mode = ""
         self.engine: Optional[Engine] = None
+        self.paired = False
         self.spent_s, self.spent_waves = 0.0, 0
 
     def start(self, engine: Engine, done: set[str]) -> str:
         self.engine = engine
         self.mode = engine.speculation_mode
+        self.paired = bool(getattr(engine, "paired", False)) and self.mode == MODE_DSD and bool(self.ks)
         if provenance_dict(engine.provenance()).get("engine") == "sim":
             self.min_repeats = 1  # predictions: a second repeat is the same number
+        elif self.paired and self.min_repeats == DEFAULT_MIN_REPEATS:
+            self.min_repeats = 1  # drift is shared by every K of a wave: one group's intervals carry it
         return self.mode
 
     def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool:
@@ -313,7 +334,7 @@ class BudgetPlanner:
     def plan(self, rows: list[dict[str, Any]]) -> list[Cell]:
         if self.passes == 0 and not self.exhausted:
             self.passes = 1
-            cells = plan_cells(self.batch_sizes, self.ks, 1, self.mode)
+            cells = plan_cells(self.batch_sizes, self.ks, 1, self.mode, paired=self.paired)
             return [c for c in cells if c.mode != MODE_DSD] if self.mode == MODE_DSD and not self.ks else cells
         cells = self._next_pass(rows)
         self.reason = self._stop_reason(cells)
@@ -336,7 +357,8 @@ class BudgetPlanner:
             self.analysis = analyze(frame, self.tolerance, provenance=prov, confidence=self.confidence,
                                     acceptance="auto")
         cells, self.status = plan_pass(self.analysis, Ledger(frame, self.waves), self.mode, self.batch_sizes,
-                                       self.ks, self.passes, self.tolerance, self.min_repeats)
+                                       self.ks, self.passes, self.tolerance, self.min_repeats,
+                                       paired=self.paired)
         return cells
 
     def _stop_reason(self, cells: list[Cell]) -> str:
