@@ -33,6 +33,7 @@ size from live acceptance counts; it needs a ``dsdprof.ktable/v2`` (or v3: its b
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any, Sequence
@@ -101,30 +102,65 @@ def _context_index(tops: Sequence[int], dense_cap: int = CONTEXT_DENSE_CAP) -> l
     return index
 
 
-def _selector(default: Any, slices: Sequence[Any], tops: Sequence[int]) -> Any:
-    """``select(batch_size, context_len=None)``: see the module docstring. ``default`` and each of
-    ``slices`` are C-level lookups (``_Lookup.__getitem__``)."""
+def _dense(lookup: _Lookup) -> list[int]:
+    """``lookup`` as a list indexed by batch size (index 0 unused: ``select`` sends ``n <= 0`` to the lookup)."""
+    return list(lookup.values())  # built from enumerate(0..dense_end): values in batch-size order
+
+
+def _as_context(context_len: Any) -> int | None:
+    """The context ``context_len`` stands for, or None (serve the batch-size-only answer): an
+    integer >= 0 (``int`` or what list indexing takes as one, e.g. a NumPy integer; not ``bool``)."""
+    if context_len is None or type(context_len) is bool:
+        return None
+    try:
+        c = operator.index(context_len)
+    except TypeError:  # float, str, ...: no context
+        return None
+    return c if c >= 0 else None
+
+
+def _selector(default: _Lookup, slices: Sequence[_Lookup], tops: Sequence[int]) -> Any:
+    """``select(batch_size, context_len=None)``: see the module docstring. The common case is
+    one or two list indexes behind two comparisons (``batch_size > 0``, ``context_len > 1``; a
+    failed index is caught at no cost until it happens); everything else (``n <= 0``, batch sizes
+    or contexts past the dense lists, bad types, contexts 0 and 1 so that ``True``/``False`` stay
+    "no context") goes to ``_far``, which answers exactly as the lookups do."""
     if not slices:
-        def select(batch_size: int, context_len: Any = None, _get: Any = default) -> int:
-            return _get(batch_size)
+        def select(batch_size: int, context_len: Any = None, _k: list = _dense(default), _far: Any = default.__getitem__) -> int:
+            try:
+                if batch_size > 0:
+                    return _k[batch_size]
+            except (IndexError, TypeError):
+                pass
+            return _far(batch_size)
         return select
-    by_context = [slices[i] for i in _context_index(tops)]  # context -> its slice's lookup, dense
-    tail, last_start = slices[-1], (tops[-2] + 1 if len(tops) > 1 else 1)
+    last_start = tops[-2] + 1 if len(tops) > 1 else 1
+    dense = [_dense(s) for s in slices]
+    by_context = [dense[i] for i in _context_index(tops)]  # context -> its slice's dense list
 
-    def select(batch_size: int, context_len: Any = None, _get: Any = default, _f: Any = by_context,
-               _n: int = len(by_context), _type: Any = type, _int: Any = int) -> int:
+    def _far(batch_size: Any, context_len: Any) -> int:
+        c = _as_context(context_len)
+        if c is None:
+            return default[batch_size]
+        if c >= last_start:
+            return slices[-1][batch_size]
+        return slices[bisect_left(tops, c)][batch_size]
+
+    def select(batch_size: int, context_len: Any = None, _k: list = _dense(default), _f: list = by_context,
+               _far: Any = _far) -> int:
         if context_len is None:
-            return _get(batch_size)
-        if _type(context_len) is _int and 0 <= context_len < _n:
-            return _f[context_len](batch_size)
+            try:
+                if batch_size > 0:
+                    return _k[batch_size]
+            except (IndexError, TypeError):
+                pass
+            return _far(batch_size, None)
+        try:
+            if context_len > 1 and batch_size > 0:
+                return _f[context_len][batch_size]
+        except (IndexError, TypeError):
+            pass
         return _far(batch_size, context_len)
-
-    def _far(batch_size: int, context_len: Any) -> int:
-        if type(context_len) is not int or context_len < 0:  # bool, float, str, negative: no context
-            return default(batch_size)
-        if context_len >= last_start:
-            return tail(batch_size)
-        return slices[bisect_left(tops, context_len)](batch_size)
     return select
 
 
@@ -146,8 +182,7 @@ class KSelector:
         slices = [(int(top), _parse(r, cap)[0]) for top, r in contexts]
         self._lookup = build_lookup(parsed, cap)
         self._slices = [build_lookup(r, cap) for _, r in slices]
-        self.select = _selector(self._lookup.__getitem__, [s.__getitem__ for s in self._slices],
-                                [top for top, _ in slices])
+        self.select = _selector(self._lookup, self._slices, [top for top, _ in slices])
         self.ranges = tuple(parsed)
         self.max_k = cap
         self.contexts = tuple((top, tuple(r)) for top, r in slices)
@@ -169,9 +204,10 @@ class KSelector:
 
     def slice_index(self, context_len: int | None) -> int:
         """Which context slice serves ``context_len`` (-1: the batch-size-only answer)."""
-        if not self.contexts or context_len is None or type(context_len) is not int or context_len < 0:
+        c = _as_context(context_len) if self.contexts else None
+        if c is None:
             return -1
-        return next((i for i, (top, _) in enumerate(self.contexts) if context_len <= top), len(self.contexts) - 1)
+        return next((i for i, (top, _) in enumerate(self.contexts) if c <= top), len(self.contexts) - 1)
 
     def for_context(self, context_len: int | None) -> Any:
         """The C-level batch-size lookup serving ``context_len`` (bucket once, look up per batch)."""
