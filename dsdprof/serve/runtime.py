@@ -11,21 +11,24 @@ range, capped at ``num_speculative_tokens``. For ``batch_size <= 0`` (no request
 returns the K of batch size 1 -- never another batch size's K.
 
 Cost: loading is O(number of ranges + :data:`DENSE_CAP`) in time and memory at most, whatever
-the batch sizes in the table (a range starting at 10**12 is fine). The batch-size lookup is one
-C-level dict lookup (no allocation) for ``0 <= batch_size <= max(DENSE_MIN, min(last range
-start, DENSE_CAP))``, reached through ``select`` (a small Python function, since it takes an
-optional context) or, with no Python frame at all, through ``for_context(None)``; any other batch size at or past the last range's start, or ``<= 0``, is
-O(1) in a small Python method; only batch sizes above :data:`DENSE_CAP` that fall before the last
-range's start take a binary search over the range starts (O(log ranges)).
+the batch sizes in the table (a range starting at 10**12 is fine). ``select`` is a small Python
+function built once per table shape and bound on the instance (``sel.select(n)`` is one plain
+call). Its common case is one list index behind one comparison (``select(n)``: ``0 < n <=
+max(DENSE_MIN, min(last range start, DENSE_CAP))``) or two list indexes behind two
+(``select(n, ctx)`` on a v3 table: ``1 < ctx <= min(last bucket, CONTEXT_DENSE_CAP)``, then the
+slice's dense list); a failed index costs nothing until it happens. Everything else -- ``n <= 0``,
+batch sizes past the dense list (O(1) past the last range's start, a binary search over the
+range starts only between :data:`DENSE_CAP` and it), contexts past the dense list (the last slice
+or a binary search over the buckets), contexts 0 and 1 (so that ``True``/``False`` stay "no
+context"), non-int arguments -- takes a slow path (~0.5 us) that answers exactly as the
+per-slice dict lookups do. ``for_context(context_len)`` returns the slice's C-level lookup for
+callers that bucket once per batch (no Python frame at all).
 
 Context (``dsdprof.ktable/v3``): ``select(batch_size, context_len)`` serves the slice whose bucket
-holds ``context_len`` (contexts past the last bucket: the last slice; ``None``, a negative or a
-non-integer context: the batch-size-only answer); one list index picks the slice for contexts up to
-:data:`CONTEXT_DENSE_CAP` (2 MB per selector; above it the last slice or a binary search over the
-buckets), then the slice's dict lookup.
-A v1/v2 table ignores ``context_len``. ``select`` is a small Python function bound once (the price
-of the optional second argument); ``for_context(context_len)`` returns the slice's own C-level
-lookup for callers that bucket once per batch.
+holds ``context_len`` (contexts past the last bucket: the last slice; ``None``, a negative, a
+``bool`` or a non-integer context: the batch-size-only answer; an integer of another type, e.g. a
+NumPy integer, is a context, as list indexing takes it). One list index picks the slice for
+contexts up to :data:`CONTEXT_DENSE_CAP` (2 MB per selector). A v1/v2 table ignores ``context_len``.
 
 :class:`AdaptiveKSelector` (in :mod:`dsdprof.serve.adaptive`, re-exported here) re-derives K per batch
 size from live acceptance counts; it needs a ``dsdprof.ktable/v2`` (or v3: its batch-size-only answer) table.
@@ -42,7 +45,7 @@ from dsdprof.formats.ktable import TableError, read_table_file, validate_num_spe
 
 __all__ = ["CONTEXT_DENSE_CAP", "DENSE_CAP", "KSelector", "TableError", "batch_context", "build_lookup"]
 
-DENSE_CAP = 4096  # batch sizes up to here (and below the last range's start) are one dict lookup
+DENSE_CAP = 4096  # batch sizes up to here (and below the last range's start) are one list index in select
 DENSE_MIN = 1024  # ... and always at least up to here, even when the last range starts lower
 CONTEXT_DENSE_CAP = 1 << 18  # contexts up to here pick their slice by one list index
 
