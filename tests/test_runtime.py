@@ -117,3 +117,75 @@ def test_import_runtime_is_light():
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+# ----------------------------------------------------------------- select == the ranges, exhaustively
+# The fast select (dense lists behind two comparisons, everything else to a slow path) against a
+# reference written from the table's definition alone: K of the range holding the batch size,
+# carried forward, capped; n <= 0 -> K of batch size 1; a context picks the first slice whose
+# max_context holds it (past the last: the last slice); None / negative / float / str / bool: the
+# batch-size-only ranges.
+
+def _ref_k(ranges, cap, b):
+    if b < 1:
+        return min(ranges[0][2], cap)
+    k = ranges[0][2]
+    for start, _, rk in ranges:
+        if start <= b:
+            k = rk
+    return min(k, cap)
+
+
+def _ref_select(ranges, cap, contexts, b, c):
+    if contexts and type(c) is int and c >= 0:
+        ranges = next((r for top, r in contexts if c <= top), contexts[-1][1])
+    return _ref_k(ranges, cap, b)
+
+
+def _random_table(rng, n_slices):
+    def rand_ranges(starts):
+        return [[s, (starts[i + 1] - 1 if i + 1 < len(starts) else 10**9), rng.randint(0, 7)] for i, s in enumerate(starts)]
+    starts = [1] + sorted(rng.sample(range(2, DENSE_CAP + 300), rng.randint(0, 6)))
+    tops = sorted(rng.sample(range(2, (1 << 18) + 5000), n_slices))
+    return rand_ranges(starts), [(t, rand_ranges([1] + sorted(rng.sample(range(2, 600), rng.randint(0, 4))))) for t in tops]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_select_matches_the_ranges_for_every_batch_size_and_context(seed):
+    import random
+    from dsdprof.serve.runtime import CONTEXT_DENSE_CAP
+    rng = random.Random(seed)
+    ranges, contexts = _random_table(rng, n_slices=1 + seed % 4)
+    contexts = contexts if seed % 3 else []  # v1/v2-like (no context axis) too
+    cap = rng.choice([7, 3])
+    sel = KSelector(ranges, cap, contexts)
+    tops = [t for t, _ in contexts]
+    ctxs = [None, 0, 1, 2, 3, -1, -2, -(1 << 18), 10**6, 10**12, CONTEXT_DENSE_CAP - 1, CONTEXT_DENSE_CAP,
+            CONTEXT_DENSE_CAP + 1] + [t + d for t in tops for d in (-1, 0, 1, 2)]
+    sizes = list(range(-3, DENSE_CAP + 300)) + [10**7, 10**9, 10**9 + 1, 10**15, -10**12]
+    for c in ctxs:
+        want = [_ref_select(ranges, cap, contexts, b, c) for b in sizes]
+        assert [sel.select(b, c) for b in sizes] == want, c
+        if c is None:
+            assert [sel.select(b) for b in sizes] == want
+            assert [sel(b) for b in sizes] == want
+
+
+def test_select_bad_inputs_behave_as_documented():
+    contexts = [(1000, [[1, 4, 6], [5, 1 << 20, 2]]), (50_000, [[1, 1 << 20, 5]])]
+    sel = KSelector([[1, 2, 3], [3, 1 << 20, 1]], 7, contexts)
+    v2 = KSelector([[1, 2, 3], [3, 1 << 20, 1]], 7)
+    for s in (sel, v2):
+        for c in (None, -1, -10**20, 2.5, 3000.0, float("nan"), "4096", True, False, [5]):
+            assert [s.select(b, c) for b in (1, 2, 3, 10**6)] == [3, 3, 1, 1], c  # no context: batch-size-only
+        assert s.select(3.0) == s.select(3) and s.select(2.5) == s.select(2) and s.select(True) == s.select(1)
+        for b in ("3", None, [1]):  # a non-number batch size raises, as a dict lookup does
+            with pytest.raises(TypeError):
+                s.select(b)
+    assert [sel.select(b, 3000) for b in (0, -5, 1, 4, 5, 2.5)] == [5, 5, 5, 5, 5, 5]
+    assert [sel.select(b, 10) for b in (0, -5, 1, 4, 5, 4.5)] == [6, 6, 6, 6, 2, 6]
+    with pytest.raises(TypeError):
+        sel.select("3", 3000)
+    np = pytest.importorskip("numpy")  # an integer context of another integer type is a context
+    assert sel.select(5, np.int64(3000)) == sel.select(5, 3000) == 5 and sel.select(5, np.int64(10**9)) == 5
+    assert sel.slice_index(np.int64(10)) == 0 and sel.select(np.int64(5), np.int64(10)) == 2

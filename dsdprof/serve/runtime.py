@@ -11,21 +11,24 @@ range, capped at ``num_speculative_tokens``. For ``batch_size <= 0`` (no request
 returns the K of batch size 1 -- never another batch size's K.
 
 Cost: loading is O(number of ranges + :data:`DENSE_CAP`) in time and memory at most, whatever
-the batch sizes in the table (a range starting at 10**12 is fine). The batch-size lookup is one
-C-level dict lookup (no allocation) for ``0 <= batch_size <= max(DENSE_MIN, min(last range
-start, DENSE_CAP))``, reached through ``select`` (a small Python function, since it takes an
-optional context) or, with no Python frame at all, through ``for_context(None)``; any other batch size at or past the last range's start, or ``<= 0``, is
-O(1) in a small Python method; only batch sizes above :data:`DENSE_CAP` that fall before the last
-range's start take a binary search over the range starts (O(log ranges)).
+the batch sizes in the table (a range starting at 10**12 is fine). ``select`` is a small Python
+function built once per table shape and bound on the instance (``sel.select(n)`` is one plain
+call). Its common case is one list index behind one comparison (``select(n)``: ``0 < n <=
+max(DENSE_MIN, min(last range start, DENSE_CAP))``) or two list indexes behind two
+(``select(n, ctx)`` on a v3 table: ``1 < ctx <= min(last bucket, CONTEXT_DENSE_CAP)``, then the
+slice's dense list); a failed index costs nothing until it happens. Everything else -- ``n <= 0``,
+batch sizes past the dense list (O(1) past the last range's start, a binary search over the
+range starts only between :data:`DENSE_CAP` and it), contexts past the dense list (the last slice
+or a binary search over the buckets), contexts 0 and 1 (so that ``True``/``False`` stay "no
+context"), non-int arguments -- takes a slow path (~0.5 us) that answers exactly as the
+per-slice dict lookups do. ``for_context(context_len)`` returns the slice's C-level lookup for
+callers that bucket once per batch (no Python frame at all).
 
 Context (``dsdprof.ktable/v3``): ``select(batch_size, context_len)`` serves the slice whose bucket
-holds ``context_len`` (contexts past the last bucket: the last slice; ``None``, a negative or a
-non-integer context: the batch-size-only answer); one list index picks the slice for contexts up to
-:data:`CONTEXT_DENSE_CAP` (2 MB per selector; above it the last slice or a binary search over the
-buckets), then the slice's dict lookup.
-A v1/v2 table ignores ``context_len``. ``select`` is a small Python function bound once (the price
-of the optional second argument); ``for_context(context_len)`` returns the slice's own C-level
-lookup for callers that bucket once per batch.
+holds ``context_len`` (contexts past the last bucket: the last slice; ``None``, a negative, a
+``bool`` or a non-integer context: the batch-size-only answer; an integer of another type, e.g. a
+NumPy integer, is a context, as list indexing takes it). One list index picks the slice for
+contexts up to :data:`CONTEXT_DENSE_CAP` (2 MB per selector). A v1/v2 table ignores ``context_len``.
 
 :class:`AdaptiveKSelector` (in :mod:`dsdprof.serve.adaptive`, re-exported here) re-derives K per batch
 size from live acceptance counts; it needs a ``dsdprof.ktable/v2`` (or v3: its batch-size-only answer) table.
@@ -33,6 +36,7 @@ size from live acceptance counts; it needs a ``dsdprof.ktable/v2`` (or v3: its b
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any, Sequence
@@ -41,7 +45,7 @@ from dsdprof.formats.ktable import TableError, read_table_file, validate_num_spe
 
 __all__ = ["CONTEXT_DENSE_CAP", "DENSE_CAP", "KSelector", "TableError", "batch_context", "build_lookup"]
 
-DENSE_CAP = 4096  # batch sizes up to here (and below the last range's start) are one dict lookup
+DENSE_CAP = 4096  # batch sizes up to here (and below the last range's start) are one list index in select
 DENSE_MIN = 1024  # ... and always at least up to here, even when the last range starts lower
 CONTEXT_DENSE_CAP = 1 << 18  # contexts up to here pick their slice by one list index
 
@@ -101,30 +105,65 @@ def _context_index(tops: Sequence[int], dense_cap: int = CONTEXT_DENSE_CAP) -> l
     return index
 
 
-def _selector(default: Any, slices: Sequence[Any], tops: Sequence[int]) -> Any:
-    """``select(batch_size, context_len=None)``: see the module docstring. ``default`` and each of
-    ``slices`` are C-level lookups (``_Lookup.__getitem__``)."""
+def _dense(lookup: _Lookup) -> list[int]:
+    """``lookup`` as a list indexed by batch size (index 0 unused: ``select`` sends ``n <= 0`` to the lookup)."""
+    return list(lookup.values())  # built from enumerate(0..dense_end): values in batch-size order
+
+
+def _as_context(context_len: Any) -> int | None:
+    """The context ``context_len`` stands for, or None (serve the batch-size-only answer): an
+    integer >= 0 (``int`` or what list indexing takes as one, e.g. a NumPy integer; not ``bool``)."""
+    if context_len is None or type(context_len) is bool:
+        return None
+    try:
+        c = operator.index(context_len)
+    except TypeError:  # float, str, ...: no context
+        return None
+    return c if c >= 0 else None
+
+
+def _selector(default: _Lookup, slices: Sequence[_Lookup], tops: Sequence[int]) -> Any:
+    """``select(batch_size, context_len=None)``: see the module docstring. The common case is
+    one or two list indexes behind two comparisons (``batch_size > 0``, ``context_len > 1``; a
+    failed index is caught at no cost until it happens); everything else (``n <= 0``, batch sizes
+    or contexts past the dense lists, bad types, contexts 0 and 1 so that ``True``/``False`` stay
+    "no context") goes to ``_far``, which answers exactly as the lookups do."""
     if not slices:
-        def select(batch_size: int, context_len: Any = None, _get: Any = default) -> int:
-            return _get(batch_size)
+        def select(batch_size: int, context_len: Any = None, _k: list = _dense(default), _far: Any = default.__getitem__) -> int:
+            try:
+                if batch_size > 0:
+                    return _k[batch_size]
+            except (IndexError, TypeError):
+                pass
+            return _far(batch_size)
         return select
-    by_context = [slices[i] for i in _context_index(tops)]  # context -> its slice's lookup, dense
-    tail, last_start = slices[-1], (tops[-2] + 1 if len(tops) > 1 else 1)
+    last_start = tops[-2] + 1 if len(tops) > 1 else 1
+    dense = [_dense(s) for s in slices]
+    by_context = [dense[i] for i in _context_index(tops)]  # context -> its slice's dense list
 
-    def select(batch_size: int, context_len: Any = None, _get: Any = default, _f: Any = by_context,
-               _n: int = len(by_context), _type: Any = type, _int: Any = int) -> int:
+    def _far(batch_size: Any, context_len: Any) -> int:
+        c = _as_context(context_len)
+        if c is None:
+            return default[batch_size]
+        if c >= last_start:
+            return slices[-1][batch_size]
+        return slices[bisect_left(tops, c)][batch_size]
+
+    def select(batch_size: int, context_len: Any = None, _k: list = _dense(default), _f: list = by_context,
+               _far: Any = _far) -> int:
         if context_len is None:
-            return _get(batch_size)
-        if _type(context_len) is _int and 0 <= context_len < _n:
-            return _f[context_len](batch_size)
+            try:
+                if batch_size > 0:
+                    return _k[batch_size]
+            except (IndexError, TypeError):
+                pass
+            return _far(batch_size, None)
+        try:
+            if context_len > 1 and batch_size > 0:
+                return _f[context_len][batch_size]
+        except (IndexError, TypeError):
+            pass
         return _far(batch_size, context_len)
-
-    def _far(batch_size: int, context_len: Any) -> int:
-        if type(context_len) is not int or context_len < 0:  # bool, float, str, negative: no context
-            return default(batch_size)
-        if context_len >= last_start:
-            return tail(batch_size)
-        return slices[bisect_left(tops, context_len)](batch_size)
     return select
 
 
@@ -146,8 +185,7 @@ class KSelector:
         slices = [(int(top), _parse(r, cap)[0]) for top, r in contexts]
         self._lookup = build_lookup(parsed, cap)
         self._slices = [build_lookup(r, cap) for _, r in slices]
-        self.select = _selector(self._lookup.__getitem__, [s.__getitem__ for s in self._slices],
-                                [top for top, _ in slices])
+        self.select = _selector(self._lookup, self._slices, [top for top, _ in slices])
         self.ranges = tuple(parsed)
         self.max_k = cap
         self.contexts = tuple((top, tuple(r)) for top, r in slices)
@@ -169,9 +207,10 @@ class KSelector:
 
     def slice_index(self, context_len: int | None) -> int:
         """Which context slice serves ``context_len`` (-1: the batch-size-only answer)."""
-        if not self.contexts or context_len is None or type(context_len) is not int or context_len < 0:
+        c = _as_context(context_len) if self.contexts else None
+        if c is None:
             return -1
-        return next((i for i, (top, _) in enumerate(self.contexts) if context_len <= top), len(self.contexts) - 1)
+        return next((i for i, (top, _) in enumerate(self.contexts) if c <= top), len(self.contexts) - 1)
 
     def for_context(self, context_len: int | None) -> Any:
         """The C-level batch-size lookup serving ``context_len`` (bucket once, look up per batch)."""
