@@ -147,7 +147,7 @@ def test_wave_blocks():
     from dsdprof.measure.vllm.trace import wave_blocks
 
     assert wave_blocks({0: {0, 1, 2}, 1: {0, 1, 2}}) == {0: 0, 1: 1, 2: 2}
-    assert wave_blocks({0: {0, 2}, 1: {1, 3}, 2: {1, 4}}, {5}) == {0: 0, 1: 0, 2: 1, 3: 1, 4: 1, 5: 1}
+    assert wave_blocks({0: {0, 2}, 1: {1, 3}, 2: {1, 4}}, {5}) == {0: 0, 1: 0, 2: 2, 3: 2, 4: 2, 5: 2}
     assert wave_blocks({0: {0}, 1: set()}) == {}
 
 

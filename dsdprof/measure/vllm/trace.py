@@ -276,9 +276,9 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
 
 
 def wave_blocks(pure_waves: dict[int, set[int]], waves_seen: set[int] = frozenset()) -> dict[int, int]:
-    """Wave -> block: consecutive waves (of ``pure_waves`` and ``waves_seen``) grouped until every
-    K has a pure step in the block (the waves after the last complete block join it). Empty when
-    some K has no pure step at all."""
+    """Wave -> its block, named by the block's first wave: consecutive waves (of ``pure_waves``
+    and ``waves_seen``) grouped until every K has a pure step in the block (the waves after the
+    last complete block join it). Empty when some K has no pure step at all."""
     if not pure_waves or not all(pure_waves.values()):
         return {}
     waves = sorted(set().union(*pure_waves.values(), waves_seen))
@@ -292,4 +292,7 @@ def wave_blocks(pure_waves: dict[int, set[int]], waves_seen: set[int] = frozense
     for w in waves:  # an incomplete tail joins the last complete block
         if block[w] == n:
             block[w] = n - 1
-    return block
+    first: dict[int, int] = {}
+    for w in waves:
+        first.setdefault(block[w], w)
+    return {w: first[b] for w, b in block.items()}
