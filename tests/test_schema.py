@@ -164,7 +164,8 @@ def test_one_record_cell_measurement_fields_are_columns():
     from dsdprof.measure.vllm.trace import TraceSummary
 
     columns = {c.name: c.arrow_type for c in MEASUREMENT_COLUMNS}
-    kinds = {"float": "float64", "int": "int64", "str": "string", "tuple[float, ...]": "list<float64>"}
+    kinds = {"float": "float64", "int": "int64", "str": "string", "tuple[float, ...]": "list<float64>",
+             "tuple[int, ...]": "list<int64>"}
     for f in fields(CellMeasurement):
         assert f.name in columns, f"CellMeasurement.{f.name} is not a measurement column"
         assert kinds[str(f.type)] == columns[f.name], f.name

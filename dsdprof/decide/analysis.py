@@ -26,7 +26,7 @@ import pandas as pd
 
 from dsdprof.decide.chain import CHAIN_METHODS, chain_check, fractions_at, with_chain_acceptance
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
-from dsdprof.decide.bootstrap import batch_replicates, check_confidence
+from dsdprof.decide.bootstrap import batch_replicates, check_confidence, speedup_interval
 from dsdprof.decide.rule import SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, margin, regret_bound
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import choose_k  # noqa: F401 - the K rule, re-exported
@@ -51,8 +51,9 @@ class Analysis:
     ``runner_up``, ``margin`` (goodput of k / runner-up) with ``ci_low``/``ci_high``, ``best_k``
     (highest point goodput), ``k_rule`` (the rule's K before the non-increasing constraint),
     ``admissible`` (the K* the data still allow), ``interval_known``, ``regret_bound`` (upper
-    confidence bound of the chosen K's shortfall against any other K) and ``contenders`` (the Ks
-    more data could still make the answer).
+    confidence bound of the chosen K's shortfall against any other K), ``contenders`` (the Ks
+    more data could still make the answer) and ``speedup_low``/``speedup_high`` with
+    ``speedup_interval`` (paired | independent | "" unknown): the interval of ``speedup_vs_baseline``.
     """
 
     cells: pd.DataFrame
@@ -281,6 +282,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     records = [_optimal_record(d, k, cells, reps[d.batch_size], base_goodput, ks, tolerance, confidence)
                for d, k in zip(decisions, path)]
     optimal = pd.DataFrame.from_records(records)
+    optimal = _speedup_intervals(optimal, candidate_rows, baseline_rows, replicates, seed, confidence)
     optimal["runner_up"] = optimal["runner_up"].astype("Int64")
     return Analysis(
         cells=cells, baseline=baseline, optimal=optimal, tolerance=tolerance,
@@ -288,6 +290,23 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
         acceptance="chain" if use_chain else "measured", chain_check=check,
         warnings=_unknown_warning(decisions),
     )
+
+
+def _speedup_intervals(optimal: pd.DataFrame, candidate_rows: pd.DataFrame, baseline_rows: pd.DataFrame,
+                       replicates: int, seed: int, confidence: float) -> pd.DataFrame:
+    """``speedup_low``/``speedup_high`` around ``speedup_vs_baseline`` and ``speedup_interval`` (how:
+    ``paired`` blocks of vanilla and the K's waves resampled jointly, ``independent``, or ``""``
+    unknown), see :func:`dsdprof.decide.bootstrap.speedup_interval`."""
+    out = []
+    for b, k, point in zip(optimal["batch_size"], optimal["k"], optimal["speedup_vs_baseline"]):
+        k_rows = candidate_rows[(candidate_rows["batch_size"] == b) & (candidate_rows["num_spec_tokens"] == k)]
+        base = baseline_rows[baseline_rows["batch_size"] == b]
+        out.append(speedup_interval(k_rows, base, float(point), replicates, seed, confidence))
+    optimal = optimal.copy()
+    optimal["speedup_low"] = [o[0] for o in out]
+    optimal["speedup_high"] = [o[1] for o in out]
+    optimal["speedup_interval"] = [o[2] for o in out]
+    return optimal
 
 
 def _one_context(df: pd.DataFrame) -> None:

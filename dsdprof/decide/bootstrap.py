@@ -285,6 +285,91 @@ def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICA
     return out
 
 
+BLOCK_COLUMN = "sample_block"
+
+
+def _row_blocks(rows: pd.DataFrame, samples: list[tuple[np.ndarray, np.ndarray]]) -> Optional[list[np.ndarray]]:
+    """Per row, the wave block of each sample (paired design, schema v5), or None when any row has none."""
+    if BLOCK_COLUMN not in rows.columns:
+        return None
+    out = []
+    for raw, (s_al, _) in zip(rows[BLOCK_COLUMN].to_list(), samples):
+        if raw is None or (isinstance(raw, float) and math.isnan(raw)) or len(raw) != s_al.size or s_al.size == 0:
+            return None
+        out.append(np.asarray(raw, dtype=np.int64).ravel())
+    return out
+
+
+def _units(rows: pd.DataFrame) -> tuple[list, Optional[list[np.ndarray]], list[int]]:
+    samples = row_samples(rows)
+    units = robust_units([(float(a), float(t), s[0], s[1])
+                          for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)])
+    repeat = rows["repeat"].astype(int).to_list() if "repeat" in rows else [0] * len(rows)
+    return units, _row_blocks(rows, samples), repeat
+
+
+def _block_sums(unit: tuple, blocks: np.ndarray, keep: list[int]) -> np.ndarray:
+    """(blocks x 3): per block in ``keep``, sum of AL waves, sum of ITL waves, waves."""
+    return np.array([[unit[2][blocks == j].sum(), unit[3][blocks == j].sum(), float((blocks == j).sum())]
+                     for j in keep])
+
+
+def speedup_interval(k_rows: pd.DataFrame, base_rows: pd.DataFrame, point: float,
+                     replicates: int = DEFAULT_REPLICATES, seed: int = DEFAULT_SEED,
+                     confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, str]:
+    """(low, high, how) of goodput(K) / goodput(baseline) at one batch size around ``point``.
+
+    ``paired`` (the paired design, schema v5: every row carries ``sample_block``, one baseline and
+    one K row per repeat): vanilla wave ``j`` ran beside the group's waves of block ``j``, so each
+    replicate resamples a repeat's blocks with replacement, **one draw for vanilla and the K**, and
+    drift between blocks cancels in the ratio. ``independent`` otherwise: the K's and the baseline's
+    waves (or repeats' rows) are resampled each on its own. Deviations are widened to a t interval
+    for the number of resampled units (:func:`small_sample_factor`), as for the K intervals. NaN
+    bounds and ``""`` when either side has fewer than 2 units."""
+    if k_rows.empty or base_rows.empty or not math.isfinite(point):
+        return math.nan, math.nan, ""
+    ku, kb, kr = _units(k_rows)
+    bu, bb, br = _units(base_rows)
+    rng = np.random.default_rng((int(seed), int(k_rows["batch_size"].iloc[0]), 1))
+    q = (1.0 - confidence) / 2.0
+    if kb is not None and bb is not None and len(set(kr)) == len(kr) and sorted(kr) == sorted(br):
+        sums_k, sums_b, strata = [], [], []
+        for r in sorted(set(kr)):
+            i, j = kr.index(r), br.index(r)
+            keep = sorted(set(kb[i].tolist()) & set(bb[j].tolist()))
+            if keep:
+                sums_k.append(_block_sums(ku[i], kb[i], keep))
+                sums_b.append(_block_sums(bu[j], bb[j], keep))
+                strata.append(len(keep))
+        n = sum(strata)
+        if n >= 2:
+            weights = np.concatenate([rng.multinomial(m, np.full(m, 1.0 / m), size=int(replicates)) for m in strata],
+                                     axis=1).astype(float)
+            sk, sb = np.concatenate(sums_k), np.concatenate(sums_b)
+
+            def ratio(w: np.ndarray) -> np.ndarray:
+                gk = (w @ sk[:, 0]) / (w @ sk[:, 1])  # sum AL / sum ITL over the same waves: goodput
+                gb = (w @ sb[:, 0]) / (w @ sb[:, 1])
+                return gk / gb
+
+            dev = small_sample_factor(n, confidence) * np.log(ratio(weights) / ratio(np.ones(n)))
+            lo, hi = np.quantile(dev, [q, 1.0 - q])
+            return float(point * np.exp(lo)), float(point * np.exp(hi)), "paired"
+    devs = []
+    for units in (ku, bu):
+        if len(units) == 1 or all(u[2].size >= 2 for u in units):
+            al, itl = np.concatenate([u[2] for u in units]), np.concatenate([u[3] for u in units])
+        else:
+            al, itl = np.array([u[0] for u in units]), np.array([u[1] for u in units])
+        if al.size < 2:
+            return math.nan, math.nan, ""
+        idx = (rng.random((int(replicates), al.size)) * al.size).astype(np.int64)
+        g = al[idx].mean(axis=1) / itl[idx].mean(axis=1) / (al.mean() / itl.mean())
+        devs.append(small_sample_factor(al.size, confidence) * np.log(g))
+    lo, hi = np.quantile(devs[0] - devs[1], [q, 1.0 - q])
+    return float(point * np.exp(lo)), float(point * np.exp(hi)), "independent"
+
+
 def interval(samples: np.ndarray, confidence: float, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Central ``confidence`` percentile interval along ``axis``."""
     a = (1.0 - confidence) / 2.0

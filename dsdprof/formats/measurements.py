@@ -27,7 +27,7 @@ CONTRACT_COLUMNS = ("batch_size", "num_spec_tokens", "acceptance_length", "itl_s
 @dataclass(frozen=True)
 class Column:
     name: str
-    arrow_type: str  # "int64" | "float64" | "string" | "bool" | "list<float64>"
+    arrow_type: str  # "int64" | "float64" | "string" | "bool" | "list<float64>" | "list<int64>"
     doc: str
 
 
@@ -72,7 +72,12 @@ MEASUREMENT_COLUMNS: tuple[Column, ...] = (
     Column("sample_itl_s", "list<float64>", "itl_s of each measured wave"),
     Column("design", "string",
            "cells (the row's own waves) | paired (every K of the batch size ran inside the same waves, K switched "
-           "per step: sample i of every K of a repeat is the same wave; v1-v3 files: cells)"),
+           "per step: sample i of every K of a repeat is the same wave; vanilla rows: its waves interleaved with "
+           "that group's, wave by wave; v1-v3 files: cells)"),
+    Column("sample_block", "list<int64>",
+           "paired design: per wave sample, the wave block of its (batch size, repeat) it ran in; vanilla wave j "
+           "ran right beside the DSD waves of block j, so the speedup bootstrap resamples blocks jointly (empty: "
+           "cells design, v1-v4 files)"),
     Column("vllm_acceptance_length", "float64", "cross-check: 1 + accepted/drafts from vLLM's counters (untrimmed)"),
     Column("vllm_itl_s", "float64", "cross-check: mean of vLLM's ITL histogram over the measured waves"),
     Column("vllm_tpot_s", "float64", "cross-check: mean TPOT from vLLM's request timestamps"),
@@ -113,7 +118,7 @@ def arrow_schema(with_context: bool = False):  # -> pyarrow.Schema
 
     types = {
         "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "bool": pa.bool_(),
-        "list<float64>": pa.list_(pa.float64()),
+        "list<float64>": pa.list_(pa.float64()), "list<int64>": pa.list_(pa.int64()),
     }
     cols = MEASUREMENT_COLUMNS + ((CONTEXT_COLUMN,) if with_context else ())
     return pa.schema([pa.field(c.name, types[c.arrow_type]) for c in cols])
@@ -123,5 +128,5 @@ def empty_row() -> dict[str, Any]:
     """A row with every column present and null-ish defaults."""
     row: dict[str, Any] = {}
     for c in MEASUREMENT_COLUMNS:
-        row[c.name] = {"string": "", "list<float64>": []}.get(c.arrow_type)
+        row[c.name] = {"string": "", "list<float64>": [], "list<int64>": []}.get(c.arrow_type)
     return row

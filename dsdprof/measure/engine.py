@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
@@ -18,6 +19,13 @@ class Cell:
     num_spec_tokens: int
     context_len: int = 0  # prompt tokens per request; 0 = the spec's workload.input_len (no context axis)
     group: tuple[int, ...] = ()  # paired design: every K measured inside the same waves as this one
+    # (a vanilla cell with a group: its waves interleave with that group's, one per wave block)
+
+    @property
+    def unit(self) -> tuple | None:
+        """Paired design: the cells measured together (a batch size's vanilla cell and DSD group of
+        one repeat); None for a cell of its own."""
+        return (self.repeat, self.batch_size, self.context_len, self.group) if self.group else None
 
     @property
     def cell_id(self) -> str:
@@ -70,6 +78,7 @@ class CellMeasurement(StepStats):
     excluded_steps: int = 0
     sample_acceptance_length: tuple[float, ...] = ()
     sample_itl_s: tuple[float, ...] = ()
+    sample_block: tuple[int, ...] = ()  # paired design: the wave block each sample ran in (see vanilla_waves)
     vllm_acceptance_length: float = float("nan")
     vllm_itl_s: float = float("nan")
     vllm_tpot_s: float = float("nan")
@@ -134,6 +143,26 @@ def balanced_order(m: int, s: int) -> list[int]:
     return row[::-1] if s >= m else row
 
 
+def vanilla_waves(waves: int, group_size: int) -> int:
+    """Measured vanilla waves beside a paired group of ``group_size`` Ks sharing ``waves`` waves: one
+    K's share, ``ceil(waves / group_size)``, at least 1 (warm-up waves come on top). Vanilla is one
+    baseline, not one row per K, so it costs the engine time of one K, not of the whole group."""
+    return max(1, math.ceil(waves / max(1, group_size)))
+
+
+def wave_blocks(waves: int, blocks: int) -> list[range]:
+    """The group's ``waves`` measured waves cut into ``blocks`` contiguous blocks, as equal as can be
+    (the first ones one wave longer): block ``j`` runs right beside vanilla wave ``j``."""
+    blocks = max(1, min(blocks, waves))
+    base, extra = divmod(waves, blocks)
+    out, start = [], 0
+    for j in range(blocks):
+        stop = start + base + (1 if j < extra else 0)
+        out.append(range(start, stop))
+        start = stop
+    return out
+
+
 def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
                include_vanilla: bool = True, context_lens: list[int] | None = None,
                paired: bool = False) -> list[Cell]:
@@ -144,8 +173,9 @@ def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_
     row ``r + i`` of a Williams design (:func:`balanced_order`), so no cell is always first and
     none always follows the same cell. Fixed mode groups by K (one engine per K; vanilla is the
     K=0 engine) and loops batch sizes inside a group; the order of the groups is row ``r`` of the
-    design. ``paired`` (DSD mode only): the DSD cells of a block carry ``group`` = every K, so the
-    engine runs them inside the same waves; the block is then vanilla and the group, in design order.
+    design. ``paired`` (DSD mode only): every cell of a block carries ``group`` = every K, so the
+    engine runs the DSD cells inside the same waves and the vanilla cell's waves interleaved with
+    theirs, wave block by wave block (one unit: its rows are measured, and re-measured, together).
     """
     if speculation_mode not in (MODE_DSD, MODE_FIXED):
         raise ValueError(f"speculation_mode={speculation_mode!r}")
@@ -155,14 +185,9 @@ def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_
     for r in range(repeats):
         if speculation_mode == MODE_DSD:
             for i, b in enumerate(batch_sizes):
-                if paired and ks:
-                    vanilla = [[Cell(r, b, MODE_VANILLA, 0)]] if include_vanilla else []
-                    blocks = vanilla + [[Cell(r, b, MODE_DSD, k, group=tuple(ks)) for k in ks]]
-                    for j in balanced_order(len(blocks), r + i):
-                        cells.extend(blocks[j])
-                    continue
-                block = ([Cell(r, b, MODE_VANILLA, 0)] if include_vanilla else []) + \
-                    [Cell(r, b, MODE_DSD, k) for k in ks]
+                g = tuple(ks) if paired and ks else ()
+                block = ([Cell(r, b, MODE_VANILLA, 0, group=g)] if include_vanilla else []) + \
+                    [Cell(r, b, MODE_DSD, k, group=g) for k in ks]
                 cells.extend(block[j] for j in balanced_order(len(block), r + i))
         else:
             groups = ([[Cell(r, b, MODE_VANILLA, 0) for b in batch_sizes]] if include_vanilla else []) + \

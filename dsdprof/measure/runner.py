@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from dsdprof import __version__
-from dsdprof.measure.engine import Cell, CellMeasurement, Engine, plan_cells
-from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, STATUS_FAILED, STATUS_OK, empty_row
+from dsdprof.measure.engine import Cell, CellMeasurement, Engine, plan_cells, vanilla_waves
+from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_VANILLA, STATUS_FAILED, STATUS_OK, empty_row
 from dsdprof.config.spec import SweepSpec
 from dsdprof.io.store import SweepWriter, provenance_dict, utc_now
 
@@ -61,7 +61,7 @@ def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
         row.update(status=STATUS_FAILED, error=error or "unknown error")
         return row
     row.update(asdict(m))
-    for name in ("acceptance_per_pos", "sample_acceptance_length", "sample_itl_s"):
+    for name in ("acceptance_per_pos", "sample_acceptance_length", "sample_itl_s", "sample_block"):
         row[name] = list(row[name])
     row.update(status=STATUS_OK, error="", consistent=not m.checks_failed)
     return row
@@ -108,6 +108,13 @@ def _measure_one(cell: Cell, engine: Engine, prov: dict[str, Any], tolerance: fl
         return row
 
 
+def incomplete_units(cells: list[Cell], done: set[str]) -> set[tuple]:
+    """Paired units (:attr:`Cell.unit`) with a cell not ok on disk: a resumed run re-measures such a
+    unit whole, its rows already on disk included (their waves are the unit's blocks: rows of two
+    runs of a unit never pair with each other)."""
+    return {c.unit for c in cells if c.unit is not None and c.cell_id not in done}
+
+
 def _read_rows(out: Path) -> list[dict[str, Any]]:
     from dsdprof.io.readers import read_measurements
 
@@ -140,8 +147,9 @@ def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
             stopped = False
             while not stopped and (cells := planner.plan(rows)):
                 notify(SweepProgress("plan", 0, len(cells), message=planner.describe(cells, mode)))
+                redo = incomplete_units(cells, writer.done)
                 for i, cell in enumerate(cells):
-                    if cell.cell_id in writer.done:
+                    if cell.cell_id in writer.done and cell.unit not in redo:
                         skipped += 1
                         total += 1
                         notify(SweepProgress("skip", i + 1, len(cells), cell, status="skipped"))
@@ -211,8 +219,10 @@ class SweepPlan:
     """What ``dsdprof sweep --dry-run`` prints: the grid, the cells and an estimated duration.
 
     Cells are planned in DSD mode (the engine may fall back to fixed mode, one engine per K).
-    ``decode_steps`` is an upper bound: (waves + warmup) x output_len per cell, as if no draft
-    token were ever accepted."""
+    ``decode_steps`` is an upper bound: engine waves x output_len, as if no draft token were ever
+    accepted. Engine waves (warm-up included): per cell ``waves + warmup`` in the cells design; in
+    the paired design ``waves + warmup`` per batch size and repeat for the whole DSD group and
+    ``vanilla_waves(waves, len(Ks)) + warmup`` for its vanilla cell."""
 
     engine: str
     batch_sizes: tuple[int, ...]
@@ -222,22 +232,45 @@ class SweepPlan:
     decode_steps: int
     est_seconds: float
     assumption: str
+    design: str = "cells"
+    engine_waves: int = 0
+
+
+def engine_waves(cells: list[Cell], waves: int, warmup: int) -> int:
+    """Waves the engines run for ``cells`` (warm-up included): a paired unit's DSD group runs its
+    ``waves`` once for every K, its vanilla cell one K's share (:func:`vanilla_waves`)."""
+    total, seen = 0, set()
+    for c in cells:
+        if not c.group:
+            total += waves + warmup
+        elif c.mode == MODE_VANILLA:
+            total += vanilla_waves(waves, len(c.group)) + warmup
+        elif c.unit not in seen:
+            seen.add(c.unit)
+            total += waves + warmup
+    return total
 
 
 def plan_sweep(spec: SweepSpec) -> SweepPlan:
     """The plan of ``spec``'s sweep, without starting an engine."""
 
     s = spec.sweep
-    cells = GridPlanner(spec).cells(MODE_DSD)
-    steps = len(cells) * (s.waves + s.warmup) * s.output_len
+    paired = s.design == "paired" and spec.engine.name != "sim"  # the analytic engine runs cell by cell
+    cells = GridPlanner(spec).cells(MODE_DSD, paired)
+    n_waves = engine_waves(cells, s.waves, s.warmup)
+    steps = n_waves * s.output_len
+    design = "paired" if paired and any(c.group for c in cells) else "cells"
     if spec.engine.name == "sim":
         est, assumption = 0.005 * len(cells), "analytic predictions: milliseconds per cell"
     else:
         est = steps * ASSUMED_STEP_S
+        how = (f"paired design: per batch size and repeat {s.waves} + {s.warmup} waves shared by every K, vanilla "
+               f"{vanilla_waves(s.waves, len(s.num_spec_tokens))} + {s.warmup}" if design == "paired"
+               else f"cells design: {s.waves} + {s.warmup} waves per cell")
         assumption = (f"at an assumed {ASSUMED_STEP_S * 1e3:.0f} ms per decode step, steps an upper bound "
-                      "((waves + warmup) x output_len per cell), plus engine loads")
+                      f"({n_waves} engine waves x output_len; {how}), plus engine loads")
     return SweepPlan(spec.engine.name, tuple(s.batch_sizes), tuple(s.num_spec_tokens), s.repeats, len(cells),
-                     steps, est, assumption)
+                     steps, est, assumption, design, n_waves)
 
 
 # The analytic engine predicts a cell in microseconds: buffer its rows (see dsdprof.io.store).

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dsdprof import __version__
-from dsdprof.measure.engine import Cell, CellMeasurement, Provenance
+from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, vanilla_waves, wave_blocks
 from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401 - re-exported
 from dsdprof.measure.vllm.worker import CellRequest, detect_hardware
 from dsdprof.errors import InputError
@@ -291,33 +291,68 @@ class VllmEngine:
             return self.run(MODE_DSD, self.cell_request(cell, None, verify_k=cell.num_spec_tokens))
         if cell.mode == MODE_ADAPTIVE and MODE_ADAPTIVE in self.served:  # the plugin picks K per step
             return self.run(MODE_ADAPTIVE, replace(self.cell_request(cell, None, verify_k=-1), positions=0))
+        if cell.mode in (MODE_DSD, MODE_VANILLA) and cell.group:
+            return self.measure_paired(cell)
         if cell.mode == MODE_VANILLA:
             return self.run(MODE_VANILLA, self.cell_request(cell, None, verify_k=0))
-        if cell.mode == MODE_DSD and cell.group:
-            return self.measure_paired(cell)
         if cell.mode == MODE_DSD:
             return self.run(MODE_DSD, self.cell_request(cell, cell.num_spec_tokens))
         return self.run(f"fixed-{cell.num_spec_tokens}", self.cell_request(cell, None, cell.num_spec_tokens))
 
     def measure_paired(self, cell: Cell) -> CellMeasurement:
-        """Paired design: the first cell of a group runs every K of ``cell.group`` inside the same
-        waves (one trace, ``dsd-bs<B>-paired-r<R>``); its siblings take their rows from that run
-        (or its error). A resumed run re-measures a group whose rows are not all on disk."""
-        key = (cell.repeat, cell.batch_size, cell.group)
+        """Paired design: the first cell of a unit (a batch size's vanilla cell and DSD group of one
+        repeat) runs the whole unit (:meth:`run_unit`); its siblings take their rows from that run
+        (or its error). The runner re-measures a unit whose rows are not all on disk as a whole."""
+        key = (cell.repeat, cell.batch_size, cell.context_len, cell.group)
         if key not in self._groups:
-            name = f"dsd-bs{cell.batch_size}-paired-r{cell.repeat}" if self.out_dir is not None else ""
-            req = replace(self.cell_request(cell, None), group=cell.group, positions=max(cell.group),
-                          trace_name=name, order_offset=cell.repeat * self.spec.sweep.waves)
-            try:
-                result: Any = self.pool.get(MODE_DSD).run(req, self.cell_timeout_s * len(cell.group))
-            except EngineFailure as err:
-                log = self.pool.log_path(MODE_DSD)
-                result = EngineFailure(f"{err}" + (f" (engine log: {log})" if log else ""))
-            self._groups = {key: result}  # one group at a time: the planner runs a group's cells together
-        result = self._groups[key]
+            self._groups = {key: self.run_unit(cell)}  # one unit at a time: the planner runs its cells together
+        result = self._groups[key][(cell.mode, cell.num_spec_tokens)]
         if isinstance(result, Exception):
             raise result
-        return result[cell.num_spec_tokens]
+        return result
+
+    def unit_requests(self, cell: Cell) -> tuple[CellRequest, CellRequest, list[range]]:
+        """(the DSD group's request, the vanilla request, the wave blocks): every K of ``cell.group``
+        inside the same ``waves`` waves (one trace, ``dsd-bs<B>-paired-r<R>``), cut into
+        :func:`~dsdprof.measure.engine.vanilla_waves` blocks; vanilla runs one wave per block."""
+        s = self.spec.sweep
+        blocks = wave_blocks(s.waves, vanilla_waves(s.waves, len(cell.group)))
+        dsd_cell = replace(cell, mode=MODE_DSD, num_spec_tokens=max(cell.group))
+        name = f"dsd-bs{cell.batch_size}-paired-r{cell.repeat}" if self.out_dir is not None else ""
+        dsd = replace(self.cell_request(dsd_cell, None), group=cell.group, positions=max(cell.group),
+                      trace_name=name, order_offset=cell.repeat * s.waves,
+                      wave_block=tuple(j for j, r in enumerate(blocks) for _ in r))
+        van_cell = replace(cell, mode=MODE_VANILLA, num_spec_tokens=0)
+        van = replace(self.cell_request(van_cell, None, verify_k=0), waves=len(blocks),
+                      wave_block=tuple(range(len(blocks))))
+        return dsd, van, blocks
+
+    def run_unit(self, cell: Cell) -> dict[tuple[str, int], Any]:
+        """Measure a unit, vanilla interleaved with the DSD group wave block by wave block: block ``j``
+        is the group's waves of block ``j`` and vanilla wave ``j``, the DSD engine first in every other
+        block (rotated by repeat and batch size), so drift between blocks hits vanilla and every K alike.
+        Both engines stay alive; each keeps its cell open between its spans. An engine that fails ends
+        its own rows (its error); the other engine's waves go on."""
+        dsd, van, blocks = self.unit_requests(cell)
+        spans = {MODE_DSD: [(r.start, r.stop) for r in blocks], MODE_VANILLA: [(j, j + 1) for j in range(len(blocks))]}
+        reqs = {MODE_DSD: (dsd, self.cell_timeout_s * len(cell.group)), MODE_VANILLA: (van, self.cell_timeout_s)}
+        out: dict[str, Any] = {}
+        b = self.spec.sweep.batch_sizes
+        rot = cell.repeat + (b.index(cell.batch_size) if cell.batch_size in b else 0)
+        for j in range(len(blocks)):
+            for mode in ((MODE_DSD, MODE_VANILLA) if (j + rot) % 2 == 0 else (MODE_VANILLA, MODE_DSD)):
+                if isinstance(out.get(mode), Exception):
+                    continue
+                req, timeout = reqs[mode]
+                try:
+                    out[mode] = self.pool.get(mode).run(replace(req, span=spans[mode][j]), timeout)
+                except EngineFailure as err:
+                    log = self.pool.log_path(mode)
+                    out[mode] = EngineFailure(f"{err}" + (f" (engine log: {log})" if log else ""))
+        group = out[MODE_DSD]
+        rows: dict[tuple[str, int], Any] = {(MODE_VANILLA, 0): out[MODE_VANILLA]}
+        rows.update({(MODE_DSD, k): group if isinstance(group, Exception) else group[k] for k in cell.group})
+        return rows
 
     def close(self) -> None:
         self.pool.close()

@@ -101,6 +101,7 @@ class TraceSummary(StepStats):
     all_drafts: int = 0
     all_draft_tokens: int = 0
     all_accepted_tokens: int = 0
+    sample_waves: tuple[int, ...] = ()  # the measured wave each sample came from (paired: wave blocks)
 
 
 def read_trace(path: str | Path) -> list[Step]:
@@ -229,6 +230,7 @@ def _summary(steady: list[tuple[Step, float]], timed: list[tuple[Step, float]], 
         all_drafts=sum(1 for s in measured for d in s.drafted if d > 0),
         all_draft_tokens=sum(sum(s.drafted) for s in measured),
         all_accepted_tokens=sum(sum(s.accepted_counts()) for s in measured),
+        sample_waves=tuple(sorted({s.wave for s, _ in steady} & timed_waves)),
     )
 
 

@@ -49,6 +49,8 @@ class CellRequest:
     group: tuple[int, ...] = ()  # paired design: every K of the group inside the same waves (one row per K)
     hold: int = PAIRED_HOLD  # paired design: steps each K is held before the next K of the wave's order
     order_offset: int = 0  # paired design: wave w runs the K order of design row w + order_offset
+    span: tuple[int, int] = (0, 0)  # measured waves [start, stop) of this request ((0, 0): all); see serve_request
+    wave_block: tuple[int, ...] = ()  # paired design: the wave block of each measured wave (-> sample_block)
 
 
 def k_sequence(group: tuple[int, ...], wave: int, hold: int) -> list[int]:
@@ -83,72 +85,129 @@ def detect_hardware() -> str:
     return f"CPU: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
-def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int] | None = None,
-             run_token: str = "", trace_dir: str = ""):
-    """Warm-up waves (unmeasured), then ``req.waves`` gated waves of exactly ``batch_size``
-    requests, traced step by step inside the engine core (see :mod:`dsdprof.measure.vllm.trace`)."""
-    import uuid
+class CellRun:
+    """One cell on one engine, runnable in parts: warm-up waves (unmeasured) and the metric snapshot
+    at the start, then measured waves in contiguous spans (:meth:`run_waves`; the paired design
+    alternates the DSD and the vanilla engine span by span), then :meth:`finish`: ``req.waves`` gated
+    waves of exactly ``batch_size`` requests, traced step by step inside the engine core (see
+    :mod:`dsdprof.measure.vllm.trace`). ``wall_s`` counts the measured spans only."""
 
-    from vllm import SamplingParams
+    def __init__(self, llm, pool: list[list[int]], req: CellRequest, output_lens: list[int] | None = None,
+                 run_token: str = "", trace_dir: str = "") -> None:
+        import uuid
 
-    from dsdprof.measure.vllm.metrics import RequestTiming, build_measurement, snapshot_from_metrics
-    from dsdprof.measure.vllm.trace import read_trace, summarize, summarize_paired
-    from dsdprof.measure.workload import wave_indices
-    from dsdprof.plugins.names import GATE_ARG, K_EXTRA_ARG, K_SEQ_ARG, RUN_ARG, TRACE_ARG, WAVE_ARG
+        from dsdprof.measure.vllm.metrics import snapshot_from_metrics
 
-    run_token = run_token or os.environ.get("DSDPROF_RUN_TOKEN", "")
-    trace_dir = trace_dir or os.environ.get("DSDPROF_TRACE_DIR", "")
-    name = req.trace_name or f"tmp-{uuid.uuid4().hex}"
-    trace_path = os.path.join(trace_dir, name + ".jsonl")
-    if os.path.exists(trace_path):
-        os.unlink(trace_path)  # a retried cell starts a fresh trace
+        self.llm, self.pool, self.req, self.output_lens = llm, pool, req, output_lens
+        self.run_token = run_token or os.environ.get("DSDPROF_RUN_TOKEN", "")
+        trace_dir = trace_dir or os.environ.get("DSDPROF_TRACE_DIR", "")
+        self.name = req.trace_name or f"tmp-{uuid.uuid4().hex}"
+        self.trace_path = os.path.join(trace_dir, self.name + ".jsonl")
+        if os.path.exists(self.trace_path):
+            os.unlink(self.trace_path)  # a retried cell starts a fresh trace
+        llm.reset_prefix_cache()  # no cell inherits another's cached prompts
+        for w in range(req.warmup):
+            self._wave(-1 - w, req.waves + w)  # warm-up uses prompts outside the measured ones
+        self.before = snapshot_from_metrics(llm.get_metrics())
+        self.timings: list = []
+        self.wall = 0.0
+        self.next_wave = 0
 
-    def params(wave: int, output_len: int) -> SamplingParams:
-        extra: dict[str, Any] = {RUN_ARG: run_token, GATE_ARG: req.batch_size}
+    def _params(self, wave: int, output_len: int):
+        from vllm import SamplingParams
+
+        from dsdprof.plugins.names import GATE_ARG, K_EXTRA_ARG, K_SEQ_ARG, RUN_ARG, TRACE_ARG, WAVE_ARG
+
+        req = self.req
+        extra: dict[str, Any] = {RUN_ARG: self.run_token, GATE_ARG: req.batch_size}
         if req.group:
             extra[K_SEQ_ARG] = k_sequence(req.group, wave + req.order_offset, req.hold)
         elif req.num_spec_tokens is not None:
             extra[K_EXTRA_ARG] = req.num_spec_tokens
         if wave >= 0:
-            extra.update({TRACE_ARG: name, WAVE_ARG: wave})
+            extra.update({TRACE_ARG: self.name, WAVE_ARG: wave})
         return SamplingParams(
             max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
             temperature=req.temperature, seed=req.seed if req.temperature > 0 else None, extra_args=extra)
 
-    def wave(w: int, prompt_index: int):
-        idx = wave_indices(len(pool), req.batch_size, prompt_index)
-        cut = req.context_len or None  # a context sweep's pool holds prompts of its longest context
-        prompts = [{"prompt_token_ids": pool[i][:cut]} for i in idx]
-        lens = [output_lens[i] if output_lens else req.output_len for i in idx]
-        return llm.generate(prompts, [params(w, n) for n in lens], use_tqdm=False)
+    def _wave(self, w: int, prompt_index: int):
+        from dsdprof.measure.workload import wave_indices
 
-    llm.reset_prefix_cache()  # no cell inherits another's cached prompts
-    for w in range(req.warmup):
-        wave(-1 - w, req.waves + w)  # warm-up uses prompts outside the measured ones
-    before = snapshot_from_metrics(llm.get_metrics())
-    timings: list[RequestTiming] = []
-    t0 = time.perf_counter()
-    for w in range(req.waves):
-        for out in wave(w, w):
-            m = out.metrics
-            timings.append(RequestTiming(float(m.first_token_ts), float(m.last_token_ts),
-                                         len(out.outputs[0].token_ids)))
-    wall = time.perf_counter() - t0
-    after = snapshot_from_metrics(llm.get_metrics())
-    steps = read_trace(trace_path)
-    if not req.trace_name:
-        os.unlink(trace_path)
-    if req.group:  # one measurement per K; the cross-checks are over the shared waves
-        by_k = summarize_paired(steps, req.batch_size, req.group, req.positions)
+        req = self.req
+        idx = wave_indices(len(self.pool), req.batch_size, prompt_index)
+        cut = req.context_len or None  # a context sweep's pool holds prompts of its longest context
+        prompts = [{"prompt_token_ids": self.pool[i][:cut]} for i in idx]
+        lens = [self.output_lens[i] if self.output_lens else req.output_len for i in idx]
+        return self.llm.generate(prompts, [self._params(w, n) for n in lens], use_tqdm=False)
+
+    def run_waves(self, start: int, stop: int) -> None:
+        """Measured waves ``start .. stop - 1`` (the next ones: spans are contiguous)."""
+        from dsdprof.measure.vllm.metrics import RequestTiming
+
+        if start != self.next_wave or not start < stop <= self.req.waves:
+            raise ValueError(f"waves {start}..{stop - 1}: expected the next span from wave {self.next_wave} "
+                             f"of {self.req.waves}")
+        t0 = time.perf_counter()
+        for w in range(start, stop):
+            for out in self._wave(w, w):
+                m = out.metrics
+                self.timings.append(RequestTiming(float(m.first_token_ts), float(m.last_token_ts),
+                                                  len(out.outputs[0].token_ids)))
+        self.wall += time.perf_counter() - t0
+        self.next_wave = stop
+
+    def finish(self):
+        """The cell's measurement (a dict K -> measurement for a paired group) over every measured wave."""
         from dataclasses import replace
 
-        share = wall / len(req.group)  # each row's part of the engine time (the rows sum to the waves' time)
-        return {k: replace(build_measurement(t, before, after, timings, k, wall, expected_k=None, batch_size=0),
-                           wall_s=share) for k, t in by_k.items()}
-    verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
-    trace = summarize(steps, req.batch_size, verify, req.positions)
-    return build_measurement(trace, before, after, timings, req.positions, wall, expected_k=verify,
-                             batch_size=req.batch_size, timing_tolerance=req.timing_tolerance)
+        from dsdprof.measure.vllm.metrics import build_measurement, snapshot_from_metrics
+        from dsdprof.measure.vllm.trace import read_trace, summarize, summarize_paired
+
+        req, wall = self.req, self.wall
+        if self.next_wave != req.waves:
+            raise ValueError(f"cell finished after {self.next_wave} of {req.waves} measured waves")
+        after = snapshot_from_metrics(self.llm.get_metrics())
+        steps = read_trace(self.trace_path)
+        if not req.trace_name:
+            os.unlink(self.trace_path)
+
+        def blocks(t) -> dict:  # paired design: the wave block each sample ran in
+            return {"sample_block": tuple(req.wave_block[w] for w in t.sample_waves)} if req.wave_block else {}
+
+        if req.group:  # one measurement per K; the cross-checks are over the shared waves
+            by_k = summarize_paired(steps, req.batch_size, req.group, req.positions)
+            share = wall / len(req.group)  # each row's part of the engine time (the rows sum to the waves' time)
+            return {k: replace(build_measurement(t, self.before, after, self.timings, k, wall, expected_k=None,
+                                                 batch_size=0), wall_s=share, **blocks(t)) for k, t in by_k.items()}
+        verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
+        trace = summarize(steps, req.batch_size, verify, req.positions)
+        return replace(build_measurement(trace, self.before, after, self.timings, req.positions, wall,
+                                         expected_k=verify, batch_size=req.batch_size,
+                                         timing_tolerance=req.timing_tolerance), **blocks(trace))
+
+
+def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int] | None = None,
+             run_token: str = "", trace_dir: str = ""):
+    """A whole cell at once: :class:`CellRun` over every measured wave."""
+    run = CellRun(llm, pool, req, output_lens, run_token, trace_dir)
+    run.run_waves(0, req.waves)
+    return run.finish()
+
+
+def serve_request(llm, pool: list[list[int]], req: CellRequest, open_run: CellRun | None,
+                  output_lens: list[int] | None, run_token: str, trace_dir: str):
+    """(result, the run left open): ``req.span`` (start, stop) runs those measured waves of a cell
+    run in parts, kept open between requests until its last wave (result None until then);
+    ``(0, 0)`` runs the whole cell."""
+    start, stop = req.span if req.span != (0, 0) else (0, req.waves)
+    if start == 0:
+        open_run = CellRun(llm, pool, req, output_lens, run_token, trace_dir)
+    elif open_run is None or open_run.req.trace_name != req.trace_name:
+        raise ValueError(f"waves {start}..{stop - 1} of a cell that is not open on this engine")
+    open_run.run_waves(start, stop)
+    if stop < req.waves:
+        return None, open_run
+    return open_run.finish(), None
 
 
 def _die_with_parent() -> None:
@@ -220,6 +279,7 @@ def worker_main(conn, config: WorkerConfig) -> None:
     except BaseException as err:  # noqa: BLE001 - report any start failure to the parent
         conn.send(_error(err))
         return
+    open_run = None  # a cell run in parts (the paired design's interleaved engines)
     while True:
         try:
             msg = conn.recv()
@@ -228,8 +288,10 @@ def worker_main(conn, config: WorkerConfig) -> None:
         if msg[0] == "stop":
             break
         try:
-            conn.send(("ok", run_cell(llm, pool, msg[1], output_lens, run_token, trace_dir)))
+            result, open_run = serve_request(llm, pool, msg[1], open_run, output_lens, run_token, trace_dir)
+            conn.send(("ok", result))
         except BaseException as err:  # noqa: BLE001 - a failed cell is reported, the worker lives on
+            open_run = None
             conn.send(_error(err))
     try:
         llm.llm_engine.engine_core.shutdown()
