@@ -143,12 +143,12 @@ def test_short_waves_pair_as_blocks_of_waves(run_env):
         assert t.acceptance_length == pytest.approx(max(k, 1), rel=1e-12)
 
 
-def test_wave_blocks():
-    from dsdprof.measure.vllm.trace import wave_blocks
+def test_pure_blocks():
+    from dsdprof.measure.vllm.trace import pure_blocks
 
-    assert wave_blocks({0: {0, 1, 2}, 1: {0, 1, 2}}) == {0: 0, 1: 1, 2: 2}
-    assert wave_blocks({0: {0, 2}, 1: {1, 3}, 2: {1, 4}}, {5}) == {0: 0, 1: 0, 2: 2, 3: 2, 4: 2, 5: 2}
-    assert wave_blocks({0: {0}, 1: set()}) == {}
+    assert pure_blocks({0: {0, 1, 2}, 1: {0, 1, 2}}) == {0: 0, 1: 1, 2: 2}
+    assert pure_blocks({0: {0, 2}, 1: {1, 3}, 2: {1, 4}}, {5}) == {0: 0, 1: 0, 2: 2, 3: 2, 4: 2, 5: 2}
+    assert pure_blocks({0: {0}, 1: set()}) == {}
 
 
 def test_a_k_the_sequence_never_ran_fails_the_group(run_env):

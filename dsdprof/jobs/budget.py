@@ -225,8 +225,8 @@ def plan_pass(analysis: Any, ledger: Ledger, mode: str, batch_sizes: list[int], 
     elif paired and mode == MODE_DSD:
         for b in batch_sizes:
             if wanted.get(b):
-                rep = max(ledger.next_repeat(cell_for(mode, b, k, 0)) for k in ks)
-                cells.extend(Cell(rep, b, MODE_DSD, k, group=tuple(ks)) for k in ks)
+                rep = max(ledger.next_repeat(cell_for(mode, b, k, 0)) for k in ks)  # vanilla rides along
+                cells.extend(Cell(rep, b, m, k, group=tuple(ks)) for m, k in [(MODE_VANILLA, 0)] + [(MODE_DSD, k) for k in ks])
     else:
         for i, b in enumerate(batch_sizes):
             block = [cell_for(mode, b, k, 0) for k in wanted.get(b, [])]

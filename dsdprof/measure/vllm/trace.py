@@ -263,7 +263,7 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
         by_k[k].append((s, t))
         if s.k_next == k:
             pure[k].append((s, t))
-    block = wave_blocks({k: {s.wave for s, _ in pure[k]} for k in ks}, {s.wave for s, _ in steady})
+    block = pure_blocks({k: {s.wave for s, _ in pure[k]} for k in ks}, {s.wave for s, _ in steady})
     if not block:
         counts = ", ".join(f"K={k}: {len(pure[k])}" for k in ks)
         raise CellFailure(f"paired design: a K never ran a pure step ({counts}; {odd} steady steps "
@@ -277,7 +277,7 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
     return out
 
 
-def wave_blocks(pure_waves: dict[int, set[int]], waves_seen: set[int] = frozenset()) -> dict[int, int]:
+def pure_blocks(pure_waves: dict[int, set[int]], waves_seen: set[int] = frozenset()) -> dict[int, int]:
     """Wave -> its block, named by the block's first wave: consecutive waves (of ``pure_waves``
     and ``waves_seen``) grouped until every K has a pure step in the block (the waves after the
     last complete block join it). Empty when some K has no pure step at all."""
