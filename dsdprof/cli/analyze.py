@@ -109,7 +109,8 @@ def render_analysis(result, console: Console, err_console: Console, wide: bool =
 def _wide_table(result) -> Table:
     conf = f"{result.confidence:.0%}"
     t = Table()
-    for col in ("BS", "K*", "decided", "runner-up", f"margin [{conf}]", "AL", "ITL ms", "goodput tok/s", "vs no-SD"):
+    for col in ("BS", "K*", "decided", "runner-up", f"margin [{conf}]", "AL", "ITL ms", "goodput tok/s",
+                f"vs no-SD [{conf}]"):
         t.add_column(col, justify="right")
     ks = result.candidate_ks
     for k in ks:
@@ -119,7 +120,8 @@ def _wide_table(result) -> Table:
         runner = "-" if r["runner_up"] is None or str(r["runner_up"]) == "<NA>" else str(int(r["runner_up"]))
         t.add_row(str(int(r["batch_size"])), str(int(r["k"])), decided, runner,
                   _interval(r["margin"], r["ci_low"], r["ci_high"]), fmt_number(r["acceptance_length"]),
-                  fmt_number(r["itl_s"] * 1e3), fmt_number(r["goodput"], 1), fmt_number(r["speedup_vs_baseline"]) + "x",
+                  fmt_number(r["itl_s"] * 1e3), fmt_number(r["goodput"], 1),
+                  _interval(r["speedup_vs_baseline"], r.get("speedup_low", math.nan), r.get("speedup_high", math.nan)),
                   *[fmt_number(r[f"speedup_vs_k{k}"]) + "x" for k in ks])
     return t
 
