@@ -299,9 +299,18 @@ def test_adaptive_plugin_keys_each_step_on_the_batch_mean_context(tmp_path):
     assert short_lookup != long_lookup and long_lookup[1:] == [3] * 8
     for contexts, want in (([100] * 4, short_lookup), ([40_000] * 4, long_lookup),
                            ([3_000] + [100] * 3, short_lookup)):  # mean 825: the max (3000) would say long
-        s.running = [NS(num_computed_tokens=c) for c in contexts]
+        s.running = [NS(num_tokens=c) for c in contexts]
         s._dsdprof_apply_k()
-        assert s.dynamic_sd_lookup == want, contexts
+        lookup = s.dynamic_sd_lookup
+        assert [lookup[b] for b in range(1, 9)] == want[1:], contexts
+        assert len(lookup) == len(want)
+    # vLLM looks K up after admitting the step's requests: a long batch arriving at an idle engine
+    # is served its own slice from its first step (the lookup is read when indexed, not before)
+    s.running = []
+    s._dsdprof_apply_k()
+    lookup = s.dynamic_sd_lookup
+    s.running = [NS(num_tokens=40_000) for _ in range(4)]  # admitted by vLLM's schedule()
+    assert lookup[4] == long_lookup[4] and s._adaptive_ctx_i == 1
 
 
 # ----------------------------------------------------------------------------- plots and show

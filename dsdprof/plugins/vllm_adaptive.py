@@ -41,8 +41,10 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
 * **Context** (a ``dsdprof.ktable/v3`` table): one selector per context slice, all fed the same
   acceptance; every step serves the slice of the batch's **mean** context
   (:func:`dsdprof.serve.runtime.batch_context`: the step's attention cost is linear in each
-  request's context, so a batch costs what B requests at the mean cost), O(B) per step. A v1/v2
-  table keeps the batch-size-only lookup.
+  request's context, so a batch costs what B requests at the mean cost), O(B) per step. The
+  context is read when vLLM looks K up (:class:`_ContextLookup`), after the step admitted its new
+  requests, so a batch arriving at an idle engine is served its own context from its first step.
+  A v1/v2 table keeps the batch-size-only lookup.
 
 The acceptance estimate is one per engine (all requests, all batch sizes); see docs/adaptive.md.
 """
@@ -63,6 +65,26 @@ from dsdprof.plugins.vllm_profiling import (
 )
 
 logger = init_logger("vllm.dsdprof.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
+
+class _ContextLookup(list):
+    """``dynamic_sd_lookup`` for a v3 table. vLLM indexes it once per step by the number of requests
+    scheduled, after admitting the step's new requests; the index picks the slice of the running
+    batch's mean context (``num_tokens``: a new request's prompt counts) and records it for the
+    step's time. As a list it holds the batch-size-only schedule (``len`` and copies stay right)."""
+
+    __slots__ = ("_sched",)
+
+    def __getitem__(self, n):  # type: ignore[override]
+        s = self._sched
+        ctx = batch_context(r.num_tokens for r in s.running)
+        i = 0
+        for top, _ in s._adaptive_ctx:
+            if ctx <= top:
+                break
+            i += 1
+        s._adaptive_ctx_i = i = min(i, len(s._adaptive_ctx) - 1)
+        return s._adaptive_ctx_lookups[i][n]
+
 
 class _AdaptiveMixin:
     """See the module docstring. Sits before dsdprof's tracing mixin in the MRO."""
@@ -113,20 +135,18 @@ class _AdaptiveMixin:
     def _adaptive_versions(self) -> tuple:
         return (self.dsdprof_selector.version, *(s.version for _, s in self._adaptive_ctx))
 
-    def _adaptive_context_lookup(self) -> None:
-        """Before vLLM looks K up: the unforced schedule is the slice of the batch's mean context."""
-        if not self._adaptive_ctx:
-            return
-        ctx = batch_context(r.num_computed_tokens for r in self.running)  # type: ignore[attr-defined]
-        i = next((j for j, (top, _) in enumerate(self._adaptive_ctx) if ctx <= top), len(self._adaptive_ctx) - 1)
-        self._adaptive_ctx_i = i
-        self._dsdprof_table_lookup = self._adaptive_ctx_lookups[i]
-
     def _adaptive_swap(self) -> None:
         """Serve the selector's current lookup (also as the tracing mixin's unforced schedule)."""
         sel = self.dsdprof_selector
         self._adaptive_ctx_lookups = [s.lookup_list(self._adaptive_max_bs) for _, s in self._adaptive_ctx]
         lookup = sel.lookup_list(self._adaptive_max_bs)
+        if self._adaptive_ctx:  # one lookup object for good: it picks the context slice when indexed
+            ctx_lookup = getattr(self, "_adaptive_ctx_lookup", None)
+            if ctx_lookup is None:
+                ctx_lookup = _ContextLookup()
+            ctx_lookup[:] = lookup
+            ctx_lookup._sched = self
+            self._adaptive_ctx_lookup = lookup = ctx_lookup
         old = getattr(self, "_dsdprof_table_lookup", None)
         if old is None:
             self.dynamic_sd_lookup = lookup  # type: ignore[attr-defined]
@@ -138,7 +158,6 @@ class _AdaptiveMixin:
         self._adaptive_version = self._adaptive_versions()
 
     def _dsdprof_apply_k(self) -> None:
-        self._adaptive_context_lookup()
         if self._dsdprof_reqs:  # type: ignore[attr-defined]  # a dsdprof run's requests may force K
             super()._dsdprof_apply_k()  # type: ignore[misc]
         else:
