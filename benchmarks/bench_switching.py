@@ -70,7 +70,7 @@ def main(argv=None) -> int:
                 for block in blocks:
                     if block == "paired":
                         engine.spec = paired
-                        runs = [Cell(r, b, MODE_DSD, k, tuple(ks)) for k in ks]
+                        runs = [Cell(r, b, MODE_DSD, k, group=tuple(ks)) for k in ks]
                     else:
                         engine.spec = fixed
                         runs = [Cell(r, b, MODE_DSD, ks[j]) for j in balanced_order(len(ks), r)]
