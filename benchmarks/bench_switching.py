@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     ks = list(base.sweep.num_spec_tokens)
     engine = VllmEngine(paired, out_dir=None, concurrent_engines=1)
     engine._mode = MODE_DSD
+    engine.paired_vanilla = False  # no vanilla waves: the comparison is between Ks
     t0 = time.perf_counter()
     engine.pool.get(MODE_DSD)
     print(f"engine start {time.perf_counter() - t0:.0f} s", flush=True)

@@ -118,6 +118,7 @@ class VllmEngine:
             if spec.sweep.context_lens else spec.workload
         # paired design (DSD mode): a batch size's Ks share waves; measured once per group, see measure()
         self.paired = spec.sweep.design == "paired"
+        self.paired_vanilla = True  # a paired unit interleaves vanilla waves (benchmarks comparing Ks turn it off)
         self._groups: dict[tuple, dict[int, Any]] = {}
         self.pool = EnginePool(self.llm_kwargs, workload, spec.engine.start_timeout_s, log_dir, start_worker,
                                max_output_len=spec.sweep.output_len, run_token=self.run_token,
@@ -339,6 +340,8 @@ class VllmEngine:
         out: dict[str, Any] = {}
         b = self.spec.sweep.batch_sizes
         rot = cell.repeat + (b.index(cell.batch_size) if cell.batch_size in b else 0)
+        if not self.paired_vanilla:
+            out[MODE_VANILLA] = EngineFailure("vanilla is off for this engine (paired_vanilla = False)")
         for j in range(len(blocks)):
             for mode in ((MODE_DSD, MODE_VANILLA) if (j + rot) % 2 == 0 else (MODE_VANILLA, MODE_DSD)):
                 if isinstance(out.get(mode), Exception):
