@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     paired_spec = _spec(args.spec, bs, args.paired_waves or len(ks) * args.cell_waves, "paired")
     engine = VllmEngine(paired_spec, out_dir=None, concurrent_engines=1)
     engine._mode = MODE_DSD
-    engine.paired_vanilla = False  # no vanilla waves: the comparison is between Ks  # DSD engine only: no vanilla baseline in this comparison
+    engine.paired_vanilla = False  # DSD engine only: no vanilla baseline in this comparison
     t0 = time.perf_counter()
     engine.pool.get(MODE_DSD)
     print(f"engine start {time.perf_counter() - t0:.0f} s", flush=True)
