@@ -268,6 +268,28 @@ def test_log_progress_prints_a_periodic_line_while_a_cell_runs():
     assert beats and beats[0].startswith("sweep [0/4] ")
 
 
+def test_log_progress_eta_counts_a_paired_unit_whole():
+    """The first row of a paired unit arrives after the whole unit ran: the ETA counts all its rows."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from dsdprof.cli.progress import LogProgress
+    from dsdprof.measure.engine import Cell
+
+    clock = iter([0.0] + [60.0] * 20)
+    buf = io.StringIO()
+    log = LogProgress(Console(file=buf, width=200), "sweep", clock=lambda: next(clock))
+    ks = (0, 1, 2)
+    unit = [Cell(0, 1, "vanilla", 0, group=ks)] + [Cell(0, 1, "dsd", k, group=ks) for k in ks]
+    log(SimpleNamespace(phase="plan", index=0, total=8, cell=None, status="", message="8 cells"))
+    log(SimpleNamespace(phase="done", index=1, total=8, cell=unit[0], status="ok", message="",
+                        acceptance_length=1.0, itl_s=0.1))
+    first = buf.getvalue().splitlines()[-1]
+    assert "ETA 1m00s" in first, first  # 4 rows in 60 s, 4 left (not 1 row in 60 s, 7 left)
+
+
 def test_analyze_with_intervals_fits_80_columns_one_line_per_batch_size(tmp_path):
     """Repeats give intervals (and undecided sizes); margins up to +300 % stay within 80 columns."""
     import numpy as np

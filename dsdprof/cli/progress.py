@@ -39,7 +39,9 @@ class LogProgress:
         self.console, self.name, self.heartbeat_s, self.clock = console, name, heartbeat_s, clock
         self.total = 0
         self.done = 0
-        self.measured = 0  # cells run in this process (skipped ones cost no time)
+        self.measured = 0  # cells run in this process (skipped ones cost no time; a paired unit's at once)
+        self.units: set = set()
+        self.ahead = 0  # rows of paired units already run but not reported yet
         self.started = clock()
         self.running: Optional[tuple[str, float]] = None
         self.last_line = clock()
@@ -57,7 +59,7 @@ class LogProgress:
         if self.measured == 0 or elapsed <= 0:
             return f"elapsed {duration(elapsed)}"
         per_cell = elapsed / self.measured
-        left = max(0, self.total - self.done)
+        left = max(0, self.total - self.done - self.ahead)
         return f"{60.0 / per_cell:.1f} cells/min, elapsed {duration(elapsed)}, ETA {duration(per_cell * left)}"
 
     def __call__(self, ev: Any) -> None:
@@ -75,7 +77,15 @@ class LogProgress:
         self.running = None
         if ev.phase == "skip":
             return  # resumed cells: the next finished cell's line counts them
-        self.measured += 1
+        unit = getattr(ev.cell, "unit", None)
+        if unit is None:
+            self.measured += 1
+        elif unit not in self.units:  # a paired unit's first row: its engine time bought every row of it
+            self.units.add(unit)
+            self.measured += len(ev.cell.group) + 1  # its DSD group and the vanilla cell
+            self.ahead += len(ev.cell.group)  # its other rows follow at once
+        else:
+            self.ahead = max(0, self.ahead - 1)
         status = ev.status or "ok"
         detail = ""
         if status == "ok" and not math.isnan(ev.acceptance_length) and not math.isnan(ev.itl_s):
