@@ -6,6 +6,9 @@ layer with the target's embedding and LM head; in the target, every layer after 
 nudge the residual stream and the one-layer draft agrees with the target most of the time.
 ``residual_scale`` controls acceptance: 0 gives draft == target (AL = K+1); the default 0.016 gives
 per-position acceptance around 0.8, 0.7, 0.6, 0.5 on the default dense pair; larger values lower it.
+``dense_first`` (MoE only) makes the first decoder layer a dense MLP (Qwen3-MoE ``mlp_only_layers =
+[0]``, FFN ``intermediate_size``) in target and draft, so the one-layer draft is dense: drafting
+loads no expert, and only the target's verify pass pays for the experts its tokens route to.
 
 These models exercise the machinery; their numbers describe only the machine they ran on.
 """
@@ -45,6 +48,7 @@ class ToyModelConfig:
     experts_per_token: int = 2
     moe_intermediate_size: int = 256
     residual_scale: float = 0.016
+    dense_first: bool = False  # MoE: first layer dense (mlp_only_layers = [0]), so the draft is dense
     seed: int = 0
     max_position_embeddings: int = 4096
 
@@ -58,6 +62,8 @@ def toy_config(kind: str = "dense", **overrides) -> ToyModelConfig:
     base = dict(MOE_OVERRIDES) if kind == "moe" else {}
     base.update({k: v for k, v in overrides.items() if v is not None})
     cfg = ToyModelConfig(kind=kind, **base)
+    if cfg.dense_first and cfg.kind != "moe":
+        raise InputError("--dense-first", True, "applies to --kind moe only")
     if cfg.experts_per_token > cfg.num_experts:
         raise InputError("--top-k", cfg.experts_per_token, f"must be <= --experts ({cfg.num_experts})")
     return cfg
@@ -112,7 +118,7 @@ def _hf_config(cfg: ToyModelConfig, num_layers: int, tokenizer):
     return Qwen3MoeConfig(
         intermediate_size=cfg.intermediate_size, moe_intermediate_size=cfg.moe_intermediate_size,
         num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
-        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[0] if cfg.dense_first else [], norm_topk_prob=True,
         head_dim=cfg.hidden_size // cfg.num_heads, **common)
 
 
