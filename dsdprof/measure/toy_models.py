@@ -6,9 +6,10 @@ layer with the target's embedding and LM head; in the target, every layer after 
 nudge the residual stream and the one-layer draft agrees with the target most of the time.
 ``residual_scale`` controls acceptance: 0 gives draft == target (AL = K+1); the default 0.016 gives
 per-position acceptance around 0.8, 0.7, 0.6, 0.5 on the default dense pair; larger values lower it.
-``dense_first`` (MoE only) makes the first decoder layer a dense MLP (Qwen3-MoE ``mlp_only_layers =
-[0]``, FFN ``intermediate_size``) in target and draft, so the one-layer draft is dense: drafting
-loads no expert, and only the target's verify pass pays for the experts its tokens route to.
+``dense_first`` (MoE only) makes the target's first decoder layer a dense MLP (Qwen3-MoE
+``mlp_only_layers = [0]``, FFN ``intermediate_size``), and the draft, that layer, a dense Qwen3
+(same weight names; vLLM's Qwen3-MoE class refuses a model without an MoE layer): drafting loads
+no expert, and only the target's verify pass pays for the experts its tokens route to.
 
 These models exercise the machinery; their numbers describe only the machine they ran on.
 """
@@ -122,6 +123,20 @@ def _hf_config(cfg: ToyModelConfig, num_layers: int, tokenizer):
         head_dim=cfg.hidden_size // cfg.num_heads, **common)
 
 
+def _draft_hf_config(cfg: ToyModelConfig, tokenizer):
+    """The one-layer draft's config: the target's, except a dense Qwen3 when ``dense_first``."""
+    if not cfg.dense_first:
+        return _hf_config(cfg, 1, tokenizer)
+    from transformers import Qwen3Config
+
+    moe = _hf_config(cfg, 1, tokenizer)
+    keep = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+            "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "head_dim", "rms_norm_eps",
+            "attention_bias", "hidden_act", "rope_theta", "rope_scaling", "rope_parameters")
+    kw = {k: getattr(moe, k) for k in keep if hasattr(moe, k)}
+    return Qwen3Config(num_hidden_layers=1, intermediate_size=cfg.intermediate_size, torch_dtype="float32", **kw)
+
+
 def _model_cls(kind: str):
     if kind == "dense":
         from transformers import LlamaForCausalLM
@@ -161,7 +176,9 @@ def build_toy_pair(out_dir: str | Path, config: ToyModelConfig | None = None) ->
                     param.mul_(config.residual_scale)
     target.save_pretrained(str(target_dir), safe_serialization=True)
 
-    draft = cls(_hf_config(config, 1, tokenizer)).to(torch.float32)
+    if config.dense_first:
+        from transformers import Qwen3ForCausalLM as cls
+    draft = cls(_draft_hf_config(config, tokenizer)).to(torch.float32)
     own = draft.state_dict()
     src = target.state_dict()
     draft.load_state_dict({k: src[k] for k in own}, strict=True)
