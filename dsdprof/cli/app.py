@@ -291,6 +291,7 @@ def toy_models(
     experts: Optional[int] = typer.Option(None, "--experts", min=2, max=512, help="MoE: experts per layer."),
     top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=64, help="MoE: experts per token."),
     expert_ffn: Optional[int] = typer.Option(None, "--expert-ffn", min=8, max=65536, help="MoE: each expert's FFN size."),
+    dense_first: Optional[bool] = typer.Option(None, "--dense-first", help="MoE: first layer dense, so the one-layer draft loads no expert."),
 ) -> None:
     """Build random-init toy target/draft pairs locally (no download) with realistic acceptance."""
     from dsdprof.errors import InputError
@@ -302,7 +303,7 @@ def toy_models(
     for k in kinds:
         pair = build_toy_pair(out_dir / k, toy_config(
             k, residual_scale=residual_scale, seed=seed, num_layers=layers, num_experts=experts,
-            experts_per_token=top_k, moe_intermediate_size=expert_ffn))
+            experts_per_token=top_k, moe_intermediate_size=expert_ffn, dense_first=dense_first))
         console.print(f"{k}: target {pair.target}  draft {pair.draft}")
 
 

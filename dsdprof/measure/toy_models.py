@@ -6,6 +6,10 @@ layer with the target's embedding and LM head; in the target, every layer after 
 nudge the residual stream and the one-layer draft agrees with the target most of the time.
 ``residual_scale`` controls acceptance: 0 gives draft == target (AL = K+1); the default 0.016 gives
 per-position acceptance around 0.8, 0.7, 0.6, 0.5 on the default dense pair; larger values lower it.
+``dense_first`` (MoE only) makes the target's first decoder layer a dense MLP (Qwen3-MoE
+``mlp_only_layers = [0]``, FFN ``intermediate_size``), and the draft, that layer, a dense Qwen3
+(same weight names; vLLM's Qwen3-MoE class refuses a model without an MoE layer): drafting loads
+no expert, and only the target's verify pass pays for the experts its tokens route to.
 
 These models exercise the machinery; their numbers describe only the machine they ran on.
 """
@@ -45,6 +49,7 @@ class ToyModelConfig:
     experts_per_token: int = 2
     moe_intermediate_size: int = 256
     residual_scale: float = 0.016
+    dense_first: bool = False  # MoE: first layer dense (mlp_only_layers = [0]), so the draft is dense
     seed: int = 0
     max_position_embeddings: int = 4096
 
@@ -58,6 +63,8 @@ def toy_config(kind: str = "dense", **overrides) -> ToyModelConfig:
     base = dict(MOE_OVERRIDES) if kind == "moe" else {}
     base.update({k: v for k, v in overrides.items() if v is not None})
     cfg = ToyModelConfig(kind=kind, **base)
+    if cfg.dense_first and cfg.kind != "moe":
+        raise InputError("--dense-first", True, "applies to --kind moe only")
     if cfg.experts_per_token > cfg.num_experts:
         raise InputError("--top-k", cfg.experts_per_token, f"must be <= --experts ({cfg.num_experts})")
     return cfg
@@ -112,8 +119,22 @@ def _hf_config(cfg: ToyModelConfig, num_layers: int, tokenizer):
     return Qwen3MoeConfig(
         intermediate_size=cfg.intermediate_size, moe_intermediate_size=cfg.moe_intermediate_size,
         num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
-        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[0] if cfg.dense_first else [], norm_topk_prob=True,
         head_dim=cfg.hidden_size // cfg.num_heads, **common)
+
+
+def _draft_hf_config(cfg: ToyModelConfig, tokenizer):
+    """The one-layer draft's config: the target's, except a dense Qwen3 when ``dense_first``."""
+    if not cfg.dense_first:
+        return _hf_config(cfg, 1, tokenizer)
+    from transformers import Qwen3Config
+
+    moe = _hf_config(cfg, 1, tokenizer)
+    keep = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+            "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "head_dim", "rms_norm_eps",
+            "attention_bias", "hidden_act", "rope_theta", "rope_scaling", "rope_parameters")
+    kw = {k: getattr(moe, k) for k in keep if hasattr(moe, k)}
+    return Qwen3Config(num_hidden_layers=1, intermediate_size=cfg.intermediate_size, torch_dtype="float32", **kw)
 
 
 def _model_cls(kind: str):
@@ -155,7 +176,9 @@ def build_toy_pair(out_dir: str | Path, config: ToyModelConfig | None = None) ->
                     param.mul_(config.residual_scale)
     target.save_pretrained(str(target_dir), safe_serialization=True)
 
-    draft = cls(_hf_config(config, 1, tokenizer)).to(torch.float32)
+    if config.dense_first:
+        from transformers import Qwen3ForCausalLM as cls
+    draft = cls(_draft_hf_config(config, tokenizer)).to(torch.float32)
     own = draft.state_dict()
     src = target.state_dict()
     draft.load_state_dict({k: src[k] for k in own}, strict=True)
