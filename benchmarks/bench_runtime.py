@@ -66,11 +66,9 @@ def _v2_table() -> dict:
             "acceptance_per_pos": [alpha**i for i in range(1, 8)]}
 
 
-def bench_select() -> None:
-    ranges = [[1, 1, 5], [2, 3, 4], [4, 11, 3], [12, 45, 2], [46, 181, 1], [182, 1 << 20, 0]]
-    sel = KSelector(ranges)
-    adaptive = AdaptiveKSelector(_v2_table())
-    lookup = sel.lookup_list(256)
+def _floors(lookup: list) -> tuple:
+    """The call floor (a bound ``list.__getitem__`` on an object, called like ``sel.select(b)``)
+    and a Python function doing one list index, on ``lookup``."""
 
     class Holder:
         __slots__ = ("getitem",)
@@ -80,6 +78,16 @@ def bench_select() -> None:
 
     def py_index(b, _lookup=lookup):
         return _lookup[b]
+    return holder, py_index
+
+
+def bench_select() -> None:
+    ranges = [[1, 1, 5], [2, 3, 4], [4, 11, 3], [12, 45, 2], [46, 181, 1], [182, 1 << 20, 0]]
+    sel = KSelector(ranges)
+    adaptive = AdaptiveKSelector(_v2_table())
+    lookup = sel.lookup_list(256)
+
+    holder, py_index = _floors(lookup)
 
     t = _per_call({
         "idx": lambda: [lookup[b] for b in SIZES],
@@ -116,14 +124,7 @@ def bench_select_context() -> None:
     pairs = PAIRS
     get = sel3.for_context(30000)  # bucket once per batch, then the slice's C-level lookup
 
-    class Holder:
-        __slots__ = ("getitem",)
-
-    holder = Holder()
-    holder.getitem = lookup.__getitem__
-
-    def py_index(b, _lookup=lookup):
-        return _lookup[b]
+    holder, py_index = _floors(lookup)
 
     t = _per_call({
         "get": lambda: [holder.getitem(b) for b in SIZES],
