@@ -220,26 +220,41 @@ def test_without_stats_logging_the_histogram_rebuilds_vllms_own_stats(tmp_path):
     assert s._adaptive_hist_stats(s._adaptive_hist) == want
 
 
+def _plugin_config(tmp_path, options):
+    """A vLLM config (K <= 4, MAX_BS running) serving ``shifted_table()`` through the plugin."""
+    import copy
+
+    from tests.vllm_fakes import vllm_config
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(shifted_table()))
+    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
+    config.additional_config = adaptive_additional_config(str(path), options)
+    return config
+
+
+def _hashed_chain(req_id, n, d, accepts):
+    """Drafts accepted of ``d`` at request step ``n``: a chain, position ``a`` accepted while
+    ``accepts(a, h)`` for a hash ``h`` of (request, step), so every run sees the same acceptance."""
+    import zlib
+
+    h, a = zlib.crc32(f"{req_id}:{n}".encode()), 0
+    while a < d and accepts(a, h):
+        a += 1
+    return a
+
+
 @needs_vllm
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_with_or_without_stats_logging_the_selector_sees_the_same_steps(tmp_path, mode):
     # vLLM's real (Async)Scheduler driven by a fake runner: the selector is fed the same counts
     # step by step whether vLLM builds its SpecDecodingStats (log_stats) or the plugin counts them.
-    import copy
-    import zlib
+    from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler
 
-    from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config
-
-    path = tmp_path / "table.json"
-    path.write_text(json.dumps(shifted_table()))
-    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
-    config.additional_config = adaptive_additional_config(str(path), {"rebuild_every": 4})
+    config = _plugin_config(tmp_path, {"rebuild_every": 4})
 
     def accept(req_id, n, d):  # chain acceptance ~0.7 per position, the same in both runs
-        h, a = zlib.crc32(f"{req_id}:{n}".encode()), 0
-        while a < d and (h >> (4 * a)) & 15 < 11:
-            a += 1
-        return a
+        return _hashed_chain(req_id, n, d, lambda a, h: (h >> (4 * a)) & 15 < 11)
 
     seen = {}
     for log_stats in (True, False):
@@ -258,22 +273,12 @@ def test_with_or_without_stats_logging_the_selector_sees_the_same_steps(tmp_path
 def test_queued_steps_serve_the_k_that_feeding_every_step_would(tmp_path, mode):
     # The plugin feeds the selector every rebuild_every drafted steps; fed at every step instead
     # (_adaptive_every = 1), every step must be scheduled at the same K, swaps included.
-    import copy
-    import zlib
+    from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler
 
-    from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config
-
-    path = tmp_path / "table.json"
-    path.write_text(json.dumps(shifted_table()))
-    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
-    config.additional_config = adaptive_additional_config(
-        str(path), {"rebuild_every": 5, "prior_weight": 4, "half_life": 64})
+    config = _plugin_config(tmp_path, {"rebuild_every": 5, "prior_weight": 4, "half_life": 64})
 
     def accept(req_id, n, d):  # all accepted for 6 steps, then a chain acceptance of ~0.5
-        h, a = zlib.crc32(f"{req_id}:{n}".encode()), 0
-        while a < d and (n < 6 or (h >> (4 * a)) & 15 < 8):
-            a += 1
-        return a
+        return _hashed_chain(req_id, n, d, lambda a, h: n < 6 or (h >> (4 * a)) & 15 < 8)
 
     served = {}
     for every in (None, 1):
