@@ -37,27 +37,54 @@ def output(n: int, k: int, prefill: int = 0):
               num_spec_tokens_to_schedule=k, scheduled_spec_decode_tokens={})
 
 
-def test_pure_steps_feed_their_duration_and_others_only_their_batch_size(tmp_path, monkeypatch):
+def test_pure_steps_carry_their_duration_and_others_none(tmp_path, monkeypatch):
     from dsdprof.plugins import vllm_adaptive as va
 
     s = scheduler(tmp_path)
+    clock = iter([10.0, 10.2, 10.5, 11.0, 11.4, 20.0, 20.1])
+    monkeypatch.setattr(va.time, "perf_counter", lambda: next(clock))
+    got = [s._adaptive_step_time(output(4, 2)),  # the first step: no interval yet
+           s._adaptive_step_time(output(4, 2)),  # pure: 0.2 s at (4, 2)
+           s._adaptive_step_time(output(4, 2, prefill=37)),  # a prefill rides along: no time
+           s._adaptive_step_time(output(3, 1)),  # pure: 0.5 s at (3, 1)
+           s._adaptive_step_time(output(0, 0)),  # nothing scheduled: the next interval is not a step
+           s._adaptive_step_time(output(2, 3)),
+           s._adaptive_step_time(output(2, 3))]  # pure: 0.1 s at (2, 3)
+    assert got == [(4, 2, None), (4, 2, pytest.approx(0.2)), (4, 2, None), (3, 1, pytest.approx(0.5)),
+                   (0, None, None), (2, 3, None), (2, 3, pytest.approx(0.1))]
+
+
+def engine_step(s, out):
+    """``update_from_output`` of a step whose outputs carry no stats (vLLM's part stubbed)."""
+    s._adaptive_update = lambda so, mro: {}
+    return s.update_from_output(out, None)
+
+
+def test_step_times_are_queued_and_fed_in_order_every_rebuild_every_steps(tmp_path, monkeypatch):
+    from dsdprof.plugins import vllm_adaptive as va
+
+    s = scheduler(tmp_path, {"explore_every": 0})
     sel = s.dsdprof_selector
     calls = []
     real = sel.observe_step
     monkeypatch.setattr(type(sel), "observe_step", lambda self, *a: calls.append(a) or real(*a))
-    clock = iter([10.0, 10.2, 10.5, 11.0, 11.4, 20.0, 20.1])
-    monkeypatch.setattr(va.time, "perf_counter", lambda: next(clock))
-    s._adaptive_step_time(output(4, 2))  # the first step: no interval yet
-    s._adaptive_step_time(output(4, 2))  # pure: 0.2 s at (4, 2)
-    s._adaptive_step_time(output(4, 2, prefill=37))  # a prefill rides along: no time
-    s._adaptive_step_time(output(3, 1))  # pure: 0.5 s at (3, 1)
-    s._adaptive_step_time(output(0, 0))  # nothing scheduled: the next interval is not a step
-    s._adaptive_step_time(output(2, 3))
-    s._adaptive_step_time(output(2, 3))  # pure: 0.1 s at (2, 3)
-    assert calls[0] == (4, 2, None) and calls[2] == (4, 2, None) and calls[4] == (2, 3, None)
-    assert [c for c in calls if c[2] is not None] == [(4, 2, pytest.approx(0.2)), (3, 1, pytest.approx(0.5)),
-                                                      (2, 3, pytest.approx(0.1))]
-    assert len(calls) == 6 and sel.rejected == 0
+    t = [0.0]
+
+    def tick():
+        t[0] += 0.05
+        return t[0]
+
+    monkeypatch.setattr(va.time, "perf_counter", tick)
+    every = sel.rebuild_every
+    engine_step(s, output(4, 2))  # no interval yet: nothing queued
+    for i in range(every - 1):
+        engine_step(s, output(4, 2) if i % 2 else output(2, 0))
+    assert calls == [] and len(s._adaptive_queue) == every - 1  # nothing fed yet: an append per step
+    engine_step(s, output(4, 2, prefill=3))  # no time, no drafts: not queued
+    engine_step(s, output(1, 1))  # pure on its own (one request, K=1): timed; the queue is full: fed
+    assert len(calls) == every and s._adaptive_queue == []
+    assert [c[:2] for c in calls] == [(2, 0) if i % 2 == 0 else (4, 2) for i in range(every - 1)] + [(1, 1)]
+    assert all(c[2] == pytest.approx(0.05) for c in calls) and sel.rejected == 0
 
 
 def test_live_step_times_reach_the_estimate(tmp_path, monkeypatch):
@@ -72,7 +99,7 @@ def test_live_step_times_reach_the_estimate(tmp_path, monkeypatch):
 
     monkeypatch.setattr(va.time, "perf_counter", tick)
     for _ in range(300):
-        s._adaptive_step_time(output(4, s.dynamic_sd_lookup[4]))
+        engine_step(s, output(4, s.dynamic_sd_lookup[4]))
     s.dsdprof_selector.rebuild()
     k = s.dsdprof_selector.ks[4]
     assert s.dsdprof_selector.step_time(4, k) == pytest.approx(0.09, rel=0.02)
@@ -101,9 +128,9 @@ def test_exploration_probes_unforced_steps_only(tmp_path):
         assert never.dynamic_sd_lookup is never._dsdprof_table_lookup
 
 
-def test_a_k_change_from_step_times_alone_is_served_at_once(tmp_path, monkeypatch):
+def test_a_k_change_from_step_times_alone_is_served_at_the_feed(tmp_path, monkeypatch):
     """A step without drafts (K=0 served) never reaches the acceptance path; when its step time
-    moves K, the new lookup is served at once."""
+    moves K, the new lookup is served once the queue is fed."""
     s = scheduler(tmp_path)
     sel = s.dsdprof_selector
     before = list(s.dynamic_sd_lookup)
@@ -114,6 +141,7 @@ def test_a_k_change_from_step_times_alone_is_served_at_once(tmp_path, monkeypatc
         return True
 
     monkeypatch.setattr(type(sel), "observe_step", observe_step)
-    s._adaptive_step_time(output(4, 0))
+    s._adaptive_queue.append((None, 4, 0, 0.03, 0))
+    assert s._adaptive_feed() is True
     assert s._adaptive_version == s._adaptive_versions() and s.dynamic_sd_lookup == [0] * (MAX_BS + 1) != before
     assert s._dsdprof_table_lookup is s.dynamic_sd_lookup

@@ -16,10 +16,11 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
 * **Every step** (``update_from_output``): vLLM's own per-step ``SpecDecodingStats`` -- drafts,
   accepted per position, drafted per position -- counted by vLLM's rules (grammar-invalidated
   drafts excluded, vLLM's ``num_sampled_tokens_per_step`` subtracted, stale outputs of finished or
-  preempted requests skipped, before the output is trimmed) are queued; every ``rebuild_every``
-  drafted steps they go to ``selector.observe`` one step at a time (drafted per position only when
-  the step mixed draft lengths) and the selector re-derives K per batch size -- the same state at
-  every rebuild as feeding each step at once, for an append per step. When vLLM logs no stats
+  preempted requests skipped, before the output is trimmed) are queued with the step's time
+  (below); every ``rebuild_every`` queued steps they go to ``selector.observe_step`` and
+  ``selector.observe`` one step at a time (drafted per position only when the step mixed draft
+  lengths) and the selector re-derives K per batch size -- the same state at every rebuild as
+  feeding each step at once, for a tuple append per step. When vLLM logs no stats
   it builds no ``SpecDecodingStats``; the plugin's ``make_spec_decoding_stats`` then counts each
   drafted request into a (drafted, accepted) histogram, one increment each. When the selector's
   ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``. Cost per step at 256
@@ -30,8 +31,8 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
   force one; their acceptance is observed like any other.
 * **Step times** (``update_from_output``): the time since the previous step's output, when the
   step was pure -- every request decoding with the K the step also drafts (``total_num_scheduled_tokens
-  == requests * (1 + num_spec_tokens_to_schedule)``) -- goes to ``selector.observe_step(requests, K,
-  seconds)``; any other step only tells the selector its batch size (the acceptance reference).
+  == requests * (1 + num_spec_tokens_to_schedule)``) -- is queued for ``selector.observe_step(requests, K,
+  seconds)`` (steps at K=0 too); the acceptance of every step is referred to its own batch size.
 * **Exploration**: on unforced steps the selector's :meth:`~dsdprof.serve.adaptive.AdaptiveKSelector.explore`
   may serve a neighbouring K for 2 steps in 256 (<= 1 %), so Ks not served still get step times.
 * **K=0 is not a trap**: a step without drafts teaches the selector nothing, so once K is 0
@@ -193,13 +194,14 @@ class _AdaptiveMixin:
             self.schedule = schedule
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
-        """vLLM's, then queue the step's acceptance counts -- vLLM's own, by vLLM's rules
+        """vLLM's, then queue what the step tells the selector: its duration when it was pure
+        (:meth:`_adaptive_step_time`) and its acceptance counts -- vLLM's own, by vLLM's rules
         (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
         outputs skipped), before vLLM trims the sampled tokens: its ``SpecDecodingStats`` attached
-        to the step's outputs, or the histogram :meth:`_adaptive_counter` filled. O(1) per step;
-        every ``rebuild_every`` drafted steps :meth:`_adaptive_feed` feeds the queue."""
+        to the step's outputs, or the histogram :meth:`_adaptive_counter` filled. A tuple append per
+        step; every ``rebuild_every`` queued steps :meth:`_adaptive_feed` feeds the queue."""
         result = self._adaptive_update(scheduler_output, model_runner_output)
-        n = self._adaptive_step_time(scheduler_output)
+        n, k, seconds = self._adaptive_step_time(scheduler_output)
         hist = self._adaptive_hist
         if hist is None:
             stats = None
@@ -212,50 +214,57 @@ class _AdaptiveMixin:
             drafted = any(hist)
             if drafted:
                 stats, hist[:] = hist[:], self._adaptive_zeros
-        if not drafted:
+        if drafted:
+            self._adaptive_idle = 0
+        else:
             self._adaptive_idle += 1
-            return result
-        self._adaptive_idle = 0
+            if seconds is None:
+                return result
+            stats = None
         queue = self._adaptive_queue
-        queue.append((stats, n))
+        queue.append((stats, n, k, seconds, self._adaptive_ctx_i))
         if len(queue) >= self._adaptive_every:
             self._adaptive_feed()
         return result
 
     def _adaptive_feed(self) -> bool:
-        """Feed the queued steps to the selector, one :meth:`_adaptive_observe` per step, in
-        order. ``observe`` only accumulates between rebuilds and rebuilds on its
-        ``rebuild_every``-th call, so the selector's state at each rebuild -- hence K, and the step
-        the lookup changes -- is what feeding every step at once would give; a step pays for an
-        append, and the arithmetic runs once per ``rebuild_every`` steps, in one warm loop. True
-        when the served lookup changed."""
+        """Feed the queued steps to the selector in order: each step's time
+        (``observe_step``, also to the context slice that served it), then its acceptance
+        (:meth:`_adaptive_observe`). The selector only accumulates between rebuilds and rebuilds on
+        its own step counts, so its state at each rebuild -- hence K -- is what feeding every step at
+        once would give; a step pays for an append (the selector's arithmetic on the step right
+        after vLLM's costs ~10x what it costs in this warm loop: cold caches), and the new lookup is
+        served from the next step. True when the served lookup changed."""
         queue, self._adaptive_queue = self._adaptive_queue, []
+        sel, ctx = self.dsdprof_selector, self._adaptive_ctx
         changed = False
-        for stats, n in queue:
-            changed |= self._adaptive_observe(stats, n)
+        for stats, n, k, seconds, ci in queue:
+            if seconds is not None:
+                sel.observe_step(n, k, seconds)
+                if ctx:  # the slice served at this step's context learns its time too
+                    ctx[ci][1].observe_step(n, k, seconds)
+            if stats is not None:
+                changed |= self._adaptive_observe(stats, n)
+        if self._adaptive_versions() != self._adaptive_version:  # K moved on step times alone
+            self._adaptive_swap()
+            logger.info("dsdprof adaptive K: now %s (step times)", sel.ks)
+            changed = True
         return changed
 
-    def _adaptive_step_time(self, scheduler_output) -> int:
-        """Feed the step's duration (since the previous step's output) when every scheduled request
-        verified and drafted the same K (no prefill, no K change): a step of the table's kind."""
+    def _adaptive_step_time(self, scheduler_output) -> tuple:
+        """``(requests, K, seconds)`` of the step: ``seconds`` since the previous step's output when
+        every scheduled request verified and drafted the same K (no prefill, no K change) -- a step
+        of the table's kind -- else None."""
         now = time.perf_counter()
         last, self._adaptive_t = self._adaptive_t, now
         n = len(scheduler_output.num_scheduled_tokens)
         if not n:
             self._adaptive_t = None  # an empty step: the next interval would include idle time
-            return 0
+            return 0, None, None
         k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
-        pure = (last is not None and type(k) is int
-                and scheduler_output.total_num_scheduled_tokens == n * (1 + k))
-        sel = self.dsdprof_selector
-        seconds = now - last if pure else None
-        moved = sel.observe_step(n, k, seconds)
-        if self._adaptive_ctx:  # the slice served at this step's context learns its time too
-            moved |= self._adaptive_ctx[self._adaptive_ctx_i][1].observe_step(n, k, seconds)
-        if moved:  # K moved on a step without drafts
-            self._adaptive_swap()
-            logger.info("dsdprof adaptive K: now %s (step times)", sel.ks)
-        return n
+        if last is not None and type(k) is int and scheduler_output.total_num_scheduled_tokens == n * (1 + k):
+            return n, k, now - last
+        return n, k, None
 
     def _adaptive_counter(self, hist: list[int]):
         """``make_spec_decoding_stats`` for an engine that logs no stats (installed on the
