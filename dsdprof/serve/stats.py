@@ -33,7 +33,12 @@ away from the current estimate is clipped to 4x). Per b, the deviation from the 
 by ridge-regularised weighted least squares as ``o(K) - T(K) = alpha * T(K) + beta * Tbar *
 (K - Kc)`` (a scale and a slope in K: with one K observed, a pure scale; with two, the slope
 too), the scale shrunk toward the scale of the other batch sizes. An observed cell's estimate is
-its own mean shrunk toward that fit; an unobserved one is the fit.
+its own mean shrunk toward that fit; an unobserved one is the fit times what other batch sizes saw
+of that K: ``exp(d_K - mean d of the Ks run at b)``, with d_K from a ridge fit of log(observed /
+table) = A + e_b + d_K over every observed cell (:meth:`StepTimes._k_effects`). So a K whose steps
+ran at half the table's time at one batch size, while another ran its own K as profiled, is
+expected faster there too (a batch size served K=0 by a table whose speculative steps are all 2x
+too slow learns it without running one).
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ DETECT_MIN_EVIDENCE = 8.0  # expected acceptances in a run before it may count a
 RESET_WEIGHT = 32.0  # expected acceptances the evidence keeps after a detected shift
 STEP_CAP_FRACTION = 1.0 / 8.0  # one step counts as at most half_life / 8 drafts
 STEP_CLIP = 4.0
+K_EFFECT_RIDGE = (0.25, 16.0, 8.0, 8.0)  # steps of evidence: shared, batch size, K, K smoothness (StepTimes._k_effects)
+K_EFFECT_ROUNDS = 6
 
 
 def _count(x: Any) -> int:
@@ -176,8 +183,8 @@ class AcceptanceStats:
 class StepTimes:
     """Live step time per (profiled batch size, K) with the table as prior (module docstring)."""
 
-    __slots__ = ("table", "n", "s", "est", "decay", "prior_weight", "slope_weight", "cell_weight", "scales", "noise",
-                 "fits", "pooled", "dirty")
+    __slots__ = ("table", "n", "s", "est", "decay", "prior_weight", "slope_weight", "cell_weight", "scales",
+                 "noise", "fits", "pooled", "dirty", "k_effect", "ks")
 
     def __init__(self, table: list[dict[int, float]], half_life: float, prior_weight: float = 2.0,
                  slope_weight: float = 0.25, cell_weight: float = 1.0) -> None:
@@ -191,6 +198,8 @@ class StepTimes:
         self.noise = [[0.0, 0.0] for _ in table]  # decayed (weight, sum of squared log residuals)
         self.fits = [(0.0, 0.0)] * len(table)  # (alpha, weight) of each bucket's last fit
         self.pooled = 0.0
+        self.ks = sorted({k for t in table for k in t})
+        self.k_effect = dict.fromkeys(self.ks, 0.0)  # d_K: log(live / table) shared by every batch size
         self.dirty = set(range(len(table)))
 
     def update(self, bucket: int, k: int, seconds: float) -> bool:
@@ -222,7 +231,9 @@ class StepTimes:
 
     def refit(self) -> None:
         """Re-derive the estimates of the buckets observed since the last refit (all of them when the
-        pooled scale, the prior of every bucket's scale, moved)."""
+        pooled scale, the prior of every bucket's scale, or the K effects, its base, moved)."""
+        if self.dirty and self._k_effects():
+            self.dirty = set(range(len(self.table)))
         while self.dirty:
             dirty, self.dirty = self.dirty, set()
             for b in dirty:
@@ -233,16 +244,70 @@ class StepTimes:
                 self.pooled = pooled
                 self.dirty = set(range(len(self.table)))
 
+    def _k_effects(self) -> bool:
+        """Fit log(mean observed / table) = A + e_b + d_K over every observed cell (weights: its
+        decayed step counts), ridge-regularised, by a few rounds of backfitting: A, the deviation
+        every batch size shares (the machine), weakly (``K_EFFECT_RIDGE[0]`` steps); e_b, a batch
+        size's own, strongly ([1]); d_K, a K's own, in between ([2]), each d_K (K >= 1) also pulled
+        toward its neighbours ([3]). A K seen at one batch size to run off the table, while other
+        batch sizes run their own K as profiled, is then mostly that K's (a table whose speculative
+        steps are all 2x too slow is corrected at a batch size served K=0); seen alone, mostly the
+        machine's. A cell never run at its batch size is its batch size's fit times exp(d_K - the
+        mean d of the Ks run there): what the other batch sizes saw of that K. True when some d_K
+        moved."""
+        ks, (lam_a, lam_e, lam_d, lam_s) = self.ks, K_EFFECT_RIDGE
+        cells = [(b, k, w, math.log(self.s[b][k] / w / self.table[b][k]))
+                 for b, n in enumerate(self.n) for k, w in n.items() if w > 1e-3]
+        if not cells:
+            return False
+        d = dict(self.k_effect)
+        shared, e = 0.0, [0.0] * len(self.table)
+        for _ in range(K_EFFECT_ROUNDS):
+            num = den = 0.0
+            for b, k, w, y in cells:
+                num += w * (y - e[b] - d[k])
+                den += w
+            shared = num / (den + lam_a)
+            num_b, den_b = [0.0] * len(e), [lam_e] * len(e)
+            for b, k, w, y in cells:
+                num_b[b] += w * (y - shared - d[k])
+                den_b[b] += w
+            e = [x / y for x, y in zip(num_b, den_b)]
+            num_k, den_k = dict.fromkeys(ks, 0.0), dict.fromkeys(ks, lam_d)
+            for b, k, w, y in cells:
+                num_k[k] += w * (y - shared - e[b])
+                den_k[k] += w
+            smooth = self._smooth(d, lam_s)
+            for k in ks:
+                d[k] = (num_k[k] + smooth[k][0]) / (den_k[k] + smooth[k][1])
+        moved = max(abs(d[k] - self.k_effect[k]) for k in ks) > 1e-3
+        if moved:
+            self.k_effect = d
+        return moved
+
+    def _smooth(self, d: dict[int, float], lam: float) -> dict[int, tuple[float, float]]:
+        """Per K: (sum of lam * d of its speculative neighbours, lam * their number); (0, 0) for K=0."""
+        ks, out = self.ks, {}
+        for i, k in enumerate(ks):
+            near = [d[ks[j]] for j in (i - 1, i + 1) if k >= 1 and 0 <= j < len(ks) and ks[j] >= 1]
+            out[k] = (lam * sum(near), lam * len(near))
+        return out
+
     def _estimate(self, b: int) -> None:
         alpha, beta, kc, weight = self._fit(b, self.pooled)
         self.fits[b] = (alpha, weight)
         self.scales[b] = alpha
-        table, n, s, est = self.table[b], self.n[b], self.s[b], self.est[b]
+        table, n, s, est, d = self.table[b], self.n[b], self.s[b], self.est[b], self.k_effect
         tbar = sum(table.values()) / len(table)
+        seen = sum(w for w in n.values() if w > 1e-3)
+        d_seen = sum(w * d[k] for k, w in n.items() if w > 1e-3) / seen if seen else 0.0
         for k, t in table.items():
             pred = max(t * (1.0 + alpha) + beta * tbar * (k - kc), 0.25 * t * max(1.0 + alpha, 0.05))
             nk = n[k]
-            est[k] = (s[k] + self.cell_weight * pred) / (nk + self.cell_weight) if nk > 1e-3 else pred
+            if nk > 1e-3:
+                est[k] = (s[k] + self.cell_weight * pred) / (nk + self.cell_weight)
+            else:  # never run here: what the other batch sizes saw of this K against the Ks run here
+                est[k] = pred * math.exp(d[k] - d_seen)
 
     def _fit(self, b: int, alpha0: float) -> tuple[float, float, float, float]:
         """(alpha, beta, Kc, total weight) of the ridge fit at bucket b, alpha shrunk toward alpha0."""
