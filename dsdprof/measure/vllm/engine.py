@@ -282,7 +282,8 @@ class VllmEngine:
             for other in [k for k in self.pool.keys() if k.startswith("fixed-") and k != key]:
                 self.pool.stop(other)
         try:
-            return self.pool.get(key).run(req, self.cell_timeout_s)
+            with self.pool.exclusive(key) as worker:  # the other engines paused while this one measures
+                return worker.run(req, self.cell_timeout_s)
         except EngineFailure as err:
             log = self.pool.log_path(key)
             raise EngineFailure(f"{err}" + (f" (engine log: {log})" if log else "")) from None
@@ -348,7 +349,8 @@ class VllmEngine:
                     continue
                 req, timeout = reqs[mode]
                 try:
-                    out[mode] = self.pool.get(mode).run(replace(req, span=spans[mode][j]), timeout)
+                    with self.pool.exclusive(mode) as worker:  # the idle engine paused meanwhile
+                        out[mode] = worker.run(replace(req, span=spans[mode][j]), timeout)
                 except EngineFailure as err:
                     log = self.pool.log_path(mode)
                     out[mode] = EngineFailure(f"{err}" + (f" (engine log: {log})" if log else ""))
