@@ -26,6 +26,7 @@ while the DSD engine measured.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -48,16 +49,18 @@ class Config:
     env: str
     partner: str  # live | paused
     hold: int
+    output_len: int = 0  # 0: the spec's; else the unit's waves are scaled to keep its engine time
 
 
 def parse_configs(text: str) -> list[Config]:
-    """``env:partner:hold`` items, comma separated (e.g. ``auto:live:2,auto:paused:4``)."""
+    """``env:partner:hold[:output_len]`` items, comma separated (e.g. ``auto:live:2,auto:paused:4:64``)."""
     out = []
     for item in text.split(","):
-        env, partner, hold = item.split(":")
-        if env not in ENVS or partner not in ("live", "paused"):
+        env, partner, hold, *rest = item.split(":")
+        if env not in ENVS or partner not in ("live", "paused") or len(rest) > 1:
             raise SystemExit(f"--configs: bad item {item!r}")
-        out.append(Config(f"{env}-{partner}-h{hold}", env, partner, int(hold)))
+        n = int(rest[0]) if rest else 0
+        out.append(Config(f"{env}-{partner}-h{hold}" + (f"-o{n}" if n else ""), env, partner, int(hold), n))
     return out
 
 
@@ -160,7 +163,14 @@ class Bench:
         from dsdprof.measure.engine import Cell
 
         cell = Cell(rnd, self.bs, "dsd", max(self.ks), group=self.ks)
-        dsd, van, blocks = self.engine.unit_requests(cell)
+        engine = self.engine
+        if cfg.output_len:  # longer waves, fewer of them: the same engine time
+            sweep = self.spec.sweep
+            waves = max(1, round(sweep.waves * sweep.output_len / cfg.output_len))
+            engine = copy.copy(self.engine)
+            engine.spec = self.spec.model_copy(update={"sweep": sweep.model_copy(
+                update={"waves": waves, "output_len": cfg.output_len})})
+        dsd, van, blocks = engine.unit_requests(cell)
         dsd = replace(dsd, hold=cfg.hold, warmup=warmup, trace_name=f"{cfg.name}-r{rnd}")
         van = replace(van, warmup=warmup, trace_name=f"vanilla-{cfg.name}-r{rnd}")
         dkey = f"dsd-{cfg.env}"
@@ -185,7 +195,7 @@ class Bench:
                 finally:
                     w.pause()
                     other.pause()
-        return result, dsd_s, partner_s
+        return result, dsd_s, partner_s, dsd.waves
 
 
 def summarize(cfg: Config, rows: list[dict], pure: dict[int, list[tuple[int, float]]], waves: int,
@@ -206,6 +216,7 @@ def summarize(cfg: Config, rows: list[dict], pure: dict[int, list[tuple[int, flo
     opt = res.optimal.iloc[0]
     return {"config": cfg.name, "cv_mean": float(np.mean(cv)), "cv_robust": float(np.mean(rcv)),
             "pure_per_k_per_wave": float(np.mean(n)) / waves, "dsd_s": dsd_s,
+            "pure_per_k_per_s": float(np.mean(n)) / dsd_s if dsd_s else float("nan"),
             "half_width": half, "k_star": int(opt.k), "decided": bool(opt.decided),
             "partner_cpu_s": partner_s, "partner_cpu_share": partner_s / dsd_s if dsd_s else float("nan"),
             "step_ms_median": 1e3 * float(np.median([x for xs in pure.values() for _, x in xs])),
@@ -251,10 +262,10 @@ def main(argv=None) -> int:
                 order = order[::-1]
             for cfg in order:
                 t = time.perf_counter()
-                by_k, dsd_s, partner_s = bench.unit(cfg, rnd, warmup=1 if rnd == 0 else 0)
+                by_k, dsd_s, partner_s, waves = bench.unit(cfg, rnd, warmup=1 if rnd == 0 else 0)
                 secs[cfg.name][0] += dsd_s
                 secs[cfg.name][1] += partner_s
-                waves_done[cfg.name] += args.waves
+                waves_done[cfg.name] += waves
                 for k in bench.ks:
                     rows[cfg.name].append(measurement_row(Cell(rnd, bench.bs, "dsd", k, group=bench.ks),
                                                           by_k[k], prov, 0.25))
@@ -270,12 +281,14 @@ def main(argv=None) -> int:
                for c in configs if rows[c.name]]
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\nBS {bench.bs}, {args.waves} waves per unit, total {time.perf_counter() - t_start:.0f} s")
-    print("| config | CV pure steps (mean over K) | robust CV | pure steps / K / wave | median step ms "
+    print("| config | CV pure steps (mean over K) | robust CV | pure steps / K / wave | per DSD s | median step ms "
           "| half-width vs best | K* (decided) | partner CPU share |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in results:
         print(f"| {r['config']} | {r['cv_mean']:.1%} | {r['cv_robust']:.1%} | {r['pure_per_k_per_wave']:.2f} "
-              f"| {r['step_ms_median']:.0f} | {r['half_width']:.1%} | {r['k_star']} ({'yes' if r['decided'] else 'no'}) "
+              f"| {r['pure_per_k_per_s']:.3f} "
+              f"| {r['step_ms_median']:.0f} | {r['half_width']:.1%} "
+              f"| {r['k_star']} ({'yes' if r['decided'] else 'no'}) "
               f"| {r['partner_cpu_share']:.1%} |")
     return 0
 

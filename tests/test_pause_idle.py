@@ -77,7 +77,8 @@ class Recording:
 def _pool(log: list):
     from dsdprof.measure.vllm.pool import EnginePool
 
-    return EnginePool(lambda key: {"key": key}, None, 1.0, start_worker=lambda c, t: Recording(c.llm_kwargs["key"], log))
+    return EnginePool(lambda key: {"key": key}, None, 1.0,
+                      start_worker=lambda c, t: Recording(c.llm_kwargs["key"], log))
 
 
 def test_exclusive_pauses_the_other_engines_and_always_resumes_them():

@@ -333,7 +333,8 @@ class VllmEngine:
         """Measure a unit, vanilla interleaved with the DSD group wave block by wave block: block ``j``
         is the group's waves of block ``j`` and vanilla wave ``j``, the DSD engine first in every other
         block (rotated by repeat and batch size), so drift between blocks hits vanilla and every K alike.
-        Both engines stay alive; each keeps its cell open between its spans. An engine that fails ends
+        Both engines stay alive, the idle one paused while the other runs its span
+        (:meth:`EnginePool.exclusive`); each keeps its cell open between its spans. An engine that fails ends
         its own rows (its error); the other engine's waves go on."""
         dsd, van, blocks = self.unit_requests(cell)
         spans = {MODE_DSD: [(r.start, r.stop) for r in blocks], MODE_VANILLA: [(j, j + 1) for j in range(len(blocks))]}
