@@ -198,6 +198,22 @@ class Bench:
         return result, dsd_s, partner_s, dsd.waves
 
 
+def wave_split(pure: dict[int, list[tuple[int, float]]]) -> tuple[float, float]:
+    """(within-wave sd, sd of wave means) of log pure step times once each K's mean is removed: the
+    paired design cancels what a wave's Ks share (drift), the within-wave part stays in the ratios."""
+    recs = [(w, k, np.log(x)) for k, xs in pure.items() for w, x in xs]
+    if len(recs) < 3:
+        return float("nan"), float("nan")
+    z = np.array([r[2] for r in recs])
+    ks = np.array([r[1] for r in recs])
+    waves = np.array([r[0] for r in recs])
+    for k in set(ks.tolist()):
+        z[ks == k] -= z[ks == k].mean()
+    means = {w: z[waves == w].mean() for w in set(waves.tolist())}
+    resid = z - np.array([means[w] for w in waves])
+    return float(resid.std()), float(np.std(list(means.values())))
+
+
 def summarize(cfg: Config, rows: list[dict], pure: dict[int, list[tuple[int, float]]], waves: int,
               dsd_s: float, partner_s: float) -> dict:
     from dsdprof.decide.analysis import analyze
@@ -206,6 +222,7 @@ def summarize(cfg: Config, rows: list[dict], pure: dict[int, list[tuple[int, flo
     c = res.cells
     others = c[c["ratio_to_best"] < 1.0]
     half = float(((others["ratio_high"] - others["ratio_low"]) / 2).median())
+    within, between = wave_split(pure)
     cv, rcv, n = [], [], []
     for k, xs in pure.items():
         t = np.array([x for _, x in xs])
@@ -217,6 +234,7 @@ def summarize(cfg: Config, rows: list[dict], pure: dict[int, list[tuple[int, flo
     return {"config": cfg.name, "cv_mean": float(np.mean(cv)), "cv_robust": float(np.mean(rcv)),
             "pure_per_k_per_wave": float(np.mean(n)) / waves, "dsd_s": dsd_s,
             "pure_per_k_per_s": float(np.mean(n)) / dsd_s if dsd_s else float("nan"),
+            "within_wave_sd": within, "wave_mean_sd": between,
             "half_width": half, "k_star": int(opt.k), "decided": bool(opt.decided),
             "partner_cpu_s": partner_s, "partner_cpu_share": partner_s / dsd_s if dsd_s else float("nan"),
             "step_ms_median": 1e3 * float(np.median([x for xs in pure.values() for _, x in xs])),
@@ -281,11 +299,12 @@ def main(argv=None) -> int:
                for c in configs if rows[c.name]]
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\nBS {bench.bs}, {args.waves} waves per unit, total {time.perf_counter() - t_start:.0f} s")
-    print("| config | CV pure steps (mean over K) | robust CV | pure steps / K / wave | per DSD s | median step ms "
-          "| half-width vs best | K* (decided) | partner CPU share |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---:|")
+    print("| config | CV pure steps (mean over K) | robust CV | within-wave sd | wave-mean sd | pure steps / K / wave "
+          "| per DSD s | median step ms | half-width vs best | K* (decided) | partner CPU share |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in results:
-        print(f"| {r['config']} | {r['cv_mean']:.1%} | {r['cv_robust']:.1%} | {r['pure_per_k_per_wave']:.2f} "
+        print(f"| {r['config']} | {r['cv_mean']:.1%} | {r['cv_robust']:.1%} | {r['within_wave_sd']:.3f} "
+              f"| {r['wave_mean_sd']:.3f} | {r['pure_per_k_per_wave']:.2f} "
               f"| {r['pure_per_k_per_s']:.3f} "
               f"| {r['step_ms_median']:.0f} | {r['half_width']:.1%} "
               f"| {r['k_star']} ({'yes' if r['decided'] else 'no'}) "
