@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -86,7 +87,24 @@ class EngineWorker:
     def alive(self) -> bool:
         return self.proc.is_alive()
 
+    def pause(self) -> None:
+        """SIGSTOP the worker's process group (front end, engine core, model worker): an idle vLLM
+        engine keeps polling (its shm broadcast queue spins ``sched_yield`` for 1 s after each read)
+        and would take CPU from the engine being measured. :meth:`resume` undoes it."""
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_group(signal.SIGCONT)
+
+    def _signal_group(self, sig: int) -> None:
+        if self.proc.pid is not None and self.proc.is_alive():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def stop(self) -> None:
+        self.resume()  # a paused engine could not read the stop message
         if self.alive:
             try:
                 self.conn.send(("stop",))
@@ -109,6 +127,8 @@ class EngineWorker:
 
 
 StartWorker = Callable[[WorkerConfig, float], Any]
+# Pause every other engine of a pool while one measures (EnginePool.exclusive); see docs/measured.md.
+PAUSE_IDLE_ENGINES = True
 
 
 class EnginePool:
@@ -128,6 +148,7 @@ class EnginePool:
         self._log_dir = log_dir
         self._start = start_worker or EngineWorker
         self._workers: dict[str, Any] = {}
+        self.pause_idle = PAUSE_IDLE_ENGINES
         self.start_errors: dict[str, str] = {}
         self.info: dict[str, Any] = {}
 
@@ -152,6 +173,23 @@ class EnginePool:
         self._workers[key] = w
         self.info.update(w.info)
         return w
+
+    @contextmanager
+    def exclusive(self, key: str):
+        """The worker of ``key`` (started if needed), with every other live engine of the pool paused
+        (:meth:`EngineWorker.pause`) until the block ends, error or not (``pause_idle`` off: nothing
+        is paused). Workers without ``pause`` (test fakes) are left alone."""
+        paused: list[Any] = []
+        try:
+            if self.pause_idle:
+                for k, w in list(self._workers.items()):
+                    if k != key and hasattr(w, "pause") and w.alive:
+                        paused.append(w)  # before the signal: resumed even if pausing is interrupted
+                        w.pause()
+            yield self.get(key)
+        finally:
+            for w in paused:
+                w.resume()
 
     def stop(self, key: str) -> None:
         w = self._workers.pop(key, None)
