@@ -15,9 +15,8 @@ from dsdprof.measure.engine import MODE_DSD, MODE_VANILLA
 
 def _spin(counter) -> None:
     os.setpgrp()  # as worker_main does: the worker leads its own process group
-    while True:
-        with counter.get_lock():
-            counter.value += 1
+    while True:  # no lock: a process stopped while holding one would block the test's reads
+        counter.value += 1
 
 
 def _state(pid: int) -> str:
@@ -29,7 +28,7 @@ def test_pause_stops_the_worker_process_group_and_resume_continues_it():
     from dsdprof.measure.vllm.pool import EngineWorker
 
     ctx = mp.get_context("spawn")
-    counter = ctx.Value("q", 0)
+    counter = ctx.RawValue("q", 0)
     proc = ctx.Process(target=_spin, args=(counter,), daemon=True)
     proc.start()
     w = EngineWorker.__new__(EngineWorker)  # the handle without a vLLM engine behind it
@@ -84,6 +83,8 @@ def _pool(log: list):
 def test_exclusive_pauses_the_other_engines_and_always_resumes_them():
     log: list = []
     pool = _pool(log)
+    assert pool.pause_idle is False  # off unless DSDPROF_PAUSE_IDLE_ENGINES=1 (a kill -9 would leave it stopped)
+    pool.pause_idle = True
     for key in ("vanilla", "dsd", "fixed-2"):
         pool.get(key)
     with pool.exclusive("dsd") as w:
@@ -130,6 +131,7 @@ def test_every_span_of_a_paired_unit_runs_with_the_idle_engine_paused(tmp_path):
             return super().run(req, timeout_s)
 
     eng.pool._start = lambda c, t: Pausable(c, t, machine, 1)
+    eng.pool.pause_idle = True
     summary = run_sweep(spec, tmp_path / "out", engine=eng)
     assert summary.failed == 0
     assert {k for k, _ in seen} == {MODE_DSD, MODE_VANILLA} and len(seen) == 2 * 4
