@@ -282,7 +282,7 @@ class VllmEngine:
             for other in [k for k in self.pool.keys() if k.startswith("fixed-") and k != key]:
                 self.pool.stop(other)
         try:
-            with self.pool.exclusive(key) as worker:  # the other engines paused while this one measures
+            with self.pool.exclusive(key) as worker:  # the other engines paused meanwhile, if enabled
                 return worker.run(req, self.cell_timeout_s)
         except EngineFailure as err:
             log = self.pool.log_path(key)
@@ -333,8 +333,9 @@ class VllmEngine:
         """Measure a unit, vanilla interleaved with the DSD group wave block by wave block: block ``j``
         is the group's waves of block ``j`` and vanilla wave ``j``, the DSD engine first in every other
         block (rotated by repeat and batch size), so drift between blocks hits vanilla and every K alike.
-        Both engines stay alive, the idle one paused while the other runs its span
-        (:meth:`EnginePool.exclusive`); each keeps its cell open between its spans. An engine that fails ends
+        Both engines stay alive (the idle one paused while the other runs its span with
+        ``DSDPROF_PAUSE_IDLE_ENGINES=1``: :meth:`EnginePool.exclusive`); each keeps its cell open
+        between its spans. An engine that fails ends
         its own rows (its error); the other engine's waves go on."""
         dsd, van, blocks = self.unit_requests(cell)
         spans = {MODE_DSD: [(r.start, r.stop) for r in blocks], MODE_VANILLA: [(j, j + 1) for j in range(len(blocks))]}
@@ -350,7 +351,7 @@ class VllmEngine:
                     continue
                 req, timeout = reqs[mode]
                 try:
-                    with self.pool.exclusive(mode) as worker:  # the idle engine paused meanwhile
+                    with self.pool.exclusive(mode) as worker:  # the idle engine paused meanwhile, if enabled
                         out[mode] = worker.run(replace(req, span=spans[mode][j]), timeout)
                 except EngineFailure as err:
                     log = self.pool.log_path(mode)
