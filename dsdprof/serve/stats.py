@@ -184,7 +184,7 @@ class StepTimes:
     """Live step time per (profiled batch size, K) with the table as prior (module docstring)."""
 
     __slots__ = ("table", "n", "s", "est", "decay", "prior_weight", "slope_weight", "cell_weight", "scales",
-                 "noise", "fits", "pooled", "dirty", "k_effect", "ks")
+                 "noise", "fits", "pooled", "dirty", "k_effect", "ks", "near")
 
     def __init__(self, table: list[dict[int, float]], half_life: float, prior_weight: float = 2.0,
                  slope_weight: float = 0.25, cell_weight: float = 1.0) -> None:
@@ -200,6 +200,9 @@ class StepTimes:
         self.pooled = 0.0
         self.ks = sorted({k for t in table for k in t})
         self.k_effect = dict.fromkeys(self.ks, 0.0)  # d_K: log(live / table) shared by every batch size
+        ks = self.ks  # each speculative K's speculative neighbours (the smoothing in _k_effects); none for K=0
+        self.near = {k: [ks[j] for j in (i - 1, i + 1) if k >= 1 and 0 <= j < len(ks) and ks[j] >= 1]
+                     for i, k in enumerate(ks)}
         self.dirty = set(range(len(table)))
 
     def update(self, bucket: int, k: int, seconds: float) -> bool:
@@ -231,7 +234,7 @@ class StepTimes:
 
     def refit(self) -> None:
         """Re-derive the estimates of the buckets observed since the last refit (all of them when the
-        pooled scale, the prior of every bucket's scale, or the K effects, its base, moved)."""
+        pooled scale, the prior of every bucket's scale, or a K effect moved)."""
         if self.dirty and self._k_effects():
             self.dirty = set(range(len(self.table)))
         while self.dirty:
@@ -272,26 +275,19 @@ class StepTimes:
             for b, k, w, y in cells:
                 num_b[b] += w * (y - shared - d[k])
                 den_b[b] += w
-            e = [x / y for x, y in zip(num_b, den_b)]
+            e = [nb / db for nb, db in zip(num_b, den_b)]
             num_k, den_k = dict.fromkeys(ks, 0.0), dict.fromkeys(ks, lam_d)
             for b, k, w, y in cells:
                 num_k[k] += w * (y - shared - e[b])
                 den_k[k] += w
-            smooth = self._smooth(d, lam_s)
+            prev = dict(d)
             for k in ks:
-                d[k] = (num_k[k] + smooth[k][0]) / (den_k[k] + smooth[k][1])
+                near = self.near[k]
+                d[k] = (num_k[k] + lam_s * sum(prev[j] for j in near)) / (den_k[k] + lam_s * len(near))
         moved = max(abs(d[k] - self.k_effect[k]) for k in ks) > 1e-3
         if moved:
             self.k_effect = d
         return moved
-
-    def _smooth(self, d: dict[int, float], lam: float) -> dict[int, tuple[float, float]]:
-        """Per K: (sum of lam * d of its speculative neighbours, lam * their number); (0, 0) for K=0."""
-        ks, out = self.ks, {}
-        for i, k in enumerate(ks):
-            near = [d[ks[j]] for j in (i - 1, i + 1) if k >= 1 and 0 <= j < len(ks) and ks[j] >= 1]
-            out[k] = (lam * sum(near), lam * len(near))
-        return out
 
     def _estimate(self, b: int) -> None:
         alpha, beta, kc, weight = self._fit(b, self.pooled)
