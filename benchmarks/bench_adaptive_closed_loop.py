@@ -51,8 +51,11 @@ class _Before:
         import subprocess
         import types
 
-        src = subprocess.run(["git", "show", f"{BEFORE}:dsdprof/serve/adaptive.py"], capture_output=True, text=True,
+        src = subprocess.run(["git", "show", f"{BEFORE}:dsdprof/adaptive.py"], capture_output=True, text=True,
                              check=True).stdout
+        # the modules it imported moved in the restructure (dsdprof.schema, dsdprof.table -> dsdprof.formats.ktable)
+        src = src.replace("from dsdprof.schema import", "from dsdprof.formats.ktable import").replace(
+            "from dsdprof.table import", "from dsdprof.formats.ktable import")
         mod = types.ModuleType("adaptive_before")
         exec(compile(src, "adaptive_before.py", "exec"), mod.__dict__)
         self.sel = mod.AdaptiveKSelector(table)

@@ -114,8 +114,10 @@ def bench_select() -> None:
 
 def bench_select_context() -> None:
     """``select(b, ctx)`` on a v3 table (3 context slices) and ``select(b)`` / ``select(b, ctx)``
-    on a v2 one, next to the same call floor (a bound ``list.__getitem__``) and a Python function
-    doing one list index."""
+    on a v2 one, next to the same call floor (a bound ``list.__getitem__``), a Python function
+    doing one list index, and a Python function doing select's two list indexes with no check at
+    all, stored and called like ``select`` (``obj.f(b, ctx)``): the least a two-argument Python
+    function that serves a context can cost here."""
     v2 = _v2_table()
     slices = [{"max_context": top, "ranges": v2["ranges"]} for top in (4096, 45_000, 1 << 24)]
     v3 = {**v2, "schema": "dsdprof.ktable/v3", "contexts": slices}
@@ -125,10 +127,22 @@ def bench_select_context() -> None:
     get = sel3.for_context(30000)  # bucket once per batch, then the slice's C-level lookup
 
     holder, py_index = _floors(lookup)
+    code, defaults = sel3.select.__code__, sel3.select.__defaults__
+    by_context = dict(zip(code.co_varnames[:code.co_argcount][-len(defaults):], defaults))["_f"]  # select's own list
+
+    class Two:
+        __slots__ = ("index",)
+
+    two = Two()
+
+    def two_index(b, c, _f=by_context):  # what select(b, ctx) must at least do, with no check at all
+        return _f[c][b]
+    two.index = two_index
 
     t = _per_call({
         "get": lambda: [holder.getitem(b) for b in SIZES],
         "py": lambda: [py_index(b) for b in SIZES],
+        "twoctx": lambda: [two.index(b, c) for b, c in pairs],
         "v3ctx": lambda: [sel3.select(b, c) for b, c in pairs],
         "v3for": lambda: [get(b) for b in SIZES],
         "v3": lambda: [sel3.select(b) for b in SIZES],
@@ -139,7 +153,7 @@ def bench_select_context() -> None:
     print("select(batch_size, context_len) per call (comprehension overhead removed):")
     print(f"  obj.getitem(b), list.__getitem__ (call floor): {floor * ns:6.1f} ns")
     print(f"  def f(b): return lookup[b]                   : {py * ns:6.1f} ns")
-    for key, label in (("v3ctx", "v3 select(b, ctx)"), ("v3for", "v3 for_context(ctx) -> get(b)"), ("v3", "v3 select(b)"), ("v2ctx", "v2 select(b, ctx)"),
+    for key, label in (("twoctx", "obj.f(b, ctx): return by_ctx[ctx][b]"), ("v3ctx", "v3 select(b, ctx)"), ("v3for", "v3 for_context(ctx) -> get(b)"), ("v3", "v3 select(b)"), ("v2ctx", "v2 select(b, ctx)"),
                        ("v2", "v2 select(b)")):
         print(f"  {label:45s}: {t[key] * ns:6.1f} ns   = {t[key] / floor:.2f}x the call floor "
               f"({_verdict(t[key] / floor)}), {t[key] / py:.2f}x a Python list-index function")

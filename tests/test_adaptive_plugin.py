@@ -270,9 +270,13 @@ def test_with_or_without_stats_logging_the_selector_sees_the_same_steps(tmp_path
 
 @needs_vllm
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_queued_steps_serve_the_k_that_feeding_every_step_would(tmp_path, mode):
+def test_queued_steps_serve_the_k_that_feeding_every_step_would(tmp_path, mode, monkeypatch):
     # The plugin feeds the selector every rebuild_every drafted steps; fed at every step instead
-    # (_adaptive_every = 1), every step must be scheduled at the same K, swaps included.
+    # (_adaptive_every = 1), every step must be scheduled at the same K, swaps included. Both runs
+    # must see the same step times: the plugin's clock ticks 50 ms per step (the wall clock would
+    # give each run its own times, and the selector learns step times too).
+    import itertools
+
     from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler
 
     config = _plugin_config(tmp_path, {"rebuild_every": 5, "prior_weight": 4, "half_life": 64})
@@ -282,6 +286,8 @@ def test_queued_steps_serve_the_k_that_feeding_every_step_would(tmp_path, mode):
 
     served = {}
     for every in (None, 1):
+        ticks = itertools.count()
+        monkeypatch.setattr(va, "_clock", lambda: 0.05 * next(ticks))
         s = make_scheduler(va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler, config)
         if every:
             s._adaptive_every = every

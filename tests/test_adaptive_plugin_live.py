@@ -42,7 +42,7 @@ def test_pure_steps_carry_their_duration_and_others_none(tmp_path, monkeypatch):
 
     s = scheduler(tmp_path)
     clock = iter([10.0, 10.2, 10.5, 11.0, 11.4, 20.0, 20.1])
-    monkeypatch.setattr(va.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(va, "_clock", lambda: next(clock))
     got = [s._adaptive_step_time(output(4, 2)),  # the first step: no interval yet
            s._adaptive_step_time(output(4, 2)),  # pure: 0.2 s at (4, 2)
            s._adaptive_step_time(output(4, 2, prefill=37)),  # a prefill rides along: no time
@@ -74,7 +74,7 @@ def test_step_times_are_queued_and_fed_in_order_every_rebuild_every_steps(tmp_pa
         t[0] += 0.05
         return t[0]
 
-    monkeypatch.setattr(va.time, "perf_counter", tick)
+    monkeypatch.setattr(va, "_clock", tick)
     every = sel.rebuild_every
     engine_step(s, output(4, 2))  # no interval yet: nothing queued
     for i in range(every - 1):
@@ -97,7 +97,7 @@ def test_live_step_times_reach_the_estimate(tmp_path, monkeypatch):
         t[0] += 0.09  # 3x the table's step time
         return t[0]
 
-    monkeypatch.setattr(va.time, "perf_counter", tick)
+    monkeypatch.setattr(va, "_clock", tick)
     for _ in range(300):
         engine_step(s, output(4, s.dynamic_sd_lookup[4]))
     s.dsdprof_selector.rebuild()

@@ -185,6 +185,7 @@ def _validate(
     resume: bool = typer.Option(False, "--resume", help="Continue the validate run in OUT (same table, spec and versions): skip finished cells, retry failed ones."),
     adaptive: bool = typer.Option(False, "--adaptive", help="Also serve the table (v2) through dsdprof's adaptive vLLM scheduler, which follows live acceptance (docs/adaptive.md)."),
     adaptive_config: Optional[str] = typer.Option(None, "--adaptive-config", metavar="JSON", help='Adaptive selector options, e.g. \'{"half_life": 256, "margin": 0.02}\' (implies --adaptive).'),
+    design: str = typer.Option("paired", "--design", help="paired: the variants' waves interleaved one by one, intervals paired by wave (drift cancels); cells: each cell's waves back to back."),
 ) -> None:
     """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report tokens/s per user, regret, speedup."""
     from datetime import datetime
@@ -210,7 +211,7 @@ def _validate(
     try:
         with progress:
             summary = run_validation(table, spec, out, ks, table_path=str(table_path), resume=resume,
-                                     on_progress=on_progress, adaptive=adaptive_options)
+                                     on_progress=on_progress, adaptive=adaptive_options, design=design)
     except KeyboardInterrupt:
         again = ["dsdprof", "validate", str(table_path), str(spec_path), "--out", str(out)]
         again += [a for k in ks for a in ("--fixed-k", str(k))]
@@ -218,6 +219,7 @@ def _validate(
                   for a in (name, str(v))]
         if adaptive_options is not None:
             again += ["--adaptive-config", json.dumps(adaptive_options)]
+        again += ["--design", design]
         raise interrupted([*again, "--resume"]) from None
     for w in (w for w in summary.warnings if w not in early):
         err_console.print(f"[yellow]warning:[/] {w}")

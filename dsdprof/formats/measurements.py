@@ -73,11 +73,12 @@ MEASUREMENT_COLUMNS: tuple[Column, ...] = (
     Column("design", "string",
            "cells (the row's own waves) | paired (every K of the batch size ran inside the same waves, K switched "
            "per step: sample i of every K of a repeat is the same wave; vanilla rows: its waves interleaved with "
-           "that group's, wave by wave; v1-v3 files: cells)"),
+           "that group's, wave by wave; validate rows: every variant of the batch size and repeat ran on its own "
+           "engine, their waves interleaved one by one; v1-v3 files: cells)"),
     Column("sample_block", "list<int64>",
            "paired design: per wave sample, the wave block of its (batch size, repeat) it ran in; vanilla wave j "
-           "ran right beside the DSD waves of block j, so the speedup bootstrap resamples blocks jointly (empty: "
-           "cells design, v1-v4 files)"),
+           "ran right beside the DSD waves of block j, so the speedup bootstrap resamples blocks jointly; validate "
+           "rows: the wave, paired across variants in the regret bootstrap (empty: cells design, v1-v4 files)"),
     Column("vllm_acceptance_length", "float64", "cross-check: 1 + accepted/drafts from vLLM's counters (untrimmed)"),
     Column("vllm_itl_s", "float64", "cross-check: mean of vLLM's ITL histogram over the measured waves"),
     Column("vllm_tpot_s", "float64", "cross-check: mean TPOT from vLLM's request timestamps"),

@@ -3,7 +3,11 @@
 Three kinds of engine, each in its own worker process, from the same engine pool and cell runner
 as ``sweep``, all kept alive for the whole run so the cells can be interleaved per batch size
 (drift hits every variant alike; the order of the variants rotates from one batch size / repeat to
-the next):
+the next). In the **paired design** (the default, ``--design paired``) the variants of a batch
+size and repeat run their measured waves interleaved one by one (wave ``j`` of every variant within
+seconds of the others, :mod:`dsdprof.measure.vllm.interleave`), and the regret intervals pair wave
+``j`` of every variant, so drift between variants cancels; ``--design cells`` runs each cell's
+waves back to back:
 
 * ``vanilla``: no speculative config (the baseline);
 * ``fixed-<K>``: ``num_speculative_tokens = K``, no dynamic schedule;
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,6 +50,7 @@ from dsdprof.measure.vllm.engine import VllmEngine
 
 VALIDATE_KEY = "validate"  # key in _sweep.json marking a validate run
 DEFAULT_FIXED_KS = (3,)
+DESIGNS = ("paired", "cells")  # validate --design: variants' waves interleaved (default) | cell by cell
 ADAPTIVE_TABLE_FILE = "_adaptive_table.json"  # the table the adaptive engine loads, in OUT
 
 
@@ -67,9 +72,14 @@ def worker_key(cell: Cell) -> str:
 
 
 def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[list[int]],
-                    repeats: int, adaptive_k: int | None = None) -> list[Cell]:
+                    repeats: int, adaptive_k: int | None = None, design: str = "paired") -> list[Cell]:
     """Cells in run order: per repeat, per batch size, every variant, order rotated each time.
-    ``adaptive_k`` (the adaptive engine's largest K) adds an ``adaptive`` cell per batch size."""
+    ``adaptive_k`` (the adaptive engine's largest K) adds an ``adaptive`` cell per batch size.
+    ``design``: ``paired`` (every cell of a batch size and repeat carries ``interleave``, the
+    variants' (mode, K): their waves run interleaved one by one, :mod:`dsdprof.measure.vllm.interleave`)
+    or ``cells`` (each cell's waves back to back)."""
+    if design not in DESIGNS:
+        raise InputError("--design", design, f"must be one of {', '.join(DESIGNS)}")
     if not fixed_ks:
         raise InputError("--fixed-k", [], "need at least one fixed K")
     for k in fixed_ks:
@@ -87,7 +97,11 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
             if adaptive_k is not None:
                 variants.append(Cell(r, b, MODE_ADAPTIVE, adaptive_k))
             shift = turn % len(variants)
-            cells.extend(variants[shift:] + variants[:shift])
+            variants = variants[shift:] + variants[:shift]
+            if design == "paired":
+                pairs = tuple((c.mode, c.num_spec_tokens) for c in variants)
+                variants = [replace(c, interleave=pairs) for c in variants]
+            cells.extend(variants)
             turn += 1
     return cells
 
@@ -232,10 +246,12 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
                    table_path: str = "", resume: bool = False,
                    on_progress: Callable[[SweepProgress], None] | None = None,
                    start_worker: Callable[..., Any] | None = None,
-                   adaptive: dict[str, Any] | None = None) -> ValidateSummary:
+                   adaptive: dict[str, Any] | None = None, design: str = "paired") -> ValidateSummary:
     """Run vanilla / fixed K / DSD (/ adaptive) cells of ``spec``'s workload into ``out_dir``.
 
     ``adaptive``: None, or the selector options (``{}`` for defaults) of an ``adaptive`` variant.
+    ``design``: ``paired`` (the variants of a batch size and repeat interleaved wave by wave, so
+    the regret intervals pair wave ``j`` of every variant) or ``cells`` (:func:`plan_validation`).
 
     The same cell loop as ``sweep`` (:func:`dsdprof.measure.runner.run_plan`) on the same engine
     pool (:class:`~dsdprof.measure.vllm.engine.VllmEngine`, the table's engines added with
@@ -250,8 +266,10 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
                          "validate serves one context (workload.input_len): leave context_lens out")
     ranges = [list(r) for r in table["ranges"]]
     adaptive_k = adaptive_max_k(table, adaptive) if adaptive is not None else None
-    cells = plan_validation(spec.sweep.batch_sizes, fixed_ks, ranges, spec.sweep.repeats, adaptive_k)
+    cells = plan_validation(spec.sweep.batch_sizes, fixed_ks, ranges, spec.sweep.repeats, adaptive_k, design)
     validate_doc: dict[str, Any] = {"table": table_path, "ranges": ranges, "fixed_ks": sorted(fixed_ks)}
+    if design != "cells":  # only then, so that cell-by-cell runs keep their manifest hash
+        validate_doc["design"] = design
     if adaptive is not None:  # only then, so that runs without it keep their manifest hash
         digest = hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()
         validate_doc["adaptive"] = {"options": dict(adaptive), "max_k": adaptive_k, "table_sha256": digest}
@@ -271,6 +289,7 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
         return engine
 
     variants = f"vanilla, fixed K={sorted(fixed_ks)}, DSD" + (", adaptive" if adaptive is not None else "")
+    variants += "; design paired (variants' waves interleaved)" if design == "paired" else "; design cells"
     res = run_plan(ValidatePlanner(cells, variants), spec_dump, out, make_engine, resume=resume,
                    on_progress=on_progress, tolerance=spec.sweep.consistency_tolerance)
     return ValidateSummary(out, res.total, res.ok, res.failed, res.skipped, tuple(warnings))

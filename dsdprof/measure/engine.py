@@ -20,12 +20,16 @@ class Cell:
     context_len: int = 0  # prompt tokens per request; 0 = the spec's workload.input_len (no context axis)
     group: tuple[int, ...] = ()  # paired design: every K measured inside the same waves as this one
     # (a vanilla cell with a group: its waves interleave with that group's, one per wave block)
+    interleave: tuple[tuple[str, int], ...] = ()  # validate's paired design: the (mode, K) of every
+    # variant of this batch size and repeat, each on its own engine, their waves interleaved one by one
 
     @property
     def unit(self) -> tuple | None:
         """Paired design: the cells measured together (a batch size's vanilla cell and DSD group of
-        one repeat); None for a cell of its own."""
-        return (self.repeat, self.batch_size, self.context_len, self.group) if self.group else None
+        one repeat, or validate's variants of one batch size and repeat); None for a cell of its own."""
+        if self.group:
+            return (self.repeat, self.batch_size, self.context_len, self.group)
+        return (self.repeat, self.batch_size, self.context_len, self.interleave) if self.interleave else None
 
     @property
     def cell_id(self) -> str:

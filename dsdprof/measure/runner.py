@@ -53,7 +53,7 @@ def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
     row = empty_row()
     row.update({k: v for k, v in prov.items() if k in row})
     row.update(cell_id=cell.cell_id, mode=cell.mode, batch_size=cell.batch_size,
-               num_spec_tokens=cell.num_spec_tokens, repeat=cell.repeat, design="paired" if cell.group else "cells",
+               num_spec_tokens=cell.num_spec_tokens, repeat=cell.repeat, design="paired" if cell.group or cell.interleave else "cells",
                dsdprof_version=__version__, created_at=utc_now())
     if cell.context_len:  # a context sweep's rows carry their context (the optional column)
         row[CONTEXT_COLUMN.name] = cell.context_len

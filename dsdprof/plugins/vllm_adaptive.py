@@ -66,6 +66,7 @@ from dsdprof.plugins.vllm_profiling import (
 )
 
 logger = init_logger("vllm.dsdprof.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
+_clock = time.perf_counter  # the step clock (a module global: tests drive it)
 
 class _ContextLookup(list):
     """``dynamic_sd_lookup`` for a v3 table. vLLM indexes it once per step by the number of requests
@@ -255,7 +256,7 @@ class _AdaptiveMixin:
         """``(requests, K, seconds)`` of the step: ``seconds`` since the previous step's output when
         every scheduled request verified and drafted the same K (no prefill, no K change) -- a step
         of the table's kind -- else None."""
-        now = time.perf_counter()
+        now = _clock()
         last, self._adaptive_t = self._adaptive_t, now
         n = len(scheduler_output.num_scheduled_tokens)
         if not n:

@@ -22,7 +22,9 @@ Per batch size, :func:`compare` reports:
   bootstrap of :mod:`dsdprof.decide.bootstrap` (per variant, the waves pooled over repeats, or the repeats;
   small samples widened to t intervals), on the ratio of mean AL / mean ITL of the DSD cells to
   those of the best fixed K (chosen by the point estimate); NaN when a variant has a single
-  sample (one repeat of one wave) -- the intervals are then unknown.
+  sample (one repeat of one wave) -- the intervals are then unknown. Rows of validate's paired
+  design (the default: the variants' waves interleaved one by one) are resampled wave by wave,
+  one draw for every variant, so the drift between waves cancels in the ratio.
 
 With ``adaptive`` rows (``dsdprof validate --adaptive``) the same for the adaptive plugin:
 ``tops_adaptive``, ``adaptive_regret`` (+ ``_lo``/``_hi``), ``adaptive_speedup_vs_vanilla`` and
@@ -38,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE
-from dsdprof.decide.bootstrap import bootstrap_batch, check_confidence, interval, row_samples
+from dsdprof.decide.bootstrap import BLOCK_COLUMN, bootstrap_batch, check_confidence, interval, row_samples
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODES, MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 
@@ -112,16 +114,50 @@ def _k_observed(rows: pd.DataFrame) -> float:
     return float(toks / drafts) if drafts > 0 else 0.0
 
 
+def _interleaved_cells(frames: list[pd.DataFrame]) -> list | None:
+    """Validate's paired design (every row ``design = paired`` with a ``sample_block`` per wave: the
+    variants' waves ran interleaved, wave ``j`` of each within seconds of the others): per frame,
+    per repeat, (row AL, row ITL, AL waves, ITL waves) restricted to the waves every frame has in
+    that repeat, in wave order, so that sample ``i`` of every frame is one wave round. None when a
+    row is not of that design (cell by cell: the variants' waves are resampled each on its own)."""
+    per = []
+    for rows in frames:
+        if BLOCK_COLUMN not in rows.columns or "design" not in rows.columns \
+                or not (rows["design"].astype(str) == "paired").all():
+            return None
+        repeats = rows["repeat"].astype(int).to_list() if "repeat" in rows.columns else [0] * len(rows)
+        by_repeat: dict[int, tuple] = {}
+        for r, a, t, (s_al, s_itl), raw in zip(repeats, rows["acceptance_length"], rows["itl_s"],
+                                                row_samples(rows), rows[BLOCK_COLUMN]):
+            if raw is None or len(raw) != s_al.size or s_al.size == 0 or r in by_repeat:
+                return None
+            by_repeat[r] = (float(a), float(t), dict(zip((int(w) for w in raw), zip(s_al, s_itl))))
+        per.append(by_repeat)
+    cells = [(i, []) for i in range(len(per))]
+    for r in sorted(set.intersection(*(set(d) for d in per))):
+        common = sorted(set.intersection(*(set(d[r][2]) for d in per)))
+        for (_, units), d in zip(cells, per):
+            a, t, waves = d[r]
+            units.append((a, t, np.array([waves[w][0] for w in common]), np.array([waves[w][1] for w in common])))
+    return cells if cells[0][1] and all(u[2].size for u in cells[0][1]) else None
+
+
 def regret_intervals(batch_size: int, best: pd.DataFrame, variants: list[pd.DataFrame],
                      confidence: float = DEFAULT_CONFIDENCE) -> list[tuple[float, float]]:
     """Per variant, the ``confidence`` interval of ``1 - goodput(variant) / goodput(best)``
-    (:func:`dsdprof.decide.bootstrap.bootstrap_batch`; NaN when any of them has a single sample)."""
-    cells = []
-    for i, rows in enumerate([best, *variants]):
-        samples = row_samples(rows)
-        cells.append((i, [(float(a), float(t), s[0], s[1])
-                          for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]))
-    rep = bootstrap_batch(batch_size, cells, confidence=confidence)
+    (:func:`dsdprof.decide.bootstrap.bootstrap_batch`; NaN when any of them has a single sample).
+    Rows of validate's paired design are resampled **wave by wave, one draw for every variant**
+    (their waves ran interleaved, so drift between waves cancels in the ratio); other rows each
+    on their own."""
+    cells = _interleaved_cells([best, *variants])
+    paired = cells is not None
+    if cells is None:
+        cells = []
+        for i, rows in enumerate([best, *variants]):
+            samples = row_samples(rows)
+            cells.append((i, [(float(a), float(t), s[0], s[1])
+                              for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]))
+    rep = bootstrap_batch(batch_size, cells, confidence=confidence, paired=paired)
     if not rep.known:
         return [(math.nan, math.nan)] * len(variants)
     g = rep.goodput

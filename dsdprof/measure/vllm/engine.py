@@ -288,26 +288,35 @@ class VllmEngine:
             log = self.pool.log_path(key)
             raise EngineFailure(f"{err}" + (f" (engine log: {log})" if log else "")) from None
 
-    def measure(self, cell: Cell) -> CellMeasurement:
+    def request_for(self, cell: Cell) -> tuple[str, CellRequest]:
+        """(the engine that runs ``cell``, its request) for a cell of its own (not a paired group's)."""
         if cell.mode == MODE_DSD and MODE_DSD in self.served:  # vLLM's lookup picks K: verify the table's
-            return self.run(MODE_DSD, self.cell_request(cell, None, verify_k=cell.num_spec_tokens))
+            return MODE_DSD, self.cell_request(cell, None, verify_k=cell.num_spec_tokens)
         if cell.mode == MODE_ADAPTIVE and MODE_ADAPTIVE in self.served:  # the plugin picks K per step
-            return self.run(MODE_ADAPTIVE, replace(self.cell_request(cell, None, verify_k=-1), positions=0))
-        if cell.mode in (MODE_DSD, MODE_VANILLA) and cell.group:
-            return self.measure_paired(cell)
+            return MODE_ADAPTIVE, replace(self.cell_request(cell, None, verify_k=-1), positions=0)
         if cell.mode == MODE_VANILLA:
-            return self.run(MODE_VANILLA, self.cell_request(cell, None, verify_k=0))
+            return MODE_VANILLA, self.cell_request(cell, None, verify_k=0)
         if cell.mode == MODE_DSD:
-            return self.run(MODE_DSD, self.cell_request(cell, cell.num_spec_tokens))
-        return self.run(f"fixed-{cell.num_spec_tokens}", self.cell_request(cell, None, cell.num_spec_tokens))
+            return MODE_DSD, self.cell_request(cell, cell.num_spec_tokens)
+        return f"fixed-{cell.num_spec_tokens}", self.cell_request(cell, None, cell.num_spec_tokens)
+
+    def measure(self, cell: Cell) -> CellMeasurement:
+        if cell.interleave or (cell.mode in (MODE_DSD, MODE_VANILLA) and cell.group and cell.mode not in self.served):
+            return self.measure_paired(cell)
+        return self.run(*self.request_for(cell))
 
     def measure_paired(self, cell: Cell) -> CellMeasurement:
         """Paired design: the first cell of a unit (a batch size's vanilla cell and DSD group of one
-        repeat) runs the whole unit (:meth:`run_unit`); its siblings take their rows from that run
-        (or its error). The runner re-measures a unit whose rows are not all on disk as a whole."""
-        key = (cell.repeat, cell.batch_size, cell.context_len, cell.group)
+        repeat, or validate's variants of one batch size and repeat) runs the whole unit
+        (:meth:`run_unit`, :func:`~dsdprof.measure.vllm.interleave.run_interleaved`); its siblings
+        take their rows from that run (or its error). The runner re-measures a unit whose rows are
+        not all on disk as a whole."""
+        key = cell.unit
         if key not in self._groups:
-            self._groups = {key: self.run_unit(cell)}  # one unit at a time: the planner runs its cells together
+            from dsdprof.measure.vllm.interleave import run_interleaved
+
+            # one unit at a time: the planner runs its cells together
+            self._groups = {key: run_interleaved(self, cell) if cell.interleave else self.run_unit(cell)}
         result = self._groups[key][(cell.mode, cell.num_spec_tokens)]
         if isinstance(result, Exception):
             raise result

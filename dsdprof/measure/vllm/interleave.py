@@ -1,0 +1,51 @@
+"""Validate's paired design: the variants of one batch size and repeat (vanilla, fixed K, the table
+served by vLLM's schedule, the adaptive plugin), each on its own engine, run their measured waves
+**interleaved one by one**: wave ``j`` of every variant runs before wave ``j + 1`` of any, in the
+order of row ``j`` of a Williams design (every variant first, and right after every other, equally
+often). Variants measured minutes apart drift 10-35 % on a busy machine; wave ``j`` of every variant
+runs within seconds of the others, so ``sample_block`` (= the wave) pairs them in the regret
+bootstrap (:func:`dsdprof.report.compare.regret_intervals`) and the drift cancels.
+
+Every engine keeps its cell open between its waves (the worker's ``span``, as in the sweep's
+paired design); an engine that fails ends its own variant's row (its error), the others go on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from dsdprof.measure.engine import Cell, balanced_order
+from dsdprof.measure.vllm.pool import EngineFailure
+
+
+def run_interleaved(engine: Any, cell: Cell) -> dict[tuple[str, int], Any]:
+    """Measure every variant of ``cell.interleave`` (``(mode, K)`` pairs) wave by wave on
+    ``engine`` (a :class:`~dsdprof.measure.vllm.engine.VllmEngine`); returns
+    ``(mode, K) -> measurement | exception``. Each variant's request is the one it gets on its own
+    (:meth:`VllmEngine.request_for`), run one measured wave at a time, its rows tagged with
+    ``sample_block`` = the wave."""
+    variants = [replace(cell, mode=mode, num_spec_tokens=k) for mode, k in cell.interleave]
+    if engine.one_fixed_engine and sum(mode == "fixed" for mode, _ in cell.interleave) > 1:
+        raise ValueError("interleaved variants need every fixed-K engine alive (one_fixed_engine is set)")
+    waves = engine.spec.sweep.waves
+    reqs = []
+    for v in variants:
+        key, req = engine.request_for(v)
+        reqs.append((key, replace(req, wave_block=tuple(range(waves)))))
+    out: dict[tuple[str, int], Any] = {}
+    b = engine.spec.sweep.batch_sizes
+    turn = cell.repeat * len(b) + (b.index(cell.batch_size) if cell.batch_size in b else 0)
+    for j in range(waves):
+        for i in balanced_order(len(variants), turn * waves + j):
+            ident = (variants[i].mode, variants[i].num_spec_tokens)
+            if isinstance(out.get(ident), Exception):
+                continue
+            key, req = reqs[i]
+            try:
+                with engine.pool.exclusive(key) as worker:  # the idle engines paused meanwhile, if enabled
+                    out[ident] = worker.run(replace(req, span=(j, j + 1)), engine.cell_timeout_s)
+            except EngineFailure as err:
+                log = engine.pool.log_path(key)
+                out[ident] = EngineFailure(f"{err}" + (f" (engine log: {log})" if log else ""))
+    return out
