@@ -386,7 +386,7 @@ def test_validate_resume_of_another_run_is_refused_before_any_engine(tmp_path):
     table.write_text(json.dumps({"schema": "dsdprof.ktable/v1", "ranges": [[1, 2, 3], [3, 1048576, 1]]}))
     run = tmp_path / "validate-run"
     dump = load_spec(spec).model_dump(mode="json")
-    dump["validate"] = {"table": str(table), "ranges": [[1, 2, 3], [3, 1048576, 1]], "fixed_ks": [3]}
+    dump["validate"] = {"table": str(table), "ranges": [[1, 2, 3], [3, 1048576, 1]], "fixed_ks": [3], "design": "paired"}
     with SweepWriter(run, dump) as w:  # what `dsdprof validate` wrote before it was interrupted
         w.start({"engine": "vllm", "hardware": "cpu"})
     before = snapshot(run)
@@ -396,6 +396,7 @@ def test_validate_resume_of_another_run_is_refused_before_any_engine(tmp_path):
 
     one_line_error(validate("--waves", "5"), "spec.sweep.waves=5", "(was 2)")
     one_line_error(validate("--fixed-k", "4"), "spec.validate.fixed_ks[0]=4", "(was 3)")
+    one_line_error(validate("--design", "cells"), "spec.validate.design", "(was 'paired')")
     other = tmp_path / "t2.json"
     other.write_text(table.read_text())
     one_line_error(runner.invoke(app, ["validate", str(other), str(spec), "--out", str(run), "--resume"]),
