@@ -50,6 +50,7 @@ num_prompts = 16
     assert "regret" in r.output
     df = pd.read_parquet(out)
     assert len(df) == 2 * 3 and (df["status"] == "ok").all(), df[["cell_id", "error"]]
+    assert (df["design"] == "paired").all() and all(list(b) == [0] for b in df["sample_block"])  # the default
     van = df[df["mode"] == "vanilla"]
     assert (van["num_drafts"] == 0).all()
     fixed = df[df["mode"] == "fixed"]
