@@ -285,8 +285,12 @@ class VllmEngine:
             with self.pool.exclusive(key) as worker:  # the other engines paused meanwhile, if enabled
                 return worker.run(req, self.cell_timeout_s)
         except EngineFailure as err:
-            log = self.pool.log_path(key)
-            raise EngineFailure(f"{err}" + (f" (engine log: {log})" if log else "")) from None
+            raise self.failure(key, err) from None
+
+    def failure(self, key: str, err: EngineFailure) -> EngineFailure:
+        """``err`` of engine ``key``, naming that engine's log when it has one."""
+        log = self.pool.log_path(key)
+        return EngineFailure(f"{err}" + (f" (engine log: {log})" if log else ""))
 
     def request_for(self, cell: Cell) -> tuple[str, CellRequest]:
         """(the engine that runs ``cell``, its request) for a cell of its own (not a paired group's)."""
@@ -363,8 +367,7 @@ class VllmEngine:
                     with self.pool.exclusive(mode) as worker:  # the idle engine paused meanwhile, if enabled
                         out[mode] = worker.run(replace(req, span=spans[mode][j]), timeout)
                 except EngineFailure as err:
-                    log = self.pool.log_path(mode)
-                    out[mode] = EngineFailure(f"{err}" + (f" (engine log: {log})" if log else ""))
+                    out[mode] = self.failure(mode, err)
         group = out[MODE_DSD]
         rows: dict[tuple[str, int], Any] = {(MODE_VANILLA, 0): out[MODE_VANILLA]}
         rows.update({(MODE_DSD, k): group if isinstance(group, Exception) else group[k] for k in cell.group})

@@ -46,6 +46,5 @@ def run_interleaved(engine: Any, cell: Cell) -> dict[tuple[str, int], Any]:
                 with engine.pool.exclusive(key) as worker:  # the idle engines paused meanwhile, if enabled
                     out[ident] = worker.run(replace(req, span=(j, j + 1)), engine.cell_timeout_s)
             except EngineFailure as err:
-                log = engine.pool.log_path(key)
-                out[ident] = EngineFailure(f"{err}" + (f" (engine log: {log})" if log else ""))
+                out[ident] = engine.failure(key, err)
     return out
