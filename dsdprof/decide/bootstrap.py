@@ -288,7 +288,7 @@ def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICA
 BLOCK_COLUMN = "sample_block"
 
 
-def _row_blocks(rows: pd.DataFrame, samples: list[tuple[np.ndarray, np.ndarray]]) -> Optional[list[np.ndarray]]:
+def row_blocks(rows: pd.DataFrame, samples: list[tuple[np.ndarray, np.ndarray]]) -> Optional[list[np.ndarray]]:
     """Per row, the wave block of each sample (paired design, schema v5), or None when any row has none."""
     if BLOCK_COLUMN not in rows.columns:
         return None
@@ -305,7 +305,7 @@ def _units(rows: pd.DataFrame) -> tuple[list, Optional[list[np.ndarray]], list[i
     units = robust_units([(float(a), float(t), s[0], s[1])
                           for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)])
     repeat = rows["repeat"].astype(int).to_list() if "repeat" in rows else [0] * len(rows)
-    return units, _row_blocks(rows, samples), repeat
+    return units, row_blocks(rows, samples), repeat
 
 
 def _block_sums(unit: tuple, blocks: np.ndarray, keep: list[int]) -> np.ndarray:

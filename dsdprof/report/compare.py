@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE
-from dsdprof.decide.bootstrap import BLOCK_COLUMN, bootstrap_batch, check_confidence, interval, row_samples
+from dsdprof.decide.bootstrap import bootstrap_batch, check_confidence, interval, row_blocks, row_samples
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODES, MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 
@@ -122,16 +122,18 @@ def _interleaved_cells(frames: list[pd.DataFrame]) -> list | None:
     row is not of that design (cell by cell: the variants' waves are resampled each on its own)."""
     per = []
     for rows in frames:
-        if BLOCK_COLUMN not in rows.columns or "design" not in rows.columns \
-                or not (rows["design"].astype(str) == "paired").all():
+        if "design" not in rows.columns or not (rows["design"].astype(str) == "paired").all():
+            return None
+        samples = row_samples(rows)
+        blocks = row_blocks(rows, samples)
+        if blocks is None:
             return None
         repeats = rows["repeat"].astype(int).to_list() if "repeat" in rows.columns else [0] * len(rows)
         by_repeat: dict[int, tuple] = {}
-        for r, a, t, (s_al, s_itl), raw in zip(repeats, rows["acceptance_length"], rows["itl_s"],
-                                                row_samples(rows), rows[BLOCK_COLUMN]):
-            if raw is None or len(raw) != s_al.size or s_al.size == 0 or r in by_repeat:
+        for r, a, t, (s_al, s_itl), waves in zip(repeats, rows["acceptance_length"], rows["itl_s"], samples, blocks):
+            if r in by_repeat:
                 return None
-            by_repeat[r] = (float(a), float(t), dict(zip((int(w) for w in raw), zip(s_al, s_itl))))
+            by_repeat[r] = (float(a), float(t), dict(zip((int(w) for w in waves), zip(s_al, s_itl))))
         per.append(by_repeat)
     cells = [(i, []) for i in range(len(per))]
     for r in sorted(set.intersection(*(set(d) for d in per))):

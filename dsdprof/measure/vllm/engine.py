@@ -24,6 +24,7 @@ from typing import Any
 
 from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, vanilla_waves, wave_blocks
+from dsdprof.measure.vllm.interleave import run_interleaved
 from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401 - re-exported
 from dsdprof.measure.vllm.worker import CellRequest, detect_hardware
 from dsdprof.errors import InputError
@@ -317,8 +318,6 @@ class VllmEngine:
         not all on disk as a whole."""
         key = cell.unit
         if key not in self._groups:
-            from dsdprof.measure.vllm.interleave import run_interleaved
-
             # one unit at a time: the planner runs its cells together
             self._groups = {key: run_interleaved(self, cell) if cell.interleave else self.run_unit(cell)}
         result = self._groups[key][(cell.mode, cell.num_spec_tokens)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from dsdprof.formats.measurements import MODE_FIXED
 from dsdprof.measure.engine import Cell, balanced_order
 from dsdprof.measure.vllm.pool import EngineFailure
 
@@ -26,7 +27,7 @@ def run_interleaved(engine: Any, cell: Cell) -> dict[tuple[str, int], Any]:
     (:meth:`VllmEngine.request_for`), run one measured wave at a time, its rows tagged with
     ``sample_block`` = the wave."""
     variants = [replace(cell, mode=mode, num_spec_tokens=k) for mode, k in cell.interleave]
-    if engine.one_fixed_engine and sum(mode == "fixed" for mode, _ in cell.interleave) > 1:
+    if engine.one_fixed_engine and sum(mode == MODE_FIXED for mode, _ in cell.interleave) > 1:
         raise ValueError("interleaved variants need every fixed-K engine alive (one_fixed_engine is set)")
     waves = engine.spec.sweep.waves
     reqs = []
