@@ -67,3 +67,49 @@ num_prompts = 16
     c = compare(df)
     assert c["batch_size"].tolist() == [1, 2]
     assert c["dsd_k_observed"].tolist() == pytest.approx(per_draft.sort_index().tolist())
+
+
+def test_validate_steps_design_runs_every_variant_in_one_engine(tmp_path):
+    """--design steps --adaptive: two engines (vanilla, the adaptive one); fixed K, the table and the
+    plugin are arms of one K sequence inside the same waves, each row from its own steps."""
+    from dsdprof.measure.vllm.trace import read_trace
+    from dsdprof.serve.simulate import synthetic_table
+
+    toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(kind="dense"))
+    table = synthetic_table({b: {k: 0.03 + 0.003 * k + 0.001 * b * k for k in range(4)} for b in (1, 2)}, (0.8,) * 3)
+    table["provenance"] = {"model": str(toy.target), "draft_model": str(toy.draft), "method": "draft_model"}
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    (tmp_path / "s.toml").write_text(f"""
+[engine]
+model = "{toy.target}"
+draft_model = "{toy.draft}"
+method = "draft_model"
+dtype = "float32"
+max_model_len = 256
+extra = {{ enforce_eager = true }}
+[sweep]
+batch_sizes = [1, 2]
+waves = 2
+output_len = 40
+warmup = 1
+[workload]
+input_len = 16
+num_prompts = 16
+""")
+    out = tmp_path / "val"
+    r = CliRunner().invoke(app, ["validate", str(tmp_path / "t.json"), str(tmp_path / "s.toml"), "--fixed-k", "1",
+                                 "--fixed-k", "2", "--adaptive", "--design", "steps", "--out", str(out),
+                                 "--fail-on-regret", "1000"])
+    assert r.exit_code == 0, r.output
+    df = pd.read_parquet(out)
+    assert len(df) == 2 * 5 and (df["status"] == "ok").all(), df[["cell_id", "error"]]
+    assert (df["design"] == "paired").all()
+    assert not any(p.name.startswith(("engine-fixed", "engine-dsd")) for p in (out / "_logs").iterdir())
+    fixed = df[df["mode"] == "fixed"]
+    assert (fixed["drafted_per_draft"] == fixed["num_spec_tokens"].astype(float)).all()
+    dsd = df[df["mode"] == "dsd"]
+    assert (dsd["drafted_per_draft"] == dsd["num_spec_tokens"].astype(float)).all()  # the table's arm ran its K
+    steps = read_trace(out / "_traces" / "adaptive-bs1-steps-r0.jsonl")
+    assert {s.arm for s in steps if s.wave >= 0} == {-2, -1, 1, 2}
+    c = compare(df)
+    assert c["tops_adaptive"].notna().all() and c["adaptive_regret_lo"].notna().all()

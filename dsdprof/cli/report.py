@@ -185,7 +185,7 @@ def _validate(
     resume: bool = typer.Option(False, "--resume", help="Continue the validate run in OUT (same table, spec and versions): skip finished cells, retry failed ones."),
     adaptive: bool = typer.Option(False, "--adaptive", help="Also serve the table (v2) through dsdprof's adaptive vLLM scheduler, which follows live acceptance (docs/adaptive.md)."),
     adaptive_config: Optional[str] = typer.Option(None, "--adaptive-config", metavar="JSON", help='Adaptive selector options, e.g. \'{"half_life": 256, "margin": 0.02}\' (implies --adaptive).'),
-    design: str = typer.Option("paired", "--design", help="paired: the variants' waves interleaved one by one, intervals paired by wave (drift cancels); cells: each cell's waves back to back."),
+    design: str = typer.Option("paired", "--design", help="paired: the variants' waves interleaved one by one, intervals paired by wave (drift cancels); steps: every variant but vanilla in one engine's waves, switched per step (finest pairing; --fixed-k up to the table's largest K); cells: each cell's waves back to back."),
 ) -> None:
     """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report tokens/s per user, regret, speedup."""
     from datetime import datetime

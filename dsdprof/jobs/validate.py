@@ -6,8 +6,13 @@ as ``sweep``, all kept alive for the whole run so the cells can be interleaved p
 the next). In the **paired design** (the default, ``--design paired``) the variants of a batch
 size and repeat run their measured waves interleaved one by one (wave ``j`` of every variant within
 seconds of the others, :mod:`dsdprof.measure.vllm.interleave`), and the regret intervals pair wave
-``j`` of every variant, so drift between variants cancels; ``--design cells`` runs each cell's
-waves back to back:
+``j`` of every variant, so drift between variants cancels. In the **steps design** (``--design
+steps``) every variant but vanilla runs inside the same waves of **one** engine (the adaptive one
+with ``--adaptive``, else the ``dsd`` one), switched step by step as in the sweep's paired design:
+each is an arm of the K sequence (fixed K, the table's schedule, the adaptive plugin's own choice;
+the plugin learns only from its own steps), so the seconds-scale noise that wave interleaving
+leaves between engines hits every variant alike; vanilla interleaves block by block on its own
+engine. ``--design cells`` runs each cell's waves back to back:
 
 * ``vanilla``: no speculative config (the baseline);
 * ``fixed-<K>``: ``num_speculative_tokens = K``, no dynamic schedule;
@@ -47,10 +52,11 @@ from dsdprof.io.store import SWEEP_META
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.runner import SweepProgress, run_plan
 from dsdprof.measure.vllm.engine import VllmEngine
+from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
 
 VALIDATE_KEY = "validate"  # key in _sweep.json marking a validate run
 DEFAULT_FIXED_KS = (3,)
-DESIGNS = ("paired", "cells")  # validate --design: variants' waves interleaved (default) | cell by cell
+DESIGNS = ("paired", "steps", "cells")  # validate --design: waves interleaved (default) | arms per step | cells
 ADAPTIVE_TABLE_FILE = "_adaptive_table.json"  # the table the adaptive engine loads, in OUT
 
 
@@ -65,7 +71,10 @@ class ValidateSummary:
 
 
 def worker_key(cell: Cell) -> str:
-    """Which engine runs a cell: ``vanilla``, ``fixed-<K>``, ``dsd`` or ``adaptive``."""
+    """Which engine runs a cell: ``vanilla``, ``fixed-<K>``, ``dsd`` or ``adaptive`` (steps design:
+    every variant but vanilla on the adaptive engine, or without it on ``dsd``)."""
+    if cell.group and min(cell.group) < 0 and cell.mode != MODE_VANILLA:
+        return MODE_ADAPTIVE if ARM_ENGINE in cell.group else MODE_DSD
     if cell.mode == MODE_FIXED:
         return f"fixed-{cell.num_spec_tokens}"
     return cell.mode
@@ -76,7 +85,9 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
     """Cells in run order: per repeat, per batch size, every variant, order rotated each time.
     ``adaptive_k`` (the adaptive engine's largest K) adds an ``adaptive`` cell per batch size.
     ``design``: ``paired`` (every cell of a batch size and repeat carries ``interleave``, the
-    variants' (mode, K): their waves run interleaved one by one, :mod:`dsdprof.measure.vllm.interleave`)
+    variants' (mode, K): their waves run interleaved one by one, :mod:`dsdprof.measure.vllm.interleave`),
+    ``steps`` (every cell carries ``group`` = the arms -- adaptive, the table, each fixed K -- run
+    inside the same waves of one engine, switched per step; ``table_max_k`` caps the fixed Ks there)
     or ``cells`` (each cell's waves back to back)."""
     if design not in DESIGNS:
         raise InputError("--design", design, f"must be one of {', '.join(DESIGNS)}")
@@ -87,6 +98,16 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
             raise InputError("--fixed-k", k, "must be >= 1 (K=0 is the vanilla engine)")
     if len(set(fixed_ks)) != len(fixed_ks):
         raise InputError("--fixed-k", fixed_ks, "duplicate K")
+    arms: tuple[int, ...] = ()
+    if design == "steps":
+        engine_k = adaptive_k if adaptive_k is not None else max(r[2] for r in ranges)
+        if engine_k < 1:
+            raise InputError("--design", design, "the table serves K=0 at every batch size: no engine to switch "
+                                                 "K in (use --design paired)")
+        if max(fixed_ks) > engine_k:
+            raise InputError("--fixed-k", max(fixed_ks), f"above K={engine_k}, the largest K of the engine the "
+                                                         "steps design runs every variant on")
+        arms = ((ARM_ENGINE,) if adaptive_k is not None else ()) + (ARM_TABLE,) + tuple(sorted(fixed_ks))
     cells: list[Cell] = []
     turn = 0
     for r in range(repeats):
@@ -101,6 +122,8 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
             if design == "paired":
                 pairs = tuple((c.mode, c.num_spec_tokens) for c in variants)
                 variants = [replace(c, interleave=pairs) for c in variants]
+            elif arms:
+                variants = [replace(c, group=arms) for c in variants]
             cells.extend(variants)
             turn += 1
     return cells
@@ -199,9 +222,10 @@ def validation_engine(spec, table: dict[str, Any], out: Path, fixed_engines: int
                       start_worker: Callable[..., Any] | None = None) -> VllmEngine:
     """The vLLM engines of a validate run: vanilla and fixed K as in a sweep, plus ``table`` served
     on the ``dsd`` engine through vLLM's own schedule and, with ``adaptive = (table file, max K,
-    options)``, on the ``adaptive`` engine through dsdprof's plugin."""
+    options)``, on the ``adaptive`` engine through dsdprof's plugin. ``fixed_engines = -1``: the steps
+    design (vanilla and one more engine alive)."""
     engine = VllmEngine(spec, out_dir=out, one_fixed_engine=False, start_worker=start_worker,
-                        concurrent_engines=2 + fixed_engines + (adaptive is not None))
+                        concurrent_engines=2 + fixed_engines + (adaptive is not None) if fixed_engines >= 0 else 2)
     served = {MODE_DSD: dsd_llm_kwargs(engine.base_kwargs(), table, spec)}
     if adaptive is not None:
         served[MODE_ADAPTIVE] = adaptive_llm_kwargs(engine.base_kwargs(), table, spec, *adaptive)
@@ -251,7 +275,8 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
 
     ``adaptive``: None, or the selector options (``{}`` for defaults) of an ``adaptive`` variant.
     ``design``: ``paired`` (the variants of a batch size and repeat interleaved wave by wave, so
-    the regret intervals pair wave ``j`` of every variant) or ``cells`` (:func:`plan_validation`).
+    the regret intervals pair wave ``j`` of every variant), ``steps`` (every variant but vanilla
+    inside the same waves of one engine, switched per step) or ``cells`` (:func:`plan_validation`).
 
     The same cell loop as ``sweep`` (:func:`dsdprof.measure.runner.run_plan`) on the same engine
     pool (:class:`~dsdprof.measure.vllm.engine.VllmEngine`, the table's engines added with
@@ -283,13 +308,15 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
         if adaptive is not None:
             table_file = write_json_atomic(out / ADAPTIVE_TABLE_FILE, table, force=True)
             adaptive_engine = (str(table_file.resolve()), adaptive_k, dict(adaptive))
-        engine = validation_engine(spec, table, out, len(fixed_ks), adaptive_engine, table_path, start_worker)
+        engines = -1 if design == "steps" else len(fixed_ks)  # steps: vanilla and one engine alive
+        engine = validation_engine(spec, table, out, engines, adaptive_engine, table_path, start_worker)
         if engine.served[MODE_DSD] is None:
             warnings.append("table has K=0 at every batch size: DSD is served without a speculative config")
         return engine
 
     variants = f"vanilla, fixed K={sorted(fixed_ks)}, DSD" + (", adaptive" if adaptive is not None else "")
-    variants += "; design paired (variants' waves interleaved)" if design == "paired" else "; design cells"
+    variants += {"paired": "; design paired (variants' waves interleaved)", "cells": "; design cells",
+                 "steps": "; design steps (variants switched per step in one engine)"}[design]
     res = run_plan(ValidatePlanner(cells, variants), spec_dump, out, make_engine, resume=resume,
                    on_progress=on_progress, tolerance=spec.sweep.consistency_tolerance)
     return ValidateSummary(out, res.total, res.ok, res.failed, res.skipped, tuple(warnings))

@@ -6,6 +6,13 @@ RUN_ARG = "dsdprof_run"  # the run's secret (see RUN_TOKEN_ENV)
 K_EXTRA_ARG = "dsdprof_num_spec_tokens"  # run the cell at this K
 K_SEQ_ARG = "dsdprof_k_sequence"  # paired design: K of the wave's i-th step is seq[i % len(seq)]
 MAX_K_SEQ = 4096  # longest K sequence honoured
+# Arms of a K sequence that are not a constant K (validate's steps design: the variants that choose K
+# themselves, switched step by step inside one engine): the schedule the engine started with (the
+# table's K per batch size), and the engine's own current choice (the adaptive plugin's K; without
+# the plugin, vLLM's lookup -- the same schedule).
+ARM_TABLE = -1
+ARM_ENGINE = -2
+MIN_ARM = ARM_ENGINE  # the lowest value a K sequence may hold
 GATE_ARG = "dsdprof_wave_size"  # hold scheduling until this many requests of the wave are queued
 TRACE_ARG = "dsdprof_trace"  # name of the cell's trace file, inside the engine's trace directory
 WAVE_ARG = "dsdprof_wave"  # wave index within the cell (< 0: warm-up, not summarised)

@@ -35,6 +35,11 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
   seconds)`` (steps at K=0 too); the acceptance of every step is referred to its own batch size.
 * **Exploration**: on unforced steps the selector's :meth:`~dsdprof.serve.adaptive.AdaptiveKSelector.explore`
   may serve a neighbouring K for 2 steps in 256 (<= 1 %), so Ks not served still get step times.
+* **Validate's steps design** (a dsdprof run only: requests carrying the run's secret and a K
+  sequence of arms, :mod:`dsdprof.plugins.vllm_profiling`): the plugin's K serves the
+  ``ARM_ENGINE`` steps, other arms force theirs; the selector learns the acceptance of the steps
+  that verified the plugin's own drafts and the time of the steps that also drafted its K, never
+  what another arm's steps show, so it learns per own step what it would learn alone.
 * **K=0 is not a trap**: a step without drafts teaches the selector nothing, so once K is 0
   wherever the engine runs the estimate could never recover. After ``probe_every`` steps in a row
   without a draft (default 1024; 0 = never), one unforced step runs at K=1.
@@ -58,6 +63,7 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from dsdprof.formats.ktable import context_slice, read_table_file
+from dsdprof.plugins.names import ARM_ENGINE
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import batch_context
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
@@ -117,6 +123,7 @@ class _AdaptiveMixin:
         self._adaptive_idle = 0  # steps in a row without a draft
         self._adaptive_t = None  # perf_counter() at the previous update_from_output (None: no step before)
         self._adaptive_swap()
+        self._dsdprof_static = list(self._dsdprof_table_lookup)  # validate's ARM_TABLE: the table's K, as served at start
         self._adaptive_probe = [min(1, self.num_spec_tokens)] * len(self.dynamic_sd_lookup)  # type: ignore[attr-defined]
         self._adaptive_update = super().update_from_output  # type: ignore[misc]
         if not self._dsdprof_token:  # type: ignore[attr-defined]
@@ -204,6 +211,14 @@ class _AdaptiveMixin:
         result = self._adaptive_update(scheduler_output, model_runner_output)
         n, k, seconds = self._adaptive_step_time(scheduler_output)
         hist = self._adaptive_hist
+        prev, arm = self.dsdprof_step_arms  # type: ignore[attr-defined]
+        if prev is not None or arm is not None:  # validate's steps design: learn from the plugin's own steps only
+            if prev != ARM_ENGINE:  # the step verified another arm's drafts
+                if hist is not None:
+                    hist[:] = self._adaptive_zeros
+                return result
+            if arm != ARM_ENGINE:  # verified the plugin's drafts, drafted another arm's K: acceptance only
+                seconds = None
         if hist is None:
             stats = None
             for eco in (result or {}).values():

@@ -21,7 +21,13 @@ request arrives; a value of the wrong type or out of range is ignored and counte
   0..``num_spec_tokens``) sets the K of the wave's i-th scheduled step to ``seq[i % len(seq)]``
   (the step counter is per traced wave); it takes precedence over a constant K. The K each step
   scheduled (vLLM's ``num_spec_tokens_to_schedule``: the drafts it proposes for the next step) is
-  recorded in the trace as ``k_next``.
+  recorded in the trace as ``k_next``. Two values are **arms** rather than a K (validate's steps
+  design: the variants that choose K themselves, switched step by step inside one engine):
+  ``ARM_TABLE`` serves the schedule the engine started with (the table's K per batch size) and
+  ``ARM_ENGINE`` leaves the step unforced (vLLM's lookup, or the adaptive plugin's current K). The
+  arm of every step is recorded in the trace (``arm``) and exposed to a subclass as
+  ``dsdprof_step_arms`` = (arm of the previous step, arm of this step) during ``update_from_output``,
+  so the adaptive plugin learns only from its own steps.
 * **Wave gate**: while nothing runs, a queue headed by a request carrying ``extra_args[GATE_ARG]
   = B`` (1..``max_num_seqs``) is not scheduled until B requests have arrived.
 * **Step trace**: ``extra_args[TRACE_ARG]`` names the cell's trace file (a plain file name) inside
@@ -50,7 +56,8 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from dsdprof.plugins.names import (
-    GATE_ARG, K_EXTRA_ARG, K_SEQ_ARG, MAX_K_SEQ, MIN_TOKEN_CHARS, RUN_ARG, RUN_TOKEN_ENV, TRACE_ARG, TRACE_DIR_ENV, WAVE_ARG,
+    ARM_ENGINE, ARM_TABLE, GATE_ARG, K_EXTRA_ARG, K_SEQ_ARG, MAX_K_SEQ, MIN_ARM, MIN_TOKEN_CHARS, RUN_ARG, RUN_TOKEN_ENV,
+    TRACE_ARG, TRACE_DIR_ENV, WAVE_ARG,
 )
 
 _TRACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
@@ -65,7 +72,7 @@ class Profiled:
     gate: int
     trace: str  # absolute path of the trace file ("" = not traced)
     wave: int
-    k_seq: tuple[int, ...] = ()  # paired design: K per step of the wave, cycled
+    k_seq: tuple[int, ...] = ()  # paired design: K (or arm, < 0) per step of the wave, cycled
 
 
 def _int(value: Any, lo: int, hi: int) -> int | None:
@@ -89,7 +96,7 @@ def parse_keys(extra: Any, token: str, trace_dir: str, max_k: int, max_gate: int
     seq = extra.get(K_SEQ_ARG)
     seq_ok: tuple[int, ...] = ()
     if seq is not None:
-        if type(seq) is list and 0 < len(seq) <= MAX_K_SEQ and all(_int(x, 0, max_k) is not None for x in seq):
+        if type(seq) is list and 0 < len(seq) <= MAX_K_SEQ and all(_int(x, MIN_ARM, max_k) is not None for x in seq):
             seq_ok = tuple(seq)
         else:
             bad = True
@@ -127,6 +134,12 @@ class _DsdprofMixin:
 
     def _dsdprof_init(self, environ=None) -> None:
         self._dsdprof_table_lookup = self.dynamic_sd_lookup  # type: ignore[attr-defined]
+        lookup = self._dsdprof_table_lookup
+        self._dsdprof_static = list(lookup) if lookup is not None else None  # ARM_TABLE: the schedule at start
+        self._dsdprof_arm: int | None = None  # the arm the step being scheduled runs (None: no arm)
+        self._dsdprof_arms: dict[int, int] = {}  # id(SchedulerOutput) -> its arm, until its update
+        self._dsdprof_last_arm: int | None = None
+        self.dsdprof_step_arms: tuple[int | None, int | None] = (None, None)  # (previous step's, this step's)
         self._dsdprof_const: dict[int, list[int]] = {}
         self._dsdprof_steps: dict[int, tuple] = {}
         self._dsdprof_buffers: dict[str, list[dict[str, Any]]] = {}
@@ -160,15 +173,19 @@ class _DsdprofMixin:
             if p.k_seq and self._dsdprof_live(req_id):  # paired design: the wave's step sequence
                 key = (p.trace, p.wave)
                 self._dsdprof_seq_key = key  # advanced by schedule() only if the step runs anything
-                return p.k_seq[self._dsdprof_seq_step.get(key, 0) % len(p.k_seq)]
+                self._dsdprof_arm = arm = p.k_seq[self._dsdprof_seq_step.get(key, 0) % len(p.k_seq)]
+                return arm
             if p.k is not None and self._dsdprof_live(req_id):
                 requested = p.k if requested is None else max(requested, p.k)
         return requested
 
     def _dsdprof_apply_k(self) -> None:
         k = self._dsdprof_requested_k() if self._dsdprof_reqs else None
-        if k is None or self._dsdprof_table_lookup is None:
+        if k is None or k == ARM_ENGINE or self._dsdprof_table_lookup is None:
             self.dynamic_sd_lookup = self._dsdprof_table_lookup  # type: ignore[attr-defined]
+            return
+        if k == ARM_TABLE:
+            self.dynamic_sd_lookup = self._dsdprof_static  # type: ignore[attr-defined]
             return
         lookup = self._dsdprof_const.get(k)
         if lookup is None:
@@ -189,12 +206,13 @@ class _DsdprofMixin:
 
     # ------------------------------------------------------------------ trace
     def schedule(self, *args, **kwargs):  # type: ignore[override]
-        self._dsdprof_seq_key = None
+        self._dsdprof_seq_key = self._dsdprof_arm = None
         self._dsdprof_apply_k()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         key = self._dsdprof_seq_key
         if key is not None and out.total_num_scheduled_tokens > 0:  # the wave's next step of its sequence
             self._dsdprof_seq_step[key] = self._dsdprof_seq_step.get(key, 0) + 1
+            self._dsdprof_arms[id(out)] = self._dsdprof_arm
         if self._dsdprof_reqs:
             self._dsdprof_record_schedule(out)
         return out
@@ -230,10 +248,17 @@ class _DsdprofMixin:
             reqs.append((req_id, decoding))
         if path:
             self._dsdprof_steps[id(out)] = (path, wave, reqs, prefill_tokens, others,
-                                            int(getattr(out, "num_spec_tokens_to_schedule", -1)))
+                                            int(getattr(out, "num_spec_tokens_to_schedule", -1)),
+                                            self._dsdprof_arms.get(id(out)))
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
         info = self._dsdprof_steps.pop(id(scheduler_output), None) if self._dsdprof_steps else None
+        if self._dsdprof_arms or self._dsdprof_last_arm is not None:
+            arm = self._dsdprof_arms.pop(id(scheduler_output), None)
+            self.dsdprof_step_arms = (self._dsdprof_last_arm, arm)
+            self._dsdprof_last_arm = arm
+        elif self.dsdprof_step_arms[0] is not None or self.dsdprof_step_arms[1] is not None:
+            self.dsdprof_step_arms = (None, None)
         before = self._dsdprof_before(info, scheduler_output, model_runner_output) if info is not None else None
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         if info is not None:
@@ -241,6 +266,7 @@ class _DsdprofMixin:
         if self._dsdprof_reqs and not self.running and len(self.waiting) == 0:  # type: ignore[attr-defined]
             self._dsdprof_reqs = {r: p for r, p in self._dsdprof_reqs.items() if self._dsdprof_live(r)}
             self._dsdprof_seq_step = {}
+            self._dsdprof_last_arm = None
             if self._dsdprof_buffers:
                 self._dsdprof_flush()
         return result
@@ -267,7 +293,7 @@ class _DsdprofMixin:
         return rows
 
     def _dsdprof_record_output(self, info, before) -> None:
-        path, wave, reqs, prefill_tokens, others, k_next = info
+        path, wave, reqs, prefill_tokens, others, k_next, arm = info
         ids, drafted, accepted, generated, finished, delivered = [], [], [], [], [], {}
         stale_n = 0
         for req_id, request, decoding, stale, n_before, d, a, g in before:
@@ -287,7 +313,7 @@ class _DsdprofMixin:
             "wave": wave, "t_end": time.perf_counter(), "scheduled": len(reqs), "decoding": len(ids),
             "prefill_tokens": prefill_tokens, "others": others, "stale": stale_n, "ids": ids,
             "drafted": drafted, "accepted": accepted, "generated": generated, "delivered": delivered,
-            "finished": finished, "k_next": k_next,
+            "finished": finished, "k_next": k_next, **({"arm": arm} if arm is not None else {}),
         })
 
     def _dsdprof_flush(self) -> None:

@@ -115,11 +115,13 @@ def _k_observed(rows: pd.DataFrame) -> float:
 
 
 def _interleaved_cells(frames: list[pd.DataFrame]) -> list | None:
-    """Validate's paired design (every row ``design = paired`` with a ``sample_block`` per wave: the
-    variants' waves ran interleaved, wave ``j`` of each within seconds of the others): per frame,
-    per repeat, (row AL, row ITL, AL waves, ITL waves) restricted to the waves every frame has in
-    that repeat, in wave order, so that sample ``i`` of every frame is one wave round. None when a
-    row is not of that design (cell by cell: the variants' waves are resampled each on its own)."""
+    """Validate's paired designs (every row ``design = paired`` with a ``sample_block`` per sample):
+    per frame, per repeat, (row AL, row ITL, AL samples, ITL samples) aligned so that sample ``i`` of
+    every frame ran in the same stretch of time. Where every frame of a repeat has the same blocks
+    (the steps design's arms: one engine's waves) the samples pair one by one; otherwise (wave by
+    wave across engines, or vanilla beside the steps design's arms, one wave per block) the samples
+    of a block are averaged and the blocks every frame has pair. None when a row is not of such a
+    design (cell by cell: the variants' waves are resampled each on its own)."""
     per = []
     for rows in frames:
         if "design" not in rows.columns or not (rows["design"].astype(str) == "paired").all():
@@ -133,14 +135,19 @@ def _interleaved_cells(frames: list[pd.DataFrame]) -> list | None:
         for r, a, t, (s_al, s_itl), waves in zip(repeats, rows["acceptance_length"], rows["itl_s"], samples, blocks):
             if r in by_repeat:
                 return None
-            by_repeat[r] = (float(a), float(t), dict(zip((int(w) for w in waves), zip(s_al, s_itl))))
+            by_repeat[r] = (float(a), float(t), np.asarray(waves), np.asarray(s_al), np.asarray(s_itl))
         per.append(by_repeat)
     cells = [(i, []) for i in range(len(per))]
     for r in sorted(set.intersection(*(set(d) for d in per))):
-        common = sorted(set.intersection(*(set(d[r][2]) for d in per)))
+        first = per[0][r][2]
+        same = all(d[r][2].shape == first.shape and (d[r][2] == first).all() for d in per)
+        common = sorted(set.intersection(*(set(d[r][2].tolist()) for d in per)))
         for (_, units), d in zip(cells, per):
-            a, t, waves = d[r]
-            units.append((a, t, np.array([waves[w][0] for w in common]), np.array([waves[w][1] for w in common])))
+            a, t, waves, s_al, s_itl = d[r]
+            if not same:
+                s_al = np.array([s_al[waves == w].mean() for w in common])
+                s_itl = np.array([s_itl[waves == w].mean() for w in common])
+            units.append((a, t, s_al, s_itl))
     return cells if cells[0][1] and all(u[2].size for u in cells[0][1]) else None
 
 

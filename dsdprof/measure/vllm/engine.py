@@ -24,9 +24,10 @@ from typing import Any
 
 from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, vanilla_waves, wave_blocks
-from dsdprof.measure.vllm.interleave import run_interleaved
+from dsdprof.measure.vllm.interleave import STEPS_HOLD, run_interleaved, unit_row
 from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401 - re-exported
-from dsdprof.measure.vllm.worker import CellRequest, detect_hardware
+from dsdprof.measure.vllm.trace import CellFailure
+from dsdprof.measure.vllm.worker import PAIRED_HOLD, CellRequest, detect_hardware
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 
@@ -306,9 +307,19 @@ class VllmEngine:
         return f"fixed-{cell.num_spec_tokens}", self.cell_request(cell, None, cell.num_spec_tokens)
 
     def measure(self, cell: Cell) -> CellMeasurement:
-        if cell.interleave or (cell.mode in (MODE_DSD, MODE_VANILLA) and cell.group and cell.mode not in self.served):
+        if cell.interleave or (cell.group and (min(cell.group) < 0 or (
+                cell.mode in (MODE_DSD, MODE_VANILLA) and cell.mode not in self.served))):
             return self.measure_paired(cell)
         return self.run(*self.request_for(cell))
+
+    def steps_engine(self) -> tuple[str, int]:
+        """Validate's steps design: (the engine that runs every arm, its ``num_speculative_tokens``):
+        the adaptive engine when served, else the one serving the table on vLLM's schedule."""
+        key = MODE_ADAPTIVE if MODE_ADAPTIVE in self.served else MODE_DSD
+        kwargs = self.served.get(key)
+        if kwargs is None:
+            raise EngineFailure(f"steps design: no {key} engine with a speculative config to run the arms on")
+        return key, int(kwargs["speculative_config"]["num_speculative_tokens"])
 
     def measure_paired(self, cell: Cell) -> CellMeasurement:
         """Paired design: the first cell of a unit (a batch size's vanilla cell and DSD group of one
@@ -320,9 +331,13 @@ class VllmEngine:
         if key not in self._groups:
             # one unit at a time: the planner runs its cells together
             self._groups = {key: run_interleaved(self, cell) if cell.interleave else self.run_unit(cell)}
-        result = self._groups[key][(cell.mode, cell.num_spec_tokens)]
+        result = self._groups[key][unit_row(cell)]
         if isinstance(result, Exception):
             raise result
+        if cell.mode == MODE_DSD and cell.group and min(cell.group) < 0 \
+                and abs(result.drafted_per_draft - cell.num_spec_tokens) > 1e-9:  # the table arm ran the table's K?
+            raise CellFailure(f"steps design: the table's arm drafted {result.drafted_per_draft:.3f} tokens per "
+                              f"draft at batch size {cell.batch_size}, the table says K={cell.num_spec_tokens}")
         return result
 
     def unit_requests(self, cell: Cell) -> tuple[CellRequest, CellRequest, list[range]]:
@@ -331,9 +346,13 @@ class VllmEngine:
         :func:`~dsdprof.measure.engine.vanilla_waves` blocks; vanilla runs one wave per block."""
         s = self.spec.sweep
         blocks = wave_blocks(s.waves, vanilla_waves(s.waves, len(cell.group)))
-        dsd_cell = replace(cell, mode=MODE_DSD, num_spec_tokens=max(cell.group))
-        name = f"dsd-bs{cell.batch_size}-paired-r{cell.repeat}" if self.out_dir is not None else ""
-        dsd = replace(self.cell_request(dsd_cell, None), group=cell.group, positions=max(cell.group),
+        key, positions, hold = MODE_DSD, max(cell.group), PAIRED_HOLD
+        if min(cell.group) < 0:  # validate's steps design: the arms on the served engine, held longer
+            (key, positions), hold = self.steps_engine(), STEPS_HOLD
+        dsd_cell = replace(cell, mode=MODE_DSD, num_spec_tokens=positions)
+        name = f"{key}-bs{cell.batch_size}-{'steps' if hold == STEPS_HOLD else 'paired'}-r{cell.repeat}" \
+            if self.out_dir is not None else ""
+        dsd = replace(self.cell_request(dsd_cell, None), group=cell.group, positions=positions, hold=hold,
                       trace_name=name, order_offset=cell.repeat * s.waves,
                       wave_block=tuple(j for j, r in enumerate(blocks) for _ in r))
         van_cell = replace(cell, mode=MODE_VANILLA, num_spec_tokens=0)
@@ -350,15 +369,16 @@ class VllmEngine:
         between its spans. An engine that fails ends
         its own rows (its error); the other engine's waves go on."""
         dsd, van, blocks = self.unit_requests(cell)
-        spans = {MODE_DSD: [(r.start, r.stop) for r in blocks], MODE_VANILLA: [(j, j + 1) for j in range(len(blocks))]}
-        reqs = {MODE_DSD: (dsd, self.cell_timeout_s * len(cell.group)), MODE_VANILLA: (van, self.cell_timeout_s)}
+        group_key = self.steps_engine()[0] if min(cell.group) < 0 else MODE_DSD
+        spans = {group_key: [(r.start, r.stop) for r in blocks], MODE_VANILLA: [(j, j + 1) for j in range(len(blocks))]}
+        reqs = {group_key: (dsd, self.cell_timeout_s * len(cell.group)), MODE_VANILLA: (van, self.cell_timeout_s)}
         out: dict[str, Any] = {}
         b = self.spec.sweep.batch_sizes
         rot = cell.repeat + (b.index(cell.batch_size) if cell.batch_size in b else 0)
         if not self.paired_vanilla:
             out[MODE_VANILLA] = EngineFailure("vanilla is off for this engine (paired_vanilla = False)")
         for j in range(len(blocks)):
-            for mode in ((MODE_DSD, MODE_VANILLA) if (j + rot) % 2 == 0 else (MODE_VANILLA, MODE_DSD)):
+            for mode in ((group_key, MODE_VANILLA) if (j + rot) % 2 == 0 else (MODE_VANILLA, group_key)):
                 if isinstance(out.get(mode), Exception):
                     continue
                 req, timeout = reqs[mode]
@@ -367,9 +387,10 @@ class VllmEngine:
                         out[mode] = worker.run(replace(req, span=spans[mode][j]), timeout)
                 except EngineFailure as err:
                     out[mode] = self.failure(mode, err)
-        group = out[MODE_DSD]
-        rows: dict[tuple[str, int], Any] = {(MODE_VANILLA, 0): out[MODE_VANILLA]}
-        rows.update({(MODE_DSD, k): group if isinstance(group, Exception) else group[k] for k in cell.group})
+        group = out[group_key]
+        rows: dict[tuple, Any] = {(MODE_VANILLA, 0): out[MODE_VANILLA]}
+        kind = "arm" if min(cell.group) < 0 else MODE_DSD
+        rows.update({(kind, k): group if isinstance(group, Exception) else group[k] for k in cell.group})
         return rows
 
     def close(self) -> None:

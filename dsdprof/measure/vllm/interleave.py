@@ -1,4 +1,6 @@
-"""Validate's paired design: the variants of one batch size and repeat (vanilla, fixed K, the table
+"""Validate's side-by-side designs.
+
+**Paired design**: the variants of one batch size and repeat (vanilla, fixed K, the table
 served by vLLM's schedule, the adaptive plugin), each on its own engine, run their measured waves
 **interleaved one by one**: wave ``j`` of every variant runs before wave ``j + 1`` of any, in the
 order of row ``j`` of a Williams design (every variant first, and right after every other, equally
@@ -8,6 +10,13 @@ bootstrap (:func:`dsdprof.report.compare.regret_intervals`) and the drift cancel
 
 Every engine keeps its cell open between its waves (the worker's ``span``, as in the sweep's
 paired design); an engine that fails ends its own variant's row (its error), the others go on.
+
+**Steps design** (:func:`unit_row`): every variant but vanilla inside the same waves of **one**
+engine, switched step by step like the sweep's paired design, each variant an *arm* of the K
+sequence (:mod:`dsdprof.plugins.vllm_profiling`): fixed K, the table's schedule (``ARM_TABLE``) and
+the engine's own choice (``ARM_ENGINE``: the adaptive plugin). Step-scale noise then hits every
+variant alike; vanilla's waves interleave with them block by block on its own engine
+(:meth:`~dsdprof.measure.vllm.engine.VllmEngine.run_unit`).
 """
 
 from __future__ import annotations
@@ -15,9 +24,21 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from dsdprof.formats.measurements import MODE_FIXED
+from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.measure.engine import Cell, balanced_order
 from dsdprof.measure.vllm.pool import EngineFailure
+from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
+
+STEPS_HOLD = 4  # steps design: steps per arm before the next (3 of 4 pure: verify and draft one arm)
+
+
+def unit_row(cell: Cell) -> tuple:
+    """The key of ``cell``'s row in what a unit's run returns: ``(mode, K)``; in the steps design
+    (a group holding arms) ``("arm", a)``: ``ARM_ENGINE`` for adaptive, ``ARM_TABLE`` for the
+    table served on vLLM's schedule, K for fixed K (vanilla stays ``(vanilla, 0)``)."""
+    if not cell.group or min(cell.group) >= 0 or cell.mode == MODE_VANILLA:
+        return (cell.mode, cell.num_spec_tokens)
+    return ("arm", {MODE_ADAPTIVE: ARM_ENGINE, MODE_DSD: ARM_TABLE}.get(cell.mode, cell.num_spec_tokens))
 
 
 def run_interleaved(engine: Any, cell: Cell) -> dict[tuple[str, int], Any]:

@@ -64,6 +64,7 @@ class Step:
     stale: int = 0  # requests of this wave whose output vLLM discarded
     ids: tuple[str, ...] = ()  # per decoding request: its id
     k_next: int = -1  # K the step scheduled (drafts proposed for the next step); -1: not recorded
+    arm: int | None = None  # the K-sequence value the step was scheduled under (< 0: an arm; None: none)
 
     @classmethod
     def from_json(cls, d: dict) -> "Step":
@@ -73,7 +74,8 @@ class Step:
                    tuple(d["generated"]), {str(k): int(v) for k, v in d["delivered"].items()},
                    tuple(bool(x) for x in d.get("finished", ())),
                    tuple(int(a) for a in acc) if acc is not None else None, int(d.get("stale", 0)),
-                   tuple(str(i) for i in d.get("ids", ())), int(d.get("k_next", -1)))
+                   tuple(str(i) for i in d.get("ids", ())), int(d.get("k_next", -1)),
+                   int(d["arm"]) if d.get("arm") is not None else None)
 
     def accepted_counts(self) -> tuple[int, ...]:
         if self.accepted is not None:
@@ -249,19 +251,28 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
     Samples are **blocks** of consecutive waves: a block closes as soon as every K has a pure step
     in it (one wave when waves are long enough for the whole K sequence, several when they are
     short; trailing waves that complete no block join the last one), so sample ``i`` of every K is
-    the same stretch of waves. Raises :class:`CellFailure` when a K has no pure step at all."""
+    the same stretch of waves. Raises :class:`CellFailure` when a K has no pure step at all.
+
+    **Arms** (``ks`` holding a value < 0, validate's steps design: variants that choose K themselves,
+    see :mod:`dsdprof.plugins.vllm_profiling`): steps are keyed by the arm they were scheduled under
+    (``Step.arm``) instead of the K they drafted: a steady step counts for the arm of the step before
+    it (whose drafts it verified), and is pure when it was scheduled under that arm too."""
     steady, excluded = steady_steps(steps, batch_size)
     by_k: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
     pure: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
+    verified = _verified_arms(steps) if min(ks) < 0 else None
     odd = 0
     for s, t in steady:
-        kinds = set(s.drafted)
-        k = kinds.pop() if len(kinds) == 1 else None
+        if verified is not None:
+            k, now = verified.get(id(s)), s.arm
+        else:
+            kinds = set(s.drafted)
+            k, now = (kinds.pop() if len(kinds) == 1 else None), s.k_next
         if k not in by_k:
             odd += 1
             continue
         by_k[k].append((s, t))
-        if s.k_next == k:
+        if now == k:
             pure[k].append((s, t))
     block = pure_blocks({k: {s.wave for s, _ in pure[k]} for k in ks}, {s.wave for s, _ in steady})
     if not block:
@@ -274,6 +285,16 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
         kept = [(replace(s, wave=block[s.wave]), t) for s, t in by_k[k] if s.wave in block]
         timed = [(replace(s, wave=block[s.wave]), t) for s, t in pure[k] if s.wave in block]
         out[k] = _summary(kept, timed, excluded + len(steady) - len(timed), measured, positions)
+    return out
+
+
+def _verified_arms(steps: list[Step]) -> dict[int, int | None]:
+    """id(step) -> the arm of the record before it in the same wave (the step whose drafts it verified)."""
+    out: dict[int, int | None] = {}
+    prev: Step | None = None
+    for s in steps:
+        out[id(s)] = prev.arm if prev is not None and prev.wave == s.wave else None
+        prev = s
     return out
 
 

@@ -46,7 +46,7 @@ class CellRequest:
     trace_name: str = ""  # the cell's trace file name in the engine's trace directory ("" = temporary)
     timing_tolerance: float = 0.25  # BS 1: AL/ITL vs the request timestamps may differ by this much
     context_len: int = 0  # prompts cut to this many tokens (a context sweep; 0 = the pool's full length)
-    group: tuple[int, ...] = ()  # paired design: every K of the group inside the same waves (one row per K)
+    group: tuple[int, ...] = ()  # paired design: every K (or arm, < 0) of the group inside the same waves (one row each)
     hold: int = PAIRED_HOLD  # paired design: steps each K is held before the next K of the wave's order
     order_offset: int = 0  # paired design: wave w runs the K order of design row w + order_offset
     span: tuple[int, int] = (0, 0)  # measured waves [start, stop) of this request ((0, 0): all); see serve_request
@@ -177,8 +177,9 @@ class CellRun:
         if req.group:  # one measurement per K; the cross-checks are over the shared waves
             by_k = summarize_paired(steps, req.batch_size, req.group, req.positions)
             share = wall / len(req.group)  # each row's part of the engine time (the rows sum to the waves' time)
-            return {k: replace(build_measurement(t, self.before, after, self.timings, k, wall, expected_k=None,
-                                                 batch_size=0), wall_s=share, **blocks(t)) for k, t in by_k.items()}
+            return {k: replace(build_measurement(t, self.before, after, self.timings, k if k >= 0 else req.positions,
+                                                 wall, expected_k=None, batch_size=0), wall_s=share, **blocks(t))
+                    for k, t in by_k.items()}  # an arm (k < 0: validate's steps design) keeps every position
         verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
         trace = summarize(steps, req.batch_size, verify, req.positions)
         return replace(build_measurement(trace, self.before, after, self.timings, req.positions, wall,
