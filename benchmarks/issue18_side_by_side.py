@@ -55,18 +55,89 @@ def table(df: pd.DataFrame) -> None:
 
 
 def adaptive_ks(out: Path) -> None:
-    """Per adaptive cell and measured wave: steps and request-drafts served at each K (the trace's drafted)."""
+    """Per adaptive cell and measured wave: steps and request-drafts served at each K (the trace's drafted).
+    Steps design (records carry ``arm``): only the steps that verified the plugin's own drafts (the
+    record before them, same wave, ran arm -2), numbered among the plugin's own steps."""
     for path in sorted((out / "_traces").glob("adaptive-*.jsonl"), key=lambda p: p.stat().st_mtime):
         waves = collections.defaultdict(list)
         for line in path.read_text().splitlines():
             for rec in json.loads(line) if line.startswith("[") else [json.loads(line)]:
                 waves[rec["wave"]].append(rec)
-        parts = []
+        parts, own_steps, first_move = [], 0, None
         for w, recs in sorted(waves.items()):
-            steps = collections.Counter(max(r["drafted"]) for r in recs if r["drafted"])
-            first = [max(r["drafted"]) for r in recs if r["drafted"]][:3]
-            parts.append(f"w{w}: " + ",".join(f"K{k}x{n}" for k, n in sorted(steps.items())) + f" (first {first})")
+            if any("arm" in r for r in recs):
+                recs = [r for p, r in zip(recs, recs[1:]) if p.get("arm") == -2]
+            ks = [max(r["drafted"]) for r in recs if r["drafted"]]
+            for k in ks:
+                own_steps += 1
+                if first_move is None and ks and k != ks[0] and w >= 0:
+                    first_move = (w, own_steps, k)
+            steps = collections.Counter(ks)
+            parts.append(f"w{w}: " + ",".join(f"K{k}x{n}" for k, n in sorted(steps.items())) + f" (first {ks[:3]})")
         print(path.stem, " | ".join(parts))
+        if first_move is not None:
+            print(f"   first K change in a measured wave: wave {first_move[0]}, own step {first_move[1]} -> K={first_move[2]}")
+
+
+def kmix(out: Path, draws: int = 2000, seed: int = 0) -> None:
+    """Steps design only: every arm re-estimated with its tokens per request-step taken **per K from
+    every arm's steps** (acceptance depends on the K verified, not on which arm chose it: the arms
+    share the waves, their positions balanced), its step time still its own pure steps. Removes the
+    step-to-step acceptance noise (1-5 tokens per request-step at BS 1) from same-K comparisons;
+    intervals: 90 %, resampling waves (every arm of a wave together)."""
+    import numpy as np
+
+    from dsdprof.measure.vllm.trace import _verified_arms, read_trace, steady_steps
+
+    names = {-2: "adaptive", -1: "static"}
+    for path in sorted((out / "_traces").glob("*-steps-r*.jsonl")):
+        b = int(path.stem.split("-bs")[1].split("-")[0])
+        steps = read_trace(path)
+        verified = _verified_arms(steps)
+        steady, _ = steady_steps(steps, b)
+        waves = sorted({s.wave for s, _ in steady})
+        arms = sorted({verified[id(s)] for s, _ in steady if verified[id(s)] is not None})
+        ks = sorted({d for s, _ in steady for d in s.drafted})
+        wi, ai, ki = ({w: i for i, w in enumerate(waves)}, {a: i for i, a in enumerate(arms)},
+                      {k: i for i, k in enumerate(ks)})
+        gen = np.zeros((len(waves), len(ks)))  # tokens generated per wave and K verified (all arms)
+        req = np.zeros((len(waves), len(ks)))
+        arm_req = np.zeros((len(waves), len(arms), len(ks)))  # request-steps per arm and K
+        t = np.zeros((len(waves), len(arms)))  # pure step seconds and count per arm
+        n = np.zeros((len(waves), len(arms)))
+        for s, dt in steady:
+            a = verified[id(s)]
+            if a is None:
+                continue
+            w = wi[s.wave]
+            for d, g in zip(s.drafted, s.generated):
+                gen[w, ki[d]] += g
+                req[w, ki[d]] += 1
+                arm_req[w, ai[a], ki[d]] += 1
+            if s.arm == a:
+                t[w, ai[a]] += dt
+                n[w, ai[a]] += 1
+        rng = np.random.default_rng(seed)
+
+        def goodput(idx):
+            al_k = gen[idx].sum(0) / np.maximum(req[idx].sum(0), 1)
+            ar = arm_req[idx].sum(0)
+            al = (ar * al_k).sum(1) / np.maximum(ar.sum(1), 1)
+            return al / (t[idx].sum(0) / np.maximum(n[idx].sum(0), 1))
+
+        point = goodput(np.arange(len(waves)))
+        boot = np.array([goodput(rng.integers(0, len(waves), len(waves))) for _ in range(draws)])
+        fixed = [i for i, a in enumerate(arms) if a >= 0]
+        best = max(fixed, key=lambda i: point[i])
+        label = lambda a: names.get(a, f"K={a}")  # noqa: E731
+        print(f"BS {b} (K-mix, {len(waves)} waves): " + "  ".join(f"{label(a)} {point[i]:.2f}" for i, a in enumerate(arms)))
+        for x, ref in ((-1, best), (-2, best), (-2, ai.get(-1))):
+            if x not in ai or ref is None:
+                continue
+            r = 1 - boot[:, ai[x]] / boot[:, ref]
+            lo, hi = np.percentile(r, [5, 95])
+            print(f"   {label(x)} vs {label(arms[ref])}: {(1 - point[ai[x]] / point[ref]) * 100:+.1f} % "
+                  f"[{lo * 100:+.1f}, {hi * 100:+.1f}]")
 
 
 def main() -> None:
@@ -79,6 +150,7 @@ def main() -> None:
         df = df[df.repeat == a.repeat]
     table(df)
     adaptive_ks(a.out)
+    kmix(a.out)
 
 
 if __name__ == "__main__":
