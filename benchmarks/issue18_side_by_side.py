@@ -3,7 +3,7 @@ per batch size, tokens/s per user of every variant with the regrets and their 90
 dsdprof's own comparison and bootstrap (dsdprof.report.compare), plus the K the adaptive plugin served
 per measured wave (from its step traces).
 
-    PYTHONPATH=. python benchmarks/issue18_side_by_side.py runs/v18-a [--repeat R]
+    PYTHONPATH=. python benchmarks/issue18_side_by_side.py runs/v18-a [--repeat R] [--waves-from 4:4,16:2]
 
 Regrets: vs the best fixed K (``regret``), vs the best of fixed K and vanilla (``oracle``), and adaptive
 vs the static table (``vs static``); each is 1 - variant / reference, the interval from the paired
@@ -79,12 +79,13 @@ def adaptive_ks(out: Path) -> None:
             print(f"   first K change in a measured wave: wave {first_move[0]}, own step {first_move[1]} -> K={first_move[2]}")
 
 
-def kmix(out: Path, draws: int = 2000, seed: int = 0) -> None:
+def kmix(out: Path, draws: int = 2000, seed: int = 0, waves_from: dict[int, int] | None = None) -> None:
     """Steps design only: every arm re-estimated with its tokens per request-step taken **per K from
     every arm's steps** (acceptance depends on the K verified, not on which arm chose it: the arms
     share the waves, their positions balanced), its step time still its own pure steps. Removes the
     step-to-step acceptance noise (1-5 tokens per request-step at BS 1) from same-K comparisons;
-    intervals: 90 %, resampling waves (every arm of a wave together)."""
+    intervals: 90 %, resampling waves (every arm of a wave together). ``waves_from``: batch size ->
+    first measured wave kept (e.g. the waves after the plugin moved)."""
     import numpy as np
 
     from dsdprof.measure.vllm.trace import _verified_arms, read_trace, steady_steps
@@ -95,6 +96,8 @@ def kmix(out: Path, draws: int = 2000, seed: int = 0) -> None:
         steps = read_trace(path)
         verified = _verified_arms(steps)
         steady, _ = steady_steps(steps, b)
+        first = (waves_from or {}).get(b, 0)
+        steady = [(s, dt) for s, dt in steady if s.wave >= first]
         waves = sorted({s.wave for s, _ in steady})
         arms = sorted({verified[id(s)] for s, _ in steady if verified[id(s)] is not None})
         ks = sorted({d for s, _ in steady for d in s.drafted})
@@ -130,7 +133,7 @@ def kmix(out: Path, draws: int = 2000, seed: int = 0) -> None:
         fixed = [i for i, a in enumerate(arms) if a >= 0]
         best = max(fixed, key=lambda i: point[i])
         label = lambda a: names.get(a, f"K={a}")  # noqa: E731
-        print(f"BS {b} (K-mix, {len(waves)} waves): " + "  ".join(f"{label(a)} {point[i]:.2f}" for i, a in enumerate(arms)))
+        print(f"BS {b} (K-mix, {len(waves)} waves from wave {first}): " + "  ".join(f"{label(a)} {point[i]:.2f}" for i, a in enumerate(arms)))
         for x, ref in ((-1, best), (-2, best), (-2, ai.get(-1))):
             if x not in ai or ref is None:
                 continue
@@ -144,13 +147,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--repeat", type=int)
+    ap.add_argument("--waves-from", default="", help="K-mix only: BS:first wave,... e.g. 4:4,16:2 (after the move)")
     a = ap.parse_args()
     df = pd.read_parquet(a.out)
     if a.repeat is not None:
         df = df[df.repeat == a.repeat]
     table(df)
     adaptive_ks(a.out)
-    kmix(a.out)
+    kmix(a.out, waves_from={int(b): int(w) for b, w in (x.split(":") for x in a.waves_from.split(",") if x)})
 
 
 if __name__ == "__main__":
