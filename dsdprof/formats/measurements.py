@@ -74,7 +74,8 @@ MEASUREMENT_COLUMNS: tuple[Column, ...] = (
            "cells (the row's own waves) | paired (every K of the batch size ran inside the same waves, K switched "
            "per step: sample i of every K of a repeat is the same wave; vanilla rows: its waves interleaved with "
            "that group's, wave by wave; validate rows: every variant of the batch size and repeat ran on its own "
-           "engine, their waves interleaved one by one; v1-v3 files: cells)"),
+           "engine, their waves interleaved one by one, or with --design steps every variant but vanilla inside "
+           "the same waves of one engine, switched per step; v1-v3 files: cells)"),
     Column("sample_block", "list<int64>",
            "paired design: per wave sample, the wave block of its (batch size, repeat) it ran in; vanilla wave j "
            "ran right beside the DSD waves of block j, so the speedup bootstrap resamples blocks jointly; validate "
