@@ -35,3 +35,15 @@ def dense_like_frame():
             tokens = b * (k + 1)
             itl[(b, k)] = 0.010 + 0.0005 * k + 0.00008 * tokens  # fixed + draft + verify
     return make_rows(itl, al)
+
+
+RUN_TOKEN = "t" * 32  # a dsdprof run's secret, for tests that drive the profiling scheduler
+
+
+@pytest.fixture
+def run_env(tmp_path, monkeypatch):
+    """An engine a dsdprof run started: its secret (``RUN_TOKEN``) and trace directory (``tmp_path``)
+    in the environment the scheduler reads."""
+    monkeypatch.setenv("DSDPROF_RUN_TOKEN", RUN_TOKEN)
+    monkeypatch.setenv("DSDPROF_TRACE_DIR", str(tmp_path))
+    return tmp_path

@@ -92,14 +92,7 @@ from dsdprof.plugins import vllm_profiling as vs  # noqa: E402
 from dsdprof.measure.vllm.trace import CellFailure, read_trace, summarize_paired  # noqa: E402
 from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config  # noqa: E402
 
-TOKEN = "t" * 32
-
-
-@pytest.fixture
-def run_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("DSDPROF_RUN_TOKEN", TOKEN)
-    monkeypatch.setenv("DSDPROF_TRACE_DIR", str(tmp_path))
-    return tmp_path
+TOKEN = "t" * 32  # conftest.RUN_TOKEN: the secret of conftest's run_env fixture
 
 
 def run_group(tmp_path, mode, batch_size, ks, accept, waves=4, output_len=40, hold=2):

@@ -156,14 +156,7 @@ from dsdprof.plugins import vllm_adaptive as va  # noqa: E402
 from dsdprof.plugins import vllm_profiling as vs  # noqa: E402
 from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config  # noqa: E402
 
-TOKEN = "t" * 32
-
-
-@pytest.fixture
-def run_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("DSDPROF_RUN_TOKEN", TOKEN)
-    monkeypatch.setenv("DSDPROF_TRACE_DIR", str(tmp_path))
-    return tmp_path
+TOKEN = "t" * 32  # conftest.RUN_TOKEN: the secret of conftest's run_env fixture
 
 
 def run_arms(sched, mode, batch_size, arms, accept, waves=4, output_len=48, hold=4, trace="g"):

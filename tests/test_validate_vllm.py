@@ -17,16 +17,9 @@ from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair  # noqa: E
 pytestmark = pytest.mark.vllm
 
 
-def test_validate_serves_table_through_vllm_schedule(tmp_path):
-    toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(kind="dense"))
-    table = {
-        "schema": "dsdprof.ktable/v1", "num_speculative_tokens": 2,
-        "ranges": [[1, 1, 2], [2, 1 << 20, 1]],
-        "points": [{"batch_size": 1, "k": 2}, {"batch_size": 2, "k": 1}],
-        "provenance": {"model": str(toy.target), "draft_model": str(toy.draft), "method": "draft_model"},
-    }
-    (tmp_path / "t.json").write_text(json.dumps(table))
-    (tmp_path / "s.toml").write_text(f"""
+def write_spec(path, toy, waves: int, output_len: int) -> None:
+    """A validate spec for the toy pair at batch sizes 1 and 2."""
+    path.write_text(f"""
 [engine]
 model = "{toy.target}"
 draft_model = "{toy.draft}"
@@ -36,13 +29,25 @@ max_model_len = 256
 extra = {{ enforce_eager = true }}
 [sweep]
 batch_sizes = [1, 2]
-waves = 1
-output_len = 16
+waves = {waves}
+output_len = {output_len}
 warmup = 1
 [workload]
 input_len = 16
 num_prompts = 16
 """)
+
+
+def test_validate_serves_table_through_vllm_schedule(tmp_path):
+    toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(kind="dense"))
+    table = {
+        "schema": "dsdprof.ktable/v1", "num_speculative_tokens": 2,
+        "ranges": [[1, 1, 2], [2, 1 << 20, 1]],
+        "points": [{"batch_size": 1, "k": 2}, {"batch_size": 2, "k": 1}],
+        "provenance": {"model": str(toy.target), "draft_model": str(toy.draft), "method": "draft_model"},
+    }
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    write_spec(tmp_path / "s.toml", toy, waves=1, output_len=16)
     out = tmp_path / "val"
     r = CliRunner().invoke(app, ["validate", str(tmp_path / "t.json"), str(tmp_path / "s.toml"),
                                  "--fixed-k", "2", "--out", str(out), "--fail-on-regret", "1000"])
@@ -79,23 +84,7 @@ def test_validate_steps_design_runs_every_variant_in_one_engine(tmp_path):
     table = synthetic_table({b: {k: 0.03 + 0.003 * k + 0.001 * b * k for k in range(4)} for b in (1, 2)}, (0.8,) * 3)
     table["provenance"] = {"model": str(toy.target), "draft_model": str(toy.draft), "method": "draft_model"}
     (tmp_path / "t.json").write_text(json.dumps(table))
-    (tmp_path / "s.toml").write_text(f"""
-[engine]
-model = "{toy.target}"
-draft_model = "{toy.draft}"
-method = "draft_model"
-dtype = "float32"
-max_model_len = 256
-extra = {{ enforce_eager = true }}
-[sweep]
-batch_sizes = [1, 2]
-waves = 2
-output_len = 40
-warmup = 1
-[workload]
-input_len = 16
-num_prompts = 16
-""")
+    write_spec(tmp_path / "s.toml", toy, waves=2, output_len=40)
     out = tmp_path / "val"
     r = CliRunner().invoke(app, ["validate", str(tmp_path / "t.json"), str(tmp_path / "s.toml"), "--fixed-k", "1",
                                  "--fixed-k", "2", "--adaptive", "--design", "steps", "--out", str(out),
