@@ -346,11 +346,11 @@ class VllmEngine:
         :func:`~dsdprof.measure.engine.vanilla_waves` blocks; vanilla runs one wave per block."""
         s = self.spec.sweep
         blocks = wave_blocks(s.waves, vanilla_waves(s.waves, len(cell.group)))
-        key, positions, hold = MODE_DSD, max(cell.group), PAIRED_HOLD
-        if min(cell.group) < 0:  # validate's steps design: the arms on the served engine, held longer
-            (key, positions), hold = self.steps_engine(), STEPS_HOLD
+        steps = min(cell.group) < 0  # validate's steps design: the arms on the served engine, held longer
+        key, positions = self.steps_engine() if steps else (MODE_DSD, max(cell.group))
+        hold = STEPS_HOLD if steps else PAIRED_HOLD
         dsd_cell = replace(cell, mode=MODE_DSD, num_spec_tokens=positions)
-        name = f"{key}-bs{cell.batch_size}-{'steps' if hold == STEPS_HOLD else 'paired'}-r{cell.repeat}" \
+        name = f"{key}-bs{cell.batch_size}-{'steps' if steps else 'paired'}-r{cell.repeat}" \
             if self.out_dir is not None else ""
         dsd = replace(self.cell_request(dsd_cell, None), group=cell.group, positions=positions, hold=hold,
                       trace_name=name, order_offset=cell.repeat * s.waves,
