@@ -87,7 +87,7 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
     ``design``: ``paired`` (every cell of a batch size and repeat carries ``interleave``, the
     variants' (mode, K): their waves run interleaved one by one, :mod:`dsdprof.measure.vllm.interleave`),
     ``steps`` (every cell carries ``group`` = the arms -- adaptive, the table, each fixed K -- run
-    inside the same waves of one engine, switched per step; ``table_max_k`` caps the fixed Ks there)
+    inside the same waves of one engine, switched per step; no fixed K above that engine's K)
     or ``cells`` (each cell's waves back to back)."""
     if design not in DESIGNS:
         raise InputError("--design", design, f"must be one of {', '.join(DESIGNS)}")
@@ -219,13 +219,13 @@ def table_warnings(table: dict[str, Any], spec) -> list[str]:
 
 def validation_engine(spec, table: dict[str, Any], out: Path, fixed_engines: int = 1,
                       adaptive: tuple[str, int, dict[str, Any]] | None = None, table_path: str = "",
-                      start_worker: Callable[..., Any] | None = None) -> VllmEngine:
+                      start_worker: Callable[..., Any] | None = None, steps: bool = False) -> VllmEngine:
     """The vLLM engines of a validate run: vanilla and fixed K as in a sweep, plus ``table`` served
     on the ``dsd`` engine through vLLM's own schedule and, with ``adaptive = (table file, max K,
-    options)``, on the ``adaptive`` engine through dsdprof's plugin. ``fixed_engines = -1``: the steps
-    design (vanilla and one more engine alive)."""
+    options)``, on the ``adaptive`` engine through dsdprof's plugin. ``steps``: the steps design, where
+    only vanilla and one more engine are alive."""
     engine = VllmEngine(spec, out_dir=out, one_fixed_engine=False, start_worker=start_worker,
-                        concurrent_engines=2 + fixed_engines + (adaptive is not None) if fixed_engines >= 0 else 2)
+                        concurrent_engines=2 if steps else 2 + fixed_engines + (adaptive is not None))
     served = {MODE_DSD: dsd_llm_kwargs(engine.base_kwargs(), table, spec)}
     if adaptive is not None:
         served[MODE_ADAPTIVE] = adaptive_llm_kwargs(engine.base_kwargs(), table, spec, *adaptive)
@@ -308,8 +308,8 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
         if adaptive is not None:
             table_file = write_json_atomic(out / ADAPTIVE_TABLE_FILE, table, force=True)
             adaptive_engine = (str(table_file.resolve()), adaptive_k, dict(adaptive))
-        engines = -1 if design == "steps" else len(fixed_ks)  # steps: vanilla and one engine alive
-        engine = validation_engine(spec, table, out, engines, adaptive_engine, table_path, start_worker)
+        engine = validation_engine(spec, table, out, len(fixed_ks), adaptive_engine, table_path, start_worker,
+                                   steps=design == "steps")
         if engine.served[MODE_DSD] is None:
             warnings.append("table has K=0 at every batch size: DSD is served without a speculative config")
         return engine
