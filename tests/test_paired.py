@@ -111,29 +111,53 @@ def run_group(tmp_path, mode, batch_size, ks, accept, waves=4, output_len=40, ho
 @pytest.mark.parametrize("mode", ["sync", "async", "sync_bq"])
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_every_k_in_the_same_waves_is_exact(run_env, mode, batch_size):
-    """Accepting d - 1 of d drafts: AL(K) = K (1 at K=0) exactly, per K, from one shared trace;
-    a step verifies the drafts the previous one proposed, and pure steps did one K throughout."""
-    steps, runner, sched = run_group(run_env, mode, batch_size, KS, lambda r, s, d: d - 1)
+    """Accepting the first 2 drafts (whatever K): AL(K) = 1 + min(K, 2) exactly, per K, pooled and
+    from the K's own steps, from one shared trace; a step verifies the drafts the previous one
+    proposed, and pure steps did one K throughout."""
+    steps, runner, sched = run_group(run_env, mode, batch_size, KS, lambda r, s, d: min(d, 2))
     assert {s.k_next for s in steps if s.wave >= 0} <= set(KS)
     by_k = summarize_paired(steps, batch_size, KS, max(KS))
     waves = {len(t.sample_itl_s) for t in by_k.values()}
     assert len(waves) == 1 and waves.pop() >= 1  # every K holds the same waves
     for k, t in by_k.items():
-        assert t.acceptance_length == pytest.approx(max(k, 1), rel=1e-12)
+        assert t.acceptance_length == pytest.approx(1 + min(k, 2), rel=1e-12)
+        assert t.acceptance_length_own == pytest.approx(1 + min(k, 2), rel=1e-12) and not t.acceptance_check
+        assert all(x == pytest.approx(1 + min(k, 2)) for x in t.sample_acceptance_length)
         assert t.steady_steps >= 1 and t.drafted_per_draft == pytest.approx(k if k else 0.0)
     assert sched.dsdprof_ignored == 0
 
 
-def test_short_waves_pair_as_blocks_of_waves(run_env):
-    """Waves shorter than the K sequence: consecutive waves form one sample (a block closes once
-    every K ran a pure step in it), so a short output_len still measures every K, exactly."""
-    steps, _, _ = run_group(run_env, "sync", 2, KS, lambda r, s, d: d - 1, waves=12, output_len=8)
-    waves = {s.wave for s in steps if s.wave >= 0}
+def test_acceptance_that_depends_on_k_fails_the_pooling_check(run_env):
+    """Rejecting the last draft whatever K (d - 1 of d accepted): position j's acceptance depends on
+    K, so the pooled estimate is wrong for this pair, and the check says so for the Ks it moves."""
+    steps, _, _ = run_group(run_env, "sync", 2, KS, lambda r, s, d: d - 1)
     by_k = summarize_paired(steps, 2, KS, max(KS))
-    n = {len(t.sample_itl_s) for t in by_k.values()}
-    assert len(n) == 1 and 1 <= n.pop() < len(waves)  # blocks of several waves, the same for every K
     for k, t in by_k.items():
-        assert t.acceptance_length == pytest.approx(max(k, 1), rel=1e-12)
+        assert t.acceptance_length_own == pytest.approx(max(k, 1), rel=1e-12)  # the K's own steps: exact
+    assert by_k[0].acceptance_check == ""  # K=0 drafts nothing: 1 either way
+    assert "acceptance: K=1" in by_k[1].acceptance_check  # pooled: position 1 accepted by K >= 2's drafts
+    assert by_k[1].acceptance_length > 1.5
+
+
+def test_pooled_acceptance_uses_every_k_per_position():
+    """Position j's rate pools every request-step that drafted >= j; the K's own steps are kept."""
+    from dsdprof.measure.vllm.trace import Step
+
+    def step(wave, t, drafted, accepted, k_next):
+        n = len(drafted)
+        return Step(wave, t, n, n, 0, 0, tuple(drafted), tuple(a + 1 for a in accepted), {},
+                    (False,) * n, tuple(accepted), 0, tuple(str(i) for i in range(n)), k_next)
+
+    # one wave, BS 1: K sequence 1, 1, 2, 2 (a step verifies the previous step's K)
+    steps = [step(0, 0.0, [0], [0], 1), step(0, 1.0, [1], [1], 1), step(0, 2.0, [1], [0], 2),
+             step(0, 3.0, [2], [2], 2), step(0, 4.0, [2], [1], 2)]
+    by_k = summarize_paired(steps, 1, (1, 2), 2)
+    # position 1: 4 drafts, 3 accepted; position 2: 2 drafts, 1 accepted
+    assert by_k[1].acceptance_length == pytest.approx(1 + 3 / 4)
+    assert by_k[2].acceptance_length == pytest.approx(1 + 3 / 4 + 1 / 2)
+    assert by_k[2].acceptance_per_pos == pytest.approx((3 / 4, 1 / 2))
+    assert by_k[1].acceptance_length_own == pytest.approx(1.5) and by_k[2].acceptance_length_own == pytest.approx(2.5)
+    assert by_k[2].tpot_s == pytest.approx(by_k[2].itl_s / by_k[2].acceptance_length)
 
 
 def test_pure_blocks():

@@ -41,9 +41,15 @@ MEASUREMENT_COLUMNS: tuple[Column, ...] = (
     Column("error", "string", "error message for failed cells, empty otherwise"),
     Column("acceptance_length", "float64",
            "tokens the target produced (accepted drafts + bonus) per request per steady-state step, counted "
-           "before vLLM trims at max_tokens/EOS (v1/v2 files: tokens delivered, after trimming)"),
+           "before vLLM trims at max_tokens/EOS (v1/v2 files: tokens delivered, after trimming); paired DSD rows "
+           "(v6): 1 + sum over positions j <= K of P(at least j drafts accepted), each pooled over every "
+           "request-step of the group that drafted j or more (v4/v5 paired rows: the K's own steps)"),
+    Column("acceptance_length_own", "float64",
+           "paired DSD rows: tokens per request-step of the steps that verified this K alone, checked against "
+           "acceptance_length (check 'acceptance'); cells design and vanilla: = acceptance_length"),
     Column("acceptance_per_pos", "list<float64>",
-           "acceptance rate of draft position 1..K (accepted at i / drafted at i, steady steps, untrimmed)"),
+           "acceptance rate of draft position 1..K (accepted at i / drafted at i, steady steps, untrimmed; "
+           "paired DSD rows: over every step of the group that drafted position i)"),
     Column("num_drafts", "int64", "request-steps with a draft, over the steady-state steps"),
     Column("num_draft_tokens", "int64", "draft tokens scheduled in the steady-state steps"),
     Column("num_accepted_tokens", "int64", "draft tokens accepted in the steady-state steps (before trimming)"),
@@ -61,7 +67,8 @@ MEASUREMENT_COLUMNS: tuple[Column, ...] = (
     Column("checks_failed", "string",
            "failed cross-checks, 'name: detail' joined by '; ': tokens (trace vs what the requests received), "
            "drafts (vLLM's counters vs K), counters (trace vs vLLM's spec-decode counters), timing (BS 1: "
-           "AL/ITL vs vLLM's request timestamps, within consistency_tolerance)"),
+           "AL/ITL vs vLLM's request timestamps, within consistency_tolerance), acceptance (paired: the K's own "
+           "steps vs the pooled acceptance_length, beyond 4 standard errors and 2 %)"),
     Column("num_requests", "int64", "measured requests (waves x batch_size)"),
     Column("num_output_tokens", "int64", "delivered output tokens of the measured requests"),
     Column("wall_s", "float64", "wall-clock seconds of the measured waves"),

@@ -78,6 +78,7 @@ class CellMeasurement(StepStats):
     num_output_tokens: int
     wall_s: float
     drafted_per_draft: float = float("nan")
+    acceptance_length_own: float = float("nan")  # paired: the K's own steps (acceptance_length is pooled)
     steady_steps: int = 0
     excluded_steps: int = 0
     sample_acceptance_length: tuple[float, ...] = ()

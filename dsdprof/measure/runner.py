@@ -61,6 +61,8 @@ def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
         row.update(status=STATUS_FAILED, error=error or "unknown error")
         return row
     row.update(asdict(m))
+    if math.isnan(row["acceptance_length_own"]):  # every design but the paired one: its own steps' value
+        row["acceptance_length_own"] = row["acceptance_length"]
     for name in ("acceptance_per_pos", "sample_acceptance_length", "sample_itl_s", "sample_block"):
         row[name] = list(row[name])
     row.update(status=STATUS_OK, error="", consistent=not m.checks_failed)

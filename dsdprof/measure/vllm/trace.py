@@ -104,6 +104,10 @@ class TraceSummary(StepStats):
     all_draft_tokens: int = 0
     all_accepted_tokens: int = 0
     sample_waves: tuple[int, ...] = ()  # the measured wave each sample came from (paired: wave blocks)
+    # Paired design: the K's own steps' tokens per request-step (acceptance_length is then the group's
+    # pooled estimate, :func:`pool_acceptance`), and that check's failure ("" = passed or not paired).
+    acceptance_length_own: float = math.nan
+    acceptance_check: str = ""
 
 
 def read_trace(path: str | Path) -> list[Step]:
@@ -280,11 +284,62 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
         raise CellFailure(f"paired design: a K never ran a pure step ({counts}; {odd} steady steps "
                           f"drafted no K of the group); raise output_len")
     measured = [s for s in steps if s.wave >= 0]
-    out = {}
+    out, kept_all = {}, []
     for k in ks:
         kept = [(replace(s, wave=block[s.wave]), t) for s, t in by_k[k] if s.wave in block]
         timed = [(replace(s, wave=block[s.wave]), t) for s, t in pure[k] if s.wave in block]
         out[k] = _summary(kept, timed, excluded + len(steady) - len(timed), measured, positions)
+        kept_all += kept
+    return out if verified is not None else pool_acceptance(out, kept_all)
+
+
+def pool_acceptance(by_k: dict[int, TraceSummary], kept: list[tuple[Step, float]]) -> dict[int, TraceSummary]:
+    """Paired design: each K's acceptance length from **every** steady step of the group.
+
+    Whether draft position ``j`` is accepted does not depend on how many positions follow it: the
+    drafter proposes position ``j`` from the same context whatever K is, and the target verifies
+    positions in order. So ``P(a >= j)`` (at least ``j`` of the drafts accepted) is estimated from
+    every request-step that drafted at least ``j`` tokens, whatever its K, and::
+
+        acceptance_length(K) = 1 + sum_{j <= K} P(a >= j)
+
+    -- the mean of ``1 + min(a, K)``, the tokens a step at K produces. A K's estimate then uses the
+    drafts of every K >= j at position j (K=1: every draft of the group), and the Ks of one block
+    share them, so the ratio between two Ks no longer carries each K's own acceptance noise. Per
+    block (sample) the same from that block's steps. The K's own steps' value is kept
+    (``acceptance_length_own``) and checked against the pooled one: ``acceptance_check`` says when
+    they differ by more than 4 standard errors of the blocks' differences and 2 % (then acceptance
+    did depend on K and the pooling is wrong for this pair)."""
+    blocks = sorted({s.wave for s, _ in kept})
+    positions = max((d for s, _ in kept for d in s.drafted), default=0)
+    acc = {b: [0] * positions for b in blocks}
+    dr = {b: [0] * positions for b in blocks}
+    for s, _ in kept:
+        for d, a in zip(s.drafted, s.accepted_counts()):
+            for j in range(d):
+                dr[s.wave][j] += 1
+                acc[s.wave][j] += j < a
+    tot_acc = [sum(acc[b][j] for b in blocks) for j in range(positions)]
+    tot_dr = [sum(dr[b][j] for b in blocks) for j in range(positions)]
+
+    def length(a: list[int], d: list[int], k: int) -> float:
+        return 1.0 + sum(a[j] / d[j] for j in range(k) if d[j])
+
+    out = {}
+    for k, t in by_k.items():
+        al = length(tot_acc, tot_dr, k)
+        samples = tuple(length(acc[b], dr[b], k) for b in t.sample_waves)
+        diffs = [own - pooled for own, pooled in zip(t.sample_acceptance_length, samples)]
+        check = ""
+        if len(diffs) >= 2:
+            mean = sum(diffs) / len(diffs)
+            se = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (len(diffs) - 1) / len(diffs))
+            if abs(mean) > max(4 * se, 0.02 * al):
+                check = (f"acceptance: K={k}'s own steps made {t.acceptance_length:.3f} tokens per request-step, "
+                         f"the group's pooled estimate {al:.3f} ({mean / al:+.1%} per block, {4 * se / al:.1%} = 4 se)")
+        out[k] = replace(t, acceptance_length=al, sample_acceptance_length=samples,
+                         acceptance_per_pos=tuple(tot_acc[j] / tot_dr[j] if tot_dr[j] else 0.0 for j in range(positions)),
+                         tpot_s=t.itl_s / al, acceptance_length_own=t.acceptance_length, acceptance_check=check)
     return out
 
 
