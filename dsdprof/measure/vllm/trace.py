@@ -241,7 +241,7 @@ def _summary(steady: list[tuple[Step, float]], timed: list[tuple[Step, float]], 
 
 
 def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
-                     positions: int) -> dict[int, TraceSummary]:
+                     positions: int, pool: bool = True) -> dict[int, TraceSummary]:
     """Paired design: every K of ``ks`` ran inside the same waves (a K per step, see
     :mod:`dsdprof.plugins.vllm_profiling`). A steady step verified the drafts the previous step
     proposed (``drafted``, all the same K) and proposed ``k_next`` for the next one. Per K:
@@ -260,7 +260,11 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
     **Arms** (``ks`` holding a value < 0, validate's steps design: variants that choose K themselves,
     see :mod:`dsdprof.plugins.vllm_profiling`): steps are keyed by the arm they were scheduled under
     (``Step.arm``) instead of the K they drafted: a steady step counts for the arm of the step before
-    it (whose drafts it verified), and is pure when it was scheduled under that arm too."""
+    it (whose drafts it verified), and is pure when it was scheduled under that arm too.
+
+    Acceptance is pooled by draft position over the group (:func:`pool_acceptance`); ``pool=False``
+    keeps each K's own steps (``benchmarks/bench_pooled_acceptance.py`` compares the two); arms are
+    never pooled (they choose K themselves)."""
     steady, excluded = steady_steps(steps, batch_size)
     by_k: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
     pure: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
@@ -290,7 +294,7 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
         timed = [(replace(s, wave=block[s.wave]), t) for s, t in pure[k] if s.wave in block]
         out[k] = _summary(kept, timed, excluded + len(steady) - len(timed), measured, positions)
         kept_all += kept
-    return out if verified is not None else pool_acceptance(out, kept_all)
+    return out if verified is not None or not pool else pool_acceptance(out, kept_all)
 
 
 def pool_acceptance(by_k: dict[int, TraceSummary], kept: list[tuple[Step, float]]) -> dict[int, TraceSummary]:
