@@ -538,10 +538,11 @@ def test_validate_adaptive_serves_the_plugin_and_reports_both_regrets(tmp_path):
     for name in ("regret", "adaptive_regret"):  # 3 waves each: intervals known and around the point
         assert (c[f"{name}_lo"] < c[name] + 0.005).all() and (c[name] - 0.005 < c[f"{name}_hi"]).all()
         assert ((c[f"{name}_hi"] - c[f"{name}_lo"]) < 0.2).all()
-    r = CliRunner().invoke(app, ["validate-report", str(out)], terminal_width=250)
+    r = CliRunner().invoke(app, ["validate-report", str(out)], terminal_width=80)
     assert r.exit_code == 0, r.output
     assert "adapt. regret" in r.output and "adaptive: max regret" in r.output
-    assert "+7.1% [" in r.output  # the static table's regret with its interval
+    assert "+7.1 [" in r.output  # the static table's regret (in percent) with its interval
+    assert max(len(line) for line in r.output.splitlines()) <= 80, r.output  # the tables fit 80 columns
 
 
 def test_validate_adaptive_bad_input_is_one_line_and_writes_nothing(tmp_path):

@@ -22,32 +22,38 @@ def _f(x: float, digits: int = 1) -> str:
     return fmt_number(x, digits)
 
 
-def render_comparison(comparison, title: str = "") -> Table:
-    """Rich table of a :func:`dsdprof.report.compare.compare` result.
+def render_comparison(comparison, title: str = "") -> list[Table]:
+    """Rich tables of a :func:`dsdprof.report.compare.compare` result, each within 80 columns: the
+    speeds (tokens/s per user of vanilla, each fixed K, the table's DSD and, with adaptive rows, the
+    adaptive plugin), then the decision (the table's K, the best fixed K, regrets with intervals,
+    speedup, noise).
 
     ``DSD K``: the table's K at that batch size; in parentheses the mean K vLLM actually drafted
     when it differs (requests of a wave finish at different steps, so a wave's tail runs at a
-    smaller batch size and may get another K). With adaptive rows: the adaptive plugin's speed,
-    the mean K it drafted and its regret. Regrets carry their interval where the data allow."""
+    smaller batch size and may get another K). With adaptive rows: the mean K the plugin drafted
+    and its regret. Regrets carry their interval where the data allow."""
+    from rich import box
+
     from dsdprof.config.defaults import DEFAULT_CONFIDENCE
     from dsdprof.report.compare import fixed_k_columns
 
     ks = fixed_k_columns(comparison)
     adaptive = "tops_adaptive" in comparison.columns
-    from rich import box
-
-    caption = (f"regret = 1 - DSD / best fixed K, {DEFAULT_CONFIDENCE:.0%} interval in brackets (none with one sample);  "
-               "speedup = DSD / vanilla;  "
-               "DSD K (n): K vLLM drafted on average when it differs;  * below vanilla beyond noise")
-    if adaptive:
-        caption += ";  adaptive: the table served by dsdprof's adaptive plugin (K: mean drafted)"
-    t = Table(title=f"tokens/s per user (median over repeats)  {title}".strip(), box=box.SIMPLE_HEAD,
-              caption=caption, padding=(0, 1), pad_edge=False)
-    cols = ["BS", "vanilla", *[f"K={k}" for k in ks], "DSD", "DSD K", "best", "regret", "speedup", "noise"]
-    if adaptive:
-        cols += ["adaptive", "adapt. K", "adapt. regret"]
-    for col in cols:
-        t.add_column(col, justify="right", no_wrap=True)
+    speeds = Table(title=f"tokens/s per user (median over repeats)  {title}".strip(), box=box.SIMPLE_HEAD,
+                   padding=(0, 1), pad_edge=False,
+                   caption="DSD: the table on vLLM's schedule" + ("; adaptive: the table served by dsdprof's "
+                                                                   "adaptive plugin" if adaptive else ""))
+    noise = comparison["noise"].max() if len(comparison) else 0.0
+    caption = (f"regret = 1 - DSD / best fixed K, {DEFAULT_CONFIDENCE:.0%} interval in brackets (none with one "
+               f"sample); speedup = DSD / vanilla, * below vanilla beyond the noise floor (±{noise * 100:.0f}%, "
+               "--noise); DSD K (n): K vLLM drafted on "
+               "average when it differs" + ("; adapt.: the adaptive plugin (K: mean drafted)" if adaptive else ""))
+    decision = Table(title="DSD vs the best fixed K", box=box.SIMPLE_HEAD, caption=caption, padding=(0, 1),
+                     pad_edge=False)
+    for col in ["BS", "vanilla", *[f"K={k}" for k in ks], "DSD", *(["adaptive"] if adaptive else [])]:
+        speeds.add_column(col, justify="right", no_wrap=True)
+    for col in ["BS", "DSD K", "best", "regret %", "speedup", *(["adapt. K", "adapt. regret %"] if adaptive else [])]:
+        decision.add_column(col, justify="right", no_wrap=True)
     for _, r in comparison.iterrows():
         k_obs = r.get("dsd_k_observed")
         k_txt = str(int(r["dsd_k"]))
@@ -56,23 +62,27 @@ def render_comparison(comparison, title: str = "") -> Table:
         sp_txt = f"{r['speedup_vs_vanilla']:.2f}x"
         if r["below_vanilla"]:
             sp_txt = f"[red]{sp_txt}*[/]"
-        cells = [str(int(r["batch_size"])), _f(r["tops_vanilla"]), *[_f(r[f"tops_k{k}"]) for k in ks],
-                 _f(r["tops_dsd"]), k_txt, str(int(r["best_fixed_k"])),
-                 _regret(r["regret"], r.get("regret_lo"), r.get("regret_hi")), sp_txt, f"±{r['noise'] * 100:.0f}%"]
+        bs = str(int(r["batch_size"]))
+        speeds.add_row(bs, _f(r["tops_vanilla"]), *[_f(r[f"tops_k{k}"]) for k in ks], _f(r["tops_dsd"]),
+                       *([_f(r["tops_adaptive"])] if adaptive else []))
+        cells = [bs, k_txt, str(int(r["best_fixed_k"])), _regret(r["regret"], r.get("regret_lo"), r.get("regret_hi")),
+                 sp_txt]
         if adaptive:
-            cells += [_f(r["tops_adaptive"]), _f(r.get("adaptive_k_observed"), 2),
+            cells += [_f(r.get("adaptive_k_observed"), 2),
                       _regret(r["adaptive_regret"], r.get("adaptive_regret_lo"), r.get("adaptive_regret_hi"))]
-        t.add_row(*cells)
-    return t
+        decision.add_row(*cells)
+    return [speeds, decision]
 
 
 def _regret(point: float, lo: Optional[float], hi: Optional[float]) -> str:
-    """``+1.2%`` or, with a known interval, ``+1.2% [-0.4, +2.9]``."""
+    """In percent: ``+1.2`` or, with a known interval, ``+1.2 [-0.4,+2.9]`` (bounds of 10 or more
+    without decimals: ``+10.8 [+3.9,+17]``, so two regrets fit 80 columns)."""
     if point is None or (isinstance(point, float) and math.isnan(point)):
         return "-"
-    txt = f"{point * 100:+.1f}%"
+    txt = f"{point * 100:+.1f}"
     if lo is not None and hi is not None and not (math.isnan(lo) or math.isnan(hi)):
-        txt += f" [{lo * 100:+.1f}, {hi * 100:+.1f}]"
+        lo_t, hi_t = (f"{x * 100:+.0f}" if abs(x) >= 0.0995 else f"{x * 100:+.1f}" for x in (lo, hi))
+        txt += f" [{lo_t},{hi_t}]"
     return txt
 
 
@@ -107,7 +117,8 @@ def report(results: Path, noise: float, max_regret: Optional[float], title: str)
     from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
 
     comparison = compare(read_measurements(results), noise_floor=noise)
-    console.print(render_comparison(comparison, title))
+    for table in render_comparison(comparison, title):
+        console.print(table)
     worst = comparison.loc[comparison["regret"].idxmax()]
     console.print(f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS {int(worst['batch_size'])}; "
                   f"DSD vs vanilla: {comparison['speedup_vs_vanilla'].min():.2f}x .. "
