@@ -38,6 +38,7 @@ def rows_with(rows: pd.DataFrame, run: Path, how: str, repeats: set[int] | None)
         by_k = summarize_paired(steps, int(b), ks, max(ks), pool=how != "own")
         for i, row in g.iterrows():
             t = by_k[int(row["num_spec_tokens"])]
+            out.at[i, "acceptance_per_pos"] = list(t.acceptance_per_pos[:int(row["num_spec_tokens"])])
             samples = list(t.sample_acceptance_length)
             if how == "fixed":
                 samples = [t.acceptance_length] * len(samples)
@@ -57,7 +58,7 @@ def summary(df: pd.DataFrame) -> dict:
         per_bs[int(b)] = float(((others["ratio_high"] - others["ratio_low"]) / 2).median())
     opt = res.optimal
     return {"half": float(np.median(list(per_bs.values()))) if per_bs else float("nan"), "per_bs": per_bs,
-            "opt": opt, "shape": res.shape}
+            "opt": opt, "shape": res.shape, "used": res.acceptance}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,15 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.run}: {len(rows)} rows; half-width = median over the non-best Ks of a batch size of the "
           f"90 % half-width of goodput / best K; 'median' = median over batch sizes")
     results = {how: summary(rows_with(rows, args.run, how, repeats)) for how in ("own", "pooled", "fixed")}
-    head = f"{'acceptance':<10} {'median':>7} {'decided':>8}  shape        per BS: K* (decided ?), half-width"
+    head = (f"{'acceptance':<10} {'analyze':<8} {'median':>7} {'decided':>8}  shape        "
+            "per BS: K* (decided ?), half-width")
     print(head)
     for how, s in results.items():
         opt = s["opt"]
         cells = "  ".join(f"{int(r.batch_size)}:{int(r.k)}{'' if r.decided else '?'} {s['per_bs'][int(r.batch_size)]:.1%}"
                           for r in opt.itertuples())
-        print(f"{how:<10} {s['half']:>7.2%} {int(opt['decided'].sum()):>3} of {len(opt):<2}  {s['shape']:<12} {cells}")
-    print("(own: each K's own steps; pooled: by draft position over the group, what dsdprof writes; "
-          "fixed: pooled point with no acceptance noise, step time alone)")
+        print(f"{how:<10} {s['used']:<8} {s['half']:>7.2%} {int(opt['decided'].sum()):>3} of {len(opt):<2}  {s['shape']:<12} {cells}")
+    print("(own: each K's own steps, as v4/v5 rows; pooled: by draft position over the group, what dsdprof "
+          "writes; fixed: pooled point with no acceptance noise, step time alone. analyze: 'chain' when "
+          "analyze's default (acceptance auto) replaced each K's AL by the largest K's per-position chain)")
     for how in ("own", "pooled"):
         print(f"\n{how}: margins vs runner-up [90 %]")
         for r in results[how]["opt"].itertuples():
