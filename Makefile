@@ -32,7 +32,7 @@ demo: setup toy_models/dense/target/config.json
 	$(DSDPROF) show tables/toy-dense-cpu.json
 
 # The toy MoE (docs/moe-cpu.md): 1.4 GB of experts, about 11 minutes on 2 cores. On this CPU its
-# K* rose then fell by the points but did not clear its intervals (docs/moe-cpu.md says why).
+# K* did not clear its intervals: flat at K=2 by the points with acceptance pooled (docs/moe-cpu.md).
 toy_models/moe-demo/moe/target/config.json: | setup
 	$(DSDPROF) toy-models toy_models/moe-demo --kind moe --layers 8 --experts 32 --top-k 8 \
 		--expert-ffn 1024 --dense-first --residual-scale 0.08
