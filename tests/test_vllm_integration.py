@@ -57,6 +57,7 @@ def test_draft_equal_target_counts_delivered_tokens_at_the_rows_k(toy, tmp_path)
             # counted before vLLM trims at max_tokens: every step produced K+1 (draft = target),
             # although the last step of a request delivered only what was left of its 23 tokens
             assert row.acceptance_length == pytest.approx(k + 1, rel=1e-9), row.cell_id
+        assert row.acceptance_length_own == pytest.approx(k + 1, rel=1e-9), row.cell_id
             # vLLM's own (untrimmed) counters agree exactly
             assert row.vllm_acceptance_length == pytest.approx(row.acceptance_length, rel=1e-9), row.cell_id
         else:
@@ -73,7 +74,8 @@ def test_draft_equal_target_counts_delivered_tokens_at_the_rows_k(toy, tmp_path)
 
 def test_paired_design_runs_every_k_in_the_same_waves(toy, tmp_path):
     """The default design: one trace per batch size, every K in it, K switched per step; each
-    K's row from its own steps. Draft = target accepts every draft, so AL(K) = K + 1 exactly."""
+    K's step time from its own steps, acceptance pooled by draft position. Draft = target accepts
+    every draft, so AL(K) = K + 1 exactly, pooled and from the K's own steps."""
     spec = _spec(toy.target, toy.target, [1, 2], [0, 1, 3], waves=2, output_len=40, design="paired")
     summary = run_sweep(spec, tmp_path / "run")
     assert summary.failed == 0 and summary.speculation_mode == "dsd"
@@ -86,6 +88,7 @@ def test_paired_design_runs_every_k_in_the_same_waves(toy, tmp_path):
     for row in dsd.itertuples():
         k = row.num_spec_tokens
         assert row.acceptance_length == pytest.approx(k + 1, rel=1e-9), row.cell_id
+        assert row.acceptance_length_own == pytest.approx(k + 1, rel=1e-9), row.cell_id
         assert row.drafted_per_draft == pytest.approx(k), row.cell_id
         assert row.steady_steps > 0 and len(row.sample_itl_s) == len(row.sample_acceptance_length)
         assert row.consistent, row.checks_failed  # tokens and counters over the shared waves
