@@ -57,7 +57,6 @@ def test_draft_equal_target_counts_delivered_tokens_at_the_rows_k(toy, tmp_path)
             # counted before vLLM trims at max_tokens: every step produced K+1 (draft = target),
             # although the last step of a request delivered only what was left of its 23 tokens
             assert row.acceptance_length == pytest.approx(k + 1, rel=1e-9), row.cell_id
-        assert row.acceptance_length_own == pytest.approx(k + 1, rel=1e-9), row.cell_id
             # vLLM's own (untrimmed) counters agree exactly
             assert row.vllm_acceptance_length == pytest.approx(row.acceptance_length, rel=1e-9), row.cell_id
         else:
