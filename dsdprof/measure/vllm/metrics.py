@@ -144,13 +144,12 @@ def build_measurement(trace, before: MetricSnapshot, after: MetricSnapshot, requ
     failures = cross_checks(trace, drafts, draft_tokens, accepted, requests, expected_k, batch_size, timing_tolerance)
     failures += [trace.acceptance_check] if trace.acceptance_check else []
     t = trace
-    own = t.acceptance_length if math.isnan(t.acceptance_length_own) else t.acceptance_length_own
     return CellMeasurement(
         **{**t.step_stats(), "acceptance_per_pos": tuple(t.acceptance_per_pos[:num_spec_tokens])},
         tokens_per_s_per_user=1.0 / t.tpot_s if t.tpot_s > 0 else math.nan,
         tokens_per_s_total=num_tokens / wall_s if wall_s > 0 else math.nan,
         num_requests=len(requests), num_output_tokens=num_tokens, wall_s=wall_s,
-        drafted_per_draft=t.drafted_per_draft, acceptance_length_own=own, steady_steps=t.steady_steps,
+        drafted_per_draft=t.drafted_per_draft, acceptance_length_own=t.acceptance_length_own, steady_steps=t.steady_steps,
         excluded_steps=t.excluded_steps,
         sample_acceptance_length=tuple(t.sample_acceptance_length), sample_itl_s=tuple(t.sample_itl_s),
         vllm_acceptance_length=1.0 + accepted / drafts if drafts > 0 else 1.0,
