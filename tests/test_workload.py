@@ -156,3 +156,47 @@ def test_output_lengths_can_follow_the_dataset(tmp_path):
         build_workload(WorkloadSpec(dataset=str(mt), input_len=4, output_lens="dataset"), WordTokenizer(), 64)
     with pytest.raises(InputError, match="output_lens"):
         build_workload(WorkloadSpec(output_lens="dataset"), WordTokenizer(), 64)
+
+
+def test_each_repeat_takes_its_own_prompts(tmp_path):
+    """With temperature 0 a replayed prompt replays its tokens: repeat r of a cell measures the pool's
+    waves from r * (waves + warmup) on, its warm-up the ones right after (no engine starts: a fake
+    LLM records which prompts each wave sent)."""
+    pytest.importorskip("vllm")  # CellRun builds vLLM's SamplingParams
+    from types import SimpleNamespace
+
+    from dsdprof.config.spec import parse_spec
+    from dsdprof.measure.engine import Cell
+    from dsdprof.measure.vllm.engine import VllmEngine
+    from dsdprof.measure.vllm.worker import CellRun
+
+    class FakeLLM:
+        def __init__(self):
+            self.waves = []
+
+        def reset_prefix_cache(self):
+            pass
+
+        def get_metrics(self):
+            return []
+
+        def generate(self, prompts, params, use_tqdm=False):
+            self.waves.append([p["prompt_token_ids"][0] for p in prompts])
+            return [SimpleNamespace(metrics=SimpleNamespace(first_token_ts=0.0, last_token_ts=1.0),
+                                    outputs=[SimpleNamespace(token_ids=[1, 2])]) for _ in prompts]
+
+    spec = parse_spec({"engine": {"model": "m", "method": "ngram"},
+                       "sweep": {"batch_sizes": [2], "waves": 3, "warmup": 1}, "workload": {"num_prompts": 64}})
+    eng = VllmEngine(spec, start_worker=lambda *a, **k: None)
+    pool = [[i] for i in range(64)]
+    seen = {}
+    for repeat in (0, 1, 2):
+        req = eng.cell_request(Cell(repeat, 2, "dsd", 1), 1)
+        assert req.prompt_offset == repeat * 4
+        llm = FakeLLM()
+        run = CellRun(llm, pool, req, trace_dir=str(tmp_path))
+        run.run_waves(0, 3)
+        warm, measured = llm.waves[0], [p for w in llm.waves[1:] for p in w]
+        assert measured == list(range(8 * repeat, 8 * repeat + 6)) and warm == [8 * repeat + 6, 8 * repeat + 7]
+        seen[repeat] = set(measured) | set(warm)
+    assert not (seen[0] & seen[1]) and not (seen[1] & seen[2])

@@ -277,7 +277,8 @@ class VllmEngine:
                            positions=cell.num_spec_tokens, waves=s.sweep.waves, warmup=s.sweep.warmup,
                            output_len=s.sweep.output_len, temperature=s.workload.temperature,
                            seed=s.workload.seed, verify_k=verify_k, trace_name=self.trace_name(cell),
-                           timing_tolerance=s.sweep.consistency_tolerance, context_len=cell.context_len)
+                           timing_tolerance=s.sweep.consistency_tolerance, context_len=cell.context_len,
+                           prompt_offset=cell.repeat * (s.sweep.waves + s.sweep.warmup))
 
     def run(self, key: str, req: CellRequest) -> CellMeasurement:
         if self.one_fixed_engine and key.startswith("fixed-"):  # one fixed-K engine at a time

@@ -51,6 +51,7 @@ class CellRequest:
     order_offset: int = 0  # paired design: wave w runs the K order of design row w + order_offset
     span: tuple[int, int] = (0, 0)  # measured waves [start, stop) of this request ((0, 0): all); see serve_request
     wave_block: tuple[int, ...] = ()  # paired design: the wave block of each measured wave (-> sample_block)
+    prompt_offset: int = 0  # measured wave w takes the pool's prompts of wave w + prompt_offset (a repeat's own)
 
 
 def k_sequence(group: tuple[int, ...], wave: int, hold: int) -> list[int]:
@@ -107,7 +108,7 @@ class CellRun:
             os.unlink(self.trace_path)  # a retried cell starts a fresh trace
         llm.reset_prefix_cache()  # no cell inherits another's cached prompts
         for w in range(req.warmup):
-            self._wave(-1 - w, req.waves + w)  # warm-up uses prompts outside the measured ones
+            self._wave(-1 - w, req.prompt_offset + req.waves + w)  # warm-up: prompts outside the measured ones
         self.before = snapshot_from_metrics(llm.get_metrics())
         self.timings: list = []
         self.wall = 0.0
@@ -149,7 +150,7 @@ class CellRun:
                              f"of {self.req.waves}")
         t0 = time.perf_counter()
         for w in range(start, stop):
-            for out in self._wave(w, w):
+            for out in self._wave(w, w + self.req.prompt_offset):
                 m = out.metrics
                 self.timings.append(RequestTiming(float(m.first_token_ts), float(m.last_token_ts),
                                                   len(out.outputs[0].token_ids)))
