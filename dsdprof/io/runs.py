@@ -3,7 +3,8 @@
 ``analyze``, ``export`` and ``plot`` take a run directory, a Parquet file or a directory of runs.
 This module answers, before any decision is made from the rows:
 
-* :func:`run_kind` -- ``sweep`` or ``validate`` (a validate run is no sweep: it has no K grid);
+* :func:`run_kind` -- ``sweep`` or ``validate`` (a validate run is no sweep: it has no K grid), from the
+  manifest, the files' metadata or the rows alone (:func:`validate_rows`);
 * :func:`pooled_runs` / :func:`check_pooled_runs` -- the runs (manifests with their spec hashes)
   under a path, refused when they differ unless the caller allows mixing;
 * :func:`coverage` -- the grid the manifest planned against the cells that produced a number, so
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dsdprof.errors import InputError
+from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_ADAPTIVE, MODE_DSD, MODE_FIXED
 from dsdprof.io.manifest import MANIFEST_NAME, first_difference
 
 RUN_KIND_SWEEP = "sweep"
@@ -49,26 +51,71 @@ def manifests_under(path: str | Path) -> dict[Path, dict[str, Any]]:
     return found
 
 
-def run_kind(path: str | Path) -> str:
-    """``validate`` when any run under ``path`` was written by ``dsdprof validate``, else ``sweep``."""
+def validate_rows(rows: Any) -> str:
+    """Why ``rows`` (a DataFrame) are a validate run's, from the rows alone; "" when they may be a
+    sweep's. A sweep runs in one speculation mode (``dsd``: vanilla + every K of the grid per batch
+    size; ``fixed``: vanilla + one engine per K) and never writes ``adaptive`` rows. ``dsdprof
+    validate`` writes ``adaptive`` rows (the plugin's arm), and beside fixed-K rows one ``dsd`` row
+    per batch size and repeat: the table's K, served by vLLM's schedule."""
+    if rows is None or "mode" not in rows.columns or not len(rows):
+        return ""
+    modes = rows["mode"].astype(str)
+    if (modes == MODE_ADAPTIVE).any():
+        return f"rows of mode {MODE_ADAPTIVE!r}, which no sweep writes"
+    dsd, fixed = rows[modes == MODE_DSD], rows[modes == MODE_FIXED]
+    if dsd.empty or fixed.empty or "batch_size" not in rows.columns or "num_spec_tokens" not in rows.columns:
+        return ""
+    keys = [c for c in ("batch_size", "repeat", CONTEXT_COLUMN.name) if c in rows.columns]
+
+    def units(part: Any) -> list[tuple]:  # (batch size, repeat, context) of each row, as plain values
+        return [tuple(str(v) for v in u) for u in part[keys].itertuples(index=False, name=None)]
+
+    dsd_ks: dict[tuple, set] = {}
+    for u, k in zip(units(dsd), dsd["num_spec_tokens"]):
+        dsd_ks.setdefault(u, set()).add(str(k))
+    if all(len(ks) == 1 for ks in dsd_ks.values()) and not dsd_ks.keys().isdisjoint(units(fixed)):
+        return "fixed-K rows beside one dsd K per batch size, as validate writes them"
+    return ""
+
+
+def _kind_columns(path: str | Path) -> Any:
+    """The columns :func:`validate_rows` reads, of every Parquet file under ``path`` (None if unreadable)."""
+    from dsdprof.io.readers import read_columns
+
+    try:
+        return read_columns(path, ("mode", "batch_size", "num_spec_tokens", "repeat", CONTEXT_COLUMN.name))
+    except Exception:  # noqa: BLE001 - unreadable rows: the reader that follows names the file
+        return None
+
+
+def validate_evidence(path: str | Path, rows: Any = None) -> str:
+    """Why ``path`` holds a validate run ("" when it is a sweep): a manifest written by ``dsdprof
+    validate``, the rows' provenance, or the rows themselves (:func:`validate_rows`; ``rows``: all
+    rows when the caller has read them), whatever the files' metadata says."""
     from dsdprof.io.readers import read_provenance
 
     for doc in manifests_under(path).values():
         if RUN_KIND_VALIDATE in doc["spec"]:
-            return RUN_KIND_VALIDATE
-    try:  # a validate run's rows also say so in their provenance
+            return "its manifest says so"
+    try:
         if read_provenance(path).get("extra_run_kind") == RUN_KIND_VALIDATE:
-            return RUN_KIND_VALIDATE
+            return "its files' metadata says so"
     except InputError:
         pass
-    return RUN_KIND_SWEEP
+    return validate_rows(rows if rows is not None else _kind_columns(path))
 
 
-def refuse_validate_run(path: str | Path, command: str) -> None:
+def run_kind(path: str | Path, rows: Any = None) -> str:
+    """``validate`` when ``path`` (a run directory, a Parquet file or a directory of runs) holds a
+    validate run (:func:`validate_evidence`), else ``sweep``. The one test of a run's kind."""
+    return RUN_KIND_VALIDATE if validate_evidence(path, rows) else RUN_KIND_SWEEP
+
+
+def refuse_validate_run(path: str | Path, command: str, rows: Any = None) -> None:
     """One line for ``export``/``analyze`` given a validate run (it has no K grid to decide from)."""
-    if run_kind(path) == RUN_KIND_VALIDATE:
-        raise InputError("measurements", str(path), f"is a validate run, not a sweep; {command} needs a sweep "
-                         "(`dsdprof validate-report` and `dsdprof plot` read validate runs)")
+    if why := validate_evidence(path, rows):
+        raise InputError("measurements", str(path), f"is a validate run, not a sweep ({why}); {command} "
+                         "needs a sweep: read it with `dsdprof validate-report`")
 
 
 @dataclass(frozen=True)

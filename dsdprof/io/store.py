@@ -294,9 +294,8 @@ class SweepWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        meta = {"schema_version": MEASUREMENT_SCHEMA_VERSION, **self.provenance}
         with_context = any(CONTEXT_COLUMN.name in r for r in rows)  # a context sweep's rows only
-        schema = arrow_schema(with_context).with_metadata({PARQUET_METADATA_KEY: json.dumps(meta, default=str).encode()})
+        schema = arrow_schema(with_context).with_metadata(file_metadata(self.provenance))
         table = pa.Table.from_pylist(rows, schema=schema)
         tmp = self.out / f".{name}.tmp"
 
@@ -367,6 +366,13 @@ class SweepWriter:
             except OSError:
                 break
         self._created = []
+
+
+def file_metadata(provenance: dict[str, Any], version: str = MEASUREMENT_SCHEMA_VERSION) -> dict[bytes, bytes]:
+    """The Parquet key-value metadata of a measurement file: its schema version and the run's
+    provenance (what :func:`dsdprof.io.readers.read_provenance` reads back)."""
+    meta = {"schema_version": version, **provenance}
+    return {PARQUET_METADATA_KEY: json.dumps(meta, default=str).encode()}
 
 
 def provenance_dict(prov) -> dict[str, Any]:

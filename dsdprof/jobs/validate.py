@@ -48,13 +48,13 @@ from dsdprof.formats.ktable import TableError, k_for_batch_size
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.io.atomic import write_json_atomic
 from dsdprof.io.manifest import normalised_spec_dump
-from dsdprof.io.store import SWEEP_META
+from dsdprof.io.runs import RUN_KIND_VALIDATE, run_kind
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.runner import SweepProgress, run_plan
 from dsdprof.measure.vllm.engine import VllmEngine
 from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
 
-VALIDATE_KEY = "validate"  # key in _sweep.json marking a validate run
+VALIDATE_KEY = RUN_KIND_VALIDATE  # key in _sweep.json marking a validate run
 DEFAULT_FIXED_KS = (3,)
 DESIGNS = ("paired", "steps", "cells")  # validate --design: waves interleaved (default) | arms per step | cells
 ADAPTIVE_TABLE_FILE = "_adaptive_table.json"  # the table the adaptive engine loads, in OUT
@@ -323,16 +323,6 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
 
 
 def is_validate_run(path: str | Path) -> bool:
-    """True when ``path`` (directory or Parquet file) was written by ``dsdprof validate``."""
-    from dsdprof.io.readers import read_provenance
-
-    try:
-        if read_provenance(path).get("extra_run_kind") == VALIDATE_KEY:
-            return True
-    except InputError:
-        return False
-    meta = Path(path) / SWEEP_META
-    try:
-        return meta.is_file() and VALIDATE_KEY in json.loads(meta.read_text()).get("spec", {})
-    except ValueError:
-        return False
+    """True when ``path`` (directory or Parquet file) holds a validate run: its manifest, its
+    metadata or its rows alone say so (:func:`dsdprof.io.runs.run_kind`, the one test)."""
+    return run_kind(path) == RUN_KIND_VALIDATE
