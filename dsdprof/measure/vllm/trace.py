@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import Iterable
 
 from dsdprof.measure.engine import StepStats
+from dsdprof.measure.vllm.replay import with_replay
 
+SETTLE = 1  # paired design: pure steps of a K after a switch that are not timed (the first one)
 
 
 @dataclass(frozen=True)
@@ -209,23 +211,19 @@ def _summary(steady: list[tuple[Step, float]], timed: list[tuple[Step, float]], 
                     accepted_per_pos[i] += 1
                 for i in range(min(d, positions)):
                     drafted_per_pos[i] += 1
-    samples_al, samples_itl = [], []
-    timed_waves = {s.wave for s, _ in timed}
+    samples_al, samples_itl, timed_waves = [], [], {s.wave for s, _ in timed}
     for w in sorted({s.wave for s, _ in steady} & timed_waves):
         ws = [(s, t) for s, t in steady if s.wave == w]
         wt = [t for s, t in timed if s.wave == w]
         samples_al.append(sum(sum(s.generated) for s, _ in ws) / sum(s.decoding for s, _ in ws))
         samples_itl.append(sum(wt) / len(wt))
-    tpots = _per_request_tpot(timed)
-    itl = sum(durations) / len(durations)
-    al = generated / n_req_steps
+    tpots, itl, al = _per_request_tpot(timed), sum(durations) / len(durations), generated / n_req_steps
     return TraceSummary(
-        acceptance_length=generated / n_req_steps,
+        acceptance_length=al,
         acceptance_per_pos=tuple(a / d if d else 0.0 for a, d in zip(accepted_per_pos, drafted_per_pos)),
-        itl_s=sum(durations) / len(durations), itl_p50_s=_percentile(durations, 0.5),
+        itl_s=itl, itl_p50_s=_percentile(durations, 0.5),
         itl_p90_s=_percentile(durations, 0.9), itl_p99_s=_percentile(durations, 0.99),
-        tpot_s=itl / al,
-        tpot_p50_s=_percentile(tpots, 0.5), tpot_p90_s=_percentile(tpots, 0.9),
+        tpot_s=itl / al, tpot_p50_s=_percentile(tpots, 0.5), tpot_p90_s=_percentile(tpots, 0.9),
         tpot_p99_s=_percentile(tpots, 0.99),
         num_drafts=drafts, num_draft_tokens=draft_tokens, num_accepted_tokens=accepted,
         drafted_per_draft=draft_tokens / drafts if drafts else 0.0, steady_steps=len(timed),
@@ -240,17 +238,18 @@ def _summary(steady: list[tuple[Step, float]], timed: list[tuple[Step, float]], 
     )
 
 
-def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
-                     positions: int, pool: bool = True) -> dict[int, TraceSummary]:
+def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...], positions: int,
+                     acceptance: str = "replay", settle: int = SETTLE) -> dict[int, TraceSummary]:
     """Paired design: every K of ``ks`` ran inside the same waves (a K per step, see
     :mod:`dsdprof.plugins.vllm_profiling`). A steady step verified the drafts the previous step
     proposed (``drafted``, all the same K) and proposed ``k_next`` for the next one. Per K:
 
     * tokens and acceptance from every steady step that verified K (acceptance does not depend on
       the step's timing);
-    * step time from the **pure** steady steps, which verified K *and* proposed K (the previous
-      step proposed K too), so the step did exactly what a step of a fixed-K run does; a step right
-      after a switch (verify one K, draft another) is timed for no K.
+    * step time from the **settled** steady steps: pure (verified K *and* proposed K, so the step
+      did exactly what a step of a fixed-K run does) and preceded by ``settle`` pure steps of that
+      K (the first pure step after a switch is the first to verify the new K's shape; a step right
+      after a switch, verify one K and draft another, is timed for no K).
 
     Samples are **blocks** of consecutive waves: a block closes as soon as every K has a pure step
     in it (one wave when waves are long enough for the whole K sequence, several when they are
@@ -262,31 +261,31 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
     (``Step.arm``) instead of the K they drafted: a steady step counts for the arm of the step before
     it (whose drafts it verified), and is pure when it was scheduled under that arm too.
 
-    Acceptance is pooled by draft position over the group (:func:`pool_acceptance`); ``pool=False``
-    keeps each K's own steps (``benchmarks/bench_pooled_acceptance.py`` compares the two); arms are
-    never pooled (they choose K themselves)."""
+    ``acceptance``: ``"replay"`` (default) replays each K as a server held at K over every
+    request's match sequence (:mod:`dsdprof.measure.vllm.replay`); ``"pooled"`` pools by draft
+    position over the group's steps (:func:`pool_acceptance`, mix-weighted); ``"own"`` keeps each
+    K's own steps (``benchmarks/bench_pooled_acceptance.py`` compares them). The ``acceptance``
+    check compares the K's own steps with the pooled value (both weigh the mix's steps) in every
+    case. Arms are never pooled (they choose K themselves)."""
     steady, excluded = steady_steps(steps, batch_size)
     by_k: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
     pure: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
     verified = _verified_arms(steps) if min(ks) < 0 else None
+    run = _pure_runs(steps, verified)
     odd = 0
     for s, t in steady:
-        if verified is not None:
-            k, now = verified.get(id(s)), s.arm
-        else:
-            kinds = set(s.drafted)
-            k, now = (kinds.pop() if len(kinds) == 1 else None), s.k_next
+        k, n = run[id(s)]
         if k not in by_k:
             odd += 1
             continue
         by_k[k].append((s, t))
-        if now == k:
+        if n > settle:
             pure[k].append((s, t))
     block = pure_blocks({k: {s.wave for s, _ in pure[k]} for k in ks}, {s.wave for s, _ in steady})
     if not block:
         counts = ", ".join(f"K={k}: {len(pure[k])}" for k in ks)
-        raise CellFailure(f"paired design: a K never ran a pure step ({counts}; {odd} steady steps "
-                          f"drafted no K of the group); raise output_len")
+        raise CellFailure(f"paired design: a K never ran a settled pure step ({counts}; {odd} steady "
+                          f"steps drafted no K of the group); raise output_len")
     measured = [s for s in steps if s.wave >= 0]
     out, kept_by_k = {}, {}
     for k in ks:
@@ -294,28 +293,26 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...],
         timed = [(replace(s, wave=block[s.wave]), t) for s, t in pure[k] if s.wave in block]
         out[k] = _summary(kept, timed, excluded + len(steady) - len(timed), measured, positions)
         kept_by_k[k] = kept
-    return out if verified is not None or not pool else pool_acceptance(out, kept_by_k)
+    if verified is not None or acceptance == "own":
+        return out
+    pooled = pool_acceptance(out, kept_by_k)
+    if acceptance == "pooled":
+        return pooled
+    return with_replay(pooled, [s for s in measured if s.wave in block], block, positions)
 
 
 def pool_acceptance(by_k: dict[int, TraceSummary],
                     kept_by_k: dict[int, list[tuple[Step, float]]]) -> dict[int, TraceSummary]:
-    """Paired design: each K's acceptance length from **every** steady step of the group.
-
-    Whether draft position ``j`` is accepted does not depend on how many positions follow it: the
-    drafter proposes position ``j`` from the same context whatever K is, and the target verifies
-    positions in order. So ``P(a >= j)`` (at least ``j`` of the drafts accepted) is estimated from
-    every request-step that drafted at least ``j`` tokens, whatever its K, and::
-
-        acceptance_length(K) = 1 + sum_{j <= K} P(a >= j)
-
-    -- the mean of ``1 + min(a, K)``, the tokens a step at K produces. A K's estimate then uses the
-    drafts of every K >= j at position j (K=1: every draft of the group), and the Ks of one block
-    share them, so the ratio between two Ks no longer carries each K's own acceptance noise. Per
-    block (sample) the same from that block's steps. The K's own steps' value is kept
-    (``acceptance_length_own``) and checked against the pooled one: ``acceptance_check`` says when
-    they differ by more than 4 standard errors of the K's own mean (over its request-steps) and 2 %
-    (then acceptance did depend on K and the pooling is wrong for this pair). On 168 cells of real
-    paired traces (dense and MoE toy pairs, BS 1-16) the largest difference was 2.6 standard errors."""
+    """Paired design: each K's acceptance length from **every** steady step of the group, pooled
+    by draft position: ``acceptance_length(K) = 1 + sum_{j <= K} P(a >= j)``, ``P(a >= j)`` from
+    every request-step that drafted at least ``j`` (position ``j`` is drafted the same way whatever
+    K is). Per block (sample) the same from that block's steps. It weighs each stretch of a
+    request by the *mix's* steps in it, not a fixed-K server's (:mod:`dsdprof.measure.vllm.replay`
+    removes that). The K's own steps' value is kept (``acceptance_length_own``) and checked against
+    the pooled one, both weighed by the mix's steps: ``acceptance_check`` says when they differ by
+    more than 4 standard errors of the K's own mean (over its request-steps) and 2 % (then
+    acceptance did depend on K). On 168 cells of real paired traces (dense and MoE toy pairs,
+    BS 1-16) the largest difference was 2.6 standard errors."""
     kept = [x for steps in kept_by_k.values() for x in steps]
     blocks = sorted({s.wave for s, _ in kept})
     positions = max((d for s, _ in kept for d in s.drafted), default=0)
@@ -348,6 +345,25 @@ def pool_acceptance(by_k: dict[int, TraceSummary],
         out[k] = replace(t, acceptance_length=al, sample_acceptance_length=samples,
                          acceptance_per_pos=tuple(tot_acc[j] / tot_dr[j] if tot_dr[j] else 0.0 for j in range(positions)),
                          tpot_s=t.itl_s / al, acceptance_length_own=t.acceptance_length, acceptance_check=check)
+    return out
+
+
+def _pure_runs(steps: list[Step], verified: dict[int, int | None] | None) -> dict[int, tuple]:
+    """id(step) -> (the K, or arm, whose drafts it verified (None: mixed), how many pure steps of
+    that K in a row end with it (0: not pure)). Arms (``verified`` given): a step verified the
+    arm of the record before it and is pure when it was scheduled under that arm too."""
+    out: dict[int, tuple] = {}
+    prev: Step | None = None
+    for s in steps:
+        if verified is not None:
+            k, now = verified.get(id(s)), s.arm
+        else:
+            kinds = set(s.drafted)
+            k, now = (kinds.pop() if len(kinds) == 1 else None), s.k_next
+        before = out.get(id(prev), (None, 0)) if prev is not None and prev.wave == s.wave else (None, 0)
+        n = (before[1] + 1 if before[0] == k else 1) if now == k and k is not None else 0
+        out[id(s)] = (k, n)
+        prev = s
     return out
 
 

@@ -29,7 +29,7 @@ class WorkerConfig:
     trace_dir: str = ""  # the one directory the engine core writes step traces into
 
 
-PAIRED_HOLD = 2  # steps per K before switching: the 2nd verifies and drafts one K, as a fixed-K step does
+PAIRED_HOLD = 4  # steps per K before switching: step 1 verifies the old K, 2 is the first pure, 3-4 are timed
 
 
 @dataclass(frozen=True)

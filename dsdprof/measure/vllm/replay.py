@@ -1,0 +1,253 @@
+"""Acceptance as a server at a fixed K sees it, replayed from a paired (mixed-K) trace.
+
+In the paired design every K of a batch size runs inside the same waves, K switched per step.
+Averaging ``1 + min(a, K)`` over the mixed run's steps (:func:`dsdprof.measure.vllm.trace.pool_acceptance`)
+weighs each stretch of a request's output by the *mix's* steps in it. A server held at K spends
+its own share of steps in each stretch: many in a hard stretch (short steps), few in an easy one,
+so its AL is the token-weighted *harmonic* mean of the local AL. When acceptance comes in easy and
+hard stretches along a request, pooling overstates large Ks against small ones (3 % on
+AL(4)/AL(1) at a step-to-step correlation of 0.08, 7-8 % at 0.22).
+
+Under greedy decoding a chain drafter proposes output position ``s`` of a request from the
+accepted prefix, so whether the draft matches there, ``d(s)``, is a property of the position.
+Each request's ``d`` is rebuilt from its steps in order (:func:`request_matches`): a step at
+position ``t`` that verified ``k`` drafts and accepted ``a`` gives ``d(t..t+a-1) = 1`` and
+``d(t+a) = 0`` when ``a < k``; its last token (the bonus after a full acceptance, the token of a
+step that drafted nothing) is the target's own and says nothing about ``d`` there; the next step
+starts at ``t + a + 1``. Unknown positions are imputed in expectation from a Markov-1 chain along
+the position fitted on the known neighbour pairs of the cell, conditioned on both neighbours
+(:func:`impute`). Each fixed K is then replayed over every request (:func:`replay`): a step at
+``t`` accepts the run of matches from ``t``, up to K, and the request ends at its output length,
+the last step untrimmed as vLLM counts it; ``AL(K) = tokens / steps``, in expectation over the
+imputed positions. Per wave block (bootstrap sample) the same over that block's requests.
+
+Assumption: ``d(s)`` does not depend on the depth in the chain at which ``s`` was drafted (exact
+for n-gram and draft-model drafters under greedy decoding; an EAGLE/MTP head that drafts deeper
+positions from its own hidden states accepts them less often than a fresh start would, which
+this replay does not model). Pure functions over plain values: testable without vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+UNKNOWN = -1
+
+
+@dataclass(frozen=True)
+class RequestMatches:
+    """One request: ``x[s]`` = 1 (draft matched at output position s), 0 (rejected) or UNKNOWN."""
+
+    wave: int
+    x: np.ndarray  # int8, positions 0 .. end - 1 (0: the prefill's token)
+    length: int  # output tokens the request was delivered (the replay ends there)
+    depth: np.ndarray | None = None  # int8: where a known position sat in its step's chain (1 = first)
+
+
+def request_matches(records: list[tuple[int, tuple[int, int, int]]], delivered: dict[str, int],
+                    waves: dict[str, int]) -> list[RequestMatches]:
+    """Per request, its match sequence from its decode steps in order. ``records``: (request id,
+    (drafted, accepted, generated)) in step order; ``delivered``: the request's delivered output
+    tokens (its length); ``waves``: the request's wave."""
+    by_req: dict[str, list[tuple[int, int, int]]] = {}
+    for rid, rec in records:
+        by_req.setdefault(rid, []).append(rec)
+    out = []
+    for rid, recs in by_req.items():
+        end = 1 + sum(g for _, _, g in recs)
+        x = np.full(end, UNKNOWN, dtype=np.int8)
+        depth = np.zeros(end, dtype=np.int8)
+        t = 1  # position 0: the prefill's token
+        for d, a, g in recs:
+            a = max(0, min(a, d, g - 1))
+            x[t:t + a] = 1
+            depth[t:t + a + (a < d)] = np.arange(1, a + 1 + (a < d))
+            if a < d:
+                x[t + a] = 0
+            t += g
+        out.append(RequestMatches(waves.get(rid, 0), x, max(1, min(end, delivered.get(rid, end))), depth))
+    return out
+
+
+def _emissions(x: np.ndarray, depth: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """[requests, positions, state] likelihood of each position's observation (1 when unknown);
+    ``e[state, j - 1]``: match rate of a draft at depth ``j``."""
+    rate = np.moveaxis(e[:, np.maximum(depth, 1) - 1], 0, -1)
+    return np.where((x == 1)[..., None], rate, np.where((x == 0)[..., None], 1.0 - rate, 1.0))
+
+
+def _forward_backward(b: np.ndarray, pi: np.ndarray, a: np.ndarray):
+    """Scaled forward-backward of the 2-state chain over emissions ``b``: (posterior state
+    probabilities [r, t, 2], expected transitions [2, 2], log-likelihood)."""
+    r, t, _ = b.shape
+    alpha = np.empty((r, t, 2))
+    c = np.empty((r, t))
+    f = pi[None, :] * b[:, 0]
+    for s in range(t):
+        if s:
+            f = (alpha[:, s - 1] @ a) * b[:, s]
+        c[:, s] = f.sum(axis=1)
+        alpha[:, s] = f / c[:, s, None]
+    beta = np.ones((r, t, 2))
+    xi = np.zeros((2, 2))
+    for s in range(t - 2, -1, -1):
+        nb = b[:, s + 1] * beta[:, s + 1] / c[:, s + 1, None]
+        beta[:, s] = nb @ a.T
+        xi += a * (alpha[:, s].T @ nb)
+    gamma = alpha * beta
+    gamma /= gamma.sum(axis=2, keepdims=True)
+    return gamma, xi, float(np.log(c).sum())
+
+
+def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 40) -> tuple[np.ndarray, tuple]:
+    """``m[r, s, j - 1]``: P(a draft at depth ``j`` matches at position ``s``) for every position of
+    ``x`` ([requests, positions]; UNKNOWN where not observed, else observed at ``depth``), under a
+    two-state hidden chain along the position (easy and hard stretches), each state with a match
+    rate per depth, fitted to the known positions by EM. A position observed at one depth is
+    carried to the others by one uniform draw per position (a draft at depth j matches when it is
+    below the rate at j: matched where a harder depth matched, rejected where an easier one
+    rejected). With equal rates at every depth a known position is known at every depth (the match
+    is the position's); two states that fit alike are independent acceptance; rates 0 and 1 are a
+    Markov-1 chain on the match itself."""
+    known = x >= 0
+    kmax = max(kmax, int(depth.max(initial=1)), 1)
+    d1 = np.clip(depth, 1, kmax) - 1
+    rate = np.array([(x[known & (d1 == j)] == 1).mean() if (known & (d1 == j)).any() else 0.5
+                     for j in range(kmax)])
+    e = np.clip(np.stack([rate + 0.15, rate - 0.15]), 0.02, 0.98)
+    a = np.array([[0.95, 0.05], [0.05, 0.95]])
+    pi = np.array([0.5, 0.5])
+    last = -np.inf
+    hit = [(x == 1) & (d1 == j) for j in range(kmax)]
+    seen = [known & (d1 == j) for j in range(kmax)]
+    for _ in range(iterations):
+        gamma, xi, ll = _forward_backward(_emissions(x, depth, e), pi, a)
+        pi = gamma[:, 0].mean(axis=0)
+        a = xi / xi.sum(axis=1, keepdims=True)
+        for j in range(kmax):
+            w = gamma[seen[j]].sum(axis=0)
+            e[:, j] = np.where(w > 0, gamma[hit[j]].sum(axis=0) / np.maximum(w, 1e-12), e[:, j])
+        e = np.clip(e, 1e-6, 1 - 1e-6)
+        if ll - last < 1e-7 * abs(ll):
+            break
+        last = ll
+    gamma, _, _ = _forward_backward(_emissions(x, depth, e), pi, a)
+    obs = np.moveaxis(e[:, d1], 0, -1)  # [r, t, state]: the rate at the observed depth
+    m = np.empty(x.shape + (kmax,))
+    for j in range(kmax):
+        ej = e[:, j]
+        given_hit = np.minimum(ej, obs) / obs
+        given_miss = np.maximum(ej - obs, 0.0) / (1.0 - obs)
+        cond = np.where((x == 1)[..., None], given_hit, np.where((x == 0)[..., None], given_miss, ej))
+        m[..., j] = (gamma * cond).sum(axis=2)
+    return m, (np.round(e, 3).tolist(), np.round(a[[0, 1], [1, 0]], 4).tolist())
+
+
+def replay(m: np.ndarray, lengths: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(expected tokens, expected steps) per request of a server held at ``k`` from position 1 to
+    each request's length. ``m``: [requests, positions, depth] match probabilities (padded past
+    each length by at least ``k``); a step at ``t`` accepts the run of matches from ``t`` (the
+    draft at ``t + i`` at depth ``i + 1``) up to ``k`` and makes one more token (bonus or
+    correction). Positions are taken as independent given the data."""
+    r, width, _ = m.shape
+    steps = np.zeros(r)
+    tokens = np.zeros(r)
+    f = np.zeros((r, width + k + 2))  # probability that a step starts at position t
+    f[:, 1] = 1.0
+    for t in range(1, int(lengths.max()) if r else 1):
+        live = f[:, t] * (t < lengths)
+        if not live.any():
+            continue
+        steps += live
+        run = live.copy()
+        for i in range(k):
+            qi = m[:, t + i, i] if t + i < width else np.zeros(r)
+            stop = run * (1.0 - qi)  # i accepted, position t + i rejected: i + 1 tokens
+            f[:, t + i + 1] += stop
+            tokens += stop * (i + 1)
+            run = run * qi
+        f[:, t + k + 1] += run
+        tokens += run * (k + 1)
+    return tokens, steps
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """AL of a server held at each K, over every request and per wave block."""
+
+    acceptance_length: dict[int, float]
+    by_block: dict[int, dict[int, float]]  # K -> block -> AL
+    model: tuple  # the fitted chain: (match rate per state and depth, switch probability per state)
+    unknown_share: float  # share of the requests' decode positions whose match was imputed
+
+
+def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...],
+                      block: dict[int, int]) -> Replayed:
+    """AL(K) for every K of ``ks`` replayed over ``reqs`` (see the module docstring); per block of
+    ``block`` (wave -> block; requests of other waves are left out)."""
+    reqs = [r for r in reqs if r.wave in block]
+    kmax = max(max(ks), 0)
+    width = max((max(len(r.x), r.length) for r in reqs), default=1) + kmax + 1
+    x = np.full((len(reqs), width), UNKNOWN, dtype=np.int8)
+    depth = np.zeros((len(reqs), width), dtype=np.int8)
+    for i, r in enumerate(reqs):
+        x[i, :len(r.x)] = r.x
+        if r.depth is not None:
+            depth[i, :len(r.depth)] = r.depth
+    m, model = fit_chain(x, depth, kmax)
+    lengths = np.array([r.length for r in reqs], dtype=float)
+    blocks = np.array([block[r.wave] for r in reqs])
+    decode = sum(max(0, len(r.x) - 1) for r in reqs)
+    unknown = sum(int((r.x[1:] == UNKNOWN).sum()) for r in reqs)
+    al: dict[int, float] = {}
+    by_block: dict[int, dict[int, float]] = {}
+    for k in ks:
+        if k <= 0:
+            al[k] = 1.0
+            by_block[k] = {int(b): 1.0 for b in np.unique(blocks)}
+            continue
+        tokens, steps = replay(m, lengths, k)
+        al[k] = float(tokens.sum() / steps.sum()) if steps.sum() > 0 else float("nan")
+        by_block[k] = {int(b): float(tokens[blocks == b].sum() / steps[blocks == b].sum())
+                       for b in np.unique(blocks) if steps[blocks == b].sum() > 0}
+    return Replayed(al, by_block, model, unknown / decode if decode else 0.0)
+
+
+def matches_from_steps(steps) -> list[RequestMatches]:
+    """:func:`request_matches` from trace records (:class:`~dsdprof.measure.vllm.trace.Step`, in
+    trace order): every decoding request-step of the measured waves, steady or not."""
+    records, delivered, waves = [], {}, {}
+    for s in steps:
+        if s.wave < 0:
+            continue
+        for rid, n in s.delivered.items():
+            delivered[rid] = delivered.get(rid, 0) + n
+            waves.setdefault(rid, s.wave)
+        if not s.ids:
+            continue
+        for rid, d, a, g in zip(s.ids, s.drafted, s.accepted_counts(), s.generated):
+            records.append((rid, (d, a, g)))
+            waves.setdefault(rid, s.wave)
+    return request_matches(records, delivered, waves)
+
+
+def with_replay(by_k: dict, steps, block: dict[int, int], positions: int) -> dict:
+    """``by_k`` (K -> :class:`~dsdprof.measure.vllm.trace.TraceSummary`, samples per block) with
+    each K's acceptance replayed as a server held at K (:func:`replay_acceptance`) over the
+    requests of the blocked waves of ``steps``: ``acceptance_length``, its samples, ``tpot_s`` and
+    ``acceptance_per_pos`` (position j: AL(j) - AL(j - 1) of servers held at j and j - 1, so that
+    ``1 + sum_{j <= K}`` of it is AL(K), as analyze's chain prediction reads it)."""
+    from dataclasses import replace
+
+    ks = tuple(sorted(set(by_k) | set(range(positions + 1))))
+    rep = replay_acceptance(matches_from_steps(steps), ks, block)
+    al = rep.acceptance_length
+    per_pos = tuple(max(0.0, al[j] - al[j - 1]) for j in range(1, positions + 1))
+    out = {}
+    for k, t in by_k.items():
+        samples = tuple(rep.by_block[k].get(b, al[k]) for b in t.sample_waves)
+        out[k] = replace(t, acceptance_length=al[k], sample_acceptance_length=samples,
+                         acceptance_per_pos=per_pos, tpot_s=t.itl_s / al[k])
+    return out
