@@ -145,7 +145,7 @@ def test_long_context_does_not_lower_k_where_attention_dominates(ctx_run):
 
 
 def test_v3_table_and_selector_serve_every_exported_k(ctx_run):
-    doc, _ = __import__("dsdprof.export.api", fromlist=["x"]).table_from_source(ctx_run)
+    doc, _ = __import__("dsdprof.export.api", fromlist=["x"]).table_from_source(ctx_run, allow_partial=True)
     assert doc["schema"] == "dsdprof.ktable/v3" and validate_table(json.loads(json.dumps(doc)))
     tops = [sl["max_context"] for sl in doc["contexts"]]
     assert tops == context_buckets(CONTEXTS)
@@ -174,15 +174,15 @@ def test_v2_tables_still_serve_with_a_context(tmp_path):
 
 
 def test_export_vllm_context_picks_a_slice_and_says_so(ctx_run):
-    long = export_document(ctx_run, "vllm", context=60000)
-    short = export_document(ctx_run, "vllm")
-    table = export_document(ctx_run).doc
+    long = export_document(ctx_run, "vllm", context=60000, allow_partial=True)  # 65536: BS 8 predicted OOM
+    short = export_document(ctx_run, "vllm", allow_partial=True)
+    table = export_document(ctx_run, allow_partial=True).doc
     assert long.doc["num_speculative_tokens_per_batch_size"] == slice_for_context(table, 60000)["ranges"]
     assert short.doc["num_speculative_tokens_per_batch_size"] == table["ranges"]
     assert any("profiled at context 65536" in w for w in long.warnings)
     assert any("batch size only" in w and "--context" in w for w in short.warnings)
     with pytest.raises(InputError, match="--context"):
-        export_document(ctx_run, "vllm", context=0)
+        export_document(ctx_run, "vllm", context=0, allow_partial=True)
 
 
 @pytest.mark.parametrize("mutate, words", [
@@ -192,7 +192,7 @@ def test_export_vllm_context_picks_a_slice_and_says_so(ctx_run):
     (lambda d: d["contexts"][1].__setitem__("context_len", 1), "contexts[1].context_len"),
 ])
 def test_bad_v3_tables_name_the_field(ctx_run, mutate, words):
-    doc = json.loads(json.dumps(export_document(ctx_run).doc))
+    doc = json.loads(json.dumps(export_document(ctx_run, allow_partial=True).doc))
     mutate(doc)
     with pytest.raises(TableError, match=words.replace("[", r"\[").replace("]", r"\]")):
         validate_table(doc)
@@ -337,13 +337,14 @@ def test_show_prints_a_table_per_context(ctx_run, tmp_path):
     from dsdprof.cli.app import app
 
     path = tmp_path / "t.json"
-    path.write_text(json.dumps(export_document(ctx_run).doc))
+    path.write_text(json.dumps(export_document(ctx_run, allow_partial=True).doc))
     out = CliRunner().invoke(app, ["show", str(path)], env={"COLUMNS": "160"})
     assert out.exit_code == 0, out.output
     for title in ("context 1..4096 (profiled at 1024)", "context 4097..32768 (profiled at 16384)",
                   "context 32769+ (profiled at 65536)", "no context known"):
         assert title in out.output
-    res = CliRunner().invoke(app, ["export", str(ctx_run), "--format", "vllm", "--context", "20000"])
+    res = CliRunner().invoke(app, ["export", str(ctx_run), "--format", "vllm", "--context", "20000",
+                                   "--allow-partial"])
     assert res.exit_code == 0 and "profiled at context 16384" in res.output
 
 
@@ -359,3 +360,120 @@ def test_vllm_engine_builds_the_pool_at_the_longest_context_and_cuts_per_cell():
     assert eng.cell_request(Cell(0, 2, "dsd", 1, 100), 1).context_len == 100
     plain = VllmEngine(parse_spec({"engine": {"model": "m", "method": "ngram"}}), start_worker=lambda *a, **k: None)
     assert plain.pool._workload.input_len == 128 and plain.cell_request(Cell(0, 2, "dsd", 1), 1).context_len == 0
+
+
+# ----------------------------------------------------------------------------- failed slices (issue 31)
+
+GRID_BS = [1, 2, 4, 8, 16, 32, 64, 128]
+OOM = {8192: {64, 128}, 65536: {16, 32, 64, 128}}  # the held-out context sweep's out-of-memory cells
+
+
+def _context_run(path, failed=OOM, contexts=(1024, 8192, 65536), ks=(0, 1, 3, 5)):
+    """A context sweep's run directory from synthetic rows (manifest grid included): AL grows with K,
+    the step with B * (K + 1) and the context; the cells in ``failed`` are failed rows (OOM)."""
+    from dsdprof.formats.measurements import empty_row
+    from dsdprof.io.store import SweepWriter
+
+    grid = {"batch_sizes": GRID_BS, "num_spec_tokens": list(ks), "context_lens": list(contexts)}
+    with SweepWriter(path, {"engine": {}, "sweep": grid, "workload": {}}) as w:
+        w.start({"engine": "vllm", "hardware": "cpu"})
+        for c in contexts:
+            for b in GRID_BS:
+                for mode, k in [("vanilla", 0)] + [("dsd", k) for k in ks]:
+                    row = empty_row()
+                    cell = Cell(0, b, mode, k, c)
+                    row.update(cell_id=cell.cell_id, mode=mode, batch_size=b, num_spec_tokens=k, repeat=0,
+                               context_len=c)
+                    if b in failed.get(c, ()):
+                        row.update(status="failed", error="MemoryError: predicted out of memory (KV cache)")
+                    else:
+                        al = sum(0.8 ** i for i in range(k + 1))
+                        itl = (0.010 + 0.0005 * k + 0.00008 * b * (k + 1)) * (1 + c / 65536)
+                        row.update(status="ok", acceptance_length=al, itl_s=itl)
+                    w.write_row(row)
+    return path
+
+
+def test_context_export_refuses_failed_slices_in_one_line(tmp_path):
+    """As a plain sweep's export: batch sizes with no number at a context are refused, naming the
+    context and its batch sizes (exit 2, one line), in every format."""
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    run = _context_run(tmp_path / "run")
+    with pytest.raises(InputError) as err:
+        export_document(run)
+    assert err.value.field == "contexts" and err.value.value == {8192: [64, 128], 65536: [16, 32, 64, 128]}
+    for fmt in ("table", "vllm"):
+        r = CliRunner().invoke(app, ["export", str(run), "--format", fmt, "-o", str(tmp_path / f"{fmt}.json")])
+        err_line = r.stderr.strip()
+        assert r.exit_code == 2 and err_line.count("\n") == 0 and "Traceback" not in r.output, r.output
+        for words in ("contexts={8192: [64, 128], 65536: [16, 32, 64, 128]}", "context 8192: no ok cell at "
+                      "batch size 64, 128", "predicted out of memory", "--allow-partial"):
+            assert words in err_line, err_line
+        assert not (tmp_path / f"{fmt}.json").exists()
+
+
+def test_context_export_with_allow_partial_never_extends_a_k_over_failed_batch_sizes(tmp_path):
+    from dsdprof.formats.ktable import LAST_RANGE_END, k_for_batch_size
+
+    run = _context_run(tmp_path / "run")
+    out = export_document(run, allow_partial=True)
+    doc = validate_table(json.loads(json.dumps(out.doc)))
+    ends = {sl["context_len"]: sl["ranges"][-1][1] for sl in doc["contexts"]}
+    assert ends == {1024: LAST_RANGE_END, 8192: 32, 65536: 8}  # each slice ends at its last measured BS
+    for sl in doc["contexts"]:
+        measured = {p["batch_size"] for p in sl["points"]}
+        assert max(r[1] for r in sl["ranges"]) >= max(measured)
+        assert not any(r[0] <= b <= r[1] for r in sl["ranges"] for b in OOM.get(sl["context_len"], ()))
+    assert "partial" not in doc["contexts"][0]
+    assert doc["contexts"][1]["partial"] == "no ok cell at batch size 64, 128"
+    assert "context 65536: no ok cell at batch size 16, 32, 64, 128" in doc["provenance"]["partial"]
+    assert any(w.startswith("partial context sweep: context 8192") for w in out.warnings)
+    vllm = export_document(run, "vllm", allow_partial=True, context=65536).doc
+    assert vllm["num_speculative_tokens_per_batch_size"][-1][1] == 8
+    assert k_for_batch_size(slice_for_context(doc, 65536)["ranges"], 128) == doc["contexts"][2]["points"][-1]["k"]
+
+
+def test_complete_context_sweep_exports_as_before(tmp_path):
+    """No failed cell: nothing refused, nothing recorded, the last range open as in any sweep."""
+    from dsdprof.formats.ktable import LAST_RANGE_END
+
+    out = export_document(_context_run(tmp_path / "run", failed={}))
+    assert all(sl["ranges"][-1][1] == LAST_RANGE_END and "partial" not in sl for sl in out.doc["contexts"])
+    assert "partial" not in out.doc["provenance"] and not any("partial" in w for w in out.warnings)
+
+
+def test_a_context_whose_every_cell_failed_is_refused_then_skipped(tmp_path):
+    run = _context_run(tmp_path / "run", failed={65536: set(GRID_BS)})
+    with pytest.raises(InputError, match=r"contexts=\{65536: \[1, 2, 4, 8, 16, 32, 64, 128\]\}"):
+        export_document(run)
+    doc = export_document(run, allow_partial=True).doc
+    assert [sl["context_len"] for sl in doc["contexts"]] == [1024, 8192] and "65536" in doc["contexts_skipped"]
+
+
+def test_plain_partial_export_ends_at_its_last_measured_batch_size(tmp_path):
+    """The same rule without a context axis: --allow-partial never carries a K over the failed
+    largest batch sizes (a gap inside the grid still takes the measured neighbours' K)."""
+    from dsdprof.formats.measurements import empty_row
+    from dsdprof.io.store import SweepWriter
+
+    run = tmp_path / "plain"
+    with SweepWriter(run, {"engine": {}, "sweep": {"batch_sizes": GRID_BS, "num_spec_tokens": [0, 2]},
+                           "workload": {}}) as w:
+        w.start({"engine": "vllm", "hardware": "cpu"})
+        for b in GRID_BS:
+            for mode, k in (("vanilla", 0), ("dsd", 0), ("dsd", 2)):
+                row = empty_row()
+                row.update(cell_id=Cell(0, b, mode, k).cell_id, mode=mode, batch_size=b, num_spec_tokens=k, repeat=0)
+                if b in (4, 64, 128):
+                    row.update(status="failed", error="MemoryError")
+                else:
+                    row.update(status="ok", acceptance_length=1 + 0.8 * k / 2, itl_s=0.01 + 0.0001 * b * (k + 1))
+                w.write_row(row)
+    with pytest.raises(InputError, match=r"batch_sizes=\[4, 64, 128\]"):
+        export_document(run)
+    doc = export_document(run, allow_partial=True).doc
+    assert doc["ranges"][-1][1] == 32 and doc["ranges"][0][0] == 1
+    assert "no ok cell at batch size 4, 64, 128" in doc["provenance"]["partial"]

@@ -4,12 +4,15 @@ their ``context_len`` column and each slice analysed by :func:`dsdprof.decide.an
 
 A context whose every cell failed (a predicted or real OOM: the KV cache cannot hold the batch)
 has no slice; a context whose large batch sizes failed has a slice over the batch sizes that ran.
+:func:`analyze_contexts_path` also records each context's coverage (the grid against the cells
+with a number), so ``export`` refuses failed slices as it refuses a plain partial run.
 Rows without the column (every sweep without a context axis) are not a context analysis:
 :func:`context_slices` returns None and callers use ``analyze`` as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -20,16 +23,25 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.decide.analysis import Analysis, analyze
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import CONTEXT_COLUMN, STATUS_OK
+from dsdprof.io.runs import Coverage, coverage
 
 CONTEXT = CONTEXT_COLUMN.name
 
 
 @dataclass(frozen=True)
 class ContextAnalysis:
-    """One :class:`Analysis` per measured context (ascending); ``skipped``: context -> why not."""
+    """One :class:`Analysis` per measured context (ascending); ``skipped``: context -> why not;
+    ``coverage``: context -> its :class:`dsdprof.io.runs.Coverage` (every context of the rows,
+    skipped ones included; filled by :func:`analyze_contexts_path`)."""
 
     slices: dict[int, Analysis]
     skipped: dict[int, str] = field(default_factory=dict)
+    coverage: dict[int, Coverage] = field(default_factory=dict)
+
+    @property
+    def gaps(self) -> dict[int, Coverage]:
+        """Contexts whose grid has batch sizes or cells with no ok row (failed or not run)."""
+        return {c: cov for c, cov in sorted(self.coverage.items()) if not cov.complete}
 
     @property
     def contexts(self) -> list[int]:
@@ -97,4 +109,7 @@ def analyze_contexts_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE
     df = read_measurements(path, allow_mixed=allow_mixed)
     if not has_contexts(df):
         return None
-    return analyze_contexts(df, tolerance=tolerance, provenance=run_provenance(path, df), **options)
+    result = analyze_contexts(df, tolerance=tolerance, provenance=run_provenance(path, df), **options)
+    cov = {c: coverage(path, part) for c, part in (context_slices(df) or {}).items()}
+    slices = {c: dataclasses.replace(a, coverage=cov[c]) for c, a in result.slices.items()}
+    return ContextAnalysis(slices, result.skipped, cov)

@@ -56,6 +56,7 @@ def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, 
     ``label``: the source the table's provenance names (default: ``source``). A run whose grid
     (from its manifest) has batch sizes or Ks with no ok cell is refused unless ``allow_partial``;
     then the table's provenance records the gaps (``partial``)."""
+    from dsdprof.export.context import end_at_last_measured
     from dsdprof.export.table import build_table, load_table
     from dsdprof.io.runs import refuse_validate_run
 
@@ -70,7 +71,7 @@ def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, 
 
     by_context = analyze_contexts_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
     if by_context is not None:  # a context sweep: a dsdprof.ktable/v3 table
-        return _context_table(by_context, source, label, allow_mixed)
+        return _context_table(by_context, source, label, allow_mixed, allow_partial)
     result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
     warnings = [w for w in [below_baseline_warning(result.optimal)] if w]
     if (err := partial_run_error(result.coverage, source)) is not None:
@@ -80,23 +81,51 @@ def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, 
                         "neighbours (the table's provenance.partial says so)")
         result.provenance["partial"] = result.coverage.describe()
     rows = None if "acceptance_per_pos" in result.cells.columns else read_measurements(source, allow_mixed=allow_mixed)
-    table = build_table(result, source=label or str(source), rows=rows)
+    table = validate_table(end_at_last_measured(build_table(result, source=label or str(source), rows=rows),
+                                                result.coverage))
     if not table.get("acceptance_per_pos"):
         warnings.append("the measurements have no per-position acceptance: the table serves statically but "
                         "AdaptiveKSelector cannot use it")
     return table, warnings
 
 
-def _context_table(by_context: Any, source: Path, label: Optional[str],
-                   allow_mixed: bool) -> tuple[dict[str, Any], list[str]]:
-    from dsdprof.export.context import build_context_table
+def partial_context_error(by_context: Any, source: str | Path) -> Optional[InputError]:
+    """The refusal of a context sweep whose slices have gaps (None when every context's grid has
+    a number): one line naming each context and its batch sizes (or cells) with no ok row."""
+    from dsdprof.export.context import gap_line
+
+    gaps = by_context.gaps
+    if not gaps:
+        return None
+    value = {c: list(cov.missing_batch_sizes) or [list(x) for x in cov.missing_cells[:8]] for c, cov in gaps.items()}
+    first = next((cov.first_error for cov in gaps.values() if cov.first_error), "")
+    what = "; ".join(f"context {c}: {gap_line(cov)}" for c, cov in gaps.items())
+    what += f"; first error: {' '.join(first.split())[:120]}" if first else ""
+    return InputError("contexts", value, f"{source} is a partial context sweep ({what}); retry the failed or "
+                      "missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass --allow-partial to "
+                      "export the cells that ran (each slice ends at its last measured batch size; the table "
+                      "records the gaps)")
+
+
+def _context_table(by_context: Any, source: Path, label: Optional[str], allow_mixed: bool,
+                   allow_partial: bool = False) -> tuple[dict[str, Any], list[str]]:
+    from dsdprof.export.context import build_context_table, gap_line
     from dsdprof.io.readers import read_measurements
 
     warnings = [f"context {c}: {w}" for c, a in sorted(by_context.slices.items())
                 if (w := below_baseline_warning(a.optimal))]
+    gaps = "; ".join(f"context {c}: {gap_line(cov)}" for c, cov in by_context.gaps.items())
+    if (err := partial_context_error(by_context, source)) is not None:
+        if not allow_partial:
+            raise err
+        warnings.append(f"partial context sweep: {gaps}; each slice ends at its last measured batch size "
+                        "(contexts[i].partial and provenance.partial record the gaps)")
     warnings += [f"context {c}: no slice ({why})" for c, why in sorted(by_context.skipped.items())]
     rows = read_measurements(source, allow_mixed=allow_mixed)
-    return build_context_table(by_context, source=label or str(source), rows=rows), warnings
+    table = build_context_table(by_context, source=label or str(source), rows=rows)
+    if gaps:
+        table["provenance"] = dict(table.get("provenance") or {}, partial=gaps)
+    return validate_table(table), warnings
 
 
 def format_table(table: dict[str, Any], fmt: str) -> ExportDocument:

@@ -9,6 +9,7 @@ answer. ``num_speculative_tokens`` is the largest K of any slice (the cap must n
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 from dsdprof.errors import InputError
@@ -31,9 +32,13 @@ def build_context_table(result: Any, source: str = "", rows: Any = None) -> dict
         if rows is not None and "context_len" in rows.columns:
             part = rows[rows["context_len"] == c]
         tables[c] = build_table(result.slices[c], source=source, rows=part)
+        cov = getattr(result, "coverage", {}).get(c)
+        end_at_last_measured(tables[c], cov)
         sl = {"max_context": int(top), "context_len": int(c), "num_speculative_tokens":
               tables[c]["num_speculative_tokens"]}
         sl.update({k: tables[c][k] for k in _SLICE_KEYS if tables[c].get(k) is not None})
+        if cov is not None and not cov.complete:
+            sl["partial"] = gap_line(cov)
         slices.append(sl)
     doc = dict(tables[result.default_context])
     doc.update(schema=TABLE_SCHEMA_V3, default_context=int(result.default_context),
@@ -42,6 +47,26 @@ def build_context_table(result: Any, source: str = "", rows: Any = None) -> dict
     if result.skipped:
         doc["contexts_skipped"] = {str(c): why for c, why in sorted(result.skipped.items())}
     return validate_table(doc)
+
+
+def gap_line(cov: Any) -> str:
+    """A coverage's gaps in one line, without its first error (:meth:`Coverage.describe`)."""
+    return replace(cov, first_error="").describe()
+
+
+def end_at_last_measured(table: dict[str, Any], cov: Any) -> dict[str, Any]:
+    """``table`` (a v2 table or slice, in place) with its last range ending at its last measured
+    batch size when larger batch sizes of the grid produced no number (``cov``: the
+    :class:`dsdprof.io.runs.Coverage`): a K is never extended over batch sizes that failed. (A
+    reader carries the last K forward past the end, as vLLM does; the table no longer claims it.)"""
+    measured = [int(p["batch_size"]) for p in table.get("points") or []]
+    if cov is None or not measured or not any(b > max(measured) for b in cov.missing_batch_sizes):
+        return table
+    last = max(measured)
+    ranges = [list(r) for r in table["ranges"] if r[0] <= last]
+    ranges[-1][1] = last
+    table["ranges"] = ranges
+    return table
 
 
 def slice_for_context(table: dict[str, Any], context: int) -> dict[str, Any]:
