@@ -189,3 +189,71 @@ def test_select_bad_inputs_behave_as_documented():
     np = pytest.importorskip("numpy")  # an integer context of another integer type is a context
     assert sel.select(5, np.int64(3000)) == sel.select(5, 3000) == 5 and sel.select(5, np.int64(10**9)) == 5
     assert sel.slice_index(np.int64(10)) == 0 and sel.select(np.int64(5), np.int64(10)) == 2
+
+
+# ----------------------------------------------------------------- the hot path takes no slow path
+# select(n) is one comparison and one list index for 0 <= n inside its list (every batch size up to
+# max(last range start, LIST_MIN) from load; larger ones up to GROW_CAP once asked for); every other
+# input goes to ``_far``. Replacing ``_far`` with a function that fails shows that no such batch size
+# (and no context inside the dense index) raises and catches an exception or takes the slow path.
+
+def _boom(*args):
+    raise AssertionError(f"slow path taken for {args}")
+
+
+def _no_far(sel):
+    for s in (sel, *sel._by_slice):
+        s.select.__globals__["_far"] = _boom
+
+
+def _table_1449():
+    from dsdprof.formats.ktable import ranges_from_points
+    pts = [(1, 4), (2, 3), (4, 3), (8, 2), (16, 2), (32, 1), (64, 1), (128, 1), (256, 0), (512, 0), (1024, 1), (2048, 0)]
+    return ranges_from_points(pts)
+
+
+def test_select_hot_path_never_takes_the_slow_path():
+    from dsdprof.serve.runtime import LIST_MIN
+    ranges = _table_1449()
+    assert ranges[-1][0] == 1449  # the held-out shape: BS 4096 is past the last range's start
+    contexts = [(100, [[1, 2, 3], [3, 10**6, 1]]), (5000, ranges), (20000, [[1, 3000, 2], [3001, 3001, 5]])]
+    sizes = range(0, LIST_MIN + 1)
+    for sel, ctxs in ((KSelector(ranges, 7), [None]), (KSelector(ranges, 7, contexts), [None, 2, 50, 100, 101, 4999, 5000, 20000])):
+        ctx_ranges = [(t, r) for t, r in sel.contexts]
+        want = {c: [_ref_select(sel.ranges, 7, ctx_ranges, b, c) for b in sizes] for c in ctxs}
+        warm = [sel.select(b, c) for c in ctxs for b in (300_000, 2**20)]  # grows the lists once
+        _no_far(sel)
+        for c in ctxs:
+            assert [sel.select(b, c) for b in sizes] == want[c], c
+            assert [sel.for_context(c).select(b) for b in sizes] == want[c], c
+            assert [sel.select(b, c) for b in (300_000, 2**20 - 1, 2**20)] == [_ref_select(sel.ranges, 7, ctx_ranges, b, c) for b in (300_000, 2**20 - 1, 2**20)]
+        assert warm and sel.select(4096) == sel.select(1449) == sel.select(2**20) == 0
+        with pytest.raises(AssertionError, match="slow path"):  # the check can fail: the slow path is guarded
+            sel.select(-1)
+        with pytest.raises(AssertionError, match="slow path"):
+            sel.select(2**20 + 1)
+
+
+def test_select_lists_grow_once_and_stay_bounded():
+    from dsdprof.serve.runtime import GROW_CAP, LIST_MIN, LOAD_CAP
+    sel = KSelector([[1, 3, 2], [4, 10**12, 1]], 7)
+    lst = sel.select.__globals__["_k"]
+    assert len(lst) == LIST_MIN + 1
+    assert sel.select(LIST_MIN + 1) == 1 and len(lst) == 2 * (LIST_MIN + 1)  # the next doubling
+    assert sel.select(10**15) == 1 and sel.select(GROW_CAP + 1) == 1 and len(lst) == 2 * (LIST_MIN + 1)  # past the cap: no growth
+    assert sel.select(GROW_CAP) == 1 and len(lst) == GROW_CAP + 1
+    far = KSelector([[1, 10**8, 3], [10**8 + 1, 10**8 + 1, 2]])  # a last start past the load cap: the list stops at it
+    assert len(far.select.__globals__["_k"]) == LOAD_CAP + 1
+    assert [far.select(b) for b in (1, GROW_CAP, GROW_CAP + 1, 10**8, 10**8 + 1, 10**9)] == [3, 3, 3, 3, 2, 2]
+
+
+def test_for_context_is_the_slice_selector():
+    contexts = [(1000, [[1, 4, 6], [5, 1 << 20, 2]]), (50_000, [[1, 1 << 20, 5]])]
+    sel = KSelector([[1, 2, 3], [3, 1 << 20, 1]], 7, contexts)
+    assert sel.for_context(None) is sel and sel.for_context(-1) is sel and sel.for_context(True) is sel
+    short, long = sel.for_context(10), sel.for_context(10**9)
+    assert isinstance(short, KSelector) and short.ranges == sel.contexts[0][1] and short.max_k == 7
+    assert [short.select(b) for b in (0, 4, 5, 10**6)] == [6, 6, 2, 2] and short(5) == 2
+    assert [long.select(b) for b in (1, 10**6)] == [5, 5] and long.lookup_list(3) == [0, 5, 5, 5]
+    v2 = KSelector([[1, 2, 3], [3, 1 << 20, 1]], 7)
+    assert v2.for_context(3000) is v2

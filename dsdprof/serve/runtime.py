@@ -10,25 +10,34 @@ returns for the same ranges: K of the range holding the batch size, carried forw
 range, capped at ``num_speculative_tokens``. For ``batch_size <= 0`` (no request scheduled) it
 returns the K of batch size 1 -- never another batch size's K.
 
-Cost: loading is O(number of ranges + :data:`DENSE_CAP`) in time and memory at most, whatever
-the batch sizes in the table (a range starting at 10**12 is fine). ``select`` is a small Python
-function built once per table shape and bound on the instance (``sel.select(n)`` is one plain
-call). Its common case is one list index behind one comparison (``select(n)``: ``0 < n <=
-max(DENSE_MIN, min(last range start, DENSE_CAP))``) or two list indexes behind two
-(``select(n, ctx)`` on a v3 table: ``1 < ctx <= min(last bucket, CONTEXT_DENSE_CAP)``, then the
-slice's dense list); a failed index costs nothing until it happens. Everything else -- ``n <= 0``,
-batch sizes past the dense list (O(1) past the last range's start, a binary search over the
-range starts only between :data:`DENSE_CAP` and it), contexts past the dense list (the last slice
-or a binary search over the buckets), contexts 0 and 1 (so that ``True``/``False`` stay "no
-context"), non-int arguments -- takes a slow path (~0.5 us) that answers exactly as the
-per-slice dict lookups do. ``for_context(context_len)`` returns the slice's C-level lookup for
-callers that bucket once per batch (no Python frame at all).
+Cost: loading is O(number of ranges + min(max(last range start, :data:`LIST_MIN`),
+:data:`LOAD_CAP`)) in time and memory (8 bytes a batch size; a range starting at 10**12 is fine).
+``select`` is a small Python function generated once per table and stored on the instance
+(``sel.select(n)`` is one plain call): for an int ``0 <= n`` inside its list, one comparison and
+one list index -- no exception, no second call. The list holds every batch size up to
+max(last range start, :data:`LIST_MIN`) (at most :data:`LOAD_CAP`) from load; a larger int batch size up to
+:data:`GROW_CAP` grows it in place once (to the next doubling), after which it is on the fast path
+too. ``select(n, ctx)`` on a v3 table adds two comparisons and one list index for ``1 < ctx <=
+min(last bucket, CONTEXT_DENSE_CAP)``. Everything else -- ``n < 0``, batch sizes past
+:data:`GROW_CAP` (the last K past the last range's start, else a binary search over the range
+starts), contexts past the dense index (the last slice or a binary search over the buckets),
+contexts 0 and 1 (so that ``True``/``False`` stay "no context"), non-int arguments -- takes a
+slow path (~0.5 us) that answers exactly as the per-slice dict lookups do.
+``for_context(context_len)`` returns the selector of the slice (bucket once per batch, then its
+``select(n)``, as fast as a v2 table's). ``benchmarks/bench_runtime.py`` times all of these next
+to a bound ``list.__getitem__``.
 
 Context (``dsdprof.ktable/v3``): ``select(batch_size, context_len)`` serves the slice whose bucket
 holds ``context_len`` (contexts past the last bucket: the last slice; ``None``, a negative, a
 ``bool`` or a non-integer context: the batch-size-only answer; an integer of another type, e.g. a
 NumPy integer, is a context, as list indexing takes it). One list index picks the slice for
 contexts up to :data:`CONTEXT_DENSE_CAP` (2 MB per selector). A v1/v2 table ignores ``context_len``.
+
+Vanilla: a table's optional ``vanilla_faster`` records (batch-size ranges where a vanilla engine,
+no speculative config, measured faster than every K -- vLLM's K=0 still runs the drafter) are
+:attr:`KSelector.vanilla` and :meth:`KSelector.vanilla_faster(n) <KSelector.vanilla_faster>`;
+``select`` is unchanged by them (it returns the table's K; routing to a vanilla deployment is the
+caller's decision).
 
 :class:`AdaptiveKSelector` (in :mod:`dsdprof.serve.adaptive`, re-exported here) re-derives K per batch
 size from live acceptance counts; it needs a ``dsdprof.ktable/v2`` (or v3: its batch-size-only answer) table.
@@ -39,15 +48,19 @@ from __future__ import annotations
 import operator
 from bisect import bisect_left, bisect_right
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from dsdprof.formats.ktable import TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
 
-__all__ = ["CONTEXT_DENSE_CAP", "DENSE_CAP", "KSelector", "TableError", "batch_context", "build_lookup"]
+__all__ = ["CONTEXT_DENSE_CAP", "DENSE_CAP", "GROW_CAP", "KSelector", "LIST_MIN", "LOAD_CAP", "TableError", "VanillaGap", "batch_context",
+           "build_lookup"]
 
-DENSE_CAP = 4096  # batch sizes up to here (and below the last range's start) are one list index in select
+DENSE_CAP = 4096  # build_lookup's dict (AdaptiveKSelector.select) holds batch sizes up to here (and below the last start)
 DENSE_MIN = 1024  # ... and always at least up to here, even when the last range starts lower
 CONTEXT_DENSE_CAP = 1 << 18  # contexts up to here pick their slice by one list index
+LIST_MIN = 4096  # KSelector.select: batch sizes up to max(last range start, here) are one list index from load
+LOAD_CAP = 1 << 16  # ... but at most up to here at load (512 KiB) ...
+GROW_CAP = 1 << 20  # ... and up to here once asked for (the list grows in place; 8 B a batch size)
 
 
 class _Lookup(dict):
@@ -105,11 +118,6 @@ def _context_index(tops: Sequence[int], dense_cap: int = CONTEXT_DENSE_CAP) -> l
     return index
 
 
-def _dense(lookup: _Lookup) -> list[int]:
-    """``lookup`` as a list indexed by batch size (index 0 unused: ``select`` sends ``n <= 0`` to the lookup)."""
-    return list(lookup.values())  # built from enumerate(0..dense_end): values in batch-size order
-
-
 def _as_context(context_len: Any) -> int | None:
     """The context ``context_len`` stands for, or None (serve the batch-size-only answer): an
     integer >= 0 (``int`` or what list indexing takes as one, e.g. a NumPy integer; not ``bool``)."""
@@ -122,80 +130,119 @@ def _as_context(context_len: Any) -> int | None:
     return c if c >= 0 else None
 
 
-def _selector(default: _Lookup, slices: Sequence[_Lookup], tops: Sequence[int]) -> Any:
-    """``select(batch_size, context_len=None)``: see the module docstring. The common case is
-    one or two list indexes behind two comparisons (``batch_size > 0``, ``context_len > 1``; a
-    failed index is caught at no cost until it happens); everything else (``n <= 0``, batch sizes
-    or contexts past the dense lists, bad types, contexts 0 and 1 so that ``True``/``False`` stay
-    "no context") goes to ``_far``, which answers exactly as the lookups do."""
+_SRC_BS = """
+def select(batch_size, context_len=None):
+    try:
+        if batch_size >= 0:
+            return _k[batch_size]
+    except (IndexError, TypeError):
+        pass
+    return _far(batch_size, context_len)
+"""
+
+_SRC_CTX = """
+def select(batch_size, context_len=None):
+    try:
+        if context_len is None:
+            if batch_size >= 0:
+                return _k[batch_size]
+        elif 1 < context_len <= {cn} and batch_size >= 0:
+            return _f[context_len][batch_size]
+    except (IndexError, TypeError):
+        pass
+    return _far(batch_size, context_len)
+"""
+
+
+def _compile(src: str, **names: Any) -> Any:
+    """``select`` from a constant source (only ints are formatted in), its names its globals: a
+    global load is the cheapest way for a CPython function to reach per-table objects."""
+    exec(src, names)  # noqa: S102
+    return names["select"]
+
+
+class _Served:
+    """One set of ranges as ``select`` serves it: ``list`` (``list[b]`` = K(b), ``list[0]`` = K(1);
+    max(last range start, :data:`LIST_MIN`) long at load, at most :data:`LOAD_CAP`, grown in place
+    on demand up to :data:`GROW_CAP`) and the slow path :meth:`far`."""
+
+    __slots__ = ("ranges", "cap", "list", "lookup")
+
+    def __init__(self, ranges: Sequence[tuple[int, int, int]], cap: int) -> None:
+        self.ranges, self.cap = ranges, cap
+        self.lookup = build_lookup(ranges, cap, 0)  # no dense part: the slow path only
+        self.list = lookup_list(ranges, cap, min(max(ranges[-1][0], LIST_MIN), LOAD_CAP))
+        self.list[0] = self.lookup[0]
+
+    def far(self, batch_size: Any, context_len: Any = None) -> int:
+        """A batch size outside the list: an int up to :data:`GROW_CAP` grows it (to the next
+        doubling, so a new largest batch size costs this once), anything else is answered by the
+        lookup (exactly as vLLM's ranges: negatives -> K(1), the last K carried forward)."""
+        lst = self.list
+        if type(batch_size) is int and len(lst) <= batch_size <= GROW_CAP:
+            top = min(max(2 * len(lst), batch_size + 1), GROW_CAP + 1) - 1
+            lst.extend(lookup_list(self.ranges, self.cap, top)[len(lst):])
+            return lst[batch_size]
+        return self.lookup[batch_size]
+
+
+def _selector(default: _Served, slices: Sequence[_Served], tops: Sequence[int]) -> Any:
+    """``select(batch_size, context_len=None)`` (see the module docstring): one comparison and one
+    list index for ``select(n)`` with ``0 <= n < len(list)``; two more comparisons and one more list
+    index for ``select(n, ctx)`` with ``1 < ctx <= min(last bucket, CONTEXT_DENSE_CAP)``. Nothing on
+    these paths raises; everything else goes to ``_far``, which answers as the lookups do."""
     if not slices:
-        def select(batch_size: int, context_len: Any = None, _k: list = _dense(default), _far: Any = default.__getitem__) -> int:
-            try:
-                if batch_size > 0:
-                    return _k[batch_size]
-            except (IndexError, TypeError):
-                pass
-            return _far(batch_size)
-        return select
+        return _compile(_SRC_BS, _k=default.list, _far=default.far)
     last_start = tops[-2] + 1 if len(tops) > 1 else 1
-    dense = [_dense(s) for s in slices]
-    by_context = [dense[i] for i in _context_index(tops)]  # context -> its slice's dense list
 
     def _far(batch_size: Any, context_len: Any) -> int:
         c = _as_context(context_len)
         if c is None:
-            return default[batch_size]
+            return default.far(batch_size)
         if c >= last_start:
-            return slices[-1][batch_size]
-        return slices[bisect_left(tops, c)][batch_size]
-
-    def select(batch_size: int, context_len: Any = None, _k: list = _dense(default), _f: list = by_context,
-               _far: Any = _far) -> int:
-        if context_len is None:
-            try:
-                if batch_size > 0:
-                    return _k[batch_size]
-            except (IndexError, TypeError):
-                pass
-            return _far(batch_size, None)
-        try:
-            if context_len > 1 and batch_size > 0:
-                return _f[context_len][batch_size]
-        except (IndexError, TypeError):
-            pass
-        return _far(batch_size, context_len)
-    return select
+            return slices[-1].far(batch_size)
+        return slices[bisect_left(tops, c)].far(batch_size)
+    index = _context_index(tops)
+    by_context = [slices[i].list for i in index]  # context -> its slice's list
+    return _compile(_SRC_CTX.format(cn=len(index) - 1), _k=default.list, _f=by_context, _far=_far)
 
 
 class KSelector:
     """Batch size (x context) -> K for a validated table.
 
     ``select(batch_size, context_len=None)`` is the lookup (call it as ``selector.select(n)``,
-    ``selector.select(n, ctx)`` or ``selector(n, ctx)``). ``lookup_list(max_batch_size, context_len=None)``
-    gives the same schedule as a dense list indexed by batch size, exactly what vLLM's
-    ``build_dynamic_sd_schedule_lookup`` builds (index 0 unused, 0). ``contexts``: ``((max_context,
-    ranges), ...)`` of a v3 table (empty for v1/v2).
+    ``selector.select(n, ctx)`` or ``selector(n, ctx)``). ``for_context(ctx)`` is the selector of
+    the slice serving ``ctx`` (bucket once per batch, then ``.select(n)``). ``lookup_list(max_batch_size,
+    context_len=None)`` gives the same schedule as a dense list indexed by batch size, exactly what
+    vLLM's ``build_dynamic_sd_schedule_lookup`` builds (index 0 unused, 0). ``contexts``:
+    ``((max_context, ranges), ...)`` of a v3 table (empty for v1/v2). ``vanilla``: where the table
+    says no speculation measured faster than every K (see :meth:`vanilla_faster`).
     """
 
-    __slots__ = ("select", "_lookup", "ranges", "max_k", "contexts", "_slices")
+    __slots__ = ("select", "_lookup", "ranges", "max_k", "contexts", "vanilla", "_served", "_by_slice")
 
     def __init__(self, ranges: Sequence[Sequence[int]], max_k: int | None = None,
-                 contexts: Sequence[tuple[int, Sequence[Sequence[int]]]] = ()) -> None:
+                 contexts: Sequence[tuple[Any, ...]] = (), vanilla: Sequence[Any] = ()) -> None:
         parsed, cap = _parse(ranges, max_k)
-        slices = [(int(top), _parse(r, cap)[0]) for top, r in contexts]
-        self._lookup = build_lookup(parsed, cap)
-        self._slices = [build_lookup(r, cap) for _, r in slices]
-        self.select = _selector(self._lookup, self._slices, [top for top, _ in slices])
+        slices = [(int(c[0]), _parse(c[1], cap)[0]) for c in contexts]
+        self._served = _Served(parsed, cap)
+        served = [_Served(r, cap) for _, r in slices]
+        self._lookup = self._served.lookup
+        self.select = _selector(self._served, served, [top for top, _ in slices])
         self.ranges = tuple(parsed)
         self.max_k = cap
         self.contexts = tuple((top, tuple(r)) for top, r in slices)
+        self.vanilla = _parse_vanilla(vanilla)
+        self._by_slice = tuple(_slice_selector(sv, _parse_vanilla(c[2] if len(c) > 2 else ()))
+                               for sv, c in zip(served, contexts))
 
     @classmethod
     def from_dict(cls, doc: Any) -> "KSelector":
         """From a parsed ``dsdprof.ktable/v1``, ``/v2`` or ``/v3`` document; :class:`TableError` if malformed."""
         validate_table(doc)
         return cls(doc["ranges"], doc.get("num_speculative_tokens"),
-                   [(sl["max_context"], sl["ranges"]) for sl in doc.get("contexts") or ()])
+                   [(sl["max_context"], sl["ranges"], sl.get("vanilla_faster") or ()) for sl in doc.get("contexts") or ()],
+                   doc.get("vanilla_faster") or ())
 
     @classmethod
     def from_file(cls, path: str | Path) -> "KSelector":
@@ -212,10 +259,21 @@ class KSelector:
             return -1
         return next((i for i, (top, _) in enumerate(self.contexts) if c <= top), len(self.contexts) - 1)
 
-    def for_context(self, context_len: int | None) -> Any:
-        """The C-level batch-size lookup serving ``context_len`` (bucket once, look up per batch)."""
+    def for_context(self, context_len: int | None) -> "KSelector":
+        """The selector of the slice serving ``context_len`` (``self`` on a v1/v2 table or without
+        a context): bucket once per batch, then ``.select(batch_size)`` per step, as fast as a v2
+        table's ``select``."""
         i = self.slice_index(context_len)
-        return (self._slices[i] if i >= 0 else self._lookup).__getitem__
+        return self._by_slice[i] if i >= 0 else self
+
+    def vanilla_faster(self, batch_size: int) -> "VanillaGap | None":
+        """Where the table records that no speculation (a vanilla engine) measured faster than every
+        K at ``batch_size``: that record (``gain``: vanilla's goodput over the best K's, minus 1,
+        with its interval), else None. Not on the hot path: O(number of records)."""
+        for gap in self.vanilla:
+            if gap.start <= batch_size <= gap.end:
+                return gap
+        return None
 
     def lookup_list(self, max_batch_size: int, context_len: int | None = None) -> list[int]:
         """``[0, K(1), ..., K(max_batch_size)]``: vLLM's dense schedule for these ranges (the slice
@@ -226,6 +284,38 @@ class KSelector:
     def __repr__(self) -> str:
         extra = f", contexts={[(t, list(map(list, r))) for t, r in self.contexts]!r}" if self.contexts else ""
         return f"KSelector(ranges={list(map(list, self.ranges))!r}, max_k={self.max_k}{extra})"
+
+
+class VanillaGap(NamedTuple):
+    """Batch sizes ``start..end`` where a vanilla engine (no speculative config) measured faster than
+    every K of the table (vLLM's K=0 still runs the drafter): ``gain`` = vanilla goodput / the best
+    K's - 1, ``ci_low``/``ci_high`` its interval (None when unknown), ``k`` the K served there."""
+    start: int
+    end: int
+    gain: float
+    ci_low: float | None = None
+    ci_high: float | None = None
+    k: int | None = None
+
+
+def _parse_vanilla(records: Any) -> tuple[VanillaGap, ...]:
+    """A table's ``vanilla_faster`` records (already validated by :func:`validate_table`, or
+    :class:`VanillaGap` tuples) as sorted :class:`VanillaGap` tuples."""
+    out = []
+    for r in records or ():
+        if isinstance(r, dict):
+            r = VanillaGap(int(r["start"]), int(r["end"]), float(r["gain"]), r.get("ci_low"), r.get("ci_high"), r.get("k"))
+        out.append(VanillaGap(*r))
+    return tuple(sorted(out))
+
+
+def _slice_selector(served: _Served, vanilla: tuple) -> KSelector:
+    """A v2-like :class:`KSelector` of one context slice, sharing the v3 selector's list."""
+    sel = KSelector.__new__(KSelector)
+    sel._served, sel._lookup, sel._by_slice = served, served.lookup, ()
+    sel.ranges, sel.max_k, sel.contexts, sel.vanilla = tuple(served.ranges), served.cap, (), vanilla
+    sel.select = _compile(_SRC_BS, _k=served.list, _far=served.far)
+    return sel
 
 
 def lookup_list(ranges: Sequence[tuple[int, int, int]], cap: int, max_batch_size: int) -> list[int]:
