@@ -166,7 +166,7 @@ class FakeRunner:
             if toks:
                 drafts.append((req_id, [7] * so.num_spec_tokens_to_schedule))
         self._drafts[id(so)] = DraftTokenIds([r for r, _ in drafts], [t for _, t in drafts]) if drafts else None
-        if self.step_time is not None:
+        if self.step_time is not None and so.total_num_scheduled_tokens > 0:  # an empty step takes no time
             self._durations[id(so)] = self._duration(so)
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                  sampled_token_ids=sampled)

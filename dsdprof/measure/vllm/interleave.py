@@ -29,7 +29,7 @@ from dsdprof.measure.engine import Cell, balanced_order
 from dsdprof.measure.vllm.pool import EngineFailure
 from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
 
-STEPS_HOLD = 4  # steps design: steps per arm before the next (3 of 4 pure: verify and draft one arm)
+STEPS_HOLD = 4  # steps design: steps per arm before the next (2 settled of 4 timed, as PAIRED_HOLD)
 
 
 def unit_row(cell: Cell) -> tuple:

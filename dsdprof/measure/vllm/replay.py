@@ -101,7 +101,7 @@ def _forward_backward(b: np.ndarray, pi: np.ndarray, a: np.ndarray):
     return gamma, xi, float(np.log(c).sum())
 
 
-def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 40) -> tuple[np.ndarray, tuple]:
+def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 100) -> tuple[np.ndarray, tuple]:
     """``m[r, s, j - 1]``: P(a draft at depth ``j`` matches at position ``s``) for every position of
     ``x`` ([requests, positions]; UNKNOWN where not observed, else observed at ``depth``), under a
     two-state hidden chain along the position (easy and hard stretches), each state with a match
@@ -130,7 +130,7 @@ def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 40)
             w = gamma[seen[j]].sum(axis=0)
             e[:, j] = np.where(w > 0, gamma[hit[j]].sum(axis=0) / np.maximum(w, 1e-12), e[:, j])
         e = np.clip(e, 1e-6, 1 - 1e-6)
-        if ll - last < 1e-7 * abs(ll):
+        if ll - last < 1e-8 * abs(ll):
             break
         last = ll
     gamma, _, _ = _forward_backward(_emissions(x, depth, e), pi, a)
