@@ -27,6 +27,7 @@ import pandas as pd
 from dsdprof.decide.chain import CHAIN_METHODS, chain_check, fractions_at, with_chain_acceptance
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
 from dsdprof.decide.bootstrap import batch_replicates, check_confidence, speedup_interval
+from dsdprof.decide.vanilla import vanilla_columns  # vanilla_gain*, vanilla_faster: see that module
 from dsdprof.decide.rule import SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, margin, regret_bound
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import choose_k  # noqa: F401 - the K rule, re-exported
@@ -283,6 +284,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
                for d, k in zip(decisions, path)]
     optimal = pd.DataFrame.from_records(records)
     optimal = _speedup_intervals(optimal, candidate_rows, baseline_rows, replicates, seed, confidence)
+    optimal = vanilla_columns(optimal, cells, candidate_rows, baseline_rows, replicates, seed, confidence)
     optimal["runner_up"] = optimal["runner_up"].astype("Int64")
     return Analysis(
         cells=cells, baseline=baseline, optimal=optimal, tolerance=tolerance,

@@ -130,15 +130,16 @@ def _context_table(by_context: Any, source: Path, label: Optional[str], allow_mi
 
 def format_table(table: dict[str, Any], fmt: str) -> ExportDocument:
     """``table`` in format ``fmt`` (InputError naming ``--format`` on an unknown one)."""
-    from dsdprof.export.table import check_vllm_config, vllm_speculative_config
+    from dsdprof.export.table import check_vllm_config, vanilla_warning, vllm_speculative_config
     from dsdprof.export.trtllm import check_trtllm_config, trtllm_speculative_config
 
+    vanilla = [w for w in [vanilla_warning(table, {"trtllm": "TensorRT-LLM"}.get(fmt, "vLLM"))] if w]
     if fmt == "vllm":
-        return ExportDocument(vllm_speculative_config(table), check_vllm_config)
+        return ExportDocument(vllm_speculative_config(table), check_vllm_config, vanilla)
     if fmt == "trtllm":
-        return ExportDocument(trtllm_speculative_config(table), check_trtllm_config)
+        return ExportDocument(trtllm_speculative_config(table), check_trtllm_config, vanilla)
     if fmt == "table":
-        return ExportDocument(table, validate_table)
+        return ExportDocument(table, validate_table, vanilla)
     raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
 
 
@@ -163,7 +164,7 @@ def export_document(source: str | Path, fmt: str = "table", tolerance: float = D
     if fmt != "table":  # the per-position note concerns the portable table only
         warnings = [w for w in warnings if "per-position" not in w]
     out = format_table(table, fmt)
-    return ExportDocument(out.doc, out.check, warnings)
+    return ExportDocument(out.doc, out.check, warnings + out.warnings)
 
 
 def optional_vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:

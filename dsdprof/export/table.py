@@ -20,9 +20,10 @@ import math
 from datetime import datetime, timezone
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, Optional
 
 from dsdprof import __version__
+from dsdprof.decide.vanilla import gap_text, vanilla_records
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import INTERPOLATION, ranges_from_points, TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
 from dsdprof.formats.versions import TABLE_SCHEMA
@@ -157,7 +158,25 @@ def build_table(analysis, source: str = "", rows=None) -> dict[str, Any]:
         "acceptance_per_pos": profiled_acceptance(per_cell) or None,
         "provenance": prov,
     }
+    vanilla = vanilla_records(opt)  # where no speculation beat every K beyond its interval
+    if vanilla:
+        doc["vanilla_faster"] = vanilla
     return validate_table(doc)
+
+
+def vanilla_warning(table: dict[str, Any], engine: str = "vLLM") -> Optional[str]:
+    """What an export of ``table`` must say when the table records that a vanilla engine (no
+    speculative config) measured faster than every K (``vanilla_faster``): the batch sizes, the gap
+    with its interval, and that the schedule cannot express it (vLLM's K=0 still runs the drafter)."""
+    records = table.get("vanilla_faster") or []
+    if not records:
+        return None
+    parts = [f"{r['start']}..{r['end']} {gap_text(r['gain'], r.get('ci_low'), r.get('ci_high'))}"
+             + (f" (profiled at {r['batch_size']})" if r.get("batch_size") else "") for r in records]
+    return (f"vanilla (no speculative config) measured faster than every K at batch sizes {'; '.join(parts)} "
+            f"(vanilla goodput / best K's - 1, with its interval); {engine}'s schedule still speculates there "
+            "(in vLLM K=0 still runs the drafter): route those batch sizes to a deployment without speculation, "
+            "or accept the loss (docs/ktable.md#vanilla; the table's vanilla_faster records it)")
 
 
 # ----------------------------------------------------------------------------- reading / writing

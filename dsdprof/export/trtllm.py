@@ -21,6 +21,11 @@ the table's *last* range has K > 0 it is keyed at ``max(end, LAST_RANGE_END)`` s
 forward as in vLLM and :class:`dsdprof.serve.runtime.KSelector`. The schedule then gives exactly
 ``KSelector``'s K at every batch size, except -- for tables ending in K > 0 -- above
 ``LAST_RANGE_END`` (2**20), where TensorRT-LLM runs 0.
+
+Vanilla: where the table records ``vanilla_faster`` (a vanilla engine measured faster than every K
+on vLLM, whose K=0 still runs the drafter), the schedule keeps the table's K and the export warns
+(:func:`dsdprof.export.table.vanilla_warning`): the gap was measured on vLLM, and whether a draft
+length of 0 costs nothing on TensorRT-LLM is not measured here.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ from dsdprof.formats.versions import TABLE_SCHEMA_V1, TABLE_SCHEMA_V2, TABLE_SCH
 #   the first slice with C <= max_context, contexts past the last by the last (carried forward).
 #   ``context_len`` is the context the slice was profiled at; bucket edges are the geometric means of
 #   neighbouring profiled contexts (:func:`context_buckets`).
+# Any version (optional, old readers ignore it): ``vanilla_faster`` -- where a vanilla engine measured
+#   faster than every K (vLLM's K=0 still runs the drafter), see :func:`validate_vanilla`; a v3
+#   slice may carry its own.
 
 # Largest K a table may hold: vLLM's rejection sampler asserts max_spec_len <= MAX_SPEC_LEN = 128
 # (vllm/v1/sample/rejection_sampler.py); no engine verifies longer drafts.
@@ -204,6 +207,8 @@ def validate_table(doc: object) -> dict[str, Any]:
         _validate_cells(doc.get("cells"))
         if doc.get("acceptance_per_pos") is not None:
             validate_acceptance(doc["acceptance_per_pos"])
+    if doc.get("vanilla_faster") is not None:
+        validate_vanilla(doc["vanilla_faster"])
     if schema == TABLE_SCHEMA_V3:
         validate_contexts(doc.get("contexts"))
         if doc.get("default_context") is not None:
@@ -236,6 +241,8 @@ def validate_contexts(contexts: object) -> list[tuple[int, list[tuple[int, int, 
                 _validate_cells(sl["cells"])
             if sl.get("acceptance_per_pos") is not None:
                 validate_acceptance(sl["acceptance_per_pos"])
+            if sl.get("vanilla_faster") is not None:
+                validate_vanilla(sl["vanilla_faster"])
         except TableError as err:
             raise TableError(f"{where}.{err}") from None
         out.append((top, ranges))
@@ -243,7 +250,33 @@ def validate_contexts(contexts: object) -> list[tuple[int, list[tuple[int, int, 
     return out
 
 
-SLICE_KEYS = ("ranges", "points", "cells", "acceptance_per_pos")  # what a v3 slice holds of a v2 table
+def validate_vanilla(records: object, field: str = "vanilla_faster") -> list[dict[str, Any]]:
+    """Optional ``vanilla_faster`` (any table version; old readers ignore it): ``[{"start", "end",
+    "gain", "ci_low", "ci_high", "batch_size", "k"}, ...]`` -- batch sizes ``start..end`` (sorted,
+    not overlapping) where a vanilla engine (no speculative config) measured faster than every K
+    beyond its interval; ``gain`` = vanilla goodput / the best K's - 1 (> 0), ``ci_low``/``ci_high``
+    its interval (null when unknown), ``batch_size`` the profiled batch size, ``k`` the table's K."""
+    if not isinstance(records, list) or len(records) > MAX_CONTEXT_SLICES * 64:
+        raise TableError(f"{field}={_short(records)}: must be a list of {{start, end, gain}} objects")
+    prev_end = 0
+    for i, r in enumerate(records):
+        where = f"{field}[{i}]"
+        if not isinstance(r, dict):
+            raise TableError(f"{where}={_short(r)}: must be an object with start, end and gain")
+        start = _int_in(r.get("start"), f"{where}.start", prev_end + 1, MAX_BATCH_SIZE)
+        prev_end = _int_in(r.get("end"), f"{where}.end", start, MAX_BATCH_SIZE)
+        _number(r.get("gain"), f"{where}.gain", 0.0, strict_lo=True)
+        for key in ("ci_low", "ci_high"):
+            if r.get(key) is not None:
+                _number(r[key], f"{where}.{key}")
+        if r.get("batch_size") is not None:
+            _int_in(r["batch_size"], f"{where}.batch_size", 1, MAX_BATCH_SIZE)
+        if r.get("k") is not None:
+            _int_in(r["k"], f"{where}.k", 0, MAX_K)
+    return records  # type: ignore[return-value]
+
+
+SLICE_KEYS = ("ranges", "points", "cells", "acceptance_per_pos", "vanilla_faster")  # what a v3 slice holds of a v2 table
 
 
 def context_slice(table: dict[str, Any], context: int) -> dict[str, Any]:

@@ -1,0 +1,134 @@
+"""Vanilla as a candidate: where an engine without speculation beats every K beyond its interval.
+
+In vLLM's dynamic-SD mode K=0 still runs the drafter (vLLM issue 49548: 4-11 % of a step upstream,
+5-12 % on the toy pair), so a vanilla engine (no speculative config) can be faster than every K a
+DSD schedule can serve, K=0 included. A sweep measures a vanilla row per batch size (``mode`` =
+``vanilla``; in the paired design its waves interleave with its group's). This module compares it
+with every candidate K per batch size:
+
+* ``vanilla_gain``: goodput(vanilla) / goodput(best K) - 1 (> 0: vanilla ahead), the best K being
+  the one with the highest point goodput;
+* ``vanilla_gain_low``/``vanilla_gain_high``: its interval, from the best K's speedup interval
+  (:func:`dsdprof.decide.bootstrap.speedup_interval`: paired blocks where the design pairs them);
+* ``vanilla_faster``: vanilla ahead of **every** K beyond its interval (each K's speedup over
+  vanilla has its upper bound below 1). Never true without vanilla rows (a K=0 baseline is no
+  vanilla engine) or without intervals.
+
+:func:`vanilla_records` turns the flagged batch sizes into the table's ``vanilla_faster`` records
+(batch-size ranges as the table's ranges bucket them), :func:`vanilla_line` into one line for
+``analyze``; :mod:`dsdprof.report.vanilla` does the same for a validate run's variants.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from dsdprof.decide.bootstrap import speedup_interval
+from dsdprof.formats.ktable import LAST_RANGE_END
+from dsdprof.formats.measurements import MODE_VANILLA
+
+VANILLA_COLUMNS = ("vanilla_gain", "vanilla_gain_low", "vanilla_gain_high", "vanilla_faster")
+
+
+def has_vanilla(rows: pd.DataFrame) -> bool:
+    """True when ``rows`` hold ok rows of a vanilla engine (not a K=0 stand-in)."""
+    return "mode" in rows.columns and bool((rows["mode"].astype(str) == MODE_VANILLA).any())
+
+
+def _gain(speedup: float) -> float:
+    """goodput(K) / goodput(vanilla) -> goodput(vanilla) / goodput(K) - 1."""
+    return 1.0 / speedup - 1.0 if speedup and math.isfinite(speedup) and speedup > 0 else math.nan
+
+
+def vanilla_columns(optimal: pd.DataFrame, cells: pd.DataFrame, candidate_rows: pd.DataFrame,
+                    baseline_rows: pd.DataFrame, replicates: int, seed: int, confidence: float) -> pd.DataFrame:
+    """``optimal`` with :data:`VANILLA_COLUMNS` (see the module docstring); NaN / False where the
+    baseline is no vanilla engine. ``cells``: the analysis' cells (goodput per batch size and K)."""
+    out = optimal.copy()
+    if not has_vanilla(baseline_rows):
+        for col in VANILLA_COLUMNS:
+            out[col] = False if col == "vanilla_faster" else np.nan
+        return out
+    base = baseline_rows[baseline_rows["mode"].astype(str) == MODE_VANILLA]
+    cand = candidate_rows[candidate_rows["mode"].astype(str) != MODE_VANILLA]
+    records = []
+    for b, base_goodput in zip(optimal["batch_size"], optimal["baseline_goodput"]):
+        group = cells[cells["batch_size"] == b]
+        base_b = base[base["batch_size"] == b]
+        if group.empty or base_b.empty or not math.isfinite(base_goodput):
+            records.append((math.nan, math.nan, math.nan, False))
+            continue
+        by_k = sorted(zip(group["goodput"], group["num_spec_tokens"].astype(int)), reverse=True)
+
+        def interval(k: int, goodput: float) -> tuple[float, float]:
+            rows = cand[(cand["batch_size"] == b) & (cand["num_spec_tokens"] == k)]
+            lo, hi, _ = speedup_interval(rows, base_b, goodput / base_goodput, replicates, seed, confidence)
+            return lo, hi
+        best_goodput, best_k = by_k[0]
+        lo, hi = interval(best_k, best_goodput)
+        gain = _gain(best_goodput / base_goodput)
+        # every K below vanilla beyond its interval: the best K first (the others need it only then)
+        faster = math.isfinite(hi) and hi < 1.0 and all(interval(k, g)[1] < 1.0 for g, k in by_k[1:])
+        records.append((gain, _gain(hi), _gain(lo), bool(faster)))
+    for i, col in enumerate(VANILLA_COLUMNS):
+        out[col] = [r[i] for r in records]
+    return out
+
+
+def _edges(sizes: list[int]) -> list[tuple[int, int]]:
+    """The batch sizes each profiled batch size serves in a table (as :func:`ranges_from_points`:
+    the nearest on a log scale, the first from 1, the last up to :data:`LAST_RANGE_END`)."""
+    out, start = [], 1
+    for i, b in enumerate(sizes):
+        end = math.isqrt(b * sizes[i + 1]) if i + 1 < len(sizes) else max(LAST_RANGE_END, b)
+        out.append((start, end))
+        start = end + 1
+    return out
+
+
+def vanilla_records(optimal: pd.DataFrame) -> list[dict[str, Any]]:
+    """The table's ``vanilla_faster`` records: one per profiled batch size where vanilla beat every
+    K beyond its interval, ``{"start", "end", "batch_size", "gain", "ci_low", "ci_high", "k"}``
+    (``start..end``: the batch sizes that profiled batch size serves in the table's ranges)."""
+    if "vanilla_faster" not in optimal.columns or not len(optimal):
+        return []
+    opt = optimal.sort_values("batch_size")
+    sizes = [int(b) for b in opt["batch_size"]]
+    out = []
+    for (start, end), (_, row) in zip(_edges(sizes), opt.iterrows()):
+        if bool(row["vanilla_faster"]):
+            out.append({"start": start, "end": end, "batch_size": int(row["batch_size"]),
+                        "gain": round(float(row["vanilla_gain"]), 6),
+                        "ci_low": _round(row["vanilla_gain_low"]), "ci_high": _round(row["vanilla_gain_high"]),
+                        "k": int(row["k"])})
+    return out
+
+
+def _round(x: Any) -> Optional[float]:
+    return round(float(x), 6) if x is not None and math.isfinite(float(x)) else None
+
+
+def gap_text(gain: float, lo: Any = None, hi: Any = None) -> str:
+    """``+12.6 % [+8.1, +17.0]`` (the interval when known)."""
+    txt = f"{gain * 100:+.1f} %"
+    if lo is not None and hi is not None and math.isfinite(float(lo)) and math.isfinite(float(hi)):
+        txt += f" [{float(lo) * 100:+.1f}, {float(hi) * 100:+.1f}]"
+    return txt
+
+
+def vanilla_line(optimal: pd.DataFrame, confidence: float) -> Optional[str]:
+    """One line for ``analyze``: where no speculation beat every K beyond its interval, or None."""
+    if "vanilla_faster" not in optimal.columns:
+        return None
+    hits = optimal[optimal["vanilla_faster"].astype(bool)]
+    if not len(hits):
+        return None
+    parts = [f"BS {int(r['batch_size'])} {gap_text(r['vanilla_gain'], r['vanilla_gain_low'], r['vanilla_gain_high'])}"
+             for _, r in hits.iterrows()]
+    return (f"vanilla (no speculative config) beats every K beyond its {confidence:.0%} interval at "
+            f"{'; '.join(parts)} (vanilla goodput / best K's - 1). vLLM's K=0 still runs the drafter: "
+            "serve these batch sizes without speculation (docs/ktable.md#vanilla)")
