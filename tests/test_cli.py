@@ -310,3 +310,145 @@ def test_analyze_with_intervals_fits_80_columns_one_line_per_batch_size(tmp_path
     assert [int(line.split()[0]) for line in body] == list(sizes)
     assert any(" no " in line for line in body) and any(" yes " in line for line in body)
     assert "still possible" in r.stdout  # undecided sizes name the Ks the data still allow
+
+
+# ----------------------------------------------------------------------------- a large sweep's start (issue 31)
+
+HUGE_SPEC = """
+[engine]
+name = "sim"
+model = "Llama-3.1-8B"
+draft_model = "EAGLE3-Llama-3.1-8B"
+method = "eagle3"
+max_model_len = 4096
+[sweep]
+batch_sizes = [{sizes}]
+num_spec_tokens = [0, 1, 2, 3, 4, 5, 6]
+repeats = 140
+waves = 3
+output_len = 16
+[sim]
+hardware = "H100 SXM"
+acceptance_alpha = 0.8
+"""  # 1000 batch sizes x (7 K + vanilla) x 140 repeats = 1,120,000 cells
+
+
+def _huge_spec(tmp_path):
+    p = tmp_path / "huge.toml"
+    p.write_text(HUGE_SPEC.format(sizes=", ".join(str(b) for b in range(1, 1001))))
+    return p
+
+
+def test_a_huge_sweep_prints_its_grid_before_building_a_cell(tmp_path, monkeypatch):
+    """The order, not a wall-clock bound: the run's first event (the grid, from the spec's sizes)
+    comes before the engine starts or any cell is built, and cells are built as the loop reaches
+    them (a 1.12 M cell grid builds a handful before its first row)."""
+    from dsdprof.config.spec import load_spec
+    from dsdprof.measure import runner as runner_mod
+
+    log: list[str] = []
+    real_iter = runner_mod.iter_cells
+
+    def counting_iter(*args, **kwargs):
+        for cell in real_iter(*args, **kwargs):
+            log.append("cell")
+            yield cell
+
+    class Enough(Exception):
+        pass
+
+    def on_progress(ev):
+        log.append(f"{ev.phase}: {ev.message}" if ev.phase in ("begin", "plan") else ev.phase)
+        if ev.phase == "done" and ev.index == 3:
+            raise Enough
+
+    monkeypatch.setattr(runner_mod, "iter_cells", counting_iter)
+    with pytest.raises(Enough):
+        runner_mod.run_sweep(load_spec(_huge_spec(tmp_path)), tmp_path / "run", on_progress=on_progress)
+    assert log[0] == ("begin: grid 1000 batch sizes x (7 K + vanilla) x 140 repeat(s) = 1,120,000 cells; "
+                      "starting engine sim"), log[:3]
+    assert log[1] == "plan: 1,120,000 cells, speculation mode dsd, design cell by cell"
+    assert log[2:] == ["cell", "start", "done"] * 3, log[:12]  # built one at a time, never ahead
+
+
+def test_a_huge_sweep_says_what_it_does_at_once_in_a_log(tmp_path):
+    """As a user sees it (a subprocess, stderr a pipe): the first lines are the notice and the grid,
+    before any cell; the time to them is printed, bounded loosely (the machine may be loaded)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "dsdprof.cli", "sweep", str(_huge_spec(tmp_path)), "--out", str(tmp_path / "run")]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    try:
+        first = [proc.stderr.readline(), proc.stderr.readline()]
+        elapsed = time.monotonic() - t0
+    finally:
+        proc.send_signal(signal.SIGTERM)  # SIGTERM unwinds like Ctrl-C: rows flushed, lock released
+        proc.communicate(timeout=120)
+    print(f"first two lines after {elapsed:.2f} s: {first}")
+    assert first[0].startswith("engine 'sim': rows are analytic predictions"), first
+    assert first[1].startswith("sweep: grid 1000 batch sizes") and "= 1,120,000 cells" in first[1], first
+    assert elapsed < 60  # ~1 s here; before issue 31 the first line waited for all 1.12 M cells
+
+
+def test_dry_run_counts_a_huge_grid_without_building_it(tmp_path, monkeypatch):
+    """--dry-run counts cells and engine waves from the spec's sizes; the count is the cells the
+    sweep runs (cross-checked cell by cell on small grids, every design, mode and context axis)."""
+    from dsdprof.config.spec import load_spec, parse_spec
+    from dsdprof.measure import runner as runner_mod
+
+    real_iter = runner_mod.iter_cells
+    monkeypatch.setattr(runner_mod, "iter_cells", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    plan = runner_mod.plan_sweep(load_spec(_huge_spec(tmp_path)))
+    assert plan.cells == 1_120_000 and plan.engine_waves == 1_120_000 * 4
+    r = runner.invoke(app, ["sweep", str(_huge_spec(tmp_path)), "--out", str(tmp_path / "run"), "--dry-run"])
+    assert r.exit_code == 0 and "1,120,000 cells" in r.stdout and "(1000 values)" in r.stdout, r.output
+    assert max(map(len, r.stdout.splitlines())) <= 80
+    monkeypatch.setattr(runner_mod, "iter_cells", real_iter)
+    for sweep in ({"batch_sizes": [1, 4, 16], "num_spec_tokens": [0, 2, 3], "waves": 5, "repeats": 2},
+                  {"batch_sizes": [2, 8], "num_spec_tokens": [1, 2], "waves": 3, "design": "cells"},
+                  {"batch_sizes": [2, 8], "num_spec_tokens": [0], "waves": 3},
+                  {"batch_sizes": [1, 2], "num_spec_tokens": [0, 2], "waves": 4, "context_lens": [64, 512]}):
+        spec = parse_spec({"engine": {"model": "m", "method": "ngram"}, "sweep": sweep})
+        for mode in ("dsd", "fixed"):
+            for paired in (False, True):
+                grid = runner_mod.GridPlanner(spec).cells(mode, paired)
+                cells = list(grid)
+                assert len(grid) == len(cells) and len({c.cell_id for c in cells}) == len(cells), (sweep, mode)
+                s = spec.sweep
+                assert grid.engine_waves(s.waves, s.warmup) == runner_mod.engine_waves(cells, s.waves, s.warmup)
+                assert grid.paired == any(c.group for c in cells)
+
+
+def test_log_heartbeat_is_at_most_10_s():
+    """In a log, no more than HEARTBEAT_S <= 10 s pass without a line while the run is alive."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from dsdprof.cli.progress import HEARTBEAT_S, LogProgress
+
+    assert HEARTBEAT_S <= 10
+    now = [0.0]
+    buf = io.StringIO()
+    log = LogProgress(Console(file=buf, width=200), "sweep", clock=lambda: now[0])
+    assert log.heartbeat_s == HEARTBEAT_S
+    log(SimpleNamespace(phase="begin", index=0, total=0, cell=None, status="", message="grid ..."))
+    now[0] = HEARTBEAT_S - 0.1
+    assert log.beat() is None
+    now[0] = HEARTBEAT_S
+    assert log.beat() == "sweep [0/0] waiting; elapsed 10s"  # the engine still starting
+    log(SimpleNamespace(phase="start", index=0, total=4, cell=SimpleNamespace(batch_size=64, num_spec_tokens=3,
+                                                                                 mode="dsd"), status="", message=""))
+    now[0] = 2 * HEARTBEAT_S - 0.1
+    assert log.beat() is None
+    now[0] = 2 * HEARTBEAT_S
+    assert log.beat() == "sweep [0/0] running BS 64 K 3 dsd for 10s; elapsed 20s"
+    assert buf.getvalue().splitlines() == ["sweep: grid ...", "sweep [0/0] waiting; elapsed 10s",
+                                           "sweep [0/0] running BS 64 K 3 dsd for 10s; elapsed 20s"]

@@ -58,7 +58,8 @@ def test_failed_cells_are_rows_and_sweep_goes_on(tmp_path):
     assert failed.error.str.contains("out of memory").all()
     assert (df[df.status == "ok"].engine == "sim").all()
     assert [e.phase for e in events if e.phase == "done"] == ["done"] * len(df)
-    assert events[0].phase == "plan" and events[0].total == len(df)
+    plan = next(e for e in events if e.phase == "plan")
+    assert events[0].phase == "begin" and plan.total == len(df)  # begin: the grid, before the engine
 
 
 def _interrupt_after(n, events):

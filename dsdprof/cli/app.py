@@ -110,6 +110,13 @@ def sweep(
         raise typer.Exit(1)
 
 
+def _listed(values, most: int = 16) -> str:
+    """``1, 2, 4`` -- or, for a long list, its ends and its length (a dry run stays a few lines)."""
+    if len(values) <= most:
+        return ", ".join(map(str, values))
+    return f"{', '.join(map(str, values[:6]))}, ..., {', '.join(map(str, values[-3:]))} ({len(values)} values)"
+
+
 def _print_plan(spec) -> None:
     from dsdprof.cli.progress import duration
     from dsdprof.measure.runner import plan_sweep
@@ -117,9 +124,9 @@ def _print_plan(spec) -> None:
     p = plan_sweep(spec)
     console.print(f"engine {p.engine}: {spec.engine.model}" + (f" + {spec.engine.draft_model}" if spec.engine.draft_model else "")
                   + f" ({spec.engine.method})", markup=False, highlight=False)
-    console.print(f"batch sizes {', '.join(map(str, p.batch_sizes))}; K {', '.join(map(str, p.ks))}; "
+    console.print(f"batch sizes {_listed(p.batch_sizes)}; K {_listed(p.ks)}; "
                   f"{p.repeats} repeat(s)", markup=False, highlight=False)
-    console.print(f"{p.cells} cells (vanilla included), at most {p.decode_steps:,} decode steps", markup=False, highlight=False)
+    console.print(f"{p.cells:,} cells (vanilla included), at most {p.decode_steps:,} decode steps", markup=False, highlight=False)
     console.print(f"estimated duration {duration(p.est_seconds)} ({p.assumption})", markup=False, highlight=False)
 
 
@@ -186,7 +193,7 @@ def export(
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version) or runs of different specs."),
-    allow_partial: bool = typer.Option(False, "--allow-partial", help="Export a run whose grid has batch sizes or Ks with no ok cell (failed or not yet run). Without it such a run is refused, naming them; with it K there comes from the measured neighbours and the table's provenance.partial records the gaps."),
+    allow_partial: bool = typer.Option(False, "--allow-partial", help="Export a run whose grid has batch sizes or Ks with no ok cell (failed or not yet run), a context sweep's failed slices included. Without it such a run is refused, naming them; with it the table's provenance.partial records the gaps, a range ends at the last measured batch size when larger ones failed, and a gap inside the grid takes the measured neighbours' K."),
     context: Optional[int] = typer.Option(None, "--context", help="Context sweeps (dsdprof.ktable/v3): the context (prompt tokens) whose slice a batch-size-only schedule serves; default: the table's batch-size-only answer."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""

@@ -1,9 +1,11 @@
 """Progress of ``sweep`` and ``validate``: a rich bar on a terminal, plain lines in logs.
 
 When stderr is not a terminal (nohup, Slurm, CI, ``tee``) a bar would print once, at the end.
-There, :class:`LogProgress` prints one plain line per finished cell (cells done, the cell, its
-status and AL/ITL, the rate and the ETA) and, while a cell runs long, a line every
-:data:`HEARTBEAT_S` seconds saying which cell is running and for how long.
+There, :class:`LogProgress` prints the grid first (the runner's ``begin`` event, from the spec's
+sizes, before the engine starts or a cell is built), one plain line per finished cell (cells done,
+the cell, its status and AL/ITL, the rate and the ETA) and, whenever no line came for
+:data:`HEARTBEAT_S` seconds (an engine starting, a long cell), a line saying which cell is running
+and for how long.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from rich.console import Console
 
-HEARTBEAT_S = 30.0
+HEARTBEAT_S = 10.0  # at most this long between two lines in a log while the run is alive
 
 
 def duration(seconds: float) -> str:
@@ -63,6 +65,9 @@ class LogProgress:
         return f"{60.0 / per_cell:.1f} cells/min, elapsed {duration(elapsed)}, ETA {duration(per_cell * left)}"
 
     def __call__(self, ev: Any) -> None:
+        if ev.phase == "begin":
+            self.line(f"{self.name}: {ev.message}")
+            return
         if ev.phase == "plan":
             self.total, self.done = ev.total, ev.index
             self.line(f"{self.name}: {ev.message}")
@@ -94,14 +99,20 @@ class LogProgress:
             detail = f": {' '.join(str(ev.message).split())[:200]}"
         self.line(f"{self.name} [{self.done}/{self.total}] {label} {status}{detail}; {self.rate_eta()}")
 
+    def beat(self) -> Optional[str]:
+        """The heartbeat line when none came for ``heartbeat_s`` (printed; None otherwise)."""
+        now = self.clock()
+        if now - self.last_line < self.heartbeat_s:
+            return None
+        running = self.running
+        what = f"running {running[0]} for {duration(now - running[1])}" if running else "waiting"
+        text = f"{self.name} [{self.done}/{self.total}] {what}; {self.rate_eta()}"
+        self.line(text)
+        return text
+
     def _beat(self) -> None:
-        while not self._stop.wait(min(self.heartbeat_s, 5.0)):
-            now = self.clock()
-            if now - self.last_line < self.heartbeat_s:
-                continue
-            running = self.running
-            what = f"running {running[0]} for {duration(now - running[1])}" if running else "waiting"
-            self.line(f"{self.name} [{self.done}/{self.total}] {what}; {self.rate_eta()}")
+        while not self._stop.wait(min(self.heartbeat_s, 1.0)):
+            self.beat()
 
     def __enter__(self) -> "LogProgress":
         self._thread = threading.Thread(target=self._beat, name="dsdprof-progress", daemon=True)
@@ -127,7 +138,7 @@ def sweep_progress(err_console: Console, notices: list[str], first_error: list[s
 
     def on_progress(ev: Any) -> None:
         nonlocal task
-        if ev.phase == "plan":
+        if ev.phase in ("begin", "plan"):  # the run directory is ours: notices first
             for notice in notices:
                 err_console.print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
             notices.clear()  # a budgeted sweep plans several passes
@@ -135,6 +146,9 @@ def sweep_progress(err_console: Console, notices: list[str], first_error: list[s
             first_error.append(ev.message)
         if log is not None:
             return log(ev)
+        if ev.phase == "begin":
+            err_console.print(ev.message, style="dim", markup=False, highlight=False)
+            return
         if ev.phase == "plan":
             err_console.print(f"[dim]{ev.message}[/]")
             task = progress.add_task("sweep", total=ev.total, cell="")

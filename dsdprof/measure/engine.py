@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Protocol, runtime_checkable
+from typing import Iterator, Protocol, runtime_checkable
 
 from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA
 
@@ -171,7 +171,15 @@ def wave_blocks(waves: int, blocks: int) -> list[range]:
 def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
                include_vanilla: bool = True, context_lens: list[int] | None = None,
                paired: bool = False) -> list[Cell]:
-    """Cells in run order: repeats interleaved, the order inside a block rotated.
+    """The cells of :func:`iter_cells` as a list."""
+    return list(iter_cells(batch_sizes, ks, repeats, speculation_mode, include_vanilla, context_lens, paired))
+
+
+def iter_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
+               include_vanilla: bool = True, context_lens: list[int] | None = None,
+               paired: bool = False) -> Iterator[Cell]:
+    """Cells in run order, built as they are consumed: repeats interleaved, the order inside a
+    block rotated.
 
     DSD mode runs one block per batch size per repeat (vanilla and every K of that batch size, so
     drift hits all K alike); the block for repeat ``r`` and the ``i``-th batch size is ordered by
@@ -185,42 +193,39 @@ def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_
     if speculation_mode not in (MODE_DSD, MODE_FIXED):
         raise ValueError(f"speculation_mode={speculation_mode!r}")
     if context_lens:
-        return _plan_contexts(batch_sizes, ks, repeats, speculation_mode, include_vanilla, context_lens)
-    cells: list[Cell] = []
+        yield from _plan_contexts(batch_sizes, ks, repeats, speculation_mode, include_vanilla, context_lens)
+        return
     for r in range(repeats):
         if speculation_mode == MODE_DSD:
             for i, b in enumerate(batch_sizes):
                 g = tuple(ks) if paired and ks else ()
                 block = ([Cell(r, b, MODE_VANILLA, 0, group=g)] if include_vanilla else []) + \
                     [Cell(r, b, MODE_DSD, k, group=g) for k in ks]
-                cells.extend(block[j] for j in balanced_order(len(block), r + i))
+                yield from (block[j] for j in balanced_order(len(block), r + i))
         else:
-            groups = ([[Cell(r, b, MODE_VANILLA, 0) for b in batch_sizes]] if include_vanilla else []) + \
-                [[Cell(r, b, MODE_FIXED, k) for b in batch_sizes] for k in ks if k != 0]  # fixed K=0 is vanilla
+            groups = ([(MODE_VANILLA, 0)] if include_vanilla else []) + \
+                [(MODE_FIXED, k) for k in ks if k != 0]  # fixed K=0 is vanilla
             for j in balanced_order(len(groups), r):
-                cells.extend(groups[j])
-    return cells
+                yield from (Cell(r, b, groups[j][0], groups[j][1]) for b in batch_sizes)
 
 
 def _plan_contexts(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,
-                   include_vanilla: bool, context_lens: list[int]) -> list[Cell]:
+                   include_vanilla: bool, context_lens: list[int]) -> Iterator[Cell]:
     """:func:`plan_cells` over a context axis. DSD: inside each repeat the grid of every context in
     turn (contexts rotate with the repeat, so none always runs first); the block of the ``i``-th
     batch size at the ``c``-th context is ordered by Williams row ``r + c + i``. Fixed: the K groups
     (one engine each, ordered by row ``r``) stay outermost, every context's batch sizes inside."""
-    cells: list[Cell] = []
     n = len(context_lens)
     for r in range(repeats):
         if speculation_mode == MODE_FIXED:
             groups = ([(MODE_VANILLA, 0)] if include_vanilla else []) + [(MODE_FIXED, k) for k in ks if k != 0]
             for g in balanced_order(len(groups), r):
                 mode, k = groups[g]
-                cells.extend(Cell(r, b, mode, k, context_lens[(j + r) % n]) for j in range(n) for b in batch_sizes)
+                yield from (Cell(r, b, mode, k, context_lens[(j + r) % n]) for j in range(n) for b in batch_sizes)
             continue
         for j in range(n):
             ci = (j + r) % n
             for i, b in enumerate(batch_sizes):
                 block = ([Cell(r, b, MODE_VANILLA, 0, context_lens[ci])] if include_vanilla else []) + \
                     [Cell(r, b, MODE_DSD, k, context_lens[ci]) for k in ks]
-                cells.extend(block[x] for x in balanced_order(len(block), r + ci + i))
-    return cells
+                yield from (block[x] for x in balanced_order(len(block), r + ci + i))

@@ -11,10 +11,10 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 from dsdprof import __version__
-from dsdprof.measure.engine import Cell, CellMeasurement, Engine, plan_cells, vanilla_waves
+from dsdprof.measure.engine import Cell, CellMeasurement, Engine, iter_cells, vanilla_waves
 from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_VANILLA, STATUS_FAILED, STATUS_OK, empty_row
 from dsdprof.config.spec import SweepSpec
 from dsdprof.io.store import SweepWriter, provenance_dict, utc_now
@@ -22,7 +22,8 @@ from dsdprof.io.store import SweepWriter, provenance_dict, utc_now
 
 @dataclass(frozen=True)
 class SweepProgress:
-    """One progress event. ``phase``: plan | start | done | skip."""
+    """One progress event. ``phase``: begin (the run directory is ours, before the engine starts
+    or any cell is built: ``message`` sums up the grid) | plan | start | done | skip."""
 
     phase: str
     index: int  # cells finished so far (done + skipped)
@@ -75,7 +76,8 @@ class Planner(Protocol):
     ``start`` readies the engine and names the run's speculation mode; ``plan`` returns the next
     cells to run given every row so far (resumed ones included), ``[]`` when the run is over;
     ``admit`` may refuse a cell that has not run yet (a budget), which ends the run; ``finish``
-    sees every row once the run is over.
+    sees every row once the run is over. A planner may also have ``summary() -> str``: one line
+    about the run, sent as the ``begin`` event before the engine starts (the first line a user sees).
     """
 
     def start(self, engine: Engine, done: set[str]) -> str: ...
@@ -139,6 +141,8 @@ def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
     notify = on_progress or (lambda _event: None)
     out = Path(out_dir)
     with SweepWriter(out, spec_dump, resume=resume, **(batching or {})) as writer:
+        if (summary := getattr(planner, "summary", None)) is not None:  # first line: before engine and cells
+            notify(SweepProgress("begin", 0, 0, message=summary()))
         rows = _read_rows(out) if resume else []
         engine = make_engine()
         try:
@@ -149,7 +153,7 @@ def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
             stopped = False
             while not stopped and (cells := planner.plan(rows)):
                 notify(SweepProgress("plan", 0, len(cells), message=planner.describe(cells, mode)))
-                redo = incomplete_units(cells, writer.done)
+                redo = incomplete_units(cells, writer.done) if writer.done else set()
                 for i, cell in enumerate(cells):
                     if cell.cell_id in writer.done and cell.unit not in redo:
                         skipped += 1
@@ -174,13 +178,50 @@ def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
             engine.close()
 
 
+class GridCells:
+    """A grid's cells in :func:`~dsdprof.measure.engine.iter_cells` order, built as a loop reaches
+    them: a sweep of a million cells runs its first cell at once, and its size (``len``) and engine
+    waves are counted from the spec's sizes, without building a cell."""
+
+    def __init__(self, sweep: Any, mode: str, paired: bool = False) -> None:
+        self.sweep, self.mode = sweep, mode
+        self.ks = list(sweep.num_spec_tokens) if max(sweep.num_spec_tokens) > 0 else []
+        # iter_cells pairs DSD blocks with Ks, and never over a context axis
+        self.paired = paired and mode == MODE_DSD and bool(self.ks) and not sweep.context_lens
+        self.blocks = len(sweep.batch_sizes) * sweep.repeats * len(sweep.context_lens or [0])
+        self.per_block = 1 + (len(self.ks) if mode == MODE_DSD else sum(1 for k in self.ks if k != 0))
+
+    def __len__(self) -> int:
+        return self.blocks * self.per_block
+
+    def __iter__(self) -> Iterator[Cell]:
+        s = self.sweep
+        return iter_cells(s.batch_sizes, self.ks, s.repeats, self.mode, context_lens=s.context_lens,
+                          paired=self.paired)
+
+    def engine_waves(self, waves: int, warmup: int) -> int:
+        """:func:`engine_waves` of these cells, counted: a paired block runs its DSD group's waves
+        once and its vanilla cell one K's share; every other cell its own."""
+        if self.paired:
+            return self.blocks * ((waves + warmup) + (vanilla_waves(waves, len(self.ks)) + warmup))
+        return len(self) * (waves + warmup)
+
+
 class GridPlanner:
-    """The plain sweep: every cell of the grid once, in :func:`plan_cells` order."""
+    """The plain sweep: every cell of the grid once, in :func:`plan_cells` order (:class:`GridCells`)."""
 
     def __init__(self, spec: SweepSpec) -> None:
         self.spec = spec
         self._planned = False
         self._paired = False
+
+    def summary(self) -> str:
+        """The grid from the spec's sizes (the run's first line, before the engine and any cell)."""
+        s = self.spec.sweep
+        cells = GridCells(s, MODE_DSD)
+        ctx = f" x {len(s.context_lens)} contexts" if s.context_lens else ""
+        return (f"grid {len(s.batch_sizes)} batch sizes x ({len(cells.ks)} K + vanilla) x {s.repeats} "
+                f"repeat(s){ctx} = {len(cells):,} cells; starting engine {self.spec.engine.name}")
 
     def start(self, engine: Engine, done: set[str]) -> str:
         self._mode = engine.speculation_mode
@@ -188,14 +229,10 @@ class GridPlanner:
         self._paired = bool(getattr(engine, "paired", False)) and self._mode == MODE_DSD
         return self._mode
 
-    def cells(self, mode: str, paired: bool = False) -> list[Cell]:
-        sweep = self.spec.sweep
-        ks = sweep.num_spec_tokens if max(sweep.num_spec_tokens) > 0 else []
-        cells = plan_cells(sweep.batch_sizes, ks, sweep.repeats, mode, context_lens=sweep.context_lens,
-                           paired=paired)
-        return [c for c in cells if c.mode != MODE_DSD] if mode == MODE_DSD and not ks else cells
+    def cells(self, mode: str, paired: bool = False) -> GridCells:
+        return GridCells(self.spec.sweep, mode, paired)
 
-    def plan(self, rows: list[dict[str, Any]]) -> list[Cell]:
+    def plan(self, rows: list[dict[str, Any]]) -> Any:
         if self._planned:
             return []
         self._planned = True
@@ -204,9 +241,9 @@ class GridPlanner:
     def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool:
         return True
 
-    def describe(self, cells: list[Cell], mode: str) -> str:
+    def describe(self, cells: Any, mode: str) -> str:
         design = "paired (every K in the same waves)" if self._paired else "cell by cell"
-        return f"{len(cells)} cells, speculation mode {mode}, design {design}"
+        return f"{len(cells):,} cells, speculation mode {mode}, design {design}"
 
     def finish(self, rows: list[dict[str, Any]]) -> None:
         pass
@@ -258,10 +295,10 @@ def plan_sweep(spec: SweepSpec) -> SweepPlan:
 
     s = spec.sweep
     paired = s.design == "paired" and spec.engine.name != "sim"  # the analytic engine runs cell by cell
-    cells = GridPlanner(spec).cells(MODE_DSD, paired)
-    n_waves = engine_waves(cells, s.waves, s.warmup)
+    cells = GridPlanner(spec).cells(MODE_DSD, paired)  # counted from the sizes: no cell is built
+    n_waves = cells.engine_waves(s.waves, s.warmup)
     steps = n_waves * s.output_len
-    design = "paired" if paired and any(c.group for c in cells) else "cells"
+    design = "paired" if cells.paired else "cells"
     if spec.engine.name == "sim":
         est, assumption = 0.005 * len(cells), "analytic predictions: milliseconds per cell"
     else:
