@@ -65,3 +65,45 @@ def test_missing_and_invalid_files(tmp_path):
     bad.write_text("[engine\nmodel=")
     with pytest.raises(InputError, match="not valid TOML"):
         load_spec(bad)
+
+
+SYNTH = {"engine": {"model": "m", "draft_model": "d"}, "sweep": {"num_spec_tokens": [0, 1, 2, 3]}}
+
+
+@pytest.mark.parametrize("rates, words", [
+    ([0.8, 0.9, 0.4], "non-increasing: rate 2 = 0.9 > rate 1 = 0.8"),
+    ([1.2, 0.9, 0.4], "rate 1.2 must be a number in [0, 1]"),
+    ([True, 0.9, 0.4], "rate True must be a number in [0, 1]"),
+    ([float("nan"), 0.5, 0.4], "rate nan must be a number in [0, 1]"),
+    ([], "must hold 1..32 rates"),
+    ("0.8", "valid list"),
+    ([0.8, 0.6], "2 rates; one per draft position up to the largest K (3)"),
+])
+def test_synthetic_acceptance_rates_bad_values_name_the_field(rates, words):
+    with pytest.raises(InputError) as e:
+        parse_spec({**SYNTH, "engine": {**SYNTH["engine"], "synthetic_acceptance_rates": rates}})
+    assert e.value.field == "engine.synthetic_acceptance_rates" and words in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_synthetic_acceptance_rates_good_and_guarded():
+    spec = parse_spec({**SYNTH, "engine": {**SYNTH["engine"], "synthetic_acceptance_rates": [1, 0.6, 0.6, 0.1]}})
+    assert spec.engine.synthetic_acceptance_rates == [1.0, 0.6, 0.6, 0.1]  # more than max K: cut per engine
+    assert spec.engine.synthetic_rates(2) == [1.0, 0.6]
+    assert spec.model_dump()["engine"]["synthetic_acceptance_rates"] == [1.0, 0.6, 0.6, 0.1]
+    plain = parse_spec(SYNTH)
+    assert "synthetic_acceptance_rates" not in plain.model_dump()["engine"]  # unset: dumps (hashes) as before
+    # vLLM's own keys would run synthetic acceptance unlabelled: only the [engine] key sets it
+    for extra in ({"rejection_sample_method": "synthetic"}, {"synthetic_acceptance_rates": [0.5] * 3},
+                  {"synthetic_acceptance_length": 2.0}):
+        with pytest.raises(InputError, match="use engine.synthetic_acceptance_rates") as e:
+            parse_spec({**SYNTH, "engine": {**SYNTH["engine"], "speculative_extra": extra}})
+        assert e.value.field == "engine.speculative_extra"
+    assert parse_spec({**SYNTH, "engine": {**SYNTH["engine"], "speculative_extra": {
+        "rejection_sample_method": "block"}}}).engine.speculative_extra == {"rejection_sample_method": "block"}
+    with pytest.raises(InputError, match="only with engine.name = 'vllm'"):
+        parse_spec({**SYNTH, "engine": {"name": "sim", "model": "m", "synthetic_acceptance_rates": [1, 1, 1]}})
+    with pytest.raises(InputError) as e:
+        parse_spec({**SYNTH, "engine": {**SYNTH["engine"], "synthetic_acceptance_rates": [1, 1, 1],
+                                        "extra": {"worker_extension_cls": "a.B"}}})
+    assert e.value.field == "engine.extra.worker_extension_cls"

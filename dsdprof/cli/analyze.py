@@ -67,6 +67,10 @@ def title_line(result) -> str:
     title = " / ".join(str(prov[k]) for k in ("model", "draft_model", "hardware") if prov.get(k))
     if prov.get("engine") == "sim":
         title += "  (sim: predicted)"
+    from dsdprof.measure.vllm.synthetic import is_synthetic
+
+    if is_synthetic(prov):  # [engine] synthetic_acceptance_rates: AL configured, step times measured
+        title += "  (synthetic acceptance)"
     return title
 
 
@@ -164,6 +168,10 @@ def _footer(result, console: Console, err_console: Console, conf: str) -> None:
         console.print("DSD vs always-K (geometric mean over batch sizes): " + ", ".join(
             f"K={int(r.k)} {r.geomean_speedup:.2f}x" for r in summary.itertuples()))
     opt = result.optimal
+    from dsdprof.decide.vanilla import vanilla_line  # where no speculation beat every K (vLLM's K=0 drafts)
+
+    if (line := vanilla_line(opt, result.confidence)) is not None:
+        console.print(line, style="red", markup=False, highlight=False)
     for warning in result.warnings:
         err_console.print(f"[yellow]{warning}[/]")
     open_bs = [b for b in result.undecided if b not in set(opt.loc[~opt["interval_known"], "batch_size"])]

@@ -25,6 +25,10 @@ RESERVED_LLM_KEYS = ("model", "dtype", "max_model_len", "tensor_parallel_size", 
                      "speculative_config", "scheduler_cls", "disable_log_stats")
 RESERVED_SPECULATIVE_KEYS = ("method", "model", "num_speculative_tokens",
                              "num_speculative_tokens_per_batch_size")
+# vLLM's synthetic acceptance is set by [engine] synthetic_acceptance_rates only, so a run that used it
+# is always labelled (provenance ``acceptance``).
+SYNTHETIC_SPECULATIVE_KEYS = ("synthetic_acceptance_rates", "synthetic_acceptance_length")
+MAX_SPEC_TOKENS = 32  # the largest K a sweep may measure
 
 
 class _Strict(BaseModel):
@@ -45,8 +49,21 @@ class EngineSpec(_Strict):
     dsd_mode: Literal["auto", "dsd", "fixed"] = Field(
         "auto", description="auto: one DSD engine for all K, falling back to one engine per K "
                             "only when vLLM rejects the DSD schedule")
+    synthetic_acceptance_rates: Optional[list[Any]] = Field(
+        None, description="vLLM's synthetic rejection sampler (rejection_sample_method = 'synthetic'): "
+                          "rate i = P(the first i+1 drafts of a step are all accepted), one per draft position "
+                          "up to the largest K, non-increasing; acceptance is then configured, not measured, "
+                          "and the run is labelled so (step-time physics alone)")
     start_timeout_s: float = Field(1800.0, gt=0, le=86400, description="seconds an engine may take to start")
     cell_timeout_s: float = Field(3600.0, gt=0, le=86400, description="seconds one cell may take")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        """Unset ``synthetic_acceptance_rates`` is left out, so a spec without it dumps (and hashes) as before."""
+        data = handler(self)
+        if self.synthetic_acceptance_rates is None:
+            data.pop("synthetic_acceptance_rates", None)
+        return data
 
     @field_validator("extra")
     @classmethod
@@ -65,13 +82,37 @@ class EngineSpec(_Strict):
             if key in RESERVED_SPECULATIVE_KEYS:
                 raise ValueError(f"{key!r} is set by dsdprof ([engine] method/draft_model, [sweep] "
                                  "num_spec_tokens); it cannot be overridden")
+            if key in SYNTHETIC_SPECULATIVE_KEYS or (key == "rejection_sample_method" and v[key] == "synthetic"):
+                raise ValueError(f"{key!r}: use engine.synthetic_acceptance_rates (the run is then labelled "
+                                 "synthetic)")
         return v
+
+    @field_validator("synthetic_acceptance_rates")
+    @classmethod
+    def _synthetic_rates(cls, v: Optional[list[Any]]) -> Optional[list[float]]:
+        if v is None:
+            return v
+        if not v or len(v) > MAX_SPEC_TOKENS:
+            raise ValueError(f"must hold 1..{MAX_SPEC_TOKENS} rates, one per draft position")
+        for r in v:
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
+                raise ValueError(f"rate {r!r} must be a number in [0, 1]")
+        rates = [float(r) for r in v]
+        for i in range(1, len(rates)):
+            if rates[i] > rates[i - 1]:
+                raise ValueError(f"rates are unconditional (rate i = P(drafts 1..i+1 all accepted)), so "
+                                 f"non-increasing: rate {i + 1} = {rates[i]} > rate {i} = {rates[i - 1]}")
+        return rates
 
     @model_validator(mode="after")
     def _draft_needed(self) -> "EngineSpec":
         if self.name == "vllm" and self.method in DRAFT_MODEL_METHODS and not self.draft_model:
             raise ValueError(f"method {self.method!r} needs engine.draft_model")
         return self
+
+    def synthetic_rates(self, k: int) -> list[float]:
+        """The synthetic rates of an engine drafting up to ``k`` tokens (vLLM wants one per position)."""
+        return list((self.synthetic_acceptance_rates or [])[:k])
 
 
 # Bounds that keep every counter of a cell (requests, tokens, drafts) inside int64 and a sweep
@@ -145,8 +186,8 @@ class SweepGrid(_Strict):
         if not v:
             raise ValueError("must not be empty")
         for k in v:
-            if k < 0 or k > 32:
-                raise ValueError(f"K={k} must be in 0..32")
+            if k < 0 or k > MAX_SPEC_TOKENS:
+                raise ValueError(f"K={k} must be in 0..{MAX_SPEC_TOKENS}")
         if len(set(v)) != len(v):
             raise ValueError("duplicate K values")
         return sorted(v)
@@ -247,9 +288,27 @@ def _first_error(err: ValidationError, data: dict[str, Any]) -> InputError:
 
 def parse_spec(data: dict[str, Any]) -> SweepSpec:
     try:
-        return SweepSpec.model_validate(data)
+        spec = SweepSpec.model_validate(data)
     except ValidationError as err:
         raise _first_error(err, data) from None
+    check_synthetic(spec)
+    return spec
+
+
+def check_synthetic(spec: SweepSpec) -> None:
+    """``engine.synthetic_acceptance_rates``: a real engine's, one rate per position up to the largest K."""
+    rates = spec.engine.synthetic_acceptance_rates
+    if rates is None:
+        return
+    field = "engine.synthetic_acceptance_rates"
+    if spec.engine.name != "vllm":
+        raise InputError(field, rates, "vLLM's synthetic sampler: only with engine.name = 'vllm'")
+    if len(rates) < spec.max_k:
+        raise InputError(field, rates, f"{len(rates)} rates; one per draft position up to the largest K "
+                                       f"({spec.max_k}) is needed")
+    if "worker_extension_cls" in spec.engine.extra:
+        raise InputError("engine.extra.worker_extension_cls", spec.engine.extra["worker_extension_cls"],
+                         "set by dsdprof on a CPU engine with synthetic_acceptance_rates")
 
 
 def load_spec(path: str | Path) -> SweepSpec:

