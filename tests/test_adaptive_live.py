@@ -130,13 +130,17 @@ def test_a_batch_size_profiled_below_the_pooled_acceptance_is_not_shifted_twice(
 @pytest.mark.parametrize("accept", [P0, (0.55, 0.45, 0.4, 0.35)], ids=["profiled", "low"])
 @pytest.mark.parametrize("b", SIZES)
 def test_far_shifted_pair_reaches_the_best_fixed_k_or_vanilla_within_2000_steps(b, accept):
+    """Reach: every later step within 3 % of the best fixed K -- the selector's margin (2 %) plus
+    its allowance for a thinly observed K (margin / 2): at BS 2 K=1 is 2.4 % behind vanilla, and
+    in about 1 seed in 12 (before issue 31's machine factor too: 6 of seeds 40-139 both ways) a
+    probe that makes K=1 look faster moves it there late, where the hysteresis keeps it."""
     table = synthetic_table(FAR_TABLE, P0)
     best_k, best = best_fixed(accept, FAR_TRUE[b])
     assert best_k == 0 and table["points"][SIZES.index(b)]["k"] >= 3  # vanilla wins; the table says 3-4
     for seed in range(2):
         sel = AdaptiveKSelector(table)
         res = simulate(sel, b, [Phase(4000, accept)], FAR_TRUE[b], seed=seed)
-        reach = reach_step(res, accept, FAR_TRUE[b], 0, 4000)
+        reach = reach_step(res, accept, FAR_TRUE[b], 0, 4000, tolerance=0.03)
         assert reach is not None and reach <= 2000, (b, seed, reach)
         assert served_goodput(res, accept, FAR_TRUE[b], 2000, 4000) >= 0.98 * best
         assert abs(sel.step_time(b, 0) / FAR_TRUE[b][0] - 1) < 0.05  # vanilla's step time was learnt
@@ -207,10 +211,12 @@ def test_chain_al_and_best_fixed():
 def test_a_k_seen_off_the_table_at_one_batch_size_moves_another_off_k0(slow):
     """The table's speculative step times are all 2x too slow (issue 18's run c), and the machine
     may run everything ``slow`` x slower than when profiled: BS 4, which the table serves K=0,
-    never runs a speculative step by itself (it ran 300 steps at K=0 first: its own scale is
-    learnt), but BS 1 (served K=4) shows K=4 at half the table's time (x slow) while BS 4's K=0
-    ran as profiled (x slow): back at BS 4, it leaves K=0 within a rebuild or two, and serves within
-    5 % of the best fixed K. (Without a K effect shared across batch sizes it stays at K=0.)"""
+    never runs a speculative step by itself (it ran 300 steps at K=0 first), but BS 1 (served K=4),
+    interleaved with it in the same time window as batch sizes are in serving (8 steps each, in
+    turn), shows K=4 at half the table's time against BS 4's K=0 as profiled: BS 4 leaves K=0
+    within 64 of its own steps and serves within 5 % of the best fixed K. (Without a K effect
+    shared across batch sizes it stays at K=0. Blocks far apart in time would not do: the machine
+    may have changed between them, issue 31.)"""
     true = {1: _interp(0.030, 0.033, 0.036), 4: _interp(0.030, 0.045, 0.060)}
     wrong = {b: {k: t * (2.0 if k else 1.0) for k, t in row.items()} for b, row in true.items()}
     table = synthetic_table(wrong, P0)
@@ -222,8 +228,30 @@ def test_a_k_seen_off_the_table_at_one_batch_size_moves_another_off_k0(slow):
         sel = AdaptiveKSelector(table, explore_every=0)  # no probe: only the other batch size can tell
         simulate(sel, 4, [Phase(300, P0)], live[4], seed=seed)
         assert sel.ks[4] == 0
-        simulate(sel, 1, [Phase(600, P0)], live[1], seed=seed)
-        res = simulate(sel, 4, [Phase(600, P0)], live[4], seed=seed)
-        left = next((i for i, k in enumerate(res.ks) if k), None)
+        ks4 = []
+        for i in range(75):
+            simulate(sel, 1, [Phase(8, P0)], live[1], seed=1000 * seed + 2 * i)
+            ks4 += simulate(sel, 4, [Phase(8, P0)], live[4], seed=1000 * seed + 2 * i + 1).ks
+        left = next((i for i, k in enumerate(ks4) if k), None)
         assert left is not None and left <= 64, (seed, left)
-        assert served_goodput(res, P0, live[4], 200, 600) >= 0.95 * best, seed
+        goodput = sum(chain_al(P0, k) for k in ks4[200:]) / sum(live[4][k] for k in ks4[200:])
+        assert goodput >= 0.95 * best, seed
+
+
+@pytest.mark.parametrize("slow", [1.5, 0.67])
+@pytest.mark.parametrize("b", SIZES[:4])
+def test_a_slowdown_common_to_every_k_changes_no_k(b, slow):
+    """Issue 31: the machine runs every K ``slow`` x for 2000 steps (a minute at 30 ms), then as
+    before. The selector serves the same K throughout, probes included (the ratio of the K served
+    to its neighbours is what decides, and a common factor leaves it). Before the machine factor
+    the same loops changed K 0-12 times per run (0 in only 2 of the 24). (BS 16 is left
+    out: its K=3 is within 1.5 % of K=4, so it moves on noise on a quiet machine too.)"""
+    table = synthetic_table(SPEC, P0)
+    moved = []
+    for seed in range(3):
+        sel = AdaptiveKSelector(table)
+        res = simulate(sel, b, [Phase(1000, P0), Phase(2000, P0, slow=slow), Phase(2000, P0)], SPEC[b], seed=seed)
+        served = [k for k, probe in zip(res.ks, res.probe) if not probe]
+        moved.append(sum(x != y for x, y in zip(served, served[1:])))
+        assert abs(math.log(sel.step_time(b, sel.ks[b]) / SPEC[b][sel.ks[b]])) < 0.05  # back at the table's time
+    assert moved == [0, 0, 0], moved

@@ -11,7 +11,10 @@ ITL(b, K), the acceptance length AL(b, K) and (per cell) the per-position accept
   unobserved positions relaxing toward their shallower neighbour, shifts detected both ways).
 * ``observe_step(batch_size, k, seconds)``: the duration of one engine step that verified and
   drafted ``k`` tokens per request at ``batch_size`` (:class:`dsdprof.serve.stats.StepTimes`:
-  per (b, K), the table as prior, a scale-and-slope fit in K for the Ks not seen).
+  per (b, K), the table as prior, a scale-and-slope fit in K for the Ks not seen). A slowdown
+  common to every K is the machine's, not a K's: step times are compared within the same time
+  window, as ratios (the machine factor of :mod:`dsdprof.serve.stats`); the first
+  ``SETTLE_STEPS`` steps of a newly served K are timed against the old K's.
 
 Invalid counts or times are ignored and counted in ``rejected`` (before any state changes);
 nothing on the serving path raises.
@@ -63,6 +66,7 @@ from dsdprof.formats.ktable import ranges_from_points
 __all__ = ["AdaptiveKSelector", "PROBE_STEPS"]
 
 PROBE_STEPS = 2
+SETTLE_STEPS = 64  # a new K's first steps at a batch size are timed against the old K's machine factor
 FADE = 0.20  # live goodputs this far (log) from the profile: the table's handicap is gone
 
 
@@ -99,7 +103,7 @@ class AdaptiveKSelector:
     __slots__ = ("select", "version", "max_k", "ranges", "margin", "prior_weight", "half_life",
                  "rebuild_every", "explore_every", "itl_half_life", "tolerance", "rejected",
                  "_sizes", "_ends", "_cells", "_ref", "_k", "_table_k", "_g0", "_handicap", "_q0", "_pooled_q0",
-                 "_acc", "_itl", "_pending", "_hot", "_last_bucket", "_tick", "_probe", "_probe_up")
+                 "_acc", "_itl", "_pending", "_hot", "_last_bucket", "_tick", "_probe", "_probe_up", "_since")
 
     def __init__(self, table: dict[str, Any], *, margin: float = 0.02, prior_weight: float = 16.0,
                  half_life: float = 2048.0, rebuild_every: int = 32, max_k: int | None = None,
@@ -175,6 +179,7 @@ class AdaptiveKSelector:
             self._handicap.append({k: (max(1.0, g / g0[kt]) if kt in row and k != kt else 1.0) for k, g in g0.items()})
         self._acc = AcceptanceStats(depth, self.half_life, self.prior_weight)
         self._itl = StepTimes([{k: c.itl for k, c in row.items()} for row in self._cells], self.itl_half_life)
+        self._since = [SETTLE_STEPS] * len(self._sizes)  # steps each batch size served its K since it changed
         for bi, b in enumerate(self._sizes):  # a table K capped or not allowed: the best candidate instead
             kt = self._table_k[b]
             self._k[b] = kt if kt is not None else self._decide(bi, None, [1.0] * depth)
@@ -236,7 +241,14 @@ class AdaptiveKSelector:
             return False
         bucket = self._bucket(batch_size)
         self._last_bucket = bucket
-        self._itl.update(bucket, k, float(seconds))
+        served = k == self._k[self._sizes[bucket]]
+        if served and self._since[bucket] < SETTLE_STEPS:  # a new K: its first steps, a contrast to the old one's
+            self._since[bucket] += 1
+            self._itl.update(bucket, k, float(seconds), False)
+            if self._since[bucket] == SETTLE_STEPS:
+                self._itl.refit()  # its estimate from those steps: the reference the machine factor follows
+        else:
+            self._itl.update(bucket, k, float(seconds), served)
         if k == 0:  # no observe() follows: count the step here
             self._pending += 1
             if self._pending >= self.rebuild_every:
@@ -257,8 +269,9 @@ class AdaptiveKSelector:
         return self._acc.intervals(z)
 
     def step_time(self, batch_size: int, k: int) -> float:
-        """Current step-time estimate of a profiled cell (KeyError if K was not measured there)."""
-        return self._itl.est[self._sizes.index(batch_size)][k]
+        """Current step-time estimate of a profiled cell (KeyError if K was not measured there), on
+        the machine as it runs now (the machine factor included)."""
+        return self._itl.est[self._sizes.index(batch_size)][k] * math.exp(self._itl.machine)
 
     # ------------------------------------------------------------------ K
 
@@ -321,6 +334,7 @@ class AdaptiveKSelector:
             new = self._decide(bi, self._k[b], r)
             if new != self._k[b]:
                 self._k[b] = new
+                self._since[bi] = 0
                 changed = True
         if changed:
             self._swap()

@@ -24,6 +24,7 @@ from typing import Sequence
 class Phase:
     steps: int
     accept: tuple[float, ...]  # true conditional acceptance per position (chain), at least max K long
+    slow: float = 1.0  # machine load: every step, whatever its K, takes this times its true time
 
 
 @dataclass
@@ -75,7 +76,7 @@ def simulate(sel, batch_size: int, phases: Sequence[Phase], step_s: dict[int, fl
             probe = sel.explore(max_batch_size)
             k = probe[b] if probe is not None else sel.select(b)
             t = step_s[k] if k_prev in (None, k) else 0.5 * (step_s[k] + step_s[k_prev])
-            t *= math.exp(rng.gauss(0.0, noise))
+            t *= phase.slow * math.exp(rng.gauss(0.0, noise))
             if k_prev == k:
                 sel.observe_step(b, k, t)
             res.ks.append(k)

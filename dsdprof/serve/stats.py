@@ -39,6 +39,20 @@ table) = A + e_b + d_K over every observed cell (:meth:`StepTimes._k_effects`). 
 ran at half the table's time at one batch size, while another ran its own K as profiled, is
 expected faster there too (a batch size served K=0 by a table whose speculative steps are all 2x
 too slow learns it without running one).
+
+**The machine factor** (issue 31): a slowdown common to every K (load on the machine, another
+process) must not read as a slow K. K is compared within the same time window, as ratios: every
+step's time is divided by the machine factor ``exp(machine)`` of its moment before it enters a
+cell, so the cells hold step times on one machine. The factor follows only the steps of the K
+served at their batch size (``served``), against that cell's own mean (once it holds
+``MACHINE_MIN_STEPS``): an EWMA of the log residual, half-life ``MACHINE_HALF_LIFE`` steps, each
+step's share clipped to ``MACHINE_STEP``. A common slowdown moves the factor, not the cells; a
+probe of another K (not served) is timed against the served K's steps of the same few seconds,
+which is the ratio the decision needs. The served K's own steps then carry no evidence about K
+(on one K alone, machine and K cannot be told apart); the selector times a newly served K's first
+steps against the old K's factor (:data:`dsdprof.serve.adaptive.SETTLE_STEPS`), a same-window
+contrast too. :meth:`AdaptiveKSelector.step_time` reports the estimate times the factor: the
+time on the machine as it runs now.
 """
 
 from __future__ import annotations
@@ -59,6 +73,9 @@ STEP_CAP_FRACTION = 1.0 / 8.0  # one step counts as at most half_life / 8 drafts
 STEP_CLIP = 4.0
 K_EFFECT_RIDGE = (0.25, 16.0, 8.0, 8.0)  # steps of evidence: shared, batch size, K, K smoothness (StepTimes._k_effects)
 K_EFFECT_ROUNDS = 6
+MACHINE_HALF_LIFE = 8.0  # served steps: the machine factor follows a common slowdown in ~this many
+MACHINE_MIN_STEPS = 4.0  # a served cell's own mean counts as its level once it holds this many steps
+MACHINE_STEP = 0.5  # one step moves the machine factor by at most this much log residual (a spike)
 
 
 def _count(x: Any) -> int:
@@ -184,7 +201,7 @@ class StepTimes:
     """Live step time per (profiled batch size, K) with the table as prior (module docstring)."""
 
     __slots__ = ("table", "n", "s", "est", "decay", "prior_weight", "slope_weight", "cell_weight", "scales",
-                 "noise", "fits", "pooled", "dirty", "k_effect", "ks", "near")
+                 "noise", "fits", "pooled", "dirty", "k_effect", "ks", "near", "machine", "machine_rate")
 
     def __init__(self, table: list[dict[int, float]], half_life: float, prior_weight: float = 2.0,
                  slope_weight: float = 0.25, cell_weight: float = 1.0) -> None:
@@ -204,13 +221,21 @@ class StepTimes:
         self.near = {k: [ks[j] for j in (i - 1, i + 1) if k >= 1 and 0 <= j < len(ks) and ks[j] >= 1]
                      for i, k in enumerate(ks)}
         self.dirty = set(range(len(table)))
+        self.machine = 0.0  # log of the machine factor: what every K's steps share right now
+        self.machine_rate = 1.0 - 0.5 ** (1.0 / MACHINE_HALF_LIFE)
 
-    def update(self, bucket: int, k: int, seconds: float) -> bool:
-        """One pure step (verified and drafted ``k``) of ``seconds`` at ``bucket``; False if no such cell."""
+    def update(self, bucket: int, k: int, seconds: float, served: bool = True) -> bool:
+        """One pure step (verified and drafted ``k``) of ``seconds`` at ``bucket``; False if no such cell.
+        ``served``: ``k`` is the K served at ``bucket`` (not a probe); only such steps move the machine
+        factor, and every step enters the cell divided by the factor of its time (module docstring)."""
         n, s = self.n[bucket], self.s[bucket]
         if k not in n:
             return False
         est = self.est[bucket][k]
+        if served and n[k] > MACHINE_MIN_STEPS:  # the served K's step against its own mean: the machine now
+            resid = math.log(seconds * n[k] / s[k]) - self.machine
+            self.machine += self.machine_rate * max(-MACHINE_STEP, min(MACHINE_STEP, resid))
+        seconds /= math.exp(self.machine)  # the step as on the machine the estimates are in
         seconds = min(max(seconds, est / STEP_CLIP), est * STEP_CLIP)
         d = self.decay
         noise = self.noise[bucket]
