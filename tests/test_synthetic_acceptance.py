@@ -213,3 +213,67 @@ def test_real_engine_acceptance_length_is_the_rates_in_both_designs(tmp_path_fac
         pooled_sum += m.acceptance_length * m.num_drafts
     pooled = pooled_sum / pooled_n
     assert abs(pooled - 3.5) <= 4 * 0.5 / math.sqrt(pooled_n), (pooled, pooled_n)
+
+
+def _fake_run(tmp_path, rates):
+    """A sweep through VllmEngine and the real sweep loop over fake engine workers (no vLLM)."""
+    from dsdprof.config.spec import parse_spec
+    from dsdprof.measure.runner import run_sweep
+    from dsdprof.measure.vllm.engine import VllmEngine
+    from tests.test_paired_vanilla import FakeWorker, Machine
+
+    model = tmp_path / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text("{}")
+    engine = {"model": str(model), "method": "ngram", "dsd_mode": "dsd"}
+    spec = parse_spec({"engine": {**engine, **({"synthetic_acceptance_rates": rates} if rates else {})},
+                       "sweep": {"batch_sizes": [1, 4], "num_spec_tokens": [0, 1, 2], "waves": 4, "warmup": 0,
+                                 "output_len": 16}})
+    machine, seen = Machine(), []
+
+    def start(config, timeout):
+        seen.append(config.llm_kwargs)
+        return FakeWorker(config, timeout, machine, 1)
+
+    eng = VllmEngine(spec, out_dir=tmp_path / "out", start_worker=start)
+    assert run_sweep(spec, tmp_path / "out", engine=eng).failed == 0
+    return tmp_path / "out", seen
+
+
+def test_speculative_config_and_labels_of_a_synthetic_run(tmp_path):
+    """The DSD engine starts with vLLM's synthetic sampler (its rates cut to the engine's K, as
+    vLLM's own validator wants), vanilla without; the files, the analysis title and the exported
+    table say the acceptance was synthetic; a measured run says nothing of the kind."""
+    from dsdprof.cli.analyze import title_line
+    from dsdprof.decide.analysis import analyze_path
+    from dsdprof.export.api import table_from_source
+    from dsdprof.io.readers import read_provenance
+    from dsdprof.measure.vllm.synthetic import EXTENSION_QUALNAME, engine_kwargs, is_synthetic
+
+    out, seen = _fake_run(tmp_path / "synthetic", [0.9, 0.7, 0.1])
+    spec_cfgs = [k["speculative_config"] for k in seen if "speculative_config" in k]
+    assert len(spec_cfgs) == 1 and len(seen) == 2
+    cfg = spec_cfgs[0]
+    assert cfg["rejection_sample_method"] == "synthetic" and cfg["synthetic_acceptance_rates"] == [0.9, 0.7]
+    assert all("rejection_sample_method" not in k and "worker_extension_cls" not in k
+               for k in seen if "speculative_config" not in k)  # vanilla: untouched
+    assert engine_kwargs([0.9], on_gpu=False) == {"worker_extension_cls": EXTENSION_QUALNAME}
+    assert engine_kwargs([0.9], on_gpu=True) == {} and engine_kwargs(None, on_gpu=False) == {}
+    vllm_config = pytest.importorskip("vllm.config.speculative")
+    resolve = vllm_config.SpeculativeConfig._resolve_synthetic_acceptance_rates
+    assert resolve(cfg["num_speculative_tokens"], cfg["synthetic_acceptance_rates"], None) == [0.9, 0.7]
+
+    prov = read_provenance(out)
+    assert prov["extra_acceptance"].startswith("synthetic") and "[0.9, 0.7, 0.1]" in prov["extra_acceptance"]
+    result = analyze_path(out)
+    assert is_synthetic(result.provenance) and title_line(result).endswith("(synthetic acceptance)")
+    table, warnings = table_from_source(out)
+    assert is_synthetic(table["provenance"]) and any(w.startswith("synthetic acceptance") for w in warnings)
+
+    out, seen = _fake_run(tmp_path / "measured", None)
+    assert all("rejection_sample_method" not in k.get("speculative_config", {}) for k in seen)
+    assert "extra_acceptance" not in read_provenance(out)
+    result = analyze_path(out)
+    assert not is_synthetic(result.provenance) and "synthetic" not in title_line(result)
+    table, warnings = table_from_source(out)
+    assert not is_synthetic(table["provenance"]) and not any("synthetic" in w for w in warnings)
