@@ -184,3 +184,65 @@ def test_validate_report_says_where_vanilla_beats_every_variant():
     assert "BS 64 +1" in line and "over dsd" in line and "BS 1 " not in line
     assert validate_vanilla(_validate_rows(1.0), 0.9).empty  # no gap: nothing said
     assert validate_vanilla_line(validate_vanilla(_validate_rows(1.0), 0.9), 0.9) is None
+
+
+# ----------------------------------------------------------------------------- the commands
+
+def _write_run(out, frame: pd.DataFrame, prov: dict) -> None:
+    from dsdprof.formats.measurements import empty_row
+    from dsdprof.io.store import SweepWriter
+
+    w = SweepWriter(out, {"engine": {}, "workload": {}})
+    w.start(prov)
+    for i, rec in enumerate(frame.to_dict("records")):
+        row = empty_row()
+        row.update(rec)
+        row["cell_id"] = f"{row['mode']}-bs{row['batch_size']}-k{row['num_spec_tokens']}-r{i}"
+        w.write_row(row)
+
+
+PROV = {"engine": "vllm", "engine_version": "0.32.0", "model": "target", "draft_model": "draft",
+        "method": "eagle3", "hardware": "cpu", "dtype": "bfloat16", "dataset": "synthetic", "seed": 0}
+
+
+def test_analyze_export_and_validate_report_say_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    runner = CliRunner()
+    _write_run(tmp_path / "sweep", rows(), PROV)
+    r = runner.invoke(app, ["analyze", str(tmp_path / "sweep")], terminal_width=80)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.split())
+    assert "vanilla (no speculative config) beats every K beyond its 90% interval at BS 64 +" in text
+    assert "BS 256 +" in text and "BS 16 " not in text.split("beats every K")[1]
+    r = runner.invoke(app, ["export", str(tmp_path / "sweep"), "--format", "vllm"], terminal_width=80)
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert "vanilla (no speculative config) measured faster than every K at batch sizes 33..128 +" in err
+    assert "route those batch sizes to a deployment without speculation" in err
+    _write_run(tmp_path / "val", _validate_rows(VANILLA), dict(PROV, extra_run_kind="validate"))
+    r = runner.invoke(app, ["validate-report", str(tmp_path / "val")], terminal_width=80)
+    assert r.exit_code == 0, r.output
+    assert "vanilla beats every speculative variant beyond its 90% interval at BS 64 +1" in " ".join(r.stdout.split())
+
+
+def test_plots_mark_vanilla(result):
+    pytest.importorskip("matplotlib")
+    from dsdprof.report import plots
+    from dsdprof.report.compare import compare
+    from dsdprof.report.vanilla import validate_vanilla
+
+    fig = plots.optimal_k_figure(result)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert sum(t.startswith("vanilla\n+13") for t in texts) == 2  # BS 64 and 256, with the gap
+    assert any("vanilla faster than every K" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    heat = plots.goodput_heatmap_figure(result)
+    dashed = [p for p in heat.axes[0].patches if p.get_linestyle() == "--"]
+    assert len(dashed) == 2 and "dashed: vanilla beats every K" in " ".join(heat._suptitle.get_text().split())
+    df = _validate_rows(VANILLA)
+    tops = plots.tops_figure(compare(df), {}, validate_vanilla(df, 0.9))
+    assert [t.get_text()[:3] for t in tops.axes[0].texts] == ["+14"]
+    plain = analyze(rows(with_vanilla=False))
+    assert not [t for t in plots.optimal_k_figure(plain).axes[0].texts if t.get_text().startswith("vanilla")]

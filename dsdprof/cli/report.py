@@ -116,7 +116,8 @@ def report(results: Path, noise: float, max_regret: Optional[float], title: str)
     from dsdprof.io.readers import read_measurements
     from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
 
-    comparison = compare(read_measurements(results), noise_floor=noise)
+    rows = read_measurements(results)
+    comparison = compare(rows, noise_floor=noise)
     for table in render_comparison(comparison, title):
         console.print(table)
     worst = comparison.loc[comparison["regret"].idxmax()]
@@ -130,6 +131,11 @@ def report(results: Path, noise: float, max_regret: Optional[float], title: str)
                       "--max-regret gates the static table only")
     for r in below_vanilla_ranges(comparison):
         console.print(f"[red]flag[/] {r.label()}")
+    from dsdprof.config.defaults import DEFAULT_CONFIDENCE
+    from dsdprof.report.vanilla import validate_vanilla, validate_vanilla_line
+
+    if (line := validate_vanilla_line(validate_vanilla(rows, DEFAULT_CONFIDENCE), DEFAULT_CONFIDENCE)) is not None:
+        console.print(line, style="red", markup=False, highlight=False)
     if max_regret is not None:
         over = regret_exceeds(comparison, max_regret * 100.0)
         if over:

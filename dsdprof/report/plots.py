@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsdprof.config.defaults import DEFAULT_TOLERANCE
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
 from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.errors import InputError
 
@@ -119,6 +119,7 @@ def optimal_k_figure(analysis, table_ranges: list[list[int]] | None = None):
     ax.plot(dec_bs, [k for k, d in zip(ks, decided) if d], "o", color="tab:blue", ms=8,
             label="goodput-optimal K (profiled, decided)")
     _mark_undecided(ax, opt, bs, ks, decided, getattr(analysis, "confidence", 0.9))
+    _mark_vanilla(ax, opt, bs, ks, getattr(analysis, "confidence", 0.9))
     for b, k, sp in zip(bs, ks, opt["speedup_vs_baseline"]):
         if sp is not None and not math.isnan(sp):
             ax.annotate(f"{sp:.2f}x", (b, k), textcoords="offset points", xytext=(0, 9), ha="center",
@@ -151,6 +152,23 @@ def _mark_undecided(ax, opt, bs, ks, decided, confidence: float) -> None:
             ax.vlines(bs[i], lo, hi, color="tab:red", lw=2, alpha=0.6)
 
 
+def _mark_vanilla(ax, opt, bs, ks, confidence: float) -> None:
+    """A red band at batch sizes where vanilla (no speculative config) beat every K beyond its
+    interval (vLLM's K=0 still runs the drafter), labelled with the gap and its interval."""
+    from dsdprof.decide.vanilla import gap_text
+    if "vanilla_faster" not in opt.columns:
+        return
+    hits = [i for i, f in enumerate(opt["vanilla_faster"]) if bool(f)]
+    for n, i in enumerate(hits):
+        ax.axvspan(bs[i] / 1.3, bs[i] * 1.3, color="tab:red", alpha=0.12, lw=0,
+                   label=f"vanilla faster than every K ({confidence:.0%} interval)" if n == 0 else None)
+        r = opt.iloc[i]
+        ax.annotate("vanilla\n" + gap_text(r["vanilla_gain"], r["vanilla_gain_low"], r["vanilla_gain_high"]),
+                    (bs[i], ks[i]), textcoords="offset points", xytext=(0, -24), fontsize=7,
+                    ha="right" if i == len(bs) - 1 and len(bs) > 1 else "center",
+                    color="tab:red")
+
+
 def goodput_heatmap_figure(analysis):
     """Goodput (AL / ITL, tokens/s per user) over BS x K; color relative to the best at each BS.
 
@@ -173,6 +191,8 @@ def goodput_heatmap_figure(analysis):
     im = ax.imshow(rel.to_numpy(dtype=float), origin="lower", aspect="auto", cmap="viridis",
                    vmin=max(0.0, float(np.nanmin(rel.to_numpy(dtype=float))) - 0.02), vmax=1.0)
     opt_k = dict(zip(analysis.optimal["batch_size"].astype(int), analysis.optimal["k"].astype(int)))
+    opt = analysis.optimal
+    faster = set(opt.loc[opt["vanilla_faster"].astype(bool), "batch_size"].astype(int)) if "vanilla_faster" in opt else set()
     for j, b in enumerate(bs):
         for i, label in enumerate(labels):
             v, r = grid.iat[i, j], rel.iat[i, j]
@@ -183,6 +203,8 @@ def goodput_heatmap_figure(analysis):
                     color="black" if r > 0.75 else "white", fontweight="bold" if chosen else "normal")
             if chosen:
                 ax.add_patch(_box(j, i))
+            if label == "vanilla" and b in faster:  # vanilla beat every K beyond its interval
+                ax.add_patch(_box(j, i, "tab:red", "--"))
     ax.set_xticks(range(len(bs)), [str(b) for b in bs])
     ax.set_yticks(range(nrows), labels)
     if labels[0] == "vanilla":
@@ -191,18 +213,23 @@ def goodput_heatmap_figure(analysis):
     ax.set_ylabel("draft tokens per step K")
     cb = fig.colorbar(im, ax=ax, shrink=0.9)
     cb.set_label("goodput / best at this batch size")
-    _titles(fig, "Goodput = AL / ITL in tokens/s per user (red box = chosen K)", analysis.provenance)
+    title = "Goodput = AL / ITL in tokens/s per user (red box = chosen K"
+    title += "; dashed: vanilla beats every K)" if faster else ")"
+    _titles(fig, title, analysis.provenance)
     return fig
 
 
-def _box(j: int, i: int):
+def _box(j: int, i: int, color: str = "red", style: str = "-"):
     from matplotlib.patches import Rectangle
 
-    return Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor="red", lw=2)
+    return Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor=color, lw=2, linestyle=style)
 
 
-def tops_figure(comparison: pd.DataFrame, provenance: dict[str, Any] | None = None):
-    """Tokens/s per user vs BS for vanilla, each fixed K and DSD; below, DSD's ratios."""
+def tops_figure(comparison: pd.DataFrame, provenance: dict[str, Any] | None = None,
+                vanilla_gaps: pd.DataFrame | None = None):
+    """Tokens/s per user vs BS for vanilla, each fixed K and DSD; below, DSD's ratios.
+    ``vanilla_gaps`` (:func:`dsdprof.report.vanilla.validate_vanilla`): batch sizes where vanilla
+    beat every variant beyond its interval, starred and labelled with the gap."""
     from dsdprof.report.compare import fixed_k_columns
 
     c = comparison.sort_values("batch_size")
@@ -213,6 +240,7 @@ def tops_figure(comparison: pd.DataFrame, provenance: dict[str, Any] | None = No
     for n, k in enumerate(fixed_k_columns(c)):
         ax.plot(bs, c[f"tops_k{k}"], "^-", color=colors[n % len(colors)], alpha=0.85, label=f"fixed K={k}")
     ax.plot(bs, c["tops_dsd"], "o-", color="tab:blue", lw=2.4, ms=7, label="DSD (table)", zorder=5)
+    _star_vanilla(ax, c, vanilla_gaps)
     ax.set_ylabel("output tokens/s per user")
     ax.set_ylim(0, float(np.nanmax(c[[col for col in c.columns if col.startswith("tops_")]].to_numpy())) * 1.15)
     ax.grid(True, alpha=0.3)
@@ -235,6 +263,19 @@ def tops_figure(comparison: pd.DataFrame, provenance: dict[str, Any] | None = No
     ax2.set_xlabel("batch size (concurrent requests, log2 scale) / K the table serves there")
     _titles(fig, "Served: tokens/s per user, vanilla vs fixed K vs DSD", provenance or {})
     return fig
+
+
+def _star_vanilla(ax, c: pd.DataFrame, gaps: pd.DataFrame | None) -> None:
+    from dsdprof.decide.vanilla import gap_text
+    if gaps is None or not len(gaps):
+        return
+    tops = dict(zip(c["batch_size"].astype(int), c["tops_vanilla"]))
+    pts = [(int(b), tops[int(b)]) for b in gaps["batch_size"] if int(b) in tops]
+    ax.plot([b for b, _ in pts], [t for _, t in pts], "*", color="tab:red", ms=13, zorder=6,
+            label="vanilla beats every variant")
+    for (b, t), (_, g) in zip(pts, gaps.iterrows()):
+        ax.annotate(gap_text(g["gain"], g["gain_low"], g["gain_high"]), (b, t), textcoords="offset points",
+                    xytext=(0, 9), ha="center", fontsize=7, color="tab:red")
 
 
 def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -313,7 +354,9 @@ def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = DE
     if is_validate_run(results) or run_kind(results) == RUN_KIND_VALIDATE:
         from dsdprof.report.compare import compare
 
-        figures["tops_per_user"] = tops_figure(compare(df), prov)
+        from dsdprof.report.vanilla import validate_vanilla
+
+        figures["tops_per_user"] = tops_figure(compare(df), prov, validate_vanilla(df, DEFAULT_CONFIDENCE))
     elif has_contexts(df):  # a context sweep: a grid of heatmaps, K* per context
         from dsdprof.report.context_plots import context_figures
 
