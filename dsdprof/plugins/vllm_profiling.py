@@ -1,10 +1,8 @@
 """dsdprof's scheduler inside vLLM's engine core: follow a K, gate waves, trace every step.
 
-vLLM is started with ``scheduler_cls = "dsdprof.engines.vllm_scheduler.make_scheduler"``: a
-factory that builds :class:`TracingAsyncScheduler` or :class:`TracingScheduler` by the
-``async_scheduling`` value vLLM itself resolved for this engine (vLLM's default on GPU for
-EAGLE/MTP/draft-model methods; always off on CPU), so the engine keeps the scheduler it would
-have had.
+vLLM is started with ``scheduler_cls = "dsdprof.engines.vllm_scheduler.make_scheduler"``, which
+builds :class:`TracingAsyncScheduler` or :class:`TracingScheduler` by the ``async_scheduling`` vLLM
+resolved (its GPU default for EAGLE/MTP/draft models; off on CPU): the scheduler it would have had.
 
 **Trust.** The mixin acts only in an engine a dsdprof run started: the run's worker puts a secret
 (``DSDPROF_RUN_TOKEN``) and a trace directory (``DSDPROF_TRACE_DIR``) in the environment of the
@@ -34,12 +32,17 @@ request arrives; a value of the wrong type or out of range is ignored and counte
   the trace directory; one record per engine step (:class:`dsdprof.measure.vllm.trace.Step`) is
   buffered and appended as one JSON line when the engine has no request left.
 
+**Own time out of ITL** (ITL = difference of consecutive ``t_end``): dsdprof's code is timed into
+``t_own`` (cumulative, in every record). The synchronous scheduler runs schedule, model and update in
+turn, so its ``t_end`` is ``perf_counter() - t_own``: only the mixin's frames and clock reads stay in
+the interval (``benchmarks/bench_scheduler_overhead.py``: ``in ITL``). Under async scheduling the
+scheduler runs while the GPU executes a step, so ``t_end`` keeps it (``t_own`` says how much).
+
 **Accounting** holds under every call order vLLM uses (``EngineCore.step``, and
-``step_with_batch_queue`` where ``schedule`` of step n+1 runs before ``update_from_output`` of
-step n): what a step scheduled is keyed by its ``SchedulerOutput``; what a request was delivered is
-its output's growth across that step's ``update_from_output``; drafted/accepted are counted as
-vLLM counts them, before vLLM trims the sampled tokens in place; outputs vLLM discards (request
-already finished) are counted as stale, not as decoding.
+``step_with_batch_queue``: ``schedule`` of step n+1 before ``update_from_output`` of step n): what a
+step scheduled is keyed by its ``SchedulerOutput``; a request's delivered tokens are its output's
+growth across that step's update; drafted/accepted are counted as vLLM counts them, before it trims
+the sampled tokens in place; outputs vLLM discards (request already finished) count as stale.
 """
 
 from __future__ import annotations
@@ -128,6 +131,8 @@ def _run_settings(environ=None) -> tuple[str, str]:
 class _DsdprofMixin:
     """See the module docstring."""
 
+    _dsdprof_subtract_own = True  # t_end excludes dsdprof's own time (module docstring)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         self._dsdprof_init()
@@ -147,6 +152,9 @@ class _DsdprofMixin:
         self._dsdprof_reqs: dict[str, Profiled] = {}
         self._dsdprof_seq_step: dict[tuple[str, int], int] = {}  # (trace, wave) -> steps scheduled
         self._dsdprof_seq_key: tuple[str, int] | None = None
+        self._dsdprof_k_for: dict | None = None  # the _dsdprof_reqs _dsdprof_k_src was found for (None: stale)
+        self._dsdprof_k_src: Profiled | int | None = None  # the first live K-sequence request, else max K
+        self._dsdprof_own = getattr(self, "_dsdprof_own", 0.0)  # seconds of dsdprof's own work so far
         self.dsdprof_ignored = 0  # requests whose dsdprof keys were (partly) ignored
 
     # ------------------------------------------------------------------ requests
@@ -154,6 +162,7 @@ class _DsdprofMixin:
         super().add_request(request)  # type: ignore[misc]
         if not self._dsdprof_token:
             return
+        t0 = time.perf_counter()
         params = request.sampling_params
         profile, bad = parse_keys(params.extra_args if params is not None else None, self._dsdprof_token,
                                   self._dsdprof_trace_dir, self.num_spec_tokens,  # type: ignore[attr-defined]
@@ -161,37 +170,53 @@ class _DsdprofMixin:
         self.dsdprof_ignored += bad
         if profile is not None:
             self._dsdprof_reqs[request.request_id] = profile
+            self._dsdprof_k_for = None
+        self._dsdprof_own += time.perf_counter() - t0
+
+    def _dsdprof_forget(self, finished) -> None:  # vLLM's finished_req_ids: no longer profiled
+        for req_id in finished:
+            if self._dsdprof_reqs.pop(req_id, None) is not None:
+                self._dsdprof_k_for = None
 
     def _dsdprof_live(self, req_id: str) -> bool:
         request = self.requests.get(req_id)  # type: ignore[attr-defined]
         return request is not None and not request.is_finished()
 
     # ------------------------------------------------------------------ K
-    def _dsdprof_requested_k(self) -> int | None:
+    def _dsdprof_k_source(self) -> Profiled | int | None:
+        """The first live request with a K sequence (paired design), else the live requests' max K."""
         requested = None
         for req_id, p in self._dsdprof_reqs.items():
-            if p.k_seq and self._dsdprof_live(req_id):  # paired design: the wave's step sequence
-                key = (p.trace, p.wave)
-                self._dsdprof_seq_key = key  # advanced by schedule() only if the step runs anything
-                self._dsdprof_arm = arm = p.k_seq[self._dsdprof_seq_step.get(key, 0) % len(p.k_seq)]
-                return arm
+            if p.k_seq and self._dsdprof_live(req_id):
+                return p
             if p.k is not None and self._dsdprof_live(req_id):
                 requested = p.k if requested is None else max(requested, p.k)
         return requested
 
+    def _dsdprof_requested_k(self) -> int | None:
+        reqs = self._dsdprof_reqs
+        if reqs is not self._dsdprof_k_for:  # a request was added or finished since: look again
+            self._dsdprof_k_src, self._dsdprof_k_for = self._dsdprof_k_source(), reqs
+        p = self._dsdprof_k_src
+        if type(p) is not Profiled:
+            return p  # type: ignore[return-value]
+        key = (p.trace, p.wave)
+        self._dsdprof_seq_key = key  # advanced by schedule() only if the step runs anything
+        self._dsdprof_arm = arm = p.k_seq[self._dsdprof_seq_step.get(key, 0) % len(p.k_seq)]
+        return arm
+
     def _dsdprof_apply_k(self) -> None:
+        t0 = time.perf_counter()
         k = self._dsdprof_requested_k() if self._dsdprof_reqs else None
-        if k is None or k == ARM_ENGINE or self._dsdprof_table_lookup is None:
-            self.dynamic_sd_lookup = self._dsdprof_table_lookup  # type: ignore[attr-defined]
-            return
-        if k == ARM_TABLE:
-            self.dynamic_sd_lookup = self._dsdprof_static  # type: ignore[attr-defined]
-            return
-        lookup = self._dsdprof_const.get(k)
-        if lookup is None:
-            lookup = [k] * len(self._dsdprof_table_lookup)
-            self._dsdprof_const[k] = lookup
+        table = self._dsdprof_table_lookup
+        if k is None or k == ARM_ENGINE or table is None:
+            lookup = table
+        elif k == ARM_TABLE:
+            lookup = self._dsdprof_static
+        else:
+            lookup = self._dsdprof_const.get(k) or self._dsdprof_const.setdefault(k, [k] * len(table))
         self.dynamic_sd_lookup = lookup  # type: ignore[attr-defined]
+        self._dsdprof_own += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ gate
     def has_requests(self) -> bool:  # type: ignore[override]
@@ -206,15 +231,22 @@ class _DsdprofMixin:
 
     # ------------------------------------------------------------------ trace
     def schedule(self, *args, **kwargs):  # type: ignore[override]
+        t0 = time.perf_counter()
         self._dsdprof_seq_key = self._dsdprof_arm = None
-        self._dsdprof_apply_k()
+        if self._dsdprof_reqs:  # finished since the last schedule (updates, aborts)
+            self._dsdprof_forget(getattr(self, "finished_req_ids", ()))
+        self._dsdprof_own += time.perf_counter() - t0
+        self._dsdprof_apply_k()  # times its own work (a subclass's override is not dsdprof's profiling)
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        t1 = time.perf_counter()
         key = self._dsdprof_seq_key
         if key is not None and out.total_num_scheduled_tokens > 0:  # the wave's next step of its sequence
             self._dsdprof_seq_step[key] = self._dsdprof_seq_step.get(key, 0) + 1
             self._dsdprof_arms[id(out)] = self._dsdprof_arm
         if self._dsdprof_reqs:
+            self._dsdprof_forget(getattr(out, "finished_req_ids", ()))  # finished inside schedule()
             self._dsdprof_record_schedule(out)
+        self._dsdprof_own += time.perf_counter() - t1
         return out
 
     def _dsdprof_record_schedule(self, out) -> None:
@@ -252,6 +284,7 @@ class _DsdprofMixin:
                                             self._dsdprof_arms.get(id(out)))
 
     def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
+        t0 = time.perf_counter()
         info = self._dsdprof_steps.pop(id(scheduler_output), None) if self._dsdprof_steps else None
         if self._dsdprof_arms or self._dsdprof_last_arm is not None:
             arm = self._dsdprof_arms.pop(id(scheduler_output), None)
@@ -260,15 +293,21 @@ class _DsdprofMixin:
         elif self.dsdprof_step_arms[0] is not None or self.dsdprof_step_arms[1] is not None:
             self.dsdprof_step_arms = (None, None)
         before = self._dsdprof_before(info, scheduler_output, model_runner_output) if info is not None else None
+        self._dsdprof_own += time.perf_counter() - t0
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        t2 = time.perf_counter()
+        own = self._dsdprof_own
         if info is not None:
-            self._dsdprof_record_output(info, before)
-        if self._dsdprof_reqs and not self.running and len(self.waiting) == 0:  # type: ignore[attr-defined]
+            self._dsdprof_record_output(info, before, t2 - own if self._dsdprof_subtract_own else t2, own)
+        if not self.running and len(self.waiting) == 0 and (  # type: ignore[attr-defined]
+                self._dsdprof_reqs or self._dsdprof_buffers or self._dsdprof_seq_step):
             self._dsdprof_reqs = {r: p for r, p in self._dsdprof_reqs.items() if self._dsdprof_live(r)}
             self._dsdprof_seq_step = {}
             self._dsdprof_last_arm = None
             if self._dsdprof_buffers:
                 self._dsdprof_flush()
+        info = before = None  # freed here, inside the timed stretch, not on return
+        self._dsdprof_own += time.perf_counter() - t2
         return result
 
     def _dsdprof_before(self, info, so, mro) -> list[tuple]:
@@ -292,7 +331,7 @@ class _DsdprofMixin:
             rows.append((req_id, request, decoding, stale, 0 if stale else request.num_output_tokens, d, a, g))
         return rows
 
-    def _dsdprof_record_output(self, info, before) -> None:
+    def _dsdprof_record_output(self, info, before, t_end: float, t_own: float) -> None:
         path, wave, reqs, prefill_tokens, others, k_next, arm = info
         ids, drafted, accepted, generated, finished, delivered = [], [], [], [], [], {}
         stale_n = 0
@@ -310,7 +349,7 @@ class _DsdprofMixin:
         if not delivered:  # every output of the step was stale (async: the wave already finished)
             return
         self._dsdprof_buffers.setdefault(path, []).append({
-            "wave": wave, "t_end": time.perf_counter(), "scheduled": len(reqs), "decoding": len(ids),
+            "wave": wave, "t_end": t_end, "t_own": t_own, "scheduled": len(reqs), "decoding": len(ids),
             "prefill_tokens": prefill_tokens, "others": others, "stale": stale_n, "ids": ids,
             "drafted": drafted, "accepted": accepted, "generated": generated, "delivered": delivered,
             "finished": finished, "k_next": k_next, **({"arm": arm} if arm is not None else {}),
@@ -336,6 +375,8 @@ class TracingScheduler(_DsdprofMixin, Scheduler):
 
 class TracingAsyncScheduler(_DsdprofMixin, AsyncScheduler):
     """vLLM's async scheduler (its default on GPU where supported) with the same additions."""
+
+    _dsdprof_subtract_own = False  # its work overlaps the GPU's step (module docstring)
 
 
 def class_for_config(scheduler_config, sync_cls: type, async_cls: type) -> type:
