@@ -79,11 +79,10 @@ def lag1(steps) -> float:
 
 CASES = {  # name: (acceptance, the fixed K=4 run's lag-1 correlation range, tolerance on AL(K))
     "independent": (dict(easy=0.75, hard=0.75), (-0.08, 0.08), 0.005),
-    # easy/hard stretches with a match rate falling by depth (an EAGLE-like head): replay within 0.5 %
+    # easy/hard stretches with a match rate falling by depth (an EAGLE-like head): measured within 0.27 %
     "stretches-depth": (dict(easy=0.95, hard=0.5, switch=0.06, depth_decay=0.9), (0.15, 0.35), 0.005),
-    # the same rate at every depth: replay measured +0.5 % at K=4 on 128 requests (+0.16 % on
-    # 2,000 synthetic ones): the imputed positions are taken as independent given the data
-    "stretches": (dict(easy=0.9, hard=0.45, switch=0.08), (0.15, 0.35), 0.008),
+    # the same rate at every depth (n-gram, draft model): replay measured within 0.27 %, pooling +5 % at K=4
+    "stretches": (dict(easy=0.9, hard=0.45, switch=0.08), (0.15, 0.35), 0.005),
 }
 
 

@@ -14,17 +14,22 @@ Each request's ``d`` is rebuilt from its steps in order (:func:`request_matches`
 position ``t`` that verified ``k`` drafts and accepted ``a`` gives ``d(t..t+a-1) = 1`` and
 ``d(t+a) = 0`` when ``a < k``; its last token (the bonus after a full acceptance, the token of a
 step that drafted nothing) is the target's own and says nothing about ``d`` there; the next step
-starts at ``t + a + 1``. Unknown positions are imputed in expectation from a Markov-1 chain along
-the position fitted on the known neighbour pairs of the cell, conditioned on both neighbours
-(:func:`impute`). Each fixed K is then replayed over every request (:func:`replay`): a step at
-``t`` accepts the run of matches from ``t``, up to K, and the request ends at its output length,
-the last step untrimmed as vLLM counts it; ``AL(K) = tokens / steps``, in expectation over the
-imputed positions. Per wave block (bootstrap sample) the same over that block's requests.
+starts at ``t + a + 1``. Unknown positions are imputed from a two-state hidden chain along the
+position (easy and hard stretches; a match rate per state, or per state and depth when that fits
+better) fitted to the cell's known positions by EM (:func:`fit_chain`): ``IMPUTATIONS`` draws of
+the whole sequence from its posterior (:func:`sample_matches`), so that positions of one stretch
+stay correlated. Each fixed K is then replayed over every request and draw (:func:`replay`): a
+step at ``t`` accepts the run of matches from ``t`` (the draft at ``t + i`` at depth ``i + 1``), up
+to K, and the request ends at its output length, the last step untrimmed as vLLM counts it;
+``AL(K) = tokens / steps`` summed over requests and draws. Per wave block (bootstrap sample) the
+same over that block's requests.
 
-Assumption: ``d(s)`` does not depend on the depth in the chain at which ``s`` was drafted (exact
-for n-gram and draft-model drafters under greedy decoding; an EAGLE/MTP head that drafts deeper
-positions from its own hidden states accepts them less often than a fresh start would, which
-this replay does not model). Pure functions over plain values: testable without vLLM.
+Assumptions: whether a draft matches depends on its position and its depth in the step's chain,
+not on K (as for pooling by position), and a position seen at one depth is carried to another by
+one uniform draw per position (a draft at depth j matches when the draw is below the rate at j).
+With one rate per state (n-gram and draft-model drafters under greedy decoding) a known position
+is known at every depth; an EAGLE/MTP head that drafts deeper positions from its own hidden
+states gets a rate per depth. Pure functions over plain values: testable without vLLM.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 UNKNOWN = -1
+IMPUTATIONS = 8  # imputations of the unknown positions averaged per cell
+IMPUTATION_SEED = 20261203  # fixed: the same trace gives the same rows
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ def _emissions(x: np.ndarray, depth: np.ndarray, e: np.ndarray) -> np.ndarray:
 
 def _forward_backward(b: np.ndarray, pi: np.ndarray, a: np.ndarray):
     """Scaled forward-backward of the 2-state chain over emissions ``b``: (posterior state
-    probabilities [r, t, 2], expected transitions [2, 2], log-likelihood)."""
+    probabilities [r, t, 2], expected transitions [2, 2], log-likelihood, filtered states)."""
     r, t, _ = b.shape
     alpha = np.empty((r, t, 2))
     c = np.empty((r, t))
@@ -98,51 +105,78 @@ def _forward_backward(b: np.ndarray, pi: np.ndarray, a: np.ndarray):
         xi += a * (alpha[:, s].T @ nb)
     gamma = alpha * beta
     gamma /= gamma.sum(axis=2, keepdims=True)
-    return gamma, xi, float(np.log(c).sum())
+    return gamma, xi, float(np.log(c).sum()), alpha
 
 
-def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 100) -> tuple[np.ndarray, tuple]:
-    """``m[r, s, j - 1]``: P(a draft at depth ``j`` matches at position ``s``) for every position of
-    ``x`` ([requests, positions]; UNKNOWN where not observed, else observed at ``depth``), under a
-    two-state hidden chain along the position (easy and hard stretches), each state with a match
-    rate per depth, fitted to the known positions by EM. A position observed at one depth is
-    carried to the others by one uniform draw per position (a draft at depth j matches when it is
-    below the rate at j: matched where a harder depth matched, rejected where an easier one
-    rejected). With equal rates at every depth a known position is known at every depth (the match
-    is the position's); two states that fit alike are independent acceptance; rates 0 and 1 are a
-    Markov-1 chain on the match itself."""
+def _em(x: np.ndarray, depth: np.ndarray, kmax: int, by_depth: bool, iterations: int, start: tuple):
+    """EM of the two-state chain from ``start`` = (pi, a, e); ``by_depth``: a match rate per state
+    and depth, else one per state. Returns (pi, a, e, log-likelihood)."""
+    pi, a, e = (np.array(v, dtype=float) for v in start)
     known = x >= 0
-    kmax = max(kmax, int(depth.max(initial=1)), 1)
     d1 = np.clip(depth, 1, kmax) - 1
-    rate = np.array([(x[known & (d1 == j)] == 1).mean() if (known & (d1 == j)).any() else 0.5
-                     for j in range(kmax)])
-    e = np.clip(np.stack([rate + 0.15, rate - 0.15]), 0.02, 0.98)
-    a = np.array([[0.95, 0.05], [0.05, 0.95]])
-    pi = np.array([0.5, 0.5])
-    last = -np.inf
     hit = [(x == 1) & (d1 == j) for j in range(kmax)]
     seen = [known & (d1 == j) for j in range(kmax)]
+    last = ll = -np.inf
     for _ in range(iterations):
-        gamma, xi, ll = _forward_backward(_emissions(x, depth, e), pi, a)
+        gamma, xi, ll, _ = _forward_backward(_emissions(x, depth, e), pi, a)
         pi = gamma[:, 0].mean(axis=0)
         a = xi / xi.sum(axis=1, keepdims=True)
-        for j in range(kmax):
-            w = gamma[seen[j]].sum(axis=0)
-            e[:, j] = np.where(w > 0, gamma[hit[j]].sum(axis=0) / np.maximum(w, 1e-12), e[:, j])
-        e = np.clip(e, 1e-6, 1 - 1e-6)
+        h1 = np.array([gamma[hit[j]].sum(axis=0) for j in range(kmax)]).T  # [state, depth]
+        w = np.array([gamma[seen[j]].sum(axis=0) for j in range(kmax)]).T
+        if not by_depth:
+            h1, w = h1.sum(axis=1, keepdims=True), w.sum(axis=1, keepdims=True)
+        e = np.clip(np.where(w > 0, h1 / np.maximum(w, 1e-12), e), 1e-6, 1 - 1e-6) * np.ones((2, kmax))
         if ll - last < 1e-8 * abs(ll):
             break
         last = ll
-    gamma, _, _ = _forward_backward(_emissions(x, depth, e), pi, a)
-    obs = np.moveaxis(e[:, d1], 0, -1)  # [r, t, state]: the rate at the observed depth
-    m = np.empty(x.shape + (kmax,))
-    for j in range(kmax):
-        ej = e[:, j]
-        given_hit = np.minimum(ej, obs) / obs
-        given_miss = np.maximum(ej - obs, 0.0) / (1.0 - obs)
-        cond = np.where((x == 1)[..., None], given_hit, np.where((x == 0)[..., None], given_miss, ej))
-        m[..., j] = (gamma * cond).sum(axis=2)
-    return m, (np.round(e, 3).tolist(), np.round(a[[0, 1], [1, 0]], 4).tolist())
+    return pi, a, e, _forward_backward(_emissions(x, depth, e), pi, a)[2]
+
+
+def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 100,
+              start: tuple | None = None, fit_rows: int = 256) -> tuple:
+    """(pi, a, e[state, depth]) of a two-state hidden chain along the position (easy and hard
+    stretches) fitted by EM to the known positions of ``x`` ([requests, positions]; UNKNOWN where
+    not observed, else observed at ``depth``), on at most ``fit_rows`` requests spread over them.
+    Each state has one match rate, or one per depth when that fits better by BIC (an EAGLE/MTP head
+    drafts deeper positions from its own hidden states). Two states that fit alike are independent
+    acceptance; rates 0 and 1 are a Markov-1 chain on the match itself. ``start`` = (pi, a, e):
+    start there, one rate per depth (tests: the truth with ``iterations`` 0)."""
+    kmax = max(kmax, int(depth.max(initial=1)), 1)
+    rows = np.unique(np.linspace(0, len(x) - 1, min(len(x), fit_rows)).astype(int)) if len(x) else []
+    x, depth = x[rows], depth[rows]
+    if start is not None:
+        return _em(x, depth, kmax, True, iterations, start)[:3]
+    known = x >= 0
+    m0 = float((x[known] == 1).mean()) if known.any() else 0.5
+    init = ([0.5, 0.5], [[0.95, 0.05], [0.05, 0.95]], np.clip([[m0 + 0.15] * kmax, [m0 - 0.15] * kmax], 0.02, 0.98))
+    pi, a, e, ll = _em(x, depth, kmax, False, iterations, init)
+    pd, ad, ed, lld = _em(x, depth, kmax, True, iterations, (pi, a, e))
+    if lld - ll > (kmax - 1) * np.log(max(int(known.sum()), 2)):  # BIC: 2 (kmax - 1) more rates
+        return pd, ad, ed
+    return pi, a, e
+
+
+def sample_matches(x: np.ndarray, depth: np.ndarray, chain: tuple, rng: np.random.Generator) -> np.ndarray:
+    """One imputation ``m[r, s, j - 1]`` (1.0: a draft at depth ``j`` matches at position ``s``)
+    from the chain's posterior: a state path per request drawn backward from the filtered states,
+    then one uniform draw ``u`` per position, conditioned on what was observed there (a draft at
+    depth j matches when ``u`` is below the state's rate at j). With one rate per state a known
+    position is the same at every depth."""
+    pi, a, e = chain
+    kmax = e.shape[1]
+    _, _, _, alpha = _forward_backward(_emissions(x, depth, e), pi, a)
+    r, t = x.shape
+    state = np.empty((r, t), dtype=int)
+    p = alpha[:, -1]
+    for s in range(t - 1, -1, -1):
+        if s < t - 1:
+            p = alpha[:, s] * a[:, state[:, s + 1]].T
+            p /= p.sum(axis=1, keepdims=True)
+        state[:, s] = rng.random(r) > p[:, 0]
+    obs = e[state, np.clip(depth, 1, kmax) - 1]  # the rate at the observed depth
+    u = rng.random((r, t))
+    u = np.where(x == 1, u * obs, np.where(x == 0, obs + u * (1.0 - obs), u))
+    return (u[..., None] < e[state]).astype(float)
 
 
 def replay(m: np.ndarray, lengths: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -183,8 +217,8 @@ class Replayed:
     unknown_share: float  # share of the requests' decode positions whose match was imputed
 
 
-def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...],
-                      block: dict[int, int]) -> Replayed:
+def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: dict[int, int],
+                      imputations: int = IMPUTATIONS) -> Replayed:
     """AL(K) for every K of ``ks`` replayed over ``reqs`` (see the module docstring); per block of
     ``block`` (wave -> block; requests of other waves are left out)."""
     reqs = [r for r in reqs if r.wave in block]
@@ -196,7 +230,9 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...],
         x[i, :len(r.x)] = r.x
         if r.depth is not None:
             depth[i, :len(r.depth)] = r.depth
-    m, model = fit_chain(x, depth, kmax)
+    chain = fit_chain(x, depth, kmax)
+    rng = np.random.default_rng(IMPUTATION_SEED)
+    draws = [sample_matches(x, depth, chain, rng) for _ in range(imputations)]
     lengths = np.array([r.length for r in reqs], dtype=float)
     blocks = np.array([block[r.wave] for r in reqs])
     decode = sum(max(0, len(r.x) - 1) for r in reqs)
@@ -208,10 +244,12 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...],
             al[k] = 1.0
             by_block[k] = {int(b): 1.0 for b in np.unique(blocks)}
             continue
-        tokens, steps = replay(m, lengths, k)
+        runs = [replay(m, lengths, k) for m in draws]
+        tokens, steps = sum(tr[0] for tr in runs), sum(tr[1] for tr in runs)
         al[k] = float(tokens.sum() / steps.sum()) if steps.sum() > 0 else float("nan")
         by_block[k] = {int(b): float(tokens[blocks == b].sum() / steps[blocks == b].sum())
                        for b in np.unique(blocks) if steps[blocks == b].sum() > 0}
+    model = (np.round(chain[2], 3).tolist(), np.round(chain[1][[0, 1], [1, 0]], 4).tolist())
     return Replayed(al, by_block, model, unknown / decode if decode else 0.0)
 
 
