@@ -145,3 +145,41 @@ def test_a_k_change_from_step_times_alone_is_served_at_the_feed(tmp_path, monkey
     assert s._adaptive_feed() is True
     assert s._adaptive_version == s._adaptive_versions() and s.dynamic_sd_lookup == [0] * (MAX_BS + 1) != before
     assert s._dsdprof_table_lookup is s.dynamic_sd_lookup
+
+
+def _serve_steps(s, monkeypatch, steps, slow, seed=0):
+    """``steps`` engine steps at BS 4, each the K the plugin serves (probes included), timed by a
+    clock that runs the table's step time of that K times ``slow(i, k)``, with vLLM's
+    ``SpecDecodingStats`` of 4 drafts accepted as profiled (chain 0.8); the served Ks."""
+    import random
+
+    from dsdprof.plugins import vllm_adaptive as va
+
+    rng, t, served = random.Random(seed), [0.0], []
+    monkeypatch.setattr(va, "_clock", lambda: t[0])
+    for i in range(steps):
+        s._dsdprof_apply_k()
+        k = s.dynamic_sd_lookup[4]
+        t[0] += STEP_S[4][k] * slow(i, k)
+        accepted, alive = [], 4
+        for _ in range(k):
+            alive = sum(rng.random() < 0.8 for _ in range(alive))
+            accepted.append(alive)
+        stats = NS(num_drafts=4, num_draft_tokens_per_pos=[4] * k, num_accepted_tokens_per_pos=accepted)
+        s._adaptive_update = lambda so, mro, st=stats: {0: NS(scheduler_stats=NS(spec_decoding_stats=st))}
+        s.update_from_output(output(4, k), None)
+        served.append(s._dsdprof_table_lookup[4])
+    return served
+
+
+def test_a_slowdown_common_to_every_k_moves_no_k_but_a_k_specific_one_does(tmp_path, monkeypatch):
+    """Issue 31 through the plugin's own step clock: every K 1.5x slower for 1000 of 2500 steps
+    (probes to the neighbouring Ks included) changes no K at BS 4, where K=3 (the table's) leads
+    K=4 by under 1 %; the same 1.5x on K=3 alone moves it."""
+    s = scheduler(tmp_path)
+    kt = s.dsdprof_selector.ks[4]
+    served = _serve_steps(s, monkeypatch, 2500, lambda i, k: 1.5 if 700 <= i < 1700 else 1.0)
+    assert set(served) == {kt}, sorted(set(served))
+    s = scheduler(tmp_path)
+    served = _serve_steps(s, monkeypatch, 2500, lambda i, k: 1.5 if k == kt and i >= 700 else 1.0)
+    assert served[-1] != kt, sorted(set(served))
