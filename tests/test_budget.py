@@ -138,7 +138,9 @@ def test_budgeted_table_matches_truth_for_a_fraction_of_the_full_grid(tmp_path, 
     chosen = dict(zip(a.optimal.batch_size, a.optimal.k))
     assert max(regret(chosen, truth_goodput(t)).values()) <= 0.02
     full = sum(TruthEngine(t, seed=seed).measure(c).wall_s for c in plan_cells(sorted(t), list(KS), 5, "dsd"))
-    assert s.spent_s < 0.4 * full  # five repeats of the whole grid cost more than twice as much
+    # five repeats of the whole grid cost a third more (0.4 before decisions were controlled across
+    # batch sizes, issue 30: each batch size is now decided at 1 - 10 % / 7-8 batch sizes)
+    assert s.spent_s < 0.75 * full
     counts = pd.Series([(c.batch_size, c.num_spec_tokens) for c in eng.measured]).value_counts()
     assert counts.min() == 1 and counts.max() > 1  # extra repeats went to some cells only
 
@@ -162,7 +164,7 @@ def test_paired_budget_runs_whole_groups_and_settles_for_a_quarter_of_the_grid(t
     assert max(regret(chosen, truth_goodput(t)).values()) <= 0.02
     full = sum(TruthEngine(t, seed=seed, paired=True).measure(c).wall_s
                for c in plan_cells(sorted(t), list(KS), 5, "dsd", paired=True))
-    assert s.spent_s <= 0.25 * full
+    assert s.spent_s <= 0.4 * full  # 0.25 before decisions were controlled across batch sizes (issue 30)
 
 
 def test_paired_group_is_costed_whole():

@@ -24,6 +24,7 @@ def analysis_json(result) -> str:
     return json.dumps({
         "shape": result.shape, "monotonic": result.monotonic, "tolerance": result.tolerance,
         "confidence": result.confidence, "acceptance": result.acceptance,
+        "decision_family": getattr(result, "family", 1),
         "intervals_known": result.intervals_known, "undecided": result.undecided,
         "optimal": json.loads(result.optimal.to_json(orient="records")),
         "cells": json.loads(cells.to_json(orient="records")),
@@ -177,7 +178,8 @@ def _footer(result, console: Console, err_console: Console, conf: str) -> None:
     open_bs = [b for b in result.undecided if b not in set(opt.loc[~opt["interval_known"], "batch_size"])]
     if open_bs:
         still = dict(zip(opt["batch_size"].astype(int), opt["contenders"])) if "contenders" in opt.columns else {}
-        console.print(f"not decided at {conf} confidence: " + ", ".join(
+        together = f" over all {result.family} batch sizes" if getattr(result, "family", 1) > 1 else ""
+        console.print(f"not decided at {conf} confidence{together}: " + ", ".join(
             f"BS {b}" + (f" (K {','.join(map(str, still[b]))} still possible)" if len(still.get(b) or []) > 1 else "")
             for b in open_bs) + "; more repeats, or `dsdprof sweep --budget`, would separate them",
             markup=False, highlight=False)
@@ -187,5 +189,11 @@ def _footer(result, console: Console, err_console: Console, conf: str) -> None:
             f"BS {int(r.batch_size)} K {int(r.k_rule)} -> {int(r.k)}" for r in changed.itertuples()))
     if result.acceptance == "chain":
         console.print("acceptance: AL of every K from the largest K's per-position acceptance (chain drafter; "
-                      "measured AL agrees within its interval)")
+                      "measured AL agrees within its interval; at batch sizes where the largest K has >= 2 "
+                      "repeats, its shares resampled over them)")
     console.print(f"{shape_line(result)}; tolerance {result.tolerance:.0%}, confidence {conf}")
+    family = getattr(result, "family", 1)
+    if family > 1 and result.intervals_known:
+        console.print(f"decided: all {family} batch sizes together at {conf} (Bonferroni: each at "
+                      f"{1 - (1 - result.confidence) / family:.1%}); intervals: {conf} each, ratios to the "
+                      "best K of each bootstrap replicate", markup=False, highlight=False)

@@ -24,11 +24,13 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from dsdprof.decide.chain import CHAIN_METHODS, chain_check, fractions_at, with_chain_acceptance
+from dsdprof.decide.chain import (CHAIN_METHODS, chain_check, fractions_at, share_replicates,
+                                  with_chain_acceptance)
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
 from dsdprof.decide.bootstrap import batch_replicates, check_confidence, speedup_interval
 from dsdprof.decide.vanilla import vanilla_columns  # vanilla_gain*, vanilla_faster: see that module
-from dsdprof.decide.rule import SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, margin, regret_bound
+from dsdprof.decide.rule import (SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, decision_family, margin,
+                                 regret_bound)
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import choose_k  # noqa: F401 - the K rule, re-exported
 from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
@@ -69,6 +71,7 @@ class Analysis:
     chain_check: Optional[pd.DataFrame] = None
     coverage: Optional[Coverage] = None  # the planned grid against what produced a number (analyze_path)
     warnings: tuple[str, ...] = ()  # what a reader must know about these numbers (e.g. unknown intervals)
+    family: int = 1  # batch sizes decided together: each at 1 - (1 - confidence) / family (Bonferroni)
 
     @property
     def shape(self) -> str:
@@ -177,6 +180,15 @@ def is_non_increasing(values: list[int]) -> bool:
     return all(a >= b for a, b in zip(values, values[1:]))
 
 
+def _pooled(rows: pd.DataFrame) -> bool:
+    """Paired rows whose acceptance comes from their group's shared steps (v6: the K's own value
+    moved to ``acceptance_length_own``): the chain prediction adds nothing to them."""
+    if "design" not in rows.columns or "acceptance_length_own" not in rows.columns:
+        return False
+    paired = rows["design"].astype(str) == "paired"
+    return bool((paired & rows["acceptance_length_own"].notna() & (rows["num_spec_tokens"] > 0)).any())
+
+
 def _method(df: pd.DataFrame, provenance: dict[str, Any]) -> str:
     if provenance.get("method"):
         return str(provenance["method"])
@@ -209,7 +221,7 @@ def _per_pos_table(candidate_rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _optimal_record(d: Any, k: int, cells: pd.DataFrame, rep: Any, base_goodput: dict, ks: list[int],
-                    tolerance: float, confidence: float) -> dict[str, Any]:
+                    tolerance: float, confidence: float, family: int = 1) -> dict[str, Any]:
     """One row of ``Analysis.optimal``: the K served at ``d.batch_size`` and how sure it is."""
     b = d.batch_size
     group = cells[cells["batch_size"] == b]
@@ -226,8 +238,8 @@ def _optimal_record(d: Any, k: int, cells: pd.DataFrame, rep: Any, base_goodput:
         rec[f"speedup_vs_k{kk}"] = rec["goodput"] / by_k[kk] if kk in by_k else np.nan
     rec.update(decided=bool(d.decided and k == d.k), runner_up=runner_up, margin=m, ci_low=m_lo, ci_high=m_hi,
                best_k=d.best_k, k_rule=d.k, admissible=list(d.admissible), interval_known=d.known,
-               regret_bound=regret_bound(rep, k, confidence),
-               contenders=sorted(set(contenders(rep, d, tolerance, confidence)) | {int(k)}))
+               regret_bound=regret_bound(rep, k, confidence, family),
+               contenders=sorted(set(contenders(rep, d, tolerance, confidence, family)) | {int(k)}))
     return rec
 
 
@@ -239,7 +251,11 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
 
     ``acceptance``: ``measured`` (each cell's own AL), ``chain`` (AL of every K from the largest
     K's per-position acceptance where rows carry it) or ``auto`` (chain for chain drafters whose
-    measured AL agrees with the prediction within its interval, else measured).
+    measured AL agrees with the prediction within its interval and whose rows measured each K's
+    acceptance on its own steps -- not v6 paired rows, already pooled over their group -- at the
+    batch sizes where the largest K has >= 2 rows to resample its per-position shares over; else
+    measured). Each batch size is decided at ``1 - (1 - confidence) / family`` with ``family``
+    the batch sizes with known intervals (Bonferroni, ``Analysis.family``).
     """
     confidence = _check_options(tolerance, confidence, acceptance, replicates)
     prov = dict(provenance or {})
@@ -257,16 +273,23 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     reps = batch_replicates(candidate_rows, replicates, seed, confidence)
     cells = _robust_points(cells, reps)
     check = chain_check(reps, per_pos, confidence)
+    shares = {b: share_replicates(candidate_rows, rep, seed) for b, rep in reps.items()}
+    # auto: chain only where it adds information (each K measured its own acceptance, not pooled over
+    # its paired group) and at batch sizes where its shares' noise is measured (>= 2 rows of K_max)
     use_chain = acceptance == "chain" or (
         acceptance == "auto" and _method(df, prov) in CHAIN_METHODS and not check.empty
-        and check["consistent"].notna().any() and bool(check["consistent"].dropna().all()))
-    if use_chain:
-        for b, rep in list(reps.items()):
-            fr = fractions_at(per_pos, b, rep.ks)
-            if fr is not None:
-                reps[b] = with_chain_acceptance(rep, fr)
+        and check["consistent"].notna().any() and bool(check["consistent"].dropna().all())
+        and not _pooled(candidate_rows))
+    chained = []
+    for b, rep in list(reps.items()) if use_chain else []:
+        fr = fractions_at(per_pos, b, rep.ks)
+        if fr is not None and (acceptance == "chain" or shares[b] is not None or not rep.known):
+            reps[b] = with_chain_acceptance(rep, fr, shares[b])
+            chained.append(b)
+    use_chain = bool(chained)
 
-    decisions = [decide_batch(reps[b], tolerance, confidence) for b in sorted(reps)]
+    family = decision_family(reps)
+    decisions = [decide_batch(reps[b], tolerance, confidence, family) for b in sorted(reps)]
     shape, path = curve(decisions, tolerance, reps, confidence)
     ratio_rows = [{"batch_size": d.batch_size, "num_spec_tokens": k,
                    "acceptance_length": float(reps[d.batch_size].point_al[i]),
@@ -280,7 +303,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     base_goodput = dict(zip(baseline["batch_size"], baseline["goodput"]))
     ks = sorted(int(k) for k in cells["num_spec_tokens"].unique())
 
-    records = [_optimal_record(d, k, cells, reps[d.batch_size], base_goodput, ks, tolerance, confidence)
+    records = [_optimal_record(d, k, cells, reps[d.batch_size], base_goodput, ks, tolerance, confidence, family)
                for d, k in zip(decisions, path)]
     optimal = pd.DataFrame.from_records(records)
     optimal = _speedup_intervals(optimal, candidate_rows, baseline_rows, replicates, seed, confidence)
@@ -290,7 +313,7 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
         cells=cells, baseline=baseline, optimal=optimal, tolerance=tolerance,
         monotonic=shape != SHAPE_MOE, provenance=prov, confidence=confidence, curve=shape,
         acceptance="chain" if use_chain else "measured", chain_check=check,
-        warnings=_unknown_warning(decisions),
+        warnings=_unknown_warning(decisions), family=family,
     )
 
 

@@ -31,15 +31,19 @@ A cell with a single sample (one repeat, at most one wave) has no interval: the 
 intervals are then *unknown* and nothing there is called decided. Rows from the analytic engine
 (``engine = "sim"``) are deterministic predictions: their intervals are exact (zero width).
 
-**Rule** at one batch size, with ``r_k`` = goodput(K) / goodput(best K) per replicate and
-``[lo, hi]`` its central ``confidence`` interval: start from the best K (highest point goodput);
-the chosen K is the smallest K with ``lo_k >= 1 - tolerance`` (the best K always qualifies).
-The K* the data still allow (``admissible``) are the chosen K, every smaller K with
-``hi_k >= 1 - tolerance`` (it may be within tolerance) and every larger K against which the
-chosen one is not confidently within tolerance (``lo(g_chosen / g_k) < 1 - tolerance``). The
-point is ``decided`` when that set is the chosen K alone. Where intervals are unknown the point
-rule applies (smallest K within tolerance of the best point goodput) and every K is admissible (for
-the budget); the curve keeps that point K (:func:`dsdprof.decide.rule.curve`).
+**Rule** at one batch size (:func:`dsdprof.decide.rule.decide_batch`), applied inside each
+replicate: ``r_k`` = goodput(K) / goodput(that replicate's best K), ``[lo, hi]`` its central
+``confidence`` interval (``hi`` <= 1). The chosen K is the smallest K up to the best point K with
+``lo_k >= 1 - tolerance`` (else the best point K). Decisions hold over all batch sizes together:
+each batch size is decided at ``level = 1 - (1 - confidence) / family`` (Bonferroni over the
+``family`` batch sizes with known intervals), its replicates re-widened for that level
+(:func:`at_confidence`); in each, the rule picks its K (smallest K within tolerance of that
+replicate's best). The K* the data still allow (``admissible``) are the chosen K and, by share of
+replicates, the other picks until those left out hold at most ``(1 - level) / 2`` of them; the
+point is ``decided`` when that set is the chosen K alone (the rule picks it in at least
+``1 - (1 - level) / 2`` of the replicates). Where intervals are unknown the point rule applies
+(smallest K within tolerance of the best point goodput) and every K is admissible (for the
+budget); the curve keeps that point K (:func:`dsdprof.decide.rule.curve`).
 
 **Shape.** The curve is ``moe-like`` only when the rise of K* with batch size exceeds its
 intervals: every sequence taking an admissible K at every batch size rises somewhere, or, pairwise,
@@ -55,7 +59,8 @@ K except where an admissible K removes a rise at no point regret beyond toleranc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from functools import lru_cache
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import numpy as np
@@ -126,6 +131,8 @@ class BatchReplicates:
     al: Optional[np.ndarray]
     itl: Optional[np.ndarray]
     exact: bool = False
+    counts: Optional[np.ndarray] = None  # per K: samples each replicate resampled (for :func:`at_confidence`)
+    confidence: float = DEFAULT_CONFIDENCE  # the level the replicates were widened for
 
     @property
     def known(self) -> bool:
@@ -196,6 +203,7 @@ def robust_units(units: Sequence[tuple[float, float, np.ndarray, np.ndarray]]
     return [tuple(r) for r in out]  # type: ignore[misc]
 
 
+@lru_cache(maxsize=4096)
 def small_sample_factor(n: int, confidence: float) -> float:
     """Widening of a percentile bootstrap of a mean of ``n`` samples to a t interval: the bootstrap
     variance is (n-1)/n of the usual estimate and its tails are normal, not Student t (n-1 df)."""
@@ -251,7 +259,20 @@ def bootstrap_batch(batch_size: int, cells: Sequence[tuple[int, list[tuple[float
     widen = np.array([small_sample_factor(int(n), confidence) for n in counts])
     al = point_al * np.exp(widen * np.log(ratio_al))
     itl = point_itl * np.exp(widen * np.log(ratio_itl))
-    return BatchReplicates(batch_size, ks, point_al, point_itl, al, itl)
+    return BatchReplicates(batch_size, ks, point_al, point_itl, al, itl, counts=counts, confidence=confidence)
+
+
+def at_confidence(rep: BatchReplicates, confidence: float) -> BatchReplicates:
+    """``rep`` with its replicate deviations re-widened for ``confidence`` instead of the level they
+    were drawn for (:func:`small_sample_factor` of each K's sample count): a decision at a
+    Bonferroni-adjusted level reads its tails from t quantiles of that level."""
+    if not rep.known or rep.exact or rep.counts is None or confidence == rep.confidence:
+        return rep
+    scale = np.array([small_sample_factor(int(n), confidence) / small_sample_factor(int(n), rep.confidence)
+                      for n in rep.counts])
+    al = rep.point_al * (rep.al / rep.point_al) ** scale
+    itl = rep.point_itl * (rep.itl / rep.point_itl) ** scale
+    return replace(rep, al=al, itl=itl, confidence=confidence)
 
 
 def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICATES,

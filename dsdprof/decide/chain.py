@@ -12,6 +12,7 @@ drafters do not have this structure and are measured per K.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional, Sequence
 
 import numpy as np
@@ -33,13 +34,39 @@ def chain_fractions(per_pos: Sequence[float], ks: Sequence[int]) -> Optional[np.
     return cum[np.asarray(ks, dtype=int)] / cum[kmax]
 
 
-def with_chain_acceptance(rep: BatchReplicates, fractions: np.ndarray) -> BatchReplicates:
+def with_chain_acceptance(rep: BatchReplicates, fractions: np.ndarray,
+                          shares: Optional[np.ndarray] = None) -> BatchReplicates:
     """AL(K) = 1 + (AL(K_max) - 1) * fraction(K) in the point and in every replicate: the
-    largest K's acceptance, shaped by its per-position acceptance, stands in for every smaller K."""
+    largest K's acceptance, shaped by its per-position acceptance, stands in for every smaller K.
+    ``shares`` (replicates x Ks, :func:`share_replicates`): the fractions drawn anew in each
+    replicate; without it every replicate keeps ``fractions`` (the shares' own noise is then left
+    out of the intervals)."""
     top = int(np.argmax(rep.ks))
     point_al = 1.0 + (rep.point_al[top] - 1.0) * fractions
-    al = None if rep.al is None else 1.0 + (rep.al[:, [top]] - 1.0) * fractions[None, :]
-    return BatchReplicates(rep.batch_size, rep.ks, point_al, rep.point_itl, al, rep.itl, rep.exact)
+    per_rep = fractions[None, :] if shares is None else shares
+    al = None if rep.al is None else 1.0 + (rep.al[:, [top]] - 1.0) * per_rep
+    return replace(rep, point_al=point_al, al=al)
+
+
+def share_replicates(rows: pd.DataFrame, rep: BatchReplicates, seed: int) -> Optional[np.ndarray]:
+    """(replicates x Ks) chain fractions, each from the largest K's rows at this batch size
+    (its repeats) resampled with replacement and their per-position acceptance averaged; None
+    when fewer than 2 of them carry it (then nothing measures the shares' noise)."""
+    if rep.al is None or "acceptance_per_pos" not in rows.columns:
+        return None
+    kmax = int(rep.ks.max())
+    top = rows[(rows["batch_size"] == rep.batch_size) & (rows["num_spec_tokens"] == kmax)]
+    lists = [np.asarray(v, dtype=float).ravel()[:kmax] for v in top["acceptance_per_pos"]
+             if v is not None and np.size(v) >= kmax]
+    if len(lists) < 2 or kmax <= 0:
+        return None
+    per_pos = np.stack(lists)
+    rng = np.random.default_rng((int(seed), int(rep.batch_size), 2))
+    draw = rng.integers(0, len(lists), size=(rep.al.shape[0], len(lists)))
+    cum = np.concatenate([np.zeros((draw.shape[0], 1)), np.cumsum(per_pos[draw].mean(axis=1), axis=1)], axis=1)
+    if (cum[:, kmax] <= 0).any():
+        return None
+    return cum[:, rep.ks.astype(int)] / cum[:, [kmax]]
 
 
 def fractions_at(per_pos: pd.DataFrame, batch_size: int, ks: np.ndarray) -> Optional[np.ndarray]:

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE
-from dsdprof.decide.bootstrap import BatchReplicates, interval
+from dsdprof.decide.bootstrap import BatchReplicates, at_confidence, interval
 from dsdprof.formats.ktable import choose_k
 
 SHAPE_MOE, SHAPE_DENSE, SHAPE_FLAT = "moe-like", "dense-like", "flat"
@@ -36,7 +36,32 @@ class Decision:
     ratio_high: dict[int, float] = field(default_factory=dict)
 
 
-def decide_batch(rep: BatchReplicates, tolerance: float, confidence: float) -> Decision:
+def decision_confidence(confidence: float, family: int = 1) -> float:
+    """The level each batch size is decided at so that ``family`` decisions hold together at
+    ``confidence`` (Bonferroni: 1 - (1 - confidence) / family)."""
+    return 1.0 - (1.0 - float(confidence)) / max(1, int(family))
+
+
+def decision_family(reps: dict[int, BatchReplicates]) -> int:
+    """How many batch sizes are decided together: those with known, inexact intervals."""
+    return max(1, sum(1 for r in reps.values() if r.known and not r.exact))
+
+
+def rule_index(ratio: np.ndarray, tolerance: float) -> np.ndarray:
+    """Per row of goodput ratios to that row's best K: index of the rule's K (smallest K within
+    ``tolerance`` of the best)."""
+    return np.argmax(ratio >= 1.0 - tolerance - 1e-12, axis=-1)
+
+
+def _to_best(g: np.ndarray) -> np.ndarray:
+    """Per replicate, goodput of each K / the best K's goodput in that replicate."""
+    return g / g.max(axis=1, keepdims=True)
+
+
+def decide_batch(rep: BatchReplicates, tolerance: float, confidence: float, family: int = 1) -> Decision:
+    """The rule at one batch size, applied inside every bootstrap replicate (module docstring of
+    :mod:`dsdprof.decide.bootstrap`). ``family``: the number of batch sizes decided together;
+    ``decided`` and ``admissible`` hold at ``confidence`` over all of them (Bonferroni)."""
     ks = [int(k) for k in rep.ks]
     g = rep.point_goodput
     best = int(np.argmax(g))  # first maximum: ties go to the smaller K
@@ -45,53 +70,57 @@ def decide_batch(rep: BatchReplicates, tolerance: float, confidence: float) -> D
     if not rep.known:
         k = choose_k(ratio, tolerance)
         return Decision(rep.batch_size, k, ks[best], tuple(ks), False, False, ratio)
-    reps = rep.goodput
-    lo, hi = interval(reps / reps[:, [best]], confidence)
     if rep.exact:
-        lo = hi = np.array([ratio[k] for k in ks])
-    chosen = min(i for i in range(len(ks)) if lo[i] >= floor - 1e-12)
-    admissible = {ks[chosen]}
-    for i, k in enumerate(ks):
-        if i < chosen and hi[i] >= floor - 1e-12:
-            admissible.add(k)
-        elif i > chosen:
-            vs = reps[:, chosen] / reps[:, i]
-            low = float(g[chosen] / g[i]) if rep.exact else float(interval(vs, confidence)[0])
-            if low < floor - 1e-12:
-                admissible.add(k)
+        k = choose_k(ratio, tolerance)
+        return Decision(rep.batch_size, k, ks[best], (k,), True, True, ratio, dict(ratio), dict(ratio))
+    lo, hi = interval(_to_best(rep.goodput), confidence)
+    chosen = min((i for i in range(best) if lo[i] >= floor - 1e-12), default=best)
+    level = decision_confidence(confidence, family)
+    picks = rule_index(_to_best(at_confidence(rep, level).goodput), tolerance)
+    share = np.bincount(picks, minlength=len(ks)) / picks.size
+    admissible, left = {ks[chosen]}, 1.0 - share[chosen]
+    for i in sorted((i for i in range(len(ks)) if i != chosen), key=lambda i: -share[i]):
+        if left <= (1.0 - level) / 2.0 + 1e-12:
+            break
+        admissible.add(ks[i])
+        left -= share[i]
     return Decision(rep.batch_size, ks[chosen], ks[best], tuple(sorted(admissible)), len(admissible) == 1, True,
-                    ratio, {k: float(lo[i]) for i, k in enumerate(ks)}, {k: float(hi[i]) for i, k in enumerate(ks)})
+                    ratio, {k: float(lo[i]) for i, k in enumerate(ks)},
+                    {k: float(min(hi[i], 1.0)) for i, k in enumerate(ks)})
 
 
-def regret_bound(rep: BatchReplicates, k: int, confidence: float) -> float:
-    """Upper confidence bound of K's shortfall against any other K: 1 - min_j lo(g_k / g_j)
-    (0 when K is confidently at least as good as every other K; NaN when intervals are unknown)."""
+def regret_bound(rep: BatchReplicates, k: int, confidence: float, family: int = 1) -> float:
+    """Upper confidence bound of K's shortfall against the best K: 1 - lo(g_k / max_j g_j), the
+    best taken inside each replicate, at the level of :func:`decision_confidence` (0 when K is
+    confidently the best; NaN when intervals are unknown)."""
     ks = [int(x) for x in rep.ks]
     if not rep.known or len(ks) < 2:
         return math.nan if not rep.known else 0.0
     i = ks.index(k)
-    g = rep.point_goodput if rep.exact else rep.goodput
     if rep.exact:
-        return max(0.0, 1.0 - min(float(g[i] / g[j]) for j in range(len(ks)) if j != i))
-    others = [j for j in range(len(ks)) if j != i]
-    lo = interval(g[:, [i]] / g[:, others], confidence)[0]
-    return max(0.0, 1.0 - float(np.min(lo)))
+        g = rep.point_goodput
+        return max(0.0, 1.0 - float(g[i] / g.max()))
+    level = decision_confidence(confidence, family)
+    lo = interval(_to_best(at_confidence(rep, level).goodput)[:, i], level)[0]
+    return max(0.0, 1.0 - float(lo))
 
 
-def contenders(rep: BatchReplicates, d: Decision, tolerance: float, confidence: float) -> tuple[int, ...]:
+def contenders(rep: BatchReplicates, d: Decision, tolerance: float, confidence: float,
+               family: int = 1) -> tuple[int, ...]:
     """The Ks more data could still make the answer at this batch size: the admissible K*, the
-    best K, and every K the chosen one is not confidently within tolerance of. All Ks when the
-    intervals are unknown."""
+    best K, and every K the chosen one is not confidently within tolerance of (at the level of
+    :func:`decision_confidence`). All Ks when the intervals are unknown."""
     ks = [int(x) for x in rep.ks]
     if not rep.known:
         return tuple(ks)
     out = set(d.admissible) | {d.best_k, d.k}
     i = ks.index(d.k)
-    g = rep.point_goodput if rep.exact else rep.goodput
+    level = decision_confidence(confidence, family)
+    g = rep.point_goodput if rep.exact else at_confidence(rep, level).goodput
     for j, k in enumerate(ks):
         if j == i:
             continue
-        low = float(g[i] / g[j]) if rep.exact else float(interval(g[:, i] / g[:, j], confidence)[0])
+        low = float(g[i] / g[j]) if rep.exact else float(interval(g[:, i] / g[:, j], level)[0])
         if low < 1.0 - tolerance - 1e-12:
             out.add(k)
     return tuple(sorted(out))
