@@ -37,11 +37,9 @@ replicate: ``r_k`` = goodput(K) / goodput(that replicate's best K), ``[lo, hi]``
 ``lo_k >= 1 - tolerance`` (else the best point K). Decisions hold over all batch sizes together:
 each batch size is decided at ``level = 1 - (1 - confidence) / family`` (Bonferroni over the
 ``family`` batch sizes with known intervals), its replicates re-widened for that level
-(:func:`at_confidence`); in each, the rule picks its K (smallest K within tolerance of that
-replicate's best). The K* the data still allow (``admissible``) are the chosen K and, by share of
-replicates, the other picks until those left out hold at most ``(1 - level) / 2`` of them; the
-point is ``decided`` when that set is the chosen K alone (the rule picks it in at least
-``1 - (1 - level) / 2`` of the replicates). Where intervals are unknown the point rule applies
+(:func:`at_confidence`); in each, the rule picks its K. ``admissible``: the chosen K and, by
+share of replicates, the other picks until those left out hold at most ``(1 - level) / 2``;
+``decided`` when that is the chosen K alone. Where intervals are unknown the point rule applies
 (smallest K within tolerance of the best point goodput) and every K is admissible (for the
 budget); the curve keeps that point K (:func:`dsdprof.decide.rule.curve`).
 
@@ -70,7 +68,6 @@ from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFA
 from dsdprof.errors import InputError
 
 SAMPLE_COLUMNS = ("sample_acceptance_length", "sample_itl_s")
-
 
 
 def check_confidence(confidence: float) -> float:
