@@ -10,6 +10,8 @@ Scenarios (batch sizes 1-16, K 0-4, chain acceptance 0.8 per position profiled):
   0.4, 0.35). Vanilla is the best fixed choice at every batch size; the table says K 3-4.
 * **2x**: the speculative part of every step (ITL(K) - ITL(0)) is 2x (or 0.5x) the table's.
 * **recovery**: a correct table; acceptance drops to 0.3 / 0.1 per position, then returns.
+* **load** (issue 31): a correct table; every K runs 1.5x (or 0.67x) for 2000 steps, then as
+  before: K changes (non-probe steps) under the load against the same seeds on a quiet machine.
 
 Per batch size: *reach* = steps until every later (non-probe) step serves a K within 2 % of the
 best fixed K; goodput of the Ks served in steps 2000-4000 against the best fixed K and against the
@@ -126,6 +128,23 @@ def recovery(seeds: int, before: bool = False) -> None:
             print(line)
 
 
+def load(seeds: int) -> None:
+    table = synthetic_table(SPEC, P0)
+    print("\nload (correct table; 1000 steps, every K x slow for 2000, 2000 back): K changes, median [min, max]")
+    print(f"{'BS':>3} {'quiet':>14} {'1.5x':>14} {'0.67x':>14}")
+    for b in SIZES:
+        cols = []
+        for slow in (1.0, 1.5, 0.67):
+            moved = []
+            for seed in range(seeds):
+                res = simulate(AdaptiveKSelector(table), b, [Phase(1000, P0), Phase(2000, P0, slow=slow),
+                                                             Phase(2000, P0)], SPEC[b], seed=seed)
+                served = [k for k, probe in zip(res.ks, res.probe) if not probe]
+                moved.append(sum(x != y for x, y in zip(served, served[1:])))
+            cols.append(_spread(moved))
+        print(f"{b:>3} {cols[0]:>14} {cols[1]:>14} {cols[2]:>14}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
@@ -140,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         true = {b: {k: r[0] + factor * (t - r[0]) for k, t in r.items()} for b, r in SPEC.items()}
         reach(f"{factor:g}x: speculative step time {factor:g}x the table's", spec, true, P0, args.seeds, before=before)
     recovery(args.seeds, before)
+    load(args.seeds)
     return 0
 
 
