@@ -120,9 +120,9 @@ def test_every_k_in_the_same_waves_is_exact(run_env, mode, batch_size):
     waves = {len(t.sample_itl_s) for t in by_k.values()}
     assert len(waves) == 1 and waves.pop() >= 1  # every K holds the same waves
     for k, t in by_k.items():
-        assert t.acceptance_length == pytest.approx(1 + min(k, 2), rel=1e-6)  # replayed (rates clipped at 1e-6)
+        assert t.acceptance_length == pytest.approx(1 + min(k, 2), rel=1e-12)
         assert t.acceptance_length_own == pytest.approx(1 + min(k, 2), rel=1e-12) and not t.acceptance_check
-        assert all(x == pytest.approx(1 + min(k, 2), rel=1e-6) for x in t.sample_acceptance_length)
+        assert all(x == pytest.approx(1 + min(k, 2), rel=1e-12) for x in t.sample_acceptance_length)
         assert t.steady_steps >= 1 and t.drafted_per_draft == pytest.approx(k if k else 0.0)
     assert sched.dsdprof_ignored == 0
 

@@ -173,6 +173,7 @@ def sample_matches(x: np.ndarray, depth: np.ndarray, chain: tuple, rng: np.rando
             p = alpha[:, s] * a[:, state[:, s + 1]].T
             p /= p.sum(axis=1, keepdims=True)
         state[:, s] = rng.random(r) > p[:, 0]
+    e = np.where(e >= 1 - 1e-6, 1.0, np.where(e <= 1e-6, 0.0, e))  # EM's clipped 0s and 1s: exact
     obs = e[state, np.clip(depth, 1, kmax) - 1]  # the rate at the observed depth
     u = rng.random((r, t))
     u = np.where(x == 1, u * obs, np.where(x == 0, obs + u * (1.0 - obs), u))

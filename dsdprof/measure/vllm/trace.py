@@ -251,10 +251,10 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...], po
       K (the first pure step after a switch is the first to verify the new K's shape; a step right
       after a switch, verify one K and draft another, is timed for no K).
 
-    Samples are **blocks** of consecutive waves: a block closes as soon as every K has a pure step
+    Samples are **blocks** of consecutive waves: a block closes as soon as every K has a settled step
     in it (one wave when waves are long enough for the whole K sequence, several when they are
     short; trailing waves that complete no block join the last one), so sample ``i`` of every K is
-    the same stretch of waves. Raises :class:`CellFailure` when a K has no pure step at all.
+    the same stretch of waves. Raises :class:`CellFailure` when a K has no settled step at all.
 
     **Arms** (``ks`` holding a value < 0, validate's steps design: variants that choose K themselves,
     see :mod:`dsdprof.plugins.vllm_profiling`): steps are keyed by the arm they were scheduled under
