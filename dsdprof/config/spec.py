@@ -100,7 +100,7 @@ class EngineSpec(_Strict):
         rates = [float(r) for r in v]
         for i in range(1, len(rates)):
             if rates[i] > rates[i - 1]:
-                raise ValueError(f"rates are unconditional (rate i = P(drafts 1..i+1 all accepted)), so "
+                raise ValueError(f"rates are unconditional (rate j = P(drafts 1..j all accepted)), so "
                                  f"non-increasing: rate {i + 1} = {rates[i]} > rate {i} = {rates[i - 1]}")
         return rates
 
