@@ -257,12 +257,20 @@ def test_speculative_config_and_labels_of_a_synthetic_run(tmp_path):
     assert cfg["rejection_sample_method"] == "synthetic" and cfg["synthetic_acceptance_rates"] == [0.9, 0.7]
     assert all("rejection_sample_method" not in k and "worker_extension_cls" not in k
                for k in seen if "speculative_config" not in k)  # vanilla: untouched
+    assert [k.get("worker_extension_cls") for k in seen if "speculative_config" in k] == [EXTENSION_QUALNAME]
     assert engine_kwargs([0.9], on_gpu=False) == {"worker_extension_cls": EXTENSION_QUALNAME}
     assert engine_kwargs([0.9], on_gpu=True) == {} and engine_kwargs(None, on_gpu=False) == {}
     vllm_config = pytest.importorskip("vllm.config.speculative")
     resolve = vllm_config.SpeculativeConfig._resolve_synthetic_acceptance_rates
     assert resolve(cfg["num_speculative_tokens"], cfg["synthetic_acceptance_rates"], None) == [0.9, 0.7]
 
+    from dsdprof.config.spec import parse_spec
+    from dsdprof.measure.vllm.engine import VllmEngine
+
+    fixed = VllmEngine(parse_spec({"engine": {"model": "m", "draft_model": "d", "dsd_mode": "fixed",
+                                              "synthetic_acceptance_rates": [0.9, 0.7, 0.1]},
+                                   "sweep": {"num_spec_tokens": [0, 2, 3]}}), start_worker=lambda c, t: None)
+    assert fixed.llm_kwargs("fixed-2")["speculative_config"]["synthetic_acceptance_rates"] == [0.9, 0.7]
     prov = read_provenance(out)
     assert prov["extra_acceptance"].startswith("synthetic") and "[0.9, 0.7, 0.1]" in prov["extra_acceptance"]
     result = analyze_path(out)
