@@ -1,7 +1,8 @@
 """``dsdprof export`` as one library call: a run (or a table) in, the document of one format out.
 
 Formats (:data:`EXPORT_FORMATS`): ``table`` (the portable ``dsdprof.ktable/v2``), ``vllm``
-(vLLM's ``--speculative-config`` with ``num_speculative_tokens_per_batch_size``) and ``trtllm``
+(vLLM's ``--speculative-config`` with ``num_speculative_tokens_per_batch_size``), ``vllm-compilation``
+(vLLM's ``--compilation-config``: the CUDA-graph settings the measurement ran under) and ``trtllm``
 (TensorRT-LLM's ``speculative_config`` with ``draft_len_schedule``). Each document comes with the
 validator :func:`dsdprof.io.atomic.write_json_atomic` runs on it before it replaces a file. The CLI
 and the fleet export both call :func:`table_from_source` / :func:`export_document`.
@@ -17,7 +18,7 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import validate_table
 
-EXPORT_FORMATS = ("table", "vllm", "trtllm")
+EXPORT_FORMATS = ("table", "vllm", "vllm-compilation", "trtllm")
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ def synthetic_warning(provenance: dict[str, Any]) -> str:
 
     if not is_synthetic(provenance):
         return ""
-    return (f"synthetic acceptance: {provenance.get('extra_acceptance')}; the table's K follows the configured "
-            "rates, not a draft model (the table's provenance.extra_acceptance says so)")
+    note = str(provenance.get("extra_acceptance", "")).removeprefix("synthetic: ")
+    return (f"synthetic acceptance ({note}): the table's K follows the configured rates, not a draft model "
+            "(the table's provenance.extra_acceptance says so)")
 
 
 def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_mixed: bool = False,
@@ -146,6 +148,10 @@ def format_table(table: dict[str, Any], fmt: str) -> ExportDocument:
     vanilla = [w for w in [vanilla_warning(table, {"trtllm": "TensorRT-LLM"}.get(fmt, "vLLM"))] if w]
     if fmt == "vllm":
         return ExportDocument(vllm_speculative_config(table), check_vllm_config, vanilla)
+    if fmt == "vllm-compilation":  # the graphs the measurement captured, for the server of the "vllm" export
+        from dsdprof.export.table import check_vllm_compilation_config, vllm_compilation_config
+
+        return ExportDocument(vllm_compilation_config(table), check_vllm_compilation_config)
     if fmt == "trtllm":
         return ExportDocument(trtllm_speculative_config(table), check_trtllm_config, vanilla)
     if fmt == "table":
