@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import sys
 import time
 import timeit
@@ -34,20 +35,31 @@ ROUNDS = 300
 TABLES = Path(__file__).resolve().parent.parent / "tables"
 
 
-def _per_call(fns: dict, sizes: list, pairs: list | None = None, rounds: int = ROUNDS, reps: int = REPS) -> dict:
+def _per_call(fns: dict, sizes: list, pairs: list | None = None, rounds: int = ROUNDS, reps: int = REPS,
+              paired: str | None = None) -> dict:
     """Best-of-``rounds`` seconds per lookup for each comprehension in ``fns``, loop cost removed
     (``fns[name](sizes)``; names ending in ``ctx`` are called on ``pairs`` and the pair loop with
-    unpacking is removed instead). The candidates are timed in interleaved short rounds, so a busy
-    machine slows all of them alike."""
+    unpacking is removed instead). The candidates are timed in interleaved short rounds, in a new
+    random order each round, so a busy machine slows all of them alike. With ``paired`` (a name in ``fns``), each value is instead the
+    **median over rounds of the ratio** to that candidate timed in the same round (milliseconds
+    apart): a load spike that hits one round moves both sides of its ratio."""
     pairs = pairs or [(b, 1) for b in sizes]
     fns = {"(loop)": lambda xs: [b for b in xs], "(pairs)": lambda xs: [b for b, c in xs], **fns}
-    best = {name: float("inf") for name in fns}
+    per_round: dict[str, list[float]] = {name: [] for name in fns}
+    order, rng = list(fns), random.Random(1)
     for _ in range(rounds):
-        for name, fn in fns.items():
+        rng.shuffle(order)  # a new order each round: no candidate keeps the slot a periodic load hits
+        for name in order:
             arg = pairs if name.endswith("ctx") or name == "(pairs)" else sizes
-            best[name] = min(best[name], timeit.timeit(lambda: fn(arg), number=reps))
-    loop, pair_loop, n = best.pop("(loop)"), best.pop("(pairs)"), reps * len(sizes)
-    return {name: (t - (pair_loop if name.endswith("ctx") else loop)) / n for name, t in best.items()}
+            per_round[name].append(timeit.timeit(lambda: fns[name](arg), number=reps))
+    loop, pair_loop, n = min(per_round.pop("(loop)")), min(per_round.pop("(pairs)")), reps * len(sizes)
+
+    def alone(name: str, t: float) -> float:
+        return (t - (pair_loop if name.endswith("ctx") else loop)) / n
+    if paired is None:
+        return {name: alone(name, min(ts)) for name, ts in per_round.items()}
+    ref = [alone(paired, t) for t in per_round[paired]]
+    return {name: statistics.median(alone(name, t) / r for t, r in zip(ts, ref)) for name, ts in per_round.items()}
 
 
 def _verdict(ratio: float) -> str:
@@ -112,16 +124,18 @@ def _floor(n: int) -> object:
     return holder
 
 
-def bench_select_tables(rounds: int = 120) -> list[float]:
+def bench_select_tables(rounds: int = 80) -> list[float]:
     """``select(b)`` on every table at random batch sizes over 1..its largest profiled batch size,
     then past it (1x..4x, e.g. 4096 on the 1449 table), then over 1..GROW_CAP (2^20, the largest
     batch size a sweep may measure) -- and on a v3 table built from each (three
     context slices) ``select(b)``, ``for_context(ctx).select(b)`` and ``select(b, ctx)`` -- each
-    next to the call floor over the same batch sizes. Returns every ratio that the goal covers."""
+    next to the call floor over the same batch sizes (the ratio: median over rounds of the ratio to
+    the floor timed in the same round). Returns every ratio that the goal covers."""
     rng = random.Random(0)
     ratios: list[float] = []
     print("select(b) per call on each table, next to the call floor (a bound list.__getitem__) over the same")
-    print("batch sizes (goal <= 1.5x; select(b, ctx) shown, not covered by the goal):")
+    print("batch sizes: median over rounds of the ratio to the floor timed in the same round (goal <= 1.5x;")
+    print("select(b, ctx) shown, not covered by the goal); floor ns: best of rounds")
     print(f"  {'table':30s} {'batch sizes':20s} {'floor ns':>8s}  {'v2 select':>9s}  {'v3 select':>9s}  {'for_ctx':>9s}  {'(b, ctx)':>9s}")
     for name, doc in _tables().items():
         top = _max_bs(doc)
@@ -132,12 +146,14 @@ def bench_select_tables(rounds: int = 120) -> list[float]:
             for b, c in pairs:  # warm: a batch size past the list grows it once (as in serving)
                 sel.select(b), sel3.select(b), sel3.select(b, c), sel3.for_context(c).select(b)
             floor, one = _floor(hi), sel3.for_context(30000)
-            t = _per_call({"get": lambda xs: [floor.getitem(b) for b in xs],
-                           "v2": lambda xs: [sel.select(b) for b in xs],
-                           "v3": lambda xs: [sel3.select(b) for b in xs],
-                           "for": lambda xs: [one.select(b) for b in xs],
-                           "v3ctx": lambda xs: [sel3.select(b, c) for b, c in xs]}, sizes, pairs, rounds=rounds)
-            r = [t[k] / t["get"] for k in ("v2", "v3", "for", "v3ctx")]
+            fns = {"get": lambda xs: [floor.getitem(b) for b in xs],
+                   "v2": lambda xs: [sel.select(b) for b in xs],
+                   "v3": lambda xs: [sel3.select(b) for b in xs],
+                   "for": lambda xs: [one.select(b) for b in xs],
+                   "v3ctx": lambda xs: [sel3.select(b, c) for b, c in xs]}
+            t = _per_call(fns, sizes, pairs, rounds=rounds)  # best of rounds: the ns column
+            ratio = _per_call(fns, sizes, pairs, rounds=rounds, paired="get")  # median of same-round ratios
+            r = [ratio[k] for k in ("v2", "v3", "for", "v3ctx")]
             ratios += r[:3]
             print(f"  {name[:30]:30s} {label + f' ({lo}..{hi})':20s} {t['get'] * 1e9:8.1f}  "
                   + "  ".join(f"{x:8.2f}x" for x in r))
