@@ -210,7 +210,8 @@ def one(truth: Truth, noise: Noise, waves: int, seed: int, ks) -> dict:
     wrong = [int(b) for b, k, d in zip(opt["batch_size"], opt["k"], opt["decided"]) if d and int(k) != want[int(b)]]
     regret = [1.0 - g[int(b)][int(k)] / max(g[int(b)].values()) for b, k in zip(opt["batch_size"], opt["k"])]
     half = ((res.cells.ratio_high - res.cells.ratio_low) / 2)[res.cells.ratio_to_best < 1.0]
-    return {"decided": decided, "n": len(opt), "wrong": wrong, "regret": float(np.mean(regret)),
+    per_bs = {int(b): (int(k), bool(d)) for b, k, d in zip(opt["batch_size"], opt["k"], opt["decided"])}
+    return {"decided": decided, "n": len(opt), "wrong": wrong, "regret": float(np.mean(regret)), "per_bs": per_bs,
             "max_regret": float(np.max(regret)), "half": float(half.median())}
 
 
@@ -250,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     truth = Truth(BATCH_SIZES, ks)
     print(f"noise {noise}")
     print("truth K* (fixed-K server): " + " ".join(f"{b}:{k}" for b, k in truth.k_star().items()))
+    g = truth.goodput()
+    print("truth goodput / best, K 0-7:")
+    for b in BATCH_SIZES:
+        print(f"  BS {b:>3} " + " ".join(f"{g[b][k] / max(g[b].values()):.3f}" for k in ks))
     print(f"{'waves':>5} {'decided':>8} {'wrong':>6} {'regret':>7} {'max':>6} {'half-w':>7} "
           f"{'dry-run':>8} {'sim eng':>8} {'s':>4}")
     for w in (int(x) for x in args.waves.split(",")):
@@ -265,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         wrong_bs = sorted({b for r in runs for b in r["wrong"]})
         if wrong_bs:
             print(f"      decided wrongly at BS {', '.join(map(str, wrong_bs))}")
+        print("      BS:K (decided/datasets) " + " ".join(
+            f"{b}:{'/'.join(sorted({str(r['per_bs'][b][0]) for r in runs}))}"
+            f"({sum(r['per_bs'][b][1] for r in runs)}/{len(runs)})" for b in BATCH_SIZES))
     print(dry_run(20, ks)[1])
     return 0
 

@@ -54,8 +54,8 @@ class Analysis:
     ``runner_up``, ``margin`` (goodput of k / runner-up) with ``ci_low``/``ci_high``, ``best_k``
     (highest point goodput), ``k_rule`` (the rule's K before the non-increasing constraint),
     ``admissible`` (the K* the data still allow), ``interval_known``, ``regret_bound`` (upper
-    confidence bound of the chosen K's shortfall against any other K), ``contenders`` (the Ks
-    more data could still make the answer) and ``speedup_low``/``speedup_high`` with
+    bound of the chosen K's shortfall against the best K, at the decision level), ``contenders``
+    (the Ks more data could still make the answer) and ``speedup_low``/``speedup_high`` with
     ``speedup_interval`` (paired | independent | "" unknown): the interval of ``speedup_vs_baseline``.
     """
 
