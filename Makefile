@@ -7,7 +7,7 @@ DSDPROF := $(VENV)/bin/dsdprof
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo demo-moe test test-fast bench clean
+.PHONY: setup demo demo-moe test test-fast test-vllm033 bench clean
 
 setup: $(VENV)/.installed
 
@@ -47,6 +47,28 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not vllm"
+
+# vLLM 0.33 (the current GPU release) tier, NOT part of `make test`: a separate venv with vLLM's
+# GPU build from PyPI (torch 2.14 + CUDA 13 wheels) and dsdprof's [vllm] extra (no cpu extra), then
+# the suites that drive vLLM's real scheduler and config classes without an engine or a GPU
+# (the fake runner of tests/vllm_fakes.py). Measured on the 2-core dev host: install 3 min 9 s
+# (2.25 GB of wheels through a PyPI mirror; budget more on a plain network), 9.9 GB on disk
+# (du -sh .venv-vllm033); the tests take about 2 minutes.
+VENV033 ?= .venv-vllm033
+VLLM033_TESTS := tests/test_scheduler_conformance.py tests/test_scheduler_security.py \
+	tests/test_adaptive_plugin.py tests/test_vllm_adaptive.py tests/test_paired.py \
+	tests/test_validate_steps.py tests/test_vllm_scheduler.py tests/test_vllm_internals.py \
+	tests/test_gpu_parity.py tests/test_compilation_config.py tests/test_profiler_own_time.py
+
+$(VENV033)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV033)
+	$(VENV033)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV033)/bin/python -m pip install --quiet 'vllm==0.33.0' -e '.[vllm]' pytest
+	touch $@
+
+test-vllm033: $(VENV033)/.installed
+	$(VENV033)/bin/python -c "import importlib.metadata as m; assert m.version('vllm') == '0.33.0', m.version('vllm')"
+	$(VENV033)/bin/python -m pytest -q -ra -m "not vllm" $(VLLM033_TESTS)
 
 bench: setup
 	$(PY) benchmarks/bench_runtime.py

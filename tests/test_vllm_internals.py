@@ -21,18 +21,19 @@ INTERNALS = [  # (module, attribute path, parameters it must accept or None)
     ("vllm.v1.outputs", "ModelRunnerOutput", None),
     ("vllm.v1.spec_decode.metrics", "SpecDecodingStats.observe_draft", ["num_draft_tokens", "num_accepted_tokens"]),
     ("vllm.v1.spec_decode.dynamic.utils", "build_dynamic_sd_schedule_lookup", None),
-    ("vllm.config.vllm", "VllmConfig._maybe_override_dynamic_sd_cudagraph_mode", None),
-    ("vllm.config.compilation", "CompilationConfig.adjust_cudagraph_sizes_for_spec_decode", None),
+    ("vllm.engine.arg_utils", "EngineArgs.create_engine_config", ["usage_context"]),
+    ("vllm.platforms.interface", "UnspecifiedPlatform.support_static_graph_mode", None),
+    ("vllm.platforms", "_current_platform", None),
 ]
 FIELDS = [
     ("vllm.v1.core.sched.output", "SchedulerOutput", ["num_scheduled_tokens", "scheduled_new_reqs",
-     "scheduled_spec_decode_tokens", "num_invalid_spec_tokens", "num_spec_tokens_to_schedule"]),
+     "scheduled_spec_decode_tokens", "num_invalid_spec_tokens", "num_spec_tokens_to_schedule", "finished_req_ids"]),
     ("vllm.v1.outputs", "ModelRunnerOutput", ["sampled_token_ids", "req_id_to_index"]),
     ("vllm.v1.spec_decode.metrics", "SpecDecodingStats", ["num_drafts", "num_accepted_tokens_per_pos",
      "num_draft_tokens_per_pos"]),
 ]
 SCHEDULER_ATTRS = ["dynamic_sd_lookup", "num_spec_tokens", "max_num_running_reqs", "num_sampled_tokens_per_step",
-                   "log_stats", "requests", "running", "waiting"]
+                   "log_stats", "requests", "running", "waiting", "finished_req_ids"]
 
 
 def _get(module, path):

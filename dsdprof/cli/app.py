@@ -189,7 +189,7 @@ def analyze(
 def export(
     source: Path = typer.Argument(..., help="Sweep directory / Parquet file, or an existing table JSON (v1 or v2)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON) or trtllm (speculative_config with draft_len_schedule)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON), vllm-compilation (--compilation-config JSON: the measured CUDA-graph settings) or trtllm (speculative_config with draft_len_schedule)."),
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version) or runs of different specs."),

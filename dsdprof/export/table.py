@@ -16,6 +16,7 @@ TensorRT-LLM's ``draft_len_schedule`` is in :mod:`dsdprof.export.trtllm`.
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
@@ -238,3 +239,41 @@ def check_vllm_config(cfg: Any) -> None:
         raise TableError("num_speculative_tokens=0: vLLM needs at least 1")
 
 
+# The measured engines' graph settings (dsdprof.measure.vllm.engine.VllmEngine.cudagraph_kwargs),
+# as the run's provenance records them.
+COMPILATION_PROVENANCE = "extra_compilation_config"
+_COMPILATION_KEYS = frozenset({"cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size"})
+
+
+def vllm_compilation_config(table: dict[str, Any]) -> dict[str, Any]:
+    """vLLM ``--compilation-config`` JSON with the CUDA-graph settings the table's measurement ran
+    under, so that a server of :func:`vllm_speculative_config` captures the graphs that were timed.
+
+    InputError when the measurement recorded none (CPU engine, ``enforce_eager``, the analytic model)."""
+    raw = (table.get("provenance") or {}).get(COMPILATION_PROVENANCE)
+    if not raw:
+        raise InputError("--format", "vllm-compilation", "the measurement recorded no compilation_config "
+                         "(a CPU engine, enforce_eager or the analytic model): serve as the sweep ran")
+    try:
+        cfg = json.loads(raw)
+    except (TypeError, ValueError):
+        raise TableError(f"provenance.{COMPILATION_PROVENANCE}={raw!r}: not one run's JSON object "
+                         "(tables of runs with different graph settings cannot carry one)") from None
+    check_vllm_compilation_config(cfg)
+    return cfg
+
+
+def check_vllm_compilation_config(cfg: Any) -> None:
+    """Validator for a written compilation config: graph keys only, sizes ascending positive ints."""
+    if not isinstance(cfg, dict) or not cfg:
+        raise TableError(f"compilation_config={cfg!r}: must be a non-empty JSON object")
+    extra = sorted(set(cfg) - _COMPILATION_KEYS)
+    if extra:
+        raise TableError(f"compilation_config.{extra[0]}={cfg[extra[0]]!r}: not a CUDA-graph setting dsdprof exports")
+    sizes = cfg.get("cudagraph_capture_sizes")
+    if sizes is not None and (not isinstance(sizes, list) or not sizes or sizes != sorted(set(sizes))
+                              or not all(type(x) is int and x > 0 for x in sizes)):
+        raise TableError(f"compilation_config.cudagraph_capture_sizes={sizes!r}: must be ascending positive integers")
+    top = cfg.get("max_cudagraph_capture_size")
+    if top is not None and (sizes is None or top != sizes[-1]):
+        raise TableError(f"compilation_config.max_cudagraph_capture_size={top!r}: must be the largest capture size")

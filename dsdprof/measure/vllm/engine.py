@@ -16,6 +16,7 @@ and writes step traces to ``OUT/_traces/``. On a GPU, engines that are alive at 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import secrets
 from dataclasses import replace
@@ -145,20 +146,18 @@ class VllmEngine:
         return kwargs
 
     def cudagraph_kwargs(self, on_gpu: bool | None = None) -> dict[str, Any]:
-        """GPU engine parity: every engine of the spec (vanilla included) runs PIECEWISE CUDA
-        graphs -- vLLM forces PIECEWISE on a dynamic-SD engine, and a vanilla engine on full graphs
-        would make the speedup compare graph modes -- with capture sizes covering every decode
-        batch of the grid, ``batch_size * (K + 1)`` for each K (vLLM's default list stops at 512
-        tokens and the DSD engine rounds it to multiples of max K + 1). Not on CPU, not with
-        ``enforce_eager``, and never over a ``compilation_config`` of ``[engine] extra``."""
+        """On GPU every engine captures graphs for every decode batch of the grid, ``batch_size *
+        (K + 1)`` for each K (vLLM's default list stops at 512 tokens); vLLM picks the graph mode as
+        when serving (vanilla: full + piecewise; dynamic SD on the V1 runner: piecewise). ``export
+        --format vllm-compilation`` writes these settings for ``vllm serve --compilation-config``
+        (docs/measurement.md). Not on CPU, not with ``enforce_eager``, never over ``[engine] extra``'s."""
         e, sweep = self.spec.engine, self.spec.sweep
         if (not (_cuda_available() if on_gpu is None else on_gpu) or e.extra.get("enforce_eager")
                 or "compilation_config" in e.extra):
             return {}
         ks = sorted({0, *sweep.num_spec_tokens})
         sizes = sorted({b * (k + 1) for b in sweep.batch_sizes for k in ks})
-        return {"compilation_config": {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": sizes,
-                                       "max_cudagraph_capture_size": sizes[-1]}}
+        return {"compilation_config": {"cudagraph_capture_sizes": sizes, "max_cudagraph_capture_size": sizes[-1]}}
 
     def speculative_config(self, k: int, dsd: bool) -> dict[str, Any]:
         e = self.spec.engine
@@ -252,6 +251,7 @@ class VllmEngine:
     def _provenance(self) -> Provenance:
         e, w = self.spec.engine, self.spec.workload
         info = self.pool.info
+        compilation = self.base_kwargs().get("compilation_config")  # what every engine ran (export: vllm-compilation)
         return Provenance(
             engine="vllm", engine_version=info.get("engine_version") or _engine_version(),
             model=e.model, draft_model=e.draft_model or "", method=e.method,
@@ -260,8 +260,8 @@ class VllmEngine:
             extra={"speculation_mode": self._mode or "", "fallback_reason": self.fallback_reason,
                    "design": "paired" if self.paired and self._mode == MODE_DSD else "cells",
                    "memory": self.memory_note, "async_scheduling": str(info.get("async_scheduling", "")),
-                   "cudagraph_mode": str(self.cudagraph_kwargs().get("compilation_config", {}).get(
-                       "cudagraph_mode", "vLLM default")),
+                   "cudagraph_mode": str((compilation or {}).get("cudagraph_mode", "vLLM default")),
+                   **({"compilation_config": json.dumps(compilation, sort_keys=True)} if compilation else {}),
                    "measurement": "engine-core step trace, steady-state steps only",
                    **synthetic.acceptance_provenance(e.synthetic_acceptance_rates),  # synthetic: labelled
                    "ld_preload": os.environ.get("LD_PRELOAD", "")},  # e.g. libiomp5 on CPU: changes timing
