@@ -257,3 +257,24 @@ def test_for_context_is_the_slice_selector():
     assert [long.select(b) for b in (1, 10**6)] == [5, 5] and long.lookup_list(3) == [0, 5, 5, 5]
     v2 = KSelector([[1, 2, 3], [3, 1 << 20, 1]], 7)
     assert v2.for_context(3000) is v2
+
+
+def test_select_grows_correctly_under_threads():
+    import random
+    import threading
+    ranges = [[1, 70_000, 3], [70_001, 100_000, 2], [100_001, 300_000, 4], [300_001, 10**9, 1]]  # starts past LOAD_CAP
+    sel, errors = KSelector(ranges, 7), []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        for _ in range(3000):
+            b = rng.choice([rng.randint(1, 2**20), rng.randint(60_000, 110_000)])
+            if sel.select(b) != _ref_k(ranges, 7, b):
+                errors.append(b)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [sel.select(b) for b in range(0, 2**20 + 2, 997)] == [_ref_k(ranges, 7, b) for b in range(0, 2**20 + 2, 997)]

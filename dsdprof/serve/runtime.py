@@ -180,9 +180,11 @@ class _Served:
         lookup (exactly as vLLM's ranges: negatives -> K(1), the last K carried forward)."""
         lst = self.list
         if type(batch_size) is int and len(lst) <= batch_size <= GROW_CAP:
-            top = min(max(2 * len(lst), batch_size + 1), GROW_CAP + 1) - 1
-            lst.extend(lookup_list(self.ranges, self.cap, top)[len(lst):])
-            return lst[batch_size]
+            new = lookup_list(self.ranges, self.cap, min(max(2 * len(lst), batch_size + 1), GROW_CAP + 1) - 1)
+            new[0] = lst[0]
+            if len(new) > len(lst):
+                lst[:] = new  # in place, one C call: a reader in another thread always sees a correct prefix
+            return new[batch_size]
         return self.lookup[batch_size]
 
 
