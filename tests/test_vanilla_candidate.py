@@ -246,3 +246,14 @@ def test_plots_mark_vanilla(result):
     assert [t.get_text()[:3] for t in tops.axes[0].texts] == ["+14"]
     plain = analyze(rows(with_vanilla=False))
     assert not [t for t in plots.optimal_k_figure(plain).axes[0].texts if t.get_text().startswith("vanilla")]
+
+
+def test_show_says_it(result, tmp_path):
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(build_table(result, source="synthetic")))
+    r = CliRunner().invoke(app, ["show", str(path)], terminal_width=80)
+    assert r.exit_code == 0 and "measured faster than every K at batch sizes 33..128 +" in " ".join(r.stdout.split())

@@ -265,6 +265,10 @@ def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof
     if len(ranges) > _SHOW_MAX_RANGES:
         t.add_row(f"... {len(ranges) - _SHOW_MAX_RANGES} more ranges", "")
     console.print(t)
+    if doc.get("vanilla_faster"):  # where no speculation measured faster than every K
+        from dsdprof.export.table import vanilla_warning
+
+        console.print(vanilla_warning(doc), style="red", markup=False, highlight=False)
     if doc.get("points"):
         p = Table(title="profiled points")
         for col in ("BS", "K", "AL", "ITL ms", "goodput tok/s", "vs baseline"):
