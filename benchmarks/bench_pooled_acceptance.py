@@ -11,6 +11,14 @@ alone: the floor pooling can reach).
 
     python benchmarks/bench_pooled_acceptance.py runs/toy-dense-cpu
     python benchmarks/bench_pooled_acceptance.py runs/moe-pooled --repeats 0   # only repeat 0
+    python benchmarks/bench_pooled_acceptance.py --synthetic   # replay and pooling vs a known truth
+
+``--synthetic``: requests whose acceptance has easy and hard stretches along the output (a
+two-state chain per request over positions, a uniform draw per position, a draft at depth j
+matching below rate * decay^(j-1)), run through the paired K sequence (Ks 0-4, hold 4, a random
+phase per request) and through each fixed K on the same text; per case the lag-1 correlation of a
+fixed K=4 run's consecutive steps and the error of the replayed and the pooled AL(K) against the
+fixed-K truth.
 """
 
 from __future__ import annotations
@@ -62,11 +70,69 @@ def summary(df: pd.DataFrame) -> dict:
             "opt": opt, "shape": res.shape, "used": res.acceptance}
 
 
+SYNTHETIC = [  # (easy rate, hard rate, switch per position, rate decay per depth)
+    (0.7, 0.7, 0.0, 1.0), (0.9, 0.45, 0.08, 1.0), (0.95, 0.3, 0.02, 1.0), (0.98, 0.1, 0.03, 1.0),
+    (0.9, 0.5, 0.15, 1.0), (0.95, 0.45, 0.06, 0.9)]
+
+
+def synthetic(requests: int = 1000, out_len: int = 200, ks: tuple = (0, 1, 2, 3, 4), hold: int = 4) -> None:
+    from dsdprof.measure.vllm.replay import replay_acceptance, request_matches
+
+    def trajectory(accept, seq, phase):
+        t, i, recs = 1, phase, []
+        while t < out_len:
+            k = seq[i % len(seq)]
+            a = accept(t, k)
+            recs.append((k, a, a + 1))
+            t, i = t + a + 1, i + 1
+        return recs
+
+    seq = [k for k in ks for _ in range(hold)]
+    print(f"{requests} requests x {out_len} tokens, Ks {ks}, hold {hold}; AL(K) error vs a fixed-K run of the same text")
+    for easy, hard, switch, decay in SYNTHETIC:
+        rng = np.random.default_rng(0)
+        records, tokens, steps, pool, corr = [], np.zeros(len(ks)), np.zeros(len(ks)), np.zeros((2, max(ks))), []
+        for r in range(requests):
+            state = (np.cumsum(rng.random(out_len + 40) < switch) + (rng.random() < 0.5)) % 2
+            rate, u = np.where(state == 0, easy, hard), rng.random(out_len + 40)
+
+            def accept(t, k, rate=rate, u=u):
+                a = 0
+                while a < k and u[t + a] < rate[t + a] * decay ** a:
+                    a += 1
+                return a
+            for k, a, g in trajectory(accept, seq, int(rng.integers(len(seq)))):
+                records.append((f"r{r}", (k, a, g)))
+                pool[0, :k] += 1
+                pool[1, :a] += 1
+            for i, k in enumerate(ks):
+                fixed = trajectory(accept, [k], 0)
+                tokens[i] += sum(g for *_, g in fixed)
+                steps[i] += len(fixed)
+                if k == max(ks):
+                    corr.append(np.array([a for _, a, _ in fixed], dtype=float))
+        reqs = request_matches(records, {f"r{r}": out_len for r in range(requests)}, {f"r{r}": 0 for r in range(requests)})
+        rep = replay_acceptance(reqs, ks, {0: 0})
+        lag = np.corrcoef(np.concatenate([c[:-1] for c in corr]), np.concatenate([c[1:] for c in corr]))[0, 1]
+        cells = []
+        for i, k in enumerate(ks):
+            if k:
+                truth = tokens[i] / steps[i]
+                pooled = 1 + sum(pool[1, j] / pool[0, j] for j in range(k))
+                cells.append(f"K={k} {rep.acceptance_length[k] / truth - 1:+.2%} / {pooled / truth - 1:+.2%}")
+        print(f"easy {easy} hard {hard} switch {switch} decay {decay}: lag-1 {lag:.2f}; replay / pooled: "
+              + ", ".join(cells))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", type=Path, help="a sweep run directory of the paired design (with _traces)")
+    ap.add_argument("run", type=Path, nargs="?", help="a sweep run directory of the paired design (with _traces)")
     ap.add_argument("--repeats", help="only these repeats, e.g. 0 or 0,1 (default: all)")
+    ap.add_argument("--synthetic", action="store_true", help="replay and pooling against a known truth")
     args = ap.parse_args(argv)
+    if args.synthetic or args.run is None:
+        synthetic()
+        return 0
     rows = read_measurements(args.run)
     repeats = {int(x) for x in args.repeats.split(",")} if args.repeats else None
     print(f"{args.run}: {len(rows)} rows; half-width = median over the non-best Ks of a batch size of the "
