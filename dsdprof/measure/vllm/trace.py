@@ -53,7 +53,7 @@ class Step:
     """One engine step of a traced wave (see the module docstring)."""
 
     wave: int
-    t_end: float  # time.perf_counter() in the engine core when the step's update finished
+    t_end: float  # engine core perf_counter() when the update finished (sync scheduler: minus dsdprof's own time)
     scheduled: int  # requests of this wave scheduled in the step
     decoding: int  # of which decoding (no prefill tokens) with an output vLLM used
     prefill_tokens: int  # prompt tokens of any request in the step
