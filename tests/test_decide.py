@@ -223,3 +223,25 @@ def test_repeats_that_differ_are_resampled_as_repeats():
     same = [(1.0, 0.01, np.ones(20), np.roll(waves, r)) for r in range(3)]  # same waves, another order
     drift = [(1.0, 0.01 * f, np.ones(20), f * np.roll(waves, r)) for r, f in enumerate((1.0, 1.2, 0.9))]
     assert not _repeats_differ(same) and _repeats_differ(drift)
+
+
+def test_decisions_hold_over_all_batch_sizes_together():
+    """Issue 30: each batch size is decided at 1 - 10 % / family (Bonferroni). K=1 3 % below the
+    best with 0.3 % noise: separated at 90 % alone, not at 90 % over 9 batch sizes together."""
+    from dataclasses import replace
+
+    rep = replace(_rep([0.5, 0.97, 1.0], 0.003), counts=np.array([20, 20, 20]))
+    alone = decide_batch(rep, 0.02, 0.9)
+    assert alone.k == 2 and alone.decided
+    together = decide_batch(rep, 0.02, 0.9, family=9)
+    assert together.k == 2 and not together.decided and together.admissible == (1, 2)
+    assert decide_batch(replace(rep, counts=None), 0.02, 0.9, family=9).admissible == (1, 2)
+
+
+def test_ratio_is_to_each_replicates_best():
+    """Two Ks tied at the top: each is the best in some replicates, so neither interval is [1, 1]
+    and the smaller one is chosen only if confidently within tolerance of whichever is best."""
+    d = decide_batch(_rep([0.5, 1.0, 1.0], 0.01, seed=1), 0.02, 0.9)
+    assert d.ratio_high[1] == d.ratio_high[2] == 1.0
+    assert d.ratio_low[1] < 1.0 and d.ratio_low[2] < 1.0
+    assert d.k == 1 and not d.decided and d.admissible == (1, 2)
