@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print("      BS:K (decided/datasets) " + " ".join(
             f"{b}:{'/'.join(sorted({str(r['per_bs'][b][0]) for r in runs}))}"
             f"({sum(r['per_bs'][b][1] for r in runs)}/{len(runs)})" for b in BATCH_SIZES))
-    print(dry_run(20, ks)[1])
+    print("dry-run: " + dry_run(w, ks)[1])
     return 0
 
 
