@@ -157,7 +157,7 @@ def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 100
 
 
 def sample_matches(x: np.ndarray, depth: np.ndarray, chain: tuple, rng: np.random.Generator) -> np.ndarray:
-    """One imputation ``m[r, s, j - 1]`` (1.0: a draft at depth ``j`` matches at position ``s``)
+    """One imputation ``m[r, s, j - 1]`` (True: a draft at depth ``j`` matches at position ``s``)
     from the chain's posterior: a state path per request drawn backward from the filtered states,
     then one uniform draw ``u`` per position, conditioned on what was observed there (a draft at
     depth j matches when ``u`` is below the state's rate at j). With one rate per state a known
@@ -177,7 +177,7 @@ def sample_matches(x: np.ndarray, depth: np.ndarray, chain: tuple, rng: np.rando
     obs = e[state, np.clip(depth, 1, kmax) - 1]  # the rate at the observed depth
     u = rng.random((r, t))
     u = np.where(x == 1, u * obs, np.where(x == 0, obs + u * (1.0 - obs), u))
-    return (u[..., None] < e[state]).astype(float)
+    return u[..., None] < e[state]
 
 
 def replay(m: np.ndarray, lengths: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -233,8 +233,16 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: di
             depth[i, :len(r.depth)] = r.depth
     chain = fit_chain(x, depth, kmax)
     rng = np.random.default_rng(IMPUTATION_SEED)
-    draws = [sample_matches(x, depth, chain, rng) for _ in range(imputations)]
     lengths = np.array([r.length for r in reqs], dtype=float)
+    active = [k for k in ks if k > 0]
+    tokens = {k: np.zeros(len(reqs)) for k in active}
+    steps = {k: np.zeros(len(reqs)) for k in active}
+    for _ in range(imputations):  # one draw in memory at a time
+        m = sample_matches(x, depth, chain, rng)
+        for k in active:
+            tk, sk = replay(m, lengths, k)
+            tokens[k] += tk
+            steps[k] += sk
     blocks = np.array([block[r.wave] for r in reqs])
     decode = sum(max(0, len(r.x) - 1) for r in reqs)
     unknown = sum(int((r.x[1:] == UNKNOWN).sum()) for r in reqs)
@@ -245,11 +253,10 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: di
             al[k] = 1.0
             by_block[k] = {int(b): 1.0 for b in np.unique(blocks)}
             continue
-        runs = [replay(m, lengths, k) for m in draws]
-        tokens, steps = sum(tr[0] for tr in runs), sum(tr[1] for tr in runs)
-        al[k] = float(tokens.sum() / steps.sum()) if steps.sum() > 0 else float("nan")
-        by_block[k] = {int(b): float(tokens[blocks == b].sum() / steps[blocks == b].sum())
-                       for b in np.unique(blocks) if steps[blocks == b].sum() > 0}
+        tk, sk = tokens[k], steps[k]
+        al[k] = float(tk.sum() / sk.sum()) if sk.sum() > 0 else float("nan")
+        by_block[k] = {int(b): float(tk[blocks == b].sum() / sk[blocks == b].sum())
+                       for b in np.unique(blocks) if sk[blocks == b].sum() > 0}
     model = (np.round(chain[2], 3).tolist(), np.round(chain[1][[0, 1], [1, 0]], 4).tolist())
     return Replayed(al, by_block, model, unknown / decode if decode else 0.0)
 
