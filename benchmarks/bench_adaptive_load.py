@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-NOW = re.compile(r"dsdprof adaptive K: now (\{[^}]*\}) \(([a-z ]+)")
+NOW = re.compile(r"dsdprof adaptive K: now (\{[^}]*\}) \((step times|acceptance per position \[[^]]*\])\)")
 
 
 def _port() -> int:
@@ -101,14 +101,24 @@ def changes(log: Path) -> list[tuple[str, str]]:
     return NOW.findall(log.read_text(errors="replace"))
 
 
+def watch(log: Path, seconds: float, t0: float, seen: list) -> list:
+    """Sleep ``seconds``, polling the log each second; ``seen`` gets (s since t0, K, why) per change."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+        now = changes(log)
+        seen += [(time.monotonic() - t0, ks, why) for ks, why in now[len(seen):]]
+    return list(seen)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", type=Path, default=REPO / "tables" / "toy-dense-cpu.json")
-    ap.add_argument("--before", type=float, default=40.0)
+    ap.add_argument("--before", type=float, default=90.0, help="seconds before the hog (the selector settles: probes come every 256 steps)")
     ap.add_argument("--hog", type=float, default=60.0)
     ap.add_argument("--after", type=float, default=40.0)
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--hogs", type=int, default=os.cpu_count() or 2, help="busy-loop processes (default: one per core)")
+    ap.add_argument("--hogs", type=int, default=2 * (os.cpu_count() or 2), help="busy-loop processes (default: two per core)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--option", action="append", default=[], help="an adaptive plugin option KEY=VALUE")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_adaptive_load"))
@@ -122,20 +132,18 @@ def main(argv: list[str] | None = None) -> int:
         Clients.model = str((REPO / table["provenance"]["model"]).resolve())
         clients = Clients(port, args.clients, args.max_tokens)
         t0 = time.monotonic()
-        time.sleep(args.before)
-        c0 = changes(log)
+        seen: list = [(0.0, ks, why) for ks, why in changes(log)]  # none expected before the load starts
+        c0 = watch(log, args.before, t0, seen)
         t1 = time.monotonic()
         hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
-        time.sleep(args.hog)
+        c1 = watch(log, args.hog, t0, seen)
         for h in hogs:
             h.kill()
             h.wait()
-        c1 = changes(log)
         t2 = time.monotonic()
-        time.sleep(args.after)
+        c2 = watch(log, args.after, t0, seen)
         t3 = time.monotonic()
         clients.stop.set()
-        c2 = changes(log)
     finally:
         for h in hogs:
             h.kill()
@@ -147,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         n, tok = clients.tokens(lo, hi)
         rates.append(tok / (hi - lo))
         new = after[len(before):]
-        print(f"{name:>8} {hi - lo:>5.0f} {n:>8} {tok / (hi - lo):>9.2f} {len(new):>9}  "
-              + (" / ".join(f"{ks} ({why})" for ks, why in new) or "-"))
+        print(f"{name:>8} {hi - lo:>5.0f} {n:>8} {tok / (hi - lo):>9.2f} {len(new):>9}")
+        for at, ks, why in new:
+            print(f"{'':>10}at {at:5.0f} s: K {ks} ({why})")
     slow = rates[0] / rates[1] if rates[1] else float("inf")
     print(f"slowdown under the hog: {slow:.2f}x" + ("  (< 1.2x: the hog did not load the engine)" if slow < 1.2 else ""))
     moved = len(c2) - len(c0)
