@@ -42,14 +42,17 @@ MEASUREMENT_COLUMNS: tuple[Column, ...] = (
     Column("acceptance_length", "float64",
            "tokens the target produced (accepted drafts + bonus) per request per steady-state step, counted "
            "before vLLM trims at max_tokens/EOS (v1/v2 files: tokens delivered, after trimming); paired DSD rows "
-           "(v6): 1 + sum over positions j <= K of P(at least j drafts accepted), each pooled over every "
-           "request-step of the group that drafted j or more (v4/v5 paired rows: the K's own steps)"),
+           "(v7): tokens per step of a server held at K, replayed over every request's match sequence "
+           "(`measure/vllm/replay.py`; v6 rows: 1 + sum over positions j <= K of P(at least j drafts accepted), "
+           "each pooled over every request-step of the group that drafted j or more; v4/v5 paired rows: the K's "
+           "own steps)"),
     Column("acceptance_length_own", "float64",
            "paired DSD rows: tokens per request-step of the steps that verified this K alone, checked against "
            "acceptance_length (check 'acceptance'); cells design and vanilla: = acceptance_length"),
     Column("acceptance_per_pos", "list<float64>",
            "acceptance rate of draft position 1..K (accepted at i / drafted at i, steady steps, untrimmed; "
-           "paired DSD rows: over every step of the group that drafted position i)"),
+           "paired DSD rows (v7): AL(i) - AL(i - 1) of servers held at i and i - 1, replayed, so 1 + their sum "
+           "to K is the row's acceptance_length; v6: over every step of the group that drafted position i)"),
     Column("num_drafts", "int64", "request-steps with a draft, over the steady-state steps"),
     Column("num_draft_tokens", "int64", "draft tokens scheduled in the steady-state steps"),
     Column("num_accepted_tokens", "int64", "draft tokens accepted in the steady-state steps (before trimming)"),

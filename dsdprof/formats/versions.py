@@ -6,7 +6,7 @@ beside it. Formats: measurement rows (Parquet), the K table (JSON), the run mani
 engine's step model (its version is part of a sim run's identity).
 """
 
-MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v6"
+MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v7"
 # Every measurement version this dsdprof reads (v2 added columns, v1 files lack them; v3 counts
 # acceptance_length untrimmed, drops the identity goodput_check and adds the cross-check columns
 # vllm_drafted_per_draft, trace_output_tokens, checks_failed -- v1/v2 files lack them; v4 adds
@@ -14,11 +14,15 @@ MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v6"
 # sample_block, the wave block of each paired sample, vanilla rows' waves interleaved with their group's --
 # v1-v4 files lack it and their vanilla rows pair with nothing; v6: a paired DSD row's acceptance_length
 # (and its samples, acceptance_per_pos) pools every step of its group per draft position, the K's own
-# steps' value moves to the new column acceptance_length_own -- v1-v5 files lack it).
+# steps' value moves to the new column acceptance_length_own -- v1-v5 files lack it; v7: a paired DSD row's
+# acceptance_length is a server held at K replayed over every request's match sequence (measure/vllm/replay.py),
+# acceptance_per_pos the replayed AL(i) - AL(i - 1); paired step times only from settled pure steps (hold 4) and,
+# under the synchronous scheduler, without the profiling scheduler's own time -- same columns as v6).
 # A file of a context sweep ([sweep] context_lens) carries one more column, ``context_len``
 # (:data:`dsdprof.formats.measurements.CONTEXT_COLUMN`); files without it are at the spec's input_len.
 READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2", "dsdprof.measurements/v3",
-                                 "dsdprof.measurements/v4", "dsdprof.measurements/v5", "dsdprof.measurements/v6")
+                                 "dsdprof.measurements/v4", "dsdprof.measurements/v5", "dsdprof.measurements/v6",
+                                 "dsdprof.measurements/v7")
 PARQUET_METADATA_KEY = b"dsdprof"  # Parquet key-value metadata: version + the run's provenance
 
 TABLE_SCHEMA_V1 = "dsdprof.ktable/v1"
