@@ -35,7 +35,8 @@ D = max_K |log G(b, K) / G0(b, K)|. So at the profiled acceptance and step times
 kept (a rebuild right after load changes nothing), and far from it the plain goodput decides.
 
 **Hysteresis.** K_b changes only when the best score beats K_b's by more than ``margin``, to the
-smallest K within ``margin / 2`` of the best.
+smallest K within ``margin / 2`` of the best; back to a K left in the last ``SETTLE_STEPS`` steps
+only by ``margin + SETTLE_MARGIN`` (fading to ``margin``): the first steps' noise does not flip K back.
 
 **Exploration.** :meth:`explore` (called once per engine step by a scheduler) returns, for
 ``PROBE_STEPS`` consecutive steps out of every ``explore_every`` (default 2 of 256: 0.8 % of
@@ -67,6 +68,7 @@ __all__ = ["AdaptiveKSelector", "PROBE_STEPS"]
 
 PROBE_STEPS = 2
 SETTLE_STEPS = 64  # a new K's first steps at a batch size are timed against the old K's machine factor
+SETTLE_MARGIN = 0.5  # extra margin to return to a K left, fading to 0 over SETTLE_STEPS steps (no flip-flop)
 FADE = 0.20  # live goodputs this far (log) from the profile: the table's handicap is gone
 
 
@@ -103,7 +105,7 @@ class AdaptiveKSelector:
     __slots__ = ("select", "version", "max_k", "ranges", "margin", "prior_weight", "half_life",
                  "rebuild_every", "explore_every", "itl_half_life", "tolerance", "rejected",
                  "_sizes", "_ends", "_cells", "_ref", "_k", "_table_k", "_g0", "_handicap", "_q0", "_pooled_q0",
-                 "_acc", "_itl", "_pending", "_hot", "_last_bucket", "_tick", "_probe", "_probe_up", "_since")
+                 "_acc", "_itl", "_pending", "_hot", "_last_bucket", "_tick", "_probe", "_probe_up", "_since", "_left", "_steps")
 
     def __init__(self, table: dict[str, Any], *, margin: float = 0.02, prior_weight: float = 16.0,
                  half_life: float = 2048.0, rebuild_every: int = 32, max_k: int | None = None,
@@ -180,13 +182,10 @@ class AdaptiveKSelector:
         self._acc = AcceptanceStats(depth, self.half_life, self.prior_weight)
         self._itl = StepTimes([{k: c.itl for k, c in row.items()} for row in self._cells], self.itl_half_life)
         self._since = [SETTLE_STEPS] * len(self._sizes)  # steps each batch size served its K since it changed
+        self._left, self._steps = [{} for _ in self._sizes], 0  # K -> the step it was last left at; steps with drafts / at K=0
         for bi, b in enumerate(self._sizes):  # a table K capped or not allowed: the best candidate instead
             kt = self._table_k[b]
             self._k[b] = kt if kt is not None else self._decide(bi, None, [1.0] * depth)
-
-    @classmethod
-    def from_dict(cls, doc: Any, **kwargs: Any) -> "AdaptiveKSelector":
-        return cls(doc, **kwargs)
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: Any) -> "AdaptiveKSelector":
@@ -208,16 +207,13 @@ class AdaptiveKSelector:
         """
         if type(num_drafts) is int and num_drafts == 0:
             return False
-        if not check_counts(num_drafts, accepted_per_pos, drafted_per_pos):
+        if not check_counts(num_drafts, accepted_per_pos, drafted_per_pos) or (
+                batch_size is not None and type(batch_size) is not int):
             self.rejected += 1
             return False
-        if batch_size is None:
-            q0 = self._pooled_q0 if self._last_bucket is None else self._q0[self._last_bucket]
-        elif type(batch_size) is int:
-            q0 = self._q0[self._bucket(batch_size)]
-        else:
-            self.rejected += 1
-            return False
+        last = self._last_bucket if batch_size is None else self._bucket(batch_size)
+        q0 = self._pooled_q0 if last is None else self._q0[last]
+        self._steps += 1
         if self._acc.update(int(num_drafts), accepted_per_pos, drafted_per_pos, q0):
             self._hot = self.rebuild_every  # a shift: re-derive K on each of the next rebuild_every steps
         self._pending += 1
@@ -251,6 +247,7 @@ class AdaptiveKSelector:
             self._itl.update(bucket, k, float(seconds), served)
         if k == 0:  # no observe() follows: count the step here
             self._pending += 1
+            self._steps += 1
             if self._pending >= self.rebuild_every:
                 return self.rebuild()
         return False
@@ -322,7 +319,11 @@ class AdaptiveKSelector:
         best = max(score.values())
         if current is not None and best <= (1.0 + self.margin) * score[current]:
             return current
-        return choose_k(score, 1.0 - 1.0 / (1.0 + self.margin / 2))  # the K rule, inside the hysteresis band
+        new = choose_k(score, 1.0 - 1.0 / (1.0 + self.margin / 2))  # the K rule, inside the hysteresis band
+        fade = 1.0 - (self._steps - self._left[bi].get(new, -SETTLE_STEPS)) / SETTLE_STEPS
+        if current is not None and fade > 0 and best <= (1.0 + self.margin + SETTLE_MARGIN * fade) * score[current]:
+            return current  # back to a K left in the last SETTLE_STEPS steps: a wider band (no flip-flop)
+        return new
 
     def rebuild(self) -> bool:
         """Re-derive K at every profiled batch size (with hysteresis); swap the lookup if any moved."""
@@ -333,6 +334,7 @@ class AdaptiveKSelector:
         for bi, b in enumerate(self._sizes):
             new = self._decide(bi, self._k[b], r)
             if new != self._k[b]:
+                self._left[bi][self._k[b]] = self._steps
                 self._k[b] = new
                 self._since[bi] = 0
                 changed = True
@@ -370,8 +372,7 @@ class AdaptiveKSelector:
     def _neighbour(self, bi: int, k: int) -> int:
         ks = sorted(self._cells[bi])
         i = ks.index(k)
-        down = ks[i - 1] if i > 0 else None
-        up = ks[i + 1] if i + 1 < len(ks) else None
+        down, up = ks[i - 1] if i > 0 else None, ks[i + 1] if i + 1 < len(ks) else None
         first, second = (up, down) if self._probe_up else (down, up)
         return first if first is not None else second if second is not None else k
 
