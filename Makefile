@@ -53,12 +53,13 @@ test-fast: setup
 # the suites that drive vLLM's real scheduler and config classes without an engine or a GPU
 # (the fake runner of tests/vllm_fakes.py). Measured on the 2-core dev host: install 3 min 9 s
 # (2.25 GB of wheels through a PyPI mirror; budget more on a plain network), 9.9 GB on disk
-# (du -sh .venv-vllm033); the tests take about 3 minutes (120 passed).
+# (du -sh .venv-vllm033); the tests take about 1-3 minutes (135 passed on 2026-12-03).
 VENV033 ?= .venv-vllm033
 VLLM033_TESTS := tests/test_scheduler_conformance.py tests/test_scheduler_security.py \
 	tests/test_adaptive_plugin.py tests/test_vllm_adaptive.py tests/test_paired.py \
 	tests/test_validate_steps.py tests/test_vllm_scheduler.py tests/test_vllm_internals.py \
-	tests/test_gpu_parity.py tests/test_compilation_config.py tests/test_profiler_own_time.py
+	tests/test_gpu_parity.py tests/test_compilation_config.py tests/test_profiler_own_time.py \
+	tests/test_paired_correlated.py tests/test_adaptive_plugin_live.py
 
 $(VENV033)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV033)
