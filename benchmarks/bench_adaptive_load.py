@@ -18,8 +18,6 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,44 +26,19 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.append(str(REPO))
+from tests.test_serve import start_server, stop_server  # noqa: E402
+
 NOW = re.compile(r"dsdprof adaptive K: now (\{[^}]*\}) \((step times|acceptance per position \[[^]]*\])\)")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(table: Path, log: Path, options: list[str]) -> tuple[subprocess.Popen, int]:
-    port = _port()
-    cmd = [sys.executable, "-m", "dsdprof.cli", "serve", str(table), "--adaptive", *options, "--",
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "256",
-           "--enforce-eager", "--max-num-seqs", "16"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                            start_new_session=True)
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc, port
-        except OSError:
-            time.sleep(1.0)
-    stop(proc)
-    raise SystemExit(f"server did not answer:\n{log.read_text()[-3000:]}")
+    """``dsdprof serve TABLE --adaptive OPTIONS`` on loopback, as tests/test_serve.py starts it."""
+    return start_server(table, log, *options, adaptive=True, cwd=REPO, timeout=600.0)
 
 
 def stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    except ProcessLookupError:
-        pass
+    stop_server(proc)
 
 
 class Clients:

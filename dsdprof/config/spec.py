@@ -31,6 +31,14 @@ SYNTHETIC_SPECULATIVE_KEYS = ("synthetic_acceptance_rates", "synthetic_acceptanc
 MAX_SPEC_TOKENS = 32  # the largest K a sweep may measure
 
 
+
+def _without_unset(model: Any, data: dict[str, Any], name: str) -> dict[str, Any]:
+    """``data`` (a model's dump) without ``name`` when the model leaves it None: an optional key added
+    later then dumps (and hashes) a spec without it as before."""
+    if getattr(model, name) is None:
+        data.pop(name, None)
+    return data
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -60,10 +68,7 @@ class EngineSpec(_Strict):
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
         """Unset ``synthetic_acceptance_rates`` is left out, so a spec without it dumps (and hashes) as before."""
-        data = handler(self)
-        if self.synthetic_acceptance_rates is None:
-            data.pop("synthetic_acceptance_rates", None)
-        return data
+        return _without_unset(self, handler(self), "synthetic_acceptance_rates")
 
     @field_validator("extra")
     @classmethod
@@ -147,10 +152,7 @@ class SweepGrid(_Strict):
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
         """Unset ``context_lens`` is left out, so a spec without it dumps (and hashes) as before."""
-        data = handler(self)
-        if self.context_lens is None:
-            data.pop("context_lens", None)
-        return data
+        return _without_unset(self, handler(self), "context_lens")
 
     @field_validator("context_lens")
     @classmethod
