@@ -21,7 +21,7 @@ the AR(1) interpolator ``rho / (1 + rho^2) * (r_prev + r_next)`` (``rho * r`` wi
 from its neighbours' residuals ``r = y - mu``, ``mu`` being the cell means of ``y - prediction``
 (a linear fixed point, solved exactly); the adjusted duration is ``duration * exp(-prediction)``.
 
-Result (2026-12-02, docs/measured.md): real half-widths shrink by 10-30 %; in the synthetic traces
+Result (2026-12-02, docs/lab/notebook.md): real half-widths shrink by 10-30 %; in the synthetic traces
 (within-wave correlation 0.6) the true scatter falls by 11 % but the wave blocks report 23 % less
 (the neighbours' cell means are estimated from every block, which the block bootstrap does not
 see), so the 90 % intervals cover the truth 83 % of the time (plain means: 89 %). Not adopted: a

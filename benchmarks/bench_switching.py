@@ -10,7 +10,7 @@ fixed run's steady steps) and of AL, geometric mean over rounds, with a 90 % int
 resampling rounds (each round pairs a group with the fixed runs measured next to it).
 
     VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/bench_switching.py --spec sweeps/toy-dense-cpu.toml \\
-        --batch-sizes 1,4 --rounds 4 --out docs/measured/switching
+        --batch-sizes 1,4 --rounds 4 --out docs/lab/data/switching
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Measured torch-proxy verify steps on an H200 (benchmarks/gpu_step_times.py) vs the analytic engine.
 
-    python benchmarks/gpu_vs_sim.py [docs/measured/gpu-h200]
+    python benchmarks/gpu_vs_sim.py [docs/lab/data/gpu-h200]
 
 CPU only, light (numpy/pandas/scipy). What is compared, per (BS, K), context 512, bf16, TP 1:
 
@@ -168,7 +168,7 @@ def breakdown(root: Path) -> None:
 
 
 def main() -> None:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/measured/gpu-h200")
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/lab/data/gpu-h200")
     profiles = {"H200": "H200 SXM"}
     # probe: the first probe-hardware (efficiency 1.0); probe2: after the probe measured decode-shaped
     # efficiencies, FP8 and L2 (h200-probe-v2.toml)

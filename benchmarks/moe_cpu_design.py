@@ -3,7 +3,7 @@
     python benchmarks/moe_cpu_design.py --hardware cpu-calibrated.toml [--top 20]
 
 ``--hardware``: a profile from ``dsdprof probe-hardware`` / ``dsdprof calibrate`` (docs/moe-cpu.md
-used one calibrated on docs/measured/toy-moe-experts-cpu.parquet). For every design (target
+used one calibrated on docs/lab/data/toy-moe-experts-cpu.parquet). For every design (target
 layers, experts, top-k, expert FFN, dense first layer or not, conditional acceptance alpha) it
 writes the toy's config.json pair (no weights) under --scratch, predicts BS x K with the sim
 engine and scores the rise: the largest m such that for some b1 < b2 and k1 < k2, k1 beats k2 by

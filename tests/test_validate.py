@@ -155,7 +155,7 @@ def test_committed_validate_files_carry_their_metadata_and_are_refused():
     from dsdprof.io.readers import read_measurements, read_provenance
     from dsdprof.io.runs import validate_rows
 
-    files = sorted(glob.glob(str(Path(__file__).parent.parent / "docs" / "measured" / "validate-*.parquet")))
+    files = sorted(glob.glob(str(Path(__file__).parent.parent / "docs" / "lab" / "data" / "validate-*.parquet")))
     assert len(files) >= 18
     for f in files:
         prov = read_provenance(f)

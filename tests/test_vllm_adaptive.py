@@ -2,7 +2,7 @@
 
 The demo's own table (tables/toy-dense-cpu.json: K=4 at BS 1 and 2, measured on the default toy
 pair) is served on the far-shifted pair (same shapes, so the same step times; residual scale 0.1,
-so acceptance ~0.4 per token instead of ~0.85), where fixed K=1 is the fastest (docs/measured.md).
+so acceptance ~0.4 per token instead of ~0.85), where fixed K=1 is the fastest (docs/lab/notebook.md).
 Served through ``dsdprof validate``'s adaptive engine (K <= 4), the scheduler must observe the
 live acceptance and step times, swap vLLM's lookup, and the cells must draft fewer tokens than
 the table's K. (Until issue 18 this test served a table whose step times were synthetic: the

@@ -127,7 +127,7 @@ class EngineWorker:
 
 
 StartWorker = Callable[[WorkerConfig, float], Any]
-# Pause every other engine of a pool while one measures (EnginePool.exclusive); see docs/measured.md.
+# Pause every other engine of a pool while one measures (EnginePool.exclusive); see docs/lab/notebook.md.
 # Off by default: measured, it removed ~2 % of a core at BS 8 and no interval narrowed, while a
 # paused engine cannot see its parent die (a worker exits on its pipe's EOF), so a kill -9 of the
 # sweep would leave it stopped, holding its memory. DSDPROF_PAUSE_IDLE_ENGINES=1 turns it on.
