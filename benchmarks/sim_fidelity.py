@@ -1,9 +1,11 @@
-"""The analytic engine against published GPU step times, leave-one-out.
+"""The analytic engine against published GPU step times: whole sources held out, and one point out.
 
     python benchmarks/sim_fidelity.py [benchmarks/fidelity_points.toml]
 
-For every scored point of the points file: the published step time, the prediction of priors
-fitted on all the *other* points, and the error; then the LOO MAPE, the share predicted low, the
+The headline is leave-one-SOURCE-out: every publication predicted by priors fitted on the others
+only (per source and per point). Then for every scored point: the published step time, the
+prediction of priors fitted on all the *other* points, and the error; the LOO MAPE, the share
+predicted low, the
 priors fitted on all points (what ``dsdprof/measure/sim/hardware.py`` ships) and their in-sample error,
 the BS-1 K* of the published EAGLE K sweep against the K the source found best, and the
 unscored points with the reason. The numbers are quoted in docs/sim.md.
@@ -16,34 +18,48 @@ import sys
 import numpy as np
 
 from dsdprof.measure.sim import fidelity as fid
-from dsdprof.measure.sim.hardware import HARDWARE
+from dsdprof.measure.sim.hardware import HARDWARE, OVERLAP_STEP_OVERHEAD_S
 
 
 def main(path: str) -> None:
     pts = fid.load_points(path)
     r = fid.leave_one_out(pts)
-    print(f"{len(pts)} scored points; each predicted by priors fitted on the other {len(pts) - 1}\n")
-    print(f"{'id':44s} {'hw':>13s} {'TP':>2s} {'BS':>3s} {'K':>2s} {'published':>9s} {'LOO pred':>9s} {'err':>7s}")
-    for p, pred, err in zip(pts, r.predicted_s, r.errors):
+    loso = fid.leave_one_source_out(pts) / r.published_s - 1.0
+    src = np.array([p.source for p in pts])
+    print(f"HEADLINE: whole source held out ({len(set(src))} sources, {len(pts)} points): MAPE "
+          f"{np.mean(np.abs(loso)) * 100:.1f} %, median {np.median(np.abs(loso)) * 100:.1f} %, "
+          f"predicted low at {np.mean(loso < 0) * 100:.0f} %\n")
+    print(f"{'MAPE':>6s} {'n':>3s}  source (each predicted by a fit on the other sources)")
+    for s in sorted(set(src), key=lambda s: -np.mean(np.abs(loso[src == s]))):
+        e = loso[src == s]
+        print(f"{np.mean(np.abs(e)) * 100:5.1f}% {len(e):3d}  {s[:68]}")
+    print(f"\n{len(pts)} scored points; LOO = predicted by priors fitted on the other {len(pts) - 1}; "
+          "source out = by priors fitted on the other sources\n")
+    print(f"{'id':44s} {'hw':>13s} {'TP':>2s} {'BS':>3s} {'K':>2s} {'published':>9s} {'LOO pred':>9s} "
+          f"{'err':>7s} {'src out':>7s}")
+    for p, pred, err, e2 in zip(pts, r.predicted_s, r.errors, loso):
         print(f"{p.id:44s} {p.hardware:>13s} {p.tp:2d} {p.batch:3d} {p.k:2d} {p.step_ms:8.2f}ms "
-              f"{pred * 1e3:8.2f}ms {err * 100:+6.1f}%")
+              f"{pred * 1e3:8.2f}ms {err * 100:+6.1f}% {e2 * 100:+6.1f}%")
     print(f"\nLOO MAPE {r.mape:.1f} %  (predicted low at {r.low_share * 100:.0f} % of points; "
           f"median |err| {np.median(np.abs(r.errors)) * 100:.1f} %)")
-    loso = fid.leave_one_source_out(pts) / r.published_s - 1.0
-    print(f"leave-one-source-out ({len({p.source for p in pts})} sources): MAPE {np.mean(np.abs(loso)) * 100:.1f} %, "
-          f"median {np.median(np.abs(loso)) * 100:.1f} %, predicted low at {np.mean(loso < 0) * 100:.0f} %")
     t = fid.terms(pts)
     shipped = fid.theta_of(HARDWARE["B200"])  # a GPU without points: carries the shared values
     ins = np.mean(np.abs(fid.predict(t, r.theta_all) / t.y_s - 1)) * 100
-    print(f"fit on all points (in-sample MAPE {ins:.1f} %); shared values shipped in dsdprof/measure/sim/hardware.py:")
+    print(f"fit on all points (in-sample MAPE {ins:.1f} %); shared values shipped in "
+          "dsdprof/measure/sim/hardware.py:")
     for name, fit, ship in zip(fid.PARAMS, r.theta_all, shipped):
         unit, scale = ("", 1.0) if name == "bandwidth" else ("us", 1e6)
         print(f"  {name:24s} fit {fit * scale:9.3f} {unit:2s}  shipped {ship * scale:9.3f} {unit}")
+    ov = r.theta_all[fid.FIT_PARAMS.index("overlap_step_overhead_s")]
+    print(f"  overlap_step_overhead_s  fit {ov * 1e6:9.3f} us  (SGLang points; shipped as "
+          f"OVERLAP_STEP_OVERHEAD_S {OVERLAP_STEP_OVERHEAD_S * 1e6:.0f} us)")
     print("  bandwidth per GPU (shared x fitted multiplier):",
-          ", ".join(f"{g} {fid.gpu_theta(r.theta_all, g)[0]:.3f} (shipped {HARDWARE[g].efficiency.bandwidth:.3f})"
+          ", ".join(f"{g} {fid.gpu_theta(r.theta_all, g)[0]:.3f} "
+                    f"(shipped {HARDWARE[g].efficiency.bandwidth:.3f})"
                     for g in fid.GPUS if g in {p.hardware for p in pts}))
     for source in sorted({p.source for p in pts if p.method != "none" and p.batch == 1}):
-        sweep = sorted((p for p in pts if p.source == source and p.method != "none" and p.batch == 1), key=lambda p: p.k)
+        sweep = sorted((p for p in pts if p.source == source and p.method != "none" and p.batch == 1),
+                       key=lambda p: p.k)
         if len(sweep) < 2:
             continue
         st = fid.terms(sweep)

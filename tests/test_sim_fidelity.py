@@ -1,24 +1,27 @@
 """The analytic engine against published GPU step times (benchmarks/fidelity_points.toml).
 
-Leave-one-out: every point is predicted by priors fitted on all the other points, so a point
-cannot vouch for itself. Fast (< 2 s; numpy + scipy, no engine)."""
+The headline is leave-one-SOURCE-out: every publication is predicted by priors fitted on the
+other publications only, so neither a point nor its siblings from the same setup can vouch for
+it. Leave-one-out (one point at a time) is checked too. Fast (a few s; numpy + scipy, no engine)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from dsdprof.config.spec import parse_spec
 from dsdprof.errors import InputError
 from dsdprof.measure.sim import fidelity as fid
-from dsdprof.measure.sim.hardware import HARDWARE, PRIOR_FROM
-from dsdprof.measure.sim.model import METHOD_OVERHEAD, arch_features
 from dsdprof.measure.sim.catalog import MODELS
-from dsdprof.config.spec import parse_spec
 from dsdprof.measure.sim.config import resolve
+from dsdprof.measure.sim.hardware import HARDWARE, OVERLAP_STEP_OVERHEAD_S, PRIOR_FROM
+from dsdprof.measure.sim.model import METHOD_OVERHEAD, arch_features
 
-# Achieved: 7.1 % (49 points). The issue's goal is 10 %; the bound is what the model honestly
-# reaches plus ~1 point of slack, so a regression of the model or of the data fails it.
-LOO_MAPE_BOUND = 9.0
+# Achieved (49 points, 16 sources): leave-one-source-out 8.5 %, leave-one-out 6.3 %. Issue 36's goal
+# for the whole-source figure is 10 %; each bound is what the model reaches plus ~1 point of slack,
+# so a regression of the model or of the data fails it.
+LOSO_MAPE_BOUND = 9.5
+LOO_MAPE_BOUND = 7.5
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +33,51 @@ def test_leave_one_out_error_and_no_systematic_sign(loo):
     assert len(loo.points) >= 20
     assert loo.mape <= LOO_MAPE_BOUND, loo.mape
     assert 0.3 < loo.low_share < 0.7, loo.low_share  # fewer than 70 % on one side
+
+
+def test_whole_source_held_out_error(loo):
+    """The headline: each source predicted by a fit that never saw any of its points."""
+    pred = fid.leave_one_source_out(loo.points)
+    err = pred / loo.published_s - 1.0
+    assert len({p.source for p in loo.points}) >= 15
+    assert np.mean(np.abs(err)) * 100 <= LOSO_MAPE_BOUND, np.mean(np.abs(err))
+    assert np.mean(np.abs(err)) > loo.mape / 100  # stricter than one point at a time, as it must be
+    assert np.median(np.abs(err)) < 0.08
+
+
+def test_overlap_scheduler_engines_get_their_own_step_overhead(loo):
+    """SGLang / TensorRT-LLM points are fitted with their own step overhead; the fit finds it far
+    below vLLM's (their overlap scheduler hides the CPU work), and hardware.py ships that value."""
+    assert fid.overlaps_cpu("SGLang 0.4.1.post2") and fid.overlaps_cpu("TensorRT-LLM 0.17")
+    assert fid.overlaps_cpu("trt-llm") and not fid.overlaps_cpu("vLLM 0.11.1 RC")
+    assert not fid.overlaps_cpu("NVIDIA NIM 1.8.0")
+    theta = loo.theta_all
+    ov = theta[fid.FIT_PARAMS.index("overlap_step_overhead_s")]
+    step = theta[fid.PARAMS.index("step_overhead_s")]
+    assert ov < 0.25 * step and abs(ov - OVERLAP_STEP_OVERHEAD_S) < 50e-6
+    assert sum(fid.overlaps_cpu(p.engine) for p in loo.points) >= 5
+    # with the engine term removed (all points share one step overhead), whole-source error is worse
+    t = fid.terms(loo.points)
+    t1 = fid.Terms(**{**t.__dict__, "overlap": np.zeros_like(t.overlap)})
+    src = np.array([p.source for p in loo.points])
+    pred = np.empty(len(src))
+    for s in np.unique(src):
+        held = np.flatnonzero(src == s)
+        th = fid.fit_params(t1, np.flatnonzero(src != s))
+        sub = fid.Terms(**{f: getattr(t1, f)[held] for f in fid.Terms.__dataclass_fields__})
+        pred[held] = fid.predict(sub, th)
+    shared = np.mean(np.abs(pred / t.y_s - 1)) * 100
+    assert shared > LOSO_MAPE_BOUND, shared
+
+
+def test_fp8_compute_path_on_hopper():
+    """FP8 GEMMs reach 0.907 x bf16's share of datasheet on Hopper (measured on an H200,
+    docs/gpu-h200.md); GPUs without an FP8 measurement and probed profiles keep the datasheet rate."""
+    h100, b200 = HARDWARE["H100 SXM"], HARDWARE["B200"]
+    assert h100.peak_flops("fp8") == pytest.approx(1979e12 * 0.907)
+    assert h100.peak_flops("bf16") == pytest.approx(989e12)
+    assert b200.peak_flops("fp8") == pytest.approx(4500e12)
+    assert HARDWARE["H20"].peak_flops("fp8") == pytest.approx(296e12 * 0.907)
 
 
 def test_points_cover_dense_moe_tp_fp8_and_spec():
@@ -84,7 +132,8 @@ def test_kv_cache_dtype_key(tmp_path):
     fp8 = resolve(parse_spec({**base, "sim": {**base["sim"], "kv_cache_dtype": "fp8"}}))
     assert fp8.kv_cache_dtype == "fp8"
     m = MODELS["Llama-3.1-8B"]
-    assert float(arch_features(m, "bfloat16", 1, "fp8").kv_full) * 2 == float(arch_features(m, "bfloat16", 1).kv_full)
+    kv8, kv16 = arch_features(m, "bfloat16", 1, "fp8").kv_full, arch_features(m, "bfloat16", 1).kv_full
+    assert float(kv8) * 2 == float(kv16)
     with pytest.raises(InputError) as err:
         resolve(parse_spec({**base, "sim": {**base["sim"], "kv_cache_dtype": "int3"}}))
     assert err.value.field == "sim.kv_cache_dtype" and "fp8" in str(err.value)
@@ -103,7 +152,7 @@ def test_bad_points_file_is_one_line(tmp_path):
 
 def test_grid_charges_each_method_its_own_speculation_overhead():
     from dsdprof.measure.sim import acceptance as acc
-    from dsdprof.measure.sim.grid import ModelCase, predict_grid
+    from tests.support.sim_grid import ModelCase, predict_grid
 
     m = MODELS["Llama-3.1-8B"]
     cases = [ModelCase(m, None, tuple(acc.geometric(0.7, 4)), method=meth) for meth in ("eagle", "ngram")]
@@ -124,5 +173,6 @@ def test_bad_kv_cache_dtype_is_one_line_exit_2(tmp_path):
                     '[sweep]\nbatch_sizes = [1]\nnum_spec_tokens = [0, 1]\noutput_len = 8\n'
                     '[sim]\nhardware = "H100"\nacceptance_alpha = 0.7\nkv_cache_dtype = "int3"\n')
     r = CliRunner().invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "o")])
-    assert r.exit_code == 2 and "sim.kv_cache_dtype='int3'" in r.stderr and "Traceback" not in r.stderr + r.stdout
+    assert r.exit_code == 2 and "sim.kv_cache_dtype='int3'" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
     assert len(r.stderr.strip().splitlines()) == 1

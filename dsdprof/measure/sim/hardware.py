@@ -20,7 +20,7 @@ import os
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -42,22 +42,25 @@ class Efficiency:
     Defaults: the priors fitted on the published points of ``benchmarks/fidelity_points.toml``
     (``python benchmarks/sim_fidelity.py`` prints the fit and its leave-one-out error; the test
     ``tests/test_sim_fidelity.py`` fails if they drift from a refit). ``compute`` is not
-    determined by those decode points and stays at its prior. The per-layer, per-MoE-layer and
-    per-expert latencies fit to 0 on the current points (the MoE points are explained by expert
-    streaming plus the per-layer and per-token terms; they stay for [sim] overrides and profiles).
-    The MLA term carries what DeepSeek-V3 at TP 8 needs beyond the rest (about 0.43 ms per layer).
+    determined by those decode points and stays at its prior. The per-expert latency fits to 0
+    on the current points (the MoE points are explained by expert streaming plus the per-layer,
+    per-MoE-layer and per-token terms; it stays for [sim] overrides and profiles). The MLA term
+    carries what DeepSeek-V3 at TP 8 needs beyond the rest (about 0.43 ms per layer). The step
+    overhead is vLLM's: points measured by SGLang are fitted with their own step overhead
+    (:data:`OVERLAP_STEP_OVERHEAD_S`), as its overlap scheduler hides the CPU work.
     """
 
-    bandwidth: float = 0.807  # fitted, shared; catalog GPUs with points carry their own (below)
+    bandwidth: float = 0.823  # fitted, shared; catalog GPUs with points carry their own (below)
     compute: float = 0.70  # prior: H200 8192^3 bf16 790 of 989 TFLOP/s = 0.80 at best; decode GEMMs less
-    step_overhead_s: float = 1.905e-3  # fitted: scheduler, sampling, input prep, launches per engine step
-    draft_step_overhead_s: float = 0.720e-3  # fitted (EAGLE: vLLM K sweep, vLLM V1 EAGLE-1): per draft forward pass
-    dsd_overhead_s: float = 0.885e-3  # fitted (EAGLE): drafter bookkeeping paid even at K=0
-    layer_overhead_s: float = 18.0e-6  # fitted: per decoder layer per forward pass (unfused small kernels)
-    moe_layer_overhead_s: float = 0.0  # fitted 0: per MoE layer per forward pass (router, top-k, permute)
+    step_overhead_s: float = 1.502e-3  # fitted (vLLM points): scheduler, sampling, input prep per step
+    # fitted (EAGLE: vLLM K sweep, vLLM V1 EAGLE-1): per draft forward pass
+    draft_step_overhead_s: float = 0.704e-3
+    dsd_overhead_s: float = 0.784e-3  # fitted (EAGLE): drafter bookkeeping paid even at K=0
+    layer_overhead_s: float = 32.3e-6  # fitted: per decoder layer per forward pass (unfused small kernels)
+    moe_layer_overhead_s: float = 17.0e-6  # fitted: per MoE layer per forward pass (router, top-k, permute)
     expert_overhead_s: float = 0.0  # fitted 0: per distinct expert loaded per MoE layer (latency-bound GEMM)
-    mla_layer_overhead_s: float = 425.9e-6  # fitted (DeepSeek-V3 points only): per MLA layer per forward
-    token_overhead_s: float = 0.511e-6  # fitted: per token per layer per 4096 hidden units (elementwise work)
+    mla_layer_overhead_s: float = 426.8e-6  # fitted (DeepSeek-V3 points only): per MLA layer per forward
+    token_overhead_s: float = 0.507e-6  # fitted: per token per layer per 4096 hidden units (elementwise work)
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,13 @@ class Hardware:
     fp32_tflops: float = 0.0  # 0 = half the bf16 rate (TF32 tensor cores)
     cache_mb: float = 0.0
     interconnect_gbs: float = 0.0  # per direction, per device (NVLink / IF / PCIe)
-    allreduce_latency_s: float = 17.5e-6  # fitted: per TP all-reduce (2 per layer), independent of TP
+    allreduce_latency_s: float = 14.6e-6  # fitted: per TP all-reduce (2 per layer), independent of TP
     tile_m: int = 64  # largest GEMM row tile: large token counts are padded to a multiple of it
     min_tile_m: int = 16  # smallest row tile a decode GEMM uses (see dsdprof.measure.sim.model.padded)
     fp4_tflops: float = 0.0  # 0 = no FP4 tensor cores: W4A4 GEMMs run at the fp8 (else bf16) rate
+    # achieved FP8 GEMM efficiency relative to bf16's (the compute efficiency is a bf16 figure):
+    # 1.0 for probed profiles (their fp8_tflops is measured); catalog Hopper entries _FP8_HOPPER
+    fp8_compute_ratio: float = 1.0
     efficiency: Efficiency = field(default_factory=Efficiency)
 
     def peak_flops(self, compute_dtype: str) -> float:
@@ -83,11 +89,13 @@ class Hardware:
 
         ``int8`` runs at the FP8 rate (equal on Hopper/Ada/Blackwell datasheets; hardware without
         FP8, e.g. A100, is credited the bf16 rate: conservative). ``fp4`` falls back to FP8, then bf16.
+        The FP8 rate is the datasheet's times ``fp8_compute_ratio`` (FP8 GEMMs reach a smaller share
+        of their datasheet peak than bf16 ones; see ``_FP8_HOPPER``).
         """
         if compute_dtype == "fp4" and self.fp4_tflops > 0:
             return self.fp4_tflops * 1e12
         if compute_dtype in ("fp8", "int8", "fp4") and self.fp8_tflops > 0:
-            return self.fp8_tflops * 1e12
+            return self.fp8_tflops * 1e12 * self.fp8_compute_ratio
         if compute_dtype == "fp32":
             return (self.fp32_tflops or self.bf16_tflops / 2) * 1e12
         return self.bf16_tflops * 1e12
@@ -110,6 +118,12 @@ class Hardware:
 # MI325X takes MI300X's (PRIOR_FROM); PCIe cards pay 3x the NVLink all-reduce latency (assumed, no
 # point at TP > 1 over PCIe).
 PRIOR_FROM = {"MI325X": "MI300X"}  # GPUs without points that take another catalog GPU's fitted efficiency
+# The step overhead the fit finds for points measured by an engine with an overlap scheduler
+# (SGLang >= 0.4, https://lmsys.org/blog/2024-12-04-sglang-v0-4/#zero-overhead-batch-scheduler;
+# TensorRT-LLM: https://nvidia.github.io/TensorRT-LLM/latest/features/overlap-scheduler.html):
+# 0 on the suite's 7 SGLang points (fidelity.ENGINE_PARAMS). Set [sim] step_overhead_s to it to
+# predict such an engine; the catalog's step overhead is vLLM's.
+OVERLAP_STEP_OVERHEAD_S = 0.0
 _NVL = Hardware.__dataclass_fields__["allreduce_latency_s"].default
 _FIT = Efficiency()
 
@@ -120,32 +134,45 @@ def _bw(e_bw: float) -> Efficiency:
 
 
 _PCIE = dict(interconnect_gbs=32.0, allreduce_latency_s=3 * _NVL)
+# FP8 compute path on Hopper (H100, H200, H20: the same SM90 tensor cores): an e4m3 8192^3 GEMM
+# (torch._scaled_mm) reached 1432 / 1459 TFLOP/s = 72-74 % of the 1979 datasheet, bf16 795 / 797 of
+# 989 = 80.5 % on the same H200 (docs/gpu-h200.md, probe-hardware call 3): FP8 achieves 0.907 x
+# bf16's share of peak. Other GPUs keep 1.0 (no FP8 measurement here).
+_FP8_HOPPER = 0.907
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
-    # datasheet fp8, NVLink 900 GB/s bidir; bandwidth efficiency fitted on 22 H100 points (3.13 TB/s)
-    Hardware("H100 SXM", 989, 3.35, 80, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450, efficiency=_bw(0.933)),
-    # fitted on 6 H200 points (3.85 TB/s; the torch proxy of docs/gpu-h200.md measured its weight GEMMs
+    # datasheet fp8, NVLink 900 GB/s bidir; bandwidth efficiency fitted on 22 H100 points (3.10 TB/s)
+    Hardware("H100 SXM", 989, 3.35, 80, fp8_tflops=1979, fp8_compute_ratio=_FP8_HOPPER, cache_mb=50,
+             interconnect_gbs=450, efficiency=_bw(0.924)),
+    # fitted on 6 H200 points (3.95 TB/s; the torch proxy of docs/gpu-h200.md measured its weight GEMMs
     # at 3.76 TB/s = 0.78, independently)
-    Hardware("H200 SXM", 989, 4.8, 141, fp8_tflops=1979, cache_mb=50, interconnect_gbs=450, efficiency=_bw(0.804)),
+    Hardware("H200 SXM", 989, 4.8, 141, fp8_tflops=1979, fp8_compute_ratio=_FP8_HOPPER, cache_mb=50,
+             interconnect_gbs=450, efficiency=_bw(0.823)),
     Hardware("B200", 2250, 8.0, 180, fp8_tflops=4500, cache_mb=126, interconnect_gbs=900,
              fp4_tflops=9000),  # datasheet fp8 / fp4 (dense = half the sparse figure), NVLink5
-    # datasheet (not in reference.md): H20 148 bf16 / 296 fp8 TFLOP/s dense, 4.0 TB/s HBM3, 96 GB, 60 MB L2
-    Hardware("H20", 148, 4.0, 96, fp8_tflops=296, cache_mb=60, interconnect_gbs=450,
-             efficiency=_bw(0.804)),  # 1 point (DeepSeek-V3.2, latency-bound): ~ the shared value
+    # datasheet (not in reference.md): H20 148 bf16 / 296 fp8 TFLOP/s dense, 4.0 TB/s HBM3, 96 GB, 60 MB L2,
+    # NVLink 900 GB/s bidir, 78 SMs (Geekbench 6 listing; H100 SXM 132): a Hopper with 15 % of H100's
+    # tensor rate, so GEMMs turn compute-bound near 30 tokens (bf16 and fp8) where H100 needs ~200
+    Hardware("H20", 148, 4.0, 96, fp8_tflops=296, fp8_compute_ratio=_FP8_HOPPER, cache_mb=60,
+             interconnect_gbs=450,
+             efficiency=_bw(0.825)),  # 1 point (DeepSeek-V3.2, latency-bound): ~ the shared value
     Hardware("A100 80GB SXM", 312, 2.039, 80, cache_mb=40, interconnect_gbs=300,
-             efficiency=_bw(0.775)),  # fitted on 3 points (vLLM nightly)
+             efficiency=_bw(0.785)),  # fitted on 3 points (vLLM nightly)
     # datasheet (not in reference.md): A100 40GB SXM 312 bf16 TFLOP/s dense, 1.555 TB/s HBM2, 40 MB L2
     Hardware("A100 40GB SXM", 312, 1.555, 40, cache_mb=40, interconnect_gbs=300,
-             efficiency=_bw(0.873)),  # 1 point (vLLM 0.23, Llama-3.1-8B BS 1)
+             efficiency=_bw(0.881)),  # 1 point (vLLM 0.23, Llama-3.1-8B BS 1)
     Hardware("L40S", 362, 0.864, 48, fp8_tflops=733, **_PCIE),  # datasheet fp8
     # datasheet: 7 IF links x 64 GB/s; bandwidth efficiency fitted on 16 points (vLLM 0.11.1 RC on
-    # ROCm 7, Llama-3.1-70B/405B FP8 TP 8, BS 1-128): 3.58 TB/s
-    Hardware("MI300X", 1307, 5.3, 192, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448, efficiency=_bw(0.678)),
+    # ROCm 7, Llama-3.1-70B/405B FP8 TP 8, BS 1-128): 3.79 TB/s
+    Hardware("MI300X", 1307, 5.3, 192, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448,
+             efficiency=_bw(0.716)),
     # no point; same CDNA3 die and ROCm stack as MI300X with faster HBM3E: MI300X's fitted efficiency
-    Hardware("MI325X", 1307, 6.0, 256, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448, efficiency=_bw(0.678)),
+    Hardware("MI325X", 1307, 6.0, 256, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448,
+             efficiency=_bw(0.716)),
     Hardware("RTX 4090", 165, 1.008, 24, fp8_tflops=330, cache_mb=72, **_PCIE),  # FP32-accumulate rates
 )}
 _ALIASES = {"h100": "H100 SXM", "h100sxm": "H100 SXM", "h200": "H200 SXM", "h200sxm": "H200 SXM",
-            "b200": "B200", "h20": "H20", "a100": "A100 80GB SXM", "a10080g": "A100 80GB SXM", "a10080gb": "A100 80GB SXM",
+            "b200": "B200", "h20": "H20", "a100": "A100 80GB SXM", "a10080g": "A100 80GB SXM",
+            "a10080gb": "A100 80GB SXM",
             "a10080gbsxm": "A100 80GB SXM",
             "a10040g": "A100 40GB SXM", "a10040gb": "A100 40GB SXM", "a10040gbsxm": "A100 40GB SXM",
             "l40s": "L40S", "mi300x": "MI300X", "mi325x": "MI325X",
@@ -169,10 +196,11 @@ class _HardwareIn(_Strict):
     fp32_tflops: float = Field(0.0, ge=0)
     cache_mb: float = Field(0.0, ge=0)
     interconnect_gbs: float = Field(0.0, ge=0)
-    allreduce_latency_s: float = Field(17.5e-6, ge=0)
+    allreduce_latency_s: float = Field(14.6e-6, ge=0)
     tile_m: int = Field(64, ge=1)
     min_tile_m: int = Field(16, ge=1)
     fp4_tflops: float = Field(0.0, ge=0)
+    fp8_compute_ratio: float = Field(1.0, gt=0, le=1.0)
 
 
 class _EfficiencyIn(_Strict):
@@ -218,7 +246,7 @@ def load_profile(path: str | Path, field: str = "sim.hardware") -> Hardware:
     p = Path(path).expanduser()
     if not p.is_file():
         raise InputError(field, str(path), "not a catalog hardware name and no such profile file; "
-                                           f"{did_you_mean(str(path), HARDWARE)}catalog: {', '.join(HARDWARE)}")
+                         f"{did_you_mean(str(path), HARDWARE)}catalog: {', '.join(HARDWARE)}")
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as err:
@@ -239,7 +267,7 @@ def resolve_hardware(name_or_path: str, field: str = "sim.hardware") -> Hardware
     return load_profile(name_or_path, field)
 
 
-def with_efficiency(hw: Hardware, **overrides: Optional[float]) -> Hardware:
+def with_efficiency(hw: Hardware, **overrides: float | None) -> Hardware:
     """``hw`` with the given efficiency fields replaced (None values ignored)."""
     given = {k: v for k, v in overrides.items() if v is not None}
     return replace(hw, efficiency=replace(hw.efficiency, **given)) if given else hw
