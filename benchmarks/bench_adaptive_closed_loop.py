@@ -1,4 +1,4 @@
-"""AdaptiveKSelector in a closed loop (dsdprof.serve.simulate): how fast it reaches the best fixed K
+"""AdaptiveKSelector in a closed loop (tests/support/simulate.py): how fast it reaches the best fixed K
 (vanilla included) on wrong tables, and how fast it leaves and comes back after an acceptance shift.
 
     python benchmarks/bench_adaptive_closed_loop.py [--seeds N]
@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
-from dsdprof.serve.adaptive import AdaptiveKSelector
-from dsdprof.serve.simulate import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+
+from dsdprof.serve.adaptive import AdaptiveKSelector  # noqa: E402
+from tests.support.simulate import (  # noqa: E402
     Phase, best_fixed, chain_al, first_within, reach_step, served_goodput, simulate, synthetic_table,
 )
 

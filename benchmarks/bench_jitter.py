@@ -286,7 +286,7 @@ def main(argv=None) -> int:
                 waves_done[cfg.name] += waves
                 for k in bench.ks:
                     rows[cfg.name].append(measurement_row(Cell(rnd, bench.bs, "dsd", k, group=bench.ks),
-                                                          by_k[k], prov, 0.25))
+                                                          by_k[k], prov))
                 for k, xs in pure_step_times(args.out / "_traces" / f"{cfg.name}-r{rnd}.jsonl",
                                              bench.bs, bench.ks).items():
                     pure[cfg.name][k].extend((rnd * 1000 + w, x) for w, x in xs)

@@ -100,7 +100,7 @@ def main(argv=None) -> int:
                 order = [ks[j] for j in balanced_order(len(ks), i)]
                 for k in order:
                     cell = Cell(0, b, MODE_DSD, k, group=tuple(ks) if design == "paired" else ())
-                    rows[design].append(measurement_row(cell, engine.measure(cell), prov, 0.25))
+                    rows[design].append(measurement_row(cell, engine.measure(cell), prov))
                 print(f"BS {b} {design}: {time.perf_counter() - t:.0f} s", flush=True)
                 _write(args.out, rows)  # after every block: a run cut short keeps what it measured
     finally:

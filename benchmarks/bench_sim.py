@@ -7,15 +7,19 @@ the per-cell path a sweep uses (SimEngine.measure) for comparison.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.sim.acceptance import geometric
 from dsdprof.measure.sim.catalog import MODELS, derived_draft
-from dsdprof.measure.sim.grid import ModelCase, predict_grid
 from dsdprof.measure.sim.hardware import HARDWARE
 from dsdprof.config.spec import parse_spec
+from tests.support.sim_grid import ModelCase, predict_grid
 
 TARGETS = ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen3-8B", "Qwen3-30B-A3B", "Qwen3-235B-A22B", "Mixtral-8x7B",
            "DeepSeek-V3", "gpt-oss-20b", "gpt-oss-120b", "Llama-3.2-1B"]

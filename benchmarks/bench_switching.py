@@ -76,7 +76,7 @@ def main(argv=None) -> int:
                         engine.spec = fixed
                         runs = [Cell(r, b, MODE_DSD, ks[j]) for j in balanced_order(len(ks), r)]
                     for cell in runs:
-                        row = measurement_row(cell, engine.measure(cell), prov, 0.25)
+                        row = measurement_row(cell, engine.measure(cell), prov)
                         rows.append({**row, "round": r, "block": block})
                 print(f"BS {b} round {r}: {time.perf_counter() - t:.0f} s", flush=True)
                 if args.out is not None:

@@ -1,6 +1,6 @@
 """AdaptiveKSelector as a controller: hostile input, the table's own K, live step times, recovery.
 
-Closed loops run through dsdprof.serve.simulate (a stdlib engine with known truth)."""
+Closed loops run through tests/support/simulate.py (a stdlib engine with known truth)."""
 
 import json
 import math
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsdprof.serve.adaptive import PROBE_STEPS, AdaptiveKSelector
-from dsdprof.serve.simulate import (
+from tests.support.simulate import (
     Phase, best_fixed, chain_al, first_within, reach_step, served_goodput, simulate, synthetic_table,
 )
 from dsdprof.formats.ktable import ranges_from_points

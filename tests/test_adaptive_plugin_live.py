@@ -9,7 +9,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from dsdprof.serve.adaptive import PROBE_STEPS
-from dsdprof.serve.simulate import synthetic_table
+from tests.support.simulate import synthetic_table
 from dsdprof.serve.settings import adaptive_additional_config
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")

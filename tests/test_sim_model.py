@@ -10,7 +10,7 @@ import pytest
 from dsdprof.errors import InputError
 from dsdprof.measure.sim import acceptance as acc
 from dsdprof.measure.sim.catalog import MODELS, derived_draft, load_hf_config, resolve_model
-from dsdprof.measure.sim.grid import ModelCase, predict_grid
+from tests.support.sim_grid import ModelCase, predict_grid
 from dsdprof.measure.sim.hardware import HARDWARE, Efficiency, load_profile, resolve_hardware, write_profile
 from dsdprof.measure.sim.model import (
     NO_DRAFT, HwArrays, arch_features, distinct_experts, padded, step_time,

@@ -26,11 +26,11 @@ def _m(al=2.0, itl=0.01, tpot=0.005):
 
 
 def _ok(bs):
-    return measurement_row(Cell(0, bs, "dsd", 1), _m(), PROV, 0.25)
+    return measurement_row(Cell(0, bs, "dsd", 1), _m(), PROV)
 
 
 def _failed(bs, error="RuntimeError: boom"):
-    return measurement_row(Cell(0, bs, "dsd", 1), None, PROV, 0.25, error=error)
+    return measurement_row(Cell(0, bs, "dsd", 1), None, PROV, error=error)
 
 
 def _run(out, rows, spec=SPEC, resume=False, **kw):
@@ -67,7 +67,7 @@ def test_rows_are_durable_and_readable_with_pandas(tmp_path):
 def test_a_failed_cross_check_is_flagged_and_named():
     from dataclasses import replace
 
-    row = measurement_row(Cell(0, 1, "dsd", 1), replace(_m(), checks_failed="tokens: 10 vs 12 (-16.67%)"), PROV, 0.25)
+    row = measurement_row(Cell(0, 1, "dsd", 1), replace(_m(), checks_failed="tokens: 10 vs 12 (-16.67%)"), PROV)
     assert row["consistent"] is False and row["checks_failed"].startswith("tokens: ")
 
 

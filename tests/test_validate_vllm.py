@@ -78,7 +78,7 @@ def test_validate_steps_design_runs_every_variant_in_one_engine(tmp_path):
     """--design steps --adaptive: two engines (vanilla, the adaptive one); fixed K, the table and the
     plugin are arms of one K sequence inside the same waves, each row from its own steps."""
     from dsdprof.measure.vllm.trace import read_trace
-    from dsdprof.serve.simulate import synthetic_table
+    from tests.support.simulate import synthetic_table
 
     toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(kind="dense"))
     table = synthetic_table({b: {k: 0.03 + 0.003 * k + 0.001 * b * k for k in range(4)} for b in (1, 2)}, (0.8,) * 3)

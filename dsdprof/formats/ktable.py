@@ -365,7 +365,7 @@ def choose_k(goodput_by_k: dict[int, float], tolerance: float, slack: float = 1e
     """The K rule on point estimates: the smallest K whose goodput is within ``tolerance``
     (relative) of the best. Every K a table holds was chosen by this rule -- with intervals by
     :func:`dsdprof.decide.rule.decide_batch` (the same rule on the interval's lower end),
-    vectorised over a whole grid by :func:`dsdprof.measure.sim.grid.optimal_k`, live by
+    vectorised over a whole grid by ``optimal_k`` in ``tests/support/sim_grid.py``, live by
     :mod:`dsdprof.serve.adaptive`."""
     best = max(goodput_by_k.values())
     return min(k for k, g in goodput_by_k.items() if g >= best * (1.0 - tolerance) - slack * best)

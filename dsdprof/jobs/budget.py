@@ -390,7 +390,7 @@ def run_budgeted_sweep(spec: Any, out_dir: str | Path, budget: Budget, resume: b
     planner = BudgetPlanner(spec, budget, tolerance, confidence, min_repeats, max_passes)
     res = run_plan(planner, normalised_spec_dump(spec), out_dir,
                    (lambda: engine) if engine is not None else default_engine(spec, out_dir, stream_engine_log),
-                   resume=resume, on_progress=on_progress, tolerance=spec.sweep.consistency_tolerance,
+                   resume=resume, on_progress=on_progress,
                    batching=batching_for(spec))
     final = planner.analysis
     return BudgetSummary(

@@ -49,7 +49,7 @@ ProgressCallback = Callable[[SweepProgress], None]
 
 
 def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
-                    tolerance: float, error: str = "") -> dict[str, Any]:
+                    error: str = "") -> dict[str, Any]:
     """One Parquet row for a finished (or failed) cell."""
     row = empty_row()
     row.update({k: v for k, v in prov.items() if k in row})
@@ -99,15 +99,15 @@ class RunResult(SweepSummary):
     stopped: bool  # a cell was refused by ``Planner.admit``
 
 
-def _measure_one(cell: Cell, engine: Engine, prov: dict[str, Any], tolerance: float) -> dict[str, Any]:
+def _measure_one(cell: Cell, engine: Engine, prov: dict[str, Any]) -> dict[str, Any]:
     """The cell's row; an engine error becomes a failed row with the error (the run goes on)."""
     t0 = time.perf_counter()
     try:
-        return measurement_row(cell, engine.measure(cell), prov, tolerance)
+        return measurement_row(cell, engine.measure(cell), prov)
     except KeyboardInterrupt:
         raise
     except Exception as err:  # noqa: BLE001 - a failed cell is a row, not a dead sweep
-        row = measurement_row(cell, None, prov, tolerance, error=f"{type(err).__name__}: {err}")
+        row = measurement_row(cell, None, prov, error=f"{type(err).__name__}: {err}")
         row["wall_s"] = time.perf_counter() - t0
         return row
 
@@ -129,7 +129,7 @@ def _read_rows(out: Path) -> list[dict[str, Any]]:
 
 def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
              make_engine: Callable[[], Engine], *, resume: bool = False,
-             on_progress: ProgressCallback | None = None, tolerance: float,
+             on_progress: ProgressCallback | None = None,
              batching: Optional[dict[str, float]] = None) -> RunResult:
     """The one cell loop behind ``sweep``, ``sweep --budget`` and ``validate``.
 
@@ -164,7 +164,7 @@ def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
                         stopped = True
                         break
                     notify(SweepProgress("start", i, len(cells), cell))
-                    row = _measure_one(cell, engine, prov, tolerance)
+                    row = _measure_one(cell, engine, prov)
                     writer.write_row(row)
                     rows.append(dict(row))
                     total += 1
@@ -343,6 +343,6 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, resume: bool = False,
     planner = GridPlanner(spec)
     res = run_plan(planner, normalised_spec_dump(spec), out_dir,
                    (lambda: engine) if engine is not None else default_engine(spec, out_dir, stream_engine_log),
-                   resume=resume, on_progress=on_progress, tolerance=spec.sweep.consistency_tolerance,
+                   resume=resume, on_progress=on_progress,
                    batching=batching_for(spec))
     return SweepSummary(res.out, res.total, res.ok, res.failed, res.skipped, res.speculation_mode)

@@ -15,7 +15,7 @@ quantization), :func:`expert_term` (MoE experts: expected distinct experts loade
 same with K = 0 and no speculative overhead.
 
 Every function is pure numpy and broadcasts: pass floats for one cell or arrays shaped e.g.
-(hardware, model, BS, K) for a whole grid (see :mod:`dsdprof.measure.sim.grid`).
+(hardware, model, BS, K) for a whole grid (see ``tests/support/sim_grid.py``).
 """
 
 from __future__ import annotations

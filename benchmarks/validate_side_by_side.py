@@ -1,9 +1,9 @@
-"""Issue 18 side by side (docs/measured.md): read a ``dsdprof validate --adaptive`` run directory and print,
+"""A validate run side by side (docs/lab/notebook.md): read a ``dsdprof validate --adaptive`` run directory and print,
 per batch size, tokens/s per user of every variant with the regrets and their 90 % intervals, using
 dsdprof's own comparison and bootstrap (dsdprof.report.compare), plus the K the adaptive plugin served
 per measured wave (from its step traces).
 
-    PYTHONPATH=. python benchmarks/issue18_side_by_side.py runs/v18-a [--repeat R] [--waves-from 4:4,16:2]
+    PYTHONPATH=. python benchmarks/validate_side_by_side.py runs/v18-a [--repeat R] [--waves-from 4:4,16:2]
 
 Regrets: vs the best fixed K (``regret``), vs the best of fixed K and vanilla (``oracle``), and adaptive
 vs the static table (``vs static``); each is 1 - variant / reference, the interval from the paired
