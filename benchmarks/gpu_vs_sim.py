@@ -141,6 +141,81 @@ def sim_k(model: str, hw_name: str) -> dict[int, int]:
     return out
 
 
+# MoE shape: the catalog MoEs on H200 (dense Llama for reference), each on the fewest GPUs it fits
+SHAPE_BS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+SHAPE_CASES = [  # (label, model, tp, dtype, method)
+    ("Llama-3.1-8B (dense)", "Llama-3.1-8B", 1, "bfloat16", "eagle3"),
+    ("Mixtral-8x7B (E8 k2)", "Mixtral-8x7B", 1, "bfloat16", "eagle3"),
+    ("gpt-oss-20b (E32 k4)", "gpt-oss-20b", 1, "auto", "eagle3"),
+    ("Qwen3-30B-A3B (E128 k8)", "Qwen3-30B-A3B", 1, "bfloat16", "eagle3"),
+    ("gpt-oss-120b (E128 k4)", "gpt-oss-120b", 1, "auto", "eagle3"),
+    ("Qwen3-235B-A22B TP4 (E128 k8)", "Qwen3-235B-A22B", 4, "bfloat16", "eagle3"),
+    ("DeepSeek-V3 TP8 FP8 (E256 k8)", "DeepSeek-V3", 8, "auto", "mtp"),
+]
+SHAPE_ACC = {"EAGLE-3 sweep (AL(3) 2.79)": {"acceptance_per_pos": ACC},
+             "alpha 0.55 (AL(3) 2.02)": {"acceptance_alpha": 0.55}}
+
+
+def shape_k(model: str, tp: int, dtype: str, method: str, acc: dict) -> list[int]:
+    """The sim's K* per SHAPE_BS (H200 SXM priors, all overheads; 0 where it does not fit)."""
+    e = SimEngine(parse_spec({
+        "engine": {"name": "sim", "model": model, "method": method, "dtype": dtype, "max_model_len": 4096,
+                   "tensor_parallel_size": tp},
+        "sweep": {"batch_sizes": SHAPE_BS, "num_spec_tokens": list(range(8))},
+        "sim": {"hardware": "H200 SXM", "context_len": CONTEXT, **acc}}))
+    out = []
+    for b in SHAPE_BS:
+        g = {k: (lambda m: m.acceptance_length / m.itl_s)(e.measure(Cell(0, b, "dsd", k))) for k in range(8)}
+        out.append(max(g, key=g.get))
+    return out
+
+
+def moe_shape(moe: pd.DataFrame, png: str | None) -> None:
+    """K* per BS: the sim on every catalog MoE beside the K* derived from the measured proxy."""
+    print("\n=== MoE shape: sim K* per BS (H200 SXM priors) at two acceptance curves")
+    print(f"  {'BS':31s}" + "".join(f"{b:4d}" for b in SHAPE_BS))
+    ks = {}
+    for acc_label, acc in SHAPE_ACC.items():
+        print(f"  acceptance: {acc_label}")
+        for label, model, tp, dtype, method in SHAPE_CASES:
+            ks[label, acc_label] = shape_k(model, tp, dtype, method, acc)
+            print(f"  {label:31s}" + "".join(f"{k:4d}" for k in ks[label, acc_label]))
+    proxy = derive_k(moe, DRAFT_STEP_MS)
+    print(f"  {'proxy Qwen3-shape (measured)':31s}" + "".join(f"{proxy[b][0]:4d}" for b in SHAPE_BS if b in proxy))
+    if not png:
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    arch = MODELS[STACKS["moe"]]
+    for k, mk in ((0, "o"), (3, "s"), (7, "^")):
+        r = moe[moe.k == k].sort_values("batch_size")
+        b = r.batch_size.to_numpy()
+        ax1.plot(b, r.median_ms, mk, color=f"C{k % 10}", label=f"measured proxy, K={k}")
+        kern, _ = verify_ms("H200 SXM", STACKS["moe"], b, np.full_like(b, k))
+        ax1.plot(b, kern, "-", color=f"C{k % 10}", alpha=0.7, label=f"sim kernel terms, K={k}")
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("batch size (verify tokens T = BS·(K+1))")
+    ax1.set_ylabel("target verify step, ms")
+    ax1.set_title(f"{arch.name} shape on one H200: measured torch proxy vs sim")
+    ax1.legend(fontsize=7)
+    acc_label = next(iter(SHAPE_ACC))
+    bs = [b for b in SHAPE_BS if b in proxy]
+    ax2.plot(bs, [proxy[b][0] for b in bs], "ko--", lw=2, label="measured proxy, Qwen3 shape (0.2 ms/draft)")
+    for i, (label, *_rest) in enumerate(SHAPE_CASES):
+        ax2.plot(SHAPE_BS, np.array(ks[label, acc_label]) + 0.06 * (i - 3), "-", marker=".", label=f"sim: {label}")
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("batch size")
+    ax2.set_ylabel("goodput-optimal K")
+    ax2.set_title(f"K* by batch size, acceptance {acc_label}")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"  wrote {png}")
+
+
 def breakdown(root: Path) -> None:
     """Variants timed by gpu_step_times.py --breakdown: where a step's time goes."""
     import json
@@ -168,7 +243,13 @@ def breakdown(root: Path) -> None:
 
 
 def main() -> None:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/lab/data/gpu-h200")
+    args = sys.argv[1:]
+    png = None
+    if "--plot" in args:
+        i = args.index("--plot")
+        png = args[i + 1]
+        args = args[:i] + args[i + 2:]
+    root = Path(args[0] if args else "docs/lab/data/gpu-h200")
     profiles = {"H200": "H200 SXM"}
     # probe: the first probe-hardware (efficiency 1.0); probe2: after the probe measured decode-shaped
     # efficiencies, FP8 and L2 (h200-probe-v2.toml)
@@ -222,6 +303,8 @@ def main() -> None:
             print(f"  DERIVED K* (AL from {ACC}, draft cost {draft} ms/draft step): "
                   + ", ".join(f"BS {b}: K={kk} ({gain:.2f}x)" for b, (kk, gain) in ks.items()))
         print(f"  sim's own K* (H200 SXM priors, EAGLE-3 draft + overheads, same AL): {sim_k(STACKS[kind], 'H200 SXM')}")
+        if kind == "moe":
+            moe_shape(df, png)
     breakdown(root)
 
 
