@@ -160,11 +160,13 @@ def analyze(
     from dsdprof.decide.analysis import analyze_path
     from dsdprof.decide.context import analyze_contexts_path
     from dsdprof.cli.analyze import analysis_csv, analysis_json, render_analysis
+    from dsdprof.io.runs import open_run
 
     if json_out and csv_out:
         raise fail("--csv: give --json or --csv, not both")
     options = dict(tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence, acceptance=acceptance)
-    by_context = analyze_contexts_path(measurements, **options)
+    run = open_run(measurements)  # every file read once
+    by_context = analyze_contexts_path(run, **options)
     if by_context is not None:  # a context sweep: the same analysis per context
         if json_out:
             print(json.dumps({str(c): json.loads(analysis_json(a)) for c, a in by_context.slices.items()}, indent=2))
@@ -173,7 +175,7 @@ def analyze(
             console.rule(f"context {c}")
             render_analysis(a, console, err_console)
         return
-    result = analyze_path(measurements, **options)
+    result = analyze_path(run, **options)
     if json_out or csv_out:
         sys.stdout.write((analysis_json(result) + "\n") if json_out else analysis_csv(result))
         sys.stdout.flush()

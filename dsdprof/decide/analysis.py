@@ -27,16 +27,18 @@ import pandas as pd
 from dsdprof.decide.chain import (CHAIN_METHODS, chain_check, fractions_at, share_replicates,
                                   with_chain_acceptance)
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
-from dsdprof.decide.bootstrap import batch_replicates, check_confidence, speedup_interval
+from dsdprof.decide.bootstrap import batch_replicates, check_confidence
+from dsdprof.decide.speedup import speedup_estimate
 from dsdprof.decide.vanilla import vanilla_columns  # vanilla_gain*, vanilla_faster: see that module
-from dsdprof.decide.rule import (SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, decision_family, margin,
+from dsdprof.decide.rule import (SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, decision_family,
+                                 margin,
                                  regret_bound)
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import choose_k  # noqa: F401 - the K rule, re-exported
 from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
-from dsdprof.io.runs import Coverage, check_pooled_runs, coverage, refuse_validate_run
-from dsdprof.io.readers import mixed_provenance, read_measurements, read_provenance, validate_measurements
+from dsdprof.io.readers import validate_measurements
+from dsdprof.io.runs import Coverage, Run, open_run
 
 
 
@@ -56,7 +58,8 @@ class Analysis:
     ``admissible`` (the K* the data still allow), ``interval_known``, ``regret_bound`` (upper
     bound of the chosen K's shortfall against the best K, at the decision level), ``contenders``
     (the Ks more data could still make the answer) and ``speedup_low``/``speedup_high`` with
-    ``speedup_interval`` (paired | independent | "" unknown): the interval of ``speedup_vs_baseline``.
+    ``speedup_interval`` (paired | independent | "" unknown): the interval of ``speedup_vs_baseline``
+    (plain means of the K and the baseline: :mod:`dsdprof.decide.speedup`).
     """
 
     cells: pd.DataFrame
@@ -72,6 +75,7 @@ class Analysis:
     coverage: Optional[Coverage] = None  # the planned grid against what produced a number (analyze_path)
     warnings: tuple[str, ...] = ()  # what a reader must know about these numbers (e.g. unknown intervals)
     family: int = 1  # batch sizes decided together: each at 1 - (1 - confidence) / family (Bonferroni)
+    truth: Optional[pd.DataFrame] = None  # synthetic acceptance: measured AL vs the rates' (decide/truth.py)
 
     @property
     def shape(self) -> str:
@@ -174,10 +178,6 @@ def split_baseline_candidates(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     if not extra_k0.empty:
         candidates = pd.concat([spec, extra_k0], ignore_index=True)
     return vanilla, candidates
-
-
-def is_non_increasing(values: list[int]) -> bool:
-    return all(a >= b for a, b in zip(values, values[1:]))
 
 
 def _pooled(rows: pd.DataFrame) -> bool:
@@ -303,7 +303,8 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     base_goodput = dict(zip(baseline["batch_size"], baseline["goodput"]))
     ks = sorted(int(k) for k in cells["num_spec_tokens"].unique())
 
-    records = [_optimal_record(d, k, cells, reps[d.batch_size], base_goodput, ks, tolerance, confidence, family)
+    records = [_optimal_record(d, k, cells, reps[d.batch_size], base_goodput, ks, tolerance, confidence,
+                               family)
                for d, k in zip(decisions, path)]
     optimal = pd.DataFrame.from_records(records)
     optimal = _speedup_intervals(optimal, candidate_rows, baseline_rows, replicates, seed, confidence)
@@ -319,18 +320,21 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
 
 def _speedup_intervals(optimal: pd.DataFrame, candidate_rows: pd.DataFrame, baseline_rows: pd.DataFrame,
                        replicates: int, seed: int, confidence: float) -> pd.DataFrame:
-    """``speedup_low``/``speedup_high`` around ``speedup_vs_baseline`` and ``speedup_interval`` (how:
-    ``paired`` blocks of vanilla and the K's waves resampled jointly, ``independent``, or ``""``
-    unknown), see :func:`dsdprof.decide.bootstrap.speedup_interval`."""
+    """``speedup_vs_baseline`` from plain means on both sides, ``speedup_low``/``speedup_high`` and
+    ``speedup_interval`` (how: ``paired`` blocks of vanilla and the K's waves resampled jointly,
+    ``independent``, or ``""`` unknown), see :mod:`dsdprof.decide.speedup`."""
     out = []
     for b, k, point in zip(optimal["batch_size"], optimal["k"], optimal["speedup_vs_baseline"]):
-        k_rows = candidate_rows[(candidate_rows["batch_size"] == b) & (candidate_rows["num_spec_tokens"] == k)]
+        at_b = candidate_rows["batch_size"] == b
+        k_rows = candidate_rows[at_b & (candidate_rows["num_spec_tokens"] == k)]
         base = baseline_rows[baseline_rows["batch_size"] == b]
-        out.append(speedup_interval(k_rows, base, float(point), replicates, seed, confidence))
+        est = speedup_estimate(k_rows, base, replicates, seed, confidence) if math.isfinite(point) else ()
+        out.append(est if est and math.isfinite(est[0]) else (point, math.nan, math.nan, ""))
     optimal = optimal.copy()
-    optimal["speedup_low"] = [o[0] for o in out]
-    optimal["speedup_high"] = [o[1] for o in out]
-    optimal["speedup_interval"] = [o[2] for o in out]
+    optimal["speedup_vs_baseline"] = [o[0] for o in out]
+    optimal["speedup_low"] = [o[1] for o in out]
+    optimal["speedup_high"] = [o[2] for o in out]
+    optimal["speedup_interval"] = [o[3] for o in out]
     return optimal
 
 
@@ -347,39 +351,33 @@ def _unknown_warning(decisions: list) -> tuple[str, ...]:
     unknown = [d.batch_size for d in decisions if not d.known]
     if not unknown:
         return ()
-    return (f"intervals unknown at batch size {', '.join(map(str, unknown))}: one sample per cell (one repeat "
-            "without per-wave samples). K there is the best point estimate (smallest K within tolerance of the "
+    return (f"intervals unknown at batch size {', '.join(map(str, unknown))}: one sample per cell (one "
+            "repeat without per-wave samples). K there is the best point estimate (smallest K within "
+            "tolerance of the "
             "best point goodput), nothing there is decided, and the curve's shape there is read from the "
             "points, which noise alone can bend. Use repeats >= 2 or schema-v2 rows.",)
 
 
-def analyze_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
+def analyze_path(path: str | Path | Run, tolerance: float = DEFAULT_TOLERANCE,
                  allow_mixed: bool = False, **options: Any) -> Analysis:
-    """:func:`analyze` on a sweep directory or Parquet file, with its stored provenance.
+    """:func:`analyze` on a run (a :class:`dsdprof.io.runs.Run`, or the sweep directory / Parquet
+    file to open), with its stored provenance.
 
     Inputs of mixed provenance, or runs of different specs, are refused unless ``allow_mixed``;
     then the provenance names every value of a mixed field (``"A100 | H100"``) and the runs pooled.
     A validate run is refused (it is no sweep). ``coverage`` names the grid cells with no number.
     ``options`` go to :func:`analyze`.
     """
-    refuse_validate_run(path, "analyze")
-    pooled = check_pooled_runs(path, allow_mixed)
-    df = read_measurements(path, allow_mixed=allow_mixed)
-    prov = run_provenance(path, df)
+    run = open_run(path)
+    run.refuse_validate("analyze")
+    pooled = run.pooled(allow_mixed)
+    run.check_mixed(allow_mixed)
+    prov = run.run_provenance()
     prov.update(pooled.provenance())
-    result = analyze(df, tolerance=tolerance, provenance=prov, **options)
-    return dataclasses.replace(result, coverage=coverage(path, df))
+    result = analyze(run.rows, tolerance=tolerance, provenance=prov, **options)
+    from dsdprof.decide.truth import synthetic_truth  # None unless the run's acceptance was synthetic
 
-
-def run_provenance(path: str | Path, df: pd.DataFrame) -> dict[str, Any]:
-    """The stored provenance of a run (else the rows' own), mixed fields as ``"A | B"``."""
-    prov = read_provenance(path)
-    if not prov:
-        cols = [c for c in ("engine", "model", "draft_model", "method", "hardware", "dtype") if c in df.columns]
-        prov = {c: str(df[c].dropna().iloc[0]) for c in cols if not df[c].dropna().empty}
-    for name, values in mixed_provenance(df).items():
-        prov[name] = " | ".join(values)
-    return prov
+    return dataclasses.replace(result, coverage=run.coverage, truth=synthetic_truth(run.rows, prov))
 
 
 def fixed_k_summary(analysis: Analysis) -> pd.DataFrame:

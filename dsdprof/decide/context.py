@@ -23,7 +23,7 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.decide.analysis import Analysis, analyze
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import CONTEXT_COLUMN, STATUS_OK
-from dsdprof.io.runs import Coverage, coverage
+from dsdprof.io.runs import Coverage, Run, context_slices, has_contexts, open_run  # noqa: F401 - re-exported
 
 CONTEXT = CONTEXT_COLUMN.name
 
@@ -59,37 +59,22 @@ class ContextAnalysis:
         return df[[CONTEXT] + [c for c in df.columns if c != CONTEXT]]
 
 
-def has_contexts(df: pd.DataFrame) -> bool:
-    """Whether rows carry a context axis (the optional ``context_len`` column, not all null)."""
-    return CONTEXT in df.columns and df[CONTEXT].notna().any()
-
-
-def context_slices(df: pd.DataFrame) -> Optional[dict[int, pd.DataFrame]]:
-    """Rows per context, or None when the rows have no context axis. A row without a context in
-    a context sweep is an error naming the cell."""
-    if not has_contexts(df):
-        return None
-    missing = df[CONTEXT].isna()
-    if missing.any():
-        where = df.loc[missing, "cell_id"].iloc[0] if "cell_id" in df.columns else int(missing.idxmax())
-        raise InputError(CONTEXT, where, "a row of a context sweep has no context")
-    ctx = pd.to_numeric(df[CONTEXT], errors="coerce")
-    bad = ctx.isna() | (ctx < 1) | (ctx != ctx.round())
-    if bad.any():
-        raise InputError(CONTEXT, df.loc[bad, CONTEXT].iloc[0], "must be an integer >= 1")
-    return {int(c): part.drop(columns=[CONTEXT]) for c, part in df.groupby(ctx.astype("int64"))}
-
-
 def analyze_contexts(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
                      provenance: dict[str, Any] | None = None, **options: Any) -> ContextAnalysis:
     """:func:`analyze` on every context slice of ``df`` (InputError when it has no context axis)."""
-    slices = context_slices(df)
+    return _analyze_slices(context_slices(df), tolerance, provenance, **options)
+
+
+def _analyze_slices(slices: Optional[dict[int, pd.DataFrame]], tolerance: float,
+                    provenance: dict[str, Any] | None, **options: Any) -> ContextAnalysis:
     if slices is None:
-        raise InputError(CONTEXT, None, "the rows have no context axis (a sweep without [sweep] context_lens)")
+        raise InputError(CONTEXT, None, "the rows have no context axis (a sweep without [sweep] "
+                         "context_lens)")
     out: dict[int, Analysis] = {}
     skipped: dict[int, str] = {}
     for c, part in slices.items():
-        ok = part["status"].astype(str) == STATUS_OK if "status" in part.columns else pd.Series(True, part.index)
+        ok = (part["status"].astype(str) == STATUS_OK if "status" in part.columns
+              else pd.Series(True, part.index))
         if not ok.any():
             err = str(part["error"].iloc[0]) if "error" in part.columns else ""
             skipped[c] = f"no cell ran at this context ({err[:160]})"
@@ -100,16 +85,15 @@ def analyze_contexts(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     return ContextAnalysis(out, skipped)
 
 
-def analyze_contexts_path(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_mixed: bool = False,
-                          **options: Any) -> Optional[ContextAnalysis]:
-    """:func:`analyze_contexts` on a run directory / Parquet file; None when it has no context axis."""
-    from dsdprof.decide.analysis import run_provenance
-    from dsdprof.io.readers import read_measurements
-
-    df = read_measurements(path, allow_mixed=allow_mixed)
-    if not has_contexts(df):
+def analyze_contexts_path(path: str | Path | Run, tolerance: float = DEFAULT_TOLERANCE,
+                          allow_mixed: bool = False, **options: Any) -> Optional[ContextAnalysis]:
+    """:func:`analyze_contexts` on a run (a :class:`dsdprof.io.runs.Run`, or the run directory /
+    Parquet file to open); None when it has no context axis."""
+    run = open_run(path)
+    run.check_mixed(allow_mixed)
+    if run.contexts is None:
         return None
-    result = analyze_contexts(df, tolerance=tolerance, provenance=run_provenance(path, df), **options)
-    cov = {c: coverage(path, part) for c, part in (context_slices(df) or {}).items()}
+    result = _analyze_slices(run.contexts, tolerance, run.run_provenance(), **options)
+    cov = run.context_coverage
     slices = {c: dataclasses.replace(a, coverage=cov[c]) for c, a in result.slices.items()}
     return ContextAnalysis(slices, result.skipped, cov)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import validate_table
+from dsdprof.io.runs import Run
 
 EXPORT_FORMATS = ("table", "vllm", "vllm-compilation", "trtllm")
 
@@ -47,7 +48,8 @@ def partial_run_error(coverage: Any, source: str | Path) -> Optional[InputError]
     field = "batch_sizes" if coverage.missing_batch_sizes else "cells"
     value = list(coverage.missing_batch_sizes) or [list(c) for c in coverage.missing_cells[:8]]
     return InputError(field, value, f"{source} is a partial run ({coverage.describe()}); retry the "
-                      "failed or missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass --allow-partial to export a table "
+                      "failed or missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass "
+                      "--allow-partial to export a table "
                       "whose K there comes from the measured neighbours (recorded in the table)")
 
 
@@ -62,37 +64,38 @@ def synthetic_warning(provenance: dict[str, Any]) -> str:
             "(the table's provenance.extra_acceptance says so)")
 
 
-def table_from_source(source: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_mixed: bool = False,
-                      label: Optional[str] = None, allow_partial: bool = False) -> tuple[dict[str, Any], list[str]]:
-    """The K table of a run directory / Parquet file (analysed here), or a table JSON as loaded.
-    ``label``: the source the table's provenance names (default: ``source``). A run whose grid
-    (from its manifest) has batch sizes or Ks with no ok cell is refused unless ``allow_partial``;
-    then the table's provenance records the gaps (``partial``)."""
+def table_from_source(source: str | Path | Run, tolerance: float = DEFAULT_TOLERANCE,
+                      allow_mixed: bool = False, label: Optional[str] = None,
+                      allow_partial: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """The K table of a run (a :class:`dsdprof.io.runs.Run`, or the run directory / Parquet file
+    to open; analysed here), or a table JSON as loaded. ``label``: the source the table's
+    provenance names (default: the run's path). A run whose grid (from its manifest) has batch
+    sizes or Ks with no ok cell is refused unless ``allow_partial``; then the table's provenance
+    records the gaps (``partial``)."""
+    from dsdprof.decide.analysis import analyze_path
+    from dsdprof.decide.context import analyze_contexts_path
     from dsdprof.export.context import end_at_last_measured
     from dsdprof.export.table import build_table, load_table
-    from dsdprof.io.runs import refuse_validate_run
+    from dsdprof.io.runs import open_run
 
-    source = Path(source)
-    if source.suffix == ".json" and source.is_file():
-        return load_table(source), []
-    from dsdprof.decide.analysis import analyze_path
-    from dsdprof.io.readers import read_measurements
-
-    refuse_validate_run(source, "export")
-    from dsdprof.decide.context import analyze_contexts_path
-
-    by_context = analyze_contexts_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
+    if not isinstance(source, Run) and Path(source).suffix == ".json" and Path(source).is_file():
+        return load_table(Path(source)), []
+    run = open_run(source)
+    source = run.path
+    run.refuse_validate("export")
+    by_context = analyze_contexts_path(run, tolerance=tolerance, allow_mixed=allow_mixed)
     if by_context is not None:  # a context sweep: a dsdprof.ktable/v3 table
-        return _context_table(by_context, source, label, allow_mixed, allow_partial)
-    result = analyze_path(source, tolerance=tolerance, allow_mixed=allow_mixed)
-    warnings = [w for w in [below_baseline_warning(result.optimal), synthetic_warning(result.provenance)] if w]
+        return _context_table(by_context, run, label, allow_partial)
+    result = analyze_path(run, tolerance=tolerance, allow_mixed=allow_mixed)
+    warnings = [w for w in [below_baseline_warning(result.optimal), synthetic_warning(result.provenance)]
+                if w]
     if (err := partial_run_error(result.coverage, source)) is not None:
         if not allow_partial:
             raise err
         warnings.append(f"partial run: {result.coverage.describe()}; K there comes from the measured "
                         "neighbours (the table's provenance.partial says so)")
         result.provenance["partial"] = result.coverage.describe()
-    rows = None if "acceptance_per_pos" in result.cells.columns else read_measurements(source, allow_mixed=allow_mixed)
+    rows = None if "acceptance_per_pos" in result.cells.columns else run.rows
     table = validate_table(end_at_last_measured(build_table(result, source=label or str(source), rows=rows),
                                                 result.coverage))
     if not table.get("acceptance_per_pos"):
@@ -109,20 +112,22 @@ def partial_context_error(by_context: Any, source: str | Path) -> Optional[Input
     gaps = by_context.gaps
     if not gaps:
         return None
-    value = {c: list(cov.missing_batch_sizes) or [list(x) for x in cov.missing_cells[:8]] for c, cov in gaps.items()}
+    value = {c: list(cov.missing_batch_sizes) or [list(x) for x in cov.missing_cells[:8]]
+             for c, cov in gaps.items()}
     first = next((cov.first_error for cov in gaps.values() if cov.first_error), "")
     what = "; ".join(f"context {c}: {gap_line(cov)}" for c, cov in gaps.items())
     what += f"; first error: {' '.join(first.split())[:120]}" if first else ""
-    return InputError("contexts", value, f"{source} is a partial context sweep ({what}); retry the failed or "
-                      "missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass --allow-partial to "
+    return InputError("contexts", value, f"{source} is a partial context sweep ({what}); retry the failed "
+                      "or missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass --allow-partial to "
                       "export the cells that ran (each slice ends at its last measured batch size; the table "
                       "records the gaps)")
 
 
-def _context_table(by_context: Any, source: Path, label: Optional[str], allow_mixed: bool,
+def _context_table(by_context: Any, run: Run, label: Optional[str],
                    allow_partial: bool = False) -> tuple[dict[str, Any], list[str]]:
     from dsdprof.export.context import build_context_table, gap_line
-    from dsdprof.io.readers import read_measurements
+
+    source = run.path
 
     warnings = [f"context {c}: {w}" for c, a in sorted(by_context.slices.items())
                 if (w := below_baseline_warning(a.optimal))]
@@ -133,8 +138,7 @@ def _context_table(by_context: Any, source: Path, label: Optional[str], allow_mi
         warnings.append(f"partial context sweep: {gaps}; each slice ends at its last measured batch size "
                         "(contexts[i].partial and provenance.partial record the gaps)")
     warnings += [f"context {c}: no slice ({why})" for c, why in sorted(by_context.skipped.items())]
-    rows = read_measurements(source, allow_mixed=allow_mixed)
-    table = build_context_table(by_context, source=label or str(source), rows=rows)
+    table = build_context_table(by_context, source=label or str(source), rows=run.rows)
     if gaps:
         table["provenance"] = dict(table.get("provenance") or {}, partial=gaps)
     return validate_table(table), warnings
@@ -159,7 +163,7 @@ def format_table(table: dict[str, Any], fmt: str) -> ExportDocument:
     raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
 
 
-def export_document(source: str | Path, fmt: str = "table", tolerance: float = DEFAULT_TOLERANCE,
+def export_document(source: str | Path | Run, fmt: str = "table", tolerance: float = DEFAULT_TOLERANCE,
                     allow_mixed: bool = False, allow_partial: bool = False,
                     context: Optional[int] = None) -> ExportDocument:
     """What ``dsdprof export SOURCE --format FMT [--context N]`` prints or writes.
@@ -176,7 +180,9 @@ def export_document(source: str | Path, fmt: str = "table", tolerance: float = D
         warnings = warnings + [context_notice(table, context)]
         table = slice_for_context(table, context if context is not None else int(table["default_context"]))
     elif context is not None:
-        raise InputError("--context", context, f"{source} has no context axis (a sweep without [sweep] context_lens)")
+        where = source.path if isinstance(source, Run) else source
+        raise InputError("--context", context, f"{where} has no context axis (a sweep without [sweep] "
+                         "context_lens)")
     if fmt != "table":  # the per-position note concerns the portable table only
         warnings = [w for w in warnings if "per-position" not in w]
     out = format_table(table, fmt)

@@ -26,6 +26,7 @@ from typing import Any, Optional
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.export.api import optional_vllm_config, table_from_source
+from dsdprof.io.runs import open_run
 from dsdprof.formats.versions import FLEET_INDEX_SCHEMA
 from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore
 
@@ -59,7 +60,8 @@ def _run_dir(store: FleetStore, run: str, scratch: Path) -> Path:
 
 
 def _table_for(run_dir: Path, source: str, tolerance: float) -> dict[str, Any]:
-    return table_from_source(run_dir, tolerance, label=source)[0]
+    """The table of the run in ``run_dir`` (opened once: :func:`dsdprof.io.runs.open_run`)."""
+    return table_from_source(open_run(run_dir), tolerance, label=source)[0]
 
 
 def _vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -98,9 +100,11 @@ def export_fleet(out: str, staging: Optional[str] = None, tolerance: float = DEF
             entries.append({**{k: rec.get(k) for k in KEY_FIELDS}, "run": run, "engine": rec.get("engine"),
                             "measured_hardware": table["provenance"].get("hardware", ""),
                             "table": f"{run}.json", "vllm_config": f"{run}.vllm.json" if cfg else None,
-                            "num_speculative_tokens": table["num_speculative_tokens"], "ranges": table["ranges"],
+                            "num_speculative_tokens": table["num_speculative_tokens"],
+                            "ranges": table["ranges"],
                             "shape": table["shape"], "cells": rec.get("cells"), "ok": rec.get("ok")})
-    doc = {"schema": INDEX_SCHEMA, "fleet": out, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    doc = {"schema": INDEX_SCHEMA, "fleet": out, "created_at": created,
            "tolerance": tolerance, "tables": entries, "skipped": skipped}
     index_path = write_json_atomic(tables_local / INDEX_NAME, doc, force=True)
     if store.remote:

@@ -7,9 +7,11 @@ runs that mix provenance (unless asked), and rows that break the input contract.
 
 from __future__ import annotations
 
+import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -34,11 +36,12 @@ def _parquet_files(path: Path) -> list[Path]:
     raise InputError("measurements", str(path), "no such file or directory")
 
 
-def _file_metadata(f: Path) -> dict[str, Any] | None:
-    """The dsdprof key-value metadata of one Parquet file (None for files dsdprof did not write)."""
+def _file_metadata(f: Path, source: Any = None) -> dict[str, Any] | None:
+    """The dsdprof key-value metadata of one Parquet file (None for files dsdprof did not write);
+    ``source``: the file's bytes when the caller has read them."""
     import pyarrow.parquet as pq
 
-    raw = (pq.read_schema(f).metadata or {}).get(PARQUET_METADATA_KEY)
+    raw = (pq.read_schema(f if source is None else source).metadata or {}).get(PARQUET_METADATA_KEY)
     if not raw:
         return None
     try:
@@ -97,28 +100,50 @@ def read_measurements(path: str | Path, allow_mixed: bool = False) -> pd.DataFra
     Files written by dsdprof must carry a readable measurement schema version. Rows of different
     provenance (:data:`MIXABLE_PROVENANCE`, or schema versions) are refused unless ``allow_mixed``.
     """
+    files = read_files(path)
+    df = pd.concat([f.rows for f in files], ignore_index=True) if len(files) > 1 else files[0].rows
+    if not allow_mixed:
+        check_mixed(path, mixed_provenance(df, {f.meta["schema_version"] for f in files if f.meta}))
+    return df
+
+
+def check_mixed(path: str | Path, mixed: dict[str, list[str]]) -> None:
+    """Refuse rows of different provenance (``mixed``: :func:`mixed_provenance` of them)."""
+    if mixed:
+        name, values = next(iter(mixed.items()))
+        raise InputError(name, values, f"rows of different provenance under {path}; analyze one run "
+                         "at a time, or pass --allow-mixed to pool them")
+
+
+@dataclass(frozen=True)
+class PartFile:
+    """One Parquet file of a run, read once: its path, dsdprof metadata (None: not written by
+    dsdprof) and rows."""
+
+    path: Path
+    meta: Optional[dict[str, Any]]
+    rows: pd.DataFrame
+
+
+def read_files(path: str | Path) -> list[PartFile]:
+    """Every Parquet file under ``path``, each read from disk once (metadata and rows from the
+    same bytes); refuses unreadable files, unreadable schema versions and cells stored twice."""
+    import pyarrow as pa
+
     files = _parquet_files(Path(path))
-    frames = []
-    versions: set[str] = set()
+    out = []
     for f in files:
         try:
-            meta = _file_metadata(f)
-            frames.append(pd.read_parquet(f))
+            data = f.read_bytes()
+            meta = _file_metadata(f, pa.BufferReader(data))
+            out.append(PartFile(f, meta, pd.read_parquet(io.BytesIO(data))))
         except InputError:
             raise
         except Exception as err:  # noqa: BLE001 - report which file is unreadable
-            raise InputError("measurements", str(f), f"not a readable Parquet file ({type(err).__name__})") from None
-        if meta is not None:
-            versions.add(meta["schema_version"])
-    check_no_duplicate_cells(Path(path), files, frames)
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    if not allow_mixed:
-        mixed = mixed_provenance(df, versions)
-        if mixed:
-            name, values = next(iter(mixed.items()))
-            raise InputError(name, values, f"rows of different provenance under {path}; analyze one run "
-                             "at a time, or pass --allow-mixed to pool them")
-    return df
+            raise InputError("measurements", str(f),
+                             f"not a readable Parquet file ({type(err).__name__})") from None
+    check_no_duplicate_cells(Path(path), files, [f.rows for f in out])
+    return out
 
 
 def _run_dir_of(f: Path, root: Path) -> Path:

@@ -9,12 +9,17 @@ This module answers, before any decision is made from the rows:
   under a path, refused when they differ unless the caller allows mixing;
 * :func:`coverage` -- the grid the manifest planned against the cells that produced a number, so
   a table never silently covers batch sizes that never produced one.
+
+:func:`open_run` reads a results path once into a :class:`Run` (rows, provenance, manifests)
+that answers all of these without reading a file again; ``decide``, ``export``, ``report`` and
+``fleet`` take it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
 
@@ -94,15 +99,22 @@ def validate_evidence(path: str | Path, rows: Any = None) -> str:
     rows when the caller has read them), whatever the files' metadata says."""
     from dsdprof.io.readers import read_provenance
 
-    for doc in manifests_under(path).values():
-        if RUN_KIND_VALIDATE in doc["spec"]:
-            return "its manifest says so"
     try:
-        if read_provenance(path).get("extra_run_kind") == RUN_KIND_VALIDATE:
-            return "its files' metadata says so"
+        provenance = read_provenance(path)
     except InputError:
-        pass
-    return validate_rows(rows if rows is not None else _kind_columns(path))
+        provenance = {}
+    return kind_evidence(manifests_under(path), provenance,
+                         lambda: rows if rows is not None else _kind_columns(path))
+
+
+def kind_evidence(manifests: dict[Path, dict[str, Any]], provenance: dict[str, Any], rows: Any) -> str:
+    """Why a run of these manifests, provenance and rows (a DataFrame, or a callable returning
+    it, read only when needed) is a validate run ("" when it is a sweep): the one test."""
+    if any(RUN_KIND_VALIDATE in doc["spec"] for doc in manifests.values()):
+        return "its manifest says so"
+    if provenance.get("extra_run_kind") == RUN_KIND_VALIDATE:
+        return "its files' metadata says so"
+    return validate_rows(rows() if callable(rows) else rows)
 
 
 def run_kind(path: str | Path, rows: Any = None) -> str:
@@ -113,7 +125,11 @@ def run_kind(path: str | Path, rows: Any = None) -> str:
 
 def refuse_validate_run(path: str | Path, command: str, rows: Any = None) -> None:
     """One line for ``export``/``analyze`` given a validate run (it has no K grid to decide from)."""
-    if why := validate_evidence(path, rows):
+    _refuse_validate(path, command, validate_evidence(path, rows))
+
+
+def _refuse_validate(path: str | Path, command: str, why: str) -> None:
+    if why:
         raise InputError("measurements", str(path), f"is a validate run, not a sweep ({why}); {command} "
                          "needs a sweep: read it with `dsdprof validate-report`")
 
@@ -135,8 +151,9 @@ class PooledRuns:
         return out
 
 
-def pooled_runs(path: str | Path) -> PooledRuns:
-    manifests = manifests_under(path)
+def pooled_runs(path: str | Path, manifests: Optional[dict[Path, dict[str, Any]]] = None) -> PooledRuns:
+    """The runs under ``path`` (``manifests``: :func:`manifests_under` when read already)."""
+    manifests = manifests_under(path) if manifests is None else manifests
     runs = tuple((str(d), str(doc.get("spec_hash", ""))) for d, doc in manifests.items())
     docs = list(manifests.values())
     diffs: dict[str, list[str]] = {}
@@ -148,10 +165,11 @@ def pooled_runs(path: str | Path) -> PooledRuns:
     return PooledRuns(runs, tuple((f, " | ".join(dict.fromkeys(v))) for f, v in diffs.items()))
 
 
-def check_pooled_runs(path: str | Path, allow_mixed: bool) -> PooledRuns:
+def check_pooled_runs(path: str | Path, allow_mixed: bool,
+                      manifests: Optional[dict[Path, dict[str, Any]]] = None) -> PooledRuns:
     """The runs under ``path``; runs of different specs are refused (first difference named)
     unless ``allow_mixed``."""
-    pooled = pooled_runs(path)
+    pooled = pooled_runs(path, manifests)
     if not allow_mixed and len({h for _, h in pooled.runs}) > 1:
         field, values = pooled.differences[0] if pooled.differences else ("spec_hash", "")
         raise InputError(field, values, f"runs with different specs under {path}; analyze one run at a "
@@ -186,18 +204,20 @@ class Coverage:
             by_bs: dict[int, list[int]] = {}
             for b, k in self.missing_cells:
                 by_bs.setdefault(b, []).append(k)
-            parts.append("missing " + "; ".join(f"BS {b} K={','.join(map(str, ks))}" for b, ks in by_bs.items()))
+            parts.append("missing " + "; ".join(f"BS {b} K={','.join(map(str, ks))}"
+                                                for b, ks in by_bs.items()))
         if parts and self.first_error:
             parts.append(f"first error: {' '.join(self.first_error.split())[:120]}")
         return "; ".join(parts)
 
 
-def coverage(path: str | Path, rows: Any) -> Coverage:
-    """Gaps of ``rows`` (all rows read from ``path``, failed ones included) against the grid."""
+def coverage(path: str | Path, rows: Any, manifests: Optional[dict[Path, dict[str, Any]]] = None) -> Coverage:
+    """Gaps of ``rows`` (all rows read from ``path``, failed ones included) against the grid
+    (``manifests``: :func:`manifests_under` of ``path`` when read already)."""
     bss: set[int] = set()
     ks: set[int] = set()
     grid_from = "manifest"
-    for doc in manifests_under(path).values():
+    for doc in (manifests_under(path) if manifests is None else manifests).values():
         sweep = doc["spec"].get("sweep") or {}
         bss.update(int(b) for b in sweep.get("batch_sizes") or [])
         ks.update(int(k) for k in sweep.get("num_spec_tokens") or [])
@@ -221,3 +241,116 @@ def coverage(path: str | Path, rows: Any) -> Coverage:
         errors = [str(e) for e in failed["error"] if str(e or "").strip()]
         first_error = errors[0] if errors else ""
     return Coverage(tuple(sorted(bss)), tuple(sorted(ks)), missing_bs, missing_cells, grid_from, first_error)
+
+
+def has_contexts(df: Any) -> bool:
+    """Whether rows carry a context axis (the optional ``context_len`` column, not all null)."""
+    return CONTEXT_COLUMN.name in df.columns and df[CONTEXT_COLUMN.name].notna().any()
+
+
+def context_slices(df: Any) -> Optional[dict[int, Any]]:
+    """Rows per context, or None when the rows have no context axis. A row without a context in
+    a context sweep is an error naming the cell."""
+    import pandas as pd
+
+    name = CONTEXT_COLUMN.name
+    if not has_contexts(df):
+        return None
+    missing = df[name].isna()
+    if missing.any():
+        where = df.loc[missing, "cell_id"].iloc[0] if "cell_id" in df.columns else int(missing.idxmax())
+        raise InputError(name, where, "a row of a context sweep has no context")
+    ctx = pd.to_numeric(df[name], errors="coerce")
+    bad = ctx.isna() | (ctx < 1) | (ctx != ctx.round())
+    if bad.any():
+        raise InputError(name, df.loc[bad, name].iloc[0], "must be an integer >= 1")
+    return {int(c): part.drop(columns=[name]) for c, part in df.groupby(ctx.astype("int64"))}
+
+
+ROW_PROVENANCE = ("engine", "model", "draft_model", "method", "hardware", "dtype")
+
+
+@dataclass(frozen=True)
+class Run:
+    """A results path (a run directory, a Parquet file or a directory of runs) read once.
+
+    ``rows``: every row of every Parquet file, failed ones included, unvalidated; ``provenance``:
+    the dsdprof metadata of the first file that has it ({} if none); ``manifests``: run
+    directory -> manifest; ``mixed``: provenance fields (and schema versions) with more than one
+    value. Everything else is derived from these, without reading a file again."""
+
+    path: Path
+    rows: Any  # pandas.DataFrame
+    provenance: dict[str, Any] = field(default_factory=dict)
+    manifests: dict[Path, dict[str, Any]] = field(default_factory=dict)
+    mixed: dict[str, list[str]] = field(default_factory=dict)
+
+    @cached_property
+    def kind_evidence(self) -> str:
+        """Why this is a validate run ("" for a sweep): :func:`kind_evidence`."""
+        return kind_evidence(self.manifests, self.provenance, self.rows)
+
+    @property
+    def kind(self) -> str:
+        """``validate`` or ``sweep`` (:data:`RUN_KIND_VALIDATE`, :data:`RUN_KIND_SWEEP`)."""
+        return RUN_KIND_VALIDATE if self.kind_evidence else RUN_KIND_SWEEP
+
+    def refuse_validate(self, command: str) -> None:
+        """The one-line refusal of a validate run by ``command`` (``export``, ``analyze``)."""
+        _refuse_validate(self.path, command, self.kind_evidence)
+
+    def check_mixed(self, allow_mixed: bool) -> None:
+        """Refuse rows of different provenance unless ``allow_mixed``."""
+        from dsdprof.io.readers import check_mixed
+
+        if not allow_mixed:
+            check_mixed(self.path, self.mixed)
+
+    def pooled(self, allow_mixed: bool) -> PooledRuns:
+        """The runs pooled (:func:`check_pooled_runs`: different specs refused unless ``allow_mixed``)."""
+        return check_pooled_runs(self.path, allow_mixed, self.manifests)
+
+    @cached_property
+    def coverage(self) -> Coverage:
+        """The grid against the cells with a number (:func:`coverage`)."""
+        return coverage(self.path, self.rows, self.manifests)
+
+    @cached_property
+    def contexts(self) -> Optional[dict[int, Any]]:
+        """Rows per context of a context sweep (:func:`context_slices`); None without a context axis."""
+        return context_slices(self.rows)
+
+    @cached_property
+    def context_coverage(self) -> dict[int, Coverage]:
+        """Each context's coverage ({} without a context axis)."""
+        return {c: coverage(self.path, part, self.manifests) for c, part in (self.contexts or {}).items()}
+
+    def run_provenance(self) -> dict[str, Any]:
+        """The stored provenance (else the rows' own), mixed row fields as ``"A | B"``."""
+        from dsdprof.io.readers import mixed_provenance
+
+        df = self.rows
+        prov = dict(self.provenance)
+        if not prov:
+            cols = [c for c in ROW_PROVENANCE if c in df.columns]
+            prov = {c: str(df[c].dropna().iloc[0]) for c in cols if not df[c].dropna().empty}
+        for name, values in mixed_provenance(df).items():
+            prov[name] = " | ".join(values)
+        return prov
+
+
+def open_run(path: str | Path) -> Run:
+    """Read ``path`` once: every Parquet file (:func:`dsdprof.io.readers.read_files`) and every
+    manifest (:func:`manifests_under`). Unreadable files and cells stored twice are refused here;
+    mixed provenance is recorded (:meth:`Run.check_mixed` refuses it)."""
+    import pandas as pd
+
+    from dsdprof.io.readers import mixed_provenance, read_files
+
+    if isinstance(path, Run):
+        return path
+    files = read_files(path)
+    rows = pd.concat([f.rows for f in files], ignore_index=True) if len(files) > 1 else files[0].rows
+    provenance = next((dict(f.meta) for f in files if f.meta), {})
+    mixed = mixed_provenance(rows, {f.meta["schema_version"] for f in files if f.meta})
+    return Run(Path(path), rows, provenance, manifests_under(path), mixed)

@@ -48,7 +48,7 @@ from dsdprof.formats.ktable import TableError, k_for_batch_size
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.io.atomic import write_json_atomic
 from dsdprof.io.manifest import normalised_spec_dump
-from dsdprof.io.runs import RUN_KIND_VALIDATE, run_kind
+from dsdprof.io.runs import RUN_KIND_VALIDATE, Run, run_kind
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.runner import SweepProgress, run_plan
 from dsdprof.measure.vllm.engine import VllmEngine
@@ -56,7 +56,8 @@ from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
 
 VALIDATE_KEY = RUN_KIND_VALIDATE  # key in _sweep.json marking a validate run
 DEFAULT_FIXED_KS = (3,)
-DESIGNS = ("paired", "steps", "cells")  # validate --design: waves interleaved (default) | arms per step | cells
+# validate --design: waves interleaved (default) | arms per step | cells
+DESIGNS = ("paired", "steps", "cells")
 ADAPTIVE_TABLE_FILE = "_adaptive_table.json"  # the table the adaptive engine loads, in OUT
 
 
@@ -102,11 +103,11 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
     if design == "steps":
         engine_k = adaptive_k if adaptive_k is not None else max(r[2] for r in ranges)
         if engine_k < 1:
-            raise InputError("--design", design, "the table serves K=0 at every batch size: no engine to switch "
-                                                 "K in (use --design paired)")
+            raise InputError("--design", design, "the table serves K=0 at every batch size: no engine to "
+                             "switch K in (use --design paired)")
         if max(fixed_ks) > engine_k:
-            raise InputError("--fixed-k", max(fixed_ks), f"above K={engine_k}, the largest K of the engine the "
-                                                         "steps design runs every variant on")
+            raise InputError("--fixed-k", max(fixed_ks), f"above K={engine_k}, the largest K of the engine "
+                             "the steps design runs every variant on")
         arms = ((ARM_ENGINE,) if adaptive_k is not None else ()) + (ARM_TABLE,) + tuple(sorted(fixed_ks))
     cells: list[Cell] = []
     turn = 0
@@ -162,7 +163,8 @@ def adaptive_max_k(table: dict[str, Any], options: dict[str, Any]) -> int:
         raise InputError("--adaptive-config", json.dumps(options), str(err)) from None
     ks = [int(c["k"]) for c in table.get("cells") or []]
     if not ks or max(ks) < 1:
-        raise InputError("table.cells", f"K={sorted(set(ks))}", "--adaptive needs a v2 table with a measured K >= 1")
+        raise InputError("table.cells", f"K={sorted(set(ks))}",
+                         "--adaptive needs a v2 table with a measured K >= 1")
     try:
         AdaptiveKSelector(table, max_k=max(ks), **dict(settings.options))
     except TableError as err:
@@ -322,7 +324,8 @@ def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: l
     return ValidateSummary(out, res.total, res.ok, res.failed, res.skipped, tuple(warnings))
 
 
-def is_validate_run(path: str | Path) -> bool:
-    """True when ``path`` (directory or Parquet file) holds a validate run: its manifest, its
-    metadata or its rows alone say so (:func:`dsdprof.io.runs.run_kind`, the one test)."""
-    return run_kind(path) == RUN_KIND_VALIDATE
+def is_validate_run(path: str | Path | Run) -> bool:
+    """True when ``path`` (a :class:`dsdprof.io.runs.Run`, a directory or a Parquet file) holds a
+    validate run: its manifest, its metadata or its rows alone say so
+    (:func:`dsdprof.io.runs.kind_evidence`, the one test)."""
+    return (path.kind if isinstance(path, Run) else run_kind(path)) == RUN_KIND_VALIDATE

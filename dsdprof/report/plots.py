@@ -1,9 +1,8 @@
 """PNG figures for sweeps and validate runs (matplotlib, object API: no pyplot, no global backend).
 
-Each ``*_figure`` function takes DataFrames (or an :class:`~dsdprof.decide.analysis.Analysis`) and returns
-a ``matplotlib.figure.Figure``; :func:`plot_results` reads a results path and writes the PNGs.
-matplotlib is imported inside the functions, so importing this module is cheap.
-"""
+Each ``*_figure`` function takes DataFrames (or an :class:`~dsdprof.decide.analysis.Analysis`) and
+returns a ``matplotlib.figure.Figure``; :func:`plot_results` reads a run and writes the PNGs.
+matplotlib is imported inside the functions, so importing this module is cheap."""
 
 from __future__ import annotations
 
@@ -18,15 +17,13 @@ import pandas as pd
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
 from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.errors import InputError
+from dsdprof.io.runs import RUN_KIND_VALIDATE, Run, open_run
 
-PNG_NAMES = {
-    "optimal_k": "optimal_k.png",
-    "goodput_heatmap": "goodput_heatmap.png",
-    "tops_per_user": "tokens_per_s_per_user.png",  # vLLM's name: output tokens/s per user
-    "acceptance": "acceptance_per_position.png",
-    "context_heatmaps": "goodput_heatmap_by_context.png",  # context sweeps (report.context_plots)
-    "context_optimal_k": "optimal_k_by_context.png",
-}
+# tokens_per_s_per_user: vLLM's name (output tokens/s per user); *_by_context: report.context_plots
+PNG_NAMES = {"optimal_k": "optimal_k.png", "goodput_heatmap": "goodput_heatmap.png",
+             "tops_per_user": "tokens_per_s_per_user.png", "acceptance": "acceptance_per_position.png",
+             "context_heatmaps": "goodput_heatmap_by_context.png",
+             "context_optimal_k": "optimal_k_by_context.png"}
 DPI = 130
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -178,7 +175,8 @@ def goodput_heatmap_figure(analysis):
     cells = analysis.cells
     bs = sorted(int(b) for b in cells["batch_size"].unique())
     ks = analysis.candidate_ks
-    grid = cells.pivot_table(index="num_spec_tokens", columns="batch_size", values="goodput").reindex(index=ks, columns=bs)
+    grid = cells.pivot_table(index="num_spec_tokens", columns="batch_size", values="goodput")
+    grid = grid.reindex(index=ks, columns=bs)
     labels = [str(k) for k in ks]
     base = analysis.baseline.set_index("batch_size")["goodput"].reindex(bs)
     k0 = grid.loc[0] if 0 in grid.index else None
@@ -192,7 +190,8 @@ def goodput_heatmap_figure(analysis):
                    vmin=max(0.0, float(np.nanmin(rel.to_numpy(dtype=float))) - 0.02), vmax=1.0)
     opt_k = dict(zip(analysis.optimal["batch_size"].astype(int), analysis.optimal["k"].astype(int)))
     opt = analysis.optimal
-    faster = set(opt.loc[opt["vanilla_faster"].astype(bool), "batch_size"].astype(int)) if "vanilla_faster" in opt else set()
+    faster = (set(opt.loc[opt["vanilla_faster"].astype(bool), "batch_size"].astype(int))
+              if "vanilla_faster" in opt else set())
     for j, b in enumerate(bs):
         for i, label in enumerate(labels):
             v, r = grid.iat[i, j], rel.iat[i, j]
@@ -242,7 +241,8 @@ def tops_figure(comparison: pd.DataFrame, provenance: dict[str, Any] | None = No
     ax.plot(bs, c["tops_dsd"], "o-", color="tab:blue", lw=2.4, ms=7, label="DSD (table)", zorder=5)
     _star_vanilla(ax, c, vanilla_gaps)
     ax.set_ylabel("output tokens/s per user")
-    ax.set_ylim(0, float(np.nanmax(c[[col for col in c.columns if col.startswith("tops_")]].to_numpy())) * 1.15)
+    tops = [col for col in c.columns if col.startswith("tops_")]
+    ax.set_ylim(0, float(np.nanmax(c[tops].to_numpy())) * 1.15)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     ax2.axhline(1.0, color="0.3", lw=1)
@@ -296,7 +296,8 @@ def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:
         if not arrs:
             continue
         med = np.median(np.vstack(arrs), axis=0)
-        rows += [{"batch_size": int(b), "k": k, "position": i + 1, "acceptance": float(v)} for i, v in enumerate(med)]
+        rows += [{"batch_size": int(b), "k": k, "position": i + 1, "acceptance": float(v)}
+                 for i, v in enumerate(med)]
     return pd.DataFrame(rows, columns=["batch_size", "k", "position", "acceptance"])
 
 
@@ -322,7 +323,8 @@ def acceptance_figure(df: pd.DataFrame, provenance: dict[str, Any] | None = None
         for n, b in enumerate(bss):
             g = curves[b]
             color = cmap(0.1 + 0.8 * n / max(1, len(bss) - 1))
-            ax.plot(g["position"], g["acceptance"], "o-", color=color, label=f"BS {b} (K={int(g['k'].iloc[0])})")
+            ax.plot(g["position"], g["acceptance"], "o-", color=color,
+                    label=f"BS {b} (K={int(g['k'].iloc[0])})")
     kmax = int(acc["position"].max())
     ax.set_xticks(range(1, kmax + 1))
     ax.set_xlim(0.7, kmax + 0.3)
@@ -335,29 +337,27 @@ def acceptance_figure(df: pd.DataFrame, provenance: dict[str, Any] | None = None
     return fig
 
 
-def plot_results(results: str | Path, out_dir: str | Path, tolerance: float = DEFAULT_TOLERANCE,
+def plot_results(results: str | Path | Run, out_dir: str | Path, tolerance: float = DEFAULT_TOLERANCE,
                  force: bool = False) -> list[Path]:
     """Write every figure that ``results`` supports into ``out_dir``; return the paths."""
     from dsdprof.decide.analysis import analyze
-    from dsdprof.decide.context import has_contexts
-    from dsdprof.io.readers import read_measurements, read_provenance, validate_measurements
-    from dsdprof.io.runs import RUN_KIND_VALIDATE, run_kind
-    from dsdprof.jobs.validate import is_validate_run
+    from dsdprof.io.readers import validate_measurements
 
     require_matplotlib()
-    df = read_measurements(results)
-    prov = read_provenance(results)
+    run = open_run(results)
+    run.check_mixed(False)
+    df, prov = run.rows, run.provenance
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError("--out", str(out), "exists and is not a directory")
     figures: dict[str, Any] = {}
-    if is_validate_run(results) or run_kind(results) == RUN_KIND_VALIDATE:
+    if run.kind == RUN_KIND_VALIDATE:
         from dsdprof.report.compare import compare
 
         from dsdprof.report.vanilla import validate_vanilla
 
         figures["tops_per_user"] = tops_figure(compare(df), prov, validate_vanilla(df, DEFAULT_CONFIDENCE))
-    elif has_contexts(df):  # a context sweep: a grid of heatmaps, K* per context
+    elif run.contexts is not None:  # a context sweep: a grid of heatmaps, K* per context
         from dsdprof.report.context_plots import context_figures
 
         figures.update(context_figures(df, prov, tolerance))
