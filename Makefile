@@ -31,8 +31,8 @@ demo: setup toy_models/dense/target/config.json
 	$(DSDPROF) export tables/toy-dense-cpu.json --format vllm -o tables/toy-dense-cpu.vllm.json --force
 	$(DSDPROF) show tables/toy-dense-cpu.json
 
-# The toy MoE (docs/moe-cpu.md): 1.4 GB of experts, about 11 minutes on 2 cores. On this CPU its
-# K* did not clear its intervals: flat at K=2 by the points with acceptance pooled (docs/moe-cpu.md).
+# The toy MoE (docs/lab/moe-cpu.md): 1.4 GB of experts, about 11 minutes on 2 cores. On this CPU its
+# K* did not clear its intervals: flat at K=2 by the points with acceptance pooled (docs/lab/moe-cpu.md).
 toy_models/moe-demo/moe/target/config.json: | setup
 	$(DSDPROF) toy-models toy_models/moe-demo --kind moe --layers 8 --experts 32 --top-k 8 \
 		--expert-ffn 1024 --dense-first --residual-scale 0.08
@@ -41,12 +41,16 @@ demo-moe: setup toy_models/moe-demo/moe/target/config.json
 	$(DSDPROF) sweep sweeps/toy-moe-demo-cpu.toml --out runs/toy-moe-demo-cpu --resume
 	$(DSDPROF) analyze runs/toy-moe-demo-cpu --wide
 
-# Whole suite, real vLLM integration tests included.
+# Whole suite, real vLLM integration tests included (what CI runs: .ci/run). The 25 slowest tests
+# are listed at the end.
 test: setup
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
+# The tier to run before each commit (<= 3 min on 2 cores): no vLLM engine, nothing marked slow,
+# and every package of dsdprof/ imported by a test module that passed (--require-packages,
+# tests/conftest.py).
 test-fast: setup
-	$(PY) -m pytest -q -m "not vllm"
+	$(PY) -m pytest -q -ra -m "not vllm and not slow" --require-packages
 
 # vLLM 0.33 (the current GPU release) tier, NOT part of `make test`: a separate venv with vLLM's
 # GPU build from PyPI (torch 2.14 + CUDA 13 wheels) and dsdprof's [vllm] extra (no cpu extra), then

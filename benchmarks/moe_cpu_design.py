@@ -2,7 +2,7 @@
 
     python benchmarks/moe_cpu_design.py --hardware cpu-calibrated.toml [--top 20]
 
-``--hardware``: a profile from ``dsdprof probe-hardware`` / ``dsdprof calibrate`` (docs/moe-cpu.md
+``--hardware``: a profile from ``dsdprof probe-hardware`` / ``dsdprof calibrate`` (docs/lab/moe-cpu.md
 used one calibrated on docs/lab/data/toy-moe-experts-cpu.parquet). For every design (target
 layers, experts, top-k, expert FFN, dense first layer or not, conditional acceptance alpha) it
 writes the toy's config.json pair (no weights) under --scratch, predicts BS x K with the sim

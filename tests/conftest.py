@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -37,6 +40,16 @@ def dense_like_frame():
     return make_rows(itl, al)
 
 
+@pytest.fixture(scope="session")
+def toy_dense(tmp_path_factory):
+    """The default toy dense pair (``ToyModelConfig(kind="dense")``: what ``dsdprof toy-models`` builds),
+    built once per session for the real-vLLM tests: building it writes ~0.8 GB and takes 15-60 s on
+    2 cores. Tests must not write into it; each engine a test starts is its own."""
+    from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair
+
+    return build_toy_pair(tmp_path_factory.mktemp("toy") / "dense", ToyModelConfig(kind="dense"))
+
+
 RUN_TOKEN = "t" * 32  # a dsdprof run's secret, for tests that drive the profiling scheduler
 
 
@@ -47,3 +60,66 @@ def run_env(tmp_path, monkeypatch):
     monkeypatch.setenv("DSDPROF_RUN_TOKEN", RUN_TOKEN)
     monkeypatch.setenv("DSDPROF_TRACE_DIR", str(tmp_path))
     return tmp_path
+
+
+# ----------------------------------------------------------------------------- the fast tier's reach
+# `make test-fast` runs with --require-packages: every package of dsdprof/ must be imported, directly,
+# by a test module of which at least one test passed in this session; otherwise the session fails.
+
+ROOT = Path(__file__).resolve().parents[1]
+DOTTED = re.compile(r"dsdprof(\.\w+)+")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--require-packages", action="store_true",
+                     help="fail unless every dsdprof package is imported by a test module with a passed test")
+
+
+def dsdprof_packages(root: Path = ROOT) -> set[str]:
+    """Every package of dsdprof/ (a folder with an __init__.py), dotted."""
+    return {".".join(p.parent.relative_to(root).parts) for p in (root / "dsdprof").rglob("__init__.py")}
+
+
+def imported_packages(source: str, packages: set[str]) -> set[str]:
+    """The packages a module's imports name (``import a.b.c`` and ``from a.b import c`` name a.b and a),
+    dotted names in strings included (imported by name, or class paths vLLM loads)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.fullmatch(node.value):
+            names.add(node.value)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    reached = set()
+    for name in names:
+        parts = name.split(".")
+        reached.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if p in packages)
+    return reached
+
+
+def unreached_packages(passed_files: set[Path], packages: set[str]) -> set[str]:
+    reached: set[str] = set()
+    for f in passed_files:
+        reached |= imported_packages(f.read_text(), packages)
+    return packages - reached
+
+
+_PASSED_FILES: set[str] = set()  # node ids' file parts, relative to the rootdir
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.passed:
+        _PASSED_FILES.add(report.nodeid.split("::")[0])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not session.config.getoption("--require-packages") or exitstatus not in (0, 1):
+        return
+    root = session.config.rootpath
+    missing = unreached_packages({root / f for f in _PASSED_FILES}, dsdprof_packages(root))
+    if missing:
+        session.config.get_terminal_writer().line(
+            "error: no passed test of this tier imports: " + ", ".join(sorted(missing)), red=True)
+        session.exitstatus = 1

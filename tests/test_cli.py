@@ -214,6 +214,7 @@ def test_pooling_runs_of_different_input_len_needs_allow_mixed_and_is_recorded(t
     assert "pooled runs (--allow-mixed)" in r.stdout
 
 
+@pytest.mark.slow  # four CLI subprocesses
 def test_analyze_and_export_exit_0_quietly_on_a_closed_pipe(tmp_path, measured):
     """`dsdprof analyze | head`: stdout is a pipe whose reader has gone (closed before the first
     write, so every write fails): exit 0, no error line, no traceback."""
@@ -221,16 +222,19 @@ def test_analyze_and_export_exit_0_quietly_on_a_closed_pipe(tmp_path, measured):
     import subprocess
     import sys
 
+    procs = []
     for args in (["analyze", str(measured)], ["analyze", str(measured), "--wide"],
                  ["export", str(measured), "--format", "vllm"], ["analyze", str(measured), "--csv"]):
         read_end, write_end = os.pipe()
         os.close(read_end)
-        try:
-            p = subprocess.run([sys.executable, "-m", "dsdprof.cli", *args], stdout=write_end,
-                               stderr=subprocess.PIPE, text=True, timeout=120)
+        try:  # the four start together: each spends seconds importing, the assertion is per process
+            procs.append((args, subprocess.Popen([sys.executable, "-m", "dsdprof.cli", *args], stdout=write_end,
+                                                 stderr=subprocess.PIPE, text=True)))
         finally:
             os.close(write_end)
-        assert p.returncode == 0 and "error" not in p.stderr.lower() and "Traceback" not in p.stderr, (args, p.stderr)
+    for args, p in procs:
+        _, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0 and "error" not in stderr.lower() and "Traceback" not in stderr, (args, stderr)
 
 
 # ----------------------------------------------------------------------------- progress in logs

@@ -72,7 +72,7 @@ def test_overlap_scheduler_engines_get_their_own_step_overhead(loo):
 
 def test_fp8_compute_path_on_hopper():
     """FP8 GEMMs reach 0.907 x bf16's share of datasheet on Hopper (measured on an H200,
-    docs/gpu-h200.md); GPUs without an FP8 measurement and probed profiles keep the datasheet rate."""
+    docs/lab/gpu-h200.md); GPUs without an FP8 measurement and probed profiles keep the datasheet rate."""
     h100, b200 = HARDWARE["H100 SXM"], HARDWARE["B200"]
     assert h100.peak_flops("fp8") == pytest.approx(1979e12 * 0.907)
     assert h100.peak_flops("bf16") == pytest.approx(989e12)

@@ -136,14 +136,14 @@ def _bw(e_bw: float) -> Efficiency:
 _PCIE = dict(interconnect_gbs=32.0, allreduce_latency_s=3 * _NVL)
 # FP8 compute path on Hopper (H100, H200, H20: the same SM90 tensor cores): an e4m3 8192^3 GEMM
 # (torch._scaled_mm) reached 1432 / 1459 TFLOP/s = 72-74 % of the 1979 datasheet, bf16 795 / 797 of
-# 989 = 80.5 % on the same H200 (docs/gpu-h200.md, probe-hardware call 3): FP8 achieves 0.907 x
+# 989 = 80.5 % on the same H200 (docs/lab/gpu-h200.md, probe-hardware call 3): FP8 achieves 0.907 x
 # bf16's share of peak. Other GPUs keep 1.0 (no FP8 measurement here).
 _FP8_HOPPER = 0.907
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     # datasheet fp8, NVLink 900 GB/s bidir; bandwidth efficiency fitted on 22 H100 points (3.10 TB/s)
     Hardware("H100 SXM", 989, 3.35, 80, fp8_tflops=1979, fp8_compute_ratio=_FP8_HOPPER, cache_mb=50,
              interconnect_gbs=450, efficiency=_bw(0.924)),
-    # fitted on 6 H200 points (3.95 TB/s; the torch proxy of docs/gpu-h200.md measured its weight GEMMs
+    # fitted on 6 H200 points (3.95 TB/s; the torch proxy of docs/lab/gpu-h200.md measured its weight GEMMs
     # at 3.76 TB/s = 0.78, independently)
     Hardware("H200 SXM", 989, 4.8, 141, fp8_tflops=1979, fp8_compute_ratio=_FP8_HOPPER, cache_mb=50,
              interconnect_gbs=450, efficiency=_bw(0.823)),
