@@ -30,7 +30,46 @@ def analysis_json(result) -> str:
         "cells": json.loads(cells.to_json(orient="records")),
         "coverage": None if result.coverage is None else dataclasses.asdict(result.coverage),
         "provenance": {k: str(v) for k, v in result.provenance.items()},
+        "synthetic_truth": _truth_records(result),
     }, indent=2)
+
+
+def _truth_records(result) -> list | None:
+    """Synthetic acceptance: per (design, BS, K) the measured and the implied AL (decide/truth.py)."""
+    truth = getattr(result, "truth", None)
+    return None if truth is None else json.loads(truth.to_json(orient="records"))
+
+
+def truth_table(truth) -> Table:
+    """Measured AL(K) beside the AL the synthetic rates imply, with the model's standard error."""
+    from rich import box
+
+    t = Table(title="Synthetic acceptance: measured AL vs the rates' AL", box=box.SIMPLE_HEAD,
+              padding=(0, 1), pad_edge=False, show_edge=False)
+    for col in ("design", "BS", "K", "AL", "true AL", "AL/true", "SE", "z", "req-steps"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for r in truth.itertuples():
+        t.add_row(r.design, str(r.batch_size), str(r.k), f"{r.acceptance_length:.4f}", f"{r.truth:.4f}",
+                  f"{100 * r.error:+.2f}%", "-" if math.isnan(r.se) else f"{100 * r.se:.2f}%",
+                  "-" if math.isnan(r.z) else f"{r.z:+.1f}", str(r.n))
+    return t
+
+
+def truth_lines(truth) -> list[str]:
+    """Under the truth table: what lies beyond 3 standard errors, and the waves 0.5 % at 3 SE needs."""
+    from dsdprof.decide.truth import TOLERANCE, Z
+
+    far, unknown = truth[truth["z"].abs() > Z], int(truth["z"].isna().sum())
+    lines = [f"{len(far)} of {len(truth) - unknown} rows beyond {Z:g} standard errors of the rates' AL"
+             + (": " + ", ".join(f"{r.design} BS {r.batch_size} K {r.k}" for r in far.itertuples())
+                if len(far) else "")
+             + (f"; {unknown} without a standard error (no request-step counted)" if unknown else "")]
+    short = truth[truth["se"] > TOLERANCE / Z]
+    if len(short):
+        need = ", ".join(f"{d} {int(g['waves_needed'].max())} (now {int(g['waves'].max())})"
+                         for d, g in short.groupby("design"))
+        lines.append(f"to resolve {TOLERANCE:.1%} at {Z:g} SE at every row: waves >= {need}")
+    return lines
 
 
 def shape_line(result) -> str:
@@ -108,6 +147,10 @@ def render_analysis(result, console: Console, err_console: Console, wide: bool =
     console.print(compact_table(result) if not wide else _wide_table(result))
     if wide:
         console.print(_vs_best_table(result))
+    if (truth := getattr(result, "truth", None)) is not None and not truth.empty:
+        console.print(truth_table(truth))
+        for line in truth_lines(truth):
+            console.print(line, markup=False, highlight=False)
     _footer(result, console, err_console, conf)
 
 

@@ -48,6 +48,21 @@ def acceptance_provenance(rates: list[float] | None) -> dict[str, str]:
                             "(step times only)"}
 
 
+def rates_from_provenance(provenance: dict[str, Any]) -> list[float] | None:
+    """The synthetic rates a run's provenance names (:func:`acceptance_provenance`), else None."""
+    import json
+    import re
+
+    if not is_synthetic(provenance):
+        return None
+    found = re.search(r"synthetic_acceptance_rates=(\[[^\]]*\])", str(provenance["extra_" + ACCEPTANCE_KEY]))
+    try:
+        rates = json.loads(found.group(1)) if found else None
+    except ValueError:
+        return None
+    return [float(r) for r in rates] if isinstance(rates, list) and rates else None
+
+
 def is_synthetic(provenance: dict[str, Any]) -> bool:
     """Whether a run's (or table's) provenance says its acceptance was synthetic."""
     return str(provenance.get("extra_" + ACCEPTANCE_KEY, "")).startswith(SYNTHETIC_PREFIX)
