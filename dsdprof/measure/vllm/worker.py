@@ -65,6 +65,23 @@ def k_sequence(group: tuple[int, ...], wave: int, hold: int) -> list[int]:
     return [group[j] for j in balanced_order(len(group), wave) for _ in range(hold)]
 
 
+def request_seeds(seed: int, prompt_index: int, batch_size: int) -> list[int]:
+    """A sampling seed per request of the wave that takes the pool's prompts of ``prompt_index``,
+    distinct across the requests of a wave and across waves, and the same on every engine for the
+    same wave (vanilla and DSD arms of the paired design draw alike). vLLM gives each seeded
+    request its own ``torch.Generator`` (``manual_seed(seed)``), which draws its sampled tokens and,
+    under synthetic acceptance, its rejection uniforms: one seed for every request made every
+    request of every wave draw the same numbers, so a row held one sample path, not
+    ``num_drafts`` independent request-steps. Deterministic from the spec's ``[workload] seed``."""
+    import hashlib
+
+    def one(j: int) -> int:
+        digest = hashlib.blake2b(f"dsdprof/{seed}/{prompt_index}/{j}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1  # < 2**63: any int64 seed vLLM and torch take
+
+    return [one(j) for j in range(batch_size)]
+
+
 def detect_hardware() -> str:
     """GPU name when CUDA is visible, else the CPU model."""
     try:
@@ -114,7 +131,7 @@ class CellRun:
         self.wall = 0.0
         self.next_wave = 0
 
-    def _params(self, wave: int, output_len: int):
+    def _params(self, wave: int, output_len: int, seed: int | None = None):
         from vllm import SamplingParams
 
         from dsdprof.plugins.names import GATE_ARG, K_EXTRA_ARG, K_SEQ_ARG, RUN_ARG, TRACE_ARG, WAVE_ARG
@@ -129,7 +146,7 @@ class CellRun:
             extra.update({TRACE_ARG: self.name, WAVE_ARG: wave})
         return SamplingParams(
             max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
-            temperature=req.temperature, seed=req.seed if req.temperature > 0 else None, extra_args=extra)
+            temperature=req.temperature, seed=seed if req.temperature > 0 else None, extra_args=extra)
 
     def _wave(self, w: int, prompt_index: int):
         from dsdprof.measure.workload import wave_indices
@@ -139,7 +156,9 @@ class CellRun:
         cut = req.context_len or None  # a context sweep's pool holds prompts of its longest context
         prompts = [{"prompt_token_ids": self.pool[i][:cut]} for i in idx]
         lens = [self.output_lens[i] if self.output_lens else req.output_len for i in idx]
-        return self.llm.generate(prompts, [self._params(w, n) for n in lens], use_tqdm=False)
+        seeds = request_seeds(req.seed, prompt_index, req.batch_size)
+        params = [self._params(w, n, r) for n, r in zip(lens, seeds)]
+        return self.llm.generate(prompts, params, use_tqdm=False)
 
     def run_waves(self, start: int, stop: int) -> None:
         """Measured waves ``start .. stop - 1`` (the next ones: spans are contiguous)."""
