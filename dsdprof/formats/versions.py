@@ -40,3 +40,8 @@ HWPROFILE_SCHEMA = "dsdprof.hwprofile/v1"  # probe-hardware / calibrate profiles
 SIM_MODEL_VERSION = "sim-step-model/3"  # 2: small-M GEMM tiles, quantization_config storage;
 # 3: per-layer / MoE latency terms, per-method speculation overhead, KV-cache dtype, fitted priors,
 #    GQA attention tile (measure.sim.context)
+
+# Rollout and serving rows (``dsdprof rollout``; dsdprof/formats/rollouts.py): a Parquet file of their
+# own, same metadata key, its own version (measurement readers refuse it by name).
+ROLLOUT_SCHEMA_VERSION = "dsdprof.rollouts/v1"
+READABLE_ROLLOUT_VERSIONS = (ROLLOUT_SCHEMA_VERSION,)

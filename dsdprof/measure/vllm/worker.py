@@ -309,6 +309,11 @@ def worker_main(conn, config: WorkerConfig) -> None:
         if msg[0] == "stop":
             break
         try:
+            if type(msg[1]).__name__ == "ArrivalsRequest":  # a rollout / serving run (measure/vllm/arrivals.py)
+                from dsdprof.measure.vllm.arrivals import run_arrivals
+
+                conn.send(("ok", run_arrivals(llm, pool, msg[1], run_token, trace_dir)))
+                continue
             result, open_run = serve_request(llm, pool, msg[1], open_run, output_lens, run_token, trace_dir)
             conn.send(("ok", result))
         except BaseException as err:  # noqa: BLE001 - a failed cell is reported, the worker lives on

@@ -1,0 +1,273 @@
+"""``dsdprof rollout``, ``dsdprof rollout-report`` and ``dsdprof replay`` (registered on the main
+typer app by dsdprof.cli.app): the table in an RL rollout and in live serving, measured on vLLM
+against vanilla and the best fixed K, and the makespan predicted without an engine.
+docs/rollouts.md is the reference."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+from rich import box
+from rich.table import Table
+
+from dsdprof.cli.common import fmt_number, guarded, make_console
+
+console = make_console()
+
+
+def _ci(r: float, lo: float, hi: float) -> str:
+    if r is None or math.isnan(r):
+        return "-"
+    txt = f"{r:.3f}"
+    return txt + (f" [{lo:.3f},{hi:.3f}]" if not math.isnan(lo) else "")
+
+
+def render_rollout(df) -> list[Table]:
+    """Rich tables of a run: rollout variants (makespan ratios with paired intervals) and serving."""
+    from dsdprof.report.rollout import rollout_summary, serving_summary
+
+    out = []
+    r = rollout_summary(df)
+    if len(r):
+        t = Table(
+            title="rollout: medians over repeats",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+            pad_edge=False,
+            caption="ratio = makespan / vanilla's or / the best fixed K's (same repeat), geometric mean, "
+            "95% t interval over repeats; < 1 is faster",
+        )
+        for col in ("variant", "makespan s", "tok/s", "tail s", "K", "vs vanilla", "vs best fixed"):
+            t.add_column(col, justify="right", no_wrap=True)
+        for _, x in r.iterrows():
+            t.add_row(
+                x["variant"],
+                fmt_number(x["makespan_s"], 2),
+                fmt_number(x["tokens_per_s"], 1),
+                fmt_number(x["tail_s"], 2),
+                fmt_number(x["mean_k"], 2),
+                _ci(x["vs_vanilla"], x["vs_vanilla_lo"], x["vs_vanilla_hi"]),
+                _ci(x["vs_best"], x["vs_best_lo"], x["vs_best_hi"]),
+            )
+        out.append(t)
+    s = serving_summary(df)
+    if len(s):
+        t = Table(
+            title="serving: medians over repeats",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+            pad_edge=False,
+            caption="ms; goodput req/s within the SLOs; lookup%: steps whose lookup batch size (prefill "
+            "chunks included) differs from the requests decoding; K%: the table's K differs",
+        )
+        for col in (
+            "rate",
+            "variant",
+            "TTFT50",
+            "TPOT50",
+            "TPOT90",
+            "TPOT99",
+            "ITL99",
+            "good",
+            "K",
+            "lookup%",
+            "K%",
+        ):
+            t.add_column(col, justify="right", no_wrap=True)
+        for _, x in s.iterrows():
+            t.add_row(
+                f"{x['rate_per_s']:g}",
+                x["variant"],
+                *(
+                    fmt_number(x[c] * 1e3, 0)
+                    for c in ("ttft_p50_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "itl_p99_s")
+                ),
+                fmt_number(x["goodput_req_s"], 2),
+                fmt_number(x["mean_k"], 2),
+                fmt_number(x["lookup_differs"] * 100, 0),
+                fmt_number(x["table_k_differs"] * 100, 0),
+            )
+        out.append(t)
+    return out
+
+
+def _rollout(
+    table_path: Path = typer.Argument(
+        ..., metavar="TABLE", help="K table (v2: its grid picks the best fixed K)."
+    ),
+    spec_path: Path = typer.Argument(
+        ..., metavar="SPEC", help="Sweep spec: its engine and prompt workload."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="Run directory (rollout.parquet, _logs, _traces)."),
+    num_requests: int = typer.Option(
+        16, "--num-requests", "-n", help="Rollout: requests submitted at once."
+    ),
+    lengths: str = typer.Option(
+        "lognormal:median=12,sigma=0.9",
+        "--lengths",
+        help="Output lengths: lognormal:median=M,sigma=S | pareto:alpha=A,min=M | "
+        "fixed:len=L | a .json/.jsonl file of lengths.",
+    ),
+    rates: list[float] | None = typer.Option(
+        None, "--rate", help="Serving: Poisson rate (req/s); repeatable."
+    ),
+    serving_requests: int = typer.Option(24, "--serving-requests", help="Serving: requests per rate."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Repeats; the variants' order rotates."),
+    fixed_k: list[int] | None = typer.Option(
+        None,
+        "--fixed-k",
+        help="Fixed K to run (default: the best fixed K the replay predicts for these lengths).",
+    ),
+    adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="Also run the adaptive plugin."),
+    seed: int = typer.Option(0, "--seed", help="Seed of lengths, arrivals and prompts."),
+    slo_ttft_ms: float = typer.Option(0.0, "--slo-ttft-ms", help="Goodput SLO on TTFT (0: none)."),
+    slo_tpot_ms: float = typer.Option(0.0, "--slo-tpot-ms", help="Goodput SLO on TPOT (0: none)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same plan)."),
+) -> None:
+    """Run an RL rollout (N requests at once, heavy-tailed lengths) and, with --rate, a serving sweep
+    on vLLM: vanilla, the best fixed K, the table on vLLM's schedule and the adaptive plugin."""
+    from dsdprof.config.spec import load_spec
+    from dsdprof.export.table import load_table
+    from dsdprof.jobs.rollout import make_plan, run_rollout
+    from dsdprof.io.rollouts import read_rollout_rows
+    from dsdprof.measure.live_workload import parse_length_spec
+
+    table = load_table(table_path)
+    spec = load_spec(spec_path)
+    plan = make_plan(
+        table,
+        spec,
+        parse_length_spec(lengths),
+        num_requests,
+        repeats,
+        list(rates or []),
+        serving_requests,
+        list(fixed_k) if fixed_k else None,
+        adaptive,
+        seed,
+        slo_ttft_ms / 1e3,
+        slo_tpot_ms / 1e3,
+    )
+    console.print(f"variants {', '.join(plan.variants)}; rollout lengths {sorted(plan.lengths)}")
+
+    def on_row(row) -> None:
+        if row["status"] == "ok":
+            console.print(f"{row['row_id']}: makespan {row['makespan_s']:.2f} s, K {row['mean_k']:.2f}")
+        else:
+            console.print(f"[red]{row['row_id']} failed:[/] {row['error'][:300]}")
+
+    run_rollout(table, spec, out, plan, str(table_path), {} if adaptive else None, resume, on_row)
+    for t in render_rollout(read_rollout_rows(out)):
+        console.print(t)
+
+
+def _rollout_report(
+    run: Path = typer.Argument(
+        ..., metavar="RUN", help="A dsdprof rollout directory or its rollout.parquet."
+    ),
+    plots: Path | None = typer.Option(None, "--plots", help="Also write PNGs into this directory."),
+    prefix: str = typer.Option("rollout", "--prefix", help="PNG file name prefix."),
+    force: bool = typer.Option(False, "--force", help="Replace existing PNGs."),
+) -> None:
+    """Print a rollout run's tables; --plots draws the batch size over time against the K served."""
+    from dsdprof.io.rollouts import read_rollout_rows
+
+    df = read_rollout_rows(run)
+    for t in render_rollout(df):
+        console.print(t)
+    if plots is not None:
+        from dsdprof.report.plots import require_matplotlib
+        from dsdprof.report.rollout_plots import plot_rollout_run
+
+        require_matplotlib()
+        for p in plot_rollout_run(df, plots, prefix, force):
+            console.print(f"wrote {p}")
+
+
+def _replay(
+    source: Path = typer.Argument(
+        ...,
+        metavar="SOURCE",
+        help="A rollout run (directory or rollout.parquet), a "
+        "lengths file (.json/.jsonl), or a batch-size trace (.jsonl of "
+        '{"batch_size": B} per step of a vanilla rollout).',
+    ),
+    table_path: Path = typer.Argument(..., metavar="TABLE", help="A v2 K table (its step-time grid)."),
+    prefill_s: float | None = typer.Option(
+        None, "--prefill-s", help="Prefill seconds (files; default: one vanilla step at batch N)."
+    ),
+    scale: float = typer.Option(
+        1.0, "--scale", help="Step-time factor for files (machine today / the table's)."
+    ),
+    runs: int = typer.Option(200, "--runs", min=1, help="Monte Carlo replays per prediction."),
+) -> None:
+    """Predict a rollout's makespan per variant from a table's step-time grid (no engine); on a
+    measured run, check every prediction against the measured makespan."""
+    from dsdprof.export.table import load_table
+
+    table = load_table(table_path)
+    if source.is_dir() or source.suffix == ".parquet":
+        _replay_run(source, table, runs)
+        return
+    from dsdprof.decide.makespan import predict_all
+    from dsdprof.measure.live_workload import read_trace_or_lengths
+
+    lens = read_trace_or_lengths(str(source))
+    t = Table(
+        title=f"replay: {len(lens)} requests, lengths {min(lens)}..{max(lens)}",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+        caption="adaptive: predicted as the table's schedule",
+    )
+    for col in ("variant", "makespan s", "tail s", "steps", "K"):
+        t.add_column(col, justify="right")
+    for p in predict_all(table, lens, prefill_s, scale, runs):
+        t.add_row(
+            p.variant,
+            fmt_number(p.makespan_s, 2),
+            fmt_number(p.tail_s, 2),
+            fmt_number(p.steps, 1),
+            fmt_number(p.mean_k, 2),
+        )
+    console.print(t)
+
+
+def _replay_run(source: Path, table: dict, runs: int) -> None:
+    from dsdprof.io.rollouts import read_rollout_rows
+    from dsdprof.report.rollout import replay_check
+
+    chk = replay_check(read_rollout_rows(source), table, runs)
+    t = Table(
+        title="replay vs measured makespan",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+        caption="raw: the table's step times; cal.: scaled by the repeat's vanilla (machine factor "
+        + ", ".join(f"r{r} {s:.3f}" for r, s in chk.scale.items())
+        + "); vanilla cal. exact by "
+        "construction",
+    )
+    for col in ("rep", "variant", "measured s", "raw s", "err %", "cal. s", "err %", "K meas/pred"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for _, x in chk.rows.iterrows():
+        t.add_row(
+            str(x["repeat"]),
+            x["variant"],
+            fmt_number(x["measured_s"], 2),
+            fmt_number(x["predicted_raw_s"], 2),
+            fmt_number(x["error_raw"] * 100, 1),
+            fmt_number(x["predicted_cal_s"], 2),
+            fmt_number(x["error_cal"] * 100, 1),
+            f"{fmt_number(x['mean_k_measured'], 2)}/{fmt_number(x['mean_k_predicted'], 2)}",
+        )
+    console.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``rollout``, ``rollout-report`` and ``replay`` to ``app``."""
+    app.command("rollout")(guarded(_rollout))
+    app.command("rollout-report")(guarded(_rollout_report))
+    app.command("replay")(guarded(_replay))

@@ -1,0 +1,194 @@
+"""What a rollout run says: per variant makespan, tokens/s and tail with paired intervals against
+vanilla and the best fixed K (rollouts), latency percentiles and goodput per rate (serving), the
+batch size vLLM looked K up with, and the replay's prediction checked against each measured
+makespan. Pure pandas over the rows of :mod:`dsdprof.formats.rollouts`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from dsdprof.decide.live_stats import paired_ratio
+from dsdprof.formats.rollouts import KIND_ROLLOUT, KIND_SERVING
+
+
+def _ok(df: pd.DataFrame, kind: str) -> pd.DataFrame:
+    return df[(df["kind"] == kind) & (df["status"] == "ok")]
+
+
+def _by_repeat(d: pd.DataFrame, variant: str, col: str) -> dict[int, float]:
+    sub = d[d["variant"] == variant]
+    return {int(r): float(v) for r, v in zip(sub["repeat"], sub[col])}
+
+
+def best_fixed_variant(d: pd.DataFrame, col: str = "makespan_s") -> str:
+    """The fixed-K variant with the smallest median ``col`` ("" when none ran)."""
+    fixed = d[d["variant"].str.startswith("fixed-")]
+    if fixed.empty:
+        return ""
+    return str(fixed.groupby("variant")[col].median().idxmin())
+
+
+def rollout_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per variant: medians over repeats and makespan ratios (variant / vanilla, variant / best
+    fixed K) with paired t intervals; a ratio below 1 is faster."""
+    d = _ok(df, KIND_ROLLOUT)
+    best = best_fixed_variant(d)
+    rows = []
+    for v in sorted(d["variant"].unique(), key=_variant_key):
+        sub = d[d["variant"] == v]
+        vs_van = paired_ratio(
+            _by_repeat(d, v, "makespan_s"), _by_repeat(d, "vanilla", "makespan_s"), v, "vanilla"
+        )
+        vs_best = (
+            paired_ratio(_by_repeat(d, v, "makespan_s"), _by_repeat(d, best, "makespan_s"), v, best)
+            if best
+            else None
+        )
+        rows.append(
+            {
+                "variant": v,
+                "repeats": len(sub),
+                "makespan_s": sub["makespan_s"].median(),
+                "tokens_per_s": sub["tokens_per_s"].median(),
+                "tail_s": sub["tail_s"].median(),
+                "mean_k": sub["mean_k"].median(),
+                "vs_vanilla": vs_van.ratio,
+                "vs_vanilla_lo": vs_van.lo,
+                "vs_vanilla_hi": vs_van.hi,
+                "vs_best": vs_best.ratio if vs_best else math.nan,
+                "vs_best_lo": vs_best.lo if vs_best else math.nan,
+                "vs_best_hi": vs_best.hi if vs_best else math.nan,
+                "best_fixed": best,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def serving_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per rate and variant: medians over repeats of the latency percentiles, goodput, the K
+    served and how often vLLM's lookup batch size differed from the requests decoding."""
+    d = _ok(df, KIND_SERVING)
+    cols = [
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "tpot_p90_s",
+        "tpot_p99_s",
+        "itl_p50_s",
+        "itl_p99_s",
+        "goodput_req_s",
+        "tokens_per_s",
+        "mean_k",
+        "lookup_differs",
+        "table_k_differs",
+        "makespan_s",
+    ]
+    if d.empty:
+        return pd.DataFrame(columns=["rate_per_s", "variant", "repeats", *cols])
+    g = d.groupby(["rate_per_s", "variant"])
+    out = g[cols].median().reset_index()
+    out.insert(2, "repeats", g.size().values)
+    out["_k"] = out["variant"].map(_variant_key)
+    return out.sort_values(["rate_per_s", "_k"]).drop(columns="_k").reset_index(drop=True)
+
+
+def _variant_key(v: str) -> tuple[int, int]:
+    if v == "vanilla":
+        return (0, 0)
+    if v.startswith("fixed-"):
+        return (1, int(v.split("-", 1)[1]))
+    return (2, 0) if v == "dsd" else (3, 0)
+
+
+def prefill_seconds(row: Any) -> float:
+    """End of the rollout's first step run of prefill steps (seconds after the start)."""
+    t, pre = list(row["step_t_s"]), list(row["step_prefill_tokens"])
+    end = math.nan
+    for ti, p in zip(t, pre):
+        if p <= 0:
+            break
+        end = ti
+    return end
+
+
+@dataclass(frozen=True)
+class ReplayCheck:
+    rows: pd.DataFrame  # per measured rollout: measured, predicted (raw, calibrated), errors
+    scale: dict[int, float]  # per repeat: the machine factor fitted on that repeat's vanilla row
+
+
+def replay_check(df: pd.DataFrame, table: dict, runs: int = 200, seed: int = 0) -> ReplayCheck:
+    """The replay's makespan for every measured rollout, from its own lengths and the table's grid:
+    ``raw`` at the table's step times; ``calibrated`` with step times scaled by the factor that makes
+    the same repeat's vanilla prediction exact (one number per repeat: the machine today against
+    the machine the table was measured on; vanilla rows are then exact by construction). Every row
+    takes the prefill time of its repeat's vanilla rollout."""
+    from dsdprof.decide.makespan import grid_from_table, predict, variant_schedules
+
+    d = _ok(df, KIND_ROLLOUT)
+    grid = grid_from_table(table)
+    scheds = variant_schedules(
+        table, grid, sorted({int(v.split("-")[1]) for v in d["variant"] if v.startswith("fixed-")})
+    )
+    scale: dict[int, float] = {}
+    out = []
+    for rep in sorted(d["repeat"].unique()):
+        r = d[d["repeat"] == rep]
+        van = r[r["variant"] == "vanilla"]
+        pre = prefill_seconds(van.iloc[0]) if len(van) else math.nan
+        pre = 0.0 if math.isnan(pre) else pre
+        if len(van):
+            lens = [int(x) for x in van.iloc[0]["request_output_len"]]
+            p = predict(lens, scheds["vanilla"], grid, pre, "vanilla", 1.0, runs, seed)
+            scale[int(rep)] = (float(van.iloc[0]["makespan_s"]) - pre) / (p.makespan_s - pre)
+        for _, row in r.iterrows():
+            lens = [int(x) for x in row["request_output_len"]]
+            sched = scheds.get(row["variant"])
+            if sched is None:
+                continue
+            raw = predict(lens, sched, grid, pre, row["variant"], 1.0, runs, seed)
+            s = scale.get(int(rep), math.nan)
+            cal = (
+                predict(lens, sched, grid, pre, row["variant"], s, runs, seed)
+                if not math.isnan(s)
+                else None
+            )
+            m = float(row["makespan_s"])
+            out.append(
+                {
+                    "repeat": int(rep),
+                    "variant": row["variant"],
+                    "measured_s": m,
+                    "predicted_raw_s": raw.makespan_s,
+                    "error_raw": raw.makespan_s / m - 1,
+                    "predicted_cal_s": cal.makespan_s if cal else math.nan,
+                    "error_cal": (cal.makespan_s / m - 1) if cal else math.nan,
+                    "mean_k_measured": float(row["mean_k"]),
+                    "mean_k_predicted": raw.mean_k,
+                }
+            )
+    return ReplayCheck(pd.DataFrame(out), scale)
+
+
+def k_timeline(
+    df: pd.DataFrame, kind: str = KIND_ROLLOUT, repeat: int = 0, rate: float = 0.0
+) -> dict[str, pd.DataFrame]:
+    """Per variant, one run's steps: time, lookup batch size, requests decoding, K scheduled."""
+    d = _ok(df, kind)
+    d = d[(d["repeat"] == repeat) & ((d["rate_per_s"] - rate).abs() < 1e-9)]
+    out = {}
+    for _, row in d.iterrows():
+        out[row["variant"]] = pd.DataFrame(
+            {
+                "t_s": list(row["step_t_s"]),
+                "batch_size": list(row["step_batch_size"]),
+                "decoding": list(row["step_decoding"]),
+                "k": list(row["step_k"]),
+                "drafted": list(row["step_drafted"]),
+            }
+        )
+    return dict(sorted(out.items(), key=lambda kv: _variant_key(kv[0])))
