@@ -181,7 +181,8 @@ def moe_shape(moe: pd.DataFrame, png: str | None) -> None:
             ks[label, acc_label] = shape_k(model, tp, dtype, method, acc)
             print(f"  {label:31s}" + "".join(f"{k:4d}" for k in ks[label, acc_label]))
     proxy = derive_k(moe, DRAFT_STEP_MS)
-    print(f"  {'proxy Qwen3-shape (measured)':31s}" + "".join(f"{proxy[b][0]:4d}" for b in SHAPE_BS if b in proxy))
+    row = "".join(f"{proxy[b][0]:4d}" for b in SHAPE_BS if b in proxy)
+    print(f"  {'proxy Qwen3-shape (measured)':31s}" + row)
     if not png:
         return
     import matplotlib
@@ -205,7 +206,8 @@ def moe_shape(moe: pd.DataFrame, png: str | None) -> None:
     bs = [b for b in SHAPE_BS if b in proxy]
     ax2.plot(bs, [proxy[b][0] for b in bs], "ko--", lw=2, label="measured proxy, Qwen3 shape (0.2 ms/draft)")
     for i, (label, *_rest) in enumerate(SHAPE_CASES):
-        ax2.plot(SHAPE_BS, np.array(ks[label, acc_label]) + 0.06 * (i - 3), "-", marker=".", label=f"sim: {label}")
+        jitter = 0.06 * (i - 3)  # keep overlapping curves apart
+        ax2.plot(SHAPE_BS, np.array(ks[label, acc_label]) + jitter, "-", marker=".", label=f"sim: {label}")
     ax2.set_xscale("log", base=2)
     ax2.set_xlabel("batch size")
     ax2.set_ylabel("goodput-optimal K")

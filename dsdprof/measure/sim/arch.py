@@ -4,7 +4,6 @@ the catalog, HF ``config.json`` parsing and the step model share."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -44,17 +43,18 @@ class ModelArch:
     moe_layers: int = 0
     num_shared_experts: int = 0
     shared_intermediate: int = 0
-    mla: Optional[MLA] = None
+    mla: MLA | None = None
     sliding_window: int = 0
     sliding_layers: int = 0
     extra_params: int = 0
     has_embedding: bool = True
     tied_embeddings: bool = False
     weight_bytes: float = 2.0
-    expert_weight_bytes: Optional[float] = None
+    expert_weight_bytes: float | None = None
     compute_dtype: str = "bf16"  # bf16 | fp8 | int8 | fp4 | fp32 (native GEMM precision)
-    head_weight_bytes: Optional[float] = None  # LM head, embedding, router (None = weight_bytes)
-    quantization: str = ""  # non-empty: a quantized checkpoint (dsdprof.measure.sim.quant), kept under 16-bit dtypes
+    head_weight_bytes: float | None = None  # LM head, embedding, router (None = weight_bytes)
+    # non-empty: a quantized checkpoint (dsdprof.measure.sim.quant), kept under 16-bit dtypes
+    quantization: str = ""
     hf_id: str = ""  # Hugging Face id vLLM would load (written into rows, so exports name it)
 
     @property
@@ -90,7 +90,8 @@ class ModelArch:
             self.shared_intermediate or self.moe_intermediate)
         router = self.moe_layers * self.hidden * self.num_experts
         head = self.vocab * self.hidden
-        return self.num_layers * self.attention_params() + dense_ffn + shared + router + head + self.extra_params
+        attention = self.num_layers * self.attention_params()
+        return attention + dense_ffn + shared + router + head + self.extra_params
 
     def total_params(self) -> int:
         """Everything stored: dense + all routed experts + the embedding table (if own)."""

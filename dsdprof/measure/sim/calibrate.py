@@ -11,13 +11,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.hardware import Efficiency, Hardware
-from dsdprof.measure.sim.model import METHOD_OVERHEAD, NO_DRAFT, HwArrays, arch_features, resolve_dtype, step_parts
+from dsdprof.measure.sim.model import (
+    METHOD_OVERHEAD, NO_DRAFT, HwArrays, arch_features, resolve_dtype, step_parts,
+)
+
+_DEFAULT_EFFICIENCY = Efficiency()  # the fitted priors (frozen)
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class CalibrationTarget:
 
     hardware: Hardware
     target: ModelArch
-    draft: Optional[ModelArch]
+    draft: ModelArch | None
     dtype: str = "auto"
     tensor_parallel_size: int = 1
     context_len: int = 1024
@@ -64,12 +68,14 @@ def design(ct: CalibrationTarget, batch: np.ndarray, k: np.ndarray, speculative:
 def predict(d: Design, eff: Efficiency) -> np.ndarray:
     """T = Σ max(m/e_bw, f/e_c) + comm + o + d_k·K + d_0·spec."""
     kernel = np.maximum(d.mem_s / eff.bandwidth, d.flop_s / eff.compute).sum(axis=-1)
-    return kernel + d.comm_s + eff.step_overhead_s + d.k * eff.draft_step_overhead_s + d.speculative * eff.dsd_overhead_s
+    return (kernel + d.comm_s + eff.step_overhead_s + d.k * eff.draft_step_overhead_s
+            + d.speculative * eff.dsd_overhead_s)
 
 
-def fit_efficiency(d: Design, itl_s: np.ndarray, prior: Efficiency = Efficiency(),
+def fit_efficiency(d: Design, itl_s: np.ndarray, prior: Efficiency = _DEFAULT_EFFICIENCY,
                    fit_overheads: bool = True) -> Efficiency:
-    """The fitted :class:`Efficiency` (see :func:`dsdprof.measure.sim.fit.fit` for the identifiability report)."""
+    """The fitted :class:`Efficiency` (see :func:`dsdprof.measure.sim.fit.fit` for the
+    identifiability report)."""
     from dsdprof.measure.sim.fit import fit
 
     return fit(d, itl_s, prior, fit_overheads).efficiency
@@ -91,7 +97,7 @@ def design_for(ct: CalibrationTarget, df: Any) -> Design:
     return design(ct, df["batch_size"].to_numpy(), df["num_spec_tokens"].to_numpy(), _speculative(df))
 
 
-def read_sweep_context(path: str | Path) -> Optional[int]:
+def read_sweep_context(path: str | Path) -> int | None:
     """Mean decode context of a sweep directory: input_len + output_len / 2 from ``_sweep.json``."""
     meta = Path(path) / "_sweep.json"
     if not meta.is_file():
@@ -103,5 +109,5 @@ def read_sweep_context(path: str | Path) -> Optional[int]:
         return None
 
 
-def calibrated_hardware(base: Hardware, eff: Efficiency, name: Optional[str] = None) -> Hardware:
+def calibrated_hardware(base: Hardware, eff: Efficiency, name: str | None = None) -> Hardware:
     return replace(base, name=name or base.name, efficiency=eff)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dsdprof.errors import InputError, did_you_mean
 from dsdprof.measure.sim.arch import MLA, ModelArch  # noqa: F401 - re-exported
@@ -31,7 +31,8 @@ _MXFP4_EXPERTS = dict(expert_weight_bytes=_MXFP4, quantization="mxfp4 (experts)"
 _HF_IDS = {
     "Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
     "Llama-3.1-405B": "meta-llama/Llama-3.1-405B-Instruct",
-    "Llama-3.2-1B": "meta-llama/Llama-3.2-1B-Instruct", "Qwen3-8B": "Qwen/Qwen3-8B", "Qwen3-0.6B": "Qwen/Qwen3-0.6B",
+    "Llama-3.2-1B": "meta-llama/Llama-3.2-1B-Instruct", "Qwen3-8B": "Qwen/Qwen3-8B",
+    "Qwen3-0.6B": "Qwen/Qwen3-0.6B",
     "Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B", "Qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
     "Mixtral-8x7B": "mistralai/Mixtral-8x7B-Instruct-v0.1", "DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
     "gpt-oss-20b": "openai/gpt-oss-20b", "gpt-oss-120b": "openai/gpt-oss-120b",
@@ -107,7 +108,7 @@ def load_hf_config(path: str | Path, field: str = "engine.model") -> ModelArch:
     return _load(path, field)
 
 
-def _config_path(name_or_path: str) -> Optional[Path]:
+def _config_path(name_or_path: str) -> Path | None:
     """``name_or_path`` as a config.json file or a directory holding one, else None."""
     try:
         p = Path(name_or_path).expanduser()
@@ -118,7 +119,7 @@ def _config_path(name_or_path: str) -> Optional[Path]:
     return None
 
 
-def shadowed_catalog_name(name_or_path: str) -> Optional[str]:
+def shadowed_catalog_name(name_or_path: str) -> str | None:
     """The catalog model whose name ``name_or_path`` also matches when it is an existing config
     path (the path wins in :func:`resolve_model`; CLIs print a notice), else None."""
     path = _config_path(name_or_path) if isinstance(name_or_path, str) else None
@@ -148,11 +149,12 @@ def resolve_model(name_or_path: str, field: str = "engine.model") -> ModelArch:
     if exists:
         return load_hf_config(name_or_path, field)  # a directory without config.json: a one-line error
     raise InputError(field, name_or_path,
-                     f"unknown model; {did_you_mean(name_or_path, MODELS)}catalog: {', '.join(sorted(MODELS))}; "
+                     f"unknown model; {did_you_mean(name_or_path, MODELS)}"
+                     f"catalog: {', '.join(sorted(MODELS))}; "
                      "or give a path to config.json")
 
 
-def derived_draft(target: ModelArch, method: str) -> Optional[ModelArch]:
+def derived_draft(target: ModelArch, method: str) -> ModelArch | None:
     """The draft a method implies when none is named.
 
     * ``ngram`` / ``suffix``: None (drafting is a CPU lookup, no forward pass).

@@ -25,7 +25,7 @@ kv_cache_dtype = "auto"         # auto | bfloat16 | float16 | float32 | fp8 | fp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class SimSetup:
 
     hardware: Hardware
     target: ModelArch
-    draft: Optional[ModelArch]
+    draft: ModelArch | None
     method: str
     dtype: str
     tensor_parallel_size: int
@@ -69,7 +69,8 @@ def _acceptance(cfg: SimConfig, k_max: int) -> tuple[np.ndarray, str]:
     if cfg.acceptance_conditional is not None:
         a = np.asarray(cfg.acceptance_conditional, dtype=float)
         if np.any(a < 0) or np.any(a > 1) or not np.all(np.isfinite(a)):
-            raise InputError("sim.acceptance_conditional", cfg.acceptance_conditional, "rates must lie in [0, 1]")
+            raise InputError("sim.acceptance_conditional", cfg.acceptance_conditional,
+                             "rates must lie in [0, 1]")
         return acc.extend(acc.from_conditional(list(a)), k_max), f"conditional {cfg.acceptance_conditional}"
     if cfg.acceptance_from is not None:
         p = acc.from_measurements(cfg.acceptance_from)
@@ -104,12 +105,14 @@ def resolve(spec: Any) -> SimSetup:
     target = resolve_model(eng.model, "engine.model")
     if eng.draft_model:
         if eng.method in ("ngram", "suffix"):
-            raise InputError("engine.draft_model", eng.draft_model, f"method {eng.method!r} uses no draft model")
-        draft: Optional[ModelArch] = resolve_model(eng.draft_model, "engine.draft_model")
+            raise InputError("engine.draft_model", eng.draft_model,
+                             f"method {eng.method!r} uses no draft model")
+        draft: ModelArch | None = resolve_model(eng.draft_model, "engine.draft_model")
     else:
         draft = derived_draft(target, eng.method)
         if draft is None and eng.method == "draft_model":
-            raise InputError("engine.draft_model", None, "method 'draft_model' needs a draft (catalog name or config.json)")
+            raise InputError("engine.draft_model", None,
+                             "method 'draft_model' needs a draft (catalog name or config.json)")
     resolve_dtype(target, eng.dtype)  # validates the dtype name
     hw = with_efficiency(
         resolve_hardware(cfg.hardware), bandwidth=cfg.bandwidth_efficiency, compute=cfg.compute_efficiency,
@@ -130,7 +133,8 @@ def model_notices(spec: Any) -> list[str]:
     """One line per model name that is an existing config.json path also matching a catalog
     model: the path wins (its config.json is used); CLIs print these so nobody is surprised."""
     out = []
-    for field, value in (("engine.model", spec.engine.model), ("engine.draft_model", spec.engine.draft_model)):
+    pairs = (("engine.model", spec.engine.model), ("engine.draft_model", spec.engine.draft_model))
+    for field, value in pairs:
         shadowed = shadowed_catalog_name(value) if value else None
         if shadowed:
             out.append(f"notice: {field}={value!r} is a local config.json path; using it, not the "

@@ -40,7 +40,8 @@ def attention_tile(tile_m: ArrayLike) -> ArrayLike:
     return np.where(np.asarray(tile_m, dtype=float) > 1, float(ATTENTION_TILE_ROWS), 1.0)
 
 
-def query_tokens(group: ArrayLike, tokens_per_seq: ArrayLike, tile: ArrayLike = ATTENTION_TILE_ROWS) -> ArrayLike:
+def query_tokens(group: ArrayLike, tokens_per_seq: ArrayLike,
+                 tile: ArrayLike = ATTENTION_TILE_ROWS) -> ArrayLike:
     """Query tokens of attention math per sequence: t while G·t fits one tile, else whole tiles
     ``pad(G·t) / G``.
 

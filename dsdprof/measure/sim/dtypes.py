@@ -4,7 +4,6 @@ checkpoint's ``quantization_config``) and the precision GEMMs run at."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from dsdprof.errors import InputError
 from dsdprof.measure.sim.arch import ModelArch
@@ -16,7 +15,7 @@ FLOAT_DTYPES: dict[str, float] = {  # engine dtype -> bytes per unquantized weig
 # online quantization of an unquantized model: (linear bytes or None = 16-bit, expert bytes or
 # None = linear, GEMM precision); LM head, embedding and router stay 16-bit (vLLM quantizes
 # LinearBase and fused-MoE layers only)
-ONLINE_QUANT: dict[str, tuple[Optional[float], Optional[float], str]] = {
+ONLINE_QUANT: dict[str, tuple[float | None, float | None, str]] = {
     "fp8": (1.0, None, "fp8"), "float8": (1.0, None, "fp8"), "int8": (1.0, None, "bf16"),
     "int4": (0.5, None, "bf16"), "mxfp4": (None, 4.25 / 8, "bf16"),
 }
@@ -57,7 +56,8 @@ def resolve_dtype(arch: ModelArch, dtype: str) -> Storage:
         b = FLOAT_DTYPES[dtype]
         if arch.quantization and b == 4.0:
             raise InputError("engine.dtype", dtype, f"{arch.name} is a quantized checkpoint "
-                             f"({arch.quantization}); its kernels run in 16 bit: use auto, bfloat16 or float16")
+                             f"({arch.quantization}); its kernels run in 16 bit: "
+                             "use auto, bfloat16 or float16")
         if arch.quantization:
             lin, exp, head, comp = arch.weight_bytes, expert, native_head, arch.compute_dtype
         else:

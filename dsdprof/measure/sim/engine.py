@@ -26,7 +26,9 @@ from dsdprof.formats.versions import SIM_MODEL_VERSION
 from dsdprof.measure.sim.acceptance import acceptance_length
 from dsdprof.measure.sim.config import SimSetup, resolve
 from dsdprof.measure.sim.context import decode_context
-from dsdprof.measure.sim.model import MEMORY_UTILIZATION, NO_DRAFT, HwArrays, arch_features, memory_bytes, step_time
+from dsdprof.measure.sim.model import (
+    MEMORY_UTILIZATION, NO_DRAFT, HwArrays, arch_features, memory_bytes, step_time,
+)
 
 
 
@@ -48,7 +50,8 @@ class SimEngine:
         bs, ks = spec.sweep.batch_sizes, spec.sweep.num_spec_tokens
         for c in spec.sweep.context_lens or [0]:  # 0: no context axis (the setup's context)
             ctx = self.decode_context(c)
-            grid = self._itl(np.asarray(bs, dtype=float)[:, None], np.asarray(ks, dtype=float)[None, :], True, ctx)
+            b_col, k_row = np.asarray(bs, dtype=float)[:, None], np.asarray(ks, dtype=float)[None, :]
+            grid = self._itl(b_col, k_row, True, ctx)
             van = self._itl(np.asarray(bs, dtype=float), 0.0, False, ctx)
             for i, b in enumerate(bs):
                 self._cache[(b, 0, False, c)] = float(van[i])
@@ -57,12 +60,15 @@ class SimEngine:
     def decode_context(self, context_len: int) -> int:
         """KV positions a cell decodes at: its prompt plus half the output (a context sweep's
         cell), else the setup's context (``[sim] context_len`` or input_len + output_len / 2)."""
-        return decode_context(context_len, self.spec.sweep.output_len) if context_len else self.setup.context_len
+        if context_len:
+            return decode_context(context_len, self.spec.sweep.output_len)
+        return self.setup.context_len
 
     def _itl(self, batch: Any, k: Any, speculative: bool, context: Any) -> np.ndarray:
         draft = self._draft if speculative else NO_DRAFT
+        spec = 1.0 if speculative else 0.0
         return step_time(self._hw, self._target, draft, batch, k, context,
-                         self.setup.routing_correlation, 1.0 if speculative else 0.0, self.setup.method).total_s
+                         self.setup.routing_correlation, spec, self.setup.method).total_s
 
     def provenance(self) -> Provenance:
         s = self.setup
@@ -70,7 +76,8 @@ class SimEngine:
         return Provenance(
             engine="sim", engine_version=f"dsdprof {__version__} {SIM_MODEL_VERSION}",
             model=s.target.served_name, draft_model=s.draft.served_name if s.draft else "", method=s.method,
-            hardware=f"{s.hardware.name} x{s.tensor_parallel_size}" if s.tensor_parallel_size > 1 else s.hardware.name,
+            hardware=(f"{s.hardware.name} x{s.tensor_parallel_size}" if s.tensor_parallel_size > 1
+                      else s.hardware.name),
             dtype=s.dtype, dataset=self.spec.workload.dataset, seed=self.spec.workload.seed,
             dsdprof_version=__version__,
             extra={"prediction": "true", "context_len": str(s.context_len),
@@ -116,7 +123,8 @@ class SimEngine:
         tpot = itl / al
         return CellMeasurement(
             acceptance_length=al, acceptance_per_pos=tuple(float(x) for x in np.asarray(s.acceptance[:k])),
-            num_drafts=drafts, num_draft_tokens=drafts * k, num_accepted_tokens=int(round(drafts * (al - 1.0))),
+            num_drafts=drafts, num_draft_tokens=drafts * k,
+            num_accepted_tokens=int(round(drafts * (al - 1.0))),
             itl_s=itl, itl_p50_s=itl, itl_p90_s=itl, itl_p99_s=itl,
             tpot_s=tpot, tpot_p50_s=tpot, tpot_p90_s=tpot, tpot_p99_s=tpot,
             tokens_per_s_per_user=al / itl, tokens_per_s_total=b * al / itl,

@@ -31,6 +31,8 @@ import numpy as np
 from dsdprof.errors import InputError
 from dsdprof.measure.sim.hardware import Efficiency
 
+_DEFAULT_EFFICIENCY = Efficiency()  # the fitted priors (frozen)
+
 PARAMS = ("bandwidth", "compute", "step_overhead_s", "draft_step_overhead_s", "dsd_overhead_s")
 LABELS = {"bandwidth": "bandwidth efficiency", "compute": "compute efficiency",
           "step_overhead_s": "step overhead", "draft_step_overhead_s": "per-draft-step overhead",
@@ -60,7 +62,8 @@ class _Problem:
         self.m, self.f = np.asarray(d.mem_s, float), np.asarray(d.flop_s, float)
         self.y, self.scale = y, float(np.median(y))
         self.extra = np.asarray(d.comm_s, float)
-        self.cols = np.stack([np.ones_like(y), np.asarray(d.k, float), np.asarray(d.speculative, float)], axis=1)
+        ones, k, spec = np.ones_like(y), np.asarray(d.k, float), np.asarray(d.speculative, float)
+        self.cols = np.stack([ones, k, spec], axis=1)
         self.prior_x = self.to_x(prior)
         self.free = free
 
@@ -126,6 +129,7 @@ def _scan_start(p: _Problem) -> np.ndarray:
             e_bw = 1.0 / sol.x[0]
             best = (sol.cost, np.array([np.log(e_bw), np.log(e_bw / r), *(sol.x[1:] / p.scale)]))
     lo, hi = _bounds(list(range(5)))
+    assert best is not None  # the loop over r runs at least once
     return np.clip(best[1], lo, np.where(np.isfinite(hi), hi, 1e9))
 
 
@@ -148,7 +152,7 @@ def _reasons(p: _Problem, x: np.ndarray, d: Any) -> dict[str, str]:
     return out
 
 
-def fit(d: Any, itl_s: Any, prior: Efficiency = Efficiency(), fit_overheads: bool = True) -> FitResult:
+def fit(d: Any, itl_s: Any, prior: Efficiency = _DEFAULT_EFFICIENCY, fit_overheads: bool = True) -> FitResult:
     """Fit ``d`` (a :class:`~dsdprof.measure.sim.calibrate.Design`) to measured ITL; see the module doc.
 
     InputError when fewer than 2 cells, or non-positive / non-finite ITL, are given.
@@ -171,6 +175,7 @@ def fit(d: Any, itl_s: Any, prior: Efficiency = Efficiency(), fit_overheads: boo
                             method="trf", x_scale=1.0, ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=500)
         if best is None or sol.cost < best.cost:
             best = sol
+    assert best is not None  # two starts
     x = p.full(best.x)
     eff = p.to_eff(x)
     rel = p.predict(x)[0] / y - 1.0

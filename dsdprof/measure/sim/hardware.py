@@ -124,7 +124,7 @@ PRIOR_FROM = {"MI325X": "MI300X"}  # GPUs without points that take another catal
 # 0 on the suite's 7 SGLang points (fidelity.ENGINE_PARAMS). Set [sim] step_overhead_s to it to
 # predict such an engine; the catalog's step overhead is vLLM's.
 OVERLAP_STEP_OVERHEAD_S = 0.0
-_NVL = Hardware.__dataclass_fields__["allreduce_latency_s"].default
+_NVL: float = Hardware.allreduce_latency_s
 _FIT = Efficiency()
 
 
@@ -133,7 +133,7 @@ def _bw(e_bw: float) -> Efficiency:
     return replace(_FIT, bandwidth=e_bw)
 
 
-_PCIE = dict(interconnect_gbs=32.0, allreduce_latency_s=3 * _NVL)
+_PCIE_GBS, _PCIE_AR = 32.0, 3 * _NVL  # PCIe cards: link GB/s, all-reduce latency (3x NVLink, assumed)
 # FP8 compute path on Hopper (H100, H200, H20: the same SM90 tensor cores): an e4m3 8192^3 GEMM
 # (torch._scaled_mm) reached 1432 / 1459 TFLOP/s = 72-74 % of the 1979 datasheet, bf16 795 / 797 of
 # 989 = 80.5 % on the same H200 (docs/lab/gpu-h200.md, probe-hardware call 3): FP8 achieves 0.907 x
@@ -160,7 +160,8 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     # datasheet (not in reference.md): A100 40GB SXM 312 bf16 TFLOP/s dense, 1.555 TB/s HBM2, 40 MB L2
     Hardware("A100 40GB SXM", 312, 1.555, 40, cache_mb=40, interconnect_gbs=300,
              efficiency=_bw(0.881)),  # 1 point (vLLM 0.23, Llama-3.1-8B BS 1)
-    Hardware("L40S", 362, 0.864, 48, fp8_tflops=733, **_PCIE),  # datasheet fp8
+    Hardware("L40S", 362, 0.864, 48, fp8_tflops=733, interconnect_gbs=_PCIE_GBS,
+             allreduce_latency_s=_PCIE_AR),  # datasheet fp8
     # datasheet: 7 IF links x 64 GB/s; bandwidth efficiency fitted on 16 points (vLLM 0.11.1 RC on
     # ROCm 7, Llama-3.1-70B/405B FP8 TP 8, BS 1-128): 3.79 TB/s
     Hardware("MI300X", 1307, 5.3, 192, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448,
@@ -168,7 +169,8 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     # no point; same CDNA3 die and ROCm stack as MI300X with faster HBM3E: MI300X's fitted efficiency
     Hardware("MI325X", 1307, 6.0, 256, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448,
              efficiency=_bw(0.716)),
-    Hardware("RTX 4090", 165, 1.008, 24, fp8_tflops=330, cache_mb=72, **_PCIE),  # FP32-accumulate rates
+    Hardware("RTX 4090", 165, 1.008, 24, fp8_tflops=330, cache_mb=72, interconnect_gbs=_PCIE_GBS,
+             allreduce_latency_s=_PCIE_AR),  # FP32-accumulate rates
 )}
 _ALIASES = {"h100": "H100 SXM", "h100sxm": "H100 SXM", "h200": "H200 SXM", "h200sxm": "H200 SXM",
             "b200": "B200", "h20": "H20", "a100": "A100 80GB SXM", "a10080g": "A100 80GB SXM",
@@ -219,7 +221,7 @@ class _EfficiencyIn(_Strict):
 class _ProfileIn(_Strict):
     schema_: str = Field(PROFILE_SCHEMA, alias="schema")
     hardware: _HardwareIn
-    efficiency: _EfficiencyIn = Field(default_factory=_EfficiencyIn)
+    efficiency: _EfficiencyIn = Field(default_factory=lambda: _EfficiencyIn.model_validate({}))
     meta: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -8,9 +8,10 @@ storage (:mod:`dsdprof.measure.sim.quant`). Every numeric field is type-checked:
 
 from __future__ import annotations
 
+import builtins
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dsdprof.errors import InputError
 from dsdprof.measure.sim.arch import MLA, ModelArch
@@ -25,7 +26,7 @@ class _Fields:
     def __init__(self, cfg: dict[str, Any], field: str) -> None:
         self.cfg, self.field = cfg, field
 
-    def int(self, key: str, default: Optional[int] = 0, positive: bool = False) -> int:
+    def int(self, key: str, default: int | None = 0, positive: bool = False) -> int:
         """``cfg[key]`` as an int (``default`` when absent or null); InputError when malformed."""
         v = self.cfg.get(key)
         if v is None:
@@ -39,7 +40,7 @@ class _Fields:
             raise InputError(f"{self.field}:{key}", v, f"must be {what} in config.json")
         return v
 
-    def first(self, *keys: str) -> int:
+    def first(self, *keys: str) -> builtins.int:
         """The first of ``keys`` present and non-zero (0 when none is)."""
         for k in keys:
             v = self.int(k)
@@ -47,7 +48,7 @@ class _Fields:
                 return v
         return 0
 
-    def ints(self, key: str) -> list[int]:
+    def ints(self, key: str) -> list[builtins.int]:
         v = self.cfg.get(key)
         if v is None:
             return []
@@ -75,7 +76,8 @@ def read_config(path: str | Path, field: str = "engine.model") -> tuple[Path, di
         raise InputError(field, str(p), "config.json must hold an object")
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
         text = cfg["text_config"]
-        cfg = {**text, "quantization_config": cfg.get("quantization_config") or text.get("quantization_config")}
+        qc = cfg.get("quantization_config") or text.get("quantization_config")
+        cfg = {**text, "quantization_config": qc}
     return p, cfg
 
 
@@ -122,9 +124,9 @@ def load_hf_config(path: str | Path, field: str = "engine.model") -> ModelArch:
     wbytes = 4.0 if dtype in ("float32", "float") else 2.0
     quant = parse_quantization(cfg.get("quantization_config"), field)
     if quant is not None:
-        storage: dict[str, Any] = dict(weight_bytes=quant.linear_bytes, expert_weight_bytes=quant.expert_bytes,
-                                       head_weight_bytes=quant.head_bytes, compute_dtype=quant.compute,
-                                       quantization=quant.label)
+        storage: dict[str, Any] = dict(
+            weight_bytes=quant.linear_bytes, expert_weight_bytes=quant.expert_bytes,
+            head_weight_bytes=quant.head_bytes, compute_dtype=quant.compute, quantization=quant.label)
     else:
         storage = dict(weight_bytes=wbytes, compute_dtype="fp32" if wbytes == 4.0 else "bf16")
     return ModelArch(

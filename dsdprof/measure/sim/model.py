@@ -21,7 +21,7 @@ Every function is pure numpy and broadcasts: pass floats for one cell or arrays 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +73,7 @@ class ArchFeatures:
     q_per_kv: ArrayLike = 1.0  # G: query heads sharing one KV head per device (attention tile, sim.context)
 
     @staticmethod
-    def stack(items: list["ArchFeatures"], shape: tuple[int, ...]) -> "ArchFeatures":
+    def stack(items: list[ArchFeatures], shape: tuple[int, ...]) -> ArchFeatures:
         """One feature set whose fields are arrays of ``len(items)`` reshaped to ``shape``."""
         return ArchFeatures(**{f.name: np.array([float(getattr(i, f.name)) for i in items]).reshape(shape)
                                for f in fields(ArchFeatures)})
@@ -156,13 +156,13 @@ class HwArrays:
     token_overhead_s: ArrayLike = 0.0
 
     @staticmethod
-    def of(hw: Hardware, compute_dtype: str = "bf16") -> "HwArrays":
+    def of(hw: Hardware, compute_dtype: str = "bf16") -> HwArrays:
         e = hw.efficiency
         return HwArrays(hw.bandwidth_bytes_s, hw.peak_flops(compute_dtype), hw.tile_m, hw.min_tile_m,
                         hw.interconnect_gbs * 1e9, hw.allreduce_latency_s, hw.memory_gb * 1e9,
                         e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s,
-                        e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s, e.mla_layer_overhead_s,
-                        e.token_overhead_s)
+                        e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s,
+                        e.mla_layer_overhead_s, e.token_overhead_s)
 
 
 def padded(n: ArrayLike, tile: ArrayLike, min_tile: ArrayLike = 16) -> ArrayLike:
@@ -301,7 +301,8 @@ def step_parts(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: A
     mem = np.stack([np.broadcast_to(m, shape) for m, _ in terms], axis=-1)
     flop = np.stack([np.broadcast_to(c, shape) for _, c in terms], axis=-1)
     comm = comm_seconds(target, hw, n) + k * comm_seconds(draft, hw, batch)
-    fixed = latency_seconds(target, hw, batch, t, correlation) + k * latency_seconds(draft, hw, batch, 1.0, correlation)
+    fixed = (latency_seconds(target, hw, batch, t, correlation)
+             + k * latency_seconds(draft, hw, batch, 1.0, correlation))
     return StepParts(mem, flop, comm, k, np.asarray(speculative, dtype=float), fixed)
 
 
@@ -323,7 +324,7 @@ class StepTime:
 
 def step_time(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: ArrayLike, k: ArrayLike,
               context: ArrayLike, correlation: ArrayLike = 0.0, speculative: ArrayLike = 1.0,
-              method: str = "eagle", method_factors: Optional[tuple[ArrayLike, ArrayLike]] = None) -> StepTime:
+              method: str = "eagle", method_factors: tuple[ArrayLike, ArrayLike] | None = None) -> StepTime:
     """T = roofline_seconds + comm + latency + step_overhead
            + K · m_step · draft_step_overhead + spec · m_fixed · dsd_overhead.
 
@@ -333,7 +334,9 @@ def step_time(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: Ar
     TP all-reduces scale it); (m_fixed, m_step) = :data:`METHOD_OVERHEAD` [method], or
     ``method_factors`` (arrays, e.g. one per grid column) when given.
     """
-    m_fixed, m_step = method_factors if method_factors is not None else METHOD_OVERHEAD.get(method, (1.0, 1.0))
+    if method_factors is None:
+        method_factors = METHOD_OVERHEAD.get(method, (1.0, 1.0))
+    m_fixed, m_step = method_factors
     p = step_parts(hw, target, draft, batch, k, context, correlation, speculative)
     kernel = roofline_seconds(p, hw.eff_bandwidth, hw.eff_compute) + p.comm_s + p.fixed_s
     overhead = (hw.step_overhead_s + p.k * m_step * hw.draft_step_overhead_s

@@ -27,7 +27,8 @@ import os
 import platform
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 from dsdprof.errors import InputError
 from dsdprof.measure.sim.hardware import Efficiency, Hardware
@@ -76,16 +77,20 @@ def _fp8_tflops(torch: Any, n: int, repeats: int, inner: int) -> tuple[float, st
         s = _best_seconds(mm, torch.cuda.synchronize, repeats, inner)
         return 2 * n**3 / s / 1e12, "torch._scaled_mm e4m3"
     except Exception as exc:  # noqa: BLE001 -- any failure means: no usable FP8 path here
-        return 0.0, f"torch._scaled_mm failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        first = str(exc).splitlines()[0][:160] if str(exc) else ""
+        return 0.0, f"torch._scaled_mm failed: {type(exc).__name__}: {first}"
 
 
-def probe(device: str = "auto", dtype: Optional[str] = None, buffer_mb: Optional[int] = None,
-          matmul_n: Optional[int] = None, repeats: int = 5) -> ProbeResult:
+_NEEDS_TORCH = "probe-hardware needs torch (pip install 'dsdprof[cpu]' or torch)"
+
+
+def probe(device: str = "auto", dtype: str | None = None, buffer_mb: int | None = None,
+          matmul_n: int | None = None, repeats: int = 5) -> ProbeResult:
     """Run the two micro-benchmarks; returns a :class:`Hardware` (efficiency 1.0) and details."""
     try:
         import torch
     except ImportError:
-        raise InputError("torch", None, "probe-hardware needs torch (pip install 'dsdprof[cpu]' or torch)") from None
+        raise InputError("torch", None, _NEEDS_TORCH) from None
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
@@ -110,13 +115,13 @@ def probe(device: str = "auto", dtype: Optional[str] = None, buffer_mb: Optional
     nbytes = x.numel() * 4
     read_s = _best_seconds(lambda: x.sum(), sync, repeats, inner)
     copy_s = _best_seconds(lambda: y.copy_(x), sync, repeats, inner)
-    del x, y
+    x = y = None  # free the buffers (the lambdas above have run)
     a = torch.randn(matmul_n, matmul_n, device=device).to(tdtype)
     b = torch.randn(matmul_n, matmul_n, device=device).to(tdtype)
     mm_s = _best_seconds(lambda: a @ b, sync, repeats, inner)
-    del a, b
+    a = b = None
     square_tflops = 2 * matmul_n**3 / mm_s / 1e12
-    sum_read_tbs = nbytes / read_s / 1e12
+    sum_read_tbs, copy_tbs = nbytes / read_s / 1e12, 2 * nbytes / copy_s / 1e12
 
     # decode-shaped work: a GEMV over ~half the buffer, and a verify-sized GEMM
     elem = torch.finfo(tdtype).bits // 8
@@ -125,12 +130,12 @@ def probe(device: str = "auto", dtype: Optional[str] = None, buffer_mb: Optional
     w = torch.randn(gemv_k, gemv_n, device=device).to(tdtype)
     v = torch.randn(1, gemv_k, device=device).to(tdtype)
     gemv_tbs = gemv_k * gemv_n * elem / _best_seconds(lambda: v @ w, sync, repeats, inner) / 1e12
-    del w, v
+    w = v = None
     m, k, n = (1024, 4096, 14336) if gpu else (256, 1024, 4096)
     xa = torch.randn(m, k, device=device).to(tdtype)
     wb = torch.randn(k, n, device=device).to(tdtype)
     verify_tflops = 2 * m * k * n / _best_seconds(lambda: xa @ wb, sync, repeats, inner) / 1e12
-    del xa, wb
+    xa = wb = None
     # a peak is the best rate achieved by any of the shapes, so each efficiency is <= 1
     read_tbs, tflops = max(sum_read_tbs, gemv_tbs), max(square_tflops, verify_tflops)
     eff = Efficiency(bandwidth=gemv_tbs / read_tbs, compute=verify_tflops / tflops)
@@ -150,7 +155,7 @@ def probe(device: str = "auto", dtype: Optional[str] = None, buffer_mb: Optional
                   tile_m=64 if gpu else 1, interconnect_gbs=0.0, efficiency=eff)
     meta = {"source": "dsdprof probe-hardware", "device": device, "matmul_dtype": dtype,
             "matmul_n": matmul_n, "matmul_tflops": round(square_tflops, 4), "buffer_mb": buffer_mb,
-            "read_bandwidth_tbs": round(sum_read_tbs, 5), "copy_bandwidth_tbs": round(2 * nbytes / copy_s / 1e12, 5),
+            "read_bandwidth_tbs": round(sum_read_tbs, 5), "copy_bandwidth_tbs": round(copy_tbs, 5),
             "gemv_bandwidth_tbs": round(gemv_tbs, 5), "gemv_shape": f"1x{gemv_k}x{gemv_n}",
             "verify_gemm_tflops": round(verify_tflops, 4), "verify_gemm_shape": f"{m}x{k}x{n}",
             "fp8_tflops": round(fp8, 4), "fp8_note": fp8_note,

@@ -31,9 +31,10 @@ model is an InputError naming it, never a silent 2 bytes per weight.
 
 from __future__ import annotations
 
+import builtins
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from dsdprof.errors import InputError
 
@@ -81,7 +82,7 @@ class _Reader:
     def where(self, key: str) -> str:
         return f"{self.field}:{self.prefix}.{key}"
 
-    def int(self, key: str, default: Optional[int] = None, minimum: int = 1, allow: tuple = ()) -> Optional[int]:
+    def int(self, key: str, default: int | None = None, minimum: int = 1, allow: tuple = ()) -> int | None:
         v = self.data.get(key, default)
         if v is None or v in allow:
             return v
@@ -97,8 +98,8 @@ class _Reader:
             raise InputError(self.where(key), v, "must be a string")
         return v
 
-    def strings(self, *keys: str) -> list[str]:
-        out: list[str] = []
+    def strings(self, *keys: builtins.str) -> list[builtins.str]:
+        out: list[builtins.str] = []
         for key in keys:
             v = self.data.get(key)
             if v is None:
@@ -108,7 +109,7 @@ class _Reader:
             out += v
         return out
 
-    def sub(self, key: str) -> Optional["_Reader"]:
+    def sub(self, key: builtins.str) -> _Reader | None:
         v = self.data.get(key)
         return None if v is None else _Reader(v, self.field, f"{self.prefix}.{key}")
 
@@ -134,9 +135,11 @@ def _fp8(r: _Reader, name: str) -> _Scheme:
     return _Scheme(8, float(block[0] * block[1]), 4.0, 0.0, "fp8", f"{name} block {block[0]}x{block[1]}")
 
 
-def _ct_weights(w: _Reader, acts: Optional[_Reader], fmt: str) -> _Scheme:
+def _ct_weights(w: _Reader, acts: _Reader | None, fmt: str) -> _Scheme:
     """A compressed-tensors ``weights`` scheme (+ ``input_activations`` for the GEMM precision)."""
     bits = w.int("num_bits")
+    if bits is None:
+        raise InputError(w.where("num_bits"), None, "missing (the weights' bit width)")
     kind = w.str("type", "int")
     if kind not in ("int", "float"):
         raise InputError(w.where("type"), kind, "must be 'int' or 'float'")
@@ -152,7 +155,8 @@ def _ct_weights(w: _Reader, acts: Optional[_Reader], fmt: str) -> _Scheme:
     elif strategy in ("tensor", "channel"):
         group = math.inf  # one scale per tensor / per output row: negligible bytes
     else:
-        raise InputError(w.where("strategy"), strategy, "must be tensor, channel, group, tensor_group or block")
+        raise InputError(w.where("strategy"), strategy,
+                         "must be tensor, channel, group, tensor_group or block")
     a_bits = acts.int("num_bits") if acts is not None else None
     a_kind = acts.str("type", "int") if acts is not None else ""
     if a_bits is None or a_bits >= 16:
@@ -173,14 +177,14 @@ def _ct_weights(w: _Reader, acts: Optional[_Reader], fmt: str) -> _Scheme:
     return _Scheme(bits, group, scale, zero, compute, f"compressed-tensors {fmt or kind} w{bits}{a}{g}")
 
 
-def _compressed_tensors(r: _Reader) -> tuple[_Scheme, Optional[_Scheme]]:
+def _compressed_tensors(r: _Reader) -> tuple[_Scheme, _Scheme | None]:
     """(scheme for Linear layers, scheme singled out for experts or None)."""
     groups = r.sub("config_groups")
     if groups is None or not groups.data:
         raise InputError(r.where("config_groups"), r.data.get("config_groups"), "needs at least one group")
     fmt = r.str("format")
-    linear: Optional[_Scheme] = None
-    expert: Optional[_Scheme] = None
+    linear: _Scheme | None = None
+    expert: _Scheme | None = None
     for name in groups.data:
         g = groups.sub(name)
         w = g.sub("weights") if g is not None else None
@@ -208,13 +212,14 @@ _MODELOPT = {  # quant_algo -> (bits, default group, scale bytes, GEMM)
 def _modelopt_algo(r: _Reader, key: str = "quant_algo") -> _Scheme:
     algo = r.str(key).upper()
     if algo not in _MODELOPT:
-        raise InputError(r.where(key), r.data.get(key), f"sim models modelopt {', '.join(_MODELOPT)}, MIXED_PRECISION")
+        raise InputError(r.where(key), r.data.get(key),
+                         f"sim models modelopt {', '.join(_MODELOPT)}, MIXED_PRECISION")
     bits, group, scale, compute = _MODELOPT[algo]
     g = float(r.int("group_size", group, minimum=1) or 0) if group else math.inf
     return _Scheme(bits, g, scale, 0.0, compute, f"modelopt {algo}")
 
 
-def _modelopt(r: _Reader) -> tuple[_Scheme, Optional[_Scheme]]:
+def _modelopt(r: _Reader) -> tuple[_Scheme, _Scheme | None]:
     inner = r.sub("quantization") if isinstance(r.data.get("quantization"), dict) else None
     r = inner or r  # hf_quant_config.json nests the settings under "quantization"
     if r.str("quant_algo").upper() != "MIXED_PRECISION":
@@ -224,7 +229,10 @@ def _modelopt(r: _Reader) -> tuple[_Scheme, Optional[_Scheme]]:
         raise InputError(r.where("quantized_layers"), None, "MIXED_PRECISION needs quantized_layers")
     by_class: dict[bool, dict[str, tuple[int, _Scheme]]] = {True: {}, False: {}}
     for name in layers.data:
-        s = _modelopt_algo(layers.sub(name))
+        sub = layers.sub(name)
+        if sub is None:
+            raise InputError(layers.where(name), None, "must be an object")
+        s = _modelopt_algo(sub)
         seen = by_class["expert" in name.lower()]
         seen[s.label] = (seen.get(s.label, (0, s))[0] + 1, s)
     pick = lambda d: max(d.values(), key=lambda t: t[0])[1] if d else None  # noqa: E731  most common
@@ -232,15 +240,16 @@ def _modelopt(r: _Reader) -> tuple[_Scheme, Optional[_Scheme]]:
     return linear, pick(by_class[True])
 
 
-def parse_quantization(cfg: Any, field: str = "engine.model") -> Optional[Quantization]:
+def parse_quantization(cfg: Any, field: str = "engine.model") -> Quantization | None:
     """The :class:`Quantization` of a HF ``quantization_config`` (None when absent or empty)."""
     if cfg is None or cfg == {}:
         return None
     r = _Reader(cfg, field)
     method = r.str("quant_method").lower().replace("_", "-") if r.data.get("quant_method") is not None else ""
-    method = {"compressed-tensors": "compressed-tensors", "modelopt-fp4": "modelopt", "fbgemm-fp8": "fbgemm_fp8"}.get(
-        method, method.replace("-", "_"))
-    expert: Optional[_Scheme] = None
+    known = {"compressed-tensors": "compressed-tensors", "modelopt-fp4": "modelopt",
+             "fbgemm-fp8": "fbgemm_fp8"}
+    method = known.get(method, method.replace("-", "_"))
+    expert: _Scheme | None = None
     head = 2.0
     if method == "fp8":
         linear = _fp8(r, "fp8")
@@ -251,12 +260,12 @@ def parse_quantization(cfg: Any, field: str = "engine.model") -> Optional[Quanti
     elif method == "modelopt":
         linear, expert = _modelopt(r)
     elif method == "awq":
-        bits = r.int("bits", None) or r.int("w_bit", 4)
+        bits = r.int("bits", None) or r.int("w_bit", 4) or 4
         group = _group(r, "group_size" if "group_size" in r.data else "q_group_size")
         zero = r.data.get("zero_point", True) is not False
         linear = _int_scheme(bits, group, zero, "bf16", "awq")
     elif method == "gptq":
-        bits = r.int("bits", 4)
+        bits = r.int("bits", 4) or 4
         linear = _int_scheme(bits, _group(r), True, "bf16", "gptq")  # qzeros are stored even when sym
         if r.data.get("lm_head") is True:
             head = linear.bytes
@@ -267,8 +276,10 @@ def parse_quantization(cfg: Any, field: str = "engine.model") -> Optional[Quanti
     elif method == "bitsandbytes":
         if r.data.get("load_in_4bit"):
             double = bool(r.data.get("bnb_4bit_use_double_quant"))
-            scale = 1.0 + 4.0 / 256 if double else 4.0  # absmax per 64 (8-bit + fp32 per 256 blocks if double)
-            linear = _Scheme(4, 64.0, scale, 0.0, "bf16", f"bitsandbytes {r.str('bnb_4bit_quant_type', 'fp4')}")
+            # absmax per 64 (8-bit + fp32 per 256 blocks if double)
+            scale = 1.0 + 4.0 / 256 if double else 4.0
+            kind = r.str("bnb_4bit_quant_type", "fp4")
+            linear = _Scheme(4, 64.0, scale, 0.0, "bf16", f"bitsandbytes {kind}")
         elif r.data.get("load_in_8bit"):
             linear = _Scheme(8, math.inf, 0.0, 0.0, "bf16", "bitsandbytes int8")
         else:
