@@ -1,4 +1,4 @@
-"""The docs a reader follows: every relative link in README.md and docs/ resolves, and no doc is
+"""The docs a reader follows: every relative link in README.md and docs/ resolves (anchors included), and no doc is
 named (file name or heading) after an issue number. Dated numbers live in docs/lab/."""
 
 from __future__ import annotations
@@ -16,12 +16,24 @@ def _docs() -> list[Path]:
     return [ROOT / "README.md", *docs, *sorted((ROOT / "benchmarks").glob("*.md"))]
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(doc: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)  # no headings in code blocks
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, re.MULTILINE)}
+
+
 def _broken(doc: Path, root: Path = ROOT) -> list[str]:
     out = []
     for target in LINK.findall(doc.read_text()):
-        if re.match(r"[a-z]+:", target) or target.startswith("#"):
-            continue  # a URL or an anchor in the same file
-        if not (doc.parent / target.split("#")[0]).exists():
+        if re.match(r"[a-z]+:", target):
+            continue  # a URL
+        path, _, anchor = target.partition("#")
+        dest = doc.parent / path if path else doc
+        if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in _anchors(dest)):
             out.append(f"{doc.relative_to(root)}: {target}")
     return out
 
@@ -33,8 +45,9 @@ def test_relative_links_resolve():
 
 def test_link_check_sees_a_broken_link(tmp_path):
     doc = tmp_path / "a.md"
-    doc.write_text("[ok](a.md) [url](https://x.org/y) [gone](lab/missing.md#top)\n")
-    assert _broken(doc, tmp_path) == ["a.md: lab/missing.md#top"]
+    doc.write_text("## The rule: K, `--budget` (v2)\n[ok](a.md) [url](https://x.org/y) [gone](lab/missing.md#top)\n"
+                   "[here](#the-rule-k---budget-v2) [there](a.md#the-rule-k---budget-v2) [nowhere](#the-rules)\n")
+    assert _broken(doc, tmp_path) == ["a.md: lab/missing.md#top", "a.md: #the-rules"]
 
 
 def test_no_doc_named_after_an_issue():
