@@ -109,6 +109,8 @@ def test_gptq_lm_head_flag_quantizes_the_head():
     ({"quant_method": "modelopt", "quant_algo": "INT3"}, "quantization_config.quant_algo"),
     ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": True}}}},
      "quantization_config.config_groups.g.weights.num_bits"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"type": "int"}}}},
+     "quantization_config.config_groups.g.weights.num_bits"),  # missing: was a TypeError traceback
     ("fp8", "quantization_config"),
 ])
 def test_malformed_quantization_config_names_the_field(cfg, field):
