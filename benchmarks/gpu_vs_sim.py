@@ -7,17 +7,18 @@ CPU only, light (numpy/pandas/scipy). What is compared, per (BS, K), context 512
 * measured: median CUDA-graph replay time of ONE target forward over T = BS*(K+1) tokens (no
   drafter, no scheduler) of a Llama-3.1-8B-shaped dense stack and a Qwen3-30B-A3B-shaped MoE stack
   with uniform random top-8 routing.
-* sim kernel: the step model's target-verify roofline terms only (dense + experts + attention at
-  routing_correlation 0; dsdprof.measure.sim.model.step_time with no draft, speculative = 0) minus the
-  fixed step overhead -- the like-for-like figure for a proxy that has no engine around it.
-* sim ITL: the same plus the profile's step_overhead_s (0.5 ms prior; not the K * 0.1 ms
-  per-draft-step overhead, since no drafter runs): what the sim reports for a vanilla engine step
+* sim kernel: the step model's target-verify terms (dense + experts + attention roofline at
+  routing_correlation 0, all-reduces and the per-layer / per-MoE-layer / per-token latency terms;
+  dsdprof.measure.sim.model.step_time with no draft, speculative = 0) without the fixed step
+  overhead -- the like-for-like figure for a proxy that has no engine around it.
+* sim ITL: the same plus the profile's step_overhead_s (the fitted prior; not the per-draft-step
+  overhead, since no drafter runs): what the sim reports for a vanilla engine step
   at T tokens. For K = 0 this equals SimEngine.measure(vanilla cell).itl_s (checked below). The
   sim's DSD cells would add K draft forward passes and the draft/DSD overheads: those are NOT
   compared (the proxy runs no drafter).
 
-Hardware: catalog "H200 SXM" (datasheet peaks 4.8 TB/s, 989 TFLOP/s, prior efficiencies 0.85 /
-0.70), and the probe-hardware profile measured on the same machine (achieved peaks, efficiency 1.0)
+Hardware: catalog "H200 SXM" (datasheet peaks 4.8 TB/s, 989 TFLOP/s, the fitted priors of
+dsdprof/measure/sim/hardware.py), and the probe-hardware profile measured on the same machine (achieved peaks, efficiency 1.0)
 if h200-probe.toml is present. Then a fit of the step model's efficiencies to the proxy (the
 machinery of ``dsdprof calibrate``), and, as a labelled derivation, goodput-optimal K per BS from
 the measured step times with a stated acceptance curve.
