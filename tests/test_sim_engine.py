@@ -106,7 +106,7 @@ def _k_star(model: str, bss: list[int], tp: int = 1, **acc) -> list[int]:
 
 
 def test_small_expert_moe_k_star_rises_where_the_batch_saturates_the_experts():
-    """docs/sim.md "MoE shape" (and the measured H200 proxy, docs/gpu-h200.md): at the vLLM EAGLE-3
+    """docs/sim.md "MoE shape" (and the measured H200 proxy, docs/lab/gpu-h200.md): at the vLLM EAGLE-3
     sweep's acceptance, Qwen3-30B-A3B's K* is low at BS 1-4 and rises at BS 8-16 (B*k ~ E), then
     falls; a dense model's K* never rises with BS."""
     acc = {"acceptance_per_pos": [0.76, 0.60, 0.43, 0.29, 0.24, 0.14, 0.08]}
