@@ -8,9 +8,10 @@ error, the model's standard error over its request-steps, z, and the dispersion 
 Vanilla is not run (it has no acceptance). Run it under the vLLM lock, one batch size per call::
 
     flock /tmp/vllm.lock .venv/bin/python benchmarks/bench_synthetic_truth.py --bs 16 \\
-        --paired-waves 40 --cells-waves 40 --out /tmp/truth-bs16.json
+        --budget-s 560 --out /tmp/truth-bs16.json
 
-``--calibrate`` runs 2 waves of each and prints seconds per step, to size the real run.
+``--budget-s S`` runs one wave of each first and sizes the waves so that the run ends within S
+seconds with every row's standard error alike (what the lab runs used).
 The results (rows, wall times, the truth table) go to ``--out`` as JSON; ``--report`` renders
 one or more such files as the table of docs/lab/synthetic-truth.md.
 """
@@ -56,42 +57,100 @@ def row_of(design: str, bs: int, k: int, m, wall: float) -> dict:
             "wall_s": wall, **{c: (list(d[c]) if isinstance(d[c], tuple) else d[c]) for c in keep}}
 
 
-def measure(args) -> dict:
+def run_paired(worker, spec_args, waves: int, repeat: int) -> tuple[dict, float]:
+    """(K -> measurement, seconds): the paired group K 1..4 in ``waves`` waves of repeat ``repeat``."""
     from dsdprof.measure.engine import MODE_DSD, Cell
+    from dsdprof.measure.vllm.engine import VllmEngine
+
+    eng = VllmEngine(spec_for("paired", waves, *spec_args))
+    req, _, _ = eng.unit_requests(Cell(repeat, spec_args[-1], MODE_DSD, max(KS), group=KS))
+    t = time.time()
+    out = worker.run(req, timeout_s=3600)
+    return out, time.time() - t
+
+
+def run_cell(worker, spec_args, k: int, waves: int, repeat: int):
+    """(measurement, seconds): the cells design's cell at K in ``waves`` waves of repeat ``repeat``."""
+    from dsdprof.measure.engine import MODE_DSD, Cell
+    from dsdprof.measure.vllm.engine import VllmEngine
+
+    eng = VllmEngine(spec_for("cells", waves, *spec_args))
+    _, req = eng.request_for(Cell(repeat, spec_args[-1], MODE_DSD, k))
+    t = time.time()
+    m = worker.run(req, timeout_s=3600)
+    return m, time.time() - t
+
+
+def size(rates, bs: int, cal: dict, budget_s: float) -> tuple[int, list[int]]:
+    """Waves of the paired group and of each K's cell that fill ``budget_s`` with the largest
+    relative standard error as small as can be (every row's equal): one wave of each (``cal``:
+    "paired" -> (K -> measurement, s), K -> (measurement, s)) gives its seconds and request-steps;
+    a cells row's error per wave is the binomial model's, a paired row's the model's over its own
+    request-steps times PAIRED_OVER_OWN (decide/truth.py: simulated), the largest of its Ks."""
+    from dsdprof.decide.truth import PAIRED_OVER_OWN, implied_acceptance_length, step_variance
+
+    def rel(k: int, n: float) -> float:
+        return math.sqrt(step_variance(rates, k) / max(n, 1.0)) / implied_acceptance_length(rates, k)
+
+    out, t_p = cal["paired"]
+    c = {"paired": PAIRED_OVER_OWN * max(rel(k, out[k].num_drafts) for k in KS)}
+    t = {"paired": t_p}
+    for k in KS:
+        m, t[k] = cal[k]
+        c[k] = rel(k, m.num_drafts)
+    se2 = sum(c[r] ** 2 * t[r] for r in c) / budget_s  # every row at this squared error
+    waves = {r: max(1, int(c[r] ** 2 / se2)) for r in c}
+    return waves["paired"], [waves[k] for k in KS]
+
+
+def measure(args) -> dict:
+    from dsdprof.measure.engine import MODE_DSD
     from dsdprof.measure.vllm.engine import VllmEngine
     from dsdprof.measure.vllm.pool import EngineWorker
     from dsdprof.measure.vllm.worker import WorkerConfig
 
-    bs = args.bs
-    pw, cw = (2, 2) if args.calibrate else (args.paired_waves, args.cells_waves)
-    paired = VllmEngine(spec_for("paired", max(pw, 1), args.output_len, args.temperature, args.rates, bs))
-    cells = VllmEngine(spec_for("cells", max(cw, 1), args.output_len, args.temperature, args.rates, bs))
-    kwargs = paired.llm_kwargs(MODE_DSD)
-    t0 = time.time()
-    worker = EngineWorker(WorkerConfig(kwargs, paired.spec.workload, max_output_len=args.output_len),
-                          start_timeout_s=900)
-    start_s = time.time() - t0
-    rows, timing = [], {"engine_start_s": start_s}
+    bs, t_start = args.bs, time.time()
+    spec_args = (args.output_len, args.temperature, args.rates, bs)
+    pw, cw = args.paired_waves, (args.cells_waves * len(KS))[:len(KS)]  # one number: every K
+    kwargs = VllmEngine(spec_for("paired", 1, *spec_args)).llm_kwargs(MODE_DSD)
+    worker = EngineWorker(WorkerConfig(kwargs, VllmEngine(spec_for("paired", 1, *spec_args)).spec.workload,
+                                       max_output_len=args.output_len), start_timeout_s=900)
+    timing = {"engine_start_s": time.time() - t_start}
+    rows: list = []
+    result = {"batch_size": bs, "rates": args.rates, "temperature": args.temperature,
+              "output_len": args.output_len, "paired_waves": pw, "cells_waves": cw, "timing": timing,
+              "rows": rows, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "cpu_count": os.cpu_count()}
+
+    def save() -> None:  # after every piece: a run cut short keeps what it measured
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1))
+
     try:
+        if args.budget_s:  # one wave of each (repeat 1: prompts of their own), then size repeat 0
+            t = time.time()
+            cal = {"paired": run_paired(worker, spec_args, 1, 1)}
+            cal.update({k: run_cell(worker, spec_args, k, 1, 1) for k in KS})
+            timing["calibration_s"] = time.time() - t
+            left = (t_start + args.budget_s - time.time()) * 0.85  # the replay, stopping, noise
+            pw, cw = size(args.rates, bs, cal, left)
+            result.update(paired_waves=pw, cells_waves=cw, calibration={
+                "paired_s_per_wave": cal["paired"][1],
+                **{f"cells_k{k}_s_per_wave": cal[k][1] for k in KS}}, sized_for_s=left)
+            print(f"sized for {left:.0f} s: paired {pw} waves, cells {cw}", flush=True)
+            save()
         if pw > 0:
-            dsd_req, _, _ = paired.unit_requests(Cell(0, bs, MODE_DSD, max(KS), group=KS))
-            t = time.time()
-            out = worker.run(dsd_req, timeout_s=3600)
-            timing["paired_s"] = time.time() - t
-            share = timing["paired_s"] / len(KS)
-            rows += [row_of("paired", bs, k, m, share) for k, m in sorted(out.items())]
-        for k in KS if cw > 0 else ():
-            _, req = cells.request_for(Cell(0, bs, MODE_DSD, k))
-            t = time.time()
-            m = worker.run(req, timeout_s=3600)
-            timing[f"cells_k{k}_s"] = time.time() - t
-            rows.append(row_of("cells", bs, k, m, timing[f"cells_k{k}_s"]))
+            out, timing["paired_s"] = run_paired(worker, spec_args, pw, 0)
+            rows += [row_of("paired", bs, k, m, timing["paired_s"] / len(KS)) for k, m in sorted(out.items())]
+            save()
+        for k, w in zip(KS, cw):
+            if w > 0:
+                m, timing[f"cells_k{k}_s"] = run_cell(worker, spec_args, k, w, 0)
+                rows.append(row_of("cells", bs, k, m, timing[f"cells_k{k}_s"]))
+                save()
     finally:
         worker.stop()
-    return {"batch_size": bs, "rates": args.rates, "temperature": args.temperature,
-            "output_len": args.output_len, "paired_waves": pw, "cells_waves": cw, "timing": timing,
-            "rows": rows,
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu_count": os.cpu_count()}
+    return result
 
 
 def step_costs(result: dict) -> list[str]:
@@ -117,11 +176,12 @@ def report(results: list[dict]) -> str:
 
     rows = pd.DataFrame([r for res in results for r in res["rows"]])
     table = truth_rows(rows, results[0]["rates"])
-    lines = ["| design | BS | K | AL | true AL | AL/true - 1 | SE | z | request-steps | dispersion | waves |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| design | BS | K | AL | true AL | AL/true - 1 | SE | SE from | z | request-steps | dispersion "
+             "| waves |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table.itertuples():
         lines.append(f"| {r.design} | {r.batch_size} | {r.k} | {r.acceptance_length:.4f} | {r.truth:.4f} | "
-                     f"{100 * r.error:+.3f} % | {100 * r.se:.3f} % | {r.z:+.2f} | {r.n} | "
+                     f"{100 * r.error:+.3f} % | {100 * r.se:.3f} % | {r.se_from} | {r.z:+.2f} | {r.n} | "
                      f"{'-' if math.isnan(r.dispersion) else f'{r.dispersion:.2f}'} | {r.waves} |")
     worst = table["error"].abs().max()
     lines.append("")
@@ -135,25 +195,86 @@ def report(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def simulate(args, replicates: int) -> str:
+    """The paired design's replayed AL on simulated synthetic traces (no engine): ``replicates``
+    runs of ``--paired-waves`` waves x ``--bs`` requests x ``--output-len`` tokens, K 1..4 held
+    PAIRED_HOLD steps each in the waves' balanced order, every request-step drawn by vLLM's walk.
+    Per K: mean error of the replay against the truth, its spread over the runs, the spread its
+    wave-block samples give (rms over the runs) and the model's over the K's own request-steps."""
+    import numpy as np
+
+    from dsdprof.decide.truth import implied_acceptance_length, step_variance
+    from dsdprof.measure.vllm.replay import replay_acceptance, request_matches
+    from dsdprof.measure.vllm.worker import PAIRED_HOLD, k_sequence
+
+    rates, n_waves, bs, length = args.rates, args.paired_waves, args.bs, args.output_len
+    cond = [rates[0]] + [rates[i] / rates[i - 1] if rates[i - 1] else 0.0 for i in range(1, len(rates))]
+    err: dict[int, list] = {k: [] for k in KS}
+    block_se: dict[int, list] = {k: [] for k in KS}
+    own: dict[int, list] = {k: [] for k in KS}
+    for seed in range(replicates):
+        rng = np.random.default_rng(seed)
+        records, waves, counts = [], {}, {k: 0 for k in KS}
+        for w in range(n_waves):
+            seq = k_sequence(KS, w, PAIRED_HOLD)
+            pos, step = np.ones(bs, dtype=int), 0
+            while (pos < length).any():
+                k = seq[step % len(seq)]
+                step += 1
+                for r in np.flatnonzero(pos < length):
+                    a = 0
+                    while a < k and rng.random() < cond[a]:
+                        a += 1
+                    records.append((f"{w}-{r}", (k, a, a + 1)))
+                    waves[f"{w}-{r}"] = w
+                    counts[k] += 1
+                    pos[r] += a + 1
+        reqs = request_matches(records, {rid: length for rid in waves}, waves)
+        rep = replay_acceptance(reqs, (0, *KS), {w: w for w in range(n_waves)})
+        for k in KS:
+            truth = implied_acceptance_length(rates, k)
+            err[k].append(rep.acceptance_length[k] / truth - 1)
+            b = np.array(list(rep.by_block[k].values()))
+            block_se[k].append(b.std(ddof=1) / np.sqrt(len(b)) / truth)
+            own[k].append(math.sqrt(step_variance(rates, k) / counts[k]) / truth)
+    lines = [f"{replicates} simulated paired runs of {n_waves} waves x BS {bs} x {length} tokens, "
+             f"rates {rates}",
+             "| K | mean AL/true - 1 | spread over runs | samples' SE (rms) | model SE, own steps |",
+             "|---|---|---|---|---|"]
+    for k in KS:
+        e = np.array(err[k])
+        rms = math.sqrt(np.mean(np.square(block_se[k])))
+        lines.append(f"| {k} | {100 * e.mean():+.3f} % | {100 * e.std(ddof=1):.3f} % | "
+                     f"{100 * rms:.3f} % | {100 * np.mean(own[k]):.3f} % |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bs", type=int, default=1)
     ap.add_argument("--paired-waves", type=int, default=8)
-    ap.add_argument("--cells-waves", type=int, default=8)
+    ap.add_argument("--cells-waves", type=lambda s: [int(x) for x in s.split(",")], default=[8],
+                    help="waves of each K's cell (one number: every K; or one per K 1..4)")
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=RATES)
-    ap.add_argument("--calibrate", action="store_true", help="2 waves of each design: seconds per step")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="size the waves to finish within this many seconds of the start (one wave of each "
+                         "first); overrides --paired-waves/--cells-waves")
     ap.add_argument("--out", type=Path, help="write the result JSON here")
     ap.add_argument("--report", type=Path, nargs="+", help="render result JSON files (no engine)")
+    ap.add_argument("--simulate", type=int, default=0, metavar="RUNS",
+                    help="no engine: the paired replay on RUNS simulated traces "
+                         "(--paired-waves, --bs, --output-len)")
     args = ap.parse_args()
+    if args.simulate:
+        print(simulate(args, args.simulate))
+        return 0
     if args.report:
         print(report([json.loads(p.read_text()) for p in args.report]))
         return 0
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     result = measure(args)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
     print("\n".join(step_costs(result)))
     print(report([result]))
     return 0

@@ -12,15 +12,17 @@ request-step. So
 Standard errors. A cells row's AL is tokens per request-step over its steady steps: over ``n =
 num_drafts`` independent request-steps its standard error is the model's, exactly (``se_from =
 "model"``). A paired row's AL is replayed as a server held at K over every decode position of the
-group's requests (``measure/vllm/replay.py``), whose imputations add noise no closed form gives;
-simulated paired traces under the rates 0.8, 0.6, 0.45, 0.3 (16 runs of 10 waves x BS 16 x 256
-tokens) spread 1.1-1.6 times the model's error over the K's own request-steps, and as much as
-the spread of its samples (wave blocks): 0.13, 0.27, 0.30, 0.34 % against 0.13, 0.23, 0.31, 0.39 %
-at K 1-4. So a paired row's standard error is its samples' (``se_from = "samples"``) when it has
-at least :data:`MIN_SAMPLES` of them, else the model's over its own request-steps times
-:data:`REPLAY_NOISE` (``"own steps"``). ``dispersion``: the samples' standard error over the model's (over
-``num_drafts``): about 1 for a cells row when request-steps are independent draws, larger when
-they are not (requests of a wave drawing the same numbers, for instance).
+group's requests (``measure/vllm/replay.py``), a closed form of whose error (imputations
+included) this module does not have. Simulated paired traces under the rates 0.8, 0.6, 0.45, 0.3
+(16 runs of 10 waves x BS 16 x 256 tokens, K 1-4 held 4 steps each) spread 0.13, 0.27, 0.30,
+0.34 % at K 1-4: 0.36-0.50 times the model's error over the K's own request-steps (the replay
+uses every position of the group), and as much as the spread of the samples (wave blocks): 0.13,
+0.23, 0.31, 0.39 %. So a paired row's standard error is its samples' (``se_from = "samples"``)
+when it has at least :data:`MIN_SAMPLES` of them, else the model's over its own request-steps
+(``"own steps"``: conservative, about twice too large). ``dispersion``: the samples' standard
+error over the model's (over ``num_drafts``): about 1 for a cells row when request-steps are
+independent draws, larger when they are not (requests of a wave drawing the same numbers, for
+instance); about 0.4-0.5 for a paired row.
 
 Sizing: ``waves_needed`` is the waves that bring the row's relative standard error to
 ``tolerance / z`` (0.5 % at 3 standard errors by default), scaled as 1 / sqrt(waves) from the
@@ -34,7 +36,7 @@ import math
 import pandas as pd
 
 MIN_SAMPLES = 8  # a paired row's standard error from its samples' spread from this many on
-REPLAY_NOISE = 1.6  # a paired row's error over the model's on its own request-steps, at most (simulated)
+PAIRED_OVER_OWN = 0.5  # a paired row's error over the model's on its own request-steps (simulated, at most)
 TOLERANCE = 0.005  # |AL / truth - 1| the truth check is sized for
 Z = 3.0  # ... at this many standard errors
 
@@ -99,7 +101,7 @@ def truth_rows(df: pd.DataFrame, rates: list[float], tolerance: float = TOLERANC
         se, se_from = model, "model"
         if d == "paired":
             few = len(samples) < MIN_SAMPLES
-            se, se_from = (REPLAY_NOISE * model, "own steps") if few else (emp, "samples")
+            se, se_from = (model, "own steps") if few else (emp, "samples")
         waves = int(sum(int(r["num_requests"]) // max(1, int(b)) for _, r in group.iterrows()))
         rel = se / truth
         out.append({
