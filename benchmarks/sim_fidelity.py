@@ -1,6 +1,10 @@
 """The analytic engine against published GPU step times: whole sources held out, and one point out.
 
     python benchmarks/sim_fidelity.py [benchmarks/fidelity_points.toml]
+    python benchmarks/sim_fidelity.py --separate OTHER.toml   # a separate published set (same format)
+
+With --separate, priors fitted on every scored point of the suite predict each scored point of
+OTHER.toml (never fitted on), with the error and the MAPE.
 
 The headline is leave-one-SOURCE-out: every publication predicted by priors fitted on the others
 only (per source and per point). Then for every scored point: the published step time, the
@@ -78,5 +82,19 @@ def main(path: str) -> None:
             print(f"  {p.id}: {p.conversion}")
 
 
+def separate(path: str) -> None:
+    test = fid.load_points(path)
+    pred = fid.predict_separate(fid.load_points(), test)
+    err = pred / np.array([p.step_ms / 1e3 for p in test]) - 1.0
+    print(f"separate set {path}: {len(test)} scored points, predicted by priors fitted on the suite only\n")
+    for p, y, e in zip(test, pred, err):
+        print(f"{p.id[:44]:44s} {p.hardware[:13]:>13s} {p.step_ms:8.2f}ms {y * 1e3:8.2f}ms {e * 100:+6.1f}%")
+    print(f"\nMAPE {np.mean(np.abs(err)) * 100:.1f} %, median {np.median(np.abs(err)) * 100:.1f} %, "
+          f"predicted low at {np.mean(err < 0) * 100:.0f} %")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else str(fid.POINTS_FILE))
+    if len(sys.argv) > 2 and sys.argv[1] == "--separate":
+        separate(sys.argv[2])
+    else:
+        main(sys.argv[1] if len(sys.argv) > 1 else str(fid.POINTS_FILE))

@@ -70,6 +70,21 @@ def test_overlap_scheduler_engines_get_their_own_step_overhead(loo):
     assert shared > LOSO_MAPE_BOUND, shared
 
 
+def test_separate_set_is_predicted_by_the_suite_fit_only(loo):
+    """benchmarks/sim_fidelity.py --separate: the suite's fit predicts another file's points."""
+    from dataclasses import replace
+
+    pts = loo.points[:3]
+    np.testing.assert_allclose(fid.predict_separate(loo.points, pts),
+                               fid.predict(fid.terms(pts), loo.theta_all), rtol=1e-6)
+    p = loo.points[0]
+    vllm, trt = fid.predict_separate(loo.points, [replace(p, engine="vLLM 0.21"),
+                                                  replace(p, engine="TensorRT-LLM 0.17")])
+    step = loo.theta_all[fid.FIT_PARAMS.index("step_overhead_s")]
+    ov = loo.theta_all[fid.FIT_PARAMS.index("overlap_step_overhead_s")]
+    assert vllm - trt == pytest.approx(step - ov, rel=1e-6) and step - ov > 1e-3
+
+
 def test_fp8_compute_path_on_hopper():
     """FP8 GEMMs reach 0.907 x bf16's share of datasheet on Hopper (measured on an H200,
     docs/lab/gpu-h200.md); GPUs without an FP8 measurement and probed profiles keep the datasheet rate."""

@@ -272,6 +272,12 @@ def leave_one_source_out(points: list[Point]) -> np.ndarray:
     return pred
 
 
+def predict_separate(train: list[Point], test: list[Point]) -> np.ndarray:
+    """Seconds per step for ``test`` (e.g. a separate published set) from priors fitted on
+    ``train`` only: nothing of ``test`` enters the fit."""
+    return predict(terms(test), fit_params(terms(train)))
+
+
 def gpu_theta(theta: np.ndarray, name: str) -> np.ndarray:
     """What one GPU gets: :data:`PARAMS` (shared values, bandwidth times its multiplier; not the
     engine parameters), then its compute efficiency (:data:`COMPUTE_EFFICIENCY` times its multiplier)."""
