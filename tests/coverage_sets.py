@@ -13,20 +13,27 @@ proposed, and a K is timed on its **pure** steps only (verified and proposed tha
   (:func:`dsdprof.measure.vllm.trace.pool_acceptance`): AL(K) = 1 + sum_{j<=K} accepted_j / drafted_j.
 
 Rows look like schema-v6 paired rows (``design = "paired"``, one sample per wave, ``sample_block``).
-The truth: AL(K) = 1 + sum_{j<=K} alpha^j, ITL from :func:`tests.synthetic.dense_itl` (or the
-model given). Nothing here is a measurement.
+With ``vanilla`` > 0 each batch size also has a vanilla row (an engine without speculation, ITL =
+``vanilla`` x ITL(B, 0)): ``ceil(waves / len(Ks))`` waves of ``steps`` steps each (own drift and
+noise, its drift the AR(1)'s next step from the first wave of its block), wave ``j`` beside block
+``j`` of the group's waves, as the sweep interleaves them.
+The truth: AL(K) = 1 + sum_{j<=K} alpha^j, ITL from :func:`gpu_itl` (or the model given).
+``settle`` > 0 times only the pure steps after the first ``settle`` of each hold (the sweep's
+``trace.SETTLE`` with hold 4); ``t_df`` > 0 draws the step noise from a Student t (heavy tails);
+``drift_rho`` makes the per-wave drift an AR(1) across consecutive waves. Nothing here is a
+measurement.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
-from tests.synthetic import dense_itl
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,10 @@ class Scenario:
     repeats: int = 1
     steps: int = 48  # steps per wave (the K sequence cycles)
     hold: int = 2
+    settle: int = 0  # pure steps of each hold not timed (the sweep: hold 4, settle 1)
+    t_df: float = 0.0  # > 0: step noise from a Student t with these degrees of freedom (scaled to step_sd)
+    drift_rho: float = 0.0  # lag-1 correlation of the per-wave drift across consecutive waves
+    vanilla: float = 0.94  # vanilla ITL / ITL(B, K=0) (K=0 still drafts); 0: no vanilla rows
 
 
 SCENARIOS = (
@@ -49,6 +60,16 @@ SCENARIOS = (
     Scenario("ar1", rho=0.6, step_sd=0.05),
     Scenario("outliers", outliers=0.01, step_sd=0.03),
     Scenario("all", drift=0.05, rho=0.5, outliers=0.01, step_sd=0.04, repeats=2, waves=10),
+)
+
+# Held out: variations the method was not tuned on (issue 30 part 3 checks that it generalizes)
+VARIATIONS = (
+    Scenario("heavy", outliers=0.02, outlier_factor=5.0, step_sd=0.03),  # 2 % of steps 5x slow
+    Scenario("t3", t_df=3.0, step_sd=0.04, drift=0.03),  # Student-t(3) step noise
+    Scenario("driftar", drift=0.05, drift_rho=0.8),  # drift an AR(1) across waves
+    Scenario("waves10", drift=0.05, rho=0.5, outliers=0.01, step_sd=0.04, waves=10),
+    Scenario("waves40", drift=0.05, rho=0.5, outliers=0.01, step_sd=0.04, waves=40),
+    Scenario("hold4", drift=0.05, rho=0.5, outliers=0.01, step_sd=0.04, hold=4, settle=1, steps=72),
 )
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -73,6 +94,12 @@ def truth_goodput(sc: Scenario, batch_sizes=BATCH_SIZES, ks=KS,
     return {b: {k: truth_al(k, sc.alpha) / itl(b, k) for k in ks} for b in batch_sizes}
 
 
+def truth_vanilla(sc: Scenario, batch_sizes=BATCH_SIZES, itl: Callable[[int, int], float] = gpu_itl
+                  ) -> dict[int, float]:
+    """Vanilla's goodput per batch size (no vanilla: ITL(B, 0)'s, the K=0 baseline)."""
+    return {b: 1.0 / ((sc.vanilla or 1.0) * itl(b, 0)) for b in batch_sizes}
+
+
 def truth_k(goodput: dict[int, dict[int, float]], tolerance: float = 0.02) -> dict[int, int]:
     out = {}
     for b, g in goodput.items():
@@ -89,7 +116,10 @@ def _sequence(ks: tuple[int, ...], wave: int, hold: int, steps: int) -> np.ndarr
 
 
 def _step_noise(rng: np.random.Generator, sc: Scenario, n: int) -> np.ndarray:
-    e = rng.normal(0.0, sc.step_sd, n)
+    if sc.t_df > 0:
+        e = rng.standard_t(sc.t_df, n) * sc.step_sd * math.sqrt((sc.t_df - 2) / sc.t_df if sc.t_df > 2 else 1.0)
+    else:
+        e = rng.normal(0.0, sc.step_sd, n)
     u = np.empty(n)
     u[0] = e[0]
     c = math.sqrt(1.0 - sc.rho ** 2)
@@ -98,25 +128,65 @@ def _step_noise(rng: np.random.Generator, sc: Scenario, n: int) -> np.ndarray:
     return u
 
 
+def timed_steps(verified: np.ndarray, proposed: np.ndarray, settle: int) -> np.ndarray:
+    """Pure steps (verified and proposed the same K) after the first ``settle`` of each run."""
+    pure = verified == proposed
+    run = np.zeros(pure.size, dtype=int)  # consecutive pure steps of one K up to here
+    for i in range(pure.size):
+        if pure[i]:
+            run[i] = run[i - 1] + 1 if i and pure[i - 1] and verified[i - 1] == verified[i] else 1
+    return pure & (run > settle)
+
+
+def _drifts(rng: np.random.Generator, sc: Scenario, n: int) -> np.ndarray:
+    d = rng.normal(0.0, sc.drift, n)
+    for w in range(1, n):
+        d[w] = sc.drift_rho * d[w - 1] + math.sqrt(1.0 - sc.drift_rho ** 2) * d[w]
+    return d
+
+
+def vanilla_waves(sc: Scenario, ks: tuple[int, ...]) -> int:
+    return max(1, math.ceil(sc.waves / len(ks)))
+
+
+def _vanilla_row(sc: Scenario, b: int, r: int, n: int, rng: np.random.Generator,
+                 itl: Callable[[int, int], float], near: np.ndarray) -> dict:
+    """Vanilla's ``n`` waves; wave ``j`` runs next to the group's wave ``near[j]`` (drift: the AR(1)
+    one step on from that wave's, independent when ``drift_rho`` is 0)."""
+    t = []
+    fresh = rng.normal(0.0, sc.drift, n)
+    for d in sc.drift_rho * near + math.sqrt(1.0 - sc.drift_rho ** 2) * fresh:
+        x = sc.vanilla * itl(b, 0) * np.exp(d + _step_noise(rng, sc, sc.steps))
+        if sc.outliers:
+            x = x * np.where(rng.random(sc.steps) < sc.outliers, sc.outlier_factor, 1.0)
+        t.append(float(x.mean()))
+    return {"mode": "vanilla", "design": "paired", "method": "eagle3", "batch_size": b, "num_spec_tokens": 0,
+            "repeat": r, "status": "ok", "acceptance_length": 1.0, "itl_s": float(np.mean(t)),
+            "sample_acceptance_length": [1.0] * n, "sample_itl_s": t, "sample_block": list(range(n))}
+
+
 def group_rows(sc: Scenario, b: int, ks: tuple[int, ...], rng: np.random.Generator,
                itl: Callable[[int, int], float] = gpu_itl) -> list[dict]:
-    """One batch size's paired rows (one per K and repeat)."""
+    """One batch size's paired rows (one per K and repeat, and vanilla's when ``sc.vanilla``)."""
     kmax = max(ks)
     rows = []
+    nv = vanilla_waves(sc, ks)
+    block = [w * nv // sc.waves for w in range(sc.waves)]  # the vanilla wave each group wave sits beside
     for r in range(sc.repeats):
         s_itl = {k: [] for k in ks}
         dur = {k: [] for k in ks}
         own = {k: [0.0, 0] for k in ks}  # the K's own steps: accepted drafts, request-steps
         acc = np.zeros((sc.waves, kmax + 1))
         dr = np.zeros((sc.waves, kmax + 1))
+        drifts = _drifts(rng, sc, sc.waves)
         for w in range(sc.waves):
             seq = _sequence(ks, r * sc.waves + w, sc.hold, sc.steps)
             verified, proposed = seq[:-1], seq[1:]
-            noise = rng.normal(0.0, sc.drift) + _step_noise(rng, sc, sc.steps)
+            noise = drifts[w] + _step_noise(rng, sc, sc.steps)
             t = np.array([itl(b, int(k)) for k in verified]) * np.exp(noise)
             if sc.outliers:
                 t = t * np.where(rng.random(sc.steps) < sc.outliers, sc.outlier_factor, 1.0)
-            pure = verified == proposed
+            pure = timed_steps(verified, proposed, sc.settle)
             for k in ks:
                 sel = pure & (verified == k)
                 dur[k].extend(t[sel].tolist())
@@ -138,9 +208,11 @@ def group_rows(sc: Scenario, b: int, ks: tuple[int, ...], rng: np.random.Generat
                 "acceptance_length_own": 1.0 + own[k][0] / max(1, own[k][1]),
                 "itl_s": float(np.mean(dur[k])),
                 "sample_acceptance_length": (1.0 + p_wave[:, 1:k + 1].sum(1)).tolist(),
-                "sample_itl_s": s_itl[k], "sample_block": list(range(sc.waves)),
+                "sample_itl_s": s_itl[k], "sample_block": block if sc.vanilla else list(range(sc.waves)),
                 "acceptance_per_pos": p_tot[1:].tolist(),
             })
+        if sc.vanilla:
+            rows.append(_vanilla_row(sc, b, r, nv, rng, itl, drifts[[block.index(j) for j in range(nv)]]))
     return rows
 
 
@@ -150,28 +222,46 @@ def dataset(sc: Scenario, seed: int, batch_sizes=BATCH_SIZES, ks=KS,
     return pd.DataFrame([row for b in batch_sizes for row in group_rows(sc, b, ks, rng, itl)])
 
 
-def score(result, goodput: dict[int, dict[int, float]], tolerance: float = 0.02) -> dict[str, float]:
-    """Coverage of the ratio-to-best and margin intervals, and the decisions, against the truth."""
+def _covers(lo: float, hi: float, true: float) -> bool | None:
+    if lo is None or hi is None or math.isnan(float(lo)) or math.isnan(float(hi)):
+        return None
+    return float(lo) - 1e-9 <= true <= float(hi) + 1e-9
+
+
+def score(result, goodput: dict[int, dict[int, float]], tolerance: float = 0.02,
+          vanilla: dict[int, float] | None = None) -> dict[str, Any]:
+    """Coverage of every interval ``analyze`` reports -- ratio to the best (per K), margin (chosen K
+    vs runner-up), speedup over the baseline and, with ``vanilla`` (its truth goodput per batch
+    size), vanilla's gain over the best K -- and the decisions, against the truth. ``*_covered`` /
+    ``*s``: intervals holding the truth / intervals known; ``vanilla_wrong``: batch sizes flagged
+    ``vanilla_faster`` where the truth has a K at least as fast."""
     want = truth_k(goodput, tolerance)
-    cov = tot = mcov = mtot = 0
+    out: dict[str, Any] = {f"{n}{s}": 0 for n in ("", "margin_", "speedup_", "vanilla_") for s in ("covered", "s")}
+    out.update(covered=0, intervals=0)
+
+    def add(name: str, hit: bool | None) -> None:
+        if hit is not None:
+            out[f"{name}s" if name else "intervals"] += 1
+            out[f"{name}covered"] += hit
+
     for c in result.cells.itertuples():
         g = goodput[int(c.batch_size)]
-        true = g[int(c.num_spec_tokens)] / max(g.values())
-        if not math.isnan(c.ratio_low):
-            tot += 1
-            cov += c.ratio_low - 1e-9 <= true <= c.ratio_high + 1e-9
-    wrong = decided = 0
-    wrong_bs = []
+        add("", _covers(c.ratio_low, c.ratio_high, g[int(c.num_spec_tokens)] / max(g.values())))
+    wrong_bs, decided, vanilla_wrong = [], 0, []
     for o in result.optimal.itertuples():
-        g = goodput[int(o.batch_size)]
-        if o.runner_up is not None and str(o.runner_up) != "<NA>" and not math.isnan(o.ci_low):
-            mtot += 1
-            true = g[int(o.k)] / g[int(o.runner_up)]
-            mcov += o.ci_low - 1e-9 <= true <= o.ci_high + 1e-9
+        b, g = int(o.batch_size), goodput[int(o.batch_size)]
+        if o.runner_up is not None and str(o.runner_up) != "<NA>":
+            add("margin_", _covers(o.ci_low, o.ci_high, g[int(o.k)] / g[int(o.runner_up)]))
+        base = vanilla[b] if vanilla else g[0]
+        add("speedup_", _covers(o.speedup_low, o.speedup_high, g[int(o.k)] / base))
+        if vanilla and hasattr(o, "vanilla_gain") and not math.isnan(o.vanilla_gain):
+            add("vanilla_", _covers(o.vanilla_gain_low, o.vanilla_gain_high, vanilla[b] / g[int(o.best_k)] - 1.0))
+            if bool(o.vanilla_faster) and vanilla[b] <= max(g.values()):
+                vanilla_wrong.append(b)
         if o.decided:
             decided += 1
-            if int(o.k) != want[int(o.batch_size)]:
-                wrong += 1
-                wrong_bs.append(int(o.batch_size))
-    return {"covered": cov, "intervals": tot, "margin_covered": mcov, "margins": mtot,
-            "decided": decided, "wrong": wrong, "wrong_bs": wrong_bs, "batch_sizes": len(result.optimal)}
+            if int(o.k) != want[b]:
+                wrong_bs.append(b)
+    out.update(decided=decided, wrong=len(wrong_bs), wrong_bs=wrong_bs, vanilla_wrong=vanilla_wrong,
+               batch_sizes=len(result.optimal))
+    return out

@@ -7,9 +7,10 @@ DSD schedule can serve, K=0 included. A sweep measures a vanilla row per batch s
 with every candidate K per batch size:
 
 * ``vanilla_gain``: goodput(vanilla) / goodput(best K) - 1 (> 0: vanilla ahead), the best K being
-  the one with the highest point goodput;
+  the one with the highest point goodput, both from plain means (the K's waves not winsorized,
+  as vanilla's cannot be: :mod:`dsdprof.decide.speedup`);
 * ``vanilla_gain_low``/``vanilla_gain_high``: its interval, from the best K's speedup interval
-  (:func:`dsdprof.decide.bootstrap.speedup_interval`: paired blocks where the design pairs them);
+  (:func:`dsdprof.decide.speedup.speedup_estimate`: paired blocks where the design pairs them);
 * ``vanilla_faster``: vanilla ahead of **every** K beyond its interval (each K's speedup over
   vanilla has its upper bound below 1). Never true without vanilla rows (a K=0 baseline is no
   vanilla engine) or without intervals.
@@ -22,12 +23,12 @@ with every candidate K per batch size:
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from dsdprof.decide.bootstrap import speedup_interval
+from dsdprof.decide.speedup import speedup_estimate
 from dsdprof.formats.ktable import LAST_RANGE_END
 from dsdprof.formats.measurements import MODE_VANILLA
 
@@ -64,15 +65,14 @@ def vanilla_columns(optimal: pd.DataFrame, cells: pd.DataFrame, candidate_rows: 
             continue
         by_k = sorted(zip(group["goodput"], group["num_spec_tokens"].astype(int)), reverse=True)
 
-        def interval(k: int, goodput: float) -> tuple[float, float]:
+        def estimate(k: int) -> tuple[float, float, float, str]:
             rows = cand[(cand["batch_size"] == b) & (cand["num_spec_tokens"] == k)]
-            lo, hi, _ = speedup_interval(rows, base_b, goodput / base_goodput, replicates, seed, confidence)
-            return lo, hi
+            return speedup_estimate(rows, base_b, replicates, seed, confidence)
         best_goodput, best_k = by_k[0]
-        lo, hi = interval(best_k, best_goodput)
-        gain = _gain(best_goodput / base_goodput)
+        point, lo, hi, _ = estimate(best_k)
+        gain = _gain(point if math.isfinite(point) else best_goodput / base_goodput)
         # every K below vanilla beyond its interval: the best K first (the others need it only then)
-        faster = math.isfinite(hi) and hi < 1.0 and all(interval(k, g)[1] < 1.0 for g, k in by_k[1:])
+        faster = math.isfinite(hi) and hi < 1.0 and all(estimate(k)[2] < 1.0 for _, k in by_k[1:])
         records.append((gain, _gain(hi), _gain(lo), bool(faster)))
     for i, col in enumerate(VANILLA_COLUMNS):
         out[col] = [r[i] for r in records]
@@ -108,7 +108,7 @@ def vanilla_records(optimal: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def _round(x: Any) -> Optional[float]:
+def _round(x: Any) -> float | None:
     return round(float(x), 6) if x is not None and math.isfinite(float(x)) else None
 
 
@@ -120,7 +120,7 @@ def gap_text(gain: float, lo: Any = None, hi: Any = None) -> str:
     return txt
 
 
-def vanilla_line(optimal: pd.DataFrame, confidence: float) -> Optional[str]:
+def vanilla_line(optimal: pd.DataFrame, confidence: float) -> str | None:
     """One line for ``analyze``: where no speculation beat every K beyond its interval, or None."""
     if "vanilla_faster" not in optimal.columns:
         return None

@@ -1,0 +1,124 @@
+"""The speedup of a K over the baseline (vanilla, else K=0) with its interval.
+
+:func:`speedup_estimate` returns the point and the central ``confidence`` interval of goodput(K) /
+goodput(baseline) at one batch size; ``analyze`` reports it as ``speedup_vs_baseline`` with
+``speedup_low``/``speedup_high`` and :mod:`dsdprof.decide.vanilla` turns it into vanilla's gain.
+
+**Plain means on both sides.** The K table's goodput is winsorized per wave
+(:mod:`dsdprof.decide.bootstrap`), which a vanilla row cannot be: it has one wave per block
+(``ceil(waves / len(Ks))``), each the mean of a whole wave's steps, so a slow step is part of its
+mean and never a clipped wave. Comparing a winsorized K with a plain vanilla overstates the speedup
+by the slow steps' share of vanilla's time (2 % for 1 % of steps 3x slow); between plain means the
+slow steps weigh alike on both engines and cancel. So the speedup is the ratio of plain means (sum
+AL / sum ITL over the same waves), its point included; it can differ from ``goodput`` /
+``baseline_goodput`` where the K's waves were winsorized.
+
+**Paired** (the paired design, schema v5: every row carries ``sample_block``, one baseline and one
+K row per repeat): vanilla wave ``j`` ran beside the group's waves of block ``j``, so each replicate
+resamples the blocks with replacement (every repeat's together), **one draw for vanilla and the
+K**, and drift between blocks cancels in the ratio; the interval is a t interval on the blocks
+(:func:`t_half_width`). ``independent`` otherwise: the K's and the baseline's waves (or repeats'
+rows) are resampled each on its own, deviations widened to a t interval for the number of
+resampled units (:func:`dsdprof.decide.bootstrap.small_sample_factor`), as for the K intervals.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
+from dsdprof.decide.bootstrap import row_blocks, row_samples, small_sample_factor
+
+
+def _units(rows: pd.DataFrame) -> tuple[list, list[np.ndarray] | None, list[int]]:
+    samples = row_samples(rows)
+    units = [(float(a), float(t), s[0], s[1])
+             for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]
+    repeat = rows["repeat"].astype(int).to_list() if "repeat" in rows else [0] * len(rows)
+    return units, row_blocks(rows, samples), repeat
+
+
+def _block_sums(unit: tuple, blocks: np.ndarray, keep: list[int]) -> np.ndarray:
+    """(blocks x 3): per block in ``keep``, sum of AL waves, sum of ITL waves, waves."""
+    return np.array([[unit[2][blocks == j].sum(), unit[3][blocks == j].sum(), float((blocks == j).sum())]
+                     for j in keep])
+
+
+def _paired(ku: list, kb: list, kr: list, bu: list, bb: list, br: list, rng: np.random.Generator,
+            replicates: int, confidence: float) -> tuple[float, float, float] | None:
+    """(point, low, high) over the blocks both sides share, or None when fewer than 2."""
+    sums_k, sums_b, strata = [], [], []
+    for r in sorted(set(kr)):
+        i, j = kr.index(r), br.index(r)
+        keep = sorted(set(kb[i].tolist()) & set(bb[j].tolist()))
+        if keep:
+            sums_k.append(_block_sums(ku[i], kb[i], keep))
+            sums_b.append(_block_sums(bu[j], bb[j], keep))
+            strata.append(len(keep))
+    n = sum(strata)
+    if n < 2:
+        return None
+    # blocks pooled over repeats (not stratified by repeat: with a repeat's 1-2 blocks a stratified
+    # draw holds (m - 1) / m of the variance, none at m = 1), as the K intervals pool waves
+    weights = rng.multinomial(n, np.full(n, 1.0 / n), size=int(replicates)).astype(float)
+    sk, sb = np.concatenate(sums_k), np.concatenate(sums_b)
+
+    def ratio(w: np.ndarray) -> np.ndarray:
+        gk = (w @ sk[:, 0]) / (w @ sk[:, 1])  # sum AL / sum ITL over the same waves: goodput
+        gb = (w @ sb[:, 0]) / (w @ sb[:, 1])
+        return gk / gb
+
+    point = float(ratio(np.ones(n)))
+    half = t_half_width(np.log(ratio(weights) / point), n, confidence)
+    return point, float(point * np.exp(-half)), float(point * np.exp(half))
+
+
+def t_half_width(dev: np.ndarray, n: int, confidence: float) -> float:
+    """Half-width (in log) of a t interval on ``n`` resampled units: Student's t_{n-1} quantile x the
+    bootstrap's standard deviation of the log ratio, scaled by sqrt(n / (n - 1)) (the bootstrap's
+    variance is (n - 1) / n of the usual estimate). With the few blocks a vanilla row has (one per
+    ``len(Ks)`` waves) the percentile bootstrap's tails are a handful of distinct means, too narrow."""
+    from scipy.stats import t
+
+    q = 1.0 - (1.0 - confidence) / 2.0
+    return float(t.ppf(q, n - 1) * np.std(dev) * math.sqrt(n / (n - 1)))
+
+
+def speedup_estimate(k_rows: pd.DataFrame, base_rows: pd.DataFrame, replicates: int = DEFAULT_REPLICATES,
+                     seed: int = DEFAULT_SEED, confidence: float = DEFAULT_CONFIDENCE
+                     ) -> tuple[float, float, float, str]:
+    """(point, low, high, how) of goodput(K) / goodput(baseline) at one batch size (module
+    docstring); ``how``: ``paired`` | ``independent``; NaN bounds and ``""`` when either side has
+    fewer than 2 units (the point then from the rows' plain means)."""
+    nan = math.nan
+    if k_rows.empty or base_rows.empty:
+        return nan, nan, nan, ""
+    ku, kb, kr = _units(k_rows)
+    bu, bb, br = _units(base_rows)
+    rng = np.random.default_rng((int(seed), int(k_rows["batch_size"].iloc[0]), 1))
+    if kb is not None and bb is not None and len(set(kr)) == len(kr) and sorted(kr) == sorted(br):
+        got = _paired(ku, kb, kr, bu, bb, br, rng, replicates, confidence)
+        if got is not None:
+            return (*got, "paired")
+    devs, points = [], []
+    for units in (ku, bu):
+        if len(units) == 1 or all(u[2].size >= 2 for u in units):
+            al, itl = np.concatenate([u[2] for u in units]), np.concatenate([u[3] for u in units])
+        else:
+            al, itl = np.array([u[0] for u in units]), np.array([u[1] for u in units])
+        points.append(al.mean() / itl.mean())
+        if al.size < 2:
+            devs.append(None)
+            continue
+        idx = (rng.random((int(replicates), al.size)) * al.size).astype(np.int64)
+        g = al[idx].mean(axis=1) / itl[idx].mean(axis=1) / points[-1]
+        devs.append(small_sample_factor(al.size, confidence) * np.log(g))
+    point = float(points[0] / points[1])
+    if devs[0] is None or devs[1] is None:
+        return point, nan, nan, ""
+    q = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(devs[0] - devs[1], [q, 1.0 - q])
+    return point, float(point * np.exp(lo)), float(point * np.exp(hi)), "independent"
