@@ -22,7 +22,8 @@ from dsdprof.config.spec import parse_spec
 runner = CliRunner()
 TRUE = Efficiency(bandwidth=0.72, compute=0.5, step_overhead_s=0.9e-3, draft_step_overhead_s=0.35e-3,
                   dsd_overhead_s=0.25e-3)
-CT = CalibrationTarget(HARDWARE["H100 SXM"], MODELS["Llama-3.1-8B"], MODELS["EAGLE3-Llama-3.1-8B"], "bfloat16", 1, 1024)
+CT = CalibrationTarget(HARDWARE["H100 SXM"], MODELS["Llama-3.1-8B"], MODELS["EAGLE3-Llama-3.1-8B"],
+                       "bfloat16", 1, 1024)
 
 
 def synthetic(ct=CT, eff=TRUE, noise=0.0, bss=(1, 2, 4, 8, 16, 32, 64, 128, 256), ks=range(6), alpha=0.8):
@@ -47,7 +48,8 @@ def test_fit_recovers_moe_factors_with_tp():
     ct = CalibrationTarget(HARDWARE["MI300X"], MODELS["Qwen3-30B-A3B"], None, "bfloat16", 2, 512, 0.3)
     from dsdprof.measure.sim.catalog import derived_draft
 
-    ct = CalibrationTarget(ct.hardware, ct.target, derived_draft(ct.target, "eagle3"), "bfloat16", 2, 512, 0.3)
+    ct = CalibrationTarget(ct.hardware, ct.target, derived_draft(ct.target, "eagle3"), "bfloat16", 2, 512,
+                           0.3)
     true = Efficiency(0.6, 0.8, 2e-3, 0.1e-3, 0.0)
     df = synthetic(ct, true)
     eff = fit_efficiency(design_for(ct, df), df["itl_s"].to_numpy())
@@ -71,7 +73,8 @@ def test_holdout_on_noise_free_data_is_exact():
 def test_holdout_detects_a_wrong_model():
     """Data from a different physics (ITL linear in B*(K+1)) cannot be fitted exactly."""
     df = synthetic()
-    df["itl_s"] = 0.01 + 0.0005 * df["num_spec_tokens"] + 0.00008 * df["batch_size"] * (df["num_spec_tokens"] + 1)
+    k = df["num_spec_tokens"]
+    df["itl_s"] = 0.01 + 0.0005 * k + 0.00008 * df["batch_size"] * (k + 1)
     rep = holdout(CT, df)
     assert rep.heldout_mape > 1.0
 
@@ -83,8 +86,9 @@ def test_fit_rejects_too_few_cells():
 
 
 def _write_measured(tmp_path, df):
-    df = df.assign(model="meta-llama/Llama-3.1-8B-Instruct", draft_model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", method="eagle3",
-                   hardware="H100 SXM", dtype="bfloat16", status="ok")
+    df = df.assign(model="meta-llama/Llama-3.1-8B-Instruct",
+                   draft_model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                   method="eagle3", hardware="H100 SXM", dtype="bfloat16", status="ok")
     p = tmp_path / "measured.parquet"
     df.to_parquet(p)
     return p
@@ -99,8 +103,8 @@ def test_cli_calibrate_writes_profile_that_reproduces_itl(tmp_path):
     assert doc["holdout"]["heldout_itl_mape_pct"] < 0.2 and doc["holdout"]["k_match_share"] == 1.0
     hw = load_profile(out)
     assert hw.efficiency.bandwidth == pytest.approx(TRUE.bandwidth, rel=0.01)
-    spec = parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3", "dtype": "bfloat16",
-                                  "max_model_len": 4096},
+    spec = parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3",
+                                  "dtype": "bfloat16", "max_model_len": 4096},
                        "sweep": {"batch_sizes": [32], "num_spec_tokens": [3]},
                        "sim": {"hardware": str(out), "context_len": 1024, "acceptance_alpha": 0.8}})
     m = make_engine(spec).measure(Cell(0, 32, "dsd", 3))
@@ -111,7 +115,8 @@ def test_cli_calibrate_writes_profile_that_reproduces_itl(tmp_path):
     assert r.exit_code == 2 and "exists" in r.stderr
 
 
-@pytest.mark.parametrize("args,needle", [(["--hardware", "TPU v9"], "--hardware"), (["--model", "GPT-9"], "--model"),
+@pytest.mark.parametrize("args,needle", [(["--hardware", "TPU v9"], "--hardware"),
+                                         (["--model", "GPT-9"], "--model"),
                                          (["--tolerance", "2"], "--tolerance")])
 def test_cli_calibrate_bad_input(tmp_path, args, needle):
     p = _write_measured(tmp_path, synthetic())
@@ -225,8 +230,8 @@ def test_cli_calibrate_force_on_bandwidth_bound_sweep_keeps_a_loadable_profile(t
     """calibrate --force over a good profile with batch sizes that never reach compute-bound: the
     new profile loads, its compute efficiency is the prior (not 850), and the CLI says so."""
     good = tmp_path / "good.toml"
-    r = runner.invoke(app, ["calibrate", str(_write_measured(tmp_path, synthetic(noise=0.01))), "--out", str(good),
-                            "--context-len", "1024"])
+    measured = _write_measured(tmp_path, synthetic(noise=0.01))
+    r = runner.invoke(app, ["calibrate", str(measured), "--out", str(good), "--context-len", "1024"])
     assert r.exit_code == 0, r.output + r.stderr
     small = tmp_path / "small"
     small.mkdir()
@@ -234,11 +239,13 @@ def test_cli_calibrate_force_on_bandwidth_bound_sweep_keeps_a_loadable_profile(t
     r = runner.invoke(app, ["calibrate", str(p), "--out", str(good), "--force", "--context-len", "1024"])
     assert r.exit_code == 0, r.output + r.stderr
     out = " ".join(r.stdout.split())
-    assert "not identifiable from batch sizes [1, 2, 4]: compute efficiency" in out and "kept at the prior 0.700" in out
+    assert "not identifiable from batch sizes [1, 2, 4]: compute efficiency" in out
+    assert "kept at the prior 0.700" in out
     hw = load_profile(good)
     assert hw.efficiency.compute == pytest.approx(Efficiency().compute, rel=1e-3)
     assert hw.efficiency.bandwidth == pytest.approx(TRUE.bandwidth, rel=0.05)
-    r = runner.invoke(app, ["calibrate", str(p), "--out", str(tmp_path / "j.toml"), "--json", "--context-len", "1024"])
+    r = runner.invoke(app, ["calibrate", str(p), "--out", str(tmp_path / "j.toml"), "--json",
+                            "--context-len", "1024"])
     doc = json.loads(r.stdout)
     assert "compute" in doc["not_identifiable"] and doc["batch_sizes"] == [1, 2, 4]
     import tomllib

@@ -142,7 +142,8 @@ def test_vectorised_equals_scalar():
 
 
 def _kstar(model, hw, tp, bss, alpha=0.7, rho=0.0, dtype="bfloat16"):
-    case = ModelCase(MODELS[model], derived_draft(MODELS[model], "eagle3"), tuple(acc.geometric(alpha, 7)), dtype, tp)
+    case = ModelCase(MODELS[model], derived_draft(MODELS[model], "eagle3"), tuple(acc.geometric(alpha, 7)),
+                     dtype, tp)
     res = predict_grid([HARDWARE[hw]], [case], bss, list(range(8)), 1024, rho)
     return res.optimal_k[0, 0].tolist()
 
@@ -169,8 +170,10 @@ def test_moe_shape_comes_from_expert_loading():
     from dataclasses import replace
 
     dense_like = replace(MODELS["Mixtral-8x7B"], experts_per_token=8, name="mixtral-all-experts")
-    case = ModelCase(dense_like, derived_draft(MODELS["Mixtral-8x7B"], "eagle3"), tuple(acc.geometric(0.7, 7)), "bfloat16", 4)
-    ks = predict_grid([HARDWARE["H100 SXM"]], [case], [1, 2, 4, 8, 16, 32, 64], list(range(8))).optimal_k[0, 0].tolist()
+    draft = derived_draft(MODELS["Mixtral-8x7B"], "eagle3")
+    case = ModelCase(dense_like, draft, tuple(acc.geometric(0.7, 7)), "bfloat16", 4)
+    grid = predict_grid([HARDWARE["H100 SXM"]], [case], [1, 2, 4, 8, 16, 32, 64], list(range(8)))
+    ks = grid.optimal_k[0, 0].tolist()
     assert all(a >= b for a, b in zip(ks, ks[1:])), ks
 
 
@@ -210,8 +213,8 @@ def test_hardware_catalog_and_profile_roundtrip(tmp_path):
     assert load_profile(p) == HARDWARE["B200"]
     with pytest.raises(InputError, match="exists"):
         write_profile(p, HARDWARE["B200"])
-    (tmp_path / "bad.toml").write_text('schema = "dsdprof.hwprofile/v1"\n[hardware]\nname="x"\nbf16_tflops=1\n'
-                                       'memory_bandwidth_tbs=1\nmemory_gb=1\nturbo=true\n')
+    (tmp_path / "bad.toml").write_text('schema = "dsdprof.hwprofile/v1"\n[hardware]\nname="x"\n'
+                                       'bf16_tflops=1\nmemory_bandwidth_tbs=1\nmemory_gb=1\nturbo=true\n')
     with pytest.raises(InputError, match="turbo.*unknown key"):
         resolve_hardware(str(tmp_path / "bad.toml"))
     with pytest.raises(InputError, match="sim.hardware"):

@@ -14,7 +14,9 @@ from dsdprof.errors import InputError
 from dsdprof.measure.sim.catalog import MODELS, resolve_model, shadowed_catalog_name
 from dsdprof.measure.sim.hardware import HARDWARE
 from dsdprof.measure.sim.hfconfig import load_hf_config
-from dsdprof.measure.sim.model import NO_DRAFT, HwArrays, arch_features, memory_bytes, resolve_dtype, step_time
+from dsdprof.measure.sim.model import (
+    NO_DRAFT, HwArrays, arch_features, memory_bytes, resolve_dtype, step_time,
+)
 from dsdprof.measure.sim.quant import parse_quantization
 from dsdprof.config.spec import parse_spec
 
@@ -32,8 +34,8 @@ CT_FP8_DYNAMIC = {
     "ignore": ["lm_head"], "kv_cache_scheme": None,
     "config_groups": {"group_0": {
         "targets": ["Linear"],
-        "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False,
-                    "group_size": None, "observer": "minmax"},
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True,
+                    "dynamic": False, "group_size": None, "observer": "minmax"},
         "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
                               "dynamic": True},
         "output_activations": None}}}
@@ -57,31 +59,36 @@ CASES = {
     "compressed-tensors FP8 dynamic": (CT_FP8_DYNAMIC, 1.0, None, "fp8"),
     "compressed-tensors W4A16 g128 sym": (_ct_int(4, 128), 0.5 + 2 / 128, None, "bf16"),
     "compressed-tensors W4A16 g128 asym": (_ct_int(4, 128, symmetric=False), 0.5 + 2.5 / 128, None, "bf16"),
-    "compressed-tensors W8A8 int8": (_ct_int(8, None, acts={"num_bits": 8, "type": "int", "strategy": "token",
-                                                             "dynamic": True}, fmt="int-quantized"), 1.0, None, "int8"),
+    "compressed-tensors W8A8 int8": (
+        _ct_int(8, None, acts={"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True},
+                fmt="int-quantized"), 1.0, None, "int8"),
     "compressed-tensors NVFP4": ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
                                   "ignore": ["lm_head"], "config_groups": {"group_0": {
                                       "targets": ["Linear"], "weights": NVFP4,
-                                      "input_activations": {**NVFP4, "dynamic": "local"}}}}, 0.5 + 1 / 16, None, "fp4"),
+                                      "input_activations": {**NVFP4, "dynamic": "local"}}}},
+                                 0.5 + 1 / 16, None, "fp4"),
     "modelopt FP8": ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8",
                       "exclude_modules": ["lm_head"]}, 1.0, None, "fp8"),
     "modelopt NVFP4": ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
                         "exclude_modules": ["lm_head"]}, 0.5 + 1 / 16, None, "fp4"),
-    "modelopt nested (hf_quant_config.json)": ({"quant_method": "modelopt", "producer": {"name": "modelopt"},
-                                                "quantization": {"quant_algo": "FP8", "exclude_modules": ["lm_head"]}},
-                                               1.0, None, "fp8"),
+    "modelopt nested (hf_quant_config.json)": (
+        {"quant_method": "modelopt", "producer": {"name": "modelopt"},
+         "quantization": {"quant_algo": "FP8", "exclude_modules": ["lm_head"]}}, 1.0, None, "fp8"),
     "modelopt mixed": ({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": {
-        "model.layers.0.self_attn.q_proj": {"quant_algo": "FP8"}, "model.layers.0.mlp.shared_expert.up_proj": {"quant_algo": "FP8"},
+        "model.layers.0.self_attn.q_proj": {"quant_algo": "FP8"},
+        "model.layers.0.mlp.shared_expert.up_proj": {"quant_algo": "FP8"},
         "model.layers.0.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16},
         "model.layers.1.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16}}}, 1.0, 0.5 + 1 / 16, "fp8"),
     "AWQ": ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"},
             0.5 + 2.5 / 128, None, "bf16"),
     "GPTQ": ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
               "damp_percent": 0.01}, 0.5 + 2.5 / 128, None, "bf16"),
-    "GPTQ per channel": ({"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": True}, 0.5, None, "bf16"),
+    "GPTQ per channel": ({"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": True},
+                         0.5, None, "bf16"),
     "GPTQ 8 bit": ({"quant_method": "gptq", "bits": 8, "group_size": 128}, 1 + 3 / 128, None, "bf16"),
-    "mxfp4 (gpt-oss)": ({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
-                         "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}, 2.0, 0.5 + 1 / 32, "bf16"),
+    "mxfp4 (gpt-oss)": ({"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+        2.0, 0.5 + 1 / 32, "bf16"),
     "bitsandbytes nf4": ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
                           "bnb_4bit_use_double_quant": True}, 0.5 + (1 + 4 / 256) / 64, None, "bf16"),
 }
@@ -97,8 +104,8 @@ def test_quantization_bytes_and_precision(name):
 
 
 def test_gptq_lm_head_flag_quantizes_the_head():
-    assert parse_quantization({"quant_method": "gptq", "bits": 4, "group_size": 128, "lm_head": True}).head_bytes \
-        == pytest.approx(0.5 + 2.5 / 128)
+    q = parse_quantization({"quant_method": "gptq", "bits": 4, "group_size": 128, "lm_head": True})
+    assert q.head_bytes == pytest.approx(0.5 + 2.5 / 128)
 
 
 @pytest.mark.parametrize("cfg,field", [
@@ -175,16 +182,18 @@ def test_awq_and_gptq_stream_about_a_quarter():
         from dataclasses import replace
 
         p = parse_quantization(q)
-        qa = replace(arch, weight_bytes=p.linear_bytes, head_weight_bytes=p.head_bytes, compute_dtype=p.compute,
-                     quantization=p.label)
-        ratio = float(arch_features(qa, "auto", 1).dense_bytes) / float(arch_features(arch, "auto", 1).dense_bytes)
+        qa = replace(arch, weight_bytes=p.linear_bytes, head_weight_bytes=p.head_bytes,
+                     compute_dtype=p.compute, quantization=p.label)
+        dense = lambda a: float(arch_features(a, "auto", 1).dense_bytes)  # noqa: E731
+        ratio = dense(qa) / dense(arch)
         assert 0.3 < ratio < 0.35  # 4-bit linears + 16-bit LM head (0.53 B of 7.5 B)
 
 
 def test_quantized_checkpoint_keeps_its_storage_under_16_bit_dtypes():
     ds = MODELS["DeepSeek-V3"]
     auto, bf16 = resolve_dtype(ds, "auto"), resolve_dtype(ds, "bfloat16")
-    assert auto == bf16 and auto.linear == pytest.approx(1.0, abs=1e-3) and auto.head == 2.0 and auto.compute == "fp8"
+    assert auto == bf16 and auto.linear == pytest.approx(1.0, abs=1e-3)
+    assert auto.head == 2.0 and auto.compute == "fp8"
     with pytest.raises(InputError) as err:
         resolve_dtype(ds, "float32")
     assert err.value.field == "engine.dtype"
@@ -203,13 +212,15 @@ def test_quantized_memory_counts_embedding_and_head_at_16_bit(tmp_path):
 
 # ----------------------------------------------------------------------------- malformed config.json
 
-QWEN_MOE = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
-            "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "intermediate_size": 6144,
-            "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "torch_dtype": "bfloat16"}
+QWEN_MOE = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+            "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+            "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+            "num_experts_per_tok": 8, "torch_dtype": "bfloat16"}
 
 
-@pytest.mark.parametrize("key,value", [("num_experts", "eight"), ("num_experts", 8.5), ("num_experts", True),
-                                       ("num_experts", [128]), ("num_experts", -1), ("num_key_value_heads", "8"),
+@pytest.mark.parametrize("key,value", [("num_experts", "eight"), ("num_experts", 8.5),
+                                       ("num_experts", True), ("num_experts", [128]), ("num_experts", -1),
+                                       ("num_key_value_heads", "8"),
                                        ("moe_intermediate_size", {"x": 1}), ("num_experts_per_tok", 500),
                                        ("head_dim", 1e40), ("mlp_only_layers", "none"), ("hidden_size", None),
                                        ("decoder_sparse_step", 1.5), ("num_key_value_heads", 64)])
@@ -236,14 +247,16 @@ def test_cli_malformed_num_experts_is_one_line_exit_2(tmp_path):
     r = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "o")])
     errors = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.exit_code == 2 and "Traceback" not in r.stderr + r.stdout
-    assert errors == ["error: engine.model:num_experts='eight': must be a non-negative integer in config.json"]
+    want = "error: engine.model:num_experts='eight': must be a non-negative integer in config.json"
+    assert errors == [want]
     assert not any((tmp_path / "o").rglob("*.parquet"))
 
 
 # ----------------------------------------------------------------------------- path vs catalog name
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
-              "num_key_value_heads": 8, "vocab_size": 1000, "intermediate_size": 1024, "torch_dtype": "float32"}
+              "num_key_value_heads": 8, "vocab_size": 1000, "intermediate_size": 1024,
+              "torch_dtype": "float32"}
 
 
 def test_local_directory_named_like_a_catalog_model_uses_its_config(tmp_path, monkeypatch):
@@ -293,7 +306,8 @@ def test_cli_calibrate_prints_the_shadow_notice(tmp_path):
     ct = replace(CT, target=load_hf_config(d), draft=None)
     df = df[df["mode"] == "vanilla"].copy()
     df["itl_s"] = predict(design_for(ct, df), Efficiency())
-    df = df.assign(model=str(d), draft_model="", method="ngram", hardware="H100 SXM", dtype="bfloat16", status="ok")
+    df = df.assign(model=str(d), draft_model="", method="ngram", hardware="H100 SXM", dtype="bfloat16",
+                   status="ok")
     df.to_parquet(tmp_path / "m.parquet")
     r = runner.invoke(app, ["calibrate", str(tmp_path / "m.parquet"), "--out", str(tmp_path / "p.toml"),
                             "--context-len", "1024", "--json"])
