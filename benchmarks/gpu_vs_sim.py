@@ -18,9 +18,9 @@ CPU only, light (numpy/pandas/scipy). What is compared, per (BS, K), context 512
   compared (the proxy runs no drafter).
 
 Hardware: catalog "H200 SXM" (datasheet peaks 4.8 TB/s, 989 TFLOP/s, the fitted priors of
-dsdprof/measure/sim/hardware.py), and the probe-hardware profile measured on the same machine (achieved peaks, efficiency 1.0)
-if h200-probe.toml is present. Then a fit of the step model's efficiencies to the proxy (the
-machinery of ``dsdprof calibrate``), and, as a labelled derivation, goodput-optimal K per BS from
+dsdprof/measure/sim/hardware.py), and the probe-hardware profile measured on the same machine
+(achieved peaks, efficiency 1.0) if h200-probe.toml is present. Then a fit of the step model's
+efficiencies to the proxy (the machinery of ``dsdprof calibrate``), and, as a labelled derivation, goodput-optimal K per BS from
 the measured step times with a stated acceptance curve.
 """
 
@@ -43,7 +43,8 @@ from dsdprof.measure.sim.model import NO_DRAFT, HwArrays, arch_features, distinc
 from dsdprof.config.spec import parse_spec
 
 CONTEXT = 512
-ACC = [0.76, 0.60, 0.43, 0.29, 0.24, 0.14, 0.08]  # per-position acceptance, sweeps/sim-llama8b-eagle3-h100.toml
+# per-position acceptance, sweeps/sim-llama8b-eagle3-h100.toml
+ACC = [0.76, 0.60, 0.43, 0.29, 0.24, 0.14, 0.08]
 DRAFT_STEP_MS = 0.2  # stated per-draft-forward cost for the "with draft cost" derivation
 SUB_BS, SUB_K = (1, 4, 16, 64, 128), (0, 1, 3, 7)
 STACKS = {"dense": "Llama-3.1-8B", "moe": "Qwen3-30B-A3B"}
@@ -63,7 +64,8 @@ def verify_ms(hw_name: str, model: str, b: np.ndarray, k: np.ndarray) -> tuple[n
 def check_engine(model: str, hw_name: str, b: int, itl_ms: float) -> float:
     """SimEngine's vanilla ITL at (b, K=0) minus ours (should be 0)."""
     e = SimEngine(parse_spec({
-        "engine": {"name": "sim", "model": model, "method": "eagle3", "dtype": "bfloat16", "max_model_len": 4096},
+        "engine": {"name": "sim", "model": model, "method": "eagle3", "dtype": "bfloat16",
+                   "max_model_len": 4096},
         "sweep": {"batch_sizes": [b], "num_spec_tokens": [0, 1]},
         "sim": {"hardware": hw_name, "context_len": CONTEXT, "acceptance_per_pos": ACC}}))
     return e.measure(Cell(0, b, "vanilla", 0)).itl_s * 1e3 - itl_ms
@@ -82,7 +84,8 @@ def compare(kind: str, df: pd.DataFrame, profiles: dict[str, str]) -> pd.DataFra
         out[f"{label}_kernel_ms"], out[f"{label}_itl_ms"] = kern, itl
         i = int(np.argmin(b + 1000 * k))
         if label == "H200":
-            print(f"  check: SimEngine vanilla ITL at BS {b[i]} minus ours = {check_engine(model, hw, int(b[i]), itl[i]):.2e} ms")
+            diff = check_engine(model, hw, int(b[i]), itl[i])
+            print(f"  check: SimEngine vanilla ITL at BS {b[i]} minus ours = {diff:.2e} ms")
     return out
 
 
@@ -95,7 +98,8 @@ def fit_to_proxy(kind: str, df: pd.DataFrame, hw_name: str) -> None:
     y = df["median_ms"].to_numpy() / 1e3
     r = fit(d, y, ct.hardware.efficiency)
     e = r.efficiency
-    print(f"  fitted to the proxy on {hw_name}: bandwidth eff {e.bandwidth:.3f}, compute eff {e.compute:.3f}, "
+    print(f"  fitted to the proxy on {hw_name}: bandwidth eff {e.bandwidth:.3f}, "
+          f"compute eff {e.compute:.3f}, "
           f"fixed {e.step_overhead_s * 1e3:.3f} ms/step; MAPE after fit {mape(predict(d, e), y):.1f}%"
           + (f"; not identifiable: {sorted(r.not_identifiable)}" if set(r.not_identifiable) - {
               'draft_step_overhead_s', 'dsd_overhead_s'} else ""))
@@ -124,7 +128,8 @@ def derive_k(df: pd.DataFrame, draft_ms: float) -> dict[int, tuple[int, float]]:
         best = max(g, key=g.get)
         res[int(bs)] = (int(best), g[best] / g[0])
         if draft_ms == 0.0:
-            print(f"    BS {int(bs):3d} goodput / goodput(K=0), K=0..7: " + " ".join(f"{g[k] / g[0]:.2f}" for k in sorted(g)))
+            gains = " ".join(f"{g[k] / g[0]:.2f}" for k in sorted(g))
+            print(f"    BS {int(bs):3d} goodput / goodput(K=0), K=0..7: " + gains)
     return res
 
 
@@ -132,7 +137,8 @@ def sim_k(model: str, hw_name: str) -> dict[int, int]:
     """The sim's own K* per BS (EAGLE-3 draft terms and all overheads included) for the same ACC."""
     bss = [1, 2, 4, 8, 16, 32, 64, 128]
     e = SimEngine(parse_spec({
-        "engine": {"name": "sim", "model": model, "method": "eagle3", "dtype": "bfloat16", "max_model_len": 4096},
+        "engine": {"name": "sim", "model": model, "method": "eagle3", "dtype": "bfloat16",
+                   "max_model_len": 4096},
         "sweep": {"batch_sizes": bss, "num_spec_tokens": list(range(8))},
         "sim": {"hardware": hw_name, "context_len": CONTEXT, "acceptance_per_pos": ACC}}))
     out = {}
@@ -230,18 +236,22 @@ def breakdown(root: Path) -> None:
     print("\n=== breakdown (CUDA-graph ms; kernels / summed kernel ms from one profiled eager forward)")
     for kind in ("dense", "moe"):
         arch = MODELS[STACKS[kind]]
-        for (b, k), g in pd.DataFrame([r for r in rows if r["stack"] == kind]).groupby(["batch_size", "k"], sort=False):
+        stack = pd.DataFrame([r for r in rows if r["stack"] == kind])
+        for (b, k), g in stack.groupby(["batch_size", "k"], sort=False):
             v = g.set_index("variant")
             T = b * (k + 1)
             # weight bytes the GEMM-only variant streams: dense part + touched experts (uniform routing)
             d = float(distinct_experts(arch.num_experts, arch.experts_per_token, T)) if arch.is_moe else 0.0
             wbytes = 2 * (arch.dense_params() + arch.moe_layers * d * arch.expert_params())
-            flops = 2 * T * (arch.dense_params() + (arch.moe_layers * arch.experts_per_token * arch.expert_params()))
+            routed = arch.moe_layers * arch.experts_per_token * arch.expert_params()
+            flops = 2 * T * (arch.dense_params() + routed)
             gm = v.loc["gemm_only", "median_ms"]
             print(f"  {kind} BS {b} K {k} (T {T}): full {v.loc['full', 'median_ms']:.2f}, no attention "
-                  f"{v.loc['no_attn', 'median_ms']:.2f}, no FFN/MoE {v.loc['no_ffn', 'median_ms']:.2f}, GEMMs only "
+                  f"{v.loc['no_attn', 'median_ms']:.2f}, no FFN/MoE {v.loc['no_ffn', 'median_ms']:.2f}, "
+                  "GEMMs only "
                   f"{gm:.2f} ms ({wbytes / gm / 1e9:.2f} TB/s, {flops / gm / 1e9:.0f} TFLOP/s); kernels "
-                  f"{int(v.loc['full', 'kernels'])} (sum {v.loc['full', 'kernel_sum_ms']:.2f} ms) vs GEMM-only "
+                  f"{int(v.loc['full', 'kernels'])} (sum {v.loc['full', 'kernel_sum_ms']:.2f} ms) "
+                  "vs GEMM-only "
                   f"{int(v.loc['gemm_only', 'kernels'])}")
 
 
@@ -261,8 +271,9 @@ def main() -> None:
         if probe.is_file():
             profiles[label] = str(probe)
             h = resolve_hardware(str(probe))
-            print(f"{label} profile ({name}): {h.name}, {h.memory_bandwidth_tbs:.3f} TB/s, {h.bf16_tflops:.1f} bf16 "
-                  f"TFLOP/s, efficiency {h.efficiency.bandwidth:.3f}/{h.efficiency.compute:.3f}")
+            print(f"{label} profile ({name}): {h.name}, {h.memory_bandwidth_tbs:.3f} TB/s, "
+                  f"{h.bf16_tflops:.1f} bf16 TFLOP/s, "
+                  f"efficiency {h.efficiency.bandwidth:.3f}/{h.efficiency.compute:.3f}")
     for kind in ("dense", "moe"):
         path = root / f"{kind}.csv"
         if not path.is_file():
@@ -278,14 +289,16 @@ def main() -> None:
                 sub = c.batch_size.isin(SUB_BS) & c.k.isin(SUB_K)
                 bias = float(np.mean((col - c.median_ms) / c.median_ms) * 100)
                 print(f"  {label:5s} {part:6s}: MAPE {mape(col, c.median_ms.to_numpy()):5.1f}% "
-                      f"(subset {mape(col[sub], c.median_ms[sub].to_numpy()):5.1f}%), mean signed {bias:+.1f}%")
+                      f"(subset {mape(col[sub], c.median_ms[sub].to_numpy()):5.1f}%), "
+                      f"mean signed {bias:+.1f}%")
         sub = c[c.batch_size.isin(SUB_BS) & c.k.isin(SUB_K)]
-        cols = ["batch_size", "k", "tokens", "median_ms"] + [f"{lb}_{p}_ms" for lb in profiles for p in ("kernel", "itl")]
+        cols = ["batch_size", "k", "tokens", "median_ms"]
+        cols += [f"{lb}_{p}_ms" for lb in profiles for p in ("kernel", "itl")]
         t = sub[cols].copy()
         for lb in profiles:
             t[f"err_{lb}_itl_%"] = (sub[f"{lb}_itl_ms"] - sub.median_ms) / sub.median_ms * 100
         print(t.round(2).to_string(index=False))
-        for lb, hw in profiles.items():
+        for hw in profiles.values():
             fit_to_proxy(kind, df, hw)
         if kind == "dense":
             print("  knee (marginal cost per token):")
@@ -295,17 +308,20 @@ def main() -> None:
             print("  T, distinct experts (measured mean/layer, formula), step ms:")
             for tk, g in e.groupby("tokens"):
                 print(f"    T {tk:5d}: experts {g.distinct_experts.mean():6.1f} (formula "
-                      f"{float(distinct_experts(128, 8, tk)):6.1f}), ms {', '.join(f'{x:.2f}' for x in g.median_ms)}"
+                      f"{float(distinct_experts(128, 8, tk)):6.1f}), "
+                      f"ms {', '.join(f'{x:.2f}' for x in g.median_ms)}"
                       f"  [BS {', '.join(str(x) for x in g.batch_size)}]")
             loop = raw[raw["impl"] == "loop"]
             for _, r in loop.iterrows():
                 gr = df[(df.batch_size == r.batch_size) & (df.k == r.k)].median_ms.iloc[0]
-                print(f"    per-expert loop cross-check BS {r.batch_size} K {r.k}: loop {r.median_ms:.2f} ms vs grouped {gr:.2f} ms")
+                print(f"    per-expert loop cross-check BS {r.batch_size} K {r.k}: loop {r.median_ms:.2f} ms "
+                      f"vs grouped {gr:.2f} ms")
         for draft in (0.0, DRAFT_STEP_MS):
             ks = derive_k(df, draft)
             print(f"  DERIVED K* (AL from {ACC}, draft cost {draft} ms/draft step): "
                   + ", ".join(f"BS {b}: K={kk} ({gain:.2f}x)" for b, (kk, gain) in ks.items()))
-        print(f"  sim's own K* (H200 SXM priors, EAGLE-3 draft + overheads, same AL): {sim_k(STACKS[kind], 'H200 SXM')}")
+        own = sim_k(STACKS[kind], "H200 SXM")
+        print(f"  sim's own K* (H200 SXM priors, EAGLE-3 draft + overheads, same AL): {own}")
         if kind == "moe":
             moe_shape(df, png)
     breakdown(root)
