@@ -20,8 +20,8 @@ CPU only, light (numpy/pandas/scipy). What is compared, per (BS, K), context 512
 Hardware: catalog "H200 SXM" (datasheet peaks 4.8 TB/s, 989 TFLOP/s, the fitted priors of
 dsdprof/measure/sim/hardware.py), and the probe-hardware profile measured on the same machine
 (achieved peaks, efficiency 1.0) if h200-probe.toml is present. Then a fit of the step model's
-efficiencies to the proxy (the machinery of ``dsdprof calibrate``), and, as a labelled derivation, goodput-optimal K per BS from
-the measured step times with a stated acceptance curve.
+efficiencies to the proxy (the machinery of ``dsdprof calibrate``), and, as a labelled derivation,
+goodput-optimal K per BS from the measured step times with a stated acceptance curve.
 """
 
 from __future__ import annotations
