@@ -8,7 +8,8 @@ import os
 import shlex
 import signal
 import sys
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar, cast
+from collections.abc import Callable
 
 import typer
 from rich.console import Console
@@ -21,7 +22,8 @@ F = TypeVar("F", bound=Callable)
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
-PIPE_WIDTH = 80  # prose width off a terminal when COLUMNS is unset (wider tables print at their natural width)
+# prose width off a terminal when COLUMNS is unset (wider tables print at their natural width)
+PIPE_WIDTH = 80
 
 
 class Terminated(KeyboardInterrupt):
@@ -87,10 +89,11 @@ def plain_flags_in_help() -> None:
         return
 
     def display_type_rich(self, ctx):
-        return None if getattr(self, "is_flag", False) and not getattr(self, "count", False) else original(self, ctx)
+        plain_flag = getattr(self, "is_flag", False) and not getattr(self, "count", False)
+        return None if plain_flag else original(self, ctx)
 
-    display_type_rich._dsdprof_plain_flags = True
-    TyperOption.display_type_rich = display_type_rich
+    display_type_rich._dsdprof_plain_flags = True  # type: ignore[attr-defined]  # our marker: patched once
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]  # typer's class, patched
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -101,13 +104,13 @@ def make_console(stderr: bool = False) -> Console:
     return WrappingConsole(stderr=stderr, width=width)
 
 
-def fail(message: str) -> "typer.Exit":
+def fail(message: str) -> typer.Exit:
     """Print ``error: message`` on one line to stderr and return Exit(2) to raise."""
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
     return typer.Exit(EXIT_BAD_INPUT)
 
 
-def interrupted(resume_command: list[str] | None = None) -> "typer.Exit":
+def interrupted(resume_command: list[str] | None = None) -> typer.Exit:
     """Print one line (how to resume, when there is something to resume) and return Exit(130), or
     Exit(143) when the interrupt in flight is a SIGTERM (:class:`Terminated`)."""
     hint = f": resume with {shlex.join(resume_command)}" if resume_command else ""
@@ -118,7 +121,7 @@ def interrupted(resume_command: list[str] | None = None) -> "typer.Exit":
     return typer.Exit(EXIT_INTERRUPTED)
 
 
-def quiet_broken_pipe() -> "typer.Exit":
+def quiet_broken_pipe() -> typer.Exit:
     """Point stdout at /dev/null (so the interpreter's last flush cannot fail) and return Exit(0)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -147,7 +150,7 @@ def guarded(fn: F) -> F:
         except KeyboardInterrupt:
             raise interrupted() from None
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)  # functools.wraps: fn's signature
 
 
 def fmt_number(x: Any, digits: int = 2) -> str:

@@ -4,7 +4,7 @@ app by dsdprof.cli.app), and the index listing ``dsdprof show`` delegates to."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import cast
 
 import typer
 
@@ -13,11 +13,20 @@ from dsdprof.cli.common import fail, guarded, make_console
 
 
 def _fleet(
-    fleet_path: Path = typer.Argument(..., metavar="FLEET", help="Fleet file (TOML): \\[fleet] out, and \\[\\[runs]] or base + \\[matrix]."),
-    address: Optional[str] = typer.Argument(None, metavar="[ADDRESS]", help="With --ray: the cluster to join (e.g. ray://head:10001 or auto). Default: RAY_ADDRESS or a cluster started on this machine, else a new local one."),
-    use_ray: bool = typer.Option(False, "--ray", help="Run each run as a Ray task (asking for its GPUs) instead of one after another here."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Override \\[fleet] out (a directory or a pyarrow URL)."),
-    export: bool = typer.Option(True, "--export/--no-export", help="Write the K tables and their index when the runs finish."),
+    fleet_path: Path = typer.Argument(..., metavar="FLEET",
+                                      help="Fleet file (TOML): \\[fleet] out, and \\[\\[runs]] or base + "
+                                           "\\[matrix]."),
+    address: str | None = typer.Argument(None, metavar="[ADDRESS]",
+                                         help="With --ray: the cluster to join (e.g. ray://head:10001 or "
+                                              "auto). Default: RAY_ADDRESS or a cluster started on this "
+                                              "machine, else a new local one."),
+    use_ray: bool = typer.Option(False, "--ray",
+                                 help="Run each run as a Ray task (asking for its GPUs) instead of one after "
+                                      "another here."),
+    out: str | None = typer.Option(None, "--out", "-o",
+                                   help="Override \\[fleet] out (a directory or a pyarrow URL)."),
+    export: bool = typer.Option(True, "--export/--no-export",
+                                help="Write the K tables and their index when the runs finish."),
 ) -> None:
     """Run every sweep of a fleet (resuming unfinished ones; finished ones do no work), then write
     one K table per (model, draft, hardware, TP) and an index."""
@@ -35,7 +44,8 @@ def _fleet(
               f"{' on Ray' if use_ray else ' one after another'}[/]")
 
     def on_event(ev) -> None:
-        style = {"skip": "dim", "submit": "cyan", "done": "green", "error": "red", "shard": "dim"}.get(ev.kind, "")
+        style = {"skip": "dim", "submit": "cyan", "done": "green", "error": "red",
+                 "shard": "dim"}.get(ev.kind, "")
         text = {"skip": "finished earlier, no work", "submit": "started", "done": "done",
                 "shard": "shard done", "error": f"failed: {ev.message}"}.get(ev.kind, ev.kind)
         err.print(f"{ev.run}: {text}", style=style or None, markup=False, highlight=False)
@@ -47,18 +57,20 @@ def _fleet(
 
 
 def _print_report(report) -> None:
+    from rich.console import JustifyMethod
     from rich.table import Table
 
     t = Table(title=f"fleet {report.out}")
     for col, just in (("run", "left"), ("hardware", "left"), ("TP", "right"), ("shards", "right"),
                       ("state", "left"), ("cells ok", "right"), ("failed", "right"), ("K table", "left")):
-        t.add_column(col, justify=just, overflow="fold")
+        t.add_column(col, justify=cast(JustifyMethod, just), overflow="fold")
     for o in report.outcomes:
         state = {"skipped": "done earlier (no work)"}.get(o.state, o.state)
         if o.error:
             state += f": {o.error[:120]}"
         table = f"tables/{o.table}" if o.table else (f"no ({o.table_note[:80]})" if o.table_note else "-")
-        t.add_row(o.run.name, o.run.hardware or "-", str(o.run.spec.engine.tensor_parallel_size), str(o.run.shards),
+        t.add_row(o.run.name, o.run.hardware or "-", str(o.run.spec.engine.tensor_parallel_size),
+                  str(o.run.shards),
                   state, str(o.ok), str(max(o.cells - o.ok, 0)), table)
     make_console().print(t)
     if report.index:
@@ -66,9 +78,12 @@ def _print_report(report) -> None:
 
 
 def _fleet_export(
-    fleet_out: str = typer.Argument(..., metavar="FLEET_OUT", help="A fleet's output: a directory or a pyarrow URL."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K."),
-    staging: Optional[str] = typer.Option(None, "--staging", help="Local directory for a URL's tables (default: a temp dir)."),
+    fleet_out: str = typer.Argument(..., metavar="FLEET_OUT",
+                                    help="A fleet's output: a directory or a pyarrow URL."),
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
+                                    help="Relative goodput tolerance for choosing K."),
+    staging: str | None = typer.Option(None, "--staging",
+                                       help="Local directory for a URL's tables (default: a temp dir)."),
 ) -> None:
     """Write one K table per finished run of a fleet (per model, draft, hardware, TP) and an index."""
 
@@ -79,7 +94,8 @@ def _fleet_export(
         raise InputError("--tolerance", tolerance, "must be in [0, 1)")
     if "://" not in fleet_out and not Path(fleet_out).is_dir():
         raise InputError("FLEET_OUT", fleet_out, "no such directory")
-    index = export_fleet(fleet_out if "://" in fleet_out else str(Path(fleet_out).resolve()), staging, tolerance)
+    index = export_fleet(fleet_out if "://" in fleet_out else str(Path(fleet_out).resolve()), staging,
+                         tolerance)
     con = make_console()
     con.print(f"{len(index.doc['tables'])} tables, {len(index.doc['skipped'])} runs skipped -> {index.path}")
     for s in index.doc["skipped"]:
@@ -97,8 +113,10 @@ def print_index(path: Path) -> None:
     for col in ("model", "draft", "method", "hardware", "TP", "engine", "K ranges", "table"):
         t.add_column(col, overflow="fold")
     for e in doc["tables"]:
-        ranges = ", ".join(f"{a}{'+' if b >= (1 << 20) else ('' if a == b else f'-{b}')}: {k}" for a, b, k in e["ranges"])
-        t.add_row(str(e["model"]), str(e.get("draft_model") or "-"), str(e.get("method") or ""), str(e.get("hardware") or "-"),
+        ranges = ", ".join(f"{a}{'+' if b >= (1 << 20) else ('' if a == b else f'-{b}')}: {k}"
+                           for a, b, k in e["ranges"])
+        t.add_row(str(e["model"]), str(e.get("draft_model") or "-"), str(e.get("method") or ""),
+                  str(e.get("hardware") or "-"),
                   str(e.get("tensor_parallel_size")), str(e.get("engine") or ""), ranges, str(e["table"]))
     con = make_console()
     con.print(t)

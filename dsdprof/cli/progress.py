@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 from rich.console import Console
 
@@ -45,11 +46,11 @@ class LogProgress:
         self.units: set = set()
         self.ahead = 0  # rows of paired units already run but not reported yet
         self.started = clock()
-        self.running: Optional[tuple[str, float]] = None
+        self.running: tuple[str, float] | None = None
         self.last_line = clock()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def line(self, text: str) -> None:
         with self._lock:
@@ -62,7 +63,8 @@ class LogProgress:
             return f"elapsed {duration(elapsed)}"
         per_cell = elapsed / self.measured
         left = max(0, self.total - self.done - self.ahead)
-        return f"{60.0 / per_cell:.1f} cells/min, elapsed {duration(elapsed)}, ETA {duration(per_cell * left)}"
+        return (f"{60.0 / per_cell:.1f} cells/min, elapsed {duration(elapsed)}, "
+                f"ETA {duration(per_cell * left)}")
 
     def __call__(self, ev: Any) -> None:
         if ev.phase == "begin":
@@ -99,7 +101,7 @@ class LogProgress:
             detail = f": {' '.join(str(ev.message).split())[:200]}"
         self.line(f"{self.name} [{self.done}/{self.total}] {label} {status}{detail}; {self.rate_eta()}")
 
-    def beat(self) -> Optional[str]:
+    def beat(self) -> str | None:
         """The heartbeat line when none came for ``heartbeat_s`` (printed; None otherwise)."""
         now = self.clock()
         if now - self.last_line < self.heartbeat_s:
@@ -114,7 +116,7 @@ class LogProgress:
         while not self._stop.wait(min(self.heartbeat_s, 1.0)):
             self.beat()
 
-    def __enter__(self) -> "LogProgress":
+    def __enter__(self) -> LogProgress:
         self._thread = threading.Thread(target=self._beat, name="dsdprof-progress", daemon=True)
         self._thread.start()
         return self
@@ -128,7 +130,8 @@ class LogProgress:
 def sweep_progress(err_console: Console, notices: list[str], first_error: list[str]):
     """(context manager, callback) for ``sweep``: a rich bar on a terminal, else :class:`LogProgress`.
     ``notices`` print once the run has planned; failed cells' messages go to ``first_error``."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),

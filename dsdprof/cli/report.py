@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.table import Table
@@ -41,18 +40,19 @@ def render_comparison(comparison, title: str = "") -> list[Table]:
     adaptive = "tops_adaptive" in comparison.columns
     speeds = Table(title=f"tokens/s per user (median over repeats)  {title}".strip(), box=box.SIMPLE_HEAD,
                    padding=(0, 1), pad_edge=False,
-                   caption="DSD: the table on vLLM's schedule" + ("; adaptive: the table served by dsdprof's "
-                                                                   "adaptive plugin" if adaptive else ""))
+                   caption="DSD: the table on vLLM's schedule"
+                   + ("; adaptive: the table served by dsdprof's adaptive plugin" if adaptive else ""))
     noise = comparison["noise"].max() if len(comparison) else 0.0
-    caption = (f"regret = 1 - DSD / best fixed K, {DEFAULT_CONFIDENCE:.0%} interval in brackets (none with one "
-               f"sample); speedup = DSD / vanilla, * below vanilla beyond the noise floor (±{noise * 100:.0f}%, "
-               "--noise); DSD K (n): K vLLM drafted on "
-               "average when it differs" + ("; adapt.: the adaptive plugin (K: mean drafted)" if adaptive else ""))
+    caption = (f"regret = 1 - DSD / best fixed K, {DEFAULT_CONFIDENCE:.0%} interval in brackets (none with "
+               "one sample); speedup = DSD / vanilla, * below vanilla beyond the noise floor "
+               f"(±{noise * 100:.0f}%, --noise); DSD K (n): K vLLM drafted on average when it differs"
+               + ("; adapt.: the adaptive plugin (K: mean drafted)" if adaptive else ""))
     decision = Table(title="DSD vs the best fixed K", box=box.SIMPLE_HEAD, caption=caption, padding=(0, 1),
                      pad_edge=False)
     for col in ["BS", "vanilla", *[f"K={k}" for k in ks], "DSD", *(["adaptive"] if adaptive else [])]:
         speeds.add_column(col, justify="right", no_wrap=True)
-    for col in ["BS", "DSD K", "best", "regret %", "speedup", *(["adapt. K", "adapt. regret %"] if adaptive else [])]:
+    for col in ["BS", "DSD K", "best", "regret %", "speedup",
+                *(["adapt. K", "adapt. regret %"] if adaptive else [])]:
         decision.add_column(col, justify="right", no_wrap=True)
     for _, r in comparison.iterrows():
         k_obs = r.get("dsd_k_observed")
@@ -65,7 +65,8 @@ def render_comparison(comparison, title: str = "") -> list[Table]:
         bs = str(int(r["batch_size"]))
         speeds.add_row(bs, _f(r["tops_vanilla"]), *[_f(r[f"tops_k{k}"]) for k in ks], _f(r["tops_dsd"]),
                        *([_f(r["tops_adaptive"])] if adaptive else []))
-        cells = [bs, k_txt, str(int(r["best_fixed_k"])), _regret(r["regret"], r.get("regret_lo"), r.get("regret_hi")),
+        cells = [bs, k_txt, str(int(r["best_fixed_k"])),
+                 _regret(r["regret"], r.get("regret_lo"), r.get("regret_hi")),
                  sp_txt]
         if adaptive:
             cells += [_f(r.get("adaptive_k_observed"), 2),
@@ -74,7 +75,7 @@ def render_comparison(comparison, title: str = "") -> list[Table]:
     return [speeds, decision]
 
 
-def _regret(point: float, lo: Optional[float], hi: Optional[float]) -> str:
+def _regret(point: float, lo: float | None, hi: float | None) -> str:
     """In percent: ``+1.2`` or, with a known interval, ``+1.2 [-0.4,+2.9]`` (bounds of 10 or more
     without decimals: ``+10.8 [+3.9,+17]``, so two regrets fit 80 columns)."""
     if point is None or (isinstance(point, float) and math.isnan(point)):
@@ -86,7 +87,8 @@ def _regret(point: float, lo: Optional[float], hi: Optional[float]) -> str:
     return txt
 
 
-def _check_report_options(max_regret: Optional[float], fail_on_regret: Optional[float], noise: float) -> Optional[float]:
+def _check_report_options(max_regret: float | None, fail_on_regret: float | None,
+                          noise: float) -> float | None:
     """The regret limit as a fraction (None: no gate). ``--fail-on-regret PCT`` (deprecated: a
     percentage where every other option is a fraction) still works, with one warning line."""
     if max_regret is not None and fail_on_regret is not None:
@@ -99,7 +101,8 @@ def _check_report_options(max_regret: Optional[float], fail_on_regret: Optional[
     if not (0 <= noise < 1):
         raise fail(f"--noise={noise!r}: must be in [0, 1)")
     if fail_on_regret is not None:
-        err_console.print(f"warning: --fail-on-regret PCT is deprecated; use --max-regret {fail_on_regret / 100:g} "
+        err_console.print(f"warning: --fail-on-regret PCT is deprecated; use --max-regret "
+                          f"{fail_on_regret / 100:g} "
                           "(a fraction, like --tolerance and --noise)", style="yellow", markup=False,
                           highlight=False, soft_wrap=True)
         return fail_on_regret / 100.0
@@ -111,7 +114,7 @@ _MAX_REGRET_HELP = ("Exit 1 when DSD's regret vs the best fixed K exceeds this f
 _FAIL_ON_REGRET_HELP = "Deprecated (a percentage): use --max-regret PCT/100."
 
 
-def report(results: Path, noise: float, max_regret: Optional[float], title: str) -> None:
+def report(results: Path, noise: float, max_regret: float | None, title: str) -> None:
     """Print the comparison of a validate run; ``typer.Exit(1)`` when regret exceeds the limit."""
     from dsdprof.io.readers import read_measurements
     from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
@@ -121,7 +124,8 @@ def report(results: Path, noise: float, max_regret: Optional[float], title: str)
     for table in render_comparison(comparison, title):
         console.print(table)
     worst = comparison.loc[comparison["regret"].idxmax()]
-    console.print(f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS {int(worst['batch_size'])}; "
+    console.print(f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS "
+                  f"{int(worst['batch_size'])}; "
                   f"DSD vs vanilla: {comparison['speedup_vs_vanilla'].min():.2f}x .. "
                   f"{comparison['speedup_vs_vanilla'].max():.2f}x")
     if "adaptive_regret" in comparison.columns and comparison["adaptive_regret"].notna().any():
@@ -134,7 +138,8 @@ def report(results: Path, noise: float, max_regret: Optional[float], title: str)
     from dsdprof.config.defaults import DEFAULT_CONFIDENCE
     from dsdprof.report.vanilla import validate_vanilla, validate_vanilla_line
 
-    if (line := validate_vanilla_line(validate_vanilla(rows, DEFAULT_CONFIDENCE), DEFAULT_CONFIDENCE)) is not None:
+    if (line := validate_vanilla_line(validate_vanilla(rows, DEFAULT_CONFIDENCE),
+                                      DEFAULT_CONFIDENCE)) is not None:
         console.print(line, style="red", markup=False, highlight=False)
     if max_regret is not None:
         over = regret_exceeds(comparison, max_regret * 100.0)
@@ -143,7 +148,7 @@ def report(results: Path, noise: float, max_regret: Optional[float], title: str)
             raise typer.Exit(1)
 
 
-def _adaptive_options(adaptive: bool, adaptive_config: Optional[str]) -> Optional[dict]:
+def _adaptive_options(adaptive: bool, adaptive_config: str | None) -> dict | None:
     """None (no adaptive variant) or the selector options given with ``--adaptive-config``."""
     if adaptive_config is None:
         return {} if adaptive else None
@@ -182,7 +187,8 @@ def _progress():
             task = progress.add_task("validate", total=ev.total, cell="")
         elif task is not None:
             c = ev.cell
-            progress.update(task, completed=ev.index, cell=f"BS {c.batch_size:>4} {c.mode} K={c.num_spec_tokens}")
+            progress.update(task, completed=ev.index,
+                            cell=f"BS {c.batch_size:>4} {c.mode} K={c.num_spec_tokens}")
             if ev.status == "failed":
                 progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
     return progress, on_progress
@@ -190,21 +196,39 @@ def _progress():
 
 
 def _validate(
-    table_path: Path = typer.Argument(..., metavar="TABLE", help="K table (dsdprof.ktable/v1 or /v2 JSON) to serve."),
-    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec whose engine, batch sizes and workload to run."),
-    fixed_k: Optional[List[int]] = typer.Option(None, "--fixed-k", help="Fixed K to compare against (repeatable; default 3)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for Parquet rows (default runs/validate-<time>)."),
-    max_regret: Optional[float] = typer.Option(None, "--max-regret", metavar="FRACTION", help=_MAX_REGRET_HELP),
-    fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", hidden=True, help=_FAIL_ON_REGRET_HELP),
-    noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag (raised to the spread seen across repeats)."),
-    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Override the spec's sweep.repeats."),
-    waves: Optional[int] = typer.Option(None, "--waves", min=1, help="Override the spec's sweep.waves."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the validate run in OUT (same table, spec and versions): skip finished cells, retry failed ones."),
-    adaptive: bool = typer.Option(False, "--adaptive", help="Also serve the table (v2) through dsdprof's adaptive vLLM scheduler, which follows live acceptance (docs/adaptive.md)."),
-    adaptive_config: Optional[str] = typer.Option(None, "--adaptive-config", metavar="JSON", help='Adaptive selector options, e.g. \'{"half_life": 256, "margin": 0.02}\' (implies --adaptive).'),
-    design: str = typer.Option("paired", "--design", help="paired: the variants' waves interleaved one by one, intervals paired by wave (drift cancels); steps: every variant but vanilla in one engine's waves, switched per step (finest pairing; --fixed-k up to the table's largest K); cells: each cell's waves back to back."),
+    table_path: Path = typer.Argument(..., metavar="TABLE",
+                                      help="K table (dsdprof.ktable/v1 or /v2 JSON) to serve."),
+    spec_path: Path = typer.Argument(..., metavar="SPEC",
+                                     help="Sweep spec whose engine, batch sizes and workload to run."),
+    fixed_k: list[int] | None = typer.Option(None, "--fixed-k",
+                                             help="Fixed K to compare against (repeatable; default 3)."),
+    out: Path | None = typer.Option(None, "--out", "-o",
+                                    help="Output directory for Parquet rows (default runs/validate-<time>)."),
+    max_regret: float | None = typer.Option(None, "--max-regret", metavar="FRACTION", help=_MAX_REGRET_HELP),
+    fail_on_regret: float | None = typer.Option(None, "--fail-on-regret", metavar="PCT", hidden=True,
+                                                help=_FAIL_ON_REGRET_HELP),
+    noise: float = typer.Option(0.05, "--noise",
+                                help="Relative noise floor for the below-vanilla flag (raised to the spread "
+                                     "seen across repeats)."),
+    repeats: int | None = typer.Option(None, "--repeats", min=1, help="Override the spec's sweep.repeats."),
+    waves: int | None = typer.Option(None, "--waves", min=1, help="Override the spec's sweep.waves."),
+    resume: bool = typer.Option(False, "--resume",
+                                help="Continue the validate run in OUT (same table, spec and versions): skip "
+                                     "finished cells, retry failed ones."),
+    adaptive: bool = typer.Option(False, "--adaptive",
+                                  help="Also serve the table (v2) through dsdprof's adaptive vLLM scheduler, "
+                                       "which follows live acceptance (docs/adaptive.md)."),
+    adaptive_config: str | None = typer.Option(None, "--adaptive-config", metavar="JSON",
+                                               help='Adaptive selector options, e.g. \'{"half_life": 256, '
+                                                    '"margin": 0.02}\' (implies --adaptive).'),
+    design: str = typer.Option("paired", "--design",
+                               help="paired: the variants' waves interleaved one by one, intervals paired by "
+                                    "wave (drift cancels); steps: every variant but vanilla in one engine's "
+                                    "waves, switched per step (finest pairing; --fixed-k up to the table's "
+                                    "largest K); cells: each cell's waves back to back."),
 ) -> None:
-    """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report tokens/s per user, regret, speedup."""
+    """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report tokens/s per user,
+    regret, speedup."""
     from datetime import datetime
 
     from dsdprof.jobs.validate import run_validation, table_warnings
@@ -244,9 +268,11 @@ def _validate(
     report(out, noise, limit, _title(table.get("provenance", {})))
 
 def _validate_report(
-    results: Path = typer.Argument(..., metavar="RESULTS", help="Output of dsdprof validate (directory or Parquet file)."),
-    max_regret: Optional[float] = typer.Option(None, "--max-regret", metavar="FRACTION", help=_MAX_REGRET_HELP),
-    fail_on_regret: Optional[float] = typer.Option(None, "--fail-on-regret", metavar="PCT", hidden=True, help=_FAIL_ON_REGRET_HELP),
+    results: Path = typer.Argument(..., metavar="RESULTS",
+                                   help="Output of dsdprof validate (directory or Parquet file)."),
+    max_regret: float | None = typer.Option(None, "--max-regret", metavar="FRACTION", help=_MAX_REGRET_HELP),
+    fail_on_regret: float | None = typer.Option(None, "--fail-on-regret", metavar="PCT", hidden=True,
+                                                help=_FAIL_ON_REGRET_HELP),
     noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag."),
 ) -> None:
     """Print the vanilla / fixed K / DSD comparison of a finished validate run (no vLLM)."""
@@ -256,12 +282,15 @@ def _validate_report(
     report(results, noise, limit, _title(read_provenance(results)))
 
 def _plot(
-    results: Path = typer.Argument(..., metavar="RESULTS", help="Sweep or validate output (directory or Parquet file)."),
+    results: Path = typer.Argument(..., metavar="RESULTS",
+                                   help="Sweep or validate output (directory or Parquet file)."),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the PNG files."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K (sweeps)."),
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
+                                    help="Relative goodput tolerance for choosing K (sweeps)."),
     force: bool = typer.Option(False, "--force", help="Replace existing PNGs of the same names."),
 ) -> None:
-    """Draw PNGs: optimal K vs BS, goodput heatmap, tokens/s per user (validate runs), acceptance per position."""
+    """Draw PNGs: optimal K vs BS, goodput heatmap, tokens/s per user (validate runs), acceptance per
+    position."""
     from dsdprof.report.plots import plot_results, require_matplotlib
 
     require_matplotlib()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,17 +13,32 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 
 
 def _calibrate(
-    measured: Path = typer.Argument(..., metavar="MEASURED", help="Sweep directory or Parquet file of real measurements."),
-    out: Path = typer.Option(..., "--out", "-o", help="Profile TOML to write (hardware peaks + fitted efficiency and overheads)."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="Peaks to fit against: catalog name or a profile TOML (e.g. from probe-hardware). Default: the measurements' hardware if it is in the catalog."),
-    model: Optional[str] = typer.Option(None, "--model", help="Target: catalog name or config.json path. Default: from the measurements' provenance."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft: catalog name or config.json path. Default: from provenance."),
-    method: Optional[str] = typer.Option(None, "--method", help="Speculative method. Default: from provenance."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Engine dtype. Default: from provenance, else auto."),
+    measured: Path = typer.Argument(..., metavar="MEASURED",
+                                    help="Sweep directory or Parquet file of real measurements."),
+    out: Path = typer.Option(..., "--out", "-o",
+                             help="Profile TOML to write (hardware peaks + fitted efficiency and "
+                                  "overheads)."),
+    hardware: str | None = typer.Option(None, "--hardware",
+                                        help="Peaks to fit against: catalog name or a profile TOML (e.g. "
+                                             "from probe-hardware). Default: the measurements' hardware if "
+                                             "it is in the catalog."),
+    model: str | None = typer.Option(None, "--model",
+                                     help="Target: catalog name or config.json path. Default: from the "
+                                          "measurements' provenance."),
+    draft_model: str | None = typer.Option(None, "--draft-model",
+                                           help="Draft: catalog name or config.json path. Default: from "
+                                                "provenance."),
+    method: str | None = typer.Option(None, "--method", help="Speculative method. Default: from provenance."),
+    dtype: str | None = typer.Option(None, "--dtype",
+                                     help="Engine dtype. Default: from provenance, else auto."),
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree of the measured engine."),
-    context_len: Optional[int] = typer.Option(None, "--context-len", min=1, help="Mean KV positions per sequence. Default: input_len + output_len/2 from the sweep's _sweep.json, else 1024."),
-    routing_correlation: float = typer.Option(0.0, "--routing-correlation", min=0.0, max=0.999, help="MoE routing correlation rho."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for the optimal-K comparison."),
+    context_len: int | None = typer.Option(None, "--context-len", min=1,
+                                           help="Mean KV positions per sequence. Default: input_len + "
+                                                "output_len/2 from the sweep's _sweep.json, else 1024."),
+    routing_correlation: float = typer.Option(0.0, "--routing-correlation", min=0.0, max=0.999,
+                                              help="MoE routing correlation rho."),
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
+                                    help="Relative goodput tolerance for the optimal-K comparison."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
@@ -35,7 +49,8 @@ def _calibrate(
     from dsdprof.jobs.calibrate import CalibrationRequest, run_calibration
 
     res = run_calibration(CalibrationRequest(
-        measured, out, hardware, model, draft_model, method, dtype, tp, context_len, routing_correlation, tolerance, force))
+        measured, out, hardware, model, draft_model, method, dtype, tp, context_len, routing_correlation,
+        tolerance, force))
     for notice in res.notices:
         make_console(stderr=True).print(notice, style="yellow", markup=False, highlight=False, soft_wrap=True)
     if json_out:
@@ -60,7 +75,8 @@ def _render_calibration(res, con) -> None:
     for u in res.unidentified:
         show = (lambda v: f"{v:.3f}") if u.name in ("bandwidth", "compute") else _ms  # noqa: E731
         kept = (f"kept at the prior {show(u.prior)}" if u.kept_prior
-                else f"the data only bound it: {show(u.value)}, the value nearest the prior {show(u.prior)} that fits")
+                else f"the data only bound it: {show(u.value)}, the value nearest the prior "
+                     f"{show(u.prior)} that fits")
         con.print(f"not identifiable from batch sizes {res.batch_sizes}: {u.label} ({u.reason}); {kept}",
                   style="yellow", markup=False, highlight=False)
     if r is not None:
@@ -80,9 +96,13 @@ def _render_calibration(res, con) -> None:
 def _probe_hardware(
     out: Path = typer.Option(..., "--out", "-o", help="Profile TOML to write."),
     device: str = typer.Option("auto", "--device", help="auto (cuda if visible, else cpu), cpu or cuda."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Matmul dtype: bfloat16 (GPU default), float16, float32 (CPU default)."),
-    buffer_mb: Optional[int] = typer.Option(None, "--buffer-mb", min=1, help="Bandwidth buffer size (default 4096 GPU, 1024 CPU)."),
-    matmul_n: Optional[int] = typer.Option(None, "--matmul-n", min=16, help="Square matmul size (default 8192 GPU, 2048 CPU)."),
+    dtype: str | None = typer.Option(None, "--dtype",
+                                     help="Matmul dtype: bfloat16 (GPU default), float16, float32 (CPU "
+                                          "default)."),
+    buffer_mb: int | None = typer.Option(None, "--buffer-mb", min=1,
+                                         help="Bandwidth buffer size (default 4096 GPU, 1024 CPU)."),
+    matmul_n: int | None = typer.Option(None, "--matmul-n", min=16,
+                                        help="Square matmul size (default 8192 GPU, 2048 CPU)."),
     repeats: int = typer.Option(5, "--repeats", min=1, help="Timed repeats; the best is kept."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
 ) -> None:
@@ -98,8 +118,9 @@ def _probe_hardware(
     h, m = res.hardware, res.meta
     make_console().print(f"{h.name} ({m['device']}): read {m['read_bandwidth_tbs'] * 1e3:.1f} GB/s, copy "
                     f"{m['copy_bandwidth_tbs'] * 1e3:.1f} GB/s, {m['matmul_dtype']} matmul n={m['matmul_n']} "
-                    f"{m['matmul_tflops']:.3f} TFLOP/s; decode-shaped efficiency: bandwidth {h.efficiency.bandwidth:.2f} "
-                    f"(GEMV {m['gemv_bandwidth_tbs'] * 1e3:.1f} GB/s), compute {h.efficiency.compute:.2f}"
+                    f"{m['matmul_tflops']:.3f} TFLOP/s; decode-shaped efficiency: bandwidth "
+                    f"{h.efficiency.bandwidth:.2f} (GEMV {m['gemv_bandwidth_tbs'] * 1e3:.1f} GB/s), "
+                    f"compute {h.efficiency.compute:.2f}"
                     f"{f'; fp8 {h.fp8_tflops:.1f} TFLOP/s' if h.fp8_tflops else ''} -> wrote {out}")
 
 

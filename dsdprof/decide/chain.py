@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,7 @@ CHAIN_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
 CHAIN_SLACK = 0.01  # relative AL difference tolerated between the chain prediction and a measured cell
 
 
-def chain_fractions(per_pos: Sequence[float], ks: Sequence[int]) -> Optional[np.ndarray]:
+def chain_fractions(per_pos: Sequence[float], ks: Sequence[int]) -> np.ndarray | None:
     """Share of AL(K_max) - 1 a chain drafter delivers at each K: sum_{i<=K} p_i / sum_{i<=K_max} p_i."""
     p = np.asarray(per_pos, dtype=float)
     kmax = max(ks)
@@ -35,7 +35,7 @@ def chain_fractions(per_pos: Sequence[float], ks: Sequence[int]) -> Optional[np.
 
 
 def with_chain_acceptance(rep: BatchReplicates, fractions: np.ndarray,
-                          shares: Optional[np.ndarray] = None) -> BatchReplicates:
+                          shares: np.ndarray | None = None) -> BatchReplicates:
     """AL(K) = 1 + (AL(K_max) - 1) * fraction(K) in the point and in every replicate: the
     largest K's acceptance, shaped by its per-position acceptance, stands in for every smaller K.
     ``shares`` (replicates x Ks, :func:`share_replicates`): the fractions drawn anew in each
@@ -48,7 +48,7 @@ def with_chain_acceptance(rep: BatchReplicates, fractions: np.ndarray,
     return replace(rep, point_al=point_al, al=al)
 
 
-def share_replicates(rows: pd.DataFrame, rep: BatchReplicates, seed: int) -> Optional[np.ndarray]:
+def share_replicates(rows: pd.DataFrame, rep: BatchReplicates, seed: int) -> np.ndarray | None:
     """(replicates x Ks) chain fractions, each from the largest K's rows at this batch size
     (its repeats) resampled with replacement and their per-position acceptance averaged; None
     when fewer than 2 of them carry it (then nothing measures the shares' noise)."""
@@ -63,13 +63,14 @@ def share_replicates(rows: pd.DataFrame, rep: BatchReplicates, seed: int) -> Opt
     per_pos = np.stack(lists)
     rng = np.random.default_rng((int(seed), int(rep.batch_size), 2))
     draw = rng.integers(0, len(lists), size=(rep.al.shape[0], len(lists)))
-    cum = np.concatenate([np.zeros((draw.shape[0], 1)), np.cumsum(per_pos[draw].mean(axis=1), axis=1)], axis=1)
+    cum = np.concatenate([np.zeros((draw.shape[0], 1)), np.cumsum(per_pos[draw].mean(axis=1), axis=1)],
+                         axis=1)
     if (cum[:, kmax] <= 0).any():
         return None
     return cum[:, rep.ks.astype(int)] / cum[:, [kmax]]
 
 
-def fractions_at(per_pos: pd.DataFrame, batch_size: int, ks: np.ndarray) -> Optional[np.ndarray]:
+def fractions_at(per_pos: pd.DataFrame, batch_size: int, ks: np.ndarray) -> np.ndarray | None:
     """:func:`chain_fractions` from the median per-position acceptance of the largest K at this batch size."""
     if per_pos.empty or ks.max() <= 0:
         return None
@@ -97,7 +98,7 @@ def chain_check(reps: dict[int, BatchReplicates], per_pos: pd.DataFrame,
             meas, pred = float(rep.point_al[i]), float(chained.point_al[i])
             lo = hi = math.nan
             consistent = None
-            if rep.known:
+            if rep.al is not None and chained.al is not None:
                 lo, hi = (float(x) for x in interval(rep.al[:, i] - chained.al[:, i], confidence))
                 consistent = bool(lo <= slack * meas and hi >= -slack * meas)
             records.append({"batch_size": b, "k": k, "al_measured": meas, "al_predicted": pred,

@@ -1,4 +1,5 @@
-"""Public path of the adaptive serving plugin: ``scheduler_cls = "dsdprof.engines.vllm_adaptive.make_scheduler"``.
+"""Public path of the adaptive serving plugin:
+``scheduler_cls = "dsdprof.engines.vllm_adaptive.make_scheduler"``.
 
 Re-exports :mod:`dsdprof.plugins.vllm_adaptive`, where the code lives."""
 

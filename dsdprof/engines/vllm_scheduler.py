@@ -1,4 +1,5 @@
-"""Public path of the profiling scheduler: ``scheduler_cls = "dsdprof.engines.vllm_scheduler.make_scheduler"``.
+"""Public path of the profiling scheduler:
+``scheduler_cls = "dsdprof.engines.vllm_scheduler.make_scheduler"``.
 
 Re-exports :mod:`dsdprof.plugins.vllm_profiling`, where the code lives."""
 

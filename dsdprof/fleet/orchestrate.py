@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Callable
 
 from dsdprof.errors import InputError
 from dsdprof.formats.versions import FLEET_RUN_RECORD_SCHEMA
-from dsdprof.fleet.plan import FleetPlan, FleetSettings, RunPlan, asks_gpus, shard_batch_sizes, shard_spec, spans_nodes
+from dsdprof.fleet.plan import (FleetPlan, FleetSettings, RunPlan, asks_gpus, shard_batch_sizes, shard_spec,
+                                spans_nodes)
 from dsdprof.fleet.runner import ShardResult, ShardTask, execute_shard
 from dsdprof.fleet.store import FLEET_DIR, FleetStore, run_record_rel, shard_rel
 
@@ -31,7 +33,7 @@ STATE_RUNNING, STATE_DONE, STATE_INCOMPLETE = "running", "done", "incomplete"
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ def shard_tasks(run: RunPlan, settings: FleetSettings, cwd: str) -> list[ShardTa
     spans = spans_nodes(run.spec, settings)
     if run.shards == 1:
         return [ShardTask(run.name, 0, 1, run.spec, settings.out, settings.staging, cwd, spans)]
-    return [ShardTask(run.name, i, run.shards, shard_spec(run.spec, bs), settings.out, settings.staging, cwd, spans)
+    return [ShardTask(run.name, i, run.shards, shard_spec(run.spec, bs), settings.out, settings.staging, cwd,
+                      spans)
             for i, bs in enumerate(shard_batch_sizes(run.spec.sweep.batch_sizes, run.shards))]
 
 
@@ -96,7 +99,7 @@ def ray_task_options(task: ShardTask, hardware: str, settings: FleetSettings) ->
     return opts
 
 
-def _check_records(plan: FleetPlan, store: FleetStore) -> dict[str, Optional[dict[str, Any]]]:
+def _check_records(plan: FleetPlan, store: FleetStore) -> dict[str, dict[str, Any] | None]:
     """Each run's stored record; a run whose spec changed, or an unfinished run resubmitted with
     other ``shards`` (its finished cells are stored per shard: new shards would measure and store
     them again), is refused before anything is written."""
@@ -129,7 +132,7 @@ def _write_run_manifest(store: FleetStore, run: RunPlan) -> None:
         from dsdprof.io.manifest import spec_hash
 
         doc["spec_hash"] = spec_hash(doc["spec"])
-    starts = [d.get("started_at") for d in (store.read_json(f"{shard_rel(run.name, i)}/_sweep.json")
+    starts = [d["started_at"] for d in (store.read_json(f"{shard_rel(run.name, i)}/_sweep.json")
                                             for i in range(run.shards)) if d and d.get("started_at")]
     if starts:
         doc["started_at"] = min(starts)
@@ -163,11 +166,12 @@ def _ray_error(err: BaseException) -> str:
 
 
 def _run_ray(tasks: list[ShardTask], hardware: dict[str, str], settings: FleetSettings,
-             address: Optional[str], notify: Notify, on_result: OnResult) -> dict[str, ShardResult | str]:
+             address: str | None, notify: Notify, on_result: OnResult) -> dict[str, ShardResult | str]:
     try:
         import ray
     except ImportError:
-        raise InputError("--ray", address or True, "Ray is not installed: pip install 'dsdprof[ray]'") from None
+        raise InputError("--ray", address or True,
+                         "Ray is not installed: pip install 'dsdprof[ray]'") from None
     owns = not ray.is_initialized()
     if owns:
         ray.init(address=address)
@@ -187,9 +191,10 @@ def _run_ray(tasks: list[ShardTask], hardware: dict[str, str], settings: FleetSe
                     results[task.label] = ray.get(ref)
                 except ray.exceptions.RayError as err:
                     results[task.label] = _ray_error(err)
-                notify(FleetEvent("error" if isinstance(results[task.label], str) else "shard", task.label,
-                                  results[task.label] if isinstance(results[task.label], str) else ""))
-                on_result(task, results[task.label])
+                res = results[task.label]
+                notify(FleetEvent("error" if isinstance(res, str) else "shard", task.label,
+                                  res if isinstance(res, str) else ""))
+                on_result(task, res)
         return results
     finally:
         if owns:
@@ -217,8 +222,8 @@ def _fleet_lock(store: FleetStore):
         lock.release()
 
 
-def run_fleet(plan: FleetPlan, use_ray: bool = False, address: Optional[str] = None,
-              on_event: Optional[Notify] = None, export: bool = True) -> FleetReport:
+def run_fleet(plan: FleetPlan, use_ray: bool = False, address: str | None = None,
+              on_event: Notify | None = None, export: bool = True) -> FleetReport:
     """Run every unfinished run of ``plan``; then write the K tables and their index."""
     store = FleetStore(plan.settings.out, plan.settings.staging)
     with _fleet_lock(store):
@@ -246,7 +251,7 @@ def _finish_run(store: FleetStore, run: RunPlan, mine: list, started_at: str, no
     return outcome
 
 
-def _run_fleet(plan: FleetPlan, store: FleetStore, use_ray: bool, address: Optional[str], notify: Notify,
+def _run_fleet(plan: FleetPlan, store: FleetStore, use_ray: bool, address: str | None, notify: Notify,
                export: bool) -> FleetReport:
     settings = plan.settings
     records = _check_records(plan, store)
@@ -261,7 +266,8 @@ def _run_fleet(plan: FleetPlan, store: FleetStore, use_ray: bool, address: Optio
             pending.append(run)
     started = {r.name: (records[r.name] or {}).get("started_at") or _now() for r in pending}
     for run in pending:
-        store.write_json(run_record_rel(run.name), run_record(run, STATE_RUNNING, started_at=started[run.name]))
+        store.write_json(run_record_rel(run.name), run_record(run, STATE_RUNNING,
+                                                              started_at=started[run.name]))
     tasks = [t for run in pending for t in shard_tasks(run, settings, os.getcwd())]
     by_run = {run.name: [t.label for t in tasks if t.run == run.name] for run in pending}
     got: dict[str, dict[str, ShardResult | str]] = {name: {} for name in by_run}
@@ -285,14 +291,15 @@ def _run_fleet(plan: FleetPlan, store: FleetStore, use_ray: bool, address: Optio
         from dsdprof.fleet.export import current_index, export_fleet
 
         # A resubmitted, finished fleet writes nothing: its index is reused when nothing ran.
-        index = (current_index(store, settings.tolerance, [r.name for r in plan.runs]) if not pending else None) \
+        names = [r.name for r in plan.runs]
+        index = (current_index(store, settings.tolerance, names) if not pending else None) \
             or export_fleet(settings.out, settings.staging, tolerance=settings.tolerance)
         report.index = index.path
-        by_run = {e["run"]: e for e in index.doc["tables"]}
+        tables = {e["run"]: e for e in index.doc["tables"]}
         skipped = {s["run"]: s["reason"] for s in index.doc["skipped"]}
         for o in report.outcomes:
-            if o.run.name in by_run:
-                o.table = by_run[o.run.name]["table"]
+            if o.run.name in tables:
+                o.table = tables[o.run.name]["table"]
             else:
                 o.table_note = skipped.get(o.run.name, "not exported")
     return report

@@ -33,7 +33,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -51,42 +51,45 @@ class _Strict(BaseModel):
 
 class FleetSettings(_Strict):
     out: str = Field(description="where runs go: a directory, or a URL pyarrow opens (s3://, gs://, file://)")
-    staging: Optional[str] = Field(None, description="local directory for runs whose out is a URL")
-    use_gpus: bool = Field(True, description="vLLM runs ask Ray for tensor_parallel_size GPUs (false: vLLM's CPU build)")
-    gpus_per_node: Optional[int] = Field(None, ge=1, description="a vLLM run with a larger TP spans nodes")
+    staging: str | None = Field(None, description="local directory for runs whose out is a URL")
+    use_gpus: bool = Field(True,
+                           description="vLLM runs ask Ray for tensor_parallel_size GPUs (false: vLLM's CPU "
+                                       "build)")
+    gpus_per_node: int | None = Field(None, ge=1, description="a vLLM run with a larger TP spans nodes")
     cpus_per_run: float = Field(1.0, gt=0, description="CPUs a run asks Ray for")
     max_retries: int = Field(3, ge=0, description="Ray retries of a run whose worker or node died")
-    tolerance: float = Field(DEFAULT_TOLERANCE, ge=0, lt=1, description="relative goodput tolerance of the K tables")
+    tolerance: float = Field(DEFAULT_TOLERANCE, ge=0, lt=1,
+                             description="relative goodput tolerance of the K tables")
 
 
 class DraftChoice(_Strict):
-    draft_model: Optional[str] = None
-    method: Optional[str] = None
+    draft_model: str | None = None
+    method: str | None = None
 
     @model_validator(mode="after")
-    def _something(self) -> "DraftChoice":
+    def _something(self) -> DraftChoice:
         if self.draft_model is None and self.method is None:
             raise ValueError("a draft needs draft_model, method or both")
         return self
 
 
 class RunEntry(_Strict):
-    spec: Union[str, dict[str, Any]] = Field(description="spec file (relative to the fleet file) or inline spec")
-    name: Optional[str] = None
-    hardware: Optional[str] = None
+    spec: str | dict[str, Any] = Field(description="spec file (relative to the fleet file) or inline spec")
+    name: str | None = None
+    hardware: str | None = None
     shards: int = Field(1, ge=1)
 
 
 class MatrixExclude(_Strict):
-    model: Optional[str] = None
-    draft: Optional[str] = None
-    hardware: Optional[str] = None
-    tensor_parallel_size: Optional[int] = None
+    model: str | None = None
+    draft: str | None = None
+    hardware: str | None = None
+    tensor_parallel_size: int | None = None
 
 
 class Matrix(_Strict):
     models: list[str] = Field(min_length=1)
-    drafts: list[Union[str, DraftChoice]] = Field(default_factory=list)
+    drafts: list[str | DraftChoice] = Field(default_factory=list)
     hardware: list[str] = Field(default_factory=list)
     tensor_parallel_size: list[int] = Field(default_factory=list)
     shards: int = Field(1, ge=1)
@@ -95,12 +98,12 @@ class Matrix(_Strict):
 
 class FleetFile(_Strict):
     fleet: FleetSettings
-    runs: Optional[list[RunEntry]] = None
-    base: Union[str, dict[str, Any], None] = None
-    matrix: Optional[Matrix] = None
+    runs: list[RunEntry] | None = None
+    base: str | dict[str, Any] | None = None
+    matrix: Matrix | None = None
 
     @model_validator(mode="after")
-    def _one_form(self) -> "FleetFile":
+    def _one_form(self) -> FleetFile:
         if self.runs is not None and (self.base is not None or self.matrix is not None):
             raise ValueError("give either [[runs]] or base + [matrix], not both")
         if self.runs is None and (self.base is None or self.matrix is None):
@@ -172,7 +175,7 @@ def _slug(spec: SweepSpec, hardware: str) -> str:
     return "--".join(parts)
 
 
-def _read_spec_data(ref: Union[str, dict[str, Any]], base_dir: Path, where: str) -> dict[str, Any]:
+def _read_spec_data(ref: str | dict[str, Any], base_dir: Path, where: str) -> dict[str, Any]:
     if isinstance(ref, dict):
         return copy.deepcopy(ref)
     path = (base_dir / ref) if not Path(ref).is_absolute() else Path(ref)
@@ -184,7 +187,7 @@ def _read_spec_data(ref: Union[str, dict[str, Any]], base_dir: Path, where: str)
         raise InputError(where, ref, f"not valid TOML ({err})") from None
 
 
-def _apply_hardware(data: dict[str, Any], hardware: Optional[str]) -> str:
+def _apply_hardware(data: dict[str, Any], hardware: str | None) -> str:
     """The run's hardware label; for the analytic engine it also sets ``[sim] hardware``."""
     engine = data.get("engine") or {}
     if engine.get("name") == "sim":
@@ -198,7 +201,7 @@ def _apply_hardware(data: dict[str, Any], hardware: Optional[str]) -> str:
     return hardware or ""
 
 
-def _build_run(data: dict[str, Any], hardware: Optional[str], shards: int, name: Optional[str],
+def _build_run(data: dict[str, Any], hardware: str | None, shards: int, name: str | None,
                where: str) -> RunPlan:
     label = _apply_hardware(data, hardware)
     try:
@@ -237,7 +240,7 @@ def _unique_default_names(runs: list[RunPlan], named: set[str]) -> list[RunPlan]
     return out
 
 
-def _draft_label(d: Union[str, DraftChoice]) -> str:
+def _draft_label(d: str | DraftChoice) -> str:
     if isinstance(d, str):
         return d
     return d.draft_model or d.method or ""
@@ -249,9 +252,9 @@ def _matrix_runs(fleet: FleetFile, base_dir: Path) -> list[RunPlan]:
     base = _read_spec_data(fleet.base, base_dir, "base")
     if not isinstance(base.get("engine"), dict):
         raise InputError("base.engine", base.get("engine"), "the base spec needs an [engine] table")
-    drafts: list[Optional[Union[str, DraftChoice]]] = list(m.drafts) or [None]
-    hardware: list[Optional[str]] = list(m.hardware) or [None]
-    tps: list[Optional[int]] = list(m.tensor_parallel_size) or [None]
+    drafts: list[str | DraftChoice | None] = list(m.drafts) or [None]
+    hardware: list[str | None] = list(m.hardware) or [None]
+    tps: list[int | None] = list(m.tensor_parallel_size) or [None]
     runs = []
     for model, draft, hw, tp in itertools.product(m.models, drafts, hardware, tps):
         if any((x.model is None or x.model == model)
@@ -273,8 +276,8 @@ def _matrix_runs(fleet: FleetFile, base_dir: Path) -> list[RunPlan]:
                 engine.pop("draft_model", None)
         if tp is not None:
             engine["tensor_parallel_size"] = tp
-        where = "matrix[" + ", ".join(str(x) for x in (model, draft and _draft_label(draft), hw, tp and f"tp{tp}")
-                                      if x) + "]"
+        labels = (model, draft and _draft_label(draft), hw, tp and f"tp{tp}")
+        where = "matrix[" + ", ".join(str(x) for x in labels if x) + "]"
         runs.append(_build_run(data, hw, m.shards, None, where))
     if not runs:
         raise InputError("matrix.exclude", len(m.exclude), "excludes every run")
@@ -328,8 +331,8 @@ def parse_fleet(data: dict[str, Any], base_dir: str | Path = ".", source: str = 
             raise InputError(f"{run.where}.name", run.name, f"same run name as {seen[run.name].where}")
         if run.key in keys:
             raise InputError(f"{run.where}", run.name,
-                             f"same (model, draft, method, hardware, TP) as {keys[run.key].where}: one K table "
-                             "per key; give one a different hardware label or put it in another fleet")
+                             f"same (model, draft, method, hardware, TP) as {keys[run.key].where}: one K "
+                             "table per key; give one a different hardware label or put it in another fleet")
         seen[run.name] = run
         keys[run.key] = run
     settings = fleet.fleet
@@ -341,7 +344,7 @@ def parse_fleet(data: dict[str, Any], base_dir: str | Path = ".", source: str = 
     return FleetPlan(settings, tuple(runs), source)
 
 
-def load_fleet(path: str | Path, out: Optional[str] = None) -> FleetPlan:
+def load_fleet(path: str | Path, out: str | None = None) -> FleetPlan:
     """Read and validate a fleet file; ``out`` overrides ``[fleet] out``."""
     p = Path(path)
     if not p.is_file():

@@ -19,7 +19,6 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from dsdprof.fleet.store import FleetStore, shard_rel
 from dsdprof.config.spec import SweepSpec
@@ -38,7 +37,7 @@ class ShardTask:
     shards: int
     spec: SweepSpec
     out: str
-    staging: Optional[str]
+    staging: str | None
     cwd: str
     spans_nodes: bool = False
 
@@ -66,15 +65,16 @@ class Placement:
     """Where a shard's sweep directory lives and how its files reach the store."""
 
     work_dir: Path  # local directory run_sweep writes
-    files_rel: Optional[str]  # store dir mirroring work_dir's manifest files (None: work_dir is in OUT)
-    parts_rel: Optional[str]  # store dir the part files are published to (None: they already are)
+    files_rel: str | None  # store dir mirroring work_dir's manifest files (None: work_dir is in OUT)
+    parts_rel: str | None  # store dir the part files are published to (None: they already are)
     part_tag: str  # "" or "s<i>-": published name = "part-" + tag + name[len("part-"):]
 
 
 def placement_for(store: FleetStore, task: ShardTask) -> Placement:
     if task.shards == 1:
         rel = task.run
-        return Placement(store.work_dir(rel), rel if store.remote else None, rel if store.remote else None, "")
+        return Placement(store.work_dir(rel), rel if store.remote else None, rel if store.remote else None,
+                         "")
     rel = shard_rel(task.run, task.shard)
     return Placement(store.work_dir(rel), rel if store.remote else None, task.run, f"s{task.shard}-")
 
@@ -104,7 +104,7 @@ class Mirror:
         self._sent: dict[str, tuple[int, int]] = {}  # local name -> (size, mtime) last sent
         self._skip = set(_lock_files())
 
-    def _target(self, name: str) -> Optional[str]:
+    def _target(self, name: str) -> str | None:
         """Store path of a local file, or None when it stays local."""
         p = self.p
         if name.startswith(".") or name.endswith(".tmp") or name in self._skip:
@@ -176,7 +176,7 @@ class _FaultInjection:
     (the file is renamed to ``.killed`` first). Unset variable: does nothing."""
 
     def __init__(self, label: str) -> None:
-        self.after: Optional[int] = None
+        self.after: int | None = None
         self.cells = 0
         fault_dir = os.environ.get(FAULT_DIR_ENV)
         if not fault_dir:

@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dsdprof.errors import InputError
 from dsdprof.io.atomic import write_bytes_atomic
@@ -57,7 +57,7 @@ def write_local_atomic(path: Path, data: bytes) -> None:
 class FleetStore:
     """Read and write files of a fleet output, local or remote, by path relative to ``out``."""
 
-    def __init__(self, out: str, staging: Optional[str] = None) -> None:
+    def __init__(self, out: str, staging: str | None = None) -> None:
         self.out = out
         self.remote = is_url(out)
         if self.remote:
@@ -98,7 +98,7 @@ class FleetStore:
 
         return self.fs.get_file_info(self._remote(rel)).type != pafs.FileType.NotFound
 
-    def read_bytes(self, rel: str) -> Optional[bytes]:
+    def read_bytes(self, rel: str) -> bytes | None:
         if not self.remote:
             p = self.local_path(rel)
             return p.read_bytes() if p.is_file() else None
@@ -123,7 +123,7 @@ class FleetStore:
             with self.fs.open_output_stream(target) as fh:
                 fh.write(data)
 
-    def read_json(self, rel: str) -> Optional[dict[str, Any]]:
+    def read_json(self, rel: str) -> dict[str, Any] | None:
         raw = self.read_bytes(rel)
         if raw is None:
             return None
@@ -142,7 +142,8 @@ class FleetStore:
             d = self.local_path(rel)
             if not d.is_dir():
                 return {}
-            return {p.name: (st.st_size, st.st_mtime_ns) for p in d.iterdir() if p.is_file() for st in [p.stat()]}
+            return {p.name: (st.st_size, st.st_mtime_ns) for p in d.iterdir() if p.is_file()
+                    for st in [p.stat()]}
         import pyarrow.fs as pafs
 
         sel = pafs.FileSelector(self._remote(rel), recursive=False, allow_not_found=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -59,11 +59,13 @@ def holdout(ct: CalibrationTarget, df: Any, tolerance: float = DEFAULT_TOLERANCE
     held_pred = predict(design_for(ct, held), eff)
     # AL is a property of draft and data, not of batch size: take the fit half's median per K
     key = held["num_spec_tokens"].astype(str) + "/" + (held["mode"].astype(str) if "mode" in held else "")
-    fit_key = fit_df["num_spec_tokens"].astype(str) + "/" + (fit_df["mode"].astype(str) if "mode" in fit_df else "")
+    fit_key = (fit_df["num_spec_tokens"].astype(str) + "/"
+               + (fit_df["mode"].astype(str) if "mode" in fit_df else ""))
     al_by_key = fit_df.groupby(fit_key)["acceptance_length"].median()
     measured_k = _optimal_k(held, tolerance)
     pred_own = held.assign(itl_s=held_pred)
-    pred_fit = pred_own.assign(acceptance_length=key.map(al_by_key).fillna(held["acceptance_length"]).to_numpy())
+    al_fit = key.map(al_by_key).fillna(held["acceptance_length"]).to_numpy()
+    pred_fit = pred_own.assign(acceptance_length=al_fit)
     k_own, k_fit = _optimal_k(pred_own, tolerance), _optimal_k(pred_fit, tolerance)
     per_batch = []
     for b in held_bs:
@@ -82,13 +84,13 @@ class CalibrationRequest:
 
     measured: Path
     out: Path
-    hardware: Optional[str] = None
-    model: Optional[str] = None
-    draft_model: Optional[str] = None
-    method: Optional[str] = None
-    dtype: Optional[str] = None
+    hardware: str | None = None
+    model: str | None = None
+    draft_model: str | None = None
+    method: str | None = None
+    dtype: str | None = None
     tp: int = 1
-    context_len: Optional[int] = None
+    context_len: int | None = None
     routing_correlation: float = 0.0
     tolerance: float = DEFAULT_TOLERANCE
     force: bool = False
@@ -123,25 +125,30 @@ class CalibrationResult:
     batch_sizes: list[int]
     unidentified: list[Unidentified]
     uncertainty: dict[str, Any]
-    holdout: Optional[HoldoutReport]
+    holdout: HoldoutReport | None
     notices: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         out = {"profile": str(self.profile), "efficiency": self.efficiency.__dict__,
                "fit_all": {"cells": self.cells, "itl_mape_pct": self.itl_mape_pct},
-               "batch_sizes": self.batch_sizes, "not_identifiable": {u.name: u.reason for u in self.unidentified},
+               "batch_sizes": self.batch_sizes,
+               "not_identifiable": {u.name: u.reason for u in self.unidentified},
                "uncertainty": self.uncertainty}
         r = self.holdout
         if r is not None:
-            out["holdout"] = {"fit_batch_sizes": r.fit_batch_sizes, "heldout_batch_sizes": r.heldout_batch_sizes,
+            out["holdout"] = {"fit_batch_sizes": r.fit_batch_sizes,
+                              "heldout_batch_sizes": r.heldout_batch_sizes,
                               "fit_itl_mape_pct": r.fit_mape, "heldout_itl_mape_pct": r.heldout_mape,
                               "k_match_share": r.k_match_share,
-                              "k_match_share_measured_al": r.k_match_share_measured_al, "per_batch": r.per_batch}
+                              "k_match_share_measured_al": r.k_match_share_measured_al,
+                              "per_batch": r.per_batch}
         return out
 
 
-def _target(req: CalibrationRequest, df: Any, prov: dict[str, Any]) -> tuple[CalibrationTarget, str, list[str]]:
-    first = lambda col: str(df[col].dropna().iloc[0]) if col in df.columns and not df[col].dropna().empty else ""  # noqa: E731
+def _target(req: CalibrationRequest, df: Any,
+            prov: dict[str, Any]) -> tuple[CalibrationTarget, str, list[str]]:
+    def first(col: str) -> str:
+        return str(df[col].dropna().iloc[0]) if col in df.columns and not df[col].dropna().empty else ""
     pick = lambda given, key: given or prov.get(key) or first(key)  # noqa: E731
     hw_name = pick(req.hardware, "hardware")
     if not hw_name:
@@ -166,7 +173,8 @@ def _target(req: CalibrationRequest, df: Any, prov: dict[str, Any]) -> tuple[Cal
                            f"catalog model {shadowed!r}")
     measured = Path(req.measured)
     ctx = req.context_len or (read_sweep_context(measured) if measured.is_dir() else None) or 1024
-    ct = CalibrationTarget(base, target, draft, pick(req.dtype, "dtype") or "auto", req.tp, ctx, req.routing_correlation,
+    ct = CalibrationTarget(base, target, draft, pick(req.dtype, "dtype") or "auto", req.tp, ctx,
+                           req.routing_correlation,
                            method)
     return ct, method, notices
 
@@ -188,14 +196,17 @@ def run_calibration(req: CalibrationRequest) -> CalibrationResult:
     meta = {"source": "dsdprof calibrate", "measurements": str(req.measured), "cells": len(df),
             "model": ct.target.name, "draft_model": draft, "method": method,
             "dtype": ct.dtype, "context_len": ct.context_len, "base_hardware": ct.hardware.name,
-            "fit_mape_pct": round(all_mape, 3), "batch_sizes": sizes, "not_identifiable": sorted(fitted.not_identifiable)}
+            "fit_mape_pct": round(all_mape, 3), "batch_sizes": sizes,
+            "not_identifiable": sorted(fitted.not_identifiable)}
     if report is not None:
-        meta.update(heldout_fit_batch_sizes=report.fit_batch_sizes, heldout_batch_sizes=report.heldout_batch_sizes,
+        meta.update(heldout_fit_batch_sizes=report.fit_batch_sizes,
+                    heldout_batch_sizes=report.heldout_batch_sizes,
                     heldout_itl_mape_pct=round(report.heldout_mape, 3),
                     heldout_k_match_share=round(report.k_match_share, 4),
                     heldout_k_match_share_measured_al=round(report.k_match_share_measured_al, 4))
     write_profile(req.out, calibrated_hardware(ct.hardware, eff), meta, force=req.force)
     unidentified = [Unidentified(n, LABELS[n], reason, getattr(eff, n), getattr(ct.hardware.efficiency, n))
                     for n, reason in fitted.not_identifiable.items()]
-    return CalibrationResult(Path(req.out), ct.target.name, draft, method, ct.hardware.name, len(df), ct.context_len,
+    return CalibrationResult(Path(req.out), ct.target.name, draft, method, ct.hardware.name, len(df),
+                             ct.context_len,
                              eff, all_mape, sizes, unidentified, fitted.std, report, notices)

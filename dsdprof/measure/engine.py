@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+from collections.abc import Iterator
 
 from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA
 
@@ -116,7 +117,9 @@ class Engine(Protocol):
     speculative config) are the baseline."""
 
     name: str
-    speculation_mode: str
+
+    @property
+    def speculation_mode(self) -> str: ...
 
     def provenance(self) -> Provenance: ...
 
@@ -218,10 +221,12 @@ def _plan_contexts(batch_sizes: list[int], ks: list[int], repeats: int, speculat
     n = len(context_lens)
     for r in range(repeats):
         if speculation_mode == MODE_FIXED:
-            groups = ([(MODE_VANILLA, 0)] if include_vanilla else []) + [(MODE_FIXED, k) for k in ks if k != 0]
+            groups = (([(MODE_VANILLA, 0)] if include_vanilla else [])
+                      + [(MODE_FIXED, k) for k in ks if k != 0])
             for g in balanced_order(len(groups), r):
                 mode, k = groups[g]
-                yield from (Cell(r, b, mode, k, context_lens[(j + r) % n]) for j in range(n) for b in batch_sizes)
+                yield from (Cell(r, b, mode, k, context_lens[(j + r) % n]) for j in range(n)
+                            for b in batch_sizes)
             continue
         for j in range(n):
             ci = (j + r) % n

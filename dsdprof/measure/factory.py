@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 __all__ = ["Cell", "CellMeasurement", "Engine", "Provenance", "make_engine", "plan_cells"]
 
 
-def make_engine(spec: "SweepSpec", out_dir=None, stream_engine_log: bool = False) -> Engine:
+def make_engine(spec: SweepSpec, out_dir=None, stream_engine_log: bool = False) -> Engine:
     """Build the engine a spec names. Heavy imports (vllm, torch) happen here, not at import.
 
     ``out_dir``: the run directory; the vLLM engine keeps its logs and step traces under it.

@@ -11,11 +11,13 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Protocol
+from collections.abc import Callable, Iterator
 
 from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Engine, iter_cells, vanilla_waves
-from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_VANILLA, STATUS_FAILED, STATUS_OK, empty_row
+from dsdprof.formats.measurements import (CONTEXT_COLUMN, MODE_DSD, MODE_VANILLA, STATUS_FAILED, STATUS_OK,
+                                         empty_row)
 from dsdprof.config.spec import SweepSpec
 from dsdprof.io.store import SweepWriter, provenance_dict, utc_now
 
@@ -28,7 +30,7 @@ class SweepProgress:
     phase: str
     index: int  # cells finished so far (done + skipped)
     total: int
-    cell: Optional[Cell] = None
+    cell: Cell | None = None
     status: str = ""
     message: str = ""
     acceptance_length: float = math.nan
@@ -54,7 +56,8 @@ def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
     row = empty_row()
     row.update({k: v for k, v in prov.items() if k in row})
     row.update(cell_id=cell.cell_id, mode=cell.mode, batch_size=cell.batch_size,
-               num_spec_tokens=cell.num_spec_tokens, repeat=cell.repeat, design="paired" if cell.group or cell.interleave else "cells",
+               num_spec_tokens=cell.num_spec_tokens, repeat=cell.repeat, design="paired" if cell.group
+               or cell.interleave else "cells",
                dsdprof_version=__version__, created_at=utc_now())
     if cell.context_len:  # a context sweep's rows carry their context (the optional column)
         row[CONTEXT_COLUMN.name] = cell.context_len
@@ -130,7 +133,7 @@ def _read_rows(out: Path) -> list[dict[str, Any]]:
 def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
              make_engine: Callable[[], Engine], *, resume: bool = False,
              on_progress: ProgressCallback | None = None,
-             batching: Optional[dict[str, float]] = None) -> RunResult:
+             batching: dict[str, Any] | None = None) -> RunResult:
     """The one cell loop behind ``sweep``, ``sweep --budget`` and ``validate``.
 
     Locks ``out_dir`` and refuses to overwrite it, to resume a run of another ``spec_dump`` or to
@@ -169,7 +172,8 @@ def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
                     rows.append(dict(row))
                     total += 1
                     ok, failed = (ok + 1, failed) if row["status"] == STATUS_OK else (ok, failed + 1)
-                    notify(SweepProgress("done", i + 1, len(cells), cell, status=row["status"], message=row["error"],
+                    notify(SweepProgress("done", i + 1, len(cells), cell, status=row["status"],
+                                         message=row["error"],
                                          acceptance_length=row["acceptance_length"] or math.nan,
                                          itl_s=row["itl_s"] or math.nan))
             planner.finish(rows)
@@ -303,7 +307,8 @@ def plan_sweep(spec: SweepSpec) -> SweepPlan:
         est, assumption = 0.005 * len(cells), "analytic predictions: milliseconds per cell"
     else:
         est = steps * ASSUMED_STEP_S
-        how = (f"paired design: per batch size and repeat {s.waves} + {s.warmup} waves shared by every K, vanilla "
+        how = (f"paired design: per batch size and repeat {s.waves} + {s.warmup} waves shared by every K, "
+               f"vanilla "
                f"{vanilla_waves(s.waves, len(s.num_spec_tokens))} + {s.warmup}" if design == "paired"
                else f"cells design: {s.waves} + {s.warmup} waves per cell")
         assumption = (f"at an assumed {ASSUMED_STEP_S * 1e3:.0f} ms per decode step, steps an upper bound "
@@ -317,12 +322,14 @@ SIM_FLUSH_ROWS = 2000
 SIM_FLUSH_INTERVAL_S = 1.0
 
 
-def batching_for(spec: SweepSpec) -> dict[str, float]:
+def batching_for(spec: SweepSpec) -> dict[str, Any]:
     """Row buffering for ``spec``'s engine (the analytic engine's rows are buffered)."""
-    return {"flush_rows": SIM_FLUSH_ROWS, "flush_interval_s": SIM_FLUSH_INTERVAL_S} if spec.engine.name == "sim" else {}
+    return {"flush_rows": SIM_FLUSH_ROWS,
+            "flush_interval_s": SIM_FLUSH_INTERVAL_S} if spec.engine.name == "sim" else {}
 
 
-def default_engine(spec: SweepSpec, out_dir: str | Path, stream_engine_log: bool = False) -> Callable[[], Engine]:
+def default_engine(spec: SweepSpec, out_dir: str | Path,
+                   stream_engine_log: bool = False) -> Callable[[], Engine]:
     def make() -> Engine:
         from dsdprof.measure.factory import make_engine
 
@@ -342,7 +349,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, resume: bool = False,
 
     planner = GridPlanner(spec)
     res = run_plan(planner, normalised_spec_dump(spec), out_dir,
-                   (lambda: engine) if engine is not None else default_engine(spec, out_dir, stream_engine_log),
+                   (lambda: engine) if engine is not None
+                   else default_engine(spec, out_dir, stream_engine_log),
                    resume=resume, on_progress=on_progress,
                    batching=batching_for(spec))
     return SweepSummary(res.out, res.total, res.ok, res.failed, res.skipped, res.speculation_mode)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from dsdprof.errors import InputError
 
@@ -58,9 +59,9 @@ class ToyModelConfig:
 MOE_OVERRIDES = dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536)
 
 
-def toy_config(kind: str = "dense", **overrides) -> ToyModelConfig:
+def toy_config(kind: str = "dense", **overrides: Any) -> ToyModelConfig:
     """The default toy config for ``kind`` with ``overrides`` (None values ignored)."""
-    base = dict(MOE_OVERRIDES) if kind == "moe" else {}
+    base: dict[str, Any] = dict(MOE_OVERRIDES) if kind == "moe" else {}
     base.update({k: v for k, v in overrides.items() if v is not None})
     cfg = ToyModelConfig(kind=kind, **base)
     if cfg.dense_first and cfg.kind != "moe":
@@ -113,7 +114,8 @@ def _hf_config(cfg: ToyModelConfig, num_layers: int, tokenizer):
     if cfg.kind == "dense":
         from transformers import LlamaConfig
 
-        return LlamaConfig(intermediate_size=cfg.intermediate_size, head_dim=cfg.hidden_size // cfg.num_heads, **common)
+        return LlamaConfig(intermediate_size=cfg.intermediate_size, head_dim=cfg.hidden_size // cfg.num_heads,
+                           **common)
     from transformers import Qwen3MoeConfig
 
     return Qwen3MoeConfig(
@@ -130,11 +132,13 @@ def _draft_hf_config(cfg: ToyModelConfig, tokenizer):
     from transformers import Qwen3Config
 
     moe = _hf_config(cfg, 1, tokenizer)
-    keep = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+    keep = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
+            "max_position_embeddings",
             "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "head_dim", "rms_norm_eps",
             "attention_bias", "hidden_act", "rope_theta", "rope_scaling", "rope_parameters")
     kw = {k: getattr(moe, k) for k in keep if hasattr(moe, k)}
-    return Qwen3Config(num_hidden_layers=1, intermediate_size=cfg.intermediate_size, torch_dtype="float32", **kw)
+    return Qwen3Config(num_hidden_layers=1, intermediate_size=cfg.intermediate_size, torch_dtype="float32",
+                       **kw)
 
 
 def _model_cls(kind: str):
@@ -177,7 +181,8 @@ def build_toy_pair(out_dir: str | Path, config: ToyModelConfig | None = None) ->
     target.save_pretrained(str(target_dir), safe_serialization=True)
 
     if config.dense_first:
-        from transformers import Qwen3ForCausalLM as cls
+        from transformers import Qwen3ForCausalLM
+        cls = Qwen3ForCausalLM
     draft = cls(_draft_hf_config(config, tokenizer)).to(torch.float32)
     own = draft.state_dict()
     src = target.state_dict()

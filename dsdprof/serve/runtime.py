@@ -48,27 +48,37 @@ from __future__ import annotations
 import operator
 from bisect import bisect_left, bisect_right
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
 
-from dsdprof.formats.ktable import TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
+from dsdprof.formats.ktable import (TableError, read_table_file, validate_num_speculative_tokens,
+                                   validate_ranges, validate_table)
 
-__all__ = ["CONTEXT_DENSE_CAP", "DENSE_CAP", "GROW_CAP", "KSelector", "LIST_MIN", "LOAD_CAP", "TableError", "VanillaGap", "batch_context",
+__all__ = ["CONTEXT_DENSE_CAP", "DENSE_CAP", "GROW_CAP", "KSelector", "LIST_MIN", "LOAD_CAP", "TableError",
+           "VanillaGap", "batch_context",
            "build_lookup"]
 
-DENSE_CAP = 4096  # build_lookup's dict (AdaptiveKSelector.select) holds batch sizes up to here (and below the last start)
+# build_lookup's dict (AdaptiveKSelector.select) holds batch sizes up to here (and below the last start)
+DENSE_CAP = 4096
 DENSE_MIN = 1024  # ... and always at least up to here, even when the last range starts lower
 CONTEXT_DENSE_CAP = 1 << 18  # contexts up to here pick their slice by one list index
-LIST_MIN = 4096  # KSelector.select: batch sizes up to max(last range start, here) are one list index from load
+# KSelector.select: batch sizes up to max(last range start, here) are one list index from load
+LIST_MIN = 4096
 LOAD_CAP = 1 << 16  # ... but at most up to here at load (512 KiB) ...
 GROW_CAP = 1 << 20  # ... and up to here once asked for (the list grows in place; 8 B a batch size)
 
 
-class _Lookup(dict):
+class _Lookup(dict[int, int]):
     """``{batch_size: K}`` for batch sizes 0..dense_end; every other key is answered by
     :meth:`__missing__` (which stores nothing): ``n <= 0`` -> K of batch size 1, ``n`` at or past
     the last range's start -> the last K, anything between -> binary search over range starts."""
 
     __slots__ = ("_starts", "_ks", "_tail_start", "_tail_k", "_k_of_1")
+    _starts: list[int]
+    _ks: list[int]
+    _tail_start: int
+    _tail_k: int
+    _k_of_1: int
 
     def __missing__(self, batch_size: int) -> int:
         if batch_size < 1:
@@ -78,7 +88,7 @@ class _Lookup(dict):
         return self._ks[bisect_right(self._starts, batch_size) - 1]
 
 
-def build_lookup(ranges: Sequence[tuple[int, int, int]], cap: int, dense_cap: int = DENSE_CAP) -> _Lookup:
+def build_lookup(ranges: Sequence[Sequence[int]], cap: int, dense_cap: int = DENSE_CAP) -> _Lookup:
     """The lookup for validated, contiguous ``ranges`` with K capped at ``cap``.
 
     Time and memory: O(len(ranges) + min(last start, dense_cap)).
@@ -222,6 +232,7 @@ class KSelector:
     """
 
     __slots__ = ("select", "_lookup", "ranges", "max_k", "contexts", "vanilla", "_served", "_by_slice")
+    select: Callable[..., int]
 
     def __init__(self, ranges: Sequence[Sequence[int]], max_k: int | None = None,
                  contexts: Sequence[tuple[Any, ...]] = (), vanilla: Sequence[Any] = ()) -> None:
@@ -239,15 +250,17 @@ class KSelector:
                                for sv, c in zip(served, contexts))
 
     @classmethod
-    def from_dict(cls, doc: Any) -> "KSelector":
-        """From a parsed ``dsdprof.ktable/v1``, ``/v2`` or ``/v3`` document; :class:`TableError` if malformed."""
+    def from_dict(cls, doc: Any) -> KSelector:
+        """From a parsed ``dsdprof.ktable/v1``, ``/v2`` or ``/v3`` document; :class:`TableError` if
+        malformed."""
         validate_table(doc)
         return cls(doc["ranges"], doc.get("num_speculative_tokens"),
-                   [(sl["max_context"], sl["ranges"], sl.get("vanilla_faster") or ()) for sl in doc.get("contexts") or ()],
+                   [(sl["max_context"], sl["ranges"], sl.get("vanilla_faster") or ())
+                    for sl in doc.get("contexts") or ()],
                    doc.get("vanilla_faster") or ())
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "KSelector":
+    def from_file(cls, path: str | Path) -> KSelector:
         """Load and validate a table file; any unusable file is a :class:`TableError`."""
         return cls.from_dict(read_table_file(path))
 
@@ -261,14 +274,14 @@ class KSelector:
             return -1
         return next((i for i, (top, _) in enumerate(self.contexts) if c <= top), len(self.contexts) - 1)
 
-    def for_context(self, context_len: int | None) -> "KSelector":
+    def for_context(self, context_len: int | None) -> KSelector:
         """The selector of the slice serving ``context_len`` (``self`` on a v1/v2 table or without
         a context): bucket once per batch, then ``.select(batch_size)`` per step, as fast as a v2
         table's ``select``."""
         i = self.slice_index(context_len)
         return self._by_slice[i] if i >= 0 else self
 
-    def vanilla_faster(self, batch_size: int) -> "VanillaGap | None":
+    def vanilla_faster(self, batch_size: int) -> VanillaGap | None:
         """Where the table records that no speculation (a vanilla engine) measured faster than every
         K at ``batch_size``: that record (``gain``: vanilla's goodput over the best K's, minus 1,
         with its interval), else None. Not on the hot path: O(number of records)."""
@@ -306,12 +319,13 @@ def _parse_vanilla(records: Any) -> tuple[VanillaGap, ...]:
     out = []
     for r in records or ():
         if isinstance(r, dict):
-            r = VanillaGap(int(r["start"]), int(r["end"]), float(r["gain"]), r.get("ci_low"), r.get("ci_high"), r.get("k"))
+            r = VanillaGap(int(r["start"]), int(r["end"]), float(r["gain"]), r.get("ci_low"),
+                           r.get("ci_high"), r.get("k"))
         out.append(VanillaGap(*r))
     return tuple(sorted(out))
 
 
-def _slice_selector(served: _Served, vanilla: tuple) -> KSelector:
+def _slice_selector(served: _Served, vanilla: tuple[VanillaGap, ...]) -> KSelector:
     """A v2-like :class:`KSelector` of one context slice, sharing the v3 selector's list."""
     sel = KSelector.__new__(KSelector)
     sel._served, sel._lookup, sel._by_slice = served, served.lookup, ()
@@ -320,7 +334,7 @@ def _slice_selector(served: _Served, vanilla: tuple) -> KSelector:
     return sel
 
 
-def lookup_list(ranges: Sequence[tuple[int, int, int]], cap: int, max_batch_size: int) -> list[int]:
+def lookup_list(ranges: Sequence[Sequence[int]], cap: int, max_batch_size: int) -> list[int]:
     """Dense ``[0, K(1), ..., K(max_batch_size)]`` for contiguous ranges (K carried forward)."""
     if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
         raise ValueError(f"max_batch_size={max_batch_size!r}: must be an integer >= 1")

@@ -25,7 +25,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dsdprof.serve.adaptive import AdaptiveKSelector
 
 ADAPTIVE_SCHEDULER_QUALNAME = "dsdprof.engines.vllm_adaptive.make_scheduler"
 ADAPTIVE_TABLE_ENV = "DSDPROF_ADAPTIVE_TABLE"
@@ -47,7 +51,7 @@ class AdaptiveSettings:
     source: str = ""  # where the setting came from, for the engine log
     probe_every: int = DEFAULT_PROBE_EVERY
 
-    def selector(self, max_k: int | None = None):
+    def selector(self, max_k: int | None = None) -> AdaptiveKSelector:
         """The :class:`~dsdprof.serve.adaptive.AdaptiveKSelector` for this table and options
         (``max_k``: the engine's ``num_speculative_tokens``). Raises ``TableError`` / ``ValueError``."""
         from dsdprof.serve.adaptive import AdaptiveKSelector
@@ -87,7 +91,8 @@ def resolve_settings(additional_config: Any, environ: Mapping[str, str] | None =
         doc = dict(doc)
         path = doc.pop("table", None)
         if not isinstance(path, str) or not path:
-            raise AdaptiveSettingError(f"{where}.table={path!r}: must be the path of a dsdprof.ktable/v2 file")
+            raise AdaptiveSettingError(f"{where}.table={path!r}: must be the path of a "
+                                       "dsdprof.ktable/v2 file")
         options = _check_options(doc, where)
         probe_every = options.pop("probe_every", DEFAULT_PROBE_EVERY)
         return AdaptiveSettings(path, tuple(sorted(options.items())), where, probe_every)

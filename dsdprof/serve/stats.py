@@ -59,19 +59,22 @@ from __future__ import annotations
 
 import math
 from operator import index as _index
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any, TypeGuard
 
 MAX_DRAFTS_PER_STEP = 1 << 24
 MAX_STEP_S = 3600.0
 MAX_POSITIONS = 128  # dsdprof.formats.schema.MAX_K: longer per-position lists are refused unread
 Q_FLOOR = 1e-3  # conditional profile below this is treated as this when standardizing
 DETECT_Z = 5.0  # CUSUM threshold, in standard errors of the run's expected acceptances
-DETECT_SLACK = 0.025  # ratio drift per expected acceptance the CUSUM tolerates (shifts < ~0.05 are not "shifts")
+# ratio drift per expected acceptance the CUSUM tolerates (shifts < ~0.05 are not "shifts")
+DETECT_SLACK = 0.025
 DETECT_MIN_EVIDENCE = 8.0  # expected acceptances in a run before it may count as a shift
 RESET_WEIGHT = 32.0  # expected acceptances the evidence keeps after a detected shift
 STEP_CAP_FRACTION = 1.0 / 8.0  # one step counts as at most half_life / 8 drafts
 STEP_CLIP = 4.0
-K_EFFECT_RIDGE = (0.25, 16.0, 8.0, 8.0)  # steps of evidence: shared, batch size, K, K smoothness (StepTimes._k_effects)
+# steps of evidence: shared, batch size, K, K smoothness (StepTimes._k_effects)
+K_EFFECT_RIDGE = (0.25, 16.0, 8.0, 8.0)
 K_EFFECT_ROUNDS = 6
 MACHINE_HALF_LIFE = 8.0  # served steps: the machine factor follows a common slowdown in ~this many
 MACHINE_MIN_STEPS = 4.0  # a served cell's own mean counts as its level once it holds this many steps
@@ -111,7 +114,7 @@ def check_counts(num_drafts: Any, accepted: Any, drafted: Any) -> bool:
         return False
 
 
-def check_seconds(seconds: Any) -> bool:
+def check_seconds(seconds: Any) -> TypeGuard[float]:
     return (type(seconds) is float or (isinstance(seconds, (int, float)) and not isinstance(seconds, bool))) \
         and 0.0 < seconds <= MAX_STEP_S  # NaN fails both comparisons
 
@@ -217,7 +220,8 @@ class StepTimes:
         self.pooled = 0.0
         self.ks = sorted({k for t in table for k in t})
         self.k_effect = dict.fromkeys(self.ks, 0.0)  # d_K: log(live / table) shared by every batch size
-        ks = self.ks  # each speculative K's speculative neighbours (the smoothing in _k_effects); none for K=0
+        # each speculative K's speculative neighbours (the smoothing in _k_effects); none for K=0
+        ks = self.ks
         self.near = {k: [ks[j] for j in (i - 1, i + 1) if k >= 1 and 0 <= j < len(ks) and ks[j] >= 1]
                      for i, k in enumerate(ks)}
         self.dirty = set(range(len(table)))
@@ -363,7 +367,8 @@ def _check_fraction(name: str, value: Any) -> float:
 
 
 def _check_positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0
+                                                                              and math.isfinite(value)):
         raise ValueError(f"{name}={value!r}: must be a finite number > 0")
     return float(value)
 

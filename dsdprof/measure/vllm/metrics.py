@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from dsdprof.measure.engine import CellMeasurement
 
@@ -43,7 +44,7 @@ class MetricSnapshot:
     itl_sum: float = 0.0
 
 
-def snapshot_from_metrics(metrics: Iterable[object]) -> MetricSnapshot:
+def snapshot_from_metrics(metrics: Iterable[Any]) -> MetricSnapshot:
     """Collapse ``LLM.get_metrics()`` output into a :class:`MetricSnapshot`."""
     drafts = draft_tokens = accepted = itl_count = itl_sum = 0.0
     per_pos: list[float] = []
@@ -104,15 +105,18 @@ def cross_checks(trace, drafts: float, draft_tokens: float, accepted: float, req
         elif expected_k > 0:
             dpd = draft_tokens / drafts if drafts else 0.0
             if abs(dpd - expected_k) > 1e-9 * expected_k:
-                failures.append(f"drafts: vLLM drafted {dpd:.4f} tokens per draft, the row says K={expected_k} "
+                failures.append(f"drafts: vLLM drafted {dpd:.4f} tokens per draft, the row says "
+                                f"K={expected_k} "
                                 f"({(dpd - expected_k) / expected_k:+.2%})")
     mine = (trace.all_drafts, trace.all_draft_tokens, trace.all_accepted_tokens)
     theirs = (drafts, draft_tokens, accepted)
     if any(abs(a - b) > 0.5 for a, b in zip(mine, theirs)):
         al_mine = 1 + mine[2] / mine[0] if mine[0] else 1.0
         al_theirs = 1 + accepted / drafts if drafts else 1.0
-        failures.append(f"counters: trace drafts/draft tokens/accepted {mine[0]}/{mine[1]}/{mine[2]} vs vLLM's "
-                        f"{theirs[0]:.0f}/{theirs[1]:.0f}/{theirs[2]:.0f} (AL {al_mine:.4f} vs {al_theirs:.4f}, "
+        failures.append(f"counters: trace drafts/draft tokens/accepted {mine[0]}/{mine[1]}/{mine[2]} vs "
+                        f"vLLM's "
+                        f"{theirs[0]:.0f}/{theirs[1]:.0f}/{theirs[2]:.0f} (AL {al_mine:.4f} vs "
+                        f"{al_theirs:.4f}, "
                         f"{(al_mine - al_theirs) / al_theirs:+.2%})")
     if batch_size == 1 and trace.itl_s > 0:
         spans = [(r.num_generation_tokens - 1, r.last_token_ts - r.first_token_ts) for r in requests
@@ -123,7 +127,8 @@ def cross_checks(trace, drafts: float, draft_tokens: float, accepted: float, req
             rate = trace.acceptance_length / trace.itl_s
             rel = rate / client_rate - 1.0
             if abs(rel) > timing_tolerance:
-                failures.append(f"timing: AL/ITL {rate:.2f} tok/s vs {client_rate:.2f} tok/s from vLLM's request "
+                failures.append(f"timing: AL/ITL {rate:.2f} tok/s vs {client_rate:.2f} tok/s from vLLM's "
+                                f"request "
                                 f"timestamps ({rel:+.1%}, tolerance {timing_tolerance:.0%})")
     return failures
 
@@ -141,7 +146,8 @@ def build_measurement(trace, before: MetricSnapshot, after: MetricSnapshot, requ
     itl_sum = after.itl_sum - before.itl_sum
     tpots = [r.tpot_s for r in requests if not math.isnan(r.tpot_s)]
     num_tokens = sum(r.num_generation_tokens for r in requests)
-    failures = cross_checks(trace, drafts, draft_tokens, accepted, requests, expected_k, batch_size, timing_tolerance)
+    failures = cross_checks(trace, drafts, draft_tokens, accepted, requests, expected_k, batch_size,
+                            timing_tolerance)
     failures += [trace.acceptance_check] if trace.acceptance_check else []
     t = trace
     return CellMeasurement(
@@ -149,7 +155,8 @@ def build_measurement(trace, before: MetricSnapshot, after: MetricSnapshot, requ
         tokens_per_s_per_user=1.0 / t.tpot_s if t.tpot_s > 0 else math.nan,
         tokens_per_s_total=num_tokens / wall_s if wall_s > 0 else math.nan,
         num_requests=len(requests), num_output_tokens=num_tokens, wall_s=wall_s,
-        drafted_per_draft=t.drafted_per_draft, acceptance_length_own=t.acceptance_length_own, steady_steps=t.steady_steps,
+        drafted_per_draft=t.drafted_per_draft, acceptance_length_own=t.acceptance_length_own,
+        steady_steps=t.steady_steps,
         excluded_steps=t.excluded_steps,
         sample_acceptance_length=tuple(t.sample_acceptance_length), sample_itl_s=tuple(t.sample_itl_s),
         vllm_acceptance_length=1.0 + accepted / drafts if drafts > 0 else 1.0,

@@ -8,7 +8,8 @@ import os
 import signal
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from dsdprof.measure.engine import CellMeasurement
 from dsdprof.measure.vllm.worker import CellRequest, WorkerConfig, worker_main
@@ -68,7 +69,8 @@ class EngineWorker:
             msg = self.conn.recv()
         except (EOFError, OSError):
             self.kill()
-            raise EngineFailure(f"engine process died during {what} (exit code {self.proc.exitcode})") from None
+            raise EngineFailure(f"engine process died during {what} "
+                                f"(exit code {self.proc.exitcode})") from None
         if msg[0] == "error":
             if what == "engine start":
                 self.kill()

@@ -53,7 +53,7 @@ class RequestMatches:
     depth: np.ndarray | None = None  # int8: where a known position sat in its step's chain (1 = first)
 
 
-def request_matches(records: list[tuple[int, tuple[int, int, int]]], delivered: dict[str, int],
+def request_matches(records: list[tuple[str, tuple[int, int, int]]], delivered: dict[str, int],
                     waves: dict[str, int]) -> list[RequestMatches]:
     """Per request, its match sequence from its decode steps in order. ``records``: (request id,
     (drafted, accepted, generated)) in step order; ``delivered``: the request's delivered output
@@ -142,13 +142,15 @@ def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 100
     acceptance; rates 0 and 1 are a Markov-1 chain on the match itself. ``start`` = (pi, a, e):
     start there, one rate per depth (tests: the truth with ``iterations`` 0)."""
     kmax = max(kmax, int(depth.max(initial=1)), 1)
-    rows = np.unique(np.linspace(0, len(x) - 1, min(len(x), fit_rows)).astype(int)) if len(x) else []
+    rows: np.ndarray | list[int] = (np.unique(np.linspace(0, len(x) - 1, min(len(x), fit_rows)).astype(int))
+                                    if len(x) else [])
     x, depth = x[rows], depth[rows]
     if start is not None:
         return _em(x, depth, kmax, True, iterations, start)[:3]
     known = x >= 0
     m0 = float((x[known] == 1).mean()) if known.any() else 0.5
-    init = ([0.5, 0.5], [[0.95, 0.05], [0.05, 0.95]], np.clip([[m0 + 0.15] * kmax, [m0 - 0.15] * kmax], 0.02, 0.98))
+    init = ([0.5, 0.5], [[0.95, 0.05], [0.05, 0.95]], np.clip([[m0 + 0.15] * kmax, [m0 - 0.15] * kmax], 0.02,
+                                                              0.98))
     pi, a, e, ll = _em(x, depth, kmax, False, iterations, init)
     pd, ad, ed, lld = _em(x, depth, kmax, True, iterations, (pi, a, e))
     if lld - ll > (kmax - 1) * np.log(max(int(known.sum()), 2)):  # BIC: 2 (kmax - 1) more rates
@@ -264,7 +266,9 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: di
 def matches_from_steps(steps) -> list[RequestMatches]:
     """:func:`request_matches` from trace records (:class:`~dsdprof.measure.vllm.trace.Step`, in
     trace order): every decoding request-step of the measured waves, steady or not."""
-    records, delivered, waves = [], {}, {}
+    records: list[tuple[str, tuple[int, int, int]]] = []
+    delivered: dict[str, int] = {}
+    waves: dict[str, int] = {}
     for s in steps:
         if s.wave < 0:
             continue
