@@ -6,7 +6,8 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import typer
 from rich.table import Table
@@ -220,7 +221,7 @@ def export(
 _SHOW_MAX_RANGES = 200
 
 
-def _show_contexts(doc: dict) -> None:
+def _show_contexts(doc: Mapping[str, Any]) -> None:
     """A v3 table: one table per context slice, the contexts it serves in its title."""
     cap, lo = doc.get("num_speculative_tokens"), 1
     for sl in doc["contexts"]:
