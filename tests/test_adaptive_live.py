@@ -184,6 +184,7 @@ def test_every_position_has_an_estimate_with_uncertainty_that_shrinks_with_evide
 
 # ---------------------------------------------------------------- symmetric recovery
 
+@pytest.mark.slow  # long simulated closed loops, 2-5 s each
 @pytest.mark.parametrize("low", [0.3, 0.1])
 @pytest.mark.parametrize("b", [1, 4])
 def test_recovery_takes_no_longer_than_leaving(b, low):

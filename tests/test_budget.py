@@ -126,6 +126,7 @@ def test_a_batch_size_with_unmeasured_grid_ks_is_open_not_settled(tmp_path):
     assert "8" in open_line.split("batch size", 1)[1].replace(" ", "").split(",")
 
 
+@pytest.mark.slow  # budgeted sweeps to the end, 4-6 s each
 @pytest.mark.parametrize("kind, seed", [("dense", 0), ("dense", 1), ("moe", 0), ("moe", 2)])
 def test_budgeted_table_matches_truth_for_a_fraction_of_the_full_grid(tmp_path, kind, seed):
     t = truth(kind)

@@ -183,6 +183,7 @@ def test_export_refuses_an_interrupted_run_against_its_manifest_grid(tmp_path, d
     assert cov["missing_batch_sizes"] == [64] and [1, 5] in cov["missing_cells"]
 
 
+@pytest.mark.slow  # ~3 s
 def test_validate_runs_are_refused_by_export_and_analyze(tmp_path, dense_like_frame):
     from dsdprof.formats.measurements import empty_row
     from dsdprof.io.store import SweepWriter
@@ -198,6 +199,7 @@ def test_validate_runs_are_refused_by_export_and_analyze(tmp_path, dense_like_fr
     _one_line_error(runner.invoke(app, ["analyze", str(run)]), "is a validate run")
 
 
+@pytest.mark.slow  # ~3 s
 def test_pooling_runs_of_different_input_len_needs_allow_mixed_and_is_recorded(tmp_path):
     both = tmp_path / "both"
     both.mkdir()
@@ -375,6 +377,7 @@ def test_a_huge_sweep_prints_its_grid_before_building_a_cell(tmp_path, monkeypat
     assert log[2:] == ["cell", "start", "done"] * 3, log[:12]  # built one at a time, never ahead
 
 
+@pytest.mark.slow  # a CLI subprocess
 def test_a_huge_sweep_says_what_it_does_at_once_in_a_log(tmp_path):
     """As a user sees it (a subprocess, stderr a pipe): the first lines are the notice and the grid,
     before any cell; the time to them is printed, bounded loosely (the machine may be loaded)."""

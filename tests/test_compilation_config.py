@@ -98,6 +98,7 @@ def gpu_run(tmp_path, monkeypatch):
     return engine, table
 
 
+@pytest.mark.slow  # a subprocess resolves vLLM's configs, ~8 s
 def test_measured_and_served_engines_resolve_to_the_same_graphs(gpu_run):
     engine, table = gpu_run
     measured = {"vanilla": engine.llm_kwargs("vanilla"), "dsd": engine.llm_kwargs("dsd")}

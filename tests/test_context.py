@@ -394,6 +394,7 @@ def _context_run(path, failed=OOM, contexts=(1024, 8192, 65536), ks=(0, 1, 3, 5)
     return path
 
 
+@pytest.mark.slow  # ~3 s
 def test_context_export_refuses_failed_slices_in_one_line(tmp_path):
     """As a plain sweep's export: batch sizes with no number at a context are refused, naming the
     context and its batch sizes (exit 2, one line), in every format."""

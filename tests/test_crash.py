@@ -103,6 +103,7 @@ def visible_rows(out: Path) -> pd.DataFrame:
     return pd.read_parquet(out) if visible else pd.DataFrame(columns=["cell_id"])
 
 
+@pytest.mark.slow  # subprocesses killed at chosen points
 def test_kill_9_at_random_points_then_resume(tmp_path):
     spec = write_spec(tmp_path / "sim.toml", 400)  # 3,600 cells: a second or two a run
     out = tmp_path / "run"
@@ -133,6 +134,7 @@ def test_kill_9_at_random_points_then_resume(tmp_path):
     assert "Traceback" not in log.read_text()
 
 
+@pytest.mark.slow  # subprocesses killed at chosen points
 def test_second_sweep_on_one_out_is_refused_and_a_killed_holder_does_not_block(tmp_path):
     spec = write_spec(tmp_path / "sim.toml", 400)
     out = tmp_path / "run"
@@ -157,6 +159,7 @@ def test_second_sweep_on_one_out_is_refused_and_a_killed_holder_does_not_block(t
     assert len(rows) == len(expected_cells(spec)) and rows.cell_id.is_unique
 
 
+@pytest.mark.slow  # subprocesses killed at chosen points
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
 def test_ctrl_c_and_sigterm_flush_and_say_how_to_resume(tmp_path, sig, code, word):
     """Ctrl-C, and SIGTERM (`kill`, a batch scheduler's stop), unwind the same way: the buffered rows
@@ -233,6 +236,7 @@ def crash_writer_at(out: Path, n: int) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", WRITER, str(out), str(n)], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow  # subprocesses killed at chosen points
 def test_every_crash_point_of_the_write_protocol(tmp_path):
     import shutil
 

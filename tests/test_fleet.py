@@ -102,6 +102,7 @@ def test_bad_fleet_files_name_the_field(tmp_path, doc, field):
     assert err.value.field == field, str(err.value)
 
 
+@pytest.mark.slow  # a CLI subprocess
 def test_cli_bad_fleet_file_is_one_line_exit_2(tmp_path):
     f = tmp_path / "fleet.toml"
     f.write_text('[fleet]\nout = "o"\n\n[[runs]]\nspec = "nope.toml"\n')
@@ -304,6 +305,7 @@ def _kill_after(fault_dir: Path, label: str, cells: int) -> Path:
     return path
 
 
+@pytest.mark.slow  # a Ray cluster (~14 s with its start)
 def test_ray_fleet_retries_a_killed_worker_and_resumes(ray_cluster, tmp_path):
     out = tmp_path / "fleet"
     big, small = _big_sim(), _sim()
@@ -331,6 +333,7 @@ def test_ray_fleet_retries_a_killed_worker_and_resumes(ray_cluster, tmp_path):
     assert _snapshot(out) == before
 
 
+@pytest.mark.slow  # a Ray cluster
 def test_ray_fleet_without_retries_completes_on_resubmission(ray_cluster, tmp_path):
     out = tmp_path / "fleet"
     big = _big_sim()

@@ -15,6 +15,7 @@ pytest.importorskip("matplotlib")
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
+@pytest.mark.slow  # executes a notebook, ~5 s
 def test_analysis_notebook_executes_and_draws(monkeypatch):
     monkeypatch.delenv("DSDPROF_RUN", raising=False)
     monkeypatch.delenv("DSDPROF_VALIDATE", raising=False)

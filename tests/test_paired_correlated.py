@@ -86,6 +86,7 @@ CASES = {  # name: (acceptance, the fixed K=4 run's lag-1 correlation range, tol
 }
 
 
+@pytest.mark.slow  # vLLM's scheduler over long fake runs, 4-8 s each
 @pytest.mark.parametrize("case,mode", [("independent", "sync"), ("stretches", "sync"), ("stretches-depth", "sync"),
                                        ("stretches-depth", "async"), ("stretches-depth", "sync_bq")])
 def test_paired_acceptance_matches_a_fixed_k_run(run_env, mode, case):

@@ -205,6 +205,7 @@ def test_resume_after_a_kill_mid_unit_remeasures_the_whole_unit(tmp_path):
     assert runs == {1: {1}, 4: {2}}  # every row of the bs-4 unit from the resumed run
 
 
+@pytest.mark.slow  # many simulated runs, ~3-10 s
 def test_paired_speedup_interval_cancels_drift_and_covers_the_truth(tmp_path):
     """A drifting machine (log speed a random walk, 2 % per wave, about +-17 % over a run): vanilla
     waves beside their DSD block give speedup intervals about 3x narrower than resampling vanilla and

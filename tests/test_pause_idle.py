@@ -24,6 +24,7 @@ def _state(pid: int) -> str:
         return fh.read().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.mark.slow  # a spawned process and sleeps
 def test_pause_stops_the_worker_process_group_and_resume_continues_it():
     from dsdprof.measure.vllm.pool import EngineWorker
 

@@ -62,6 +62,7 @@ def png_size(path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow  # draws every figure, ~4 s
 def test_sweep_plots_written_and_refuse_overwrite(tmp_path, dense_like_frame):
     run = tmp_path / "run"
     write_run(run, sweep_frame(dense_like_frame), PROV)

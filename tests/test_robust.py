@@ -54,6 +54,7 @@ def test_bootstrap_point_and_interval_ignore_a_slow_wave():
     assert width(slow) < 1.3 * width(clean)
 
 
+@pytest.mark.slow  # simulated sweeps, 5-7 s each
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_one_percent_slow_waves_do_not_move_decisions(kind, monkeypatch):
     """1 % of waves 3x slow: the robust K matches the outlier-free K at >= 90 % of points, never

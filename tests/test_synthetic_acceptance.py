@@ -111,6 +111,7 @@ print("cases", cases, "differ", differ)
 """
 
 
+@pytest.mark.slow  # a subprocess runs vLLM's Triton kernels (~15 s)
 def test_walk_matches_vllms_triton_kernels():
     """dsdprof's CPU walk against vLLM's own Triton kernels (their source, run by Triton's
     interpreter): the same tokens in every cell of the output, greedy and random kernels, with

@@ -172,6 +172,7 @@ def test_selector_matches_vllm_lookup_on_sparse_large_tables(vllm_utils):
         assert sel.lookup_list(max_bs) == lookup
 
 
+@pytest.mark.slow  # ~5 s
 def test_selector_on_huge_sparse_tables_matches_reference():
     rng = random.Random(2)
     for _ in range(200):

@@ -128,6 +128,7 @@ def test_waves_interleave_one_by_one_and_rows_carry_the_wave(tmp_path):
     assert all(list(b) == list(range(8)) for b in df["sample_block"])
 
 
+@pytest.mark.slow  # many simulated validate runs, ~3 s
 def test_paired_regret_intervals_cancel_drift_and_cover_the_truth(tmp_path):
     """A machine whose speed wanders 1 % per wave (10-35 % over the minutes a batch size's cells take
     cell by cell) with 1 % noise of its own per wave. The table serves the best fixed K (fixed-2),

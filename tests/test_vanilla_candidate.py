@@ -205,6 +205,7 @@ PROV = {"engine": "vllm", "engine_version": "0.32.0", "model": "target", "draft_
         "method": "eagle3", "hardware": "cpu", "dtype": "bfloat16", "dataset": "synthetic", "seed": 0}
 
 
+@pytest.mark.slow  # ~6 s
 def test_analyze_export_and_validate_report_say_it(tmp_path):
     from typer.testing import CliRunner
 
