@@ -1,0 +1,115 @@
+"""Which draft: rank drafts of one target per batch size, their memory, a recommendation.
+
+Input: per draft, its category grid (:func:`dsdprof.decide.domains.category_grid`) and a traffic
+mix. Per batch size each draft is taken at its own best K for the mix
+(:func:`dsdprof.decide.domains.mix_table`); drafts are ranked by that speedup over vanilla. The
+leader **wins** a batch size when its interval's lower end is above every other draft's upper end;
+otherwise the drafts whose intervals reach the leader's point are **tied** with it (more waves
+could reorder them). The recommendation is one draft when it leads every batch size, else the
+batch-size ranges each draft leads (ties named).
+
+**Memory** (:func:`draft_memory`): the draft's weights (its safetensors files, or nothing for a
+draftless method such as n-gram or suffix decoding) and its KV cache per request, ``2 x layers x
+kv_heads x head_dim x dtype bytes`` per token over ``input_len + output_len + K`` tokens (a draft
+model keeps the whole sequence's KV; an MTP/EAGLE head's layers are counted the same way from its
+config). The target's own KV is the same for every draft and is not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dsdprof.decide.domains import mix_table
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "auto": 2,
+                "fp8": 1, "float8_e4m3fn": 1}
+
+
+def draft_memory(draft_model: str | None, dtype: str, input_len: int, output_len: int, k: int,
+                 batch_size: int = 1) -> dict[str, float]:
+    """``weights_bytes``, ``kv_bytes_per_token`` and ``kv_bytes`` (for ``batch_size`` requests) of a
+    draft model directory; all 0 without a draft model (n-gram, suffix decoding)."""
+    if not draft_model:
+        return {"weights_bytes": 0.0, "kv_bytes_per_token": 0.0, "kv_bytes": 0.0}
+    path = Path(draft_model)
+    weights = float(sum(f.stat().st_size for f in path.glob("*.safetensors"))) if path.is_dir() else math.nan
+    cfg_path = path / "config.json"
+    per_token = math.nan
+    if cfg_path.is_file():
+        cfg = json.loads(cfg_path.read_text())
+        cfg = cfg.get("text_config", cfg)
+        layers = cfg.get("num_hidden_layers")
+        heads = cfg.get("num_attention_heads")
+        kv_heads = cfg.get("num_key_value_heads", heads)
+        head_dim = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // heads if heads else None)
+        nbytes = _DTYPE_BYTES.get(dtype if dtype != "auto" else str(cfg.get("torch_dtype", "auto")), 2)
+        if layers and kv_heads and head_dim:
+            per_token = float(2 * layers * kv_heads * head_dim * nbytes)
+    tokens = input_len + output_len + k
+    return {"weights_bytes": weights, "kv_bytes_per_token": per_token,
+            "kv_bytes": per_token * tokens * batch_size}
+
+
+def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float]) -> pd.DataFrame:
+    """Per (batch size, draft): its mix K and speedup with interval, ``rank`` (1 = highest speedup)
+    and ``verdict``: ``wins`` | ``tied`` (interval reaches the leader's point) | ``behind``."""
+    tables = []
+    for name, grid in grids.items():
+        t = mix_table(grid, weights)
+        t.insert(0, "draft", name)
+        tables.append(t)
+    if not tables:
+        return pd.DataFrame(columns=["batch_size", "draft", "k", "speedup", "speedup_low",
+                                     "speedup_high", "rank", "verdict"])
+    df = pd.concat(tables, ignore_index=True)
+    out = []
+    for _, g in df.groupby("batch_size"):
+        g = g.sort_values(["speedup", "draft"], ascending=[False, True]).reset_index(drop=True)
+        lead = g.iloc[0]
+        others_high = g["speedup_high"].iloc[1:]
+        clear = bool(len(g) == 1 or (others_high < lead["speedup_low"]).all())
+        for i, r in g.iterrows():
+            if i == 0:
+                verdict = "wins" if clear else "tied"
+            else:
+                verdict = "tied" if not r["speedup_high"] < lead["speedup"] else "behind"
+            out.append({**r.to_dict(), "rank": i + 1, "verdict": verdict})
+    front = ["batch_size", "draft", "k", "speedup", "speedup_low", "speedup_high", "rank", "verdict"]
+    return pd.DataFrame(out)[front]
+
+
+def recommend(ranking: pd.DataFrame) -> dict[str, Any]:
+    """``{"draft": name}`` when one draft leads every batch size, else ``{"ranges": [[lo, hi,
+    draft, tied_with], ...]}`` (``hi`` None: and above), with ``text`` a one-line summary either way."""
+    leaders = []
+    for b, g in ranking.groupby("batch_size"):
+        lead = g[g["rank"] == 1].iloc[0]
+        tied = sorted(g.loc[(g["rank"] > 1) & (g["verdict"] == "tied"), "draft"])
+        leaders.append((int(b), str(lead["draft"]), tied, str(lead["verdict"])))
+    if not leaders:
+        return {"text": "no measured batch size"}
+    names = {d for _, d, _, _ in leaders}
+    if len(names) == 1:
+        (name,) = names
+        ties = sorted({t for _, _, ts, _ in leaders for t in ts})
+        note = f" (tied within intervals with {', '.join(ties)} at some batch sizes)" if ties else ""
+        return {"draft": name, "text": f"{name} at every measured batch size{note}"}
+    ranges: list[list[Any]] = []
+    for b, d, tied, _ in leaders:
+        if ranges and ranges[-1][2] == d:
+            ranges[-1][1] = b
+            ranges[-1][3] = sorted(set(ranges[-1][3]) | set(tied))
+        else:
+            ranges.append([b, b, d, tied])
+    for i in range(len(ranges) - 1):
+        ranges[i][1] = ranges[i + 1][0] - 1
+    ranges[-1][1] = None
+    parts = [f"BS {lo}{'+' if hi is None else ('' if hi == lo else f'-{hi}')}: {d}"
+             + (f" (tied: {', '.join(t)})" if t else "") for lo, hi, d, t in ranges]
+    return {"ranges": ranges, "text": "; ".join(parts)}

@@ -1,0 +1,151 @@
+"""Prompts by category (domain): split a workload file per category, and the shipped toy sets.
+
+A JSONL/JSON workload may carry a ``category`` per record (MT-Bench's layout: ``{"category":
+"coding", "turns": [...]}``; a SPEED-Bench-like file: ``{"category": ..., "prompt": ...}``).
+:func:`split_by_category` writes one file per category, each an ordinary dsdprof dataset, so a
+sweep measures one category at a time: every wave's requests share a category, and its rows (and
+their ``acceptance_per_pos``) are that category's. ``dsdprof compare-drafts`` runs one sweep per
+(draft, category) this way; the category is the run directory's name and becomes a ``category``
+column when the runs are read together (:mod:`dsdprof.decide.domains`), not a Parquet column.
+
+:func:`toy_category_prompts` makes the two shipped sets (``sweeps/prompts/toy-domains.jsonl``):
+``code`` (repetitive code-like lines, where an n-gram match in the context predicts the next
+tokens) and ``text`` (free text drawn word by word, with few repeated n-grams). They are synthetic:
+see docs/drafts.md for how far they are from real traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from dsdprof.errors import InputError
+from dsdprof.measure.workload import parse_json_records
+
+CATEGORY_KEY = "category"
+
+
+def read_records(dataset: str | Path) -> list[dict[str, Any]]:
+    """The dict records of a .jsonl/.json workload file."""
+    path = Path(dataset)
+    if not path.is_file():
+        raise InputError("workload.dataset", str(dataset), "a category workload must be a .jsonl/.json file")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix == ".jsonl":
+        records = []
+        for i, line in enumerate(text.splitlines()):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    raise InputError("workload.dataset", f"{dataset}:{i + 1}",
+                                     "line is not valid JSON") from None
+    else:
+        records = parse_json_records(text, str(dataset))
+    return [r for r in records if isinstance(r, dict)]
+
+
+def category_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Records per category (records without a string ``category`` are left out)."""
+    counts = Counter(r[CATEGORY_KEY] for r in records if isinstance(r.get(CATEGORY_KEY), str))
+    return dict(sorted(counts.items()))
+
+
+def split_by_category(dataset: str | Path, out_dir: str | Path,
+                      categories: list[str] | None = None) -> dict[str, Path]:
+    """Write ``OUT_DIR/<category>.jsonl`` per category (all, or ``categories`` in that order)."""
+    records = read_records(dataset)
+    counts = category_counts(records)
+    if not counts:
+        raise InputError("workload.dataset", str(dataset), f"no record has a string {CATEGORY_KEY!r} field")
+    wanted = list(categories) if categories else list(counts)
+    for c in wanted:
+        if c not in counts:
+            raise InputError("domains.categories", c, f"not a category of {dataset} ({', '.join(counts)})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for c in wanted:
+        path = out / f"{_safe(c)}.jsonl"
+        rows = [json.dumps(r) for r in records if r.get(CATEGORY_KEY) == c]
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        paths[c] = path
+    return paths
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "_"
+
+
+def parse_mix(text: str, categories: list[str]) -> dict[str, float]:
+    """``code=0.7,text=0.3`` -> weights summing to 1 over ``categories`` (unnamed ones weigh 0)."""
+    weights: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        try:
+            w = float(value)
+        except ValueError:
+            raise InputError("--mix", part, "expected CATEGORY=WEIGHT, e.g. code=0.7,text=0.3") from None
+        if not sep or w < 0 or w != w or w == float("inf"):
+            raise InputError("--mix", part, "expected CATEGORY=WEIGHT with a finite weight >= 0")
+        if name.strip() not in categories:
+            raise InputError("--mix", name.strip(), f"not a measured category ({', '.join(categories)})")
+        weights[name.strip()] = w
+    total = sum(weights.values())
+    if total <= 0:
+        raise InputError("--mix", text, "weights must not all be 0")
+    return {c: weights.get(c, 0.0) / total for c in categories}
+
+
+_WORDS = (
+    "the a of and to in is it that for on with as was at by this from be are or have an they which "
+    "one you were her all she there would their we him been has when who will more no if out so said "
+    "what up its about into than them can only other new some could time these two may then do first "
+    "any my now such like our over man me even most made after also did many before must through back "
+    "years where much your way well down should because each just those people how too little state "
+    "good very make world still own see men work long get here between both life being under never day "
+    "same another know while last might us great old year off come since against go came right used "
+    "take three river garden window morning letter music market doctor winter forest silver question"
+).split()
+_NAMES = ("x", "y", "total", "count", "item", "value", "row", "col", "key", "buf")
+_OPS = ("+", "-", "*")
+
+
+def _code_prompt(rng: random.Random) -> str:
+    """Code-like lines repeating one template with small changes (an n-gram drafter's case)."""
+    fn = rng.choice(("load", "parse", "check", "update", "scale"))
+    var, op = rng.choice(_NAMES), rng.choice(_OPS)
+    start = rng.randrange(1, 50)
+    lines = [f"def {fn}_{i}({var}):\n    {var} = {var} {op} {i}\n    return {fn}({var}, {i})\n"
+             for i in range(start, start + 10)]
+    return "".join(lines)
+
+
+def _text_prompt(rng: random.Random) -> str:
+    """Free text: words drawn independently, sentences of random length (few repeated n-grams)."""
+    out: list[str] = []
+    while sum(len(s.split()) for s in out) < 80:
+        sentence = [rng.choice(_WORDS) for _ in range(rng.randrange(6, 16))]
+        out.append(sentence[0].capitalize() + " " + " ".join(sentence[1:]) + ".")
+    return " ".join(out)
+
+
+def toy_category_prompts(n_per_category: int = 64, seed: int = 0) -> list[dict[str, Any]]:
+    """The shipped toy set: ``n_per_category`` ``code`` and ``text`` records, reproducible."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(n_per_category):
+        records.append({"id": f"code-{i}", CATEGORY_KEY: "code", "prompt": _code_prompt(rng)})
+        records.append({"id": f"text-{i}", CATEGORY_KEY: "text", "prompt": _text_prompt(rng)})
+    return records
+
+
+def write_toy_category_prompts(path: str | Path, n_per_category: int = 64, seed: int = 0) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("".join(json.dumps(r) + "\n" for r in toy_category_prompts(n_per_category, seed)),
+                 encoding="utf-8")
+    return p
