@@ -158,3 +158,60 @@ def test_compare_drafts_bad_spec_names_the_field(tmp_path, drafts, field):
     with pytest.raises(InputError) as err:
         plan_drafts(p, tmp_path)
     assert err.value.field == field
+
+
+SIM_SPEC = '''
+[engine]
+name = "sim"
+model = "Llama-3.1-8B"
+dtype = "bfloat16"
+max_model_len = 4096
+[sweep]
+batch_sizes = [1, 64]
+num_spec_tokens = [1, 2, 3]
+waves = 2
+output_len = 32
+[workload]
+dataset = "w.jsonl"
+input_len = 256
+[sim]
+hardware = "H100 SXM"
+context_len = 512
+acceptance_per_pos = [0.7, 0.5, 0.35]
+[[drafts]]
+name = "eagle3"
+method = "eagle3"
+draft_model = "EAGLE3-Llama-3.1-8B"
+[[drafts]]
+name = "ngram"
+method = "ngram"
+'''
+
+
+def test_compare_drafts_and_report_end_to_end_on_the_analytic_engine(tmp_path, monkeypatch):
+    """The CLI path (sweeps, report, mix table) on the sim engine: plumbing, not acceptance."""
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+    from dsdprof.formats.ktable import validate_table
+
+    monkeypatch.chdir(tmp_path)
+    recs = [{"category": "code", "prompt": "x"}, {"category": "text", "prompt": "y"},
+            {"category": "text", "prompt": "z"}]
+    (tmp_path / "w.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "s.toml").write_text(SIM_SPEC)
+    runner = CliRunner()
+    res = runner.invoke(app, ["compare-drafts", "s.toml", "--out", "out"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["drafts-report", "out", "--mix", "code=1,text=3", "--md", "r.md",
+                              "--draft", "ngram", "--table", "t.json"])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "r.md").read_text()
+    assert "mix: code 25 %, text 75 %" in md
+    # n-gram drafting costs no draft forward pass: with the same acceptance it must lead
+    assert "**Recommendation:** ngram at every measured batch size" in md
+    doc = json.loads((tmp_path / "t.json").read_text())
+    validate_table(doc)
+    assert doc["provenance"]["mix"] == "code=0.25,text=0.75"
+    res = runner.invoke(app, ["drafts-report", "out", "--mix", "web=1"])
+    assert res.exit_code == 2 and "--mix" in res.output and "Traceback" not in res.output

@@ -324,6 +324,7 @@ def toy_models(
 def _register_subcommands() -> None:
     from dsdprof.cli import fleet as fleet_cli
     from dsdprof.cli import report as report_cli
+    from dsdprof.cli import drafts as drafts_cli
     from dsdprof.cli import rollout as rollout_cli
     from dsdprof.cli import serve as serve_cli
     from dsdprof.cli import sim as sim_cli
@@ -333,6 +334,7 @@ def _register_subcommands() -> None:
     report_cli.register(app)
     fleet_cli.register(app)
     rollout_cli.register(app)
+    drafts_cli.register(app)
 
 
 _register_subcommands()

@@ -58,7 +58,8 @@ def draft_memory(draft_model: str | None, dtype: str, input_len: int, output_len
 
 def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float]) -> pd.DataFrame:
     """Per (batch size, draft): its mix K and speedup with interval, ``rank`` (1 = highest speedup)
-    and ``verdict``: ``wins`` | ``tied`` (interval reaches the leader's point) | ``behind``."""
+    and ``verdict``: ``wins`` | ``tied`` (interval reaches the leader's point) | ``behind`` | ``no
+    interval`` (some draft's interval at that batch size is unknown)."""
     tables = []
     for name, grid in grids.items():
         t = mix_table(grid, weights)
@@ -74,8 +75,11 @@ def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float])
         lead = g.iloc[0]
         others_high = g["speedup_high"].iloc[1:]
         clear = bool(len(g) == 1 or (others_high < lead["speedup_low"]).all())
+        known = bool(g[["speedup_low", "speedup_high"]].notna().all().all())
         for i, r in g.iterrows():
-            if i == 0:
+            if not known:
+                verdict = "no interval"  # e.g. analytic (sim) rows: the order is the points'
+            elif i == 0:
                 verdict = "wins" if clear else "tied"
             else:
                 verdict = "tied" if not r["speedup_high"] < lead["speedup"] else "behind"

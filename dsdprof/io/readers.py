@@ -11,7 +11,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -121,7 +121,7 @@ class PartFile:
     dsdprof) and rows."""
 
     path: Path
-    meta: dict[str, Any] | None
+    meta: Optional[dict[str, Any]]
     rows: pd.DataFrame
 
 

@@ -1,0 +1,91 @@
+"""``dsdprof compare-drafts`` (one sweep per draft and category) and ``dsdprof drafts-report`` (the
+ranking, recommendation, memory, per-category acceptance and regret; a draft's table for a mix).
+Registered on the main typer app by dsdprof.cli.app; the library does the work
+(:mod:`dsdprof.jobs.compare_drafts`, :mod:`dsdprof.report.drafts`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from dsdprof.cli.common import guarded, make_console
+
+
+def _compare_drafts(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="A sweep spec with a \\[\\[drafts]] list "
+                                     "(and optionally \\[domains] categories)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory: OUT/<draft>/<category>/ per sweep."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the runs already started in OUT."),
+    only: str | None = typer.Option(None, "--only", metavar="DRAFT[/CATEGORY],...",
+                                       help="Run only these drafts or draft/category runs."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and list the sweeps; run nothing."),
+) -> None:
+    """Compare drafts of one target: one sweep per (draft, category), the same grid and prompts."""
+    from dsdprof.jobs.compare_drafts import plan_drafts, run_compare_drafts
+
+    console = make_console()
+    if dry_run:
+        plan = plan_drafts(spec_path, out)
+        for (draft, cat), spec in plan.specs.items():
+            console.print(f"{draft}/{cat}: method {spec.engine.method}, dataset {spec.workload.dataset}")
+        return
+    wanted = [s.strip() for s in only.split(",") if s.strip()] if only else None
+    results = run_compare_drafts(spec_path, out, resume=resume, only=wanted)
+    for (draft, cat), summary in results.items():
+        console.print(f"{draft}/{cat}: {summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped")
+    console.print(f"report: dsdprof drafts-report {out}")
+
+
+def _drafts_report(
+    out: Path = typer.Argument(..., metavar="OUT", help="A dsdprof compare-drafts directory."),
+    mix: str | None = typer.Option(None, "--mix", metavar="CAT=W,...",
+                                      help="Traffic mix (weights, any scale); default: the workload's "
+                                           "prompts per category."),
+    md: Path | None = typer.Option(None, "--md", help="Write the Markdown report here."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write the speedup-vs-K PNG here."),
+    title: str = typer.Option("", "--title", help="The report's heading."),
+    draft: str | None = typer.Option(None, "--draft",
+                                        help="With --table: the draft whose table to write."),
+    table: Path | None = typer.Option(None, "--table",
+                                         help="Write --draft's dsdprof.ktable/v2 for the mix."),
+    force: bool = typer.Option(False, "--force", help="Replace existing output files."),
+) -> None:
+    """Rank the drafts of a compare-drafts directory for a traffic mix; print (or write) the report."""
+    from dsdprof.errors import InputError
+    from dsdprof.io.atomic import write_bytes_atomic, write_json_atomic
+    from dsdprof.measure.categories import parse_mix
+    from dsdprof.report.drafts import default_mix, drafts_figure, drafts_markdown, load_comparison, mix_ktable
+
+    comp = load_comparison(out)
+    cats = list(comp.plan["categories"])
+    weights = parse_mix(mix, cats) if mix else default_mix(comp)
+    text = drafts_markdown(comp, weights, title)
+    if md:
+        write_bytes_atomic(md if force else _new(md), text.encode())
+    else:
+        print(text)
+    if plot:
+        import io
+
+        buf = io.BytesIO()
+        drafts_figure(comp).savefig(buf, format="png")
+        write_bytes_atomic(plot if force else _new(plot), buf.getvalue())
+    if table:
+        if not draft:
+            raise InputError("--draft", None, "--table needs the draft whose table to write")
+        write_json_atomic(table, mix_ktable(comp, draft, weights), force=force)
+
+
+def _new(path: Path) -> Path:
+    from dsdprof.errors import InputError
+
+    if path.exists():
+        raise InputError("output", str(path), "exists; pass --force to replace it")
+    return path
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``compare-drafts`` and ``drafts-report`` to ``app``."""
+    app.command("compare-drafts")(guarded(_compare_drafts))
+    app.command("drafts-report")(guarded(_drafts_report))

@@ -1,0 +1,216 @@
+"""The draft comparison report of a ``dsdprof compare-drafts`` directory (Markdown, a PNG, tables).
+
+:func:`load_comparison` reads ``OUT/_drafts.json`` and every ``OUT/<draft>/<category>/`` run into
+category grids (:mod:`dsdprof.decide.domains`); :func:`drafts_markdown` ranks the drafts for a mix
+(:mod:`dsdprof.decide.drafts`) and lays out the ranking, the recommendation, memory, each draft's
+table for the mix, AL per position and regret per category, and the vanillas side by side;
+:func:`mix_ktable` is a draft's ``dsdprof.ktable/v2`` for the mix; :func:`drafts_figure` plots
+speedup over vanilla against K per batch size, one line per (draft, category).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsdprof.decide.domains import category_grid, category_regret, mix_table, mixed_grid, per_position
+from dsdprof.decide.drafts import draft_memory, rank_drafts, recommend
+from dsdprof.errors import InputError
+
+
+@dataclass(frozen=True)
+class Comparison:
+    out: Path
+    plan: dict[str, Any]
+    grids: dict[str, pd.DataFrame]  # draft -> category grid
+    provenance: dict[str, Any]
+    spec: dict[str, Any]  # the first run's sweep spec (target, grid, workload)
+
+
+def load_comparison(out: str | Path) -> Comparison:
+    """Every finished (draft, category) run of a compare-drafts directory."""
+    from dsdprof.io.runs import open_run
+    from dsdprof.jobs.compare_drafts import PLAN_FILE
+
+    root = Path(out)
+    if not (root / PLAN_FILE).is_file():
+        raise InputError("drafts", str(root), f"no {PLAN_FILE}: not a dsdprof compare-drafts directory")
+    plan = json.loads((root / PLAN_FILE).read_text())
+    grids: dict[str, pd.DataFrame] = {}
+    prov: dict[str, Any] = {}
+    spec: dict[str, Any] = {}
+    for d in plan["drafts"]:
+        runs = {c: root / d["name"] / c for c in plan["categories"] if (root / d["name"] / c).is_dir()}
+        if runs:
+            grids[d["name"]] = category_grid(runs)
+            if not prov:
+                run = open_run(next(iter(runs.values())))
+                prov = run.run_provenance()
+                spec_file = next(iter(runs.values())) / "_sweep.json"
+                spec = json.loads(spec_file.read_text()).get("spec", {}) if spec_file.is_file() else {}
+    if not grids:
+        raise InputError("drafts", str(root), "no draft has a finished run yet")
+    return Comparison(root, plan, grids, prov, spec)
+
+
+def default_mix(comp: Comparison) -> dict[str, float]:
+    """The workload's own mix: each category weighted by its prompts in the workload file."""
+    counts = {c: float(n) for c, n in comp.plan["categories"].items()}
+    return counts if sum(counts.values()) > 0 else {c: 1.0 for c in counts}
+
+
+def _f(x: Any, nd: int = 2) -> str:
+    return f"{float(x):.{nd}f}" if x is not None and math.isfinite(float(x)) else "?"
+
+
+def _ci(r: Any) -> str:
+    return f"{_f(r['speedup'])} [{_f(r['speedup_low'])}, {_f(r['speedup_high'])}]"
+
+
+def _memory_rows(comp: Comparison) -> list[str]:
+    sweep, work, eng = comp.spec.get("sweep", {}), comp.spec.get("workload", {}), comp.spec.get("engine", {})
+    kmax = max(sweep.get("num_spec_tokens", [0]))
+    bmax = max(sweep.get("batch_sizes", [1]))
+    lines = [f"| draft | method | weights MiB | KV KiB/token | KV MiB at BS {bmax}, K {kmax} |",
+             "|---|---|---:|---:|---:|"]
+    for d in comp.plan["drafts"]:
+        m = draft_memory(d.get("draft_model"), str(eng.get("dtype", "auto")), int(work.get("input_len", 0)),
+                         int(sweep.get("output_len", 0)), kmax, bmax)
+        lines.append(f"| {d['name']} | {d['method']} | {_f(m['weights_bytes'] / 2**20, 1)} | "
+                     f"{_f(m['kv_bytes_per_token'] / 2**10, 1)} | {_f(m['kv_bytes'] / 2**20, 1)} |")
+    return lines
+
+
+def _per_category_rows(comp: Comparison) -> list[str]:
+    lines = ["| draft | category | BS | own K* | speedup [interval] | AL at K* | acceptance per position "
+             "(largest K) |", "|---|---|---:|---:|---|---:|---|"]
+    for name, grid in comp.grids.items():
+        pp = per_position(grid).set_index(["category", "batch_size"])
+        for c in sorted(grid["category"].unique()):
+            g = grid[grid["category"] == c]
+            best = mix_table(g, {c: 1.0})
+            for _, r in best.iterrows():
+                al = g[(g["batch_size"] == r["batch_size"]) & (g["num_spec_tokens"] == r["k"])]
+                pos = pp.loc[(c, int(r["batch_size"])), "acceptance_per_pos"]
+                pos_s = " ".join(_f(p) for p in pos) if pos is not None else "?"
+                lines.append(f"| {name} | {c} | {int(r['batch_size'])} | {int(r['k'])} | {_ci(r)} | "
+                             f"{_f(al['acceptance_length'].iloc[0])} | {pos_s} |")
+    return lines
+
+
+def _regret_rows(comp: Comparison, weights: dict[str, float]) -> list[str]:
+    lines = ["| draft | category | BS | mix K | own K | speedup at mix K | own best | regret |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, grid in comp.grids.items():
+        table = {int(b): int(k) for b, k in zip(*(mix_table(grid, weights)[c] for c in ("batch_size", "k")))}
+        for _, r in category_regret(grid, table).iterrows():
+            lines.append(f"| {name} | {r['category']} | {r['batch_size']} | {r['table_k']} | {r['own_k']} | "
+                         f"{_f(r['speedup_at_table_k'])} | {_f(r['own_speedup'])} | "
+                         f"{_f(100 * r['regret'], 1)} % |")
+    return lines
+
+
+def _vanilla_rows(comp: Comparison) -> list[str]:
+    lines = ["| BS | " + " | ".join(f"{n}/{c}" for n, g in comp.grids.items()
+                                    for c in sorted(g["category"].unique())) + " |"]
+    lines.append("|---:|" + "---:|" * (lines[0].count("|") - 2))
+    sizes = sorted({int(b) for g in comp.grids.values() for b in g["batch_size"]})
+    for b in sizes:
+        vals = []
+        for g in comp.grids.values():
+            for c in sorted(g["category"].unique()):
+                v = g[(g["category"] == c) & (g["batch_size"] == b)]["vanilla_goodput"]
+                vals.append(_f(v.iloc[0] * b, 1) if len(v) else "?")
+        lines.append(f"| {b} | " + " | ".join(vals) + " |")
+    return lines
+
+
+def drafts_markdown(comp: Comparison, weights: dict[str, float], title: str = "") -> str:
+    """The report (module docstring); ``weights`` the traffic mix (any scale)."""
+    ranking = rank_drafts(comp.grids, weights)
+    rec = recommend(ranking)
+    total = sum(weights.values())
+    mix = ", ".join(f"{c} {100 * w / total:.0f} %" for c, w in weights.items())
+    eng = comp.spec.get("engine", {})
+    out = [f"# {title or 'Draft comparison'}", "",
+           f"Target `{eng.get('model', '?')}`; drafts: "
+           + ", ".join(f"`{d['name']}` ({d['method']})" for d in comp.plan["drafts"])
+           + "; categories (prompts): "
+           + ", ".join(f"{c} ({n})" for c, n in comp.plan["categories"].items()) + f"; mix: {mix}.",
+           "", f"**Recommendation:** {rec['text']}.", "",
+           "## Ranking per batch size (each draft at its best K for the mix)", "",
+           "Speedup = goodput over the vanilla that ran beside it, with its interval; *wins*: above "
+           "every other draft's interval; *tied*: intervals overlap the leader's point.", "",
+           "| BS | rank | draft | K | speedup [interval] | verdict |", "|---:|---:|---|---:|---|---|"]
+    for _, r in ranking.iterrows():
+        out.append(f"| {r['batch_size']} | {r['rank']} | {r['draft']} | {r['k']} | {_ci(r)} | "
+                   f"{r['verdict']} |")
+    out += ["", "## Draft memory (weights + draft KV; the target's KV is the same for all)", "",
+            *_memory_rows(comp), "", "## Each draft's table for the mix", ""]
+    for name, grid in comp.grids.items():
+        t = mix_table(grid, weights)
+        out.append(f"- **{name}**: " + ", ".join(f"BS {int(b)} -> K {int(k)}"
+                                                  for b, k in zip(t["batch_size"], t["k"])))
+    out += ["", "## By category: own best K, AL, acceptance per position", "", *_per_category_rows(comp),
+            "", "## Regret per category of the mix table", "",
+            "The share of a category's best speedup that the mix's K gives up at that batch size.", "",
+            *_regret_rows(comp, weights), "", "## Vanilla side by side (tokens/s, whole batch)", "",
+            "Each sweep's own vanilla (same target, same category prompts): they should agree across drafts.",
+            "", *_vanilla_rows(comp), ""]
+    return "\n".join(out)
+
+
+def mix_ktable(comp: Comparison, draft: str, weights: dict[str, float]) -> dict[str, Any]:
+    """``draft``'s ``dsdprof.ktable/v2`` for the mix: per batch size the K of the highest mixed
+    speedup; cells are the mixed cells (AL and ITL weighted by the mix)."""
+    from dsdprof.export.table import build_table
+
+    if draft not in comp.grids:
+        raise InputError("--draft", draft, f"no finished run (drafts: {', '.join(comp.grids)})")
+    grid = comp.grids[draft]
+    mixed = mixed_grid(grid, weights)
+    best = mix_table(grid, weights)
+    cells = mixed.rename(columns={})[["batch_size", "num_spec_tokens", "acceptance_length", "itl_s"]].copy()
+    cells["goodput"] = cells["acceptance_length"] / cells["itl_s"]
+    opt = best.merge(cells, left_on=["batch_size", "k"], right_on=["batch_size", "num_spec_tokens"])
+    opt = opt.rename(columns={"speedup": "speedup_vs_baseline"}).drop(columns=["num_spec_tokens"])
+    total = sum(weights.values())
+    prov = dict(comp.provenance)
+    prov.update(draft=draft, mix=",".join(f"{c}={w / total:.4g}" for c, w in weights.items()))
+    analysis = SimpleNamespace(optimal=opt, cells=cells, provenance=prov, tolerance=0.0,
+                               shape="dense-like" if list(opt["k"]) == sorted(opt["k"], reverse=True)
+                               else "moe-like")
+    return dict(build_table(analysis, source=str(comp.out / draft)))
+
+
+def drafts_figure(comp: Comparison):  # -> matplotlib Figure
+    """Speedup over vanilla against K, one panel per batch size, a line per (draft, category)."""
+    from matplotlib.figure import Figure
+
+    sizes = sorted({int(b) for g in comp.grids.values() for b in g["batch_size"]})
+    fig = Figure(figsize=(3.2 * len(sizes), 3.2), dpi=110)
+    axes = fig.subplots(1, len(sizes), squeeze=False)[0]
+    styles = ["-", "--", ":", "-."]
+    for ax, b in zip(axes, sizes):
+        for i, (name, grid) in enumerate(comp.grids.items()):
+            for j, c in enumerate(sorted(grid["category"].unique())):
+                g = grid[(grid["batch_size"] == b) & (grid["category"] == c)].sort_values("num_spec_tokens")
+                k = g["num_spec_tokens"].to_numpy()
+                s = g["speedup"].to_numpy(float)
+                err = np.vstack([s - g["speedup_low"].to_numpy(float), g["speedup_high"].to_numpy(float) - s])
+                ax.errorbar(k, s, yerr=np.nan_to_num(err), linestyle=styles[j % len(styles)], marker="o",
+                            color=f"C{i}", capsize=2, label=f"{name} / {c}")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_title(f"BS {b}")
+        ax.set_xlabel("K")
+    axes[0].set_ylabel("speedup over vanilla")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
