@@ -2,7 +2,8 @@
 
 dsdprof's scheduler subclass (:mod:`dsdprof.plugins.vllm_profiling`) runs inside vLLM's engine
 core and appends one record per engine step to the cell's trace file (JSON lines, one list of
-records per wave). A record (:class:`Step`) is written when vLLM's ``update_from_output`` for
+records per wave; the record's keys: :mod:`dsdprof.formats.trace`). A record (:class:`Step`) is
+written when vLLM's ``update_from_output`` for
 that step returns (under async scheduling that is *after* the next step was scheduled; the record
 belongs to the step whose output was processed). It says which wave the step belonged to, when
 its update finished, how many of the wave's requests it ran, how many of them were decoding (no
@@ -35,54 +36,18 @@ values: testable without vLLM.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 
+from dsdprof.formats.trace import Step, decode_line
 from dsdprof.measure.engine import StepStats
 from dsdprof.measure.vllm.replay import with_replay
 
 SETTLE = 1  # paired design: pure steps of a K after a switch that are not timed (the first one)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One engine step of a traced wave (see the module docstring)."""
-
-    wave: int
-    t_end: float  # engine core perf_counter() when the update finished (sync scheduler: minus dsdprof's own time)
-    scheduled: int  # requests of this wave scheduled in the step
-    decoding: int  # of which decoding (no prefill tokens) with an output vLLM used
-    prefill_tokens: int  # prompt tokens of any request in the step
-    others: int  # requests scheduled in the step that do not belong to this wave
-    drafted: tuple[int, ...]  # per decoding request: draft tokens verified
-    generated: tuple[int, ...]  # per decoding request: tokens sampled (accepted + bonus), untrimmed
-    delivered: dict[str, int] = field(default_factory=dict)  # request id -> tokens delivered
-    finished: tuple[bool, ...] = ()  # per decoding request: it finished in this step
-    accepted: tuple[int, ...] | None = None  # per decoding request: drafts accepted (None: generated - 1)
-    stale: int = 0  # requests of this wave whose output vLLM discarded
-    ids: tuple[str, ...] = ()  # per decoding request: its id
-    k_next: int = -1  # K the step scheduled (drafts proposed for the next step); -1: not recorded
-    arm: int | None = None  # the K-sequence value the step was scheduled under (< 0: an arm; None: none)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Step":
-        acc = d.get("accepted")
-        return cls(int(d["wave"]), float(d["t_end"]), int(d["scheduled"]), int(d["decoding"]),
-                   int(d["prefill_tokens"]), int(d.get("others", 0)), tuple(d["drafted"]),
-                   tuple(d["generated"]), {str(k): int(v) for k, v in d["delivered"].items()},
-                   tuple(bool(x) for x in d.get("finished", ())),
-                   tuple(int(a) for a in acc) if acc is not None else None, int(d.get("stale", 0)),
-                   tuple(str(i) for i in d.get("ids", ())), int(d.get("k_next", -1)),
-                   int(d["arm"]) if d.get("arm") is not None else None)
-
-    def accepted_counts(self) -> tuple[int, ...]:
-        if self.accepted is not None:
-            return self.accepted
-        return tuple(max(0, min(d, g - 1)) if d > 0 else 0 for d, g in zip(self.drafted, self.generated))
 
 
 class CellFailure(RuntimeError):
@@ -117,11 +82,7 @@ def read_trace(path: str | Path) -> list[Step]:
     p = Path(path)
     if not p.is_file():
         return []
-    steps = []
-    for line in p.read_text().splitlines():
-        if line.strip():
-            steps.extend(Step.from_json(d) for d in json.loads(line))
-    return steps
+    return [step for line in p.read_text().splitlines() for step in decode_line(line)]
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -160,7 +121,8 @@ def check_k(steady: list[tuple[Step, float]], k: int) -> None:
     if wrong:
         total = sum(counts.values())
         shown = ", ".join(f"{n} drafted {d}" for d, n in sorted(counts.items()))
-        raise CellFailure(f"K not verified: {wrong} of {total} steady request-steps did not draft K={k} ({shown})")
+        raise CellFailure(f"K not verified: {wrong} of {total} steady request-steps did not draft K={k} "
+                          f"({shown})")
 
 
 def _per_request_tpot(steady: list[tuple[Step, float]]) -> list[float]:
@@ -340,11 +302,14 @@ def pool_acceptance(by_k: dict[int, TraceSummary],
             se = math.sqrt(sum((g - mean) ** 2 for g in own) / (len(own) - 1) / len(own))
             diff = t.acceptance_length - al
             if abs(diff) > max(4 * se, 0.02 * al):
-                check = (f"acceptance: K={k}'s own steps made {t.acceptance_length:.3f} tokens per request-step, "
+                check = (f"acceptance: K={k}'s own steps made {t.acceptance_length:.3f} tokens per "
+                         "request-step, "
                          f"the group's pooled estimate {al:.3f} ({diff / al:+.1%}; 4 se = {4 * se / al:.1%})")
         out[k] = replace(t, acceptance_length=al, sample_acceptance_length=samples,
-                         acceptance_per_pos=tuple(tot_acc[j] / tot_dr[j] if tot_dr[j] else 0.0 for j in range(positions)),
-                         tpot_s=t.itl_s / al, acceptance_length_own=t.acceptance_length, acceptance_check=check)
+                         acceptance_per_pos=tuple(tot_acc[j] / tot_dr[j] if tot_dr[j] else 0.0
+                                                  for j in range(positions)),
+                         tpot_s=t.itl_s / al, acceptance_length_own=t.acceptance_length,
+                         acceptance_check=check)
     return out
 
 
@@ -377,7 +342,8 @@ def _verified_arms(steps: list[Step]) -> dict[int, int | None]:
     return out
 
 
-def pure_blocks(pure_waves: dict[int, set[int]], waves_seen: set[int] = frozenset()) -> dict[int, int]:
+def pure_blocks(pure_waves: dict[int, set[int]],
+                waves_seen: AbstractSet[int] = frozenset()) -> dict[int, int]:
     """Wave -> its block, named by the block's first wave: consecutive waves (of ``pure_waves``
     and ``waves_seen``) grouped until every K has a pure step in the block (the waves after the
     last complete block join it). Empty when some K has no pure step at all."""
