@@ -1,18 +1,19 @@
 """The ``[sim]`` section of a sweep spec (analytic engine settings), validated: unknown keys are
-rejected by name. Resolving it into hardware, architectures and acceptance is
+rejected by name. ``SweepSpec.sim`` is a :class:`SimConfig`, validated once when the spec is
+parsed. Resolving it into hardware, architectures and acceptance is
 :mod:`dsdprof.measure.sim.config`'s job; this module only says what the keys are.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dsdprof.errors import InputError
 
 # vLLM's --kv-cache-dtype names -> bytes per element (None: the model's own storage).
-KV_CACHE_DTYPES: dict[str, Optional[float]] = {
+KV_CACHE_DTYPES: dict[str, float | None] = {
     "auto": None, "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
     "float32": 4.0, "fp32": 4.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_ds_mla": 1.0,
 }
@@ -26,22 +27,22 @@ class SimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     hardware: str = Field(description="catalog name (H100 SXM, H200 SXM, B200, ...) or profile TOML path")
-    context_len: Optional[int] = Field(None, ge=1, description="KV positions per sequence during decode")
+    context_len: int | None = Field(None, ge=1, description="KV positions per sequence during decode")
     routing_correlation: float = Field(0.0, ge=0.0, lt=1.0)
-    acceptance_alpha: Optional[float] = Field(None, gt=0.0, le=1.0)
-    acceptance_per_pos: Optional[list[float]] = Field(None, min_length=1)
-    acceptance_conditional: Optional[list[float]] = Field(None, min_length=1)
-    acceptance_from: Optional[str] = None
-    bandwidth_efficiency: Optional[float] = Field(None, gt=0.0, le=100.0)
-    compute_efficiency: Optional[float] = Field(None, gt=0.0, le=100.0)
-    step_overhead_s: Optional[float] = Field(None, ge=0.0)
-    draft_step_overhead_s: Optional[float] = Field(None, ge=0.0)
-    dsd_overhead_s: Optional[float] = Field(None, ge=0.0)
-    layer_overhead_s: Optional[float] = Field(None, ge=0.0)
-    moe_layer_overhead_s: Optional[float] = Field(None, ge=0.0)
-    expert_overhead_s: Optional[float] = Field(None, ge=0.0)
-    mla_layer_overhead_s: Optional[float] = Field(None, ge=0.0)
-    token_overhead_s: Optional[float] = Field(None, ge=0.0)
+    acceptance_alpha: float | None = Field(None, gt=0.0, le=1.0)
+    acceptance_per_pos: list[float] | None = Field(None, min_length=1)
+    acceptance_conditional: list[float] | None = Field(None, min_length=1)
+    acceptance_from: str | None = None
+    bandwidth_efficiency: float | None = Field(None, gt=0.0, le=100.0)
+    compute_efficiency: float | None = Field(None, gt=0.0, le=100.0)
+    step_overhead_s: float | None = Field(None, ge=0.0)
+    draft_step_overhead_s: float | None = Field(None, ge=0.0)
+    dsd_overhead_s: float | None = Field(None, ge=0.0)
+    layer_overhead_s: float | None = Field(None, ge=0.0)
+    moe_layer_overhead_s: float | None = Field(None, ge=0.0)
+    expert_overhead_s: float | None = Field(None, ge=0.0)
+    mla_layer_overhead_s: float | None = Field(None, ge=0.0)
+    token_overhead_s: float | None = Field(None, ge=0.0)
     kv_cache_dtype: str = Field("auto", description="KV-cache element type (vLLM --kv-cache-dtype names)")
     check_memory: bool = Field(True, description="predict OOM cells as failed rows")
 
@@ -53,24 +54,41 @@ class SimConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _one_acceptance(self) -> "SimConfig":
+    def _one_acceptance(self) -> SimConfig:
         given = [k for k in _ACCEPTANCE_KEYS if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"give one acceptance source, not {given}")
         return self
 
+    def __getitem__(self, key: str) -> Any:
+        """``spec.sim["hardware"]``: the section read as the dict it was before it had a type."""
+        if key not in type(self).model_fields:
+            raise KeyError(key)
+        return getattr(self, key)
 
-def parse_sim_config(data: Optional[dict[str, Any]]) -> SimConfig:
-    """Validate ``spec.sim``; InputError naming ``sim.<key>`` on bad input."""
+
+def parse_sim_config(data: SimConfig | dict[str, Any] | None) -> SimConfig:
+    """``spec.sim`` as a :class:`SimConfig` (validated once, in the spec; a dict is validated
+    here); InputError naming ``sim.<key>`` on bad input."""
     if data is None:
         raise InputError("sim", None, "engine.name = 'sim' needs a [sim] section (at least hardware)")
+    if isinstance(data, SimConfig):
+        return data
     try:
         return SimConfig.model_validate(data)
     except ValidationError as err:
-        e = err.errors()[0]
-        loc = ".".join(str(p) for p in e["loc"])
-        field = f"sim.{loc}" if loc else "sim"
-        if e["type"] == "extra_forbidden":
-            raise InputError(field, e.get("input"), "unknown key") from None
-        value = e.get("input") if loc else {k: data.get(k) for k in _ACCEPTANCE_KEYS if k in data}
-        raise InputError(field, value, e["msg"].removeprefix("Value error, ")) from None
+        raise sim_error(err.errors()[0], data) from None
+
+
+def sim_error(e: Any, data: Any, prefix: tuple[Any, ...] = ()) -> InputError:
+    """The one-line error of a ``[sim]`` validation error ``e`` (pydantic's error dict, ``loc``
+    relative to the section after ``prefix``); ``data``: the section as given."""
+    loc = ".".join(str(p) for p in e["loc"][len(prefix):])
+    field = f"sim.{loc}" if loc else "sim"
+    if e["type"] == "extra_forbidden":
+        return InputError(field, e.get("input"), "unknown key")
+    if loc or not isinstance(data, dict):
+        value = e.get("input")
+    else:
+        value = {k: data.get(k) for k in _ACCEPTANCE_KEYS if k in data}
+    return InputError(field, value, e["msg"].removeprefix("Value error, "))

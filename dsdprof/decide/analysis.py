@@ -19,7 +19,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -71,11 +71,11 @@ class Analysis:
     confidence: float = DEFAULT_CONFIDENCE
     curve: str = ""  # moe-like | dense-like | flat ("" = derived from monotonic)
     acceptance: str = "measured"  # measured | chain: where each K's AL came from
-    chain_check: Optional[pd.DataFrame] = None
-    coverage: Optional[Coverage] = None  # the planned grid against what produced a number (analyze_path)
+    chain_check: pd.DataFrame | None = None
+    coverage: Coverage | None = None  # the planned grid against what produced a number (analyze_path)
     warnings: tuple[str, ...] = ()  # what a reader must know about these numbers (e.g. unknown intervals)
     family: int = 1  # batch sizes decided together: each at 1 - (1 - confidence) / family (Bonferroni)
-    truth: Optional[pd.DataFrame] = None  # synthetic acceptance: measured AL vs the rates' (decide/truth.py)
+    truth: pd.DataFrame | None = None  # synthetic acceptance: measured AL vs the rates' (decide/truth.py)
 
     @property
     def shape(self) -> str:
@@ -103,10 +103,9 @@ class Analysis:
 
 # ----------------------------------------------------------------------------- loading
 
-# Provenance that must agree across every row analyzed together (unless allow_mixed).
 # ----------------------------------------------------------------------------- analysis
 
-def _per_pos_median(lists: list) -> list[float]:
+def _per_pos_median(lists: list[Any]) -> list[float]:
     rows = [np.asarray(v, dtype=float).ravel() for v in lists if v is not None and np.size(v) > 0]
     if not rows:
         return []
@@ -126,7 +125,7 @@ def _mean_cells(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _robust_points(cells: pd.DataFrame, reps: dict) -> pd.DataFrame:
+def _robust_points(cells: pd.DataFrame, reps: dict[int, Any]) -> pd.DataFrame:
     """Each cell's AL and ITL as the bootstrap's point (heavy-tailed waves winsorized, see
     :func:`dsdprof.decide.bootstrap.robust_units`), so the table, the rule and the intervals agree."""
     point = {(b, int(k)): (float(rep.point_al[i]), float(rep.point_itl[i]))
@@ -212,7 +211,7 @@ def _per_pos_table(candidate_rows: pd.DataFrame) -> pd.DataFrame:
     """Median per-position acceptance of each (batch size, K) over its rows."""
     if "acceptance_per_pos" not in candidate_rows.columns:
         return pd.DataFrame(columns=["batch_size", "num_spec_tokens", "acceptance_per_pos"])
-    lists: dict[tuple[int, int], list] = {}
+    lists: dict[tuple[int, int], list[Any]] = {}
     for b, k, v in zip(candidate_rows["batch_size"], candidate_rows["num_spec_tokens"],
                        candidate_rows["acceptance_per_pos"]):
         lists.setdefault((int(b), int(k)), []).append(v)
@@ -220,7 +219,8 @@ def _per_pos_table(candidate_rows: pd.DataFrame) -> pd.DataFrame:
                          for (b, k), v in sorted(lists.items())])
 
 
-def _optimal_record(d: Any, k: int, cells: pd.DataFrame, rep: Any, base_goodput: dict, ks: list[int],
+def _optimal_record(d: Any, k: int, cells: pd.DataFrame, rep: Any, base_goodput: dict[Any, float],
+                    ks: list[int],
                     tolerance: float, confidence: float, family: int = 1) -> dict[str, Any]:
     """One row of ``Analysis.optimal``: the K served at ``d.batch_size`` and how sure it is."""
     b = d.batch_size
@@ -347,7 +347,7 @@ def _one_context(df: pd.DataFrame) -> None:
                              "(dsdprof.decide.context.analyze_contexts), never pool them")
 
 
-def _unknown_warning(decisions: list) -> tuple[str, ...]:
+def _unknown_warning(decisions: list[Any]) -> tuple[str, ...]:
     unknown = [d.batch_size for d in decisions if not d.known]
     if not unknown:
         return ()

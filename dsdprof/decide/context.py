@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 
@@ -65,7 +65,7 @@ def analyze_contexts(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     return _analyze_slices(context_slices(df), tolerance, provenance, **options)
 
 
-def _analyze_slices(slices: Optional[dict[int, pd.DataFrame]], tolerance: float,
+def _analyze_slices(slices: dict[int, pd.DataFrame] | None, tolerance: float,
                     provenance: dict[str, Any] | None, **options: Any) -> ContextAnalysis:
     if slices is None:
         raise InputError(CONTEXT, None, "the rows have no context axis (a sweep without [sweep] "
@@ -86,7 +86,7 @@ def _analyze_slices(slices: Optional[dict[int, pd.DataFrame]], tolerance: float,
 
 
 def analyze_contexts_path(path: str | Path | Run, tolerance: float = DEFAULT_TOLERANCE,
-                          allow_mixed: bool = False, **options: Any) -> Optional[ContextAnalysis]:
+                          allow_mixed: bool = False, **options: Any) -> ContextAnalysis | None:
     """:func:`analyze_contexts` on a run (a :class:`dsdprof.io.runs.Run`, or the run directory /
     Parquet file to open); None when it has no context axis."""
     run = open_run(path)

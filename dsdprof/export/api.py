@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, cast
+from collections.abc import Callable
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import validate_table
+from dsdprof.formats.ktable_types import KTable
 from dsdprof.io.runs import Run
 
 EXPORT_FORMATS = ("table", "vllm", "vllm-compilation", "trtllm")
@@ -31,7 +33,7 @@ class ExportDocument:
     warnings: list[str] = field(default_factory=list)
 
 
-def below_baseline_warning(optimal: Any) -> Optional[str]:
+def below_baseline_warning(optimal: Any) -> str | None:
     """Batch sizes where even the best speculative K is slower than the vanilla baseline."""
     below = optimal[optimal["speedup_vs_baseline"] < 1.0]
     if not len(below):
@@ -41,7 +43,7 @@ def below_baseline_warning(optimal: Any) -> Optional[str]:
             "drafter, vLLM issue 49548); serving those sizes without a speculative config is faster")
 
 
-def partial_run_error(coverage: Any, source: str | Path) -> Optional[InputError]:
+def partial_run_error(coverage: Any, source: str | Path) -> InputError | None:
     """The refusal of a table over a grid with gaps (None when every grid cell has a number)."""
     if coverage is None or coverage.complete:
         return None
@@ -65,8 +67,8 @@ def synthetic_warning(provenance: dict[str, Any]) -> str:
 
 
 def table_from_source(source: str | Path | Run, tolerance: float = DEFAULT_TOLERANCE,
-                      allow_mixed: bool = False, label: Optional[str] = None,
-                      allow_partial: bool = False) -> tuple[dict[str, Any], list[str]]:
+                      allow_mixed: bool = False, label: str | None = None,
+                      allow_partial: bool = False) -> tuple[KTable, list[str]]:
     """The K table of a run (a :class:`dsdprof.io.runs.Run`, or the run directory / Parquet file
     to open; analysed here), or a table JSON as loaded. ``label``: the source the table's
     provenance names (default: the run's path). A run whose grid (from its manifest) has batch
@@ -89,22 +91,23 @@ def table_from_source(source: str | Path | Run, tolerance: float = DEFAULT_TOLER
     result = analyze_path(run, tolerance=tolerance, allow_mixed=allow_mixed)
     warnings = [w for w in [below_baseline_warning(result.optimal), synthetic_warning(result.provenance)]
                 if w]
-    if (err := partial_run_error(result.coverage, source)) is not None:
+    cov = run.coverage
+    if (err := partial_run_error(cov, source)) is not None:
         if not allow_partial:
             raise err
-        warnings.append(f"partial run: {result.coverage.describe()}; K there comes from the measured "
+        warnings.append(f"partial run: {cov.describe()}; K there comes from the measured "
                         "neighbours (the table's provenance.partial says so)")
-        result.provenance["partial"] = result.coverage.describe()
+        result.provenance["partial"] = cov.describe()
     rows = None if "acceptance_per_pos" in result.cells.columns else run.rows
     table = validate_table(end_at_last_measured(build_table(result, source=label or str(source), rows=rows),
-                                                result.coverage))
+                                                cov))
     if not table.get("acceptance_per_pos"):
         warnings.append("the measurements have no per-position acceptance: the table serves statically but "
                         "AdaptiveKSelector cannot use it")
     return table, warnings
 
 
-def partial_context_error(by_context: Any, source: str | Path) -> Optional[InputError]:
+def partial_context_error(by_context: Any, source: str | Path) -> InputError | None:
     """The refusal of a context sweep whose slices have gaps (None when every context's grid has
     a number): one line naming each context and its batch sizes (or cells) with no ok row."""
     from dsdprof.export.context import gap_line
@@ -118,13 +121,14 @@ def partial_context_error(by_context: Any, source: str | Path) -> Optional[Input
     what = "; ".join(f"context {c}: {gap_line(cov)}" for c, cov in gaps.items())
     what += f"; first error: {' '.join(first.split())[:120]}" if first else ""
     return InputError("contexts", value, f"{source} is a partial context sweep ({what}); retry the failed "
-                      "or missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass --allow-partial to "
+                      "or missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass "
+                      "--allow-partial to "
                       "export the cells that ran (each slice ends at its last measured batch size; the table "
                       "records the gaps)")
 
 
-def _context_table(by_context: Any, run: Run, label: Optional[str],
-                   allow_partial: bool = False) -> tuple[dict[str, Any], list[str]]:
+def _context_table(by_context: Any, run: Run, label: str | None,
+                   allow_partial: bool = False) -> tuple[KTable, list[str]]:
     from dsdprof.export.context import build_context_table, gap_line
 
     source = run.path
@@ -144,7 +148,7 @@ def _context_table(by_context: Any, run: Run, label: Optional[str],
     return validate_table(table), warnings
 
 
-def format_table(table: dict[str, Any], fmt: str) -> ExportDocument:
+def format_table(table: KTable, fmt: str) -> ExportDocument:
     """``table`` in format ``fmt`` (InputError naming ``--format`` on an unknown one)."""
     from dsdprof.export.table import check_vllm_config, vanilla_warning, vllm_speculative_config
     from dsdprof.export.trtllm import check_trtllm_config, trtllm_speculative_config
@@ -159,13 +163,13 @@ def format_table(table: dict[str, Any], fmt: str) -> ExportDocument:
     if fmt == "trtllm":
         return ExportDocument(trtllm_speculative_config(table), check_trtllm_config, vanilla)
     if fmt == "table":
-        return ExportDocument(table, validate_table, vanilla)
+        return ExportDocument(cast(dict[str, Any], table), validate_table, vanilla)
     raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
 
 
 def export_document(source: str | Path | Run, fmt: str = "table", tolerance: float = DEFAULT_TOLERANCE,
                     allow_mixed: bool = False, allow_partial: bool = False,
-                    context: Optional[int] = None) -> ExportDocument:
+                    context: int | None = None) -> ExportDocument:
     """What ``dsdprof export SOURCE --format FMT [--context N]`` prints or writes.
 
     A table with a context axis (v3) exported to an engine keyed on batch size only (vllm,
@@ -177,7 +181,7 @@ def export_document(source: str | Path | Run, fmt: str = "table", tolerance: flo
         raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
     table, warnings = table_from_source(source, tolerance, allow_mixed, allow_partial=allow_partial)
     if table.get("contexts") and (fmt != "table" or context is not None):
-        warnings = warnings + [context_notice(table, context)]
+        warnings = warnings + [w for w in [context_notice(table, context)] if w]
         table = slice_for_context(table, context if context is not None else int(table["default_context"]))
     elif context is not None:
         where = source.path if isinstance(source, Run) else source
@@ -189,7 +193,7 @@ def export_document(source: str | Path | Run, fmt: str = "table", tolerance: flo
     return ExportDocument(out.doc, out.check, warnings + out.warnings)
 
 
-def optional_vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
+def optional_vllm_config(table: KTable) -> dict[str, Any] | None:
     """vLLM's config serving ``table``; None when K = 0 everywhere (serve without speculation)."""
     try:
         return format_table(table, "vllm").doc
@@ -197,7 +201,7 @@ def optional_vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
         return None
 
 
-def load_any_table(path: str | Path) -> tuple[dict[str, Any], str]:
+def load_any_table(path: str | Path) -> tuple[KTable, str]:
     """(table, what it was) for ``dsdprof show``: a dsdprof K table, or dsdprof's own vLLM
     (``--speculative-config``) or TensorRT-LLM (``speculative_config``) export read back as a v1
     table of the same K per batch size. Anything else fails as :func:`load_table` does."""

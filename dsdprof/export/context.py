@@ -10,23 +10,27 @@ answer. ``num_speculative_tokens`` is the largest K of any slice (the cap must n
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Any, cast
 
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import SLICE_KEYS as _SLICE_KEYS, context_buckets, context_slice, validate_table
+from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import TABLE_SCHEMA_V3
 
-CONTEXT_INTERPOLATION = "nearest-log"  # a request context takes the slice of the nearest profiled one (log scale)
+# a request context takes the slice of the nearest profiled one (log scale)
+CONTEXT_INTERPOLATION = "nearest-log"
 
 
-def build_context_table(result: Any, source: str = "", rows: Any = None) -> dict[str, Any]:
+def build_context_table(result: Any, source: str = "", rows: Any = None) -> KTable:
     """``dsdprof.ktable/v3`` from a :class:`dsdprof.decide.context.ContextAnalysis` (``rows``: the
     run's rows, for per-position acceptance when the analyses lack it)."""
     from dsdprof.export.table import build_table
 
     contexts = result.contexts
     edges = context_buckets(contexts)
-    slices, tables = [], {}
+    slices: list[dict[str, Any]] = []
+    tables: dict[int, KTable] = {}
     for c, top in zip(contexts, edges):
         part = None
         if rows is not None and "context_len" in rows.columns:
@@ -34,9 +38,10 @@ def build_context_table(result: Any, source: str = "", rows: Any = None) -> dict
         tables[c] = build_table(result.slices[c], source=source, rows=part)
         cov = getattr(result, "coverage", {}).get(c)
         end_at_last_measured(tables[c], cov)
-        sl = {"max_context": int(top), "context_len": int(c), "num_speculative_tokens":
+        sl: dict[str, Any] = {"max_context": int(top), "context_len": int(c), "num_speculative_tokens":
               tables[c]["num_speculative_tokens"]}
-        sl.update({k: tables[c][k] for k in _SLICE_KEYS if tables[c].get(k) is not None})
+        whole = cast(dict[str, Any], tables[c])
+        sl.update({k: whole[k] for k in _SLICE_KEYS if whole.get(k) is not None})
         if cov is not None and not cov.complete:
             sl["partial"] = gap_line(cov)
         slices.append(sl)
@@ -54,7 +59,7 @@ def gap_line(cov: Any) -> str:
     return replace(cov, first_error="").describe()
 
 
-def end_at_last_measured(table: dict[str, Any], cov: Any) -> dict[str, Any]:
+def end_at_last_measured(table: KTable, cov: Any) -> KTable:
     """``table`` (a v2 table or slice, in place) with its last range ending at its last measured
     batch size when larger batch sizes of the grid produced no number (``cov``: the
     :class:`dsdprof.io.runs.Coverage`): a K is never extended over batch sizes that failed. (A
@@ -69,7 +74,7 @@ def end_at_last_measured(table: dict[str, Any], cov: Any) -> dict[str, Any]:
     return table
 
 
-def slice_for_context(table: dict[str, Any], context: int) -> dict[str, Any]:
+def slice_for_context(table: KTable, context: int) -> KTable:
     """The slice of a v3 ``table`` serving ``context`` as a v2-shaped table (:func:`context_slice`)."""
     if not isinstance(context, int) or isinstance(context, bool) or context < 1:
         raise InputError("--context", context, "must be an integer >= 1 (prompt tokens)")
@@ -78,7 +83,7 @@ def slice_for_context(table: dict[str, Any], context: int) -> dict[str, Any]:
     return context_slice(table, context)
 
 
-def context_notice(table: dict[str, Any], context: Optional[int]) -> Optional[str]:
+def context_notice(table: Mapping[str, Any], context: int | None) -> str | None:
     """One line for stderr when a batch-size-only schedule is cut from a v3 table."""
     contexts = table.get("contexts")
     if not contexts:

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from statistics import median
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from dsdprof import __version__
 from dsdprof.decide.vanilla import gap_text, vanilla_records
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import INTERPOLATION, ranges_from_points, TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
+from dsdprof.formats.ktable import (INTERPOLATION, TableError, ranges_from_points, read_table_file,
+                                    validate_num_speculative_tokens, validate_ranges, validate_table)
+from dsdprof.formats.ktable_types import KTable, TableCell
 from dsdprof.formats.versions import TABLE_SCHEMA
 
 # Optional per-point columns of Analysis.optimal copied into the table when present.
@@ -88,7 +91,7 @@ def per_cell_acceptance(rows) -> dict[tuple[int, int], list[float]]:
 def profiled_acceptance(per_cell: dict[tuple[int, int], list[float]]) -> list[float]:
     """Pooled profile: per position, the median over batch sizes of the largest-K cell's value."""
     largest: dict[int, list[float]] = {}
-    for (b, k), per_pos in sorted(per_cell.items()):
+    for (b, _k), per_pos in sorted(per_cell.items()):
         largest[b] = per_pos  # sorted by k within b: the last one is the largest K
     if not largest:
         return []
@@ -100,7 +103,7 @@ def profiled_acceptance(per_cell: dict[tuple[int, int], list[float]]) -> list[fl
     return out
 
 
-def build_table(analysis, source: str = "", rows=None) -> dict[str, Any]:
+def build_table(analysis: Any, source: str = "", rows: Any = None) -> KTable:
     """``dsdprof.ktable/v2`` document from an :class:`dsdprof.decide.analysis.Analysis`.
 
     Per-position acceptance comes from ``analysis.cells["acceptance_per_pos"]`` when the analysis
@@ -131,13 +134,14 @@ def build_table(analysis, source: str = "", rows=None) -> dict[str, Any]:
     if "acceptance_per_pos" in cells_df.columns:
         per_cell = {(int(b), int(k)): v for b, k, v in zip(
             cells_df["batch_size"], cells_df["num_spec_tokens"],
-            (_as_floats(x) for x in cells_df["acceptance_per_pos"])) if v is not None and len(v) == int(k) > 0}
+            (_as_floats(x) for x in cells_df["acceptance_per_pos"]))
+            if v is not None and len(v) == int(k) > 0}
     else:
         per_cell = per_cell_acceptance(rows)
     cells = []
     for b, k, al, itl, goodput in zip(cells_df["batch_size"], cells_df["num_spec_tokens"],
                                       cells_df["acceptance_length"], cells_df["itl_s"], cells_df["goodput"]):
-        cell = {"batch_size": int(b), "k": int(k), "itl_s": float(itl),
+        cell: TableCell = {"batch_size": int(b), "k": int(k), "itl_s": float(itl),
                 "acceptance_length": float(al), "goodput": float(goodput)}
         if (int(b), int(k)) in per_cell:
             cell["acceptance_per_pos"] = per_cell[(int(b), int(k))]
@@ -146,7 +150,7 @@ def build_table(analysis, source: str = "", rows=None) -> dict[str, Any]:
     prov = {k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
             for k, v in analysis.provenance.items()}
     prov.update({"source": source, "dsdprof_version": __version__,
-                 "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+                 "created_at": datetime.now(UTC).isoformat(timespec="seconds")})
     doc = {
         "schema": TABLE_SCHEMA,
         "num_speculative_tokens": max(r[2] for r in ranges),
@@ -165,7 +169,7 @@ def build_table(analysis, source: str = "", rows=None) -> dict[str, Any]:
     return validate_table(doc)
 
 
-def vanilla_warning(table: dict[str, Any], engine: str = "vLLM") -> Optional[str]:
+def vanilla_warning(table: Mapping[str, Any], engine: str = "vLLM") -> str | None:
     """What an export of ``table`` must say when the table records that a vanilla engine (no
     speculative config) measured faster than every K (``vanilla_faster``): the batch sizes, the gap
     with its interval, and that the schedule cannot express it (vLLM's K=0 still runs the drafter)."""
@@ -175,14 +179,16 @@ def vanilla_warning(table: dict[str, Any], engine: str = "vLLM") -> Optional[str
     parts = [f"{r['start']}..{r['end']} {gap_text(r['gain'], r.get('ci_low'), r.get('ci_high'))}"
              + (f" (profiled at {r['batch_size']})" if r.get("batch_size") else "") for r in records]
     return (f"vanilla (no speculative config) measured faster than every K at batch sizes {'; '.join(parts)} "
-            f"(vanilla goodput / best K's - 1, with its interval); {engine}'s schedule still speculates there "
-            "(in vLLM K=0 still runs the drafter): route those batch sizes to a deployment without speculation, "
+            f"(vanilla goodput / best K's - 1, with its interval); {engine}'s schedule still speculates "
+            "there "
+            "(in vLLM K=0 still runs the drafter): route those batch sizes to a deployment without "
+            "speculation, "
             "or accept the loss (docs/ktable.md#vanilla; the table's vanilla_faster records it)")
 
 
 # ----------------------------------------------------------------------------- reading / writing
 
-def load_table(path: str | Path) -> dict[str, Any]:
+def load_table(path: str | Path) -> KTable:
     """Read and validate a v1 or v2 table (the validator shared with ``dsdprof.serve.runtime``).
 
     A missing file is an :class:`InputError`; anything else unusable is a ``TableError``.
@@ -193,7 +199,7 @@ def load_table(path: str | Path) -> dict[str, Any]:
     return read_table_file(p)
 
 
-def vllm_speculative_config(table: dict[str, Any]) -> dict[str, Any]:
+def vllm_speculative_config(table: Mapping[str, Any]) -> dict[str, Any]:
     """vLLM ``--speculative-config`` JSON serving this table in vLLM's dynamic-SD mode.
 
     Same output for v1 and v2 tables. The draft (``model``) is the table's ``provenance.draft_model``,
@@ -244,7 +250,7 @@ def check_vllm_config(cfg: Any) -> None:
 COMPILATION_PROVENANCE = "extra_compilation_config"
 
 
-def vllm_compilation_config(table: dict[str, Any]) -> dict[str, Any]:
+def vllm_compilation_config(table: Mapping[str, Any]) -> dict[str, Any]:
     """vLLM ``--compilation-config`` JSON with the CUDA-graph settings the table's measurement ran
     under, so that a server of :func:`vllm_speculative_config` captures the graphs that were timed.
 
@@ -273,4 +279,5 @@ def check_vllm_compilation_config(cfg: Any) -> None:
         raise TableError(f"compilation_config.cudagraph_capture_sizes={sizes!r}: must be positive integers")
     top = cfg.get("max_cudagraph_capture_size")
     if top is not None and sizes is not None and top != max(sizes):
-        raise TableError(f"compilation_config.max_cudagraph_capture_size={top!r}: must be the largest capture size")
+        raise TableError(f"compilation_config.max_cudagraph_capture_size={top!r}: must be the largest "
+                         "capture size")

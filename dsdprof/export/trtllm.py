@@ -31,11 +31,12 @@ length of 0 costs nothing on TensorRT-LLM is not measured here.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Mapping
 from typing import Any
 
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import MAX_BATCH_SIZE, MAX_K, TableError, validate_num_speculative_tokens, validate_ranges, validate_table
-from dsdprof.formats.ktable import LAST_RANGE_END
+from dsdprof.formats.ktable import (LAST_RANGE_END, MAX_BATCH_SIZE, MAX_K, TableError,
+                                    validate_num_speculative_tokens, validate_ranges, validate_table)
 
 # vLLM / dsdprof method name -> TensorRT-LLM speculative config ``decoding_type``.
 DECODING_TYPES = {"eagle3": "Eagle3", "eagle": "Eagle", "mtp": "MTP", "ngram": "NGram",
@@ -61,11 +62,13 @@ def check_trtllm_schedule(schedule: Any, max_draft_len: Any) -> dict[int, int]:
         try:
             bs = int(key)
         except (TypeError, ValueError):
-            raise TableError(f"draft_len_schedule.{key}={value!r}: key must be an integer batch size") from None
+            raise TableError(f"draft_len_schedule.{key}={value!r}: key must be an integer batch "
+                             "size") from None
         if not 1 <= bs <= MAX_BATCH_SIZE:
             raise TableError(f"draft_len_schedule.{key}={value!r}: batch size threshold must be >= 1")
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_K:
-            raise TableError(f"draft_len_schedule.{key}={value!r}: draft length must be an integer in 0..{MAX_K}")
+            raise TableError(f"draft_len_schedule.{key}={value!r}: draft length must be an integer in "
+                             f"0..{MAX_K}")
         out[bs] = value
     mdl = validate_num_speculative_tokens(max_draft_len, "max_draft_len")
     smallest = min(out)
@@ -78,7 +81,7 @@ def check_trtllm_schedule(schedule: Any, max_draft_len: Any) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
-def trtllm_draft_len_schedule(table: dict[str, Any]) -> tuple[int, dict[int, int]]:
+def trtllm_draft_len_schedule(table: Mapping[str, Any]) -> tuple[int, dict[int, int]]:
     """``(max_draft_len, {batch_size_threshold: draft_len})`` serving a validated table."""
     validate_table(table)
     ranges = validate_ranges(table["ranges"])
@@ -100,14 +103,15 @@ def trtllm_draft_len_schedule(table: dict[str, Any]) -> tuple[int, dict[int, int
     first_k = merged[0][2]
     higher = next((r for r in merged if r[2] > first_k), None)
     if higher is not None:
-        raise InputError("ranges", higher, f"K={higher[2]} above batch size 1's K={first_k}: TensorRT-LLM needs "
+        raise InputError("ranges", higher, f"K={higher[2]} above batch size 1's K={first_k}: TensorRT-LLM "
+                                           "needs "
                          "the largest K at its smallest key (draft_len_schedule[smallest] == max_draft_len)")
     if not trailing_zero:  # the table's last K carries forward: keep it up to LAST_RANGE_END
         merged[-1][1] = max(merged[-1][1], LAST_RANGE_END)
     return first_k, {end: k for _, end, k in merged}
 
 
-def trtllm_speculative_config(table: dict[str, Any]) -> dict[str, Any]:
+def trtllm_speculative_config(table: Mapping[str, Any]) -> dict[str, Any]:
     """``{"speculative_config": {...}}`` for ``trtllm-serve --extra_llm_api_options`` (JSON is YAML).
 
     ``decoding_type`` and ``speculative_model`` come from the table's provenance when the method

@@ -19,14 +19,15 @@ from __future__ import annotations
 import json
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.export.api import optional_vllm_config, table_from_source
 from dsdprof.io.runs import open_run
+from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import FLEET_INDEX_SCHEMA
 from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore
 
@@ -59,16 +60,16 @@ def _run_dir(store: FleetStore, run: str, scratch: Path) -> Path:
     return local
 
 
-def _table_for(run_dir: Path, source: str, tolerance: float) -> dict[str, Any]:
+def _table_for(run_dir: Path, source: str, tolerance: float) -> KTable:
     """The table of the run in ``run_dir`` (opened once: :func:`dsdprof.io.runs.open_run`)."""
     return table_from_source(open_run(run_dir), tolerance, label=source)[0]
 
 
-def _vllm_config(table: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _vllm_config(table: KTable) -> dict[str, Any] | None:
     return optional_vllm_config(table)
 
 
-def export_fleet(out: str, staging: Optional[str] = None, tolerance: float = DEFAULT_TOLERANCE) -> FleetIndex:
+def export_fleet(out: str, staging: str | None = None, tolerance: float = DEFAULT_TOLERANCE) -> FleetIndex:
     """Analyze every finished run of the fleet in ``out``; write its table and the index."""
     from dsdprof.io.atomic import write_json_atomic
 
@@ -103,7 +104,7 @@ def export_fleet(out: str, staging: Optional[str] = None, tolerance: float = DEF
                             "num_speculative_tokens": table["num_speculative_tokens"],
                             "ranges": table["ranges"],
                             "shape": table["shape"], "cells": rec.get("cells"), "ok": rec.get("ok")})
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    created = datetime.now(UTC).isoformat(timespec="seconds")
     doc = {"schema": INDEX_SCHEMA, "fleet": out, "created_at": created,
            "tolerance": tolerance, "tables": entries, "skipped": skipped}
     index_path = write_json_atomic(tables_local / INDEX_NAME, doc, force=True)
@@ -114,7 +115,7 @@ def export_fleet(out: str, staging: Optional[str] = None, tolerance: float = DEF
     return FleetIndex(str(index_path), doc)
 
 
-def current_index(store: FleetStore, tolerance: float, runs: list[str]) -> Optional[FleetIndex]:
+def current_index(store: FleetStore, tolerance: float, runs: list[str]) -> FleetIndex | None:
     """The stored index, if it was made with ``tolerance`` and covers every one of ``runs``."""
     rel = f"{TABLES_DIR}/{INDEX_NAME}"
     try:
@@ -129,7 +130,7 @@ def current_index(store: FleetStore, tolerance: float, runs: list[str]) -> Optio
     return FleetIndex(store.describe(rel) if store.remote else str(store.local_path(rel)), doc)
 
 
-def find_index(path: str | Path) -> Optional[Path]:
+def find_index(path: str | Path) -> Path | None:
     """The fleet index ``path`` names: the file itself, or ``tables/index.json`` of a fleet
     directory. None when ``path`` is something else (e.g. a K table)."""
     p = Path(path)

@@ -1,32 +1,20 @@
-"""The K table (JSON, ``dsdprof.ktable/v1`` and ``/v2``): its validator, the range semantics
+"""The K table (JSON, ``dsdprof.ktable/v1``, ``/v2``, ``/v3``): its validator, the range semantics
 (:func:`ranges_from_points`, :func:`k_for_batch_size`) and its limits -- the one home behind
-``show``, ``export``, ``validate`` and ``dsdprof.serve``. Stdlib only.
+``show``, ``export``, ``validate`` and ``dsdprof.serve``. Its keys and types:
+:class:`dsdprof.formats.ktable_types.KTable`. Stdlib only.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 from dsdprof.errors import InputError
-from dsdprof.formats.versions import TABLE_SCHEMA_V1, TABLE_SCHEMA_V2, TABLE_SCHEMA_V3, TABLE_SCHEMAS  # noqa: F401 - re-exported
+from dsdprof.formats.ktable_types import KTable, VanillaRecord
+from dsdprof.formats.versions import (TABLE_SCHEMA_V1, TABLE_SCHEMA_V2, TABLE_SCHEMA_V3,  # noqa: F401
+                                      TABLE_SCHEMAS)
 
-# dsdprof.ktable/v1: ``ranges`` (what is served), optional ``num_speculative_tokens`` (a cap on K,
-#   as in vLLM), ``points`` (the profiled optimum per batch size), ``provenance`` and descriptive keys.
-# dsdprof.ktable/v2: v1 plus ``cells`` -- the measured step time and acceptance length of every
-#   profiled (batch size, K) -- and ``acceptance_per_pos``, the profiled per-position acceptance
-#   p_i (accepted at position i / drafts), so K can be re-derived for another acceptance
-#   (:mod:`dsdprof.serve.adaptive`) without re-profiling. Both versions load everywhere.
-# dsdprof.ktable/v3: v2 (its top-level ``ranges``/``points``/``cells`` are the batch-size-only
-#   answer: the slice of ``default_context``, the shortest profiled context) plus ``contexts``:
-#   ``[{"max_context": N, "context_len": c, "ranges": [...], "points": [...], "cells": [...],
-#   "acceptance_per_pos": [...]}, ...]`` sorted by ``max_context``; a request context C is served by
-#   the first slice with C <= max_context, contexts past the last by the last (carried forward).
-#   ``context_len`` is the context the slice was profiled at; bucket edges are the geometric means of
-#   neighbouring profiled contexts (:func:`context_buckets`).
-# Any version (optional, old readers ignore it): ``vanilla_faster`` -- where a vanilla engine measured
-#   faster than every K (vLLM's K=0 still runs the drafter), see :func:`validate_vanilla`; a v3
-#   slice may carry its own.
+# What each version holds, key by key: dsdprof.formats.ktable_types (KTable and its parts).
 
 # Largest K a table may hold: vLLM's rejection sampler asserts max_spec_len <= MAX_SPEC_LEN = 128
 # (vllm/v1/sample/rejection_sampler.py); no engine verifies longer drafts.
@@ -65,9 +53,9 @@ def _short(value: object, limit: int = 80) -> str:
 
 
 def _int_in(value: object, where: str, lo: int, hi: int) -> int:
-    if not _is_int(value) or not lo <= value <= hi:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
         raise TableError(f"{where}={_short(value)}: must be an integer in {lo}..{hi}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _number(value: object, where: str, lo: float | None = None, hi: float | None = None,
@@ -108,7 +96,8 @@ def _range_error(field: str, i: int, r: Any, expected_start: int) -> None:
     start, end, k = r
     where = f"{field}[{i}]={_short(list(r))}"
     if start != expected_start:
-        raise TableError(f"{where}: start must be {expected_start} (ranges start at 1 and are contiguous and sorted)")
+        raise TableError(f"{where}: start must be {expected_start} (ranges start at 1 and are contiguous and "
+                         "sorted)")
     if end < start:
         raise TableError(f"{where}: end must be >= start")
     if end > MAX_BATCH_SIZE:
@@ -180,7 +169,7 @@ def _validate_cells(cells: object) -> None:
                 raise TableError(f"{where}.acceptance_per_pos={_short(per_pos)}: more positions than k={k}")
 
 
-def validate_table(doc: object) -> dict[str, Any]:
+def validate_table(doc: object) -> KTable:
     """Validate a parsed ``dsdprof.ktable/v1`` or ``/v2`` document; return it unchanged.
 
     Raises :class:`TableError` naming the first bad field. Unknown top-level keys are allowed
@@ -213,7 +202,7 @@ def validate_table(doc: object) -> dict[str, Any]:
         validate_contexts(doc.get("contexts"))
         if doc.get("default_context") is not None:
             _int_in(doc["default_context"], "default_context", 1, MAX_CONTEXT)
-    return doc
+    return cast(KTable, doc)
 
 
 def validate_contexts(contexts: object) -> list[tuple[int, list[tuple[int, int, int]]]]:
@@ -231,7 +220,8 @@ def validate_contexts(contexts: object) -> list[tuple[int, list[tuple[int, int, 
             raise TableError(f"{where}={_short(sl)}: must be an object with max_context and ranges")
         top = _int_in(sl.get("max_context"), f"{where}.max_context", 1, MAX_CONTEXT)
         if top <= prev:
-            raise TableError(f"{where}.max_context={top}: must be > {prev} (slices sorted, strictly increasing)")
+            raise TableError(f"{where}.max_context={top}: must be > {prev} (slices sorted, strictly "
+                             "increasing)")
         if sl.get("context_len") is not None:
             _int_in(sl["context_len"], f"{where}.context_len", prev + 1, top)
         ranges = validate_ranges(sl.get("ranges"), f"{where}.ranges")
@@ -250,7 +240,7 @@ def validate_contexts(contexts: object) -> list[tuple[int, list[tuple[int, int, 
     return out
 
 
-def validate_vanilla(records: object, field: str = "vanilla_faster") -> list[dict[str, Any]]:
+def validate_vanilla(records: object, field: str = "vanilla_faster") -> list[VanillaRecord]:
     """Optional ``vanilla_faster`` (any table version; old readers ignore it): ``[{"start", "end",
     "gain", "ci_low", "ci_high", "batch_size", "k"}, ...]`` -- batch sizes ``start..end`` (sorted,
     not overlapping) where a vanilla engine (no speculative config) measured faster than every K
@@ -273,18 +263,19 @@ def validate_vanilla(records: object, field: str = "vanilla_faster") -> list[dic
             _int_in(r["batch_size"], f"{where}.batch_size", 1, MAX_BATCH_SIZE)
         if r.get("k") is not None:
             _int_in(r["k"], f"{where}.k", 0, MAX_K)
-    return records  # type: ignore[return-value]
+    return records
 
 
-SLICE_KEYS = ("ranges", "points", "cells", "acceptance_per_pos", "vanilla_faster")  # what a v3 slice holds of a v2 table
+# what a v3 slice holds of a v2 table
+SLICE_KEYS = ("ranges", "points", "cells", "acceptance_per_pos", "vanilla_faster")
 
 
-def context_slice(table: dict[str, Any], context: int) -> dict[str, Any]:
+def context_slice(table: KTable, context: int) -> KTable:
     """The slice of a validated v3 ``table`` serving ``context`` (the first with ``max_context >=
     context``, else the last) as a v2-shaped table (v1 when the slice has no cells), keeping the
     whole table's provenance; its cap is the slice's ``num_speculative_tokens`` else its largest K."""
     contexts = table["contexts"]
-    chosen = next((sl for sl in contexts if context <= sl["max_context"]), contexts[-1])
+    chosen: dict[str, Any] = dict(next((sl for sl in contexts if context <= sl["max_context"]), contexts[-1]))
     out = {k: v for k, v in table.items() if k not in ("contexts", "default_context", "context_interpolation",
                                                         "contexts_skipped", *SLICE_KEYS)}
     out.update({k: chosen[k] for k in SLICE_KEYS if k in chosen})
@@ -301,7 +292,7 @@ def context_buckets(contexts: list[int], last_end: int = LAST_CONTEXT_END) -> li
     return [math.isqrt(a * b) for a, b in zip(cs, cs[1:])] + [max(last_end, cs[-1])]
 
 
-def read_table_file(path: Any) -> dict[str, Any]:
+def read_table_file(path: Any) -> KTable:
     """Read, parse and validate a table file. Every failure is a :class:`TableError`:
     unreadable, larger than :data:`MAX_TABLE_BYTES`, not UTF-8, not JSON, or not a valid table.
     """
@@ -355,7 +346,7 @@ def ranges_from_points(points: list[tuple[int, int]], last_end: int = LAST_RANGE
 def k_for_batch_size(ranges: list[list[int]], batch_size: int) -> int:
     """Reference (slow) lookup: the K a table gives at ``batch_size`` (carry-forward past the end)."""
     k = ranges[0][2]
-    for start, end, kk in ranges:
+    for start, _end, kk in ranges:
         if batch_size >= start:
             k = kk
     return k

@@ -16,12 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dsdprof import __version__
-from dsdprof.config.sim import parse_sim_config
 from dsdprof.errors import InputError
-from dsdprof.formats.versions import MANIFEST_VERSION, MEASUREMENT_SCHEMA_VERSION, READABLE_MANIFEST_VERSIONS, SIM_MODEL_VERSION
+from dsdprof.formats.versions import (MANIFEST_VERSION, MEASUREMENT_SCHEMA_VERSION,
+                                      READABLE_MANIFEST_VERSIONS, SIM_MODEL_VERSION)
 
 MANIFEST_NAME = "_sweep.json"
 
@@ -41,18 +41,14 @@ def spec_hash(spec_dump: dict[str, Any]) -> str:
 
 
 def normalised_spec_dump(spec: Any) -> dict[str, Any]:
-    """``spec`` (a :class:`~dsdprof.config.spec.SweepSpec`) as JSON with every default filled in.
-
-    The ``[sim]`` section is free-form in the spec; for the analytic engine it is normalised
-    through its own pydantic model, so an explicit default and an omitted key hash alike.
-    """
-    dump = spec.model_dump(mode="json")
-    if spec.engine.name == "sim" and spec.sim is not None:
-        dump["sim"] = parse_sim_config(spec.sim).model_dump(mode="json")
+    """``spec`` (a :class:`~dsdprof.config.spec.SweepSpec`) as JSON with every default filled in
+    (the ``[sim]`` section too: it is a :class:`~dsdprof.config.sim.SimConfig`, so an explicit
+    default and an omitted key hash alike)."""
+    dump: dict[str, Any] = spec.model_dump(mode="json")
     return dump
 
 
-def _dist_version(name: str) -> Optional[str]:
+def _dist_version(name: str) -> str | None:
     from importlib import metadata
 
     try:
@@ -76,8 +72,8 @@ def measurement_versions(spec_dump: dict[str, Any]) -> dict[str, str]:
 
 
 def build_manifest(spec_dump: dict[str, Any], versions: dict[str, str],
-                   provenance: Optional[dict[str, Any]], started_at: str,
-                   resumed_at: Optional[str] = None) -> dict[str, Any]:
+                   provenance: dict[str, Any] | None, started_at: str,
+                   resumed_at: str | None = None) -> dict[str, Any]:
     """The manifest document. ``provenance`` is None until the engine has reported it (a run
     directory is claimed by its manifest before the engine starts)."""
     doc = {
@@ -109,7 +105,8 @@ def parse_manifest(text: str, where: str) -> dict[str, Any]:
                          f"{where} was written by an older dsdprof (no run manifest); start a new --out")
     if version not in READABLE_MANIFEST_VERSIONS:
         raise InputError(f"{MANIFEST_NAME}.manifest", version,
-                         f"unknown manifest version in {where} (this dsdprof reads {list(READABLE_MANIFEST_VERSIONS)})")
+                         f"unknown manifest version in {where} (this dsdprof reads "
+                         f"{list(READABLE_MANIFEST_VERSIONS)})")
     for key, kind in (("spec", dict), ("versions", dict), ("provenance", (dict, type(None))),
                       ("spec_hash", str)):
         if key not in doc or not isinstance(doc[key], kind):
@@ -120,7 +117,7 @@ def parse_manifest(text: str, where: str) -> dict[str, Any]:
     return doc
 
 
-def first_difference(old: Any, new: Any, path: str) -> Optional[tuple[str, Any, Any]]:
+def first_difference(old: Any, new: Any, path: str) -> tuple[str, Any, Any] | None:
     """(dotted path, old value, new value) of the first leaf where ``old`` and ``new`` differ."""
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new), key=str):

@@ -11,7 +11,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -121,7 +121,7 @@ class PartFile:
     dsdprof) and rows."""
 
     path: Path
-    meta: Optional[dict[str, Any]]
+    meta: dict[str, Any] | None
     rows: pd.DataFrame
 
 

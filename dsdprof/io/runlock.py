@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.errors import InputError
@@ -61,7 +61,8 @@ class RunLock:
             raise InputError("out", str(self.out), f"is in use by {describe_holder(self.out)}; "
                              "wait for it to finish or choose another --out") from None
         except OSError as err:
-            raise InputError("out", str(self.out), f"is not writable: cannot create its lock file ({err.strerror or err})") from None
+            raise InputError("out", str(self.out), "is not writable: cannot create its lock file "
+                                                   f"({err.strerror or err})") from None
         self._lock = lock
         try:
             write_bytes_atomic(self.out / HOLDER_NAME, json.dumps(_holder_info(started_at)).encode())
@@ -88,7 +89,7 @@ class RunLock:
             lock.release(force=True)
 
 
-def holder_pid(out: Path) -> Optional[int]:
+def holder_pid(out: Path) -> int | None:
     """The pid the holder file names (tests and diagnostics)."""
     try:
         return int(json.loads((out / HOLDER_NAME).read_text())["pid"])

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_ADAPTIVE, MODE_DSD, MODE_FIXED
@@ -31,7 +31,7 @@ RUN_KIND_SWEEP = "sweep"
 RUN_KIND_VALIDATE = "validate"  # key in a validate run's manifest spec (dsdprof.jobs.validate)
 
 
-def _manifest(run_dir: Path) -> Optional[dict[str, Any]]:
+def _manifest(run_dir: Path) -> dict[str, Any] | None:
     try:
         doc = json.loads((run_dir / MANIFEST_NAME).read_text())
     except (OSError, ValueError):
@@ -151,7 +151,7 @@ class PooledRuns:
         return out
 
 
-def pooled_runs(path: str | Path, manifests: Optional[dict[Path, dict[str, Any]]] = None) -> PooledRuns:
+def pooled_runs(path: str | Path, manifests: dict[Path, dict[str, Any]] | None = None) -> PooledRuns:
     """The runs under ``path`` (``manifests``: :func:`manifests_under` when read already)."""
     manifests = manifests_under(path) if manifests is None else manifests
     runs = tuple((str(d), str(doc.get("spec_hash", ""))) for d, doc in manifests.items())
@@ -166,7 +166,7 @@ def pooled_runs(path: str | Path, manifests: Optional[dict[Path, dict[str, Any]]
 
 
 def check_pooled_runs(path: str | Path, allow_mixed: bool,
-                      manifests: Optional[dict[Path, dict[str, Any]]] = None) -> PooledRuns:
+                      manifests: dict[Path, dict[str, Any]] | None = None) -> PooledRuns:
     """The runs under ``path``; runs of different specs are refused (first difference named)
     unless ``allow_mixed``."""
     pooled = pooled_runs(path, manifests)
@@ -211,7 +211,7 @@ class Coverage:
         return "; ".join(parts)
 
 
-def coverage(path: str | Path, rows: Any, manifests: Optional[dict[Path, dict[str, Any]]] = None) -> Coverage:
+def coverage(path: str | Path, rows: Any, manifests: dict[Path, dict[str, Any]] | None = None) -> Coverage:
     """Gaps of ``rows`` (all rows read from ``path``, failed ones included) against the grid
     (``manifests``: :func:`manifests_under` of ``path`` when read already)."""
     bss: set[int] = set()
@@ -248,7 +248,7 @@ def has_contexts(df: Any) -> bool:
     return CONTEXT_COLUMN.name in df.columns and df[CONTEXT_COLUMN.name].notna().any()
 
 
-def context_slices(df: Any) -> Optional[dict[int, Any]]:
+def context_slices(df: Any) -> dict[int, Any] | None:
     """Rows per context, or None when the rows have no context axis. A row without a context in
     a context sweep is an error naming the cell."""
     import pandas as pd
@@ -316,7 +316,7 @@ class Run:
         return coverage(self.path, self.rows, self.manifests)
 
     @cached_property
-    def contexts(self) -> Optional[dict[int, Any]]:
+    def contexts(self) -> dict[int, Any] | None:
         """Rows per context of a context sweep (:func:`context_slices`); None without a context axis."""
         return context_slices(self.rows)
 
@@ -339,7 +339,7 @@ class Run:
         return prov
 
 
-def open_run(path: str | Path) -> Run:
+def open_run(path: str | Path | Run) -> Run:
     """Read ``path`` once: every Parquet file (:func:`dsdprof.io.readers.read_files`) and every
     manifest (:func:`manifests_under`). Unreadable files and cells stored twice are refused here;
     mixed provenance is recorded (:meth:`Run.check_mixed` refuses it)."""

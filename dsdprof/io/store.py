@@ -34,9 +34,9 @@ import shutil
 import time
 from collections import defaultdict
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dsdprof.io.atomic import fsync_dir, signals_held, write_bytes_atomic
 from dsdprof.errors import InputError
@@ -45,7 +45,8 @@ from dsdprof.io.manifest import (
     parse_manifest,
 )
 from dsdprof.io.runlock import LOCK_FILES, LOCK_NAME, RunLock
-from dsdprof.formats.measurements import COLUMN_NAMES, CONTEXT_COLUMN, OPTIONAL_COLUMN_NAMES, STATUS_OK, arrow_schema
+from dsdprof.formats.measurements import (COLUMN_NAMES, CONTEXT_COLUMN, OPTIONAL_COLUMN_NAMES, STATUS_OK,
+                                          arrow_schema)
 from dsdprof.formats.versions import MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
 
 SWEEP_META = MANIFEST_NAME
@@ -54,7 +55,7 @@ _PART_RE = re.compile(r"^part-(\d+)-.+\.parquet$")
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _is_scratch(name: str) -> bool:
@@ -70,7 +71,7 @@ class SweepWriter:
     """
 
     def __init__(self, out_dir: str | Path, spec_dump: dict[str, Any], resume: bool = False, *,
-                 flush_rows: int = 1, flush_interval_s: Optional[float] = None) -> None:
+                 flush_rows: int = 1, flush_interval_s: float | None = None) -> None:
         self.out = Path(out_dir)
         self.spec_dump = spec_dump
         self.versions = measurement_versions(spec_dump)
@@ -84,7 +85,7 @@ class SweepWriter:
         self._torn: list[Path] = []
         self._duplicates: dict[str, set[int]] = {}  # part name -> row positions to drop
         self._next_index = 0
-        self._stored: Optional[dict[str, Any]] = None
+        self._stored: dict[str, Any] | None = None
         self._started = False
         self._claimed_at = utc_now()
         self._claimed = False  # this writer wrote a provenance-less manifest into an empty OUT
@@ -142,7 +143,8 @@ class SweepWriter:
         """Check the stored run against this one (refusing touches nothing), then read its rows."""
         meta_path = self.out / SWEEP_META
         if not meta_path.is_file():
-            raise InputError("out", str(self.out), f"is not a dsdprof run (no {SWEEP_META}); refusing to resume into it")
+            raise InputError("out", str(self.out), f"is not a dsdprof run (no {SWEEP_META}); refusing to "
+                                                   "resume into it")
         try:
             text = meta_path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
@@ -222,7 +224,8 @@ class SweepWriter:
             self.done.add(row["cell_id"])
         else:
             self.done.discard(row["cell_id"])
-        due = self.flush_interval_s is not None and time.monotonic() - self._last_flush >= self.flush_interval_s
+        due = (self.flush_interval_s is not None
+               and time.monotonic() - self._last_flush >= self.flush_interval_s)
         if len(self._buffer) >= self.flush_rows or due:
             self.flush()
 
@@ -244,7 +247,8 @@ class SweepWriter:
                 retried[self._visible[r["cell_id"]]][r["cell_id"]] = r
         if fresh:
             first = fresh[0]["cell_id"]
-            name = f"part-{self._next_index:05d}-{first}{f'+{len(fresh) - 1}' if len(fresh) > 1 else ''}.parquet"
+            more = f"+{len(fresh) - 1}" if len(fresh) > 1 else ""
+            name = f"part-{self._next_index:05d}-{first}{more}.parquet"
             self._next_index += 1
             self._write_table(name, fresh)
             self._visible.update({r["cell_id"]: name for r in fresh})
@@ -252,7 +256,8 @@ class SweepWriter:
             self._rewrite(name, replace)
         fsync_dir(self.out)
 
-    def _rewrite(self, name: str, replace: dict[str, dict[str, Any]], drop: frozenset[int] | set[int] = frozenset()) -> None:
+    def _rewrite(self, name: str, replace: dict[str, dict[str, Any]],
+                 drop: frozenset[int] | set[int] = frozenset()) -> None:
         """Swap rows of part file ``name`` (archived under ``_attempts/`` first) in one rename."""
         import pyarrow.parquet as pq
 
@@ -327,7 +332,7 @@ class SweepWriter:
         finally:
             self._release()
 
-    def __enter__(self) -> "SweepWriter":
+    def __enter__(self) -> SweepWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -368,7 +373,8 @@ class SweepWriter:
         self._created = []
 
 
-def file_metadata(provenance: dict[str, Any], version: str = MEASUREMENT_SCHEMA_VERSION) -> dict[bytes, bytes]:
+def file_metadata(provenance: dict[str, Any],
+                  version: str = MEASUREMENT_SCHEMA_VERSION) -> dict[bytes, bytes]:
     """The Parquet key-value metadata of a measurement file: its schema version and the run's
     provenance (what :func:`dsdprof.io.readers.read_provenance` reads back)."""
     meta = {"schema_version": version, **provenance}

@@ -40,7 +40,9 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any
+from collections.abc import Callable
 
 from dsdprof.errors import InputError
 from dsdprof.export.table import vllm_speculative_config
@@ -52,7 +54,7 @@ from dsdprof.io.runs import RUN_KIND_VALIDATE, Run, run_kind
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.runner import SweepProgress, run_plan
 from dsdprof.measure.vllm.engine import VllmEngine
-from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
+from dsdprof.plugins.names import Arm, holds_arms
 
 VALIDATE_KEY = RUN_KIND_VALIDATE  # key in _sweep.json marking a validate run
 DEFAULT_FIXED_KS = (3,)
@@ -74,8 +76,8 @@ class ValidateSummary:
 def worker_key(cell: Cell) -> str:
     """Which engine runs a cell: ``vanilla``, ``fixed-<K>``, ``dsd`` or ``adaptive`` (steps design:
     every variant but vanilla on the adaptive engine, or without it on ``dsd``)."""
-    if cell.group and min(cell.group) < 0 and cell.mode != MODE_VANILLA:
-        return MODE_ADAPTIVE if ARM_ENGINE in cell.group else MODE_DSD
+    if holds_arms(cell.group) and cell.mode != MODE_VANILLA:
+        return MODE_ADAPTIVE if Arm.ENGINE in cell.group else MODE_DSD
     if cell.mode == MODE_FIXED:
         return f"fixed-{cell.num_spec_tokens}"
     return cell.mode
@@ -108,7 +110,7 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
         if max(fixed_ks) > engine_k:
             raise InputError("--fixed-k", max(fixed_ks), f"above K={engine_k}, the largest K of the engine "
                              "the steps design runs every variant on")
-        arms = ((ARM_ENGINE,) if adaptive_k is not None else ()) + (ARM_TABLE,) + tuple(sorted(fixed_ks))
+        arms = ((Arm.ENGINE,) if adaptive_k is not None else ()) + (Arm.TABLE,) + tuple(sorted(fixed_ks))
     cells: list[Cell] = []
     turn = 0
     for r in range(repeats):
@@ -130,7 +132,7 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
     return cells
 
 
-def dsd_llm_kwargs(base: dict[str, Any], table: dict[str, Any], spec) -> dict[str, Any] | None:
+def dsd_llm_kwargs(base: dict[str, Any], table: Mapping[str, Any], spec) -> dict[str, Any] | None:
     """vllm.LLM kwargs serving ``table`` through vLLM's own per-batch-size schedule.
 
     ``None`` when the table has K=0 everywhere (then DSD is served without speculation). The
@@ -151,7 +153,7 @@ def dsd_llm_kwargs(base: dict[str, Any], table: dict[str, Any], spec) -> dict[st
     return kwargs
 
 
-def adaptive_max_k(table: dict[str, Any], options: dict[str, Any]) -> int:
+def adaptive_max_k(table: Mapping[str, Any], options: dict[str, Any]) -> int:
     """The adaptive engine's ``num_speculative_tokens`` (largest K the table measured), after
     checking that the plugin accepts the table and ``options``; InputError otherwise."""
     from dsdprof.serve.adaptive import AdaptiveKSelector
@@ -174,7 +176,7 @@ def adaptive_max_k(table: dict[str, Any], options: dict[str, Any]) -> int:
     return max(ks)
 
 
-def adaptive_llm_kwargs(base: dict[str, Any], table: dict[str, Any], spec, table_file: str, max_k: int,
+def adaptive_llm_kwargs(base: dict[str, Any], table: Mapping[str, Any], spec, table_file: str, max_k: int,
                         options: dict[str, Any]) -> dict[str, Any]:
     """vllm.LLM kwargs of the adaptive engine: the static table's schedule (vLLM's dynamic-SD mode)
     with ``num_speculative_tokens = max_k``, dsdprof's adaptive scheduler, and the table file."""
@@ -200,7 +202,7 @@ def check_validate_spec(spec) -> None:
         raise InputError("engine.name", spec.engine.name, "validate runs real vLLM: use name = \"vllm\"")
 
 
-def table_warnings(table: dict[str, Any], spec) -> list[str]:
+def table_warnings(table: Mapping[str, Any], spec) -> list[str]:
     """Mismatches between the table's provenance and the spec being validated (a spec validate
     cannot run is refused first: errors come before warnings)."""
     check_validate_spec(spec)
@@ -219,7 +221,7 @@ def table_warnings(table: dict[str, Any], spec) -> list[str]:
     return out
 
 
-def validation_engine(spec, table: dict[str, Any], out: Path, fixed_engines: int = 1,
+def validation_engine(spec, table: Mapping[str, Any], out: Path, fixed_engines: int = 1,
                       adaptive: tuple[str, int, dict[str, Any]] | None = None, table_path: str = "",
                       start_worker: Callable[..., Any] | None = None, steps: bool = False) -> VllmEngine:
     """The vLLM engines of a validate run: vanilla and fixed K as in a sweep, plus ``table`` served
@@ -268,7 +270,7 @@ class ValidatePlanner:
         pass
 
 
-def run_validation(table: dict[str, Any], spec, out_dir: str | Path, fixed_ks: list[int],
+def run_validation(table: Mapping[str, Any], spec, out_dir: str | Path, fixed_ks: list[int],
                    table_path: str = "", resume: bool = False,
                    on_progress: Callable[[SweepProgress], None] | None = None,
                    start_worker: Callable[..., Any] | None = None,

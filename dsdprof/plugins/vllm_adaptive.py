@@ -67,6 +67,7 @@ from dsdprof.plugins.names import ARM_ENGINE
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import batch_context
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
+from dsdprof.formats.ktable_types import KTable
 from dsdprof.plugins.vllm_profiling import (
     TracingAsyncScheduler, TracingScheduler, _DsdprofMixin, build_for_config, class_for_config,
 )
@@ -108,8 +109,10 @@ class _AdaptiveMixin:
                 f"speculative_config.num_speculative_tokens_per_batch_size={None!r}: the adaptive scheduler needs "
                 "vLLM's dynamic-SD mode (serve the table's `dsdprof export --format vllm` speculative config)")
         settings = resolve_settings(additional_config, environ)
-        self.dsdprof_selector = settings.selector(max_k=self.num_spec_tokens)  # type: ignore[attr-defined]
-        self._adaptive_context_setup(settings)
+        table = read_table_file(settings.table_path)  # read once: the selector and the context slices
+        self.dsdprof_selector = settings.selector(
+            max_k=self.num_spec_tokens, table=table)  # type: ignore[attr-defined]
+        self._adaptive_context_setup(settings, table)
         self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1  # type: ignore[attr-defined]
         self._adaptive_hist: list[int] | None = None  # the step's counts when vLLM builds no SpecDecodingStats
         if not getattr(self, "log_stats", True):
@@ -131,10 +134,9 @@ class _AdaptiveMixin:
         logger.info("dsdprof adaptive K: table %s (from %s), K <= %d, K per profiled batch size %s",
                     settings.table_path, settings.source, self.dsdprof_selector.max_k, self.dsdprof_selector.ks)
 
-    def _adaptive_context_setup(self, settings) -> None:
-        """A v3 table: an adaptive selector per context slice (``_adaptive_ctx``: (max_context,
-        selector)); none for v1/v2."""
-        doc = read_table_file(settings.table_path)
+    def _adaptive_context_setup(self, settings, doc: KTable) -> None:
+        """A v3 table (``doc``, the table file's): an adaptive selector per context slice
+        (``_adaptive_ctx``: (max_context, selector)); none for v1/v2."""
         self._adaptive_ctx = [(sl["max_context"], AdaptiveKSelector(
             context_slice(doc, sl["max_context"]), max_k=self.num_spec_tokens, **dict(settings.options)))  # type: ignore[attr-defined]
             for sl in doc.get("contexts") or ()]

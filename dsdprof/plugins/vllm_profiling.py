@@ -29,7 +29,7 @@ request arrives; a value of the wrong type or out of range is ignored and counte
 * **Wave gate**: while nothing runs, a queue headed by a request carrying ``extra_args[GATE_ARG]
   = B`` (1..``max_num_seqs``) is not scheduled until B requests have arrived.
 * **Step trace**: ``extra_args[TRACE_ARG]`` names the cell's trace file (a plain file name) inside
-  the trace directory; one record per engine step (:class:`dsdprof.measure.vllm.trace.Step`) is
+  the trace directory; one record per engine step (:class:`dsdprof.formats.trace.TraceRecord`) is
   buffered and appended as one JSON line when the engine has no request left.
 
 **Own time out of ITL** (ITL = difference of consecutive ``t_end``): dsdprof's code is timed into
@@ -48,7 +48,6 @@ the sampled tokens in place; outputs vLLM discards (request already finished) co
 from __future__ import annotations
 
 import hmac
-import json
 import os
 import re
 import time
@@ -58,6 +57,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from dsdprof.formats.trace import TraceRecord, encode_flush, step_record
 from dsdprof.plugins.names import (
     ARM_ENGINE, ARM_TABLE, GATE_ARG, K_EXTRA_ARG, K_SEQ_ARG, MAX_K_SEQ, MIN_ARM, MIN_TOKEN_CHARS, RUN_ARG, RUN_TOKEN_ENV,
     TRACE_ARG, TRACE_DIR_ENV, WAVE_ARG,
@@ -147,7 +147,7 @@ class _DsdprofMixin:
         self.dsdprof_step_arms: tuple[int | None, int | None] = (None, None)  # (previous step's, this step's)
         self._dsdprof_const: dict[int, list[int]] = {}
         self._dsdprof_steps: dict[int, tuple] = {}
-        self._dsdprof_buffers: dict[str, list[dict[str, Any]]] = {}
+        self._dsdprof_buffers: dict[str, list[TraceRecord]] = {}
         self._dsdprof_token, self._dsdprof_trace_dir = _run_settings(environ)
         self._dsdprof_reqs: dict[str, Profiled] = {}
         self._dsdprof_seq_step: dict[tuple[str, int], int] = {}  # (trace, wave) -> steps scheduled
@@ -348,12 +348,11 @@ class _DsdprofMixin:
                 finished.append(request.is_finished())
         if not delivered:  # every output of the step was stale (async: the wave already finished)
             return
-        self._dsdprof_buffers.setdefault(path, []).append({
-            "wave": wave, "t_end": t_end, "t_own": t_own, "scheduled": len(reqs), "decoding": len(ids),
-            "prefill_tokens": prefill_tokens, "others": others, "stale": stale_n, "ids": ids,
-            "drafted": drafted, "accepted": accepted, "generated": generated, "delivered": delivered,
-            "finished": finished, "k_next": k_next, **({"arm": arm} if arm is not None else {}),
-        })
+        self._dsdprof_buffers.setdefault(path, []).append(step_record(
+            wave=wave, t_end=t_end, t_own=t_own, scheduled=len(reqs), decoding=len(ids),
+            prefill_tokens=prefill_tokens, others=others, stale=stale_n, ids=ids, drafted=drafted,
+            accepted=accepted, generated=generated, delivered=delivered, finished=finished, k_next=k_next,
+            arm=arm))
 
     def _dsdprof_flush(self) -> None:
         trace_dir = self._dsdprof_trace_dir
@@ -363,7 +362,7 @@ class _DsdprofMixin:
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
                 with os.fdopen(fd, "a") as fh:
-                    fh.write(json.dumps(records) + "\n")
+                    fh.write(encode_flush(records))
             except OSError:
                 self.dsdprof_ignored += 1  # a trace that cannot be written fails its cell, not the engine
         self._dsdprof_buffers = {}

@@ -58,7 +58,8 @@ class FlaggedRange:
     note: str
 
     def label(self) -> str:
-        span = f"BS {self.first_bs}" if self.first_bs == self.last_bs else f"BS {self.first_bs}-{self.last_bs}"
+        one = self.first_bs == self.last_bs
+        span = f"BS {self.first_bs}" if one else f"BS {self.first_bs}-{self.last_bs}"
         return f"{span}: DSD at {self.worst_speedup:.2f}x vanilla ({self.note})"
 
 
@@ -73,7 +74,8 @@ def user_speed(df: pd.DataFrame) -> pd.Series:
         if (t > 0).all():
             return 1.0 / t
     if {"acceptance_length", "itl_s"} <= set(df.columns):
-        return pd.to_numeric(df["acceptance_length"], errors="coerce") / pd.to_numeric(df["itl_s"], errors="coerce")
+        al = pd.to_numeric(df["acceptance_length"], errors="coerce")
+        return al / pd.to_numeric(df["itl_s"], errors="coerce")
     raise InputError("columns", sorted(df.columns)[:8],
                      "need tokens_per_s_per_user, tpot_s or acceptance_length and itl_s")
 
@@ -132,7 +134,8 @@ def _interleaved_cells(frames: list[pd.DataFrame]) -> list | None:
             return None
         repeats = rows["repeat"].astype(int).to_list() if "repeat" in rows.columns else [0] * len(rows)
         by_repeat: dict[int, tuple] = {}
-        for r, a, t, (s_al, s_itl), waves in zip(repeats, rows["acceptance_length"], rows["itl_s"], samples, blocks):
+        for r, a, t, (s_al, s_itl), waves in zip(repeats, rows["acceptance_length"], rows["itl_s"], samples,
+                                                 blocks):
             if r in by_repeat:
                 return None
             by_repeat[r] = (float(a), float(t), np.asarray(waves), np.asarray(s_al), np.asarray(s_itl))
@@ -209,7 +212,8 @@ def compare(df: pd.DataFrame, noise_floor: float = DEFAULT_NOISE_FLOOR,
         rec["noise"] = max(noise_floor, _spread(van), _spread(dsd["tops"]))
         rec["below_vanilla"] = bool(rec["speedup_vs_vanilla"] < 1.0 - rec["noise"])
         if rec["below_vanilla"]:
-            rec["note"] = K0_NOTE if rec["dsd_k"] == 0 else f"table's K={rec['dsd_k']} is slower than no speculation here"
+            slower = f"table's K={rec['dsd_k']} is slower than no speculation here"
+            rec["note"] = K0_NOTE if rec["dsd_k"] == 0 else slower
         else:
             rec["note"] = ""
         if "num_drafts" in dsd.columns and "num_draft_tokens" in dsd.columns:

@@ -43,7 +43,8 @@ def _ctx_label(c: int) -> str:
 
 def _heatmap(ax, analysis: Any, bs: list[int], ks: list[int]):
     cells = analysis.cells
-    grid = cells.pivot_table(index="num_spec_tokens", columns="batch_size", values="goodput").reindex(index=ks, columns=bs)
+    grid = cells.pivot_table(index="num_spec_tokens", columns="batch_size", values="goodput")
+    grid = grid.reindex(index=ks, columns=bs)
     rel = (grid / grid.max(axis=0)).to_numpy(dtype=float)
     im = ax.imshow(rel, origin="lower", aspect="auto", cmap="viridis", vmin=0.5, vmax=1.0)
     opt_k = dict(zip(analysis.optimal["batch_size"].astype(int), analysis.optimal["k"].astype(int)))
@@ -54,7 +55,8 @@ def _heatmap(ax, analysis: Any, bs: list[int], ks: list[int]):
         i = ks.index(opt_k[b]) if opt_k[b] in ks else None
         if i is not None:
             ax.add_patch(_box(j, i))
-            ax.text(j, i, str(opt_k[b]), ha="center", va="center", fontsize=7, color="white", fontweight="bold")
+            ax.text(j, i, str(opt_k[b]), ha="center", va="center", fontsize=7, color="white",
+                    fontweight="bold")
     ax.set_xticks(range(len(bs)), [str(b) for b in bs], fontsize=7)
     ax.set_yticks(range(len(ks)), [str(k) for k in ks], fontsize=7)
     return im

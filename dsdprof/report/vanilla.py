@@ -10,7 +10,6 @@ design interleaved the variants' waves).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import pandas as pd
 
@@ -40,23 +39,27 @@ def validate_vanilla(df: pd.DataFrame, confidence: float) -> pd.DataFrame:
                   for (m, k), rows in g[modes != MODE_VANILLA].groupby(["mode", "num_spec_tokens"])]
         if van.empty or not groups:
             continue
-        regrets = regret_intervals(int(b), van, [rows for _, rows in groups], confidence)  # 1 - variant / vanilla
+        # 1 - variant / vanilla
+        regrets = regret_intervals(int(b), van, [rows for _, rows in groups], confidence)
         if not all(math.isfinite(lo) and lo > 0 for lo, _ in regrets):
             continue
         speeds = [_goodput(rows) for _, rows in groups]
         i = max(range(len(groups)), key=lambda j: speeds[j])
         lo, hi = regrets[i]
-        out.append({"batch_size": int(b), "gain": _goodput(van) / speeds[i] - 1.0, "gain_low": lo / (1.0 - lo),
+        out.append({"batch_size": int(b), "gain": _goodput(van) / speeds[i] - 1.0,
+                    "gain_low": lo / (1.0 - lo),
                     "gain_high": hi / (1.0 - hi) if hi < 1 else math.inf, "variant": groups[i][0]})
     return pd.DataFrame(out, columns=GAP_COLUMNS)
 
 
-def validate_vanilla_line(gaps: pd.DataFrame, confidence: float) -> Optional[str]:
+def validate_vanilla_line(gaps: pd.DataFrame, confidence: float) -> str | None:
     """One line for the validate report (None when vanilla led nowhere beyond the intervals)."""
     if not len(gaps):
         return None
-    parts = [f"BS {int(r['batch_size'])} {gap_text(r['gain'], r['gain_low'], r['gain_high'])} over {r['variant']}"
+    parts = [f"BS {int(r['batch_size'])} {gap_text(r['gain'], r['gain_low'], r['gain_high'])} over "
+             f"{r['variant']}"
              for _, r in gaps.iterrows()]
-    return (f"vanilla beats every speculative variant beyond its {confidence:.0%} interval at {'; '.join(parts)} "
+    return (f"vanilla beats every speculative variant beyond its {confidence:.0%} interval at "
+            f"{'; '.join(parts)} "
             "(goodput of vanilla / the fastest variant - 1): serve these batch sizes without speculation "
             "(docs/ktable.md#vanilla)")

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dsdprof.formats.ktable_types import KTable
     from dsdprof.serve.adaptive import AdaptiveKSelector
 
 ADAPTIVE_SCHEDULER_QUALNAME = "dsdprof.engines.vllm_adaptive.make_scheduler"
@@ -51,11 +52,14 @@ class AdaptiveSettings:
     source: str = ""  # where the setting came from, for the engine log
     probe_every: int = DEFAULT_PROBE_EVERY
 
-    def selector(self, max_k: int | None = None) -> AdaptiveKSelector:
+    def selector(self, max_k: int | None = None, table: KTable | None = None) -> AdaptiveKSelector:
         """The :class:`~dsdprof.serve.adaptive.AdaptiveKSelector` for this table and options
-        (``max_k``: the engine's ``num_speculative_tokens``). Raises ``TableError`` / ``ValueError``."""
+        (``max_k``: the engine's ``num_speculative_tokens``; ``table``: the file's table when the
+        caller has read it). Raises ``TableError`` / ``ValueError``."""
         from dsdprof.serve.adaptive import AdaptiveKSelector
 
+        if table is not None:
+            return AdaptiveKSelector(table, max_k=max_k, **dict(self.options))
         return AdaptiveKSelector.from_file(self.table_path, max_k=max_k, **dict(self.options))
 
 

@@ -32,6 +32,7 @@ from dsdprof.measure.vllm.trace import CellFailure
 from dsdprof.measure.vllm.worker import PAIRED_HOLD, CellRequest, detect_hardware
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
+from dsdprof.plugins.names import holds_arms
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default, shared out between concurrent engines
 # Words in vLLM's errors when it rejects a dynamic-SD schedule (and only then may auto fall back).
@@ -309,7 +310,7 @@ class VllmEngine:
         return f"fixed-{cell.num_spec_tokens}", self.cell_request(cell, None, cell.num_spec_tokens)
 
     def measure(self, cell: Cell) -> CellMeasurement:
-        if cell.interleave or (cell.group and (min(cell.group) < 0 or (
+        if cell.interleave or (cell.group and (holds_arms(cell.group) or (
                 cell.mode in (MODE_DSD, MODE_VANILLA) and cell.mode not in self.served))):
             return self.measure_paired(cell)
         return self.run(*self.request_for(cell))
@@ -336,7 +337,7 @@ class VllmEngine:
         result = self._groups[key][unit_row(cell)]
         if isinstance(result, Exception):
             raise result
-        if cell.mode == MODE_DSD and cell.group and min(cell.group) < 0 \
+        if cell.mode == MODE_DSD and holds_arms(cell.group) \
                 and abs(result.drafted_per_draft - cell.num_spec_tokens) > 1e-9:  # the table arm ran the table's K?
             raise CellFailure(f"steps design: the table's arm drafted {result.drafted_per_draft:.3f} tokens per "
                               f"draft at batch size {cell.batch_size}, the table says K={cell.num_spec_tokens}")
@@ -348,7 +349,7 @@ class VllmEngine:
         :func:`~dsdprof.measure.engine.vanilla_waves` blocks; vanilla runs one wave per block."""
         s = self.spec.sweep
         blocks = wave_blocks(s.waves, vanilla_waves(s.waves, len(cell.group)))
-        steps = min(cell.group) < 0  # validate's steps design: the arms on the served engine, held longer
+        steps = holds_arms(cell.group)  # validate's steps design: the arms on the served engine, held longer
         key, positions = self.steps_engine() if steps else (MODE_DSD, max(cell.group))
         hold = STEPS_HOLD if steps else PAIRED_HOLD
         dsd_cell = replace(cell, mode=MODE_DSD, num_spec_tokens=positions)
@@ -371,7 +372,7 @@ class VllmEngine:
         between its spans. An engine that fails ends
         its own rows (its error); the other engine's waves go on."""
         dsd, van, blocks = self.unit_requests(cell)
-        group_key = self.steps_engine()[0] if min(cell.group) < 0 else MODE_DSD
+        group_key = self.steps_engine()[0] if holds_arms(cell.group) else MODE_DSD
         spans = {group_key: [(r.start, r.stop) for r in blocks], MODE_VANILLA: [(j, j + 1) for j in range(len(blocks))]}
         reqs = {group_key: (dsd, self.cell_timeout_s * len(cell.group)), MODE_VANILLA: (van, self.cell_timeout_s)}
         out: dict[str, Any] = {}
@@ -391,7 +392,7 @@ class VllmEngine:
                     out[mode] = self.failure(mode, err)
         group = out[group_key]
         rows: dict[tuple, Any] = {(MODE_VANILLA, 0): out[MODE_VANILLA]}
-        kind = "arm" if min(cell.group) < 0 else MODE_DSD
+        kind = "arm" if holds_arms(cell.group) else MODE_DSD
         rows.update({(kind, k): group if isinstance(group, Exception) else group[k] for k in cell.group})
         return rows
 

@@ -62,7 +62,8 @@ def k_sequence(group: tuple[int, ...], wave: int, hold: int) -> list[int]:
     switch stays with one K."""
     from dsdprof.measure.engine import balanced_order
 
-    return [group[j] for j in balanced_order(len(group), wave) for _ in range(hold)]
+    # plain ints on the wire: an Arm is its negative value (plugins.names)
+    return [int(group[j]) for j in balanced_order(len(group), wave) for _ in range(hold)]
 
 
 def request_seeds(seed: int, prompt_index: int, batch_size: int) -> list[int]:

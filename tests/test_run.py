@@ -1,0 +1,96 @@
+"""A run opened once (dsdprof.io.runs.Run): the export path reads each file once, and the Run
+answers what the path-based readers answer."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dsdprof.config.spec import parse_spec
+from dsdprof.errors import InputError
+from dsdprof.export.api import export_document
+from dsdprof.io.manifest import MANIFEST_NAME
+from dsdprof.io.runs import RUN_KIND_SWEEP, RUN_KIND_VALIDATE, open_run, run_kind
+from dsdprof.measure.runner import run_sweep
+
+
+def _sim(**sweep):
+    grid = {"batch_sizes": [1, 4], "num_spec_tokens": [0, 2], "waves": 3, **sweep}
+    return parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3",
+                                  "max_model_len": 70000},
+                       "sweep": grid, "sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.9}})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("runs")
+    run_sweep(_sim(), base / "sweep")
+    run_sweep(_sim(context_lens=[1024, 4096]), base / "ctx")
+    return base
+
+
+def _opens(monkeypatch, root: Path) -> Counter:
+    """Count reads of files under ``root`` (bytes, text, Parquet footers and bodies)."""
+    import pyarrow.parquet as pq
+
+    opens: Counter = Counter()
+
+    def wrap(owner, name):
+        real = getattr(owner, name)
+
+        def inner(*args, **kwargs):
+            target = args[0] if args else ""
+            if isinstance(target, (str, Path)) and str(target).startswith(str(root)):
+                opens[Path(target).name] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, inner)
+
+    for owner, name in ((Path, "read_bytes"), (Path, "read_text"), (pq, "read_schema"), (pq, "read_table")):
+        wrap(owner, name)
+    return opens
+
+
+@pytest.mark.parametrize("name", ["sweep", "ctx"])
+def test_export_reads_each_file_of_the_run_once(runs, monkeypatch, name):
+    run = runs / name
+    files = sorted(p.name for p in run.glob("*.parquet")) + [MANIFEST_NAME]
+    opens = _opens(monkeypatch, run)
+    export_document(run, "table")
+    assert dict(opens) == {f: 1 for f in files}
+
+
+@pytest.mark.parametrize("name", ["sweep", "ctx"])
+def test_a_run_exports_as_its_path_does(runs, name):
+    by_path = export_document(runs / name, "table").doc
+    by_run = export_document(open_run(runs / name), "table").doc
+    for doc in (by_path, by_run):
+        doc["provenance"].pop("created_at")
+    assert json.dumps(by_run, sort_keys=True) == json.dumps(by_path, sort_keys=True)
+    assert ("contexts" in by_run) == (name == "ctx")
+
+
+def test_run_kind_coverage_and_contexts_agree_with_the_path_readers(runs):
+    from dsdprof.io.runs import coverage
+
+    run = open_run(runs / "sweep")
+    assert run.kind == RUN_KIND_SWEEP == run_kind(runs / "sweep") and run.contexts is None
+    assert run.coverage == coverage(runs / "sweep", run.rows) and run.coverage.complete
+    ctx = open_run(runs / "ctx")
+    assert sorted(ctx.contexts) == [1024, 4096] and sorted(ctx.context_coverage) == [1024, 4096]
+
+
+def test_a_validate_manifest_makes_the_run_a_validate_run(runs, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "v"
+    shutil.copytree(runs / "sweep", run_dir)
+    doc = json.loads((run_dir / MANIFEST_NAME).read_text())
+    doc["spec"][RUN_KIND_VALIDATE] = {"table": "t.json"}
+    (run_dir / MANIFEST_NAME).write_text(json.dumps(doc))
+    run = open_run(run_dir)
+    assert run.kind == RUN_KIND_VALIDATE == run_kind(run_dir)
+    with pytest.raises(InputError, match="is a validate run, not a sweep \\(its manifest says so\\)"):
+        export_document(run, "table")
