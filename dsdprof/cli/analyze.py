@@ -75,9 +75,11 @@ def truth_lines(truth) -> list[str]:
 def shape_line(result) -> str:
     conf = f"{result.confidence:.0%}"
     if result.shape == "moe-like" and not result.intervals_known:
-        return "K* vs BS is non-monotonic (MoE-like) in the point estimates; intervals unknown, so not shown beyond noise"
+        return ("K* vs BS is non-monotonic (MoE-like) in the point estimates; intervals unknown, so not "
+                "shown beyond noise")
     return {
-        "moe-like": f"K* vs BS is non-monotonic (MoE-like): K* rises with batch size beyond its {conf} intervals",
+        "moe-like": f"K* vs BS is non-monotonic (MoE-like): K* rises with batch size beyond its {conf} "
+                    "intervals",
         "flat": "K* vs BS is flat (one K at every batch size; monotonic)",
     }.get(result.shape, "K* vs BS is monotonic non-increasing (dense-like)")
 
@@ -125,7 +127,8 @@ def compact_table(result) -> Table:
     for _, r in result.optimal.iterrows():
         decided = "yes" if r["decided"] else ("?" if not r["interval_known"] else "no")
         t.add_row(str(int(r["batch_size"])), str(int(r["k"])), decided, _runner_up(r),
-                  fmt_number(r["acceptance_length"]), fmt_number(r["itl_s"] * 1e3), fmt_number(r["goodput"], 1),
+                  fmt_number(r["acceptance_length"]), fmt_number(r["itl_s"] * 1e3),
+                  fmt_number(r["goodput"], 1),
                   fmt_number(r["speedup_vs_baseline"]) + "x")
     return t
 
@@ -169,7 +172,8 @@ def _wide_table(result) -> Table:
         t.add_row(str(int(r["batch_size"])), str(int(r["k"])), decided, runner,
                   _interval(r["margin"], r["ci_low"], r["ci_high"]), fmt_number(r["acceptance_length"]),
                   fmt_number(r["itl_s"] * 1e3), fmt_number(r["goodput"], 1),
-                  _interval(r["speedup_vs_baseline"], r.get("speedup_low", math.nan), r.get("speedup_high", math.nan)),
+                  _interval(r["speedup_vs_baseline"], r.get("speedup_low", math.nan),
+                            r.get("speedup_high", math.nan)),
                   *[fmt_number(r[f"speedup_vs_k{k}"]) + "x" for k in ks])
     return t
 
@@ -203,7 +207,8 @@ def _footer(result, console: Console, err_console: Console, conf: str) -> None:
                           "`dsdprof export` refuses it unless --allow-partial", style="yellow",
                           markup=False, highlight=False)
     if result.provenance.get("pooled_runs"):
-        pooled = {k: v for k, v in result.provenance.items() if k.startswith("pooled_") and k != "pooled_runs"}
+        pooled = {k: v for k, v in result.provenance.items()
+                  if k.startswith("pooled_") and k != "pooled_runs"}
         console.print("pooled runs (--allow-mixed): " + result.provenance["pooled_runs"]
                       + "".join(f"; {k.removeprefix('pooled_')} = {v}" for k, v in pooled.items()),
                       markup=False, highlight=False)
@@ -220,10 +225,12 @@ def _footer(result, console: Console, err_console: Console, conf: str) -> None:
         err_console.print(f"[yellow]{warning}[/]")
     open_bs = [b for b in result.undecided if b not in set(opt.loc[~opt["interval_known"], "batch_size"])]
     if open_bs:
-        still = dict(zip(opt["batch_size"].astype(int), opt["contenders"])) if "contenders" in opt.columns else {}
+        still = (dict(zip(opt["batch_size"].astype(int), opt["contenders"]))
+                 if "contenders" in opt.columns else {})
         together = f" over all {result.family} batch sizes" if getattr(result, "family", 1) > 1 else ""
         console.print(f"not decided at {conf} confidence{together}: " + ", ".join(
-            f"BS {b}" + (f" (K {','.join(map(str, still[b]))} still possible)" if len(still.get(b) or []) > 1 else "")
+            f"BS {b}"
+            + (f" (K {','.join(map(str, still[b]))} still possible)" if len(still.get(b) or []) > 1 else "")
             for b in open_bs) + "; more repeats, or `dsdprof sweep --budget`, would separate them",
             markup=False, highlight=False)
     changed = opt[opt["k"] != opt["k_rule"]]
@@ -231,9 +238,9 @@ def _footer(result, console: Console, err_console: Console, conf: str) -> None:
         console.print("kept non-increasing where undecided: " + ", ".join(
             f"BS {int(r.batch_size)} K {int(r.k_rule)} -> {int(r.k)}" for r in changed.itertuples()))
     if result.acceptance == "chain":
-        console.print("acceptance: AL of every K from the largest K's per-position acceptance (chain drafter; "
-                      "measured AL agrees within its interval; at batch sizes where the largest K has >= 2 "
-                      "repeats, its shares resampled over them)")
+        console.print("acceptance: AL of every K from the largest K's per-position acceptance (chain "
+                      "drafter; measured AL agrees within its interval; at batch sizes where the largest K "
+                      "has >= 2 repeats, its shares resampled over them)")
     console.print(f"{shape_line(result)}; tolerance {result.tolerance:.0%}, confidence {conf}")
     family = getattr(result, "family", 1)
     if family > 1 and result.intervals_known:

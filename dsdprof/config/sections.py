@@ -12,10 +12,8 @@ from pydantic import (
 
 from dsdprof.formats.ktable import LAST_RANGE_END
 
-# vLLM speculative methods dsdprof knows; anything vLLM accepts may be passed, these are the ones
-# that need (or do not need) a draft model.
+# vLLM speculative methods that need a draft model; anything vLLM accepts may be passed.
 DRAFT_MODEL_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator")
-DRAFTLESS_METHODS = ("ngram", "suffix", "mtp", "ngram_gpu")
 
 # vllm.LLM / speculative_config keys dsdprof sets itself: overriding them through ``extra`` would
 # make a row say something other than what ran (e.g. max_num_seqs breaks "BS held exactly").

@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from dsdprof.errors import InputError
 
@@ -95,7 +96,7 @@ class Grid:
         return tuple(out)
 
 
-def grid_from_table(table: dict) -> Grid:
+def grid_from_table(table: Mapping[str, Any]) -> Grid:
     """The grid of a v2 K table's ``cells`` (``itl_s``, ``acceptance_length``, ``acceptance_per_pos``;
     a cell without per-position acceptance gets the table's pooled curve scaled to its AL)."""
     cells = table.get("cells") or []
@@ -191,14 +192,14 @@ def predict(
 
 
 def variant_schedules(
-    table: dict, grid: Grid, fixed_ks: Sequence[int] | None = None
-) -> dict[str, Callable]:
+    table: Mapping[str, Any], grid: Grid, fixed_ks: Sequence[int] | None = None
+) -> dict[str, Callable[[int], int]]:
     """Variant name -> K as a function of batch size: vanilla, fixed-K (every K of the grid, or
     ``fixed_ks``), dsd and adaptive (the table's ranges)."""
     from dsdprof.formats.ktable import k_for_batch_size
 
     ranges = [list(r) for r in table["ranges"]]
-    out: dict[str, Callable] = {"vanilla": lambda b: 0}
+    out: dict[str, Callable[[int], int]] = {"vanilla": lambda b: 0}
     for k in fixed_ks if fixed_ks is not None else [k for k in grid.ks if k > 0]:
         out[f"fixed-{k}"] = (lambda kk: lambda b: kk)(k)
     out["dsd"] = lambda b: k_for_batch_size(ranges, b)
@@ -207,7 +208,7 @@ def variant_schedules(
 
 
 def predict_all(
-    table: dict,
+    table: Mapping[str, Any],
     lengths: Sequence[int],
     prefill_s: float | None = None,
     scale: float = 1.0,

@@ -32,6 +32,7 @@ row's own.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 
@@ -61,7 +62,7 @@ def request_steps_needed(rates: list[float], k: int, tolerance: float = TOLERANC
     return math.ceil(step_variance(rates, k) / (rel * implied_acceptance_length(rates, k)) ** 2)
 
 
-def _sample_se(samples) -> float:
+def _sample_se(samples: Any) -> float:
     vals = [float(v) for v in (samples if samples is not None else []) if not math.isnan(float(v))]
     if len(vals) < 2:
         return math.nan
@@ -115,7 +116,7 @@ def truth_rows(df: pd.DataFrame, rates: list[float], tolerance: float = TOLERANC
     return pd.DataFrame(out, columns=list(COLUMNS))
 
 
-def synthetic_truth(df: pd.DataFrame, provenance: dict) -> pd.DataFrame | None:
+def synthetic_truth(df: pd.DataFrame, provenance: dict[str, Any]) -> pd.DataFrame | None:
     """:func:`truth_rows` for a run whose provenance carries synthetic rates; None otherwise."""
     from dsdprof.measure.vllm.synthetic import rates_from_provenance
 

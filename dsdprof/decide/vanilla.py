@@ -46,7 +46,8 @@ def _gain(speedup: float) -> float:
 
 
 def vanilla_columns(optimal: pd.DataFrame, cells: pd.DataFrame, candidate_rows: pd.DataFrame,
-                    baseline_rows: pd.DataFrame, replicates: int, seed: int, confidence: float) -> pd.DataFrame:
+                    baseline_rows: pd.DataFrame, replicates: int, seed: int,
+                    confidence: float) -> pd.DataFrame:
     """``optimal`` with :data:`VANILLA_COLUMNS` (see the module docstring); NaN / False where the
     baseline is no vanilla engine. ``cells``: the analysis' cells (goodput per batch size and K)."""
     out = optimal.copy()
@@ -65,7 +66,7 @@ def vanilla_columns(optimal: pd.DataFrame, cells: pd.DataFrame, candidate_rows: 
             continue
         by_k = sorted(zip(group["goodput"], group["num_spec_tokens"].astype(int)), reverse=True)
 
-        def estimate(k: int) -> tuple[float, float, float, str]:
+        def estimate(k: int, b: int = b, base_b: pd.DataFrame = base_b) -> tuple[float, float, float, str]:
             rows = cand[(cand["batch_size"] == b) & (cand["num_spec_tokens"] == k)]
             return speedup_estimate(rows, base_b, replicates, seed, confidence)
         best_goodput, best_k = by_k[0]
@@ -103,7 +104,8 @@ def vanilla_records(optimal: pd.DataFrame) -> list[dict[str, Any]]:
         if bool(row["vanilla_faster"]):
             out.append({"start": start, "end": end, "batch_size": int(row["batch_size"]),
                         "gain": round(float(row["vanilla_gain"]), 6),
-                        "ci_low": _round(row["vanilla_gain_low"]), "ci_high": _round(row["vanilla_gain_high"]),
+                        "ci_low": _round(row["vanilla_gain_low"]),
+                        "ci_high": _round(row["vanilla_gain_high"]),
                         "k": int(row["k"])})
     return out
 
@@ -127,7 +129,8 @@ def vanilla_line(optimal: pd.DataFrame, confidence: float) -> str | None:
     hits = optimal[optimal["vanilla_faster"].astype(bool)]
     if not len(hits):
         return None
-    parts = [f"BS {int(r['batch_size'])} {gap_text(r['vanilla_gain'], r['vanilla_gain_low'], r['vanilla_gain_high'])}"
+    parts = [f"BS {int(r['batch_size'])} "
+             f"{gap_text(r['vanilla_gain'], r['vanilla_gain_low'], r['vanilla_gain_high'])}"
              for _, r in hits.iterrows()]
     return (f"vanilla (no speculative config) beats every K beyond its {confidence:.0%} interval at "
             f"{'; '.join(parts)} (vanilla goodput / best K's - 1). vLLM's K=0 still runs the drafter: "

@@ -150,13 +150,13 @@ def run_arrivals(
         outputs = engine.step()
         t = time.perf_counter() - t0
         for out in outputs:
-            i = index.get(out.request_id)
-            if i is None:
+            j = index.get(out.request_id)
+            if j is None:
                 continue
             got = len(out.outputs[0].token_ids) if out.outputs else 0
-            if got > (counts[i][-1] if counts[i] else 0):
-                times[i].append(t)
-                counts[i].append(got)
+            if got > (counts[j][-1] if counts[j] else 0):
+                times[j].append(t)
+                counts[j].append(got)
             if out.finished:
                 done += 1
     wall = max((ts[-1] for ts in times if ts), default=0.0)
