@@ -6,7 +6,9 @@ docs/rollouts.md is the reference."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich import box
@@ -235,7 +237,7 @@ def _replay(
     console.print(t)
 
 
-def _replay_run(source: Path, table: dict, runs: int) -> None:
+def _replay_run(source: Path, table: Mapping[str, Any], runs: int) -> None:
     from dsdprof.io.rollouts import read_rollout_rows
     from dsdprof.report.rollout import replay_check
 

@@ -118,7 +118,7 @@ ROLLOUT_COLUMN_NAMES = tuple(c.name for c in ROLLOUT_COLUMNS)
 assert set(PROVENANCE_FIELDS) <= set(ROLLOUT_COLUMN_NAMES)
 
 
-def rollout_arrow_schema():  # -> pyarrow.Schema
+def rollout_arrow_schema() -> Any:  # a pyarrow.Schema (formats/ imports the stdlib only)
     import pyarrow as pa
 
     types = {
@@ -134,7 +134,7 @@ def rollout_arrow_schema():  # -> pyarrow.Schema
 
 def empty_rollout_row() -> dict[str, Any]:
     """Every column, with NaN / 0 / "" / [] defaults."""
-    defaults = {
+    defaults: dict[str, Any] = {
         "string": "",
         "list<float64>": [],
         "list<int64>": [],

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from dsdprof.decide.live_stats import request_times, rotated_orders, summarize_requests, summarize_steps
 from dsdprof.errors import InputError
@@ -75,7 +75,7 @@ def engine_key(variant: str) -> str:
     return variant  # vanilla, fixed-<K>, dsd, adaptive
 
 
-def variant_mode(variant: str, table: dict[str, Any], adaptive_k: int | None) -> tuple[str, int]:
+def variant_mode(variant: str, table: Mapping[str, Any], adaptive_k: int | None) -> tuple[str, int]:
     if variant.startswith("fixed-"):
         return MODE_FIXED, int(variant.split("-", 1)[1])
     if variant == MODE_DSD:
@@ -93,7 +93,7 @@ def build_row(
     order: int,
     rate: float,
     plan: RolloutPlan,
-    table: dict[str, Any],
+    table: Mapping[str, Any],
     adaptive_k: int | None,
 ) -> dict[str, Any]:
     """A row from a worker's :class:`~dsdprof.measure.vllm.arrivals.ArrivalsResult`."""
@@ -149,7 +149,7 @@ def failed_row(
     repeat: int,
     order: int,
     rate: float,
-    table: dict[str, Any],
+    table: Mapping[str, Any],
     adaptive_k: int | None,
 ) -> dict[str, Any]:
     row = empty_rollout_row()
@@ -170,7 +170,7 @@ def failed_row(
 
 
 def make_plan(
-    table: dict[str, Any],
+    table: Mapping[str, Any],
     spec,
     lengths_spec,
     num_requests: int,
@@ -269,7 +269,7 @@ def arrivals_request(plan: RolloutPlan, kind: str, rep: int, rate: float, temper
                            seed=plan.seed, prompt_offset=rep * n_max)
 
 
-def run_one(engine, plan: RolloutPlan, run: tuple, table: dict[str, Any], table_path: str,
+def run_one(engine, plan: RolloutPlan, run: tuple, table: Mapping[str, Any], table_path: str,
             adaptive_k: int | None, temperature: float, warmed: set[str]) -> dict[str, Any]:
     """One (kind, repeat, rate, order, variant) run on its engine: its row (failed: a failed row)."""
     from dsdprof.io.store import provenance_dict
@@ -294,7 +294,7 @@ def run_one(engine, plan: RolloutPlan, run: tuple, table: dict[str, Any], table_
     return row
 
 
-def run_rollout(table: dict[str, Any], spec, out_dir: str | Path, plan: RolloutPlan, table_path: str = "",
+def run_rollout(table: Mapping[str, Any], spec, out_dir: str | Path, plan: RolloutPlan, table_path: str = "",
                 adaptive_options: dict[str, Any] | None = None, resume: bool = False,
                 on_row: Callable[[dict[str, Any]], None] | None = None,
                 start_worker: Callable[..., Any] | None = None) -> list[dict[str, Any]]:

@@ -40,9 +40,8 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
-from collections.abc import Callable
 
 from dsdprof.errors import InputError
 from dsdprof.export.table import vllm_speculative_config
@@ -153,7 +152,7 @@ def dsd_llm_kwargs(base: dict[str, Any], table: Mapping[str, Any], spec) -> dict
     return kwargs
 
 
-def adaptive_max_k(table: Mapping[str, Any], options: dict[str, Any]) -> int:
+def adaptive_max_k(table: Mapping[str, Any], options: Mapping[str, Any] | None) -> int:
     """The adaptive engine's ``num_speculative_tokens`` (largest K the table measured), after
     checking that the plugin accepts the table and ``options``; InputError otherwise."""
     from dsdprof.serve.adaptive import AdaptiveKSelector
@@ -309,7 +308,7 @@ def run_validation(table: Mapping[str, Any], spec, out_dir: str | Path, fixed_ks
 
     def make_engine() -> VllmEngine:
         adaptive_engine = None
-        if adaptive is not None:
+        if adaptive is not None and adaptive_k is not None:
             table_file = write_json_atomic(out / ADAPTIVE_TABLE_FILE, table, force=True)
             adaptive_engine = (str(table_file.resolve()), adaptive_k, dict(adaptive))
         engine = validation_engine(spec, table, out, len(fixed_ks), adaptive_engine, table_path, start_worker,

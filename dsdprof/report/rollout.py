@@ -6,6 +6,7 @@ makespan. Pure pandas over the rows of :mod:`dsdprof.formats.rollouts`."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,7 +122,8 @@ class ReplayCheck:
     scale: dict[int, float]  # per repeat: the machine factor fitted on that repeat's vanilla row
 
 
-def replay_check(df: pd.DataFrame, table: dict, runs: int = 200, seed: int = 0) -> ReplayCheck:
+def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
+                 seed: int = 0) -> ReplayCheck:
     """The replay's makespan for every measured rollout, from its own lengths and the table's grid:
     ``raw`` at the table's step times; ``calibrated`` with step times scaled by the factor that makes
     the same repeat's vanilla prediction exact (one number per repeat: the machine today against

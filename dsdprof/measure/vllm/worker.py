@@ -46,12 +46,15 @@ class CellRequest:
     trace_name: str = ""  # the cell's trace file name in the engine's trace directory ("" = temporary)
     timing_tolerance: float = 0.25  # BS 1: AL/ITL vs the request timestamps may differ by this much
     context_len: int = 0  # prompts cut to this many tokens (a context sweep; 0 = the pool's full length)
-    group: tuple[int, ...] = ()  # paired design: every K (or arm, < 0) of the group inside the same waves (one row each)
+    # paired design: every K (or arm, < 0) of the group inside the same waves (one row each)
+    group: tuple[int, ...] = ()
     hold: int = PAIRED_HOLD  # paired design: steps each K is held before the next K of the wave's order
     order_offset: int = 0  # paired design: wave w runs the K order of design row w + order_offset
-    span: tuple[int, int] = (0, 0)  # measured waves [start, stop) of this request ((0, 0): all); see serve_request
+    # measured waves [start, stop) of this request ((0, 0): all); see serve_request
+    span: tuple[int, int] = (0, 0)
     wave_block: tuple[int, ...] = ()  # paired design: the wave block of each measured wave (-> sample_block)
-    prompt_offset: int = 0  # measured wave w takes the pool's prompts of wave w + prompt_offset (a repeat's own)
+    # measured wave w takes the pool's prompts of wave w + prompt_offset (a repeat's own)
+    prompt_offset: int = 0
 
 
 def k_sequence(group: tuple[int, ...], wave: int, hold: int) -> list[int]:
@@ -126,7 +129,8 @@ class CellRun:
             os.unlink(self.trace_path)  # a retried cell starts a fresh trace
         llm.reset_prefix_cache()  # no cell inherits another's cached prompts
         for w in range(req.warmup):
-            self._wave(-1 - w, req.prompt_offset + req.waves + w)  # warm-up: prompts outside the measured ones
+            # warm-up: prompts outside the measured ones
+            self._wave(-1 - w, req.prompt_offset + req.waves + w)
         self.before = snapshot_from_metrics(llm.get_metrics())
         self.timings: list = []
         self.wall = 0.0
@@ -193,13 +197,16 @@ class CellRun:
             os.unlink(self.trace_path)
 
         def blocks(t) -> dict:  # paired design: the wave block each sample ran in
-            return {"sample_block": tuple(req.wave_block[w] for w in t.sample_waves)} if req.wave_block else {}
+            return ({"sample_block": tuple(req.wave_block[w] for w in t.sample_waves)}
+                    if req.wave_block else {})
 
         if req.group:  # one measurement per K; the cross-checks are over the shared waves
             by_k = summarize_paired(steps, req.batch_size, req.group, req.positions)
-            share = wall / len(req.group)  # each row's part of the engine time (the rows sum to the waves' time)
-            return {k: replace(build_measurement(t, self.before, after, self.timings, k if k >= 0 else req.positions,
-                                                 wall, expected_k=None, batch_size=0), wall_s=share, **blocks(t))
+            # each row's part of the engine time (the rows sum to the waves' time)
+            share = wall / len(req.group)
+            return {k: replace(build_measurement(t, self.before, after, self.timings,
+                                                 k if k >= 0 else req.positions, wall, expected_k=None,
+                                                 batch_size=0), wall_s=share, **blocks(t))
                     for k, t in by_k.items()}  # an arm (k < 0: validate's steps design) keeps every position
         verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
         trace = summarize(steps, req.batch_size, verify, req.positions)
@@ -310,7 +317,8 @@ def worker_main(conn, config: WorkerConfig) -> None:
         if msg[0] == "stop":
             break
         try:
-            if type(msg[1]).__name__ == "ArrivalsRequest":  # a rollout / serving run (measure/vllm/arrivals.py)
+            # a rollout / serving run (measure/vllm/arrivals.py)
+            if type(msg[1]).__name__ == "ArrivalsRequest":
                 from dsdprof.measure.vllm.arrivals import run_arrivals
 
                 conn.send(("ok", run_arrivals(llm, pool, msg[1], run_token, trace_dir)))
