@@ -58,7 +58,8 @@ def test_argv_is_vllms_server_with_absolute_paths_from_any_directory(tmp_path, m
     assert cfg["model"] == str(tmp_path / "toy" / "draft") and cfg["method"] == "draft_model"
     assert cfg["num_speculative_tokens_per_batch_size"] == json.loads(table.read_text())["ranges"]
     assert _flag(argv, "--chat-template") == PLAIN_CHAT_TEMPLATE  # the tokenizer has none
-    assert "--scheduler-cls" not in argv
+    assert _flag(argv, "--scheduler-cls") == "dsdprof.engines.vllm_static.make_scheduler"  # metrics
+    assert "--scheduler-cls" not in serve_argv("table.json", metrics=False)  # vLLM's own scheduler
     adaptive = serve_argv("table.json", adaptive=True, adaptive_options={"margin": 0.05, "probe_every": 0})
     assert _flag(adaptive, "--scheduler-cls") == "dsdprof.engines.vllm_adaptive.make_scheduler"
     assert json.loads(_flag(adaptive, "--additional-config")) == {

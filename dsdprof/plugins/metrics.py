@@ -1,0 +1,291 @@
+"""dsdprof's Prometheus metrics, from inside vLLM's engine core, on vLLM's own ``/metrics``.
+
+:class:`MetricsMixin` sits first in the MRO of the static scheduler
+(:mod:`dsdprof.plugins.vllm_static`) and of the adaptive plugin
+(:mod:`dsdprof.plugins.vllm_adaptive`). The metrics reach the API server's ``/metrics`` through
+prometheus_client's **multiprocess mode**, the mechanism vLLM itself uses for ``--api-server-count
+> 1``: when ``PROMETHEUS_MULTIPROC_DIR`` is set before the server starts (``dsdprof serve`` sets a
+fresh directory), vLLM's ``/metrics`` serves a ``MultiProcessCollector`` over that directory, and
+the metrics the engine-core process writes there appear beside vLLM's. Without it, the engine core
+serves them on a side port when ``DSDPROF_METRICS_PORT`` is set, else logs once how to see them.
+``DSDPROF_METRICS=0`` or ``additional_config={"dsdprof_metrics": false}`` turns them off (the
+mixin then binds vLLM's methods on the instance: no own code per step). docs/observability.md
+lists every metric.
+
+**Hot path**: per step an increment of a list slot (steps by batch-size bucket and K), an append
+of vLLM's ``SpecDecodingStats`` of the step (summed at the flush), the lengths of the first and
+last draft the engine hands back against the K scheduled (the silent no-op alarm, sync scheduling)
+and a clock read. Every ``FLUSH_S`` seconds -- and when no request is left running, so an idle
+engine's ``/metrics`` is complete -- :meth:`StepMetrics.flush` pushes the deltas into
+prometheus_client and sets the gauges (the adaptive selector's ratios:
+:mod:`dsdprof.serve.observe`). Cost per step: ``benchmarks/bench_scheduler_overhead.py``
+(serving vs serving+m).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from vllm.logger import init_logger
+
+from dsdprof.serve.observe import selector_rows, shift_alarms
+
+logger = init_logger("vllm.dsdprof.metrics")
+_clock = time.perf_counter
+
+FLUSH_S = 1.0
+METRICS_ENV = "DSDPROF_METRICS"  # "0": off
+PORT_ENV = "DSDPROF_METRICS_PORT"  # a side port when vLLM's /metrics is not multiprocess
+CONFIG_KEY = "dsdprof_metrics"  # additional_config: false turns the metrics off
+LABELS = ("model_name", "engine")  # vLLM's own labels on every metric
+ALWAYS_DRAFT = {"draft_model", "eagle", "eagle3", "mtp", "medusa", "mlp_speculator"}  # never a short draft
+
+COUNTERS = {  # name (prometheus_client appends _total) -> (extra labels, help)
+    "dsdprof:steps": (("batch_size_bucket", "num_speculative_tokens"),
+                      "Engine steps by requests scheduled (bucket) and K scheduled (0: no drafts)."),
+    "dsdprof:spec_decode_num_drafts": ((), "Drafts verified (vLLM's SpecDecodingStats, engine side)."),
+    "dsdprof:spec_decode_num_draft_tokens": ((), "Draft tokens verified."),
+    "dsdprof:spec_decode_num_accepted_tokens": ((), "Draft tokens accepted."),
+    "dsdprof:spec_decode_num_draft_tokens_per_pos": (("position",), "Draft tokens verified per position."),
+    "dsdprof:spec_decode_num_accepted_tokens_per_pos": (("position",), "Draft tokens accepted per position."),
+    "dsdprof:k_switches": ((), "Times the adaptive plugin changed the K schedule it serves."),
+    "dsdprof:shift_alarms": ((), "Acceptance shifts the adaptive plugin detected (CUSUM resets)."),
+    "dsdprof:silent_noop_steps": ((), "Steps whose drafts did not match the K scheduled "
+                                  "(K not reaching the drafter)."),
+    "dsdprof:ignored_requests": ((), "Requests whose dsdprof_* extra_args keys the engine ignored."),
+}
+GAUGES = {
+    "dsdprof:info": (("mode", "table"), "1; the schedule dsdprof serves (mode: static or adaptive)."),
+    "dsdprof:num_speculative_tokens": (("batch_size_bucket",),
+                                       "K the schedule serves now at the bucket's top."),
+    "dsdprof:table_num_speculative_tokens": (("batch_size_bucket",), "K the table gave at the bucket's top."),
+    "dsdprof:acceptance_length_ratio": (("batch_size", "bound"),
+                                        "Live / table acceptance length at the K served."),
+    "dsdprof:step_time_ratio": (("batch_size", "bound"), "Live / table step time at the K served."),
+}
+BOUNDS = ("estimate", "lower", "upper")  # 95 % interval
+
+
+def buckets(max_bs: int) -> list[tuple[int, int]]:
+    """Power-of-two batch-size buckets up to ``max_bs``: (1, 1), (2, 2), (3, 4), (5, 8), ..."""
+    out, lo, hi = [], 1, 1
+    while lo <= max_bs:
+        out.append((lo, min(hi, max_bs)))
+        lo, hi = hi + 1, hi * 2
+    return out
+
+
+def bucket_label(lo: int, hi: int) -> str:
+    return str(hi) if lo == hi else f"{lo}-{hi}"
+
+
+def enabled(additional_config, environ) -> bool:
+    cfg = (additional_config or {}).get(CONFIG_KEY, True) if isinstance(additional_config, dict) else True
+    return cfg is not False and environ.get(METRICS_ENV, "1") != "0"
+
+
+class StepMetrics:
+    """The counters one scheduler keeps (plain lists and ints) and their Prometheus twins."""
+
+    def __init__(self, sched, mode: str, table: str, environ) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        cfg = sched.vllm_config
+        self.max_k = max_k = sched.num_spec_tokens
+        self.max_bs = max_bs = cfg.scheduler_config.max_num_seqs
+        self.width = max_k + 1
+        self.buckets = buckets(max_bs)
+        self.bucket_of = [0] * (max_bs + 1)  # requests -> bucket index * width
+        for i, (lo, hi) in enumerate(self.buckets):
+            for n in range(lo, hi + 1):
+                self.bucket_of[n] = i * self.width
+        self.steps = [0] * (len(self.buckets) * self.width)
+        self.spec = [0, 0, 0]  # drafts, draft tokens, accepted tokens
+        self.pending: list = []  # the steps' SpecDecodingStats since the last flush
+        self.drafted_pos, self.accepted_pos = [0] * max_k, [0] * max_k
+        self.alarms = [0, 0, 0, 0]  # k_switches, shift_alarms, silent_noop_steps, ignored_requests
+        self.k = 0  # the K scheduled by the step whose drafts come back next (silent no-op alarm)
+        spec = cfg.speculative_config
+        self.exact = spec is not None and spec.method in ALWAYS_DRAFT
+        self.next_flush = 0.0
+        self.registry = CollectorRegistry()  # exposition without multiprocess mode (side port, tests)
+        lv = (str(cfg.model_config.served_model_name), str(cfg.parallel_config.data_parallel_rank))
+        make = {n: Counter(n, h, LABELS + extra, registry=self.registry)
+                for n, (extra, h) in COUNTERS.items()}
+        make.update({n: Gauge(n, h, LABELS + extra, registry=self.registry, multiprocess_mode="mostrecent")
+                     for n, (extra, h) in GAUGES.items()})
+        self.metric = make
+        self.labels = lv
+        steps = make["dsdprof:steps"]
+        self._k_now = [make["dsdprof:num_speculative_tokens"].labels(*lv, bucket_label(lo, hi))
+                       for lo, hi in self.buckets]
+        self._ratio: dict[tuple, object] = {}  # (metric, batch size, bound) -> its gauge child
+        self._steps = [steps.labels(*lv, bucket_label(lo, hi), str(k)) for lo, hi in self.buckets
+                       for k in range(self.width)]
+        self._spec = [make[n].labels(*lv) for n in ("dsdprof:spec_decode_num_drafts",
+                      "dsdprof:spec_decode_num_draft_tokens", "dsdprof:spec_decode_num_accepted_tokens")]
+        self._pos = [[make[n].labels(*lv, str(p)) for p in range(max_k)] for n in (
+            "dsdprof:spec_decode_num_draft_tokens_per_pos",
+            "dsdprof:spec_decode_num_accepted_tokens_per_pos")]
+        self._alarms = [make[n].labels(*lv) for n in (
+            "dsdprof:k_switches", "dsdprof:shift_alarms", "dsdprof:silent_noop_steps",
+            "dsdprof:ignored_requests")]
+        self._sent: dict[str, list[int]] = {}
+        make["dsdprof:info"].labels(*lv, mode, table).set(1)
+        self._table_ks = self._schedule(sched)
+        gauge = make["dsdprof:table_num_speculative_tokens"]
+        for (lo, hi), k in zip(self.buckets, self._table_ks):
+            gauge.labels(*lv, bucket_label(lo, hi)).set(k)
+        self._expose(environ)
+
+    def _expose(self, environ) -> None:
+        if environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            logger.info("dsdprof metrics: on vLLM's /metrics (PROMETHEUS_MULTIPROC_DIR)")
+            return
+        port = environ.get(PORT_ENV)
+        if port:
+            from prometheus_client import start_http_server
+
+            start_http_server(int(port), registry=self.registry)
+            logger.info("dsdprof metrics: on the side port %s (/metrics)", port)
+            return
+        logger.warning("dsdprof metrics: not exposed: start the server with PROMETHEUS_MULTIPROC_DIR "
+                       "set (dsdprof serve does) or set %s", PORT_ENV)
+
+    def _schedule(self, sched) -> list[int]:
+        """K at each bucket's top from the lookup served now (the plugin's, unforced)."""
+        lookup = getattr(sched, "_dsdprof_table_lookup", None)
+        if lookup is None:
+            lookup = sched.dynamic_sd_lookup
+        if lookup is None:
+            return [self.max_k] * len(self.buckets)
+        raw = list(lookup)  # a context lookup's list view (its __getitem__ reads the batch)
+        return [raw[min(hi, len(raw) - 1)] for _, hi in self.buckets]
+
+    def _push(self, key: str, values: list[int], children: list) -> None:
+        sent = self._sent.setdefault(key, [0] * len(values))
+        for i, v in enumerate(values):
+            if v != sent[i]:
+                children[i].inc(v - sent[i])
+                sent[i] = v
+
+    def flush(self, sched, now: float) -> None:
+        """Push every delta and set every gauge; called about every ``FLUSH_S`` seconds."""
+        self.next_flush = now + FLUSH_S
+        pending, self.pending = self.pending, []
+        for sd in pending:
+            self.add_spec(sd)
+        sel = getattr(sched, "dsdprof_selector", None)
+        if sel is not None:
+            ctx = getattr(sched, "_adaptive_ctx", ())
+            self.alarms[1] = shift_alarms(sel) + sum(shift_alarms(s) for _, s in ctx)
+        self._push("steps", self.steps, self._steps)
+        self._push("spec", self.spec, self._spec)
+        self._push("drafted", self.drafted_pos, self._pos[0])
+        self._push("accepted", self.accepted_pos, self._pos[1])
+        self._push("alarms", self.alarms, self._alarms)
+        for child, k in zip(self._k_now, self._schedule(sched)):
+            child.set(k)
+        if sel is not None:
+            for row in selector_rows(sel):
+                for bound, a, s in zip(BOUNDS, row[3:6], row[6:9]):
+                    self._gauge("dsdprof:acceptance_length_ratio", row.batch_size, bound).set(a)
+                    self._gauge("dsdprof:step_time_ratio", row.batch_size, bound).set(s)
+
+    def _gauge(self, name: str, batch_size: int, bound: str):
+        key = (name, batch_size, bound)
+        child = self._ratio.get(key)
+        if child is None:
+            child = self._ratio[key] = self.metric[name].labels(*self.labels, str(batch_size), bound)
+        return child
+
+    def add_spec(self, sd) -> None:
+        """One step's ``SpecDecodingStats`` (O(K)), at the flush."""
+        spec = self.spec
+        spec[0] += sd.num_drafts
+        spec[1] += sd.num_draft_tokens
+        spec[2] += sd.num_accepted_tokens
+        dp, ap = self.drafted_pos, self.accepted_pos
+        for i, x in enumerate(sd.num_draft_tokens_per_pos[:self.max_k]):
+            dp[i] += x
+        for i, x in enumerate(sd.num_accepted_tokens_per_pos[:self.max_k]):
+            ap[i] += x
+
+
+class MetricsMixin:
+    """See the module docstring. First in the MRO of dsdprof's serving schedulers."""
+
+    dsdprof_mode = "static"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self._metrics_setup()
+
+    def _metrics_setup(self, environ=None) -> None:
+        env = os.environ if environ is None else environ
+        base = super()
+        self._metrics_update = base.update_from_output  # type: ignore[attr-defined]
+        self._metrics_draft = base.update_draft_token_ids  # type: ignore[attr-defined]
+        self._metrics_add = base.add_request  # type: ignore[attr-defined]
+        self.dsdprof_metrics: StepMetrics | None = None
+        config = self.vllm_config  # type: ignore[attr-defined]
+        if not enabled(config.additional_config, env):
+            for name in ("update_from_output", "update_draft_token_ids", "add_request"):
+                setattr(self, name, getattr(base, name))  # vLLM's (or the plugin's) own: no frame of ours
+            logger.info("dsdprof metrics: off")
+            return
+        table = ((config.additional_config or {}).get("dsdprof_adaptive") or {}).get("table", "") \
+            if self.dsdprof_mode == "adaptive" else ""
+        self.dsdprof_metrics = StepMetrics(self, self.dsdprof_mode, str(table), env)
+        self._metrics_version = getattr(self, "_adaptive_version", None)
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        result = self._metrics_update(scheduler_output, model_runner_output)
+        m = self.dsdprof_metrics
+        n = len(scheduler_output.num_scheduled_tokens)
+        k = m.k = scheduler_output.num_spec_tokens_to_schedule
+        if n:
+            try:
+                m.steps[m.bucket_of[n if n <= m.max_bs else m.max_bs] + k] += 1
+            except (IndexError, TypeError):  # a K beyond the engine's: not counted, never raised
+                pass
+        if result:
+            for eco in result.values():
+                stats = eco.scheduler_stats
+                if stats is not None:
+                    if stats.spec_decoding_stats is not None:
+                        m.pending.append(stats.spec_decoding_stats)
+                    break
+        version = getattr(self, "_adaptive_version", None)
+        if version is not self._metrics_version:
+            self._metrics_version = version
+            m.alarms[0] += 1
+        now = _clock()
+        if now >= m.next_flush or not self.running:  # type: ignore[attr-defined]
+            m.flush(self, now)
+        return result
+
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        """Sync scheduling hands the drafts to the scheduler: a step whose first or last draft is
+        longer than the K it scheduled (or both empty while K > 0, for drafters that always draft
+        K) is a silent no-op step (the drafter did not get K). O(1): a drafter that ignores K
+        drafts the same wrong length for every request."""
+        m = self.dsdprof_metrics
+        ids = draft_token_ids.draft_token_ids
+        if ids:
+            a, b = len(ids[0]), len(ids[-1])
+            longest = a if a > b else b
+            if longest != m.k and (longest > m.k or m.exact):
+                m.alarms[2] += 1
+        self._metrics_draft(draft_token_ids)
+
+    def add_request(self, request) -> None:
+        """vLLM's; a request carrying ``dsdprof_*`` extra_args keys the engine did not act on (no
+        dsdprof run's secret) is counted as ignored."""
+        self._metrics_add(request)
+        params = request.sampling_params
+        extra = params.extra_args if params is not None else None
+        if extra and type(extra) is dict and any(type(k) is str and k.startswith("dsdprof_") for k in extra):
+            if request.request_id not in getattr(self, "_dsdprof_reqs", ()):
+                self.dsdprof_metrics.alarms[3] += 1  # type: ignore[union-attr]
