@@ -34,7 +34,7 @@ def signals_held() -> Iterator[None]:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         if pending:
-            handler = previous[pending[0]]
+            handler = previous[signal.Signals(pending[0])]
             if callable(handler):
                 handler(pending[0], None)
             elif handler != signal.SIG_IGN:

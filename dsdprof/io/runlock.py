@@ -48,7 +48,7 @@ class RunLock:
 
     def __init__(self, out: Path) -> None:
         self.out = out
-        self._lock = None
+        self._lock: Any = None  # a filelock.FileLock while held
 
     def acquire(self, started_at: str) -> None:
         """Take the lock or raise :class:`InputError` naming the holder; write the holder file."""

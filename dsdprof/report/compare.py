@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -140,7 +141,7 @@ def _interleaved_cells(frames: list[pd.DataFrame]) -> list | None:
                 return None
             by_repeat[r] = (float(a), float(t), np.asarray(waves), np.asarray(s_al), np.asarray(s_itl))
         per.append(by_repeat)
-    cells = [(i, []) for i in range(len(per))]
+    cells: list[tuple[int, list[Any]]] = [(i, []) for i in range(len(per))]
     for r in sorted(set.intersection(*(set(d) for d in per))):
         first = per[0][r][2]
         same = all(d[r][2].shape == first.shape and (d[r][2] == first).all() for d in per)
@@ -170,9 +171,9 @@ def regret_intervals(batch_size: int, best: pd.DataFrame, variants: list[pd.Data
             cells.append((i, [(float(a), float(t), s[0], s[1])
                               for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]))
     rep = bootstrap_batch(batch_size, cells, confidence=confidence, paired=paired)
-    if not rep.known:
-        return [(math.nan, math.nan)] * len(variants)
     g = rep.goodput
+    if not rep.known or g is None:
+        return [(math.nan, math.nan)] * len(variants)
     out = []
     for i in range(1, len(cells)):
         lo, hi = interval(1.0 - g[:, i] / g[:, 0], confidence)
