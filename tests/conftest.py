@@ -70,6 +70,14 @@ ROOT = Path(__file__).resolve().parents[1]
 DOTTED = re.compile(r"dsdprof(\.\w+)+")
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test on the module's Ray cluster (the ``ray_cluster`` fixture) is marked ``ray``: `make test`
+    runs it in the session of the real-vLLM tests, never beside another session's Ray cluster."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+
+
 def pytest_addoption(parser):
     parser.addoption("--require-packages", action="store_true",
                      help="fail unless every dsdprof package is imported by a test module with a passed test")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from conftest import dsdprof_packages, imported_packages, unreached_packages
+from conftest import dsdprof_packages, imported_packages, pytest_collection_modifyitems, unreached_packages
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,8 +21,18 @@ def _recipe(target: str) -> str:
 def test_make_test_fast_leaves_out_vllm_and_slow_and_requires_every_package():
     fast = _recipe("test-fast")
     assert '-m "not vllm and not slow"' in fast and "--require-packages" in fast
+
+
+def test_make_test_runs_every_test_once_in_its_two_sessions():
+    make = (ROOT / "Makefile").read_text()
     full = _recipe("test")
-    assert "-m pytest" in full and " -m \"" not in full and "--durations=" in full  # every test, slowest listed
+    assert "$(PYTEST_FULL)" in full and re.search(r"^PYTEST_FULL := .*-m pytest .*--durations=\d+", make, re.M)
+    exprs = re.findall(r'\$\(PYTEST_FULL\)[^\n]*?-m "([^"]+)"', full)
+    assert len(exprs) == 2, exprs
+    for marks in ({"vllm"}, {"ray"}, {"vllm", "ray"}, {"slow"}, set()):  # every test in exactly one session
+        env = {m: m in marks for m in ("vllm", "ray", "slow")}
+        assert sum(bool(eval(e, {}, env)) for e in exprs) == 1, (marks, exprs)
+    assert re.search(r"else \\\n\s*\$\(PYTEST_FULL\); \\", full)  # TEST_JOBS=1: one session, no -m
 
 
 def test_packages_are_the_folders_with_an_init():
@@ -49,3 +59,16 @@ def test_a_tier_that_reaches_no_test_of_a_package_fails(tmp_path):
     b.write_text("from dsdprof.report import compare\n")
     assert unreached_packages({a, b}, packages) == set()
     assert unreached_packages(set(), packages) == packages
+
+
+def test_tests_on_the_ray_cluster_are_marked_ray():
+    class Item:
+        def __init__(self, *fixtures):
+            self.fixturenames, self.marks = fixtures, []
+
+        def add_marker(self, mark):
+            self.marks.append(mark.name)
+
+    on_ray, plain = Item("ray_cluster", "tmp_path"), Item("tmp_path")
+    pytest_collection_modifyitems(None, [on_ray, plain])
+    assert on_ray.marks == ["ray"] and plain.marks == []
