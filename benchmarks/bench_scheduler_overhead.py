@@ -195,6 +195,8 @@ def build(args, log_stats: bool, tmp: str) -> dict:
         finally:
             os.environ.pop("DSDPROF_RUN_TOKEN", None), os.environ.pop("DSDPROF_TRACE_DIR", None)
         time_callback(sched, log_stats)
+        if name == "serving+m":
+            time_flushes(sched)
         for i in range(total):
             extra = ({"dsdprof_run": TOKEN, "dsdprof_num_spec_tokens": args.k, "dsdprof_trace": "bench",
                       "dsdprof_wave": 0} if profiled else None)
@@ -256,13 +258,29 @@ def measure(args, log_stats: bool) -> dict:
                     own[n].append(o)
                     itl[n].append(i_)
         gc.unfreeze()
+        in_step = [ns / 1e3 for ns in scheds["serving+m"][0].flush_ns]
         flush_us = time_flush(scheds["serving+m"][0])
         for n, (s, _) in scheds.items():
             state = (len(s.running), len(s.waiting))
             if state != (args.running, args.waiting):
                 raise SystemExit(f"{n}: {state} running/waiting at the end, wanted "
                                  f"({args.running}, {args.waiting}): lengthen --output")
-    return {"cpu": cpu, "own": own, "itl": itl, "k": ks["plain"], "probes": probes, "flush_us": flush_us}
+    return {"cpu": cpu, "own": own, "itl": itl, "k": ks["plain"], "probes": probes, "flush_us": flush_us,
+            "in_step": in_step}
+
+
+def time_flushes(sched) -> None:
+    """Record the wall time of every flush the metrics run inside a step (``flush_ns``): part of
+    that step's own code, here also on its own."""
+    m, clock = sched.dsdprof_metrics, time.perf_counter_ns
+    inner, sched.flush_ns = m.flush, []
+
+    def timed(s, now):
+        t = clock()
+        inner(s, now)
+        sched.flush_ns.append(clock() - t)
+
+    m.flush = timed
 
 
 def time_flush(sched, n: int = 200) -> float:
@@ -312,6 +330,9 @@ def report(label: str, res: dict) -> tuple[float, float, float]:
     print(f"metrics on vs off (serving+m - serving, own code): median {statistics.median(side):.1f} us per step, "
           f"mean90 {middle_mean(side):.1f}; one flush {res['flush_us']:.0f} us (about once a second: "
           f"{res['flush_us'] / 100:.1f} us per step at 100 steps/s)")
+    if res["in_step"]:
+        print(f"flushes inside steps: {len(res['in_step'])}, median {statistics.median(res['in_step']):.0f} us, "
+              f"max {max(res['in_step']):.0f} us")
     return serving, metrics, profiling
 
 

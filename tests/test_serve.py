@@ -183,6 +183,9 @@ def test_dsdprof_serve_answers_a_completion_over_http(tmp_path):
         chat = _post(port, "/v1/chat/completions", {"model": str(toy.target), "max_tokens": 4,
                                                     "messages": [{"role": "user", "content": "hi"}]})
         assert chat["usage"]["completion_tokens"] >= 1, chat  # the plain template served the chat endpoint
+        from tests.support.metrics_operator import check_metrics_as_operator
+
+        check_metrics_as_operator(port, str(toy.target))  # issue 34: /metrics as an operator reads it
     finally:
         rc = stop_server(proc)
     text = log.read_text()

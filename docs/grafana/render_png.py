@@ -164,6 +164,7 @@ def plot(data: dict, out: Path, window: float) -> None:
             lo_v, hi_v = [v for _, v in next(iter(lo.values()))], [v for _, v in next(iter(hi.values()))]
             ax[i].fill_between([t for t, _ in pts], lo_v, hi_v, color=line.get_color(), alpha=0.12)
         ax[i].axhline(1.0, color="grey", lw=0.5)
+    ax[5].set_ylim(0, 3)  # a band without a measured noise spans a factor e**1.96 either way
     for name, label in (("k_switches", "K switches"), ("shift_alarms", "shift alarms"),
                         ("silent_noop_steps", "silent no-op steps"), ("ignored_requests", "ignored requests")):
         pts = by(series(sc, f"dsdprof:{name}_total"), "x").get("", [])
