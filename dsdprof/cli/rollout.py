@@ -95,6 +95,23 @@ def render_rollout(df) -> list[Table]:
     return out
 
 
+def render_timeline(df, repeat: int = 0) -> Table:
+    """The batch size over time against the K served: one rollout, per variant, the stretches of
+    steps that scheduled one K (time, batch size first -> last, steps)."""
+    from dsdprof.report.rollout import k_segments, k_timeline
+
+    t = Table(title=f"rollout r{repeat}: batch size over time against the K served", box=box.SIMPLE_HEAD,
+              padding=(0, 1), pad_edge=False, caption="batch size = requests scheduled (vLLM's lookup); "
+              "K = what the step scheduled for the next")
+    for col in ("variant", "seconds", "batch size", "steps", "K"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for v, steps in k_timeline(df, repeat=repeat).items():
+        for i, seg in enumerate(k_segments(steps)):
+            t.add_row(v if i == 0 else "", f"{seg['t_start']:.2f}-{seg['t_end']:.2f}",
+                      f"{seg['bs_first']}->{seg['bs_last']}", str(seg["steps"]), str(seg["k"]))
+    return t
+
+
 def _rollout(
     table_path: Path = typer.Argument(
         ..., metavar="TABLE", help="K table (v2: its grid picks the best fixed K)."
@@ -179,6 +196,8 @@ def _rollout_report(
     df = read_rollout_rows(run)
     for t in render_rollout(df):
         console.print(t)
+    if (df["kind"] == "rollout").any():
+        console.print(render_timeline(df))
     if plots is not None:
         from dsdprof.report.plots import require_matplotlib
         from dsdprof.report.rollout_plots import plot_rollout_run

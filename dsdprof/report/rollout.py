@@ -146,7 +146,7 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
         if len(van):
             lens = [int(x) for x in van.iloc[0]["request_output_len"]]
             p = predict(lens, scheds["vanilla"], grid, pre, "vanilla", 1.0, runs, seed)
-            scale[int(rep)] = (float(van.iloc[0]["makespan_s"]) - pre) / (p.makespan_s - pre)
+            scale[int(rep)] = float((float(van.iloc[0]["makespan_s"]) - pre) / (p.makespan_s - pre))
         for _, row in r.iterrows():
             lens = [int(x) for x in row["request_output_len"]]
             sched = scheds.get(row["variant"])
@@ -194,3 +194,19 @@ def k_timeline(
             }
         )
     return dict(sorted(out.items(), key=lambda kv: _variant_key(kv[0])))
+
+
+def k_segments(steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """Consecutive steps that scheduled the same K, as segments: start and end time, the batch size
+    at the first and the last step, the steps, and the K (one run's :func:`k_timeline` frame)."""
+    out: list[dict[str, Any]] = []
+    prev_t = 0.0
+    for t, b, k in zip(steps["t_s"], steps["batch_size"], steps["k"]):
+        if out and out[-1]["k"] == k:
+            seg = out[-1]
+            seg.update(t_end=float(t), bs_last=int(b), steps=seg["steps"] + 1)
+        else:
+            out.append({"t_start": prev_t, "t_end": float(t), "bs_first": int(b), "bs_last": int(b),
+                        "steps": 1, "k": int(k)})
+        prev_t = float(t)
+    return out
