@@ -7,7 +7,7 @@ import math
 import sys
 from pathlib import Path
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -49,16 +49,33 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 @app.command()
 @guarded
 def sweep(
-    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Sweep spec (TOML): \\[engine], \\[sweep], \\[workload]."),
-    out: Path = typer.Option(..., "--out", "-o", help="Run directory for the Parquet part files: new or empty, or an earlier run with --resume. Locked while the sweep runs."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in OUT (same spec, overrides and versions): skip finished cells, retry failed ones."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream vLLM's own output to the console instead of OUT/_logs/engine-*.log."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="Engine seconds (3600, 90m, 2h) or measured waves (400w): after one pass over the grid, run further repeats only of the Ks that can still win at batch sizes whose K is not yet decided."),
-    model: Optional[str] = typer.Option(None, "--model", help="Override the spec's engine.model (recorded in OUT/_sweep.json)."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Override the spec's engine.draft_model."),
-    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", metavar="1,8,64", help="Override the spec's sweep.batch_sizes."),
-    num_spec_tokens: Optional[str] = typer.Option(None, "--num-spec-tokens", metavar="0,2,4", help="Override the spec's sweep.num_spec_tokens (vLLM's num_speculative_tokens), the Ks to measure."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the grid, the number of cells and an estimated duration; start no engine, write nothing."),
+    spec_path: Path = typer.Argument(..., metavar="SPEC",
+                                     help="Sweep spec (TOML): \\[engine], \\[sweep], \\[workload]."),
+    out: Path = typer.Option(..., "--out", "-o",
+                             help="Run directory for the Parquet part files: new or empty, or an earlier run "
+                                  "with --resume. Locked while the sweep runs."),
+    resume: bool = typer.Option(False, "--resume",
+                                help="Continue the run in OUT (same spec, overrides and versions): skip "
+                                     "finished cells, retry failed ones."),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Stream vLLM's own output to the console instead of "
+                                      "OUT/_logs/engine-*.log."),
+    budget: str | None = typer.Option(None, "--budget",
+                                      help="Engine seconds (3600, 90m, 2h) or measured waves (400w): after "
+                                           "one pass over the grid, run further repeats only of the Ks that "
+                                           "can still win at batch sizes whose K is not yet decided."),
+    model: str | None = typer.Option(None, "--model",
+                                     help="Override the spec's engine.model (recorded in OUT/_sweep.json)."),
+    draft_model: str | None = typer.Option(None, "--draft-model",
+                                           help="Override the spec's engine.draft_model."),
+    batch_sizes: str | None = typer.Option(None, "--batch-sizes", metavar="1,8,64",
+                                           help="Override the spec's sweep.batch_sizes."),
+    num_spec_tokens: str | None = typer.Option(None, "--num-spec-tokens", metavar="0,2,4",
+                                               help="Override the spec's sweep.num_spec_tokens (vLLM's "
+                                                    "num_speculative_tokens), the Ks to measure."),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Print the grid, the number of cells and an estimated duration; start "
+                                      "no engine, write nothing."),
 ) -> None:
     """Run the BS x K grid on the spec's engine and record AL and ITL per cell to Parquet.
 
@@ -93,18 +110,20 @@ def sweep(
     try:
         with progress:
             if budget is None:
-                summary = run_sweep(spec, out, resume=resume, on_progress=on_progress, stream_engine_log=verbose)
+                summary = run_sweep(spec, out, resume=resume, on_progress=on_progress,
+                                    stream_engine_log=verbose)
             else:
-                summary = run_budgeted_sweep(spec, out, parsed_budget, resume=resume, on_progress=on_progress,
-                                             stream_engine_log=verbose)
+                summary = budgeted = run_budgeted_sweep(spec, out, parsed_budget, resume=resume,
+                                                        on_progress=on_progress, stream_engine_log=verbose)
     except KeyboardInterrupt:
         again = [a for flag, v in overrides.items() if v is not None for a in (flag, v)]
         again += ["--budget", budget] if budget is not None else []
-        raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), *again, "--resume"]) from None
+        raise interrupted(["dsdprof", "sweep", str(spec_path), "--out", str(out), *again,
+                           "--resume"]) from None
     console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped "
                   f"(speculation mode {summary.speculation_mode}) -> {summary.out}")
     if budget is not None:
-        console.print(summary.report(), markup=False, highlight=False)
+        console.print(budgeted.report(), markup=False, highlight=False)
     if summary.failed and not summary.ok and not summary.skipped:
         print(f"error: every cell failed; first error: {first_error[0][:500] if first_error else 'unknown'}",
               file=sys.stderr)
@@ -115,7 +134,8 @@ def _listed(values, most: int = 16) -> str:
     """``1, 2, 4`` -- or, for a long list, its ends and its length (a dry run stays a few lines)."""
     if len(values) <= most:
         return ", ".join(map(str, values))
-    return f"{', '.join(map(str, values[:6]))}, ..., {', '.join(map(str, values[-3:]))} ({len(values)} values)"
+    head, tail = ", ".join(map(str, values[:6])), ", ".join(map(str, values[-3:]))
+    return f"{head}, ..., {tail} ({len(values)} values)"
 
 
 def _print_plan(spec) -> None:
@@ -123,12 +143,15 @@ def _print_plan(spec) -> None:
     from dsdprof.measure.runner import plan_sweep
 
     p = plan_sweep(spec)
-    console.print(f"engine {p.engine}: {spec.engine.model}" + (f" + {spec.engine.draft_model}" if spec.engine.draft_model else "")
+    console.print(f"engine {p.engine}: {spec.engine.model}"
+                  + (f" + {spec.engine.draft_model}" if spec.engine.draft_model else "")
                   + f" ({spec.engine.method})", markup=False, highlight=False)
     console.print(f"batch sizes {_listed(p.batch_sizes)}; K {_listed(p.ks)}; "
                   f"{p.repeats} repeat(s)", markup=False, highlight=False)
-    console.print(f"{p.cells:,} cells (vanilla included), at most {p.decode_steps:,} decode steps", markup=False, highlight=False)
-    console.print(f"estimated duration {duration(p.est_seconds)} ({p.assumption})", markup=False, highlight=False)
+    console.print(f"{p.cells:,} cells (vanilla included), at most {p.decode_steps:,} decode steps",
+                  markup=False, highlight=False)
+    console.print(f"estimated duration {duration(p.est_seconds)} ({p.assumption})", markup=False,
+                  highlight=False)
 
 
 # ----------------------------------------------------------------------------- analyze
@@ -145,13 +168,24 @@ def _warn_below_baseline(optimal) -> None:
 @guarded
 def analyze(
     measurements: Path = typer.Argument(..., help="Sweep directory or Parquet file."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="A smaller K replaces the best when its goodput is within this (relative) of the best, at --confidence."),
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
+                                    help="A smaller K replaces the best when its goodput is within this "
+                                         "(relative) of the best, at --confidence."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-BS result as JSON instead of tables."),
     csv_out: bool = typer.Option(False, "--csv", help="Print the per-BS result as CSV instead of tables."),
-    wide: bool = typer.Option(False, "--wide", help="Also show every K: speedup of K* vs each K, and each K's goodput vs the best with intervals."),
-    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version) or runs of different specs (workload, grid); the result records what it pooled."),
-    confidence: float = typer.Option(0.9, "--confidence", help="Confidence of the bootstrap intervals the decisions use (central interval)."),
-    acceptance: str = typer.Option("auto", "--acceptance", help="auto | measured | chain: AL per K as measured, or from the largest K's per-position acceptance (chain drafters)."),
+    wide: bool = typer.Option(False, "--wide",
+                              help="Also show every K: speedup of K* vs each K, and each K's goodput vs the "
+                                   "best with intervals."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed",
+                                     help="Pool rows of different provenance (hardware, model, draft, "
+                                          "method, dtype, engine version) or runs of different specs "
+                                          "(workload, grid); the result records what it pooled."),
+    confidence: float = typer.Option(0.9, "--confidence",
+                                     help="Confidence of the bootstrap intervals the decisions use (central "
+                                          "interval)."),
+    acceptance: str = typer.Option("auto", "--acceptance",
+                                   help="auto | measured | chain: AL per K as measured, or from the largest "
+                                        "K's per-position acceptance (chain drafters)."),
 ) -> None:
     """Find the goodput-optimal K (goodput = AL / ITL) per batch size, with intervals and decisions.
 
@@ -165,12 +199,14 @@ def analyze(
 
     if json_out and csv_out:
         raise fail("--csv: give --json or --csv, not both")
-    options = dict(tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence, acceptance=acceptance)
+    options: dict[str, Any] = dict(tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence,
+                                   acceptance=acceptance)
     run = open_run(measurements)  # every file read once
     by_context = analyze_contexts_path(run, **options)
     if by_context is not None:  # a context sweep: the same analysis per context
         if json_out:
-            print(json.dumps({str(c): json.loads(analysis_json(a)) for c, a in by_context.slices.items()}, indent=2))
+            print(json.dumps({str(c): json.loads(analysis_json(a)) for c, a in by_context.slices.items()},
+                             indent=2))
             return
         for c, a in by_context.slices.items():
             console.rule(f"context {c}")
@@ -190,14 +226,31 @@ def analyze(
 @app.command()
 @guarded
 def export(
-    source: Path = typer.Argument(..., help="Sweep directory / Parquet file, or an existing table JSON (v1 or v2)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON), vllm-compilation (--compilation-config JSON: the measured CUDA-graph settings) or trtllm (speculative_config with draft_len_schedule)."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Relative goodput tolerance for choosing K."),
+    source: Path = typer.Argument(...,
+                                  help="Sweep directory / Parquet file, or an existing table JSON (v1 or "
+                                       "v2)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
+    fmt: str = typer.Option("table", "--format", "-f",
+                            help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON), "
+                                 "vllm-compilation (--compilation-config JSON: the measured CUDA-graph "
+                                 "settings) or trtllm (speculative_config with draft_len_schedule)."),
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
+                                    help="Relative goodput tolerance for choosing K."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
-    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine version) or runs of different specs."),
-    allow_partial: bool = typer.Option(False, "--allow-partial", help="Export a run whose grid has batch sizes or Ks with no ok cell (failed or not yet run), a context sweep's failed slices included. Without it such a run is refused, naming them; with it the table's provenance.partial records the gaps, a range ends at the last measured batch size when larger ones failed, and a gap inside the grid takes the measured neighbours' K."),
-    context: Optional[int] = typer.Option(None, "--context", help="Context sweeps (dsdprof.ktable/v3): the context (prompt tokens) whose slice a batch-size-only schedule serves; default: the table's batch-size-only answer."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed",
+                                     help="Pool rows of different provenance (hardware, model, draft, "
+                                          "method, dtype, engine version) or runs of different specs."),
+    allow_partial: bool = typer.Option(False, "--allow-partial",
+                                       help="Export a run whose grid has batch sizes or Ks with no ok cell "
+                                            "(failed or not yet run), a context sweep's failed slices "
+                                            "included. Without it such a run is refused, naming them; with "
+                                            "it the table's provenance.partial records the gaps, a range "
+                                            "ends at the last measured batch size when larger ones failed, "
+                                            "and a gap inside the grid takes the measured neighbours' K."),
+    context: int | None = typer.Option(None, "--context",
+                                       help="Context sweeps (dsdprof.ktable/v3): the context (prompt tokens) "
+                                            "whose slice a batch-size-only schedule serves; default: the "
+                                            "table's batch-size-only answer."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
     from dsdprof.export.api import EXPORT_FORMATS, export_document
@@ -242,7 +295,9 @@ def _show_contexts(doc: Mapping[str, Any]) -> None:
 
 @app.command()
 @guarded
-def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof.ktable/v1 or /v2 JSON file, dsdprof's vLLM or TensorRT-LLM export, or a fleet's tables/index.json.")) -> None:
+def show(table_path: Path = typer.Argument(
+        ..., metavar="TABLE", help="A dsdprof.ktable/v1 or /v2 JSON file, dsdprof's vLLM or TensorRT-LLM "
+                                   "export, or a fleet's tables/index.json.")) -> None:
     """Show a K table: ranges, profiled points, measured cells and provenance."""
     from dsdprof.fleet.export import find_index
     from dsdprof.export.api import load_any_table
@@ -279,50 +334,24 @@ def show(table_path: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof
         for pt in doc["points"]:
             p.add_row(str(pt["batch_size"]), str(pt["k"]), fmt_number(pt.get("acceptance_length")),
                       fmt_number((pt.get("itl_s") or math.nan) * 1e3), fmt_number(pt.get("goodput"), 1),
-                      fmt_number(pt.get("speedup_vs_baseline") if pt.get("speedup_vs_baseline") is not None else math.nan) + "x")
+                      fmt_number(pt.get("speedup_vs_baseline") if pt.get("speedup_vs_baseline") is not None
+                                 else math.nan) + "x")
         console.print(p)
     if doc.get("cells"):
         sizes = sorted({c["batch_size"] for c in doc["cells"]})
         ks = sorted({c["k"] for c in doc["cells"]})
         per_pos = doc.get("acceptance_per_pos")
-        console.print(f"measured cells: {len(doc['cells'])} (batch sizes {sizes[0]}..{sizes[-1]}, K {ks[0]}..{ks[-1]}); "
+        console.print(f"measured cells: {len(doc['cells'])} (batch sizes {sizes[0]}..{sizes[-1]}, "
+                      f"K {ks[0]}..{ks[-1]}); "
                       + (f"profiled acceptance per position: {', '.join(f'{x:.2f}' for x in per_pos)}"
                          if per_pos else "no per-position acceptance (not usable adaptively)"))
     if prov:
         console.print(", ".join(f"{k}={v}" for k, v in prov.items() if v not in ("", None)))
 
 
-# ----------------------------------------------------------------------------- toy models
-
-@app.command("toy-models")
-@guarded
-def toy_models(
-    out_dir: Path = typer.Argument(..., help="Directory to write <kind>/target and <kind>/draft into."),
-    kind: str = typer.Option("both", "--kind", help="dense, moe or both."),
-    residual_scale: Optional[float] = typer.Option(None, "--residual-scale", help="Scale of later layers' output projections (default 0.016): 0 = draft equals target; larger = lower acceptance."),
-    seed: int = typer.Option(0, "--seed"),
-    layers: Optional[int] = typer.Option(None, "--layers", min=2, max=64, help="Target decoder layers."),
-    experts: Optional[int] = typer.Option(None, "--experts", min=2, max=512, help="MoE: experts per layer."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=64, help="MoE: experts per token."),
-    expert_ffn: Optional[int] = typer.Option(None, "--expert-ffn", min=8, max=65536, help="MoE: each expert's FFN size."),
-    dense_first: Optional[bool] = typer.Option(None, "--dense-first", help="MoE: first layer dense, so the one-layer draft loads no expert."),
-) -> None:
-    """Build random-init toy target/draft pairs locally (no download) with realistic acceptance."""
-    from dsdprof.errors import InputError
-    from dsdprof.measure.toy_models import build_toy_pair, toy_config
-
-    kinds = {"both": ["dense", "moe"], "dense": ["dense"], "moe": ["moe"]}.get(kind)
-    if kinds is None:
-        raise InputError("--kind", kind, "must be dense, moe or both")
-    for k in kinds:
-        pair = build_toy_pair(out_dir / k, toy_config(
-            k, residual_scale=residual_scale, seed=seed, num_layers=layers, num_experts=experts,
-            experts_per_token=top_k, moe_intermediate_size=expert_ffn, dense_first=dense_first))
-        console.print(f"{k}: target {pair.target}  draft {pair.draft}")
-
-
 def _register_subcommands() -> None:
     from dsdprof.cli import fleet as fleet_cli
+    from dsdprof.cli import toy as toy_cli
     from dsdprof.cli import report as report_cli
     from dsdprof.cli import drafts as drafts_cli
     from dsdprof.cli import rollout as rollout_cli
@@ -330,6 +359,7 @@ def _register_subcommands() -> None:
     from dsdprof.cli import sim as sim_cli
     from dsdprof.cli import watch as watch_cli
 
+    toy_cli.register(app)  # first: `dsdprof --help` lists it right after app's own commands, as before
     sim_cli.register(app)
     serve_cli.register(app)
     watch_cli.register(app)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -29,11 +28,20 @@ def _options(pairs: list[str]) -> dict:
 
 
 def _serve(
-    table: Path = typer.Argument(..., metavar="TABLE", help="A dsdprof K table (dsdprof.ktable/v1 or v2; v2 for --adaptive)."),
-    vllm_args: Optional[List[str]] = typer.Argument(None, metavar="[-- VLLM_ARGS]", help="Further flags for vLLM's server, after --: --port 8000 --max-model-len 512 ..."),
-    model: Optional[str] = typer.Option(None, "--model", help="Target model (path or Hugging Face id). Default: the table's provenance.model."),
-    adaptive: bool = typer.Option(False, "--adaptive", help="Serve with the adaptive scheduler plugin (docs/adaptive.md): K follows live acceptance and step times."),
-    option: Optional[List[str]] = typer.Option(None, "--option", metavar="KEY=VALUE", help="An adaptive plugin option (margin, half_life, explore_every, probe_every, ...); repeatable."),
+    table: Path = typer.Argument(..., metavar="TABLE",
+                                 help="A dsdprof K table (dsdprof.ktable/v1 or v2; v2 for --adaptive)."),
+    vllm_args: list[str] | None = typer.Argument(None, metavar="[-- VLLM_ARGS]",
+                                                 help="Further flags for vLLM's server, after --: --port "
+                                                      "8000 --max-model-len 512 ..."),
+    model: str | None = typer.Option(None, "--model",
+                                     help="Target model (path or Hugging Face id). Default: the table's "
+                                          "provenance.model."),
+    adaptive: bool = typer.Option(False, "--adaptive",
+                                  help="Serve with the adaptive scheduler plugin (docs/adaptive.md): K "
+                                       "follows live acceptance and step times."),
+    option: list[str] | None = typer.Option(None, "--option", metavar="KEY=VALUE",
+                                            help="An adaptive plugin option (margin, half_life, "
+                                                 "explore_every, probe_every, ...); repeatable."),
     metrics: bool = typer.Option(True, "--metrics/--no-metrics",
                                  help="dsdprof's metrics on vLLM's /metrics (docs/observability.md); "
                                  "--no-metrics: vLLM's own scheduler for a static table."),

@@ -33,10 +33,12 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from dsdprof.errors import InputError
-from dsdprof.export.table import COMPILATION_PROVENANCE, load_table, vllm_compilation_config, vllm_speculative_config
+from dsdprof.export.table import (COMPILATION_PROVENANCE, load_table, vllm_compilation_config,
+                                  vllm_speculative_config)
 from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME
 
 __all__ = ["PLAIN_CHAT_TEMPLATE", "serve_argv", "server_env", "needs_chat_template", "local_path",
@@ -83,7 +85,8 @@ def serve_argv(table_path: str | Path, *, model: str | None = None, adaptive: bo
     if model is None:
         model = (table.get("provenance") or {}).get("model")
         if not model:
-            raise InputError("--model", None, f"the table {str(table_path)!r} records no target model: give --model")
+            raise InputError("--model", None,
+                             f"the table {str(table_path)!r} records no target model: give --model")
     model = local_path(model)
     cfg = vllm_speculative_config(table)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", model, "--speculative-config", json.dumps(cfg)]
