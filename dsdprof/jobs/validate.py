@@ -56,7 +56,6 @@ from dsdprof.measure.vllm.engine import VllmEngine
 from dsdprof.plugins.names import Arm, holds_arms
 
 VALIDATE_KEY = RUN_KIND_VALIDATE  # key in _sweep.json marking a validate run
-DEFAULT_FIXED_KS = (3,)
 # validate --design: waves interleaved (default) | arms per step | cells
 DESIGNS = ("paired", "steps", "cells")
 ADAPTIVE_TABLE_FILE = "_adaptive_table.json"  # the table the adaptive engine loads, in OUT
