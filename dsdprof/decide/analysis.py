@@ -39,6 +39,10 @@ from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_FIXED, M
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.io.readers import validate_measurements
 from dsdprof.io.runs import Coverage, Run, open_run
+from dsdprof.io.readers import (mixed_provenance as mixed_provenance, read_measurements as read_measurements,
+                                read_provenance as read_provenance)  # re-exported: user code imports them
+from dsdprof.io.runs import (check_pooled_runs as check_pooled_runs, coverage as coverage,
+                             refuse_validate_run as refuse_validate_run)  # re-exported
 
 
 
@@ -378,6 +382,11 @@ def analyze_path(path: str | Path | Run, tolerance: float = DEFAULT_TOLERANCE,
     from dsdprof.decide.truth import synthetic_truth  # None unless the run's acceptance was synthetic
 
     return dataclasses.replace(result, coverage=run.coverage, truth=synthetic_truth(run.rows, prov))
+
+
+def run_provenance(path: str | Path | Run, df: pd.DataFrame | None = None) -> dict[str, Any]:
+    """A run's provenance (:meth:`dsdprof.io.runs.Run.run_provenance`; ``df``: no longer needed)."""
+    return open_run(path).run_provenance()
 
 
 def fixed_k_summary(analysis: Analysis) -> pd.DataFrame:

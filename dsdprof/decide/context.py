@@ -23,7 +23,8 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.decide.analysis import Analysis, analyze
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import CONTEXT_COLUMN, STATUS_OK
-from dsdprof.io.runs import Coverage, Run, context_slices, has_contexts, open_run  # noqa: F401 - re-exported
+from dsdprof.io.runs import Coverage, Run, open_run
+from dsdprof.io.runs import context_slices as context_slices, has_contexts as has_contexts  # re-exported
 
 CONTEXT = CONTEXT_COLUMN.name
 
