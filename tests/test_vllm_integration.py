@@ -15,14 +15,13 @@ from dsdprof.config.spec import parse_spec  # noqa: E402
 from dsdprof.measure.runner import run_sweep  # noqa: E402
 from dsdprof.export.table import vllm_speculative_config  # noqa: E402
 from dsdprof.formats.ktable import k_for_batch_size  # noqa: E402
-from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    return build_toy_pair(tmp_path_factory.mktemp("toy") / "dense", ToyModelConfig(kind="dense"))
+def toy(toy_dense):
+    return toy_dense  # the session's default toy pair (tests/conftest.py)
 
 
 def _spec(target, draft, batch_sizes, ks, waves=3, output_len=32, design="cells", **engine):
