@@ -70,6 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOTTED = re.compile(r"dsdprof(\.\w+)+")
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
     """A test on the module's Ray cluster (the ``ray_cluster`` fixture) is marked ``ray``: `make test`
     runs it in the session of the real-vLLM tests, never beside another session's Ray cluster."""
