@@ -18,7 +18,7 @@ rotates every step), each on its own copy of the same requests:
 * **serving+m**: the same serving plugin with dsdprof's metrics on (``dsdprof.plugins.metrics``,
   issue 34; **serving** runs with ``{"dsdprof_metrics": false}``), writing to a
   ``PROMETHEUS_MULTIPROC_DIR`` as under ``dsdprof serve``; its ``added`` against serving is the
-  metrics' own cost per step. The metrics' flush (about once a second, not once a step) is timed
+  metrics' own cost per step. The metrics' flush (every ``FLUSH_S`` = 5 s, not once a step) is timed
   on its own after the run and printed with what it adds per step at a given step rate;
 * **profiling**: ``dsdprof.plugins.vllm_profiling``'s ``TracingScheduler`` in an engine a dsdprof
   run started (run secret in the environment), every request carrying the secret, K and a trace
@@ -326,10 +326,12 @@ def report(label: str, res: dict) -> tuple[float, float, float]:
         note = " (ref)" if name == "plain" else ""
         print(f"{name:>9} {med:>8.1f} {ratio:>6.3f} {statistics.median(diff):>7.1f} {middle_mean(diff):>7.1f}"
               f" | {own_med:>7.1f} {middle_mean(own_diff):>7.1f} | {itl_med:>7.1f} {middle_mean(itl_diff):>7.1f}{note}")
+    from dsdprof.plugins.metrics import FLUSH_S
+
     side = [(m - o) / 1e3 for m, o in zip(own["serving+m"], own["serving"])]
     print(f"metrics on vs off (serving+m - serving, own code): median {statistics.median(side):.1f} us per step, "
-          f"mean90 {middle_mean(side):.1f}; one flush {res['flush_us']:.0f} us (about once a second: "
-          f"{res['flush_us'] / 100:.1f} us per step at 100 steps/s)")
+          f"mean90 {middle_mean(side):.1f}; one flush {res['flush_us']:.0f} us warm (every {FLUSH_S:.0f} s: "
+          f"{res['flush_us'] / (FLUSH_S * 100):.1f} us per step at 100 steps/s)")
     if res["in_step"]:
         print(f"flushes inside steps: {len(res['in_step'])}, median {statistics.median(res['in_step']):.0f} us, "
               f"max {max(res['in_step']):.0f} us")

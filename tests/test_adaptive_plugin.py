@@ -99,7 +99,8 @@ def test_qualname_resolves_to_the_factory_which_follows_async_scheduling(monkeyp
     assert issubclass(va.AdaptiveAsyncScheduler, AsyncScheduler)
     assert issubclass(va.AdaptiveScheduler, vs.TracingScheduler) and not issubclass(va.AdaptiveScheduler, AsyncScheduler)
     for cls in (va.AdaptiveScheduler, va.AdaptiveAsyncScheduler):
-        assert cls.update_from_output.__qualname__.startswith("_AdaptiveMixin")
+        assert cls.update_from_output.__qualname__.startswith("MetricsMixin")  # dsdprof's metrics first
+        assert super(va.MetricsMixin, cls).update_from_output.__qualname__.startswith("_AdaptiveMixin")
         assert cls.schedule.__qualname__.startswith("_DsdprofMixin")  # K forcing, gate and trace kept
         assert cls.has_requests.__qualname__.startswith("_DsdprofMixin")
     built = []
@@ -320,7 +321,11 @@ def test_without_a_run_secret_vllms_own_methods_are_called_directly(tmp_path, mo
     config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
     config.additional_config = adaptive_additional_config(str(path))
     s = make_scheduler(va.AdaptiveScheduler, config)
-    assert s.has_requests.__func__ is Scheduler.has_requests and s.add_request.__func__ is Scheduler.add_request
+    assert s.has_requests.__func__ is Scheduler.has_requests and s._metrics_add.__func__ is Scheduler.add_request
+    assert s.add_request.__func__ is va.MetricsMixin.add_request  # counts ignored dsdprof keys, then vLLM's
+    monkeypatch.setenv("DSDPROF_METRICS", "0")
+    assert make_scheduler(va.AdaptiveScheduler, config).add_request.__func__ is Scheduler.add_request
+    monkeypatch.delenv("DSDPROF_METRICS")
     assert s._adaptive_update.__func__ is Scheduler.update_from_output and "schedule" in vars(s)
 
     class Above(va.AdaptiveScheduler):

@@ -15,7 +15,7 @@ lists every metric.
 **Hot path**: per step an increment of a list slot (steps by batch-size bucket and K), an append
 of vLLM's ``SpecDecodingStats`` of the step (summed at the flush), the lengths of the first and
 last draft the engine hands back against the K scheduled (the silent no-op alarm, sync scheduling)
-and a clock read. Every ``FLUSH_S`` seconds -- and when no request is left running, so an idle
+and a clock read. Every ``FLUSH_S`` (5) seconds -- and when no request is left running, so an idle
 engine's ``/metrics`` is complete -- :meth:`StepMetrics.flush` pushes the deltas into
 prometheus_client and sets the gauges (the adaptive selector's ratios:
 :mod:`dsdprof.serve.observe`). Cost per step: ``benchmarks/bench_scheduler_overhead.py``
@@ -34,7 +34,7 @@ from dsdprof.serve.observe import selector_rows, shift_alarms
 logger = init_logger("vllm.dsdprof.metrics")
 _clock = time.perf_counter
 
-FLUSH_S = 1.0
+FLUSH_S = 5.0  # counters reach /metrics within this while the engine runs (at once when it idles)
 METRICS_ENV = "DSDPROF_METRICS"  # "0": off
 PORT_ENV = "DSDPROF_METRICS_PORT"  # a side port when vLLM's /metrics is not multiprocess
 CONFIG_KEY = "dsdprof_metrics"  # additional_config: false turns the metrics off
@@ -109,6 +109,7 @@ class StepMetrics:
         spec = cfg.speculative_config
         self.exact = spec is not None and spec.method in ALWAYS_DRAFT
         self.next_flush = 0.0
+        self.failed = 0  # flushes that raised
         self.registry = CollectorRegistry()  # exposition without multiprocess mode (side port, tests)
         lv = (str(cfg.model_config.served_model_name), str(cfg.parallel_config.data_parallel_rank))
         make = {n: Counter(n, h, LABELS + extra, registry=self.registry)
@@ -121,6 +122,7 @@ class StepMetrics:
         self._k_now = [make["dsdprof:num_speculative_tokens"].labels(*lv, bucket_label(lo, hi))
                        for lo, hi in self.buckets]
         self._ratio: dict[tuple, object] = {}  # (metric, batch size, bound) -> its gauge child
+        self._k_sent: list[int] = []
         self._steps = [steps.labels(*lv, bucket_label(lo, hi), str(k)) for lo, hi in self.buckets
                        for k in range(self.width)]
         self._spec = [make[n].labels(*lv) for n in ("dsdprof:spec_decode_num_drafts",
@@ -171,22 +173,38 @@ class StepMetrics:
                 sent[i] = v
 
     def flush(self, sched, now: float) -> None:
-        """Push every delta and set every gauge; called about every ``FLUSH_S`` seconds."""
+        """Push every delta and set every gauge; called about every ``FLUSH_S`` seconds. Never
+        raises: metrics must not stop the engine (a failure is logged once; the next flush
+        retries)."""
         self.next_flush = now + FLUSH_S
+        try:
+            self._flush(sched)
+        except Exception:  # noqa: BLE001 - whatever the selector or prometheus_client raise
+            if not self.failed:
+                logger.exception("dsdprof metrics: flush failed (the engine goes on)")
+            self.failed += 1
+
+    def _flush(self, sched) -> None:
         pending, self.pending = self.pending, []
         for sd in pending:
             self.add_spec(sd)
         sel = getattr(sched, "dsdprof_selector", None)
         if sel is not None:
-            ctx = getattr(sched, "_adaptive_ctx", ())
-            self.alarms[1] = shift_alarms(sel) + sum(shift_alarms(s) for _, s in ctx)
+            try:
+                ctx = getattr(sched, "_adaptive_ctx", ())
+                self.alarms[1] = shift_alarms(sel) + sum(shift_alarms(s) for _, s in ctx)
+            except (AttributeError, TypeError, ValueError):  # not a selector: no ratios either
+                sel = None
         self._push("steps", self.steps, self._steps)
         self._push("spec", self.spec, self._spec)
         self._push("drafted", self.drafted_pos, self._pos[0])
         self._push("accepted", self.accepted_pos, self._pos[1])
         self._push("alarms", self.alarms, self._alarms)
-        for child, k in zip(self._k_now, self._schedule(sched)):
-            child.set(k)
+        ks = self._schedule(sched)
+        if ks != self._k_sent:  # a gauge write only when the schedule moved
+            self._k_sent = ks
+            for child, k in zip(self._k_now, ks):
+                child.set(k)
         if sel is not None:
             for row in selector_rows(sel):
                 for bound, a, s in zip(BOUNDS, row[3:6], row[6:9]):
@@ -217,6 +235,7 @@ class MetricsMixin:
     """See the module docstring. First in the MRO of dsdprof's serving schedulers."""
 
     dsdprof_mode = "static"
+    dsdprof_metrics: StepMetrics | None = None  # None: not set up (the methods then pass through)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
@@ -228,11 +247,18 @@ class MetricsMixin:
         self._metrics_update = base.update_from_output  # type: ignore[attr-defined]
         self._metrics_draft = base.update_draft_token_ids  # type: ignore[attr-defined]
         self._metrics_add = base.add_request  # type: ignore[attr-defined]
-        self.dsdprof_metrics: StepMetrics | None = None
+        if not getattr(self, "_dsdprof_token", None):  # no dsdprof run: vLLM's add_request, no frame between
+            for c in type(self).__mro__:
+                if c.__module__.startswith("vllm.") and "add_request" in vars(c):
+                    self._metrics_add = c.add_request.__get__(self)
+                    break
+        self.dsdprof_metrics = None
         config = self.vllm_config  # type: ignore[attr-defined]
         if not enabled(config.additional_config, env):
-            for name in ("update_from_output", "update_draft_token_ids", "add_request"):
-                setattr(self, name, getattr(base, name))  # vLLM's (or the plugin's) own: no frame of ours
+            # vLLM's (or the plugin's) own methods on the instance: no frame of ours
+            self.update_from_output = self._metrics_update  # type: ignore[method-assign]
+            self.update_draft_token_ids = self._metrics_draft  # type: ignore[method-assign]
+            self.add_request = self._metrics_add  # type: ignore[method-assign]
             logger.info("dsdprof metrics: off")
             return
         table = ((config.additional_config or {}).get("dsdprof_adaptive") or {}).get("table", "") \
@@ -241,8 +267,10 @@ class MetricsMixin:
         self._metrics_version = getattr(self, "_adaptive_version", None)
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        result = self._metrics_update(scheduler_output, model_runner_output)
         m = self.dsdprof_metrics
+        if m is None:  # built without _metrics_setup
+            return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        result = self._metrics_update(scheduler_output, model_runner_output)
         n = len(scheduler_output.num_scheduled_tokens)
         k = m.k = scheduler_output.num_spec_tokens_to_schedule
         if n:
@@ -272,6 +300,8 @@ class MetricsMixin:
         K) is a silent no-op step (the drafter did not get K). O(1): a drafter that ignores K
         drafts the same wrong length for every request."""
         m = self.dsdprof_metrics
+        if m is None:
+            return super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]
         ids = draft_token_ids.draft_token_ids
         if ids:
             a, b = len(ids[0]), len(ids[-1])
@@ -283,9 +313,11 @@ class MetricsMixin:
     def add_request(self, request) -> None:
         """vLLM's; a request carrying ``dsdprof_*`` extra_args keys the engine did not act on (no
         dsdprof run's secret) is counted as ignored."""
+        if self.dsdprof_metrics is None:
+            return super().add_request(request)  # type: ignore[misc]
         self._metrics_add(request)
         params = request.sampling_params
         extra = params.extra_args if params is not None else None
         if extra and type(extra) is dict and any(type(k) is str and k.startswith("dsdprof_") for k in extra):
             if request.request_id not in getattr(self, "_dsdprof_reqs", ()):
-                self.dsdprof_metrics.alarms[3] += 1  # type: ignore[union-attr]
+                self.dsdprof_metrics.alarms[3] += 1
