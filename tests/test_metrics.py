@@ -192,3 +192,38 @@ def test_dashboard_and_docs_name_only_metrics_that_exist():
     documented = set(re.findall(r"dsdprof:[a-z_]+", doc))
     assert exported <= documented, exported - documented
     assert documented <= exported | {n[:-6] for n in exported if n.endswith("_total")}, documented - exported
+
+
+def test_watch_parses_what_prometheus_client_writes_and_warns_an_operator(tmp_path):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from dsdprof.report.watch import parse_metrics, summarize
+
+    broken = _static(k_served=2)
+    _load(broken, 4)
+    drive(broken, IgnoresK(accept), "sync", True)
+    text = generate_latest(broken.dsdprof_metrics.registry).decode()
+    text += 'vllm:spec_decode_num_drafts_total{engine="0",model_name="m \\"q\\""} 3.0\n'
+    ours = {(n, tuple(sorted(lab.items())), v) for n, lab, v in parse_metrics(text)}
+    theirs = {(s.name, tuple(sorted(s.labels.items())), s.value)
+              for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert ours == theirs  # the stdlib parser reads what Prometheus' own parser reads
+    snap = summarize(parse_metrics(text))
+    assert snap["mode"] == "static" and snap["alarms"]["silent_noop_steps"] > 0
+    assert any("silent no-op" in w for w in snap["warnings"])
+    assert any("differ" in w for w in snap["warnings"]) and not snap["agree"]  # vLLM's 3 drafts vs ours
+    assert [r["bucket"] for r in snap["schedule"]] == ["1", "2", "3-4", "5-8"]
+    assert sum(r["steps"].get("2", 0) for r in snap["schedule"]) > 0 and snap["steps_k0"] == 0
+    assert summarize([])["warnings"] == ["no dsdprof metrics here: serve with `dsdprof serve` (docs/observability.md)"]
+
+
+def test_watch_bad_url_is_one_line_and_exit_2():
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    for url in ("ftp://x", "http://127.0.0.1:1"):
+        res = CliRunner().invoke(app, ["watch", url, "--json"])
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert res.exit_code == 2 and len(lines) == 1 and "URL" in lines[0], res.output
