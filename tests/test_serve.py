@@ -168,11 +168,9 @@ def stop_server(proc: subprocess.Popen) -> int:
 
 
 @pytest.mark.vllm
-def test_dsdprof_serve_answers_a_completion_over_http(tmp_path):
+def test_dsdprof_serve_answers_a_completion_over_http(tmp_path, toy_dense):
     pytest.importorskip("vllm")
-    from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair
-
-    toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(kind="dense"))
+    toy = toy_dense  # the session's default toy pair (tests/conftest.py)
     table = _table(tmp_path, os.path.relpath(toy.target, tmp_path), os.path.relpath(toy.draft, tmp_path))
     log = tmp_path / "server.log"  # the table and its paths relative to where `dsdprof serve` runs
     proc, port = start_server(Path(table.name), log, cwd=tmp_path)

@@ -1,4 +1,4 @@
-"""``dsdprof validate`` end to end on real vLLM (CPU build) with a toy pair: three engine starts."""
+"""``dsdprof validate`` end to end on real vLLM (CPU build) with one toy pair: five engine starts."""
 
 from __future__ import annotations
 
@@ -12,9 +12,14 @@ pytest.importorskip("vllm")
 
 from dsdprof.cli.app import app  # noqa: E402
 from dsdprof.report.compare import compare  # noqa: E402
-from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
 
 pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def toy(toy_dense):
+    """The session's toy pair (tests/conftest.py), for every validate run here (each starts its own engines)."""
+    return toy_dense
 
 
 def write_spec(path, toy, waves: int, output_len: int) -> None:
@@ -38,8 +43,7 @@ num_prompts = 16
 """)
 
 
-def test_validate_serves_table_through_vllm_schedule(tmp_path):
-    toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(kind="dense"))
+def test_validate_serves_table_through_vllm_schedule(toy, tmp_path):
     table = {
         "schema": "dsdprof.ktable/v1", "num_speculative_tokens": 2,
         "ranges": [[1, 1, 2], [2, 1 << 20, 1]],
@@ -74,13 +78,12 @@ def test_validate_serves_table_through_vllm_schedule(tmp_path):
     assert c["dsd_k_observed"].tolist() == pytest.approx(per_draft.sort_index().tolist())
 
 
-def test_validate_steps_design_runs_every_variant_in_one_engine(tmp_path):
+def test_validate_steps_design_runs_every_variant_in_one_engine(toy, tmp_path):
     """--design steps --adaptive: two engines (vanilla, the adaptive one); fixed K, the table and the
     plugin are arms of one K sequence inside the same waves, each row from its own steps."""
     from dsdprof.measure.vllm.trace import read_trace
     from tests.support.simulate import synthetic_table
 
-    toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(kind="dense"))
     table = synthetic_table({b: {k: 0.03 + 0.003 * k + 0.001 * b * k for k in range(4)} for b in (1, 2)}, (0.8,) * 3)
     table["provenance"] = {"model": str(toy.target), "draft_model": str(toy.draft), "method": "draft_model"}
     (tmp_path / "t.json").write_text(json.dumps(table))
