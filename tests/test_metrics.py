@@ -141,9 +141,13 @@ HOSTILE = [{"dsdprof_num_spec_tokens": 0, "dsdprof_run": "x" * 64}, {"dsdprof_nu
 
 
 @pytest.mark.parametrize("kind", ["adaptive", "static"])
-def test_hostile_request_keys_are_counted_and_change_nothing(tmp_path, kind):
+def test_hostile_request_keys_are_counted_and_change_nothing(tmp_path, kind, monkeypatch):
+    import functools
+    import itertools
+
     seen = {}
-    for hostile in (False, True):
+    for hostile in (False, True):  # the plugin's step clock pinned: both runs see the same step times
+        monkeypatch.setattr(va, "_clock", functools.partial(next, itertools.count(0.0, 0.02)))
         s = _adaptive(tmp_path) if kind == "adaptive" else _static()
         for i in range(MAX_BS + 3):
             extra = HOSTILE[i % len(HOSTILE)] if hostile else None
