@@ -31,19 +31,18 @@ from dsdprof.decide.bootstrap import batch_replicates, check_confidence
 from dsdprof.decide.speedup import speedup_estimate
 from dsdprof.decide.vanilla import vanilla_columns  # vanilla_gain*, vanilla_faster: see that module
 from dsdprof.decide.rule import (SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, decision_family,
-                                 margin,
-                                 regret_bound)
+                                 margin, regret_bound)
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import choose_k  # noqa: F401 - the K rule, re-exported
 from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.io.readers import validate_measurements
+from dsdprof.io.checked import CheckedRun, check_run
 from dsdprof.io.runs import Coverage, Run, open_run
 from dsdprof.io.readers import (mixed_provenance as mixed_provenance, read_measurements as read_measurements,
                                 read_provenance as read_provenance)  # re-exported: user code imports them
 from dsdprof.io.runs import (check_pooled_runs as check_pooled_runs, coverage as coverage,
                              refuse_validate_run as refuse_validate_run)  # re-exported
-
 
 
 @dataclass(frozen=True)
@@ -250,7 +249,7 @@ def _optimal_record(d: Any, k: int, cells: pd.DataFrame, rep: Any, base_goodput:
 def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
             provenance: dict[str, Any] | None = None, confidence: float = DEFAULT_CONFIDENCE,
             acceptance: str = "auto", replicates: int = DEFAULT_REPLICATES,
-            seed: int = DEFAULT_SEED) -> Analysis:
+            seed: int = DEFAULT_SEED, valid: Any = None) -> Analysis:
     """Optimal K per batch size from (validated or raw) measurement rows, with intervals.
 
     ``acceptance``: ``measured`` (each cell's own AL), ``chain`` (AL of every K from the largest
@@ -259,13 +258,15 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     acceptance on its own steps -- not v6 paired rows, already pooled over their group -- at the
     batch sizes where the largest K has >= 2 rows to resample its per-position shares over; else
     measured). Each batch size is decided at ``1 - (1 - confidence) / family`` with ``family``
-    the batch sizes with known intervals (Bonferroni, ``Analysis.family``).
-    """
+    the batch sizes with known intervals (Bonferroni, ``Analysis.family``). ``valid``: the rows
+    validated already, or the error validating them raised (:mod:`dsdprof.io.checked`)."""
     confidence = _check_options(tolerance, confidence, acceptance, replicates)
     prov = dict(provenance or {})
     _one_context(df)
     check_baseline(df)
-    df = validate_measurements(df)
+    if isinstance(valid, InputError):  # validating the rows failed (io.checked): raised in this order
+        raise valid
+    df = validate_measurements(df) if valid is None else valid
     baseline_rows, candidate_rows = split_baseline_candidates(df)
     if candidate_rows.empty:
         raise InputError("rows", 0, "no speculative or K=0 candidate rows")
@@ -362,25 +363,22 @@ def _unknown_warning(decisions: list[Any]) -> tuple[str, ...]:
             "points, which noise alone can bend. Use repeats >= 2 or schema-v2 rows.",)
 
 
-def analyze_path(path: str | Path | Run, tolerance: float = DEFAULT_TOLERANCE,
+def analyze_path(path: str | Path | Run | CheckedRun, tolerance: float = DEFAULT_TOLERANCE,
                  allow_mixed: bool = False, **options: Any) -> Analysis:
     """:func:`analyze` on a run (a :class:`dsdprof.io.runs.Run`, or the sweep directory / Parquet
-    file to open), with its stored provenance.
+    file to open, or a run checked already: :class:`dsdprof.io.checked.CheckedRun`), with its
+    stored provenance.
 
     Inputs of mixed provenance, or runs of different specs, are refused unless ``allow_mixed``;
     then the provenance names every value of a mixed field (``"A100 | H100"``) and the runs pooled.
     A validate run is refused (it is no sweep). ``coverage`` names the grid cells with no number.
-    ``options`` go to :func:`analyze`.
-    """
-    run = open_run(path)
-    run.refuse_validate("analyze")
-    pooled = run.pooled(allow_mixed)
-    run.check_mixed(allow_mixed)
-    prov = run.run_provenance()
-    prov.update(pooled.provenance())
-    result = analyze(run.rows, tolerance=tolerance, provenance=prov, **options)
+    ``options`` go to :func:`analyze`."""
     from dsdprof.decide.truth import synthetic_truth  # None unless the run's acceptance was synthetic
 
+    run = path if isinstance(path, CheckedRun) else check_run(
+        path if isinstance(path, Run) else open_run(path), "analyze", allow_mixed, by_context=False)
+    prov = run.provenance
+    result = analyze(run.rows, tolerance=tolerance, provenance=prov, valid=run.valid, **options)
     return dataclasses.replace(result, coverage=run.coverage, truth=synthetic_truth(run.rows, prov))
 
 

@@ -23,6 +23,7 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.decide.analysis import Analysis, analyze
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import CONTEXT_COLUMN, STATUS_OK
+from dsdprof.io.checked import CheckedRun, check_run
 from dsdprof.io.runs import Coverage, Run, open_run
 from dsdprof.io.runs import context_slices as context_slices, has_contexts as has_contexts  # re-exported
 
@@ -67,7 +68,8 @@ def analyze_contexts(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
 
 
 def _analyze_slices(slices: dict[int, pd.DataFrame] | None, tolerance: float,
-                    provenance: dict[str, Any] | None, **options: Any) -> ContextAnalysis:
+                    provenance: dict[str, Any] | None, valid: dict[int, Any] | None = None,
+                    **options: Any) -> ContextAnalysis:
     if slices is None:
         raise InputError(CONTEXT, None, "the rows have no context axis (a sweep without [sweep] "
                          "context_lens)")
@@ -80,21 +82,23 @@ def _analyze_slices(slices: dict[int, pd.DataFrame] | None, tolerance: float,
             err = str(part["error"].iloc[0]) if "error" in part.columns else ""
             skipped[c] = f"no cell ran at this context ({err[:160]})"
             continue
-        out[c] = analyze(part, tolerance=tolerance, provenance=provenance, **options)
+        out[c] = analyze(part, tolerance=tolerance, provenance=provenance, valid=(valid or {}).get(c),
+                         **options)
     if not out:
         raise InputError(CONTEXT, sorted(slices), "no context has a cell that ran")
     return ContextAnalysis(out, skipped)
 
 
-def analyze_contexts_path(path: str | Path | Run, tolerance: float = DEFAULT_TOLERANCE,
+def analyze_contexts_path(path: str | Path | Run | CheckedRun, tolerance: float = DEFAULT_TOLERANCE,
                           allow_mixed: bool = False, **options: Any) -> ContextAnalysis | None:
     """:func:`analyze_contexts` on a run (a :class:`dsdprof.io.runs.Run`, or the run directory /
-    Parquet file to open); None when it has no context axis."""
-    run = open_run(path)
-    run.check_mixed(allow_mixed)
+    Parquet file to open, or one checked already: :func:`dsdprof.io.checked.check_run`); None when
+    it has no context axis."""
+    run = path if isinstance(path, CheckedRun) else check_run(
+        path if isinstance(path, Run) else open_run(path), "", allow_mixed)
     if run.contexts is None:
         return None
-    result = _analyze_slices(run.contexts, tolerance, run.run_provenance(), **options)
+    result = _analyze_slices(run.contexts, tolerance, run.provenance, run.context_valid, **options)
     cov = run.context_coverage
     slices = {c: dataclasses.replace(a, coverage=cov[c]) for c, a in result.slices.items()}
     return ContextAnalysis(slices, result.skipped, cov)

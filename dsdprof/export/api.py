@@ -78,20 +78,22 @@ def table_from_source(source: str | Path | Run, tolerance: float = DEFAULT_TOLER
     from dsdprof.decide.context import analyze_contexts_path
     from dsdprof.export.context import end_at_last_measured
     from dsdprof.export.table import build_table, load_table
+    from dsdprof.io.checked import check_run
     from dsdprof.io.runs import open_run
 
     if not isinstance(source, Run) and Path(source).suffix == ".json" and Path(source).is_file():
         return load_table(Path(source)), []
     run = open_run(source)
     source = run.path
-    run.refuse_validate("export")
-    by_context = analyze_contexts_path(run, tolerance=tolerance, allow_mixed=allow_mixed)
-    if by_context is not None:  # a context sweep: a dsdprof.ktable/v3 table
+    checked = check_run(run, "export", allow_mixed)  # every refusal and read before the analysis
+    if checked.contexts is not None:  # a context sweep: a dsdprof.ktable/v3 table
+        by_context = analyze_contexts_path(checked, tolerance=tolerance)
         return _context_table(by_context, run, label, allow_partial)
-    result = analyze_path(run, tolerance=tolerance, allow_mixed=allow_mixed)
+    result = analyze_path(checked, tolerance=tolerance)
     warnings = [w for w in [below_baseline_warning(result.optimal), synthetic_warning(result.provenance)]
                 if w]
-    cov = run.coverage
+    cov = checked.coverage
+    assert cov is not None  # check_run computes it on the batch-size path of a command
     if (err := partial_run_error(cov, source)) is not None:
         if not allow_partial:
             raise err

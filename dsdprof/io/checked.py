@@ -1,0 +1,66 @@
+"""A run checked once for the analysis: :func:`check_run` raises every refusal of a
+:class:`dsdprof.io.runs.Run` in the order the analysis raises them and returns a
+:class:`CheckedRun` -- plain data (rows, provenance, coverage, validated rows, context slices)
+that ``decide`` reads without calling back into ``io``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsdprof.errors import InputError
+from dsdprof.io.readers import validate_measurements
+from dsdprof.io.runs import Coverage, Run
+
+
+def _validated(rows: Any) -> Any:
+    """``rows``' ok rows validated, or the InputError validating them raised (raised by the
+    analysis in its own order: :func:`dsdprof.decide.analysis.analyze`)."""
+    try:
+        return validate_measurements(rows)
+    except InputError as err:
+        return err
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """What the analysis needs of a run, checked and computed in one call (:meth:`Run.checked`),
+    so that ``decide`` reads plain data and calls back into ``io`` no more.
+
+    ``provenance``: the run's (with the runs pooled on the batch-size path); ``valid``: the
+    validated ok rows or the InputError validating them raised; ``contexts``: rows per context
+    (None without a context axis), each with its ``context_coverage`` and ``context_valid``."""
+
+    path: Path
+    rows: Any
+    provenance: dict[str, Any]
+    coverage: Coverage | None = None
+    valid: Any = None
+    contexts: dict[int, Any] | None = None
+    context_coverage: dict[int, Coverage] = field(default_factory=dict)
+    context_valid: dict[int, Any] = field(default_factory=dict)
+
+
+def check_run(run: Run, command: str, allow_mixed: bool, by_context: bool = True) -> CheckedRun:
+    """Every refusal of ``run`` in the order the analysis raises them, then what it needs.
+
+    ``command`` (``export``, ``analyze``; "" none): a validate run is refused first. With
+    ``by_context``: mixed provenance, then the context slices; a run without a context axis
+    then has its pooled runs checked (only when a ``command`` asks for the analysis). Without:
+    the pooled runs, then mixed provenance (``analyze_path``'s order)."""
+    if command:
+        run.refuse_validate(command)
+    pooled = None if by_context else run.pooled(allow_mixed)
+    run.check_mixed(allow_mixed)
+    contexts = run.contexts if by_context else None
+    if contexts is not None:
+        return CheckedRun(run.path, run.rows, run.run_provenance(), contexts=contexts,
+                          context_coverage=run.context_coverage,
+                          context_valid={c: _validated(part) for c, part in contexts.items()})
+    if not command:
+        return CheckedRun(run.path, run.rows, {})
+    pooled = pooled or run.pooled(allow_mixed)
+    prov = run.run_provenance()
+    prov.update(pooled.provenance())
+    return CheckedRun(run.path, run.rows, prov, run.coverage, _validated(run.rows))
