@@ -98,20 +98,24 @@ def test_intervals_are_as_wide_as_the_error_with_outlier_steps():
     assert cov >= 0.87
 
 
-def test_speedup_over_vanilla_compares_plain_means():
-    """Vanilla's waves cannot be winsorized (a slow step is part of a whole wave's mean): the
-    speedup compares plain means on both sides, so slow steps weigh alike (2 % of vanilla's time
-    here) and cancel; a winsorized K against a plain vanilla overstated it by ~2 %."""
+def test_speedup_over_vanilla_weighs_slow_steps_alike():
+    """Vanilla's waves cannot be winsorized (a slow step is part of a whole wave's mean), so the
+    speedup weighs slow steps alike on both sides (2 % of vanilla's time here): plain means of the
+    K alone, or -- with its paired group -- the K winsorized x the group's slow-step factor, which
+    is as unbiased and less noisy. A winsorized K against plain vanilla overstated it by ~4 %."""
     sc = dataclasses.replace(SC["outliers"], outliers=0.02, step_sd=0.02, drift=0.005, waves=40)
     g, v = truth_goodput(sc, (64,), KS), truth_vanilla(sc, (64,))
-    err = []
+    plain, grouped = [], []
     for seed in range(30):
         df = dataset(sc, seed, (64,), KS)
-        k_rows, base = df[(df["mode"] == "dsd") & (df["num_spec_tokens"] == 3)], df[df["mode"] == "vanilla"]
-        point, lo, hi, how = speedup_estimate(k_rows, base)
-        assert how == "paired" and lo <= point <= hi
-        err.append(math.log(point / (g[64][3] / v[64])))
-    assert abs(np.mean(err)) < 0.006, np.mean(err)
+        cand = df[df["mode"] == "dsd"]
+        k_rows, base = cand[cand["num_spec_tokens"] == 3], df[df["mode"] == "vanilla"]
+        for errs, group in ((plain, None), (grouped, cand)):
+            point, lo, hi, how = speedup_estimate(k_rows, base, group=group)
+            assert how == "paired" and lo <= point <= hi
+            errs.append(math.log(point / (g[64][3] / v[64])))
+    assert abs(np.mean(plain)) < 0.006 and abs(np.mean(grouped)) < 0.006, (np.mean(plain), np.mean(grouped))
+    assert np.std(grouped) < np.std(plain)
 
 
 def _run(sc, batch_sizes, datasets, seed0=0):
@@ -154,13 +158,11 @@ def test_no_batch_size_decided_wrongly_in_more_than_2_percent(name):
     assert min(cov.values()) >= 0.86, cov
 
 
-@pytest.mark.slow  # ~30 s
+@pytest.mark.slow  # ~30-50 s
 def test_held_out_heavier_outliers_are_covered():
-    """A variation the method was not tuned on (2 % of steps 5x slow, other seeds): the ratio and
-    margin intervals hold the truth >= 87 %; the speedup's and vanilla gain's >= 80 % only (85 % on
-    seeds 1000-1099, 69 % with the method before: its 4 vanilla blocks hold skewed slow-step
-    jumps, docs/decisions.md)."""
+    """A variation the method was not tuned on (2 % of steps 5x slow, other seeds): every interval
+    analyze reports holds the truth >= 87 % (the speedup's and vanilla gain's: 69 % with the method
+    before, 85 % with plain means alone; docs/decisions.md)."""
     cov, _, wrong = _run(SC["heavy"], BOUNDARY_BATCH_SIZES, 60, seed0=5000)
-    assert min(cov["ratio"], cov["margin"]) >= 0.87, cov
-    assert min(cov["speedup"], cov["vanilla"]) >= 0.80, cov  # not the 88 % goal: docs/decisions.md
+    assert min(cov.values()) >= 0.87, cov
     assert max(wrong.values()) <= 1, wrong

@@ -325,15 +325,17 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
 
 def _speedup_intervals(optimal: pd.DataFrame, candidate_rows: pd.DataFrame, baseline_rows: pd.DataFrame,
                        replicates: int, seed: int, confidence: float) -> pd.DataFrame:
-    """``speedup_vs_baseline`` from plain means on both sides, ``speedup_low``/``speedup_high`` and
-    ``speedup_interval`` (how: ``paired`` blocks of vanilla and the K's waves resampled jointly,
-    ``independent``, or ``""`` unknown), see :mod:`dsdprof.decide.speedup`."""
+    """``speedup_vs_baseline`` (slow steps weighed alike on both sides), ``speedup_low``/
+    ``speedup_high`` and ``speedup_interval`` (how: ``paired`` blocks of vanilla and the K's waves
+    resampled jointly, ``independent``, or ``""`` unknown), see :mod:`dsdprof.decide.speedup`."""
     out = []
     for b, k, point in zip(optimal["batch_size"], optimal["k"], optimal["speedup_vs_baseline"]):
         at_b = candidate_rows["batch_size"] == b
         k_rows = candidate_rows[at_b & (candidate_rows["num_spec_tokens"] == k)]
         base = baseline_rows[baseline_rows["batch_size"] == b]
-        est = speedup_estimate(k_rows, base, replicates, seed, confidence) if math.isfinite(point) else ()
+        group = candidate_rows[at_b]  # paired: the K's slow steps read from its whole group
+        est = (speedup_estimate(k_rows, base, replicates, seed, confidence, group)
+               if math.isfinite(point) else ())
         out.append(est if est and math.isfinite(est[0]) else (point, math.nan, math.nan, ""))
     optimal = optimal.copy()
     optimal["speedup_vs_baseline"] = [o[0] for o in out]

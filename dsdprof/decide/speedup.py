@@ -4,14 +4,16 @@
 goodput(baseline) at one batch size; ``analyze`` reports it as ``speedup_vs_baseline`` with
 ``speedup_low``/``speedup_high`` and :mod:`dsdprof.decide.vanilla` turns it into vanilla's gain.
 
-**Plain means on both sides.** The K table's goodput is winsorized per wave
+**Slow steps weigh alike on both sides.** The K table's goodput is winsorized per wave
 (:mod:`dsdprof.decide.bootstrap`), which a vanilla row cannot be: it has one wave per block
 (``ceil(waves / len(Ks))``), each the mean of a whole wave's steps, so a slow step is part of its
 mean and never a clipped wave. Comparing a winsorized K with a plain vanilla overstates the speedup
-by the slow steps' share of vanilla's time (2 % for 1 % of steps 3x slow); between plain means the
-slow steps weigh alike on both engines and cancel. So the speedup is the ratio of plain means (sum
-AL / sum ITL over the same waves), its point included; it can differ from ``goodput`` /
-``baseline_goodput`` where the K's waves were winsorized.
+by the slow steps' share of vanilla's time (2 % for 1 % of steps 3x slow). So the K's side is its
+plain mean: without its group, the K's plain waves; with its paired group (``group``), the K's
+winsorized waves x the group's **slow-step factor** (every K's plain ITL / every K's winsorized
+ITL, over the same blocks), which assumes slow steps lengthen every K's steps alike and takes
+their noise from all the group's waves instead of one K's few timed steps per wave. Its point can
+differ from ``goodput`` / ``baseline_goodput`` where waves were winsorized.
 
 **Paired** (the paired design, schema v5: every row carries ``sample_block``, one baseline and one
 K row per repeat): vanilla wave ``j`` ran beside the group's waves of block ``j``, so each replicate
@@ -30,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
-from dsdprof.decide.bootstrap import row_blocks, row_samples, small_sample_factor
+from dsdprof.decide.bootstrap import (ROBUST_MIN_WAVES, robust_paired, row_blocks, row_samples,
+                                      small_sample_factor)
 
 
 def _units(rows: pd.DataFrame) -> tuple[list, list[np.ndarray] | None, list[int]]:
@@ -42,8 +45,9 @@ def _units(rows: pd.DataFrame) -> tuple[list, list[np.ndarray] | None, list[int]
 
 
 def _block_sums(unit: tuple, blocks: np.ndarray, keep: list[int]) -> np.ndarray:
-    """(blocks x 3): per block in ``keep``, sum of AL waves, sum of ITL waves, waves."""
-    return np.array([[unit[2][blocks == j].sum(), unit[3][blocks == j].sum(), float((blocks == j).sum())]
+    """(blocks x 3+): per block in ``keep``, sum of AL waves, sum of ITL waves (columns), waves."""
+    itl = unit[3] if unit[3].ndim == 2 else unit[3][:, None]
+    return np.array([[unit[2][blocks == j].sum(), *itl[blocks == j].sum(axis=0), float((blocks == j).sum())]
                      for j in keep])
 
 
@@ -68,6 +72,8 @@ def _paired(ku: list, kb: list, kr: list, bu: list, bb: list, br: list, rng: np.
 
     def ratio(w: np.ndarray) -> np.ndarray:
         gk = (w @ sk[:, 0]) / (w @ sk[:, 1])  # sum AL / sum ITL over the same waves: goodput
+        if sk.shape[1] == 5:  # winsorized K: x every K's winsorized / plain ITL (the slow-step factor)
+            gk = gk * (w @ sk[:, 3]) / (w @ sk[:, 2])
         gb = (w @ sb[:, 0]) / (w @ sb[:, 1])
         return gk / gb
 
@@ -87,12 +93,30 @@ def t_half_width(dev: np.ndarray, n: int, confidence: float) -> float:
     return float(t.ppf(q, n - 1) * np.std(dev) * math.sqrt(n / (n - 1)))
 
 
+def _slow_steps(group: pd.DataFrame, k: int, kr: list[int]) -> list[np.ndarray] | None:
+    """Per repeat in ``kr``: (waves x 3) of K's winsorized ITL waves, and every K's plain and
+    winsorized ITL waves summed (:func:`dsdprof.decide.bootstrap.robust_paired` over the group's
+    paired rows); None unless every K has one row per repeat with the same waves."""
+    ks = sorted(int(x) for x in group["num_spec_tokens"].unique())
+    out = []
+    for r in kr:
+        at_r = group[group["repeat"] == r] if "repeat" in group else group
+        cells = [(kk, _units(at_r[at_r["num_spec_tokens"] == kk])[0]) for kk in ks]
+        if any(len(c) != 1 for _, c in cells) or len({c[0][3].size for _, c in cells}) != 1:
+            return None
+        robust = robust_paired(cells)
+        out.append(np.column_stack([robust[ks.index(k)][1][0][3], np.sum([c[0][3] for _, c in cells], axis=0),
+                                    np.sum([c[0][3] for _, c in robust], axis=0)]))
+    return out
+
+
 def speedup_estimate(k_rows: pd.DataFrame, base_rows: pd.DataFrame, replicates: int = DEFAULT_REPLICATES,
-                     seed: int = DEFAULT_SEED, confidence: float = DEFAULT_CONFIDENCE
-                     ) -> tuple[float, float, float, str]:
+                     seed: int = DEFAULT_SEED, confidence: float = DEFAULT_CONFIDENCE,
+                     group: pd.DataFrame | None = None) -> tuple[float, float, float, str]:
     """(point, low, high, how) of goodput(K) / goodput(baseline) at one batch size (module
     docstring); ``how``: ``paired`` | ``independent``; NaN bounds and ``""`` when either side has
-    fewer than 2 units (the point then from the rows' plain means)."""
+    fewer than 2 units (the point then from the rows' plain means). ``group``: every candidate
+    row at that batch size (paired: the K's slow steps read from the whole group)."""
     nan = math.nan
     if k_rows.empty or base_rows.empty:
         return nan, nan, nan, ""
@@ -100,6 +124,11 @@ def speedup_estimate(k_rows: pd.DataFrame, base_rows: pd.DataFrame, replicates: 
     bu, bb, br = _units(base_rows)
     rng = np.random.default_rng((int(seed), int(k_rows["batch_size"].iloc[0]), 1))
     if kb is not None and bb is not None and len(set(kr)) == len(kr) and sorted(kr) == sorted(br):
+        slow = None
+        if group is not None and all(u[3].size >= ROBUST_MIN_WAVES for u in ku):
+            slow = _slow_steps(group, int(k_rows["num_spec_tokens"].iloc[0]), kr)
+        if slow is not None:  # the K winsorized x the group's slow-step factor (module docstring)
+            ku = [(u[0], u[1], u[2], x) for u, x in zip(ku, slow)]
         got = _paired(ku, kb, kr, bu, bb, br, rng, replicates, confidence)
         if got is not None:
             return (*got, "paired")

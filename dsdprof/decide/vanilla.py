@@ -7,8 +7,8 @@ DSD schedule can serve, K=0 included. A sweep measures a vanilla row per batch s
 with every candidate K per batch size:
 
 * ``vanilla_gain``: goodput(vanilla) / goodput(best K) - 1 (> 0: vanilla ahead), the best K being
-  the one with the highest point goodput, both from plain means (the K's waves not winsorized,
-  as vanilla's cannot be: :mod:`dsdprof.decide.speedup`);
+  the one with the highest point goodput, slow steps weighed alike on both sides (vanilla's waves
+  cannot be winsorized: :mod:`dsdprof.decide.speedup`);
 * ``vanilla_gain_low``/``vanilla_gain_high``: its interval, from the best K's speedup interval
   (:func:`dsdprof.decide.speedup.speedup_estimate`: paired blocks where the design pairs them);
 * ``vanilla_faster``: vanilla ahead of **every** K beyond its interval (each K's speedup over
@@ -65,10 +65,12 @@ def vanilla_columns(optimal: pd.DataFrame, cells: pd.DataFrame, candidate_rows: 
             records.append((math.nan, math.nan, math.nan, False))
             continue
         by_k = sorted(zip(group["goodput"], group["num_spec_tokens"].astype(int)), reverse=True)
+        cand_b = cand[cand["batch_size"] == b]
 
-        def estimate(k: int, b: int = b, base_b: pd.DataFrame = base_b) -> tuple[float, float, float, str]:
-            rows = cand[(cand["batch_size"] == b) & (cand["num_spec_tokens"] == k)]
-            return speedup_estimate(rows, base_b, replicates, seed, confidence)
+        def estimate(k: int, base_b: pd.DataFrame = base_b,
+                     cand_b: pd.DataFrame = cand_b) -> tuple[float, float, float, str]:
+            rows = cand_b[cand_b["num_spec_tokens"] == k]
+            return speedup_estimate(rows, base_b, replicates, seed, confidence, group=cand_b)
         best_goodput, best_k = by_k[0]
         point, lo, hi, _ = estimate(best_k)
         gain = _gain(point if math.isfinite(point) else best_goodput / base_goodput)
