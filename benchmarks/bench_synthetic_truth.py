@@ -19,7 +19,6 @@ one or more such files as the table of docs/lab/synthetic-truth.md.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -49,7 +48,9 @@ def spec_for(design: str, waves: int, output_len: int, temperature: float, rates
 
 
 def row_of(design: str, bs: int, k: int, m, wall: float) -> dict:
-    d = dataclasses.asdict(m)
+    d = {c: getattr(m, c) for c in ("acceptance_length", "num_drafts", "num_requests", "num_output_tokens",
+                                    "sample_acceptance_length", "steady_steps", "excluded_steps", "itl_s",
+                                    "checks_failed", "acceptance_per_pos")}
     keep = ("acceptance_length", "num_drafts", "num_requests", "num_output_tokens",
             "sample_acceptance_length",
             "steady_steps", "excluded_steps", "itl_s", "checks_failed", "acceptance_per_pos")
@@ -128,9 +129,15 @@ def measure(args) -> dict:
 
     try:
         if args.budget_s:  # one wave of each (repeat 1: prompts of their own), then size repeat 0
-            t = time.time()
+            t = time.time()  # the calibration waves are rows too (repeat 1; truth_rows pools repeats)
             cal = {"paired": run_paired(worker, spec_args, 1, 1)}
-            cal.update({k: run_cell(worker, spec_args, k, 1, 1) for k in KS})
+            share = cal["paired"][1] / len(KS)
+            rows += [row_of("paired", bs, k, m, share) for k, m in sorted(cal["paired"][0].items())]
+            save()
+            for k in KS:
+                cal[k] = run_cell(worker, spec_args, k, 1, 1)
+                rows.append(row_of("cells", bs, k, cal[k][0], cal[k][1]))
+                save()
             timing["calibration_s"] = time.time() - t
             left = (t_start + args.budget_s - time.time()) * 0.85  # the replay, stopping, noise
             pw, cw = size(args.rates, bs, cal, left)
@@ -159,7 +166,7 @@ def step_costs(result: dict) -> list[str]:
     for r in result["rows"]:
         if r["design"] == "cells":
             k = r["num_spec_tokens"]
-            wall, n = t[f"cells_k{k}_s"], max(1, r["num_drafts"])
+            wall, n = r["wall_s"], max(1, r["num_drafts"])
             lines.append(f"cells  K={k}: {wall:.1f} s, {r['steady_steps'] + r['excluded_steps']} steps, "
                          f"{n} request-steps, {1e3 * wall / n:.2f} ms each")
     if "paired_s" in t:
