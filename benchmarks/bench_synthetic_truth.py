@@ -32,10 +32,14 @@ RATES = [0.8, 0.6, 0.45, 0.3]
 KS = (1, 2, 3, 4)
 
 
+MODEL_DIR = ROOT / "toy_models" / "dense"  # --model-dir: a toy pair's directory (target/, draft/)
+TINY = dict(hidden_size=64, num_layers=2, intermediate_size=128, num_heads=2, num_kv_heads=1)  # --build-tiny
+
+
 def spec_for(design: str, waves: int, output_len: int, temperature: float, rates: list[float], bs: int):
     from dsdprof.config.spec import parse_spec
 
-    dense = ROOT / "toy_models" / "dense"
+    dense = MODEL_DIR
     return parse_spec({
         "engine": {"name": "vllm", "model": str(dense / "target"), "draft_model": str(dense / "draft"),
                    "method": "draft_model", "dtype": "float32", "max_model_len": 32 + output_len + 8,
@@ -273,7 +277,19 @@ def main() -> int:
     ap.add_argument("--simulate", type=int, default=0, metavar="RUNS",
                     help="no engine: the paired replay on RUNS simulated traces "
                          "(--paired-waves, --bs, --output-len)")
+    ap.add_argument("--model-dir", type=Path, default=None,
+                    help="toy pair directory (target/, draft/); acceptance is synthetic, so a tiny pair "
+                         "(--build-tiny) measures the same truth much faster")
+    ap.add_argument("--build-tiny", type=Path, metavar="DIR",
+                    help="build the tiny dense pair (hidden 64, 2 layers; TINY) into DIR and exit")
     args = ap.parse_args()
+    global MODEL_DIR
+    MODEL_DIR = (args.model_dir or MODEL_DIR).resolve()
+    if args.build_tiny:
+        from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair
+
+        print(build_toy_pair(args.build_tiny, ToyModelConfig(kind="dense", **TINY)))
+        return 0
     if args.simulate:
         print(simulate(args, args.simulate))
         return 0
