@@ -64,6 +64,7 @@ K except where an admissible K removes a rise at no point regret beyond toleranc
 from __future__ import annotations
 
 import math
+from typing import Any
 from functools import lru_cache
 from dataclasses import dataclass, replace
 from collections.abc import Sequence
@@ -114,7 +115,8 @@ def row_samples(rows: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
             out.append((np.array([float(al)]), np.array([float(itl)])))
             continue
         if s_al.size != s_itl.size:
-            raise InputError(SAMPLE_COLUMNS[1], s_itl.size, f"needs one value per wave like {SAMPLE_COLUMNS[0]} ({s_al.size})")
+            raise InputError(SAMPLE_COLUMNS[1], s_itl.size,
+                             f"needs one value per wave like {SAMPLE_COLUMNS[0]} ({s_al.size})")
         if (s_itl <= 0).any():
             raise InputError(SAMPLE_COLUMNS[1], s_itl.tolist(), "wave ITL must be > 0")
         if (s_al < 1.0 - 1e-9).any():
@@ -187,9 +189,9 @@ def robust_units(units: Sequence[tuple[float, float, np.ndarray, np.ndarray]], w
     of 2 / waves. Cells with fewer than ``ROBUST_MIN_WAVES`` waves (v1 rows) are returned as they are."""
     if sum(u[3].size for u in units) < ROBUST_MIN_WAVES or all(u[3].size < 2 for u in units):
         return list(units)
-    out = [list(u) for u in units]
+    out: list[list[Any]] = [list(u) for u in units]
     for j in which:
-        dev = np.concatenate([u[j] / np.median(u[j]) - 1.0 for u in units if u[j].size >= 2])
+        dev = np.concatenate([np.asarray(u[j]) / np.median(u[j]) - 1.0 for u in units if np.size(u[j]) >= 2])
         scale = 1.4826 * float(np.median(np.abs(dev)))
         if scale <= 0.0:
             continue
@@ -204,7 +206,7 @@ def robust_units(units: Sequence[tuple[float, float, np.ndarray, np.ndarray]], w
             if not np.array_equal(clipped, x):
                 row[j - 2] = float(row[j - 2]) * float(clipped.mean() / x.mean())
                 row[j] = clipped
-    return [tuple(r) for r in out]  # type: ignore[misc]
+    return [(r[0], r[1], r[2], r[3]) for r in out]
 
 
 def robust_paired(cells: list[tuple[int, list[tuple[float, float, np.ndarray, np.ndarray]]]]
@@ -220,7 +222,7 @@ def robust_paired(cells: list[tuple[int, list[tuple[float, float, np.ndarray, np
     if len(cells) < 3 or any(u[3].size < ROBUST_MIN_WAVES for u in reps0):
         return [(k, robust_units(reps)) for k, reps in cells]
     cells = [(k, robust_units(reps, (2,))) for k, reps in cells]
-    out = [[list(u) for u in reps] for _, reps in cells]
+    out: list[list[list[Any]]] = [[list(u) for u in reps] for _, reps in cells]
     resid, pred = [], []  # per repeat: K x waves
     for r in range(len(reps0)):
         x = np.stack([reps[r][3] for _, reps in cells])
@@ -238,10 +240,11 @@ def robust_paired(cells: list[tuple[int, list[tuple[float, float, np.ndarray, np
             if not np.array_equal(clipped, x):
                 out[i][r][1] = float(out[i][r][1]) * float(clipped.mean() / x.mean())
                 out[i][r][3] = clipped
-    return [(k, [tuple(u) for u in rows]) for (k, _), rows in zip(cells, out)]  # type: ignore[misc]
+    return [(k, [(u[0], u[1], u[2], u[3]) for u in rows]) for (k, _), rows in zip(cells, out)]
 
 
-def huber_factor(raw: Sequence[tuple[int, list]], robust: Sequence[tuple[int, list]], j: int) -> np.ndarray:
+def huber_factor(raw: Sequence[tuple[int, list[Any]]], robust: Sequence[tuple[int, list[Any]]],
+                 j: int) -> np.ndarray:
     """Per cell, the sandwich factor of its winsorized mean: waves / unclipped waves of quantity
     ``j`` (2: AL, 3: ITL). A clipped wave says nothing about where the cell's centre lies (Huber's
     ``E[psi^2] / E[psi']^2``: the variance of the clipped values over the share left unclipped,
@@ -264,7 +267,8 @@ def small_sample_factor(n: int, confidence: float) -> float:
     return float(t.ppf(q, n - 1) / norm.ppf(q) * math.sqrt(n / (n - 1)))
 
 
-def bootstrap_batch(batch_size: int, cells: Sequence[tuple[int, list[tuple[float, float, np.ndarray, np.ndarray]]]],
+def bootstrap_batch(batch_size: int,
+                    cells: Sequence[tuple[int, list[tuple[float, float, np.ndarray, np.ndarray]]]],
                     replicates: int = DEFAULT_REPLICATES, seed: int = DEFAULT_SEED,
                     exact: bool = False, confidence: float = DEFAULT_CONFIDENCE,
                     paired: bool = False) -> BatchReplicates:
@@ -285,7 +289,8 @@ def bootstrap_batch(batch_size: int, cells: Sequence[tuple[int, list[tuple[float
     point_al = np.array([np.mean([u[0] for u in reps]) for _, reps in cells])
     point_itl = np.array([np.mean([u[1] for u in reps]) for _, reps in cells])
     if exact:  # deterministic predictions: the point is the only replicate
-        return BatchReplicates(batch_size, ks, point_al, point_itl, point_al[None, :], point_itl[None, :], exact=True)
+        return BatchReplicates(batch_size, ks, point_al, point_itl, point_al[None, :], point_itl[None, :],
+                               exact=True)
     s_al, s_itl = [], []  # per cell: the samples its replicates resample
     for _, reps in cells:
         if paired or len(reps) == 1 or (all(u[2].size >= 2 for u in reps) and not _repeats_differ(reps)):
@@ -328,13 +333,17 @@ def at_confidence(rep: BatchReplicates, confidence: float) -> BatchReplicates:
 
 
 def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICATES,
-                     seed: int = DEFAULT_SEED, confidence: float = DEFAULT_CONFIDENCE) -> dict[int, BatchReplicates]:
+                     seed: int = DEFAULT_SEED,
+                     confidence: float = DEFAULT_CONFIDENCE) -> dict[int, BatchReplicates]:
     """:func:`bootstrap_batch` of every batch size's candidate rows (``engine = "sim"`` rows are exact)."""
-    rows = candidates.sort_values(["batch_size", "num_spec_tokens", *(["repeat"] if "repeat" in candidates else [])],
+    rows = candidates.sort_values(["batch_size", "num_spec_tokens",
+                                   *(["repeat"] if "repeat" in candidates else [])],
                                   kind="stable")
     samples = row_samples(rows)
-    exact_rows = (rows["engine"].astype(str) == "sim").to_numpy() if "engine" in rows else np.zeros(len(rows), bool)
-    units = [(float(a), float(t), s[0], s[1]) for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]
+    exact_rows = ((rows["engine"].astype(str) == "sim").to_numpy() if "engine" in rows
+                  else np.zeros(len(rows), bool))
+    units = [(float(a), float(t), s[0], s[1])
+             for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]
     design = rows["design"].astype(str).to_numpy() if "design" in rows else np.full(len(rows), "cells")
     repeat = rows["repeat"].astype(int).to_numpy() if "repeat" in rows else np.zeros(len(rows), int)
     out: dict[int, BatchReplicates] = {}
@@ -342,7 +351,7 @@ def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICA
     i = 0
     while i < len(keys):
         b = keys[i][0]
-        cells: list[tuple[int, list]] = []
+        cells: list[tuple[int, list[Any]]] = []
         exact = paired = True
         repeats: dict[int, list[int]] = {}
         while i < len(keys) and keys[i][0] == b:
@@ -354,7 +363,8 @@ def batch_replicates(candidates: pd.DataFrame, replicates: int = DEFAULT_REPLICA
             paired &= design[i] == "paired"
             i += 1
         paired &= len({tuple(r) for r in repeats.values()}) == 1  # the same repeats (waves) at every K
-        out[b] = bootstrap_batch(b, cells, replicates, seed, exact=exact, confidence=confidence, paired=paired)
+        out[b] = bootstrap_batch(b, cells, replicates, seed, exact=exact, confidence=confidence,
+                                 paired=paired)
     return out
 
 
@@ -367,7 +377,8 @@ def row_blocks(rows: pd.DataFrame, samples: list[tuple[np.ndarray, np.ndarray]])
         return None
     out = []
     for raw, (s_al, _) in zip(rows[BLOCK_COLUMN].to_list(), samples):
-        if raw is None or (isinstance(raw, float) and math.isnan(raw)) or len(raw) != s_al.size or s_al.size == 0:
+        if (raw is None or (isinstance(raw, float) and math.isnan(raw)) or len(raw) != s_al.size
+                or s_al.size == 0):
             return None
         out.append(np.asarray(raw, dtype=np.int64).ravel())
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -58,6 +58,14 @@ def _to_best(g: np.ndarray) -> np.ndarray:
     return g / g.max(axis=1, keepdims=True)
 
 
+def _replicate_goodput(rep: BatchReplicates) -> np.ndarray:
+    """The replicates' goodput (replicates x Ks); the caller checked ``rep.known``."""
+    g = rep.goodput
+    if g is None:
+        raise ValueError(f"batch size {rep.batch_size}: bootstrap intervals are unknown")
+    return g
+
+
 def decide_batch(rep: BatchReplicates, tolerance: float, confidence: float, family: int = 1) -> Decision:
     """The rule at one batch size, applied inside every bootstrap replicate (module docstring of
     :mod:`dsdprof.decide.bootstrap`). ``family``: the number of batch sizes decided together;
@@ -73,10 +81,10 @@ def decide_batch(rep: BatchReplicates, tolerance: float, confidence: float, fami
     if rep.exact:
         k = choose_k(ratio, tolerance)
         return Decision(rep.batch_size, k, ks[best], (k,), True, True, ratio, dict(ratio), dict(ratio))
-    lo, hi = interval(_to_best(rep.goodput), confidence)
+    lo, hi = interval(_to_best(_replicate_goodput(rep)), confidence)
     chosen = min((i for i in range(best) if lo[i] >= floor - 1e-12), default=best)
     level = decision_confidence(confidence, family)
-    picks = rule_index(_to_best(at_confidence(rep, level).goodput), tolerance)
+    picks = rule_index(_to_best(_replicate_goodput(at_confidence(rep, level))), tolerance)
     share = np.bincount(picks, minlength=len(ks)) / picks.size
     admissible, left = {ks[chosen]}, 1.0 - share[chosen]
     for i in sorted((i for i in range(len(ks)) if i != chosen), key=lambda i: -share[i]):
@@ -84,8 +92,8 @@ def decide_batch(rep: BatchReplicates, tolerance: float, confidence: float, fami
             break
         admissible.add(ks[i])
         left -= share[i]
-    return Decision(rep.batch_size, ks[chosen], ks[best], tuple(sorted(admissible)), len(admissible) == 1, True,
-                    ratio, {k: float(lo[i]) for i, k in enumerate(ks)},
+    return Decision(rep.batch_size, ks[chosen], ks[best], tuple(sorted(admissible)), len(admissible) == 1,
+                    True, ratio, {k: float(lo[i]) for i, k in enumerate(ks)},
                     {k: float(min(hi[i], 1.0)) for i, k in enumerate(ks)})
 
 
@@ -101,7 +109,7 @@ def regret_bound(rep: BatchReplicates, k: int, confidence: float, family: int = 
         g = rep.point_goodput
         return max(0.0, 1.0 - float(g[i] / g.max()))
     level = decision_confidence(confidence, family)
-    lo = interval(_to_best(at_confidence(rep, level).goodput)[:, i], level)[0]
+    lo = interval(_to_best(_replicate_goodput(at_confidence(rep, level)))[:, i], level)[0]
     return max(0.0, 1.0 - float(lo))
 
 
@@ -116,7 +124,7 @@ def contenders(rep: BatchReplicates, d: Decision, tolerance: float, confidence: 
     out = set(d.admissible) | {d.best_k, d.k}
     i = ks.index(d.k)
     level = decision_confidence(confidence, family)
-    g = rep.point_goodput if rep.exact else at_confidence(rep, level).goodput
+    g = rep.point_goodput if rep.exact else _replicate_goodput(at_confidence(rep, level))
     for j, k in enumerate(ks):
         if j == i:
             continue
@@ -126,7 +134,7 @@ def contenders(rep: BatchReplicates, d: Decision, tolerance: float, confidence: 
     return tuple(sorted(out))
 
 
-def margin(rep: BatchReplicates, k: int, confidence: float) -> tuple[Optional[int], float, float, float]:
+def margin(rep: BatchReplicates, k: int, confidence: float) -> tuple[int | None, float, float, float]:
     """(runner-up K, goodput(k) / goodput(runner-up), its interval) with the runner-up the best
     other K by point goodput; NaN interval when unknown."""
     ks = [int(x) for x in rep.ks]
@@ -141,7 +149,8 @@ def margin(rep: BatchReplicates, k: int, confidence: float) -> tuple[Optional[in
         return ks[j], m, math.nan, math.nan
     if rep.exact:
         return ks[j], m, m, m
-    lo, hi = interval(rep.goodput[:, i] / rep.goodput[:, j], confidence)
+    g = _replicate_goodput(rep)
+    lo, hi = interval(g[:, i] / g[:, j], confidence)
     return ks[j], m, float(lo), float(hi)
 
 
@@ -155,9 +164,9 @@ def fewest_rises_path(options: Sequence[dict[int, tuple[float, ...]]],
     def key(acc: tuple[float, ...]) -> tuple[float, ...]:
         return acc if rises_first else (acc[1], acc[0], *acc[2:])
 
-    layers: list[dict[int, tuple[tuple[float, ...], Optional[int]]]] = []
+    layers: list[dict[int, tuple[tuple[float, ...], int | None]]] = []
     for i, opts in enumerate(options):
-        layer: dict[int, tuple[tuple[float, ...], Optional[int]]] = {}
+        layer: dict[int, tuple[tuple[float, ...], int | None]] = {}
         for k, cost in opts.items():
             if i == 0:
                 layer[k] = ((0.0, *cost), None)
@@ -170,7 +179,9 @@ def fewest_rises_path(options: Sequence[dict[int, tuple[float, ...]]],
     rises = int(layers[-1][k][0][0])
     path = [k]
     for layer in reversed(layers[1:]):
-        k = layer[k][1]
+        parent = layer[k][1]
+        assert parent is not None  # every layer after the first names its parent
+        k = parent
         path.append(k)
     return rises, path[::-1]
 
@@ -184,11 +195,12 @@ def _ratio_interval(rep: BatchReplicates, ka: int, kb: int, confidence: float) -
     if rep.exact:
         r = float(rep.point_goodput[i] / rep.point_goodput[j])
         return r, r
-    lo, hi = interval(rep.goodput[:, i] / rep.goodput[:, j], confidence)
+    g = _replicate_goodput(rep)
+    lo, hi = interval(g[:, i] / g[:, j], confidence)
     return float(lo), float(hi)
 
 
-def significant_rise(decisions: Sequence[Decision], reps: Optional[dict[int, BatchReplicates]],
+def significant_rise(decisions: Sequence[Decision], reps: dict[int, BatchReplicates] | None,
                      confidence: float, tolerance: float) -> bool:
     """A rise of the rule's K that exceeds its intervals pairwise: for some b1 < b2 with rule K
     k1 < k2, k1 beats k2 by more than the tolerance at b1 AND k2 beats k1 by more than the
@@ -207,13 +219,14 @@ def significant_rise(decisions: Sequence[Decision], reps: Optional[dict[int, Bat
 
 
 def curve(decisions: Sequence[Decision], tolerance: float,
-          reps: Optional[dict[int, BatchReplicates]] = None,
+          reps: dict[int, BatchReplicates] | None = None,
           confidence: float = DEFAULT_CONFIDENCE) -> tuple[str, list[int]]:
     """(shape, K per batch size) from per-batch-size decisions in ascending batch size."""
     floor = 1.0 - tolerance
     # Unknown intervals are not noise: such a point keeps its point rule's K (never forced monotone).
-    options = [{k: (max(0.0, floor - d.ratio[k]), float(k != d.k), 1.0 - d.ratio[k], float(k))
-                for k in (d.admissible if d.known else (d.k,))} for d in decisions]
+    options: list[dict[int, tuple[float, ...]]] = [
+        {k: (max(0.0, floor - d.ratio[k]), float(k != d.k), 1.0 - d.ratio[k], float(k))
+         for k in (d.admissible if d.known else (d.k,))} for d in decisions]
     rises, path = fewest_rises_path(options)
     if not rises and not significant_rise(decisions, reps, confidence, tolerance):
         return (SHAPE_FLAT if len(set(path)) == 1 else SHAPE_DENSE), path

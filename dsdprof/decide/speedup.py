@@ -27,6 +27,7 @@ resampled units (:func:`dsdprof.decide.bootstrap.small_sample_factor`), as for t
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -36,7 +37,7 @@ from dsdprof.decide.bootstrap import (ROBUST_MIN_WAVES, robust_paired, row_block
                                       small_sample_factor)
 
 
-def _units(rows: pd.DataFrame) -> tuple[list, list[np.ndarray] | None, list[int]]:
+def _units(rows: pd.DataFrame) -> tuple[list[Any], list[np.ndarray] | None, list[int]]:
     samples = row_samples(rows)
     units = [(float(a), float(t), s[0], s[1])
              for a, t, s in zip(rows["acceptance_length"], rows["itl_s"], samples)]
@@ -44,15 +45,16 @@ def _units(rows: pd.DataFrame) -> tuple[list, list[np.ndarray] | None, list[int]
     return units, row_blocks(rows, samples), repeat
 
 
-def _block_sums(unit: tuple, blocks: np.ndarray, keep: list[int]) -> np.ndarray:
+def _block_sums(unit: tuple[Any, ...], blocks: np.ndarray, keep: list[int]) -> np.ndarray:
     """(blocks x 3+): per block in ``keep``, sum of AL waves, sum of ITL waves (columns), waves."""
     itl = unit[3] if unit[3].ndim == 2 else unit[3][:, None]
     return np.array([[unit[2][blocks == j].sum(), *itl[blocks == j].sum(axis=0), float((blocks == j).sum())]
                      for j in keep])
 
 
-def _paired(ku: list, kb: list, kr: list, bu: list, bb: list, br: list, rng: np.random.Generator,
-            replicates: int, confidence: float) -> tuple[float, float, float] | None:
+def _paired(ku: list[Any], kb: list[Any], kr: list[int], bu: list[Any], bb: list[Any], br: list[int],
+            rng: np.random.Generator, replicates: int,
+            confidence: float) -> tuple[float, float, float] | None:
     """(point, low, high) over the blocks both sides share, or None when fewer than 2."""
     sums_k, sums_b, strata = [], [], []
     for r in sorted(set(kr)):
@@ -132,7 +134,8 @@ def speedup_estimate(k_rows: pd.DataFrame, base_rows: pd.DataFrame, replicates: 
         got = _paired(ku, kb, kr, bu, bb, br, rng, replicates, confidence)
         if got is not None:
             return (*got, "paired")
-    devs, points = [], []
+    devs: list[np.ndarray | None] = []
+    points: list[float] = []
     for units in (ku, bu):
         if len(units) == 1 or all(u[2].size >= 2 for u in units):
             al, itl = np.concatenate([u[2] for u in units]), np.concatenate([u[3] for u in units])

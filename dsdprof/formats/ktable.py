@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable_types import KTable, VanillaRecord
@@ -38,11 +38,7 @@ class TableError(ValueError):
     """
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: object) -> bool:
+def _is_number(x: object) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -62,11 +58,11 @@ def _number(value: object, where: str, lo: float | None = None, hi: float | None
             strict_lo: bool = False) -> float:
     if not _is_number(value):
         raise TableError(f"{where}={_short(value)}: must be a finite number")
-    if lo is not None and (value <= lo if strict_lo else value < lo):  # type: ignore[operator]
+    if lo is not None and (value <= lo if strict_lo else value < lo):
         raise TableError(f"{where}={_short(value)}: must be {'>' if strict_lo else '>='} {lo}")
-    if hi is not None and value > hi:  # type: ignore[operator]
+    if hi is not None and value > hi:
         raise TableError(f"{where}={_short(value)}: must be <= {hi}")
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def validate_ranges(ranges: object, field: str = "ranges") -> list[tuple[int, int, int]]:

@@ -15,13 +15,15 @@ MEASUREMENT_SCHEMA_VERSION = "dsdprof.measurements/v7"
 # v1-v4 files lack it and their vanilla rows pair with nothing; v6: a paired DSD row's acceptance_length
 # (and its samples, acceptance_per_pos) pools every step of its group per draft position, the K's own
 # steps' value moves to the new column acceptance_length_own -- v1-v5 files lack it; v7: a paired DSD row's
-# acceptance_length is a server held at K replayed over every request's match sequence (measure/vllm/replay.py),
-# acceptance_per_pos the replayed AL(i) - AL(i - 1); paired step times only from settled pure steps (hold 4) and,
-# under the synchronous scheduler, without the profiling scheduler's own time -- same columns as v6).
+# acceptance_length is a server held at K replayed over every request's match sequence
+# (measure/vllm/replay.py), acceptance_per_pos the replayed AL(i) - AL(i - 1); paired step times only from
+# settled pure steps (hold 4) and, under the synchronous scheduler, without the profiling scheduler's own
+# time -- same columns as v6).
 # A file of a context sweep ([sweep] context_lens) carries one more column, ``context_len``
 # (:data:`dsdprof.formats.measurements.CONTEXT_COLUMN`); files without it are at the spec's input_len.
-READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2", "dsdprof.measurements/v3",
-                                 "dsdprof.measurements/v4", "dsdprof.measurements/v5", "dsdprof.measurements/v6",
+READABLE_MEASUREMENT_VERSIONS = ("dsdprof.measurements/v1", "dsdprof.measurements/v2",
+                                 "dsdprof.measurements/v3", "dsdprof.measurements/v4",
+                                 "dsdprof.measurements/v5", "dsdprof.measurements/v6",
                                  "dsdprof.measurements/v7")
 PARQUET_METADATA_KEY = b"dsdprof"  # Parquet key-value metadata: version + the run's provenance
 

@@ -47,100 +47,40 @@ the sampled tokens in place; outputs vLLM discards (request already finished) co
 
 from __future__ import annotations
 
-import hmac
 import os
-import re
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from dsdprof.formats.trace import TraceRecord, encode_flush, step_record
-from dsdprof.plugins.names import (
-    ARM_ENGINE, ARM_TABLE, GATE_ARG, K_EXTRA_ARG, K_SEQ_ARG, MAX_K_SEQ, MIN_ARM, MIN_TOKEN_CHARS, RUN_ARG, RUN_TOKEN_ENV,
-    TRACE_ARG, TRACE_DIR_ENV, WAVE_ARG,
-)
-
-_TRACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
-_MAX_WAVE = 1 << 31
-
-
-@dataclass(frozen=True, slots=True)
-class Profiled:
-    """The dsdprof keys of one request of this engine's run, parsed and bounded."""
-
-    k: int | None
-    gate: int
-    trace: str  # absolute path of the trace file ("" = not traced)
-    wave: int
-    k_seq: tuple[int, ...] = ()  # paired design: K (or arm, < 0) per step of the wave, cycled
-
-
-def _int(value: Any, lo: int, hi: int) -> int | None:
-    """``value`` when it is an int (not a bool) in lo..hi, else None."""
-    if type(value) is int and lo <= value <= hi:
-        return value
-    return None
-
-
-def parse_keys(extra: Any, token: str, trace_dir: str, max_k: int, max_gate: int) -> tuple[Profiled | None, bool]:
-    """(the request's profile, whether dsdprof keys were present but ignored). Never raises."""
-    if not token or type(extra) is not dict or not extra:
-        return None, False
-    secret = extra.get(RUN_ARG)
-    if type(secret) is not str or not secret.isascii() or not hmac.compare_digest(secret, token):
-        return None, any(type(key) is str and key.startswith("dsdprof_") for key in extra)
-    bad = False
-    k = extra.get(K_EXTRA_ARG)
-    k_ok = _int(k, 0, max_k)
-    bad |= k is not None and k_ok is None
-    seq = extra.get(K_SEQ_ARG)
-    seq_ok: tuple[int, ...] = ()
-    if seq is not None:
-        if type(seq) is list and 0 < len(seq) <= MAX_K_SEQ and all(_int(x, MIN_ARM, max_k) is not None for x in seq):
-            seq_ok = tuple(seq)
-        else:
-            bad = True
-    gate = extra.get(GATE_ARG)
-    gate_ok = _int(gate, 1, max_gate)
-    bad |= gate is not None and gate_ok is None
-    wave = extra.get(WAVE_ARG)
-    wave_ok = _int(wave, -_MAX_WAVE, _MAX_WAVE)
-    bad |= wave is not None and wave_ok is None
-    name = extra.get(TRACE_ARG)
-    path = ""
-    if name is not None:
-        if trace_dir and type(name) is str and _TRACE_NAME.match(name):
-            path = os.path.join(trace_dir, name + ".jsonl")
-        else:
-            bad = True
-    return Profiled(k_ok, gate_ok or 0, path, wave_ok or 0, seq_ok), bad
-
-
-def _run_settings(environ=None) -> tuple[str, str]:
-    env = os.environ if environ is None else environ
-    token = env.get(RUN_TOKEN_ENV, "")
-    if len(token) < MIN_TOKEN_CHARS or not token.isascii():
-        return "", ""
-    trace_dir = env.get(TRACE_DIR_ENV, "")
-    return token, (os.path.realpath(trace_dir) if trace_dir and os.path.isdir(trace_dir) else "")
+from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
+from dsdprof.plugins.profiling_keys import Profiled, _run_settings, parse_keys
 
 
 class _DsdprofMixin:
     """See the module docstring."""
 
+    if TYPE_CHECKING:  # vLLM's Scheduler (v1/core/sched/scheduler.py), which this mixin is combined with
+        dynamic_sd_lookup: list[int] | None
+        requests: Any  # dict[str, Request]
+        running: list[Any]
+        waiting: Any
+        num_spec_tokens: int
+        max_num_running_reqs: int
+
     _dsdprof_subtract_own = True  # t_end excludes dsdprof's own time (module docstring)
 
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(*args, **kwargs)  # vLLM's Scheduler.__init__
         self._dsdprof_init()
 
     def _dsdprof_init(self, environ=None) -> None:
-        self._dsdprof_table_lookup = self.dynamic_sd_lookup  # type: ignore[attr-defined]
+        self._dsdprof_table_lookup = self.dynamic_sd_lookup
         lookup = self._dsdprof_table_lookup
-        self._dsdprof_static = list(lookup) if lookup is not None else None  # ARM_TABLE: the schedule at start
+        # ARM_TABLE: the schedule at start
+        self._dsdprof_static = list(lookup) if lookup is not None else None
         self._dsdprof_arm: int | None = None  # the arm the step being scheduled runs (None: no arm)
         self._dsdprof_arms: dict[int, int] = {}  # id(SchedulerOutput) -> its arm, until its update
         self._dsdprof_last_arm: int | None = None
@@ -152,21 +92,22 @@ class _DsdprofMixin:
         self._dsdprof_reqs: dict[str, Profiled] = {}
         self._dsdprof_seq_step: dict[tuple[str, int], int] = {}  # (trace, wave) -> steps scheduled
         self._dsdprof_seq_key: tuple[str, int] | None = None
-        self._dsdprof_k_for: dict | None = None  # the _dsdprof_reqs _dsdprof_k_src was found for (None: stale)
+        # the _dsdprof_reqs _dsdprof_k_src was found for (None: stale)
+        self._dsdprof_k_for: dict | None = None
         self._dsdprof_k_src: Profiled | int | None = None  # the first live K-sequence request, else max K
         self._dsdprof_own = getattr(self, "_dsdprof_own", 0.0)  # seconds of dsdprof's own work so far
         self.dsdprof_ignored = 0  # requests whose dsdprof keys were (partly) ignored
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request) -> None:  # type: ignore[override]
-        super().add_request(request)  # type: ignore[misc]
+    def add_request(self, request) -> None:
+        super().add_request(request)  # type: ignore[misc]  # vLLM's Scheduler method
         if not self._dsdprof_token:
             return
         t0 = time.perf_counter()
         params = request.sampling_params
         profile, bad = parse_keys(params.extra_args if params is not None else None, self._dsdprof_token,
-                                  self._dsdprof_trace_dir, self.num_spec_tokens,  # type: ignore[attr-defined]
-                                  self.max_num_running_reqs)  # type: ignore[attr-defined]
+                                  self._dsdprof_trace_dir, self.num_spec_tokens,
+                                  self.max_num_running_reqs)
         self.dsdprof_ignored += bad
         if profile is not None:
             self._dsdprof_reqs[request.request_id] = profile
@@ -179,7 +120,7 @@ class _DsdprofMixin:
                 self._dsdprof_k_for = None
 
     def _dsdprof_live(self, req_id: str) -> bool:
-        request = self.requests.get(req_id)  # type: ignore[attr-defined]
+        request = self.requests.get(req_id)
         return request is not None and not request.is_finished()
 
     # ------------------------------------------------------------------ K
@@ -198,8 +139,8 @@ class _DsdprofMixin:
         if reqs is not self._dsdprof_k_for:  # a request was added or finished since: look again
             self._dsdprof_k_src, self._dsdprof_k_for = self._dsdprof_k_source(), reqs
         p = self._dsdprof_k_src
-        if type(p) is not Profiled:
-            return p  # type: ignore[return-value]
+        if not isinstance(p, Profiled):
+            return p
         key = (p.trace, p.wave)
         self._dsdprof_seq_key = key  # advanced by schedule() only if the step runs anything
         self._dsdprof_arm = arm = p.k_seq[self._dsdprof_seq_step.get(key, 0) % len(p.k_seq)]
@@ -215,29 +156,29 @@ class _DsdprofMixin:
             lookup = self._dsdprof_static
         else:
             lookup = self._dsdprof_const.get(k) or self._dsdprof_const.setdefault(k, [k] * len(table))
-        self.dynamic_sd_lookup = lookup  # type: ignore[attr-defined]
+        self.dynamic_sd_lookup = lookup
         self._dsdprof_own += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ gate
-    def has_requests(self) -> bool:  # type: ignore[override]
-        if self._dsdprof_reqs and not self.running:  # type: ignore[attr-defined]
-            waiting = self.waiting  # type: ignore[attr-defined]
+    def has_requests(self) -> bool:
+        if self._dsdprof_reqs and not self.running:
+            waiting = self.waiting
             for request in waiting:
                 p = self._dsdprof_reqs.get(request.request_id)
                 if p is not None and p.gate and len(waiting) < p.gate:
                     return False
                 break
-        return super().has_requests()  # type: ignore[misc]
+        return super().has_requests()  # type: ignore[misc]  # vLLM's Scheduler method
 
     # ------------------------------------------------------------------ trace
-    def schedule(self, *args, **kwargs):  # type: ignore[override]
+    def schedule(self, *args, **kwargs):
         t0 = time.perf_counter()
         self._dsdprof_seq_key = self._dsdprof_arm = None
         if self._dsdprof_reqs:  # finished since the last schedule (updates, aborts)
             self._dsdprof_forget(getattr(self, "finished_req_ids", ()))
         self._dsdprof_own += time.perf_counter() - t0
         self._dsdprof_apply_k()  # times its own work (a subclass's override is not dsdprof's profiling)
-        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        out = super().schedule(*args, **kwargs)
         t1 = time.perf_counter()
         key = self._dsdprof_seq_key
         if key is not None and out.total_num_scheduled_tokens > 0:  # the wave's next step of its sequence
@@ -259,7 +200,7 @@ class _DsdprofMixin:
         prefill_tokens = others = 0
         spec = out.scheduled_spec_decode_tokens
         for req_id, n in scheduled.items():
-            request = self.requests.get(req_id)  # type: ignore[attr-defined]
+            request = self.requests.get(req_id)
             if request is None:
                 continue
             drafted = len(spec.get(req_id, ()))
@@ -283,7 +224,7 @@ class _DsdprofMixin:
                                             int(getattr(out, "num_spec_tokens_to_schedule", -1)),
                                             self._dsdprof_arms.get(id(out)))
 
-    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
+    def update_from_output(self, scheduler_output, model_runner_output):
         t0 = time.perf_counter()
         info = self._dsdprof_steps.pop(id(scheduler_output), None) if self._dsdprof_steps else None
         if self._dsdprof_arms or self._dsdprof_last_arm is not None:
@@ -292,14 +233,15 @@ class _DsdprofMixin:
             self._dsdprof_last_arm = arm
         elif self.dsdprof_step_arms[0] is not None or self.dsdprof_step_arms[1] is not None:
             self.dsdprof_step_arms = (None, None)
-        before = self._dsdprof_before(info, scheduler_output, model_runner_output) if info is not None else None
+        before = (self._dsdprof_before(info, scheduler_output, model_runner_output) if info is not None
+                  else None)
         self._dsdprof_own += time.perf_counter() - t0
-        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        result = super().update_from_output(scheduler_output, model_runner_output)
         t2 = time.perf_counter()
         own = self._dsdprof_own
         if info is not None:
             self._dsdprof_record_output(info, before, t2 - own if self._dsdprof_subtract_own else t2, own)
-        if not self.running and len(self.waiting) == 0 and (  # type: ignore[attr-defined]
+        if not self.running and len(self.waiting) == 0 and (
                 self._dsdprof_reqs or self._dsdprof_buffers or self._dsdprof_seq_step):
             self._dsdprof_reqs = {r: p for r, p in self._dsdprof_reqs.items() if self._dsdprof_live(r)}
             self._dsdprof_seq_step = {}
@@ -320,15 +262,17 @@ class _DsdprofMixin:
         per_step = getattr(self, "num_sampled_tokens_per_step", 1)
         rows = []
         for req_id, decoding in info[2]:
-            request = self.requests.get(req_id)  # type: ignore[attr-defined]
+            request = self.requests.get(req_id)
             stale = request is None or request.is_finished() or bool(
-                getattr(request, "num_stale_output_tokens", 0) and getattr(request, "drop_stale_output", False))
+                getattr(request, "num_stale_output_tokens", 0)
+                and getattr(request, "drop_stale_output", False))
             i = index.get(req_id)
             g = len(sampled[i]) if (sampled and i is not None) else 0
             d = len(spec.get(req_id, ()))
             a = max(g - per_step, 0) if d and (g or per_step == 0) else 0
             d = d - invalid.get(req_id, 0) if d else 0
-            rows.append((req_id, request, decoding, stale, 0 if stale else request.num_output_tokens, d, a, g))
+            done = 0 if stale else request.num_output_tokens
+            rows.append((req_id, request, decoding, stale, done, d, a, g))
         return rows
 
     def _dsdprof_record_output(self, info, before, t_end: float, t_own: float) -> None:
@@ -360,7 +304,8 @@ class _DsdprofMixin:
             if not trace_dir or os.path.dirname(path) != trace_dir:
                 continue  # never outside the run's trace directory
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+                fd = os.open(path, flags, 0o644)
                 with os.fdopen(fd, "a") as fh:
                     fh.write(encode_flush(records))
             except OSError:
@@ -385,7 +330,7 @@ def class_for_config(scheduler_config, sync_cls: type, async_cls: type) -> type:
 
 def build_for_config(sync_cls: type, async_cls: type, args: tuple, kwargs: dict):
     """Instantiate the class matching the ``vllm_config`` vLLM passes to ``scheduler_cls``."""
-    vllm_config = kwargs.get("vllm_config") if "vllm_config" in kwargs else args[0]
+    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
     return class_for_config(vllm_config.scheduler_config, sync_cls, async_cls)(*args, **kwargs)
 
 

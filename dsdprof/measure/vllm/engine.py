@@ -10,7 +10,8 @@
 
 Every engine runs dsdprof's scheduler (wave gate + step trace), logs to ``OUT/_logs/engine-<key>.log``
 and writes step traces to ``OUT/_traces/``. On a GPU, engines that are alive at the same time split
-``gpu_memory_utilization`` explicitly (:func:`memory_plan`), so one GPU is enough.
+``gpu_memory_utilization`` explicitly (:func:`~dsdprof.measure.vllm.resources.memory_plan`), so one GPU
+is enough.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, vanilla_waves, wave_blocks
 from dsdprof.measure.vllm import synthetic
 from dsdprof.measure.vllm.interleave import STEPS_HOLD, run_interleaved, unit_row
+from dsdprof.measure.vllm.resources import memory_plan, resolve_model_offline
 from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401 - re-exported
 from dsdprof.measure.vllm.trace import CellFailure
 from dsdprof.measure.vllm.worker import PAIRED_HOLD, CellRequest, detect_hardware
@@ -34,7 +36,6 @@ from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.plugins.names import holds_arms
 
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default, shared out between concurrent engines
 # Words in vLLM's errors when it rejects a dynamic-SD schedule (and only then may auto fall back).
 _DSD_REJECTION_MARKERS = ("num_speculative_tokens_per_batch_size", "dynamic speculative", "Batch-size ranges",
                           "dynamic_sd")
@@ -56,43 +57,6 @@ def _cuda_available() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001
         return False
-
-
-def memory_plan(extra: dict[str, Any], concurrent_engines: int, on_gpu: bool) -> tuple[dict[str, Any], str]:
-    """(kwargs to add, provenance note): how concurrent engines share one machine.
-
-    vLLM checks at start that ``gpu_memory_utilization`` of the device's memory is free (on its CPU
-    backend, of the NUMA node's memory, though the KV cache there is sized by
-    ``VLLM_CPU_KVCACHE_SPACE``), so engines alive at once each get an equal share of the total."""
-    total = float(extra.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
-    share = round(total / max(1, concurrent_engines), 4)
-    note = f"{concurrent_engines} engines alive at once, gpu_memory_utilization {share} each (of {total})"
-    if not on_gpu:
-        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-        kv = (f"KV cache VLLM_CPU_KVCACHE_SPACE={space} GiB per engine" if space else
-              "VLLM_CPU_KVCACHE_SPACE unset: each engine's KV cache takes its memory share")
-        note = f"cpu: {note}; {kv}"
-    else:
-        note = f"gpu: {note}"
-    return {"gpu_memory_utilization": share}, note
-
-
-def resolve_model_offline(field: str, name: str) -> None:
-    """A model must be a local directory or already in the Hugging Face cache: fail before any cell."""
-    p = Path(name).expanduser()
-    if p.exists():
-        if p.is_dir() and not (p / "config.json").is_file():
-            raise InputError(field, name, "directory has no config.json")
-        return
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise InputError(field, name, "no such directory")
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return
-    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
-        raise InputError(field, name, "not a local directory and not in the Hugging Face cache "
-                                      f"(download it first: huggingface-cli download {name})")
 
 
 class VllmEngine:
@@ -123,8 +87,9 @@ class VllmEngine:
             if spec.sweep.context_lens else spec.workload
         # paired design (DSD mode): a batch size's Ks share waves; measured once per group, see measure()
         self.paired = spec.sweep.design == "paired"
-        self.paired_vanilla = True  # a paired unit interleaves vanilla waves (benchmarks comparing Ks turn it off)
-        self._groups: dict[tuple, dict[int, Any]] = {}
+        # a paired unit interleaves vanilla waves (benchmarks comparing Ks turn it off)
+        self.paired_vanilla = True
+        self._groups: dict[tuple[Any, ...] | None, dict[tuple[Any, ...], Any]] = {}
         self.pool = EnginePool(self.llm_kwargs, workload, spec.engine.start_timeout_s, log_dir, start_worker,
                                max_output_len=spec.sweep.output_len, run_token=self.run_token,
                                trace_dir=self.trace_dir)
@@ -158,7 +123,8 @@ class VllmEngine:
             return {}
         ks = sorted({0, *sweep.num_spec_tokens})
         sizes = sorted({b * (k + 1) for b in sweep.batch_sizes for k in ks})
-        return {"compilation_config": {"cudagraph_capture_sizes": sizes, "max_cudagraph_capture_size": sizes[-1]}}
+        return {"compilation_config": {"cudagraph_capture_sizes": sizes,
+                                       "max_cudagraph_capture_size": sizes[-1]}}
 
     def speculative_config(self, k: int, dsd: bool) -> dict[str, Any]:
         e = self.spec.engine
@@ -252,7 +218,8 @@ class VllmEngine:
     def _provenance(self) -> Provenance:
         e, w = self.spec.engine, self.spec.workload
         info = self.pool.info
-        compilation = self.base_kwargs().get("compilation_config")  # what every engine ran (export: vllm-compilation)
+        # what every engine ran (export: vllm-compilation)
+        compilation = self.base_kwargs().get("compilation_config")
         return Provenance(
             engine="vllm", engine_version=info.get("engine_version") or _engine_version(),
             model=e.model, draft_model=e.draft_model or "", method=e.method,
@@ -273,7 +240,8 @@ class VllmEngine:
         """The cell's trace file name (kept in ``OUT/_traces`` when the run has an OUT)."""
         return cell.cell_id if self.out_dir is not None else ""
 
-    def cell_request(self, cell: Cell, num_spec_tokens: int | None, verify_k: int | None = None) -> CellRequest:
+    def cell_request(self, cell: Cell, num_spec_tokens: int | None,
+                     verify_k: int | None = None) -> CellRequest:
         s = self.spec
         return CellRequest(batch_size=cell.batch_size, num_spec_tokens=num_spec_tokens,
                            positions=cell.num_spec_tokens, waves=s.sweep.waves, warmup=s.sweep.warmup,
@@ -337,10 +305,12 @@ class VllmEngine:
         result = self._groups[key][unit_row(cell)]
         if isinstance(result, Exception):
             raise result
+        # the table's arm must have run the table's K
         if cell.mode == MODE_DSD and holds_arms(cell.group) \
-                and abs(result.drafted_per_draft - cell.num_spec_tokens) > 1e-9:  # the table arm ran the table's K?
-            raise CellFailure(f"steps design: the table's arm drafted {result.drafted_per_draft:.3f} tokens per "
-                              f"draft at batch size {cell.batch_size}, the table says K={cell.num_spec_tokens}")
+                and abs(result.drafted_per_draft - cell.num_spec_tokens) > 1e-9:
+            raise CellFailure(f"steps design: the table's arm drafted {result.drafted_per_draft:.3f} tokens "
+                              f"per draft at batch size {cell.batch_size}, the table says "
+                              f"K={cell.num_spec_tokens}")
         return result
 
     def unit_requests(self, cell: Cell) -> tuple[CellRequest, CellRequest, list[range]]:
@@ -373,8 +343,10 @@ class VllmEngine:
         its own rows (its error); the other engine's waves go on."""
         dsd, van, blocks = self.unit_requests(cell)
         group_key = self.steps_engine()[0] if holds_arms(cell.group) else MODE_DSD
-        spans = {group_key: [(r.start, r.stop) for r in blocks], MODE_VANILLA: [(j, j + 1) for j in range(len(blocks))]}
-        reqs = {group_key: (dsd, self.cell_timeout_s * len(cell.group)), MODE_VANILLA: (van, self.cell_timeout_s)}
+        spans = {group_key: [(r.start, r.stop) for r in blocks],
+                 MODE_VANILLA: [(j, j + 1) for j in range(len(blocks))]}
+        reqs = {group_key: (dsd, self.cell_timeout_s * len(cell.group)),
+                MODE_VANILLA: (van, self.cell_timeout_s)}
         out: dict[str, Any] = {}
         b = self.spec.sweep.batch_sizes
         rot = cell.repeat + (b.index(cell.batch_size) if cell.batch_size in b else 0)

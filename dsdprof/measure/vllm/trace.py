@@ -106,8 +106,8 @@ def steady_steps(steps: Iterable[Step], batch_size: int) -> tuple[list[tuple[Ste
             continue
         ok = (s.scheduled == batch_size and s.decoding == batch_size and s.prefill_tokens == 0
               and s.others == 0 and s.stale == 0 and prev is not None and prev.wave == s.wave)
-        if ok:
-            steady.append((s, s.t_end - prev.t_end))  # type: ignore[union-attr]
+        if ok and prev is not None:  # (ok says prev is not None; for the type checker)
+            steady.append((s, s.t_end - prev.t_end))
         else:
             excluded += 1
         prev = s
@@ -129,10 +129,11 @@ def _per_request_tpot(steady: list[tuple[Step, float]]) -> list[float]:
     req_time: dict[str, float] = {}
     req_tokens: dict[str, int] = {}
     for s, t in steady:
+        pairs: Iterable[tuple[str, int]]
         if s.ids:
             pairs = zip(s.ids, s.generated)
         else:  # older traces: delivered tokens per request
-            pairs = s.delivered.items()  # type: ignore[assignment]
+            pairs = s.delivered.items()
         for rid, g in pairs:
             req_time[rid] = req_time.get(rid, 0.0) + t
             req_tokens[rid] = req_tokens.get(rid, 0) + g
