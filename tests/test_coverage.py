@@ -87,7 +87,6 @@ def _ratio_errors(sc, datasets: int) -> tuple[float, float, float]:
     return float(np.sqrt(np.mean(np.square(err)))), float(np.sqrt(np.mean(var))), float(np.mean(cov))
 
 
-@pytest.mark.slow  # ~25 s
 def test_intervals_are_as_wide_as_the_error_with_outlier_steps():
     """1 % of steps 3x slow: the bootstrap's spread of the ratios between neighbouring Ks matches
     their real error (before: 0.91-0.95 of it, 86-87 % coverage) and the block winsorizing keeps
@@ -134,7 +133,7 @@ def _run(sc, batch_sizes, datasets, seed0=0):
     return cov, tot["decided"], wrong
 
 
-@pytest.mark.slow  # ~25 s
+@pytest.mark.slow  # ~13 s idle, ~80 s on the busy 2 cores
 def test_ratio_intervals_cover_the_truth_on_the_grid():
     """90 % intervals of goodput vs the best K, every batch size and K, 1-256 x 0-5, 5 % drift
     between waves: >= 87 % hold the truth (91 % on 150 datasets; the method before issue 30: 84 %)."""
@@ -143,7 +142,7 @@ def test_ratio_intervals_cover_the_truth_on_the_grid():
     assert decided > 0 and max(wrong.values()) <= 1  # 2 % of 50
 
 
-@pytest.mark.slow  # ~70-100 s each on the busy 2 cores
+@pytest.mark.slow  # ~20-25 s each idle, 70-100 s on the busy 2 cores
 @pytest.mark.parametrize("name", ["drift", "all"])
 def test_no_batch_size_decided_wrongly_in_more_than_2_percent(name):
     """Batch sizes where a K sits within 0.5 % of the 2 % tolerance: no batch size decided wrongly
@@ -158,7 +157,7 @@ def test_no_batch_size_decided_wrongly_in_more_than_2_percent(name):
     assert min(cov.values()) >= 0.86, cov
 
 
-@pytest.mark.slow  # ~30-50 s
+@pytest.mark.slow  # ~11 s idle, ~50 s busy
 def test_held_out_heavier_outliers_are_covered():
     """A variation the method was not tuned on (2 % of steps 5x slow, other seeds): every interval
     analyze reports holds the truth >= 87 % (the speedup's and vanilla gain's: 69 % with the method
