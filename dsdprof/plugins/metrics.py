@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 from vllm.logger import init_logger
 
@@ -112,7 +113,7 @@ class StepMetrics:
         self.failed = 0  # flushes that raised
         self.registry = CollectorRegistry()  # exposition without multiprocess mode (side port, tests)
         lv = (str(cfg.model_config.served_model_name), str(cfg.parallel_config.data_parallel_rank))
-        make = {n: Counter(n, h, LABELS + extra, registry=self.registry)
+        make: dict[str, Any] = {n: Counter(n, h, LABELS + extra, registry=self.registry)
                 for n, (extra, h) in COUNTERS.items()}
         make.update({n: Gauge(n, h, LABELS + extra, registry=self.registry, multiprocess_mode="mostrecent")
                      for n, (extra, h) in GAUGES.items()})
@@ -234,31 +235,35 @@ class StepMetrics:
 class MetricsMixin:
     """See the module docstring. First in the MRO of dsdprof's serving schedulers."""
 
+    if TYPE_CHECKING:  # vLLM's Scheduler (v1/core/sched/scheduler.py), which this mixin is combined with
+        vllm_config: Any
+        running: list[Any]
+
     dsdprof_mode = "static"
     dsdprof_metrics: StepMetrics | None = None  # None: not set up (the methods then pass through)
 
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(*args, **kwargs)  # vLLM's Scheduler.__init__
         self._metrics_setup()
 
     def _metrics_setup(self, environ=None) -> None:
         env = os.environ if environ is None else environ
-        base = super()
-        self._metrics_update = base.update_from_output  # type: ignore[attr-defined]
-        self._metrics_draft = base.update_draft_token_ids  # type: ignore[attr-defined]
-        self._metrics_add = base.add_request  # type: ignore[attr-defined]
+        base: Any = super()  # vLLM's Scheduler's methods (the class this mixin is combined with)
+        self._metrics_update = base.update_from_output
+        self._metrics_draft = base.update_draft_token_ids
+        self._metrics_add = base.add_request
         if not getattr(self, "_dsdprof_token", None):  # no dsdprof run: vLLM's add_request, no frame between
             for c in type(self).__mro__:
                 if c.__module__.startswith("vllm.") and "add_request" in vars(c):
-                    self._metrics_add = c.add_request.__get__(self)
+                    self._metrics_add = vars(c)["add_request"].__get__(self)
                     break
         self.dsdprof_metrics = None
-        config = self.vllm_config  # type: ignore[attr-defined]
+        config = self.vllm_config
         if not enabled(config.additional_config, env):
             # vLLM's (or the plugin's) own methods on the instance: no frame of ours
-            self.update_from_output = self._metrics_update  # type: ignore[method-assign]
-            self.update_draft_token_ids = self._metrics_draft  # type: ignore[method-assign]
-            self.add_request = self._metrics_add  # type: ignore[method-assign]
+            self.update_from_output = self._metrics_update  # type: ignore[method-assign]  # vLLM's own
+            self.update_draft_token_ids = self._metrics_draft  # type: ignore[method-assign]  # vLLM's own
+            self.add_request = self._metrics_add  # type: ignore[method-assign]  # vLLM's own
             logger.info("dsdprof metrics: off")
             return
         table = ((config.additional_config or {}).get("dsdprof_adaptive") or {}).get("table", "") \
@@ -269,7 +274,7 @@ class MetricsMixin:
     def update_from_output(self, scheduler_output, model_runner_output):
         m = self.dsdprof_metrics
         if m is None:  # built without _metrics_setup
-            return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+            return super().update_from_output(scheduler_output, model_runner_output)
         result = self._metrics_update(scheduler_output, model_runner_output)
         n = len(scheduler_output.num_scheduled_tokens)
         k = m.k = scheduler_output.num_spec_tokens_to_schedule
@@ -290,7 +295,7 @@ class MetricsMixin:
             self._metrics_version = version
             m.alarms[0] += 1
         now = _clock()
-        if now >= m.next_flush or not self.running:  # type: ignore[attr-defined]
+        if now >= m.next_flush or not self.running:
             m.flush(self, now)
         return result
 
@@ -301,7 +306,7 @@ class MetricsMixin:
         drafts the same wrong length for every request."""
         m = self.dsdprof_metrics
         if m is None:
-            return super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]
+            return super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]  # vLLM's method
         ids = draft_token_ids.draft_token_ids
         if ids:
             a, b = len(ids[0]), len(ids[-1])
@@ -314,7 +319,7 @@ class MetricsMixin:
         """vLLM's; a request carrying ``dsdprof_*`` extra_args keys the engine did not act on (no
         dsdprof run's secret) is counted as ignored."""
         if self.dsdprof_metrics is None:
-            return super().add_request(request)  # type: ignore[misc]
+            return super().add_request(request)  # type: ignore[misc]  # vLLM's method
         self._metrics_add(request)
         params = request.sampling_params
         extra = params.extra_args if params is not None else None

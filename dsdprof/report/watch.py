@@ -66,6 +66,11 @@ def _bucket_key(label: str) -> int:
     return int(label.rsplit("-", 1)[-1]) if label.rsplit("-", 1)[-1].isdigit() else 1 << 30
 
 
+def _labels(key: tuple[Any, ...]) -> dict[str, str]:
+    """A sample key's labels: ``(name, (label, value), ...)`` -> ``{label: value}``."""
+    return dict(key[1:])
+
+
 def summarize(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any]:
     """The JSON-ready summary of one scrape (module docstring)."""
     total: dict[tuple, float] = {}
@@ -84,7 +89,7 @@ def summarize(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any
     info = next((dict(k[1:]) for k in gauges if k[0] == "dsdprof:info"), {})
     buckets: dict[str, dict[str, Any]] = {}
     for key, value in (*gauges.items(), *total.items()):
-        lab = dict(key[1:])
+        lab = _labels(key)
         if "batch_size_bucket" not in lab:
             continue
         row = buckets.setdefault(lab["batch_size_bucket"], {"bucket": lab["batch_size_bucket"], "k": None,
@@ -107,7 +112,7 @@ def summarize(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any
         return [count(name, position=str(p)) for p in pos]
 
     def spec(prefix: str) -> dict[str, Any]:
-        d = {f: count(f"{prefix}:spec_decode_num_{f}_total")
+        d: dict[str, Any] = {f: count(f"{prefix}:spec_decode_num_{f}_total")
              for f in ("drafts", "draft_tokens", "accepted_tokens")}
         d["accepted_per_pos"] = per_pos(f"{prefix}:spec_decode_num_accepted_tokens_per_pos_total")
         d["acceptance_length"] = 1 + d["accepted_tokens"] / d["drafts"] if d["drafts"] else None
@@ -120,7 +125,7 @@ def summarize(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any
     ratios: dict[str, dict[str, list[float]]] = {}
     for key, value in gauges.items():
         if key[0] in ("dsdprof:acceptance_length_ratio", "dsdprof:step_time_ratio"):
-            lab = dict(key[1:])
+            lab = _labels(key)
             r = ratios.setdefault(lab["batch_size"], {"acceptance_length": [0.0] * 3, "step_time": [0.0] * 3})
             i = ("estimate", "lower", "upper").index(lab["bound"])
             r["acceptance_length" if "acceptance" in key[0] else "step_time"][i] = value
