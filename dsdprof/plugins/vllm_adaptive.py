@@ -62,6 +62,7 @@ The acceptance estimate is one per engine (all requests, all batch sizes); see d
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any, cast
 
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
@@ -87,8 +88,9 @@ class _ContextLookup(list):
     step's time. As a list it holds the batch-size-only schedule (``len`` and copies stay right)."""
 
     __slots__ = ("_sched",)
+    _sched: Any  # the scheduler serving it
 
-    def __getitem__(self, n):  # type: ignore[override]
+    def __getitem__(self, n):
         s = self._sched
         ctx = batch_context(r.num_tokens for r in s.running)
         i = 0
@@ -103,47 +105,62 @@ class _ContextLookup(list):
 class _AdaptiveMixin:
     """See the module docstring. Sits before dsdprof's tracing mixin in the MRO."""
 
+    if TYPE_CHECKING:  # what vLLM's Scheduler and dsdprof's tracing mixin (after this one in the MRO) hold
+        vllm_config: Any
+        num_spec_tokens: int
+        dynamic_sd_lookup: Any
+        _dsdprof_token: str
+        _dsdprof_table_lookup: Any
+        _dsdprof_static: Any
+        _dsdprof_reqs: dict[str, Any]
+
+        def _dsdprof_init(self, environ: Any = None) -> None: ...
+
+        def schedule(self, *args: Any, **kwargs: Any) -> Any: ...
+
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
-        self._adaptive_setup(self.vllm_config.additional_config)  # type: ignore[attr-defined]
+        super().__init__(*args, **kwargs)
+        self._adaptive_setup(self.vllm_config.additional_config)
 
     def _adaptive_setup(self, additional_config, environ=None) -> None:
         """Load the table (the engine fails to start on a bad one) and serve its lookup."""
-        if not self.num_spec_tokens or self.dynamic_sd_lookup is None:  # type: ignore[attr-defined]
+        if not self.num_spec_tokens or self.dynamic_sd_lookup is None:
             raise AdaptiveSettingError(
-                f"speculative_config.num_speculative_tokens_per_batch_size={None!r}: the adaptive scheduler needs "
-                "vLLM's dynamic-SD mode (serve the table's `dsdprof export --format vllm` speculative config)")
+                f"speculative_config.num_speculative_tokens_per_batch_size={None!r}: the adaptive scheduler "
+                "needs vLLM's dynamic-SD mode (serve the table's `dsdprof export --format vllm` speculative "
+                "config)")
         settings = resolve_settings(additional_config, environ)
         table = read_table_file(settings.table_path)  # read once: the selector and the context slices
         self.dsdprof_selector = settings.selector(
-            max_k=self.num_spec_tokens, table=table)  # type: ignore[attr-defined]
+            max_k=self.num_spec_tokens, table=table)
         self._adaptive_context_setup(settings, table)
-        self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1  # type: ignore[attr-defined]
-        self._adaptive_hist: list[int] | None = None  # the step's counts when vLLM builds no SpecDecodingStats
+        self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1
+        self._adaptive_hist: list[int] | None = None  # step counts when vLLM builds no SpecDecodingStats
         if not getattr(self, "log_stats", True):
-            self._adaptive_hist = [0] * (self.num_spec_tokens + 1) ** 2  # type: ignore[attr-defined]
+            self._adaptive_hist = [0] * (self.num_spec_tokens + 1) ** 2
             self._adaptive_zeros = tuple(self._adaptive_hist)
             self.make_spec_decoding_stats = self._adaptive_counter(self._adaptive_hist)
         self._adaptive_queue: list = []  # drafted steps not yet fed to the selector
         self._adaptive_every = self.dsdprof_selector.rebuild_every
-        self._adaptive_version = -1
+        self._adaptive_version: tuple[Any, ...] | int = -1
         self._adaptive_probe_every = settings.probe_every
         self._adaptive_idle = 0  # steps in a row without a draft
-        self._adaptive_t = None  # perf_counter() at the previous update_from_output (None: no step before)
+        self._adaptive_t: float | None = None  # perf_counter() at the previous step's update (None: none yet)
         self._adaptive_swap()
-        self._dsdprof_static = list(self._dsdprof_table_lookup)  # validate's ARM_TABLE: the table's K, as served at start
-        self._adaptive_probe = [min(1, self.num_spec_tokens)] * len(self.dynamic_sd_lookup)  # type: ignore[attr-defined]
-        self._adaptive_update = super().update_from_output  # type: ignore[misc]
-        if not self._dsdprof_token:  # type: ignore[attr-defined]
+        self._dsdprof_static = list(self._dsdprof_table_lookup)  # validate's ARM_TABLE: K at start
+        self._adaptive_probe = [min(1, self.num_spec_tokens)] * len(self.dynamic_sd_lookup)
+        self._adaptive_update = super().update_from_output  # type: ignore[misc]  # vLLM's method
+        if not self._dsdprof_token:
             self._adaptive_skip_tracing()
+        sel = self.dsdprof_selector
         logger.info("dsdprof adaptive K: table %s (from %s), K <= %d, K per profiled batch size %s",
-                    settings.table_path, settings.source, self.dsdprof_selector.max_k, self.dsdprof_selector.ks)
+                    settings.table_path, settings.source, sel.max_k, sel.ks)
 
     def _adaptive_context_setup(self, settings, doc: KTable) -> None:
         """A v3 table (``doc``, the table file's): an adaptive selector per context slice
         (``_adaptive_ctx``: (max_context, selector)); none for v1/v2."""
         self._adaptive_ctx = [(sl["max_context"], AdaptiveKSelector(
-            context_slice(doc, sl["max_context"]), max_k=self.num_spec_tokens, **dict(settings.options)))  # type: ignore[attr-defined]
+            context_slice(doc, sl["max_context"]), max_k=self.num_spec_tokens, **dict(settings.options)))
             for sl in doc.get("contexts") or ()]
         self._adaptive_ctx_lookups: list[list[int]] = []
         self._adaptive_ctx_i = 0  # the slice the last step served (its selector learns that step's time)
@@ -165,27 +182,27 @@ class _AdaptiveMixin:
             self._adaptive_ctx_lookup = lookup = ctx_lookup
         old = getattr(self, "_dsdprof_table_lookup", None)
         if old is None:
-            self.dynamic_sd_lookup = lookup  # type: ignore[attr-defined]
-            self._dsdprof_init()  # type: ignore[attr-defined]  # the mixin's baseline: this lookup
+            self.dynamic_sd_lookup = lookup
+            self._dsdprof_init()  # the mixin's baseline: this lookup
         else:
-            if self.dynamic_sd_lookup is old:  # type: ignore[attr-defined]  # not forced this step
-                self.dynamic_sd_lookup = lookup  # type: ignore[attr-defined]
+            if self.dynamic_sd_lookup is old:  # not forced this step
+                self.dynamic_sd_lookup = lookup
             self._dsdprof_table_lookup = lookup
         self._adaptive_version = self._adaptive_versions()
 
     def _dsdprof_apply_k(self) -> None:
-        if self._dsdprof_reqs:  # type: ignore[attr-defined]  # a dsdprof run's requests may force K
-            super()._dsdprof_apply_k()  # type: ignore[misc]
+        if self._dsdprof_reqs:  # a dsdprof run's requests may force K
+            super()._dsdprof_apply_k()  # type: ignore[misc]  # the tracing mixin's, next in the MRO
         else:
-            self.dynamic_sd_lookup = self._dsdprof_table_lookup  # type: ignore[attr-defined]
-        if self.dynamic_sd_lookup is self._dsdprof_table_lookup:  # type: ignore[attr-defined]
+            self.dynamic_sd_lookup = self._dsdprof_table_lookup
+        if self.dynamic_sd_lookup is self._dsdprof_table_lookup:
             probe = self.dsdprof_selector.explore(self._adaptive_max_bs)  # <= 1 % of steps: a neighbouring K
             if probe is not None:
-                self.dynamic_sd_lookup = probe  # type: ignore[attr-defined]
+                self.dynamic_sd_lookup = probe
                 return
         if (self._adaptive_probe_every and self._adaptive_idle >= self._adaptive_probe_every
-                and self.dynamic_sd_lookup is self._dsdprof_table_lookup):  # type: ignore[attr-defined]
-            self.dynamic_sd_lookup = self._adaptive_probe  # type: ignore[attr-defined]
+                and self.dynamic_sd_lookup is self._dsdprof_table_lookup):
+            self.dynamic_sd_lookup = self._adaptive_probe
             self._adaptive_idle = 0
 
     def _adaptive_skip_tracing(self) -> None:
@@ -193,22 +210,22 @@ class _AdaptiveMixin:
         (no request is profiled): where its method is the one in force, bind vLLM's own on the
         instance and skip its frame -- a few us each per step at 256 running. K is still applied
         before vLLM schedules. An override added above the tracing mixin stays in force."""
-        cls, vllm = type(self), super(_DsdprofMixin, self)
+        cls, vllm = type(self), cast(Any, super(_DsdprofMixin, self))  # vLLM's Scheduler
         for name in ("has_requests", "add_request"):
             if getattr(cls, name) is getattr(_DsdprofMixin, name):
                 setattr(self, name, getattr(vllm, name))
         if getattr(self._adaptive_update, "__func__", None) is _DsdprofMixin.update_from_output:
-            self._adaptive_update = vllm.update_from_output  # type: ignore[attr-defined]
-        if cls.schedule is _DsdprofMixin.schedule:  # type: ignore[attr-defined]
-            vllm_schedule, apply_k = vllm.schedule, self._dsdprof_apply_k  # type: ignore[attr-defined]
+            self._adaptive_update = vllm.update_from_output
+        if cls.schedule is _DsdprofMixin.schedule:
+            vllm_schedule, apply_k = vllm.schedule, self._dsdprof_apply_k
 
             def schedule(*args, **kwargs):
                 apply_k()
                 return vllm_schedule(*args, **kwargs)
 
-            self.schedule = schedule
+            self.schedule = schedule  # type: ignore[method-assign]  # vLLM's, K applied, on the instance
 
-    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[override]
+    def update_from_output(self, scheduler_output, model_runner_output):
         """vLLM's, then queue what the step tells the selector: its duration when it was pure
         (:meth:`_adaptive_step_time`) and its acceptance counts -- vLLM's own, by vLLM's rules
         (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
@@ -218,8 +235,8 @@ class _AdaptiveMixin:
         result = self._adaptive_update(scheduler_output, model_runner_output)
         n, k, seconds = self._adaptive_step_time(scheduler_output)
         hist = self._adaptive_hist
-        prev, arm = self.dsdprof_step_arms  # type: ignore[attr-defined]
-        if prev is not None or arm is not None:  # validate's steps design: learn from the plugin's own steps only
+        prev, arm = self.dsdprof_step_arms
+        if prev is not None or arm is not None:  # validate's steps design: learn from own steps only
             if prev != ARM_ENGINE:  # the step verified another arm's drafts
                 if hist is not None:
                     hist[:] = self._adaptive_zeros
@@ -294,9 +311,10 @@ class _AdaptiveMixin:
         instance; vLLM calls it once per drafted request): vLLM's rules (no draft: not counted;
         grammar-invalidated drafts excluded) into ``hist[drafted * (K+1) + accepted]``. One
         increment per request, no object built: about what vLLM's own no-op call costs."""
-        width = self.num_spec_tokens + 1  # type: ignore[attr-defined]
+        width = self.num_spec_tokens + 1
 
-        def count(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id):
+        def count(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens,
+                  request_id):
             if num_draft_tokens:
                 if num_invalid_spec_tokens:
                     num_draft_tokens -= num_invalid_spec_tokens.get(request_id, 0)
@@ -311,7 +329,7 @@ class _AdaptiveMixin:
     def _adaptive_hist_stats(self, hist: list[int]):
         """The ``SpecDecodingStats`` vLLM's ``observe_draft`` per request would have built from
         the requests counted in ``hist``."""
-        k = self.num_spec_tokens  # type: ignore[attr-defined]
+        k = self.num_spec_tokens
         width = k + 1
         stats = SpecDecodingStats.new(k)
         by_drafted, by_accepted = [0] * (width + 1), [0] * (width + 1)
