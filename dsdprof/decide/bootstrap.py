@@ -72,7 +72,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED  # noqa: F401 - re-exported
+# re-exported: callers import the defaults from here too
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED  # noqa: F401
 from dsdprof.errors import InputError
 
 SAMPLE_COLUMNS = ("sample_acceptance_length", "sample_itl_s")

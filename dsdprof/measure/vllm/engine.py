@@ -29,7 +29,8 @@ from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, vanilla_wa
 from dsdprof.measure.vllm import synthetic
 from dsdprof.measure.vllm.interleave import STEPS_HOLD, run_interleaved, unit_row
 from dsdprof.measure.vllm.resources import memory_plan, resolve_model_offline
-from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401 - re-exported
+# re-exported: callers import these from the engine module
+from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401
 from dsdprof.measure.vllm.trace import CellFailure
 from dsdprof.measure.vllm.worker import PAIRED_HOLD, CellRequest, detect_hardware
 from dsdprof.errors import InputError
