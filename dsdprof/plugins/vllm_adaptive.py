@@ -68,12 +68,12 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from dsdprof.formats.ktable import context_slice, read_table_file
+from dsdprof.formats.ktable_types import KTable
 from dsdprof.plugins.metrics import MetricsMixin
 from dsdprof.plugins.names import ARM_ENGINE
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import batch_context
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
-from dsdprof.formats.ktable_types import KTable
 from dsdprof.plugins.vllm_profiling import (
     TracingAsyncScheduler, TracingScheduler, _DsdprofMixin, build_for_config, class_for_config,
 )
