@@ -47,7 +47,8 @@ def load_comparison(out: str | Path) -> Comparison:
     prov: dict[str, Any] = {}
     spec: dict[str, Any] = {}
     for d in plan["drafts"]:
-        runs = {c: root / d["name"] / c for c in plan["categories"] if (root / d["name"] / c).is_dir()}
+        runs = {c: root / d["name"] / c for c in plan["categories"]  # started runs with rows only
+                if any((root / d["name"] / c).glob("*.parquet"))}
         if runs:
             grids[d["name"]] = category_grid(runs)
             if not prov:
