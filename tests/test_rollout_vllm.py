@@ -36,11 +36,14 @@ def test_rollout_and_serving_on_vllm(tmp_path):
     for _, row in df.iterrows():
         want = sum(lengths) if row["kind"] == "rollout" else 18
         assert row["output_tokens"] == want
-        assert sorted(row["request_output_len"]) == sorted(lengths if row["kind"] == "rollout" else (3, 4, 5, 6))
+        want_lens = lengths if row["kind"] == "rollout" else (3, 4, 5, 6)
+        assert sorted(row["request_output_len"]) == sorted(want_lens)
         assert row["makespan_s"] > 0 and row["steps"] > 0
         bs = list(row["step_batch_size"])
         if row["kind"] == "rollout":
-            assert bs[0] == len(lengths) and bs[-1] == 1  # all N in the first step, one at the end
+            assert bs[0] == len(lengths) and bs[-1] < bs[0]  # all N in the first step, then the batch shrinks
+            if row["variant"] == "vanilla":  # one token a step: the longest request (14) ends alone
+                assert bs[-1] == 1
             assert row["step_prefill_tokens"][0] > 0
         ks = list(row["step_k"])
         if row["variant"] == "vanilla":
