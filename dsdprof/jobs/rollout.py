@@ -100,22 +100,8 @@ def build_row(
     reqs = [
         request_times(a, t, n) for a, t, n in zip(result.arrival_s, result.chunk_t_s, result.chunk_tokens)
     ]
-    row = empty_rollout_row()
-    mode, k = variant_mode(variant, table, adaptive_k)
-    row.update(
-        row_id=row_id(kind, variant, repeat, rate),
-        kind=kind,
-        variant=variant,
-        mode=mode,
-        num_spec_tokens=k,
-        repeat=repeat,
-        order=order,
-        rate_per_s=rate,
-        status="ok",
-        num_requests=len(reqs),
-        slo_ttft_s=plan.slo_ttft_s,
-        slo_tpot_s=plan.slo_tpot_s,
-    )
+    row = _row_head(kind, variant, repeat, order, rate, table, adaptive_k, "ok")
+    row.update(num_requests=len(reqs), slo_ttft_s=plan.slo_ttft_s, slo_tpot_s=plan.slo_tpot_s)
     row.update(summarize_requests(reqs, plan.slo_ttft_s, plan.slo_tpot_s))
     steps = result.steps
     row.update(
@@ -152,6 +138,22 @@ def failed_row(
     table: Mapping[str, Any],
     adaptive_k: int | None,
 ) -> dict[str, Any]:
+    row = _row_head(kind, variant, repeat, order, rate, table, adaptive_k, "failed")
+    row.update(error=" ".join(str(err).split())[:2000])
+    return row
+
+
+def _row_head(
+    kind: str,
+    variant: str,
+    repeat: int,
+    order: int,
+    rate: float,
+    table: Mapping[str, Any],
+    adaptive_k: int | None,
+    status: str,
+) -> dict[str, Any]:
+    """An empty row with what names it: run kind, variant, K served, repeat, order, rate, status."""
     row = empty_rollout_row()
     mode, k = variant_mode(variant, table, adaptive_k)
     row.update(
@@ -163,8 +165,7 @@ def failed_row(
         repeat=repeat,
         order=order,
         rate_per_s=rate,
-        status="failed",
-        error=" ".join(str(err).split())[:2000],
+        status=status,
     )
     return row
 

@@ -23,28 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from dsdprof.errors import InputError
-from dsdprof.measure.workload import parse_json_records
+from dsdprof.measure.workload import read_json_records
 
 CATEGORY_KEY = "category"
 
 
 def read_records(dataset: str | Path) -> list[dict[str, Any]]:
     """The dict records of a .jsonl/.json workload file."""
-    path = Path(dataset)
-    if not path.is_file():
-        raise InputError("workload.dataset", str(dataset), "a category workload must be a .jsonl/.json file")
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix == ".jsonl":
-        records = []
-        for i, line in enumerate(text.splitlines()):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    raise InputError("workload.dataset", f"{dataset}:{i + 1}",
-                                     "line is not valid JSON") from None
-    else:
-        records = parse_json_records(text, str(dataset))
+    records = read_json_records(dataset, "a category workload must be a .jsonl/.json file")
     return [r for r in records if isinstance(r, dict)]
 
 

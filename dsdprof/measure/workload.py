@@ -102,24 +102,27 @@ def load_dataset_pairs(dataset: str) -> list[tuple[str, Any]]:
         with open_dataset("rb") as fh:
             text = fh.read().decode("utf-8", errors="replace")
         return _pairs_from_records(parse_json_records(text, dataset), dataset)
+    records = read_json_records(dataset, "not 'synthetic', 'sharegpt' or an existing .jsonl/.json file")
+    return _pairs_from_records(records, dataset)
+
+
+def read_json_records(dataset: str | Path, missing: str) -> list[Any]:
+    """The records of a .jsonl (one JSON value a line) or .json workload file; ``missing`` is the
+    one-line error when the file does not exist."""
     path = Path(dataset)
     if not path.is_file():
-        raise InputError("workload.dataset", dataset,
-                         "not 'synthetic', 'sharegpt' or an existing .jsonl/.json file")
+        raise InputError("workload.dataset", str(dataset), missing)
     text = path.read_text(encoding="utf-8", errors="replace")
-    records: list[Any]
-    if path.suffix == ".jsonl":
-        records = []
-        for i, line in enumerate(text.splitlines()):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    raise InputError("workload.dataset", f"{dataset}:{i + 1}",
-                                     "line is not valid JSON") from None
-    else:
-        records = parse_json_records(text, dataset)
-    return _pairs_from_records(records, dataset)
+    if path.suffix != ".jsonl":
+        return parse_json_records(text, str(dataset))
+    records: list[Any] = []
+    for i, line in enumerate(text.splitlines()):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                raise InputError("workload.dataset", f"{dataset}:{i + 1}", "line is not valid JSON") from None
+    return records
 
 
 def synthetic_pool(token_ids: list[int], input_len: int, num_prompts: int, seed: int) -> list[list[int]]:
