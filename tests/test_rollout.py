@@ -348,6 +348,12 @@ def test_rollout_job_on_fake_engines(tmp_path):
 
     table = _fake_table()
     spec = load_spec("sweeps/toy-dense-cpu.toml")
+    models = {}  # the fake engines load nothing; the spec's model paths need only exist
+    for name in ("target", "draft"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        models["model" if name == "target" else "draft_model"] = str(tmp_path / name)
+    spec = spec.model_copy(update={"engine": spec.engine.model_copy(update=models)})
     plan = make_plan(table, spec, parse_length_spec("lognormal:median=10,sigma=1"), 12, 2, [], 0,
                      [2, 3], adaptive=False, seed=0)
     assert plan.variants == ("vanilla", "fixed-2", "fixed-3", "dsd")

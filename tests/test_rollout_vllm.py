@@ -6,7 +6,6 @@ table's K at the number of requests it scheduled (prefill chunks included)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -15,16 +14,15 @@ from dsdprof.formats.ktable import k_for_batch_size
 pytestmark = pytest.mark.vllm
 
 
-def test_rollout_and_serving_on_vllm(tmp_path):
-    if not os.path.exists("toy_models/dense/target/config.json"):
-        pytest.skip("toy models not built (dsdprof toy-models toy_models)")
+def test_rollout_and_serving_on_vllm(tmp_path, toy_dense):
     from dsdprof.config.spec import load_spec
     from dsdprof.io.rollouts import read_rollout_rows
     from dsdprof.jobs.rollout import RolloutPlan, run_rollout
 
     table = json.load(open("tables/toy-dense-cpu.json"))
     spec = load_spec("sweeps/toy-dense-cpu.toml")
-    spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"max_model_len": 128})})
+    engine = {"max_model_len": 128, "model": str(toy_dense.target), "draft_model": str(toy_dense.draft)}
+    spec = spec.model_copy(update={"engine": spec.engine.model_copy(update=engine)})
     lengths = (2, 3, 4, 6, 9, 14)
     plan = RolloutPlan(("vanilla", "dsd"), lengths, "test", repeats=1, rates=(20.0,),
                        serving_lengths=(3, 5, 4, 6), serving_arrivals={"20": [0.0, 0.05, 0.1, 0.3]})
