@@ -77,7 +77,7 @@ VLLM033_TESTS := tests/test_scheduler_conformance.py tests/test_scheduler_securi
 	tests/test_adaptive_plugin.py tests/test_vllm_adaptive.py tests/test_paired.py \
 	tests/test_validate_steps.py tests/test_vllm_scheduler.py tests/test_vllm_internals.py \
 	tests/test_gpu_parity.py tests/test_compilation_config.py tests/test_profiler_own_time.py \
-	tests/test_paired_correlated.py tests/test_adaptive_plugin_live.py
+	tests/test_paired_correlated.py tests/test_adaptive_plugin_live.py tests/test_metrics.py
 
 $(VENV033)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV033)
