@@ -100,14 +100,18 @@ def check_synthetic(spec: SweepSpec) -> None:
 
 def load_spec(path: str | Path) -> SweepSpec:
     """Read and validate a sweep spec. Raises :class:`InputError` (field, value) on bad input."""
+    return parse_spec(read_spec_toml(path))
+
+
+def read_spec_toml(path: str | Path) -> dict[str, Any]:
+    """A spec file's TOML, unvalidated; a missing file or bad TOML is one :class:`InputError`."""
     p = Path(path)
     if not p.is_file():
         raise InputError("spec", str(p), "file not found")
     try:
-        data = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise InputError("spec", str(p), f"not valid TOML ({err})") from None
-    return parse_spec(data)
 
 
 def check_workload_for_engine(spec: SweepSpec) -> None:

@@ -26,13 +26,12 @@ runs one sweep, ``OUT/<draft>/all/``. ``OUT/_drafts.json`` records the plan.
 from __future__ import annotations
 
 import copy
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsdprof.config.spec import SweepSpec, parse_spec
+from dsdprof.config.spec import SweepSpec, parse_spec, read_spec_toml
 from dsdprof.errors import InputError
 from dsdprof.measure.categories import category_counts, read_records, split_by_category
 
@@ -73,12 +72,7 @@ def _drafts(raw: Any) -> list[dict[str, Any]]:
 def plan_drafts(spec_path: str | Path, out: str | Path) -> DraftPlan:
     """Validate the spec, its drafts and categories; write the per-category prompt files."""
     p = Path(spec_path)
-    if not p.is_file():
-        raise InputError("spec", str(p), "file not found")
-    try:
-        data = tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InputError("spec", str(p), f"not valid TOML ({err})") from None
+    data = read_spec_toml(p)
     drafts = _drafts(data.pop("drafts", None))
     domains = data.pop("domains", {}) or {}
     wanted = domains.get("categories")
