@@ -73,11 +73,11 @@ test-fast: setup
 # (2.25 GB of wheels through a PyPI mirror; budget more on a plain network), 9.9 GB on disk
 # (du -sh .venv-vllm033); the tests take about 1-3 minutes (135 passed on 2026-12-03).
 VENV033 ?= .venv-vllm033
-VLLM033_TESTS := tests/test_scheduler_conformance.py tests/test_scheduler_security.py \
-	tests/test_adaptive_plugin.py tests/test_vllm_adaptive.py tests/test_paired.py \
-	tests/test_validate_steps.py tests/test_vllm_scheduler.py tests/test_vllm_internals.py \
-	tests/test_gpu_parity.py tests/test_compilation_config.py tests/test_profiler_own_time.py \
-	tests/test_paired_correlated.py tests/test_adaptive_plugin_live.py tests/test_metrics.py
+VLLM033_TESTS := tests/plugins/test_scheduler_conformance.py tests/plugins/test_scheduler_security.py \
+	tests/plugins/test_adaptive_plugin.py tests/engines/test_vllm_adaptive.py tests/measure/test_paired.py \
+	tests/plugins/test_validate_steps.py tests/plugins/test_vllm_scheduler.py tests/measure/vllm/test_vllm_internals.py \
+	tests/measure/vllm/test_gpu_parity.py tests/export/test_compilation_config.py tests/plugins/test_profiler_own_time.py \
+	tests/measure/test_paired_correlated.py tests/plugins/test_adaptive_plugin_live.py tests/plugins/test_metrics.py
 
 $(VENV033)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV033)

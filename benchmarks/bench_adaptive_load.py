@@ -27,13 +27,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))
-from tests.test_serve import start_server, stop_server  # noqa: E402
+from tests.jobs.test_serve import start_server, stop_server  # noqa: E402
 
 NOW = re.compile(r"dsdprof adaptive K: now (\{[^}]*\}) \((step times|acceptance per position \[[^]]*\])\)")
 
 
 def start(table: Path, log: Path, options: list[str]) -> tuple[subprocess.Popen, int]:
-    """``dsdprof serve TABLE --adaptive OPTIONS`` on loopback, as tests/test_serve.py starts it."""
+    """``dsdprof serve TABLE --adaptive OPTIONS`` on loopback, as tests/jobs/test_serve.py starts it."""
     return start_server(table, log, *options, adaptive=True, cwd=REPO, timeout=600.0)
 
 

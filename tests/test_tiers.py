@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from conftest import dsdprof_packages, imported_packages, pytest_collection_modifyitems, unreached_packages
+from tests.conftest import dsdprof_packages, imported_packages, pytest_collection_modifyitems, unreached_packages
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,3 +72,26 @@ def test_tests_on_the_ray_cluster_are_marked_ray():
     on_ray, plain = Item("ray_cluster", "tmp_path"), Item("tmp_path")
     pytest_collection_modifyitems(None, [on_ray, plain])
     assert on_ray.marks == ["ray"] and plain.marks == []
+
+
+def mirror_mismatches(root: Path) -> list[str]:
+    """Test modules under tests/ whose folder names no package of dsdprof/ (tests/ mirrors the
+    package tree; test modules of the whole project, and helpers, sit at its top)."""
+    tests = root / "tests"
+    bad = []
+    for path in sorted(tests.rglob("test_*.py")):
+        rel = path.parent.relative_to(tests)
+        if rel.parts and not (root / "dsdprof" / rel / "__init__.py").is_file():
+            bad.append(str(path.relative_to(root)))
+    return bad
+
+
+def test_tests_mirror_the_package_tree(tmp_path):
+    assert mirror_mismatches(ROOT) == []
+    assert len(list((ROOT / "tests" / "decide").glob("test_*.py"))) >= 3  # the mirror is used
+    (tmp_path / "dsdprof" / "serve").mkdir(parents=True)
+    (tmp_path / "dsdprof" / "serve" / "__init__.py").write_text("")
+    for folder in ("serve", "servve"):
+        (tmp_path / "tests" / folder).mkdir(parents=True)
+        (tmp_path / "tests" / folder / "test_x.py").write_text("")
+    assert mirror_mismatches(tmp_path) == ["tests/servve/test_x.py"]

@@ -4,7 +4,7 @@
     flock /tmp/vllm.lock python docs/grafana/render_png.py --out docs/img/dsdprof-dashboard.png \\
         --data docs/lab/data/observability-scrape.json
 
-Starts ``dsdprof serve --adaptive`` on the toy pair (tests/test_serve.py's helpers; CPU), runs a
+Starts ``dsdprof serve --adaptive`` on the toy pair (tests/jobs/test_serve.py's helpers; CPU), runs a
 load in phases through the OpenAI client (1 client, then 8 at once, then 1 sending hostile
 ``vllm_xargs``, then 4), scrapes ``/metrics`` every ``--every`` seconds, keeps the dsdprof and
 vLLM spec-decode samples (``--data``), and plots each panel's query computed by hand: a rate is
@@ -61,7 +61,7 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def collect(args) -> dict:
-    from tests.test_serve import _table, start_server, stop_server
+    from tests.jobs.test_serve import _table, start_server, stop_server
 
     tmp = Path(args.workdir)
     tmp.mkdir(parents=True, exist_ok=True)

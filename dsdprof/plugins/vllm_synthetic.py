@@ -16,7 +16,7 @@ C++ fallbacks (``vllm.utils.cpu_triton_utils``) that assert synthetic mode is of
 acceptance not supported with CPU sampling"). :func:`install` registers, through vLLM's own override
 registry (``vllm.triton_utils.dispatcher.register_kernels``), the two kernels again: in synthetic
 mode the walk above in torch, line for line with vLLM's Triton kernels (checked against them in
-``tests/test_synthetic_acceptance.py``); otherwise vLLM's C++ fallback, unchanged. On a GPU nothing
+``tests/measure/test_synthetic_acceptance.py``); otherwise vLLM's C++ fallback, unchanged. On a GPU nothing
 is installed: vLLM's Triton kernels run.
 
 :data:`EXTENSION_QUALNAME` (:mod:`dsdprof.plugins.vllm_synthetic_cpu`) is the ``worker_extension_cls``

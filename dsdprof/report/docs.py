@@ -1,4 +1,4 @@
-"""Generated documentation fragments (kept in sync with the code by tests/test_report_docs.py).
+"""Generated documentation fragments (kept in sync with the code by tests/report/test_report_docs.py).
 
     python -m dsdprof.report.docs columns   # Markdown table of the Parquet measurement columns
 """

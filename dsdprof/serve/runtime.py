@@ -355,7 +355,7 @@ def batch_context(contexts: Any) -> int:
     (:func:`dsdprof.measure.sim.model.attention_term`). K is one value for the whole step, so the
     step costs ``dense(B, K) + Σ_i attn(C_i, K) = dense(B, K) + B · attn(mean C, K)``: the batch
     behaves exactly like B requests at the mean context. The max would serve a batch with one long
-    request among many short ones the K of an all-long batch. (tests/test_context.py checks this on
+    request among many short ones the K of an all-long batch. (tests/serve/test_context.py checks this on
     the step model.) An empty batch is context 0.
     """
     total = n = 0

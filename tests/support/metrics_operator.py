@@ -1,5 +1,5 @@
 """The operator's check of dsdprof's metrics on a running ``dsdprof serve`` (issue 34), shared by the
-real-server test of tests/test_serve.py (one server start for both) and the dashboard renderer.
+real-server test of tests/jobs/test_serve.py (one server start for both) and the dashboard renderer.
 
 A real OpenAI client (the ``openai`` package; urllib at the same API when it is missing) sends
 completions; ``/metrics`` is read as Prometheus would. dsdprof's spec-decode counters, written in

