@@ -120,8 +120,9 @@ def _rollout(
         ..., metavar="SPEC", help="Sweep spec: its engine and prompt workload."
     ),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory (rollout.parquet, _logs, _traces)."),
-    num_requests: int = typer.Option(
-        16, "--num-requests", "-n", help="Rollout: requests submitted at once."
+    num_requests: int | None = typer.Option(
+        None, "--num-requests", "-n", help="Rollout: requests submitted at once (default: a lengths "
+        "file's count, else 16)."
     ),
     lengths: str = typer.Option(
         "lognormal:median=12,sigma=0.9",
@@ -129,8 +130,8 @@ def _rollout(
         help="Output lengths: lognormal:median=M,sigma=S | pareto:alpha=A,min=M | "
         "fixed:len=L | a .json/.jsonl file of lengths.",
     ),
-    rates: list[float] | None = typer.Option(
-        None, "--rate", help="Serving: Poisson rate (req/s); repeatable."
+    rates: list[str] | None = typer.Option(
+        None, "--rate", help="Serving: Poisson rate (req/s); repeatable or a comma list (2,4,8)."
     ),
     serving_requests: int = typer.Option(24, "--serving-requests", help="Serving: requests per rate."),
     repeats: int = typer.Option(3, "--repeats", min=1, help="Repeats; the variants' order rotates."),
@@ -151,17 +152,22 @@ def _rollout(
     from dsdprof.export.table import load_table
     from dsdprof.jobs.rollout import make_plan, run_rollout
     from dsdprof.io.rollouts import read_rollout_rows
-    from dsdprof.measure.live_workload import parse_length_spec
+    from dsdprof.jobs.rollout import parse_rates
+    from dsdprof.measure.live_workload import parse_length_spec, read_lengths_file
 
+    length_spec = parse_length_spec(lengths)
+    rate_list = parse_rates(rates or [])
+    if num_requests is None:
+        num_requests = len(read_lengths_file(length_spec.path)) if length_spec.kind == "file" else 16
     table = load_table(table_path)
     spec = load_spec(spec_path)
     plan = make_plan(
         table,
         spec,
-        parse_length_spec(lengths),
+        length_spec,
         num_requests,
         repeats,
-        list(rates or []),
+        rate_list,
         serving_requests,
         list(fixed_k) if fixed_k else None,
         adaptive,
@@ -170,6 +176,12 @@ def _rollout(
         slo_tpot_ms / 1e3,
     )
     console.print(f"variants {', '.join(plan.variants)}; rollout lengths {sorted(plan.lengths)}")
+    if length_spec.kind == "file":
+        raw = read_lengths_file(length_spec.path)
+        clipped = sum(1 for i, n in enumerate(plan.lengths) if n != raw[i % len(raw)])
+        if clipped:
+            console.print(f"[yellow]{clipped} of {len(plan.lengths)} lengths from {length_spec.path} "
+                          "clipped to [2, max_model_len - input_len][/]")
 
     def on_row(row) -> None:
         if row["status"] == "ok":
@@ -216,21 +228,34 @@ def _replay(
         '{"batch_size": B} per step of a vanilla rollout).',
     ),
     table_path: Path = typer.Argument(..., metavar="TABLE", help="A v2 K table (its step-time grid)."),
+    fit: Path | None = typer.Option(
+        None, "--fit", help="Another measured rollout run: step and prefill seconds and acceptance per "
+        "variant fitted on it replace the table's grid (its acceptance stays the shape)."
+    ),
     prefill_s: float | None = typer.Option(
-        None, "--prefill-s", help="Prefill seconds (files; default: one vanilla step at batch N)."
+        None, "--prefill-s", help="Prefill seconds (files; default: --fit's, else one vanilla step at N)."
     ),
     scale: float = typer.Option(
         1.0, "--scale", help="Step-time factor for files (machine today / the table's)."
     ),
     runs: int = typer.Option(200, "--runs", min=1, help="Monte Carlo replays per prediction."),
 ) -> None:
-    """Predict a rollout's makespan per variant from a table's step-time grid (no engine); on a
-    measured run, check every prediction against the measured makespan."""
+    """Predict a rollout's makespan per variant from a table's step-time grid or, with --fit, from
+    another measured run (no engine); on a measured run, check every prediction against it."""
     from dsdprof.export.table import load_table
 
     table = load_table(table_path)
+    model = None
+    if fit is not None:
+        from dsdprof.io.rollouts import read_rollout_rows
+        from dsdprof.report.rollout import fit_step_model
+
+        model = fit_step_model(read_rollout_rows(fit), table)
+        console.print("fitted on " + str(fit) + ": prefill s " + ", ".join(
+            f"{v} {x:.2f}" for v, x in sorted(model.prefill.items())) + "; rejection x " + ", ".join(
+            f"{v} {x:.2f}" for v, x in sorted(model.reject.items())))
     if source.is_dir() or source.suffix == ".parquet":
-        _replay_run(source, table, runs)
+        _replay_run(source, table, runs, model)
         return
     from dsdprof.decide.makespan import predict_all
     from dsdprof.measure.live_workload import read_trace_or_lengths
@@ -241,14 +266,16 @@ def _replay(
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
         pad_edge=False,
-        caption="adaptive: predicted as the table's schedule",
+        caption="5-95%: the replays' spread (acceptance luck); adaptive: the table's schedule"
+        + ("" if model is None else "; step times fitted on --fit"),
     )
-    for col in ("variant", "makespan s", "tail s", "steps", "K"):
+    for col in ("variant", "makespan s", "5-95%", "tail s", "steps", "K"):
         t.add_column(col, justify="right")
-    for p in predict_all(table, lens, prefill_s, scale, runs):
+    for p in predict_all(table, lens, prefill_s, scale, runs, model=model):
         t.add_row(
             p.variant,
             fmt_number(p.makespan_s, 2),
+            f"{fmt_number(p.lo, 2)}-{fmt_number(p.hi, 2)}",
             fmt_number(p.tail_s, 2),
             fmt_number(p.steps, 1),
             fmt_number(p.mean_k, 2),
@@ -256,35 +283,44 @@ def _replay(
     console.print(t)
 
 
-def _replay_run(source: Path, table: Mapping[str, Any], runs: int) -> None:
+def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model) -> None:
     from dsdprof.io.rollouts import read_rollout_rows
-    from dsdprof.report.rollout import replay_check
+    from dsdprof.report.rollout import replay_check, replay_summary
 
-    chk = replay_check(read_rollout_rows(source), table, runs)
+    chk = replay_check(read_rollout_rows(source), table, runs, model=model)
+    kinds = ["raw", "cal"] + (["fit", "fitcal"] if model is not None else [])
     t = Table(
-        title="replay vs measured makespan",
+        title="replay vs measured makespan, per rollout",
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
         pad_edge=False,
-        caption="raw: the table's step times; cal.: scaled by the repeat's vanilla (machine factor "
-        + ", ".join(f"r{r} {s:.3f}" for r, s in chk.scale.items())
-        + "); vanilla cal. exact by "
-        "construction",
+        caption="err %: predicted / measured - 1. raw: the table's step times; cal.: scaled by the "
+        "repeat's vanilla (" + ", ".join(f"r{r} {s:.3f}" for r, s in chk.scale.items()) + ")"
+        + ("; fit: fitted on --fit; fitcal: fit scaled by the repeat's vanilla" if model else ""),
     )
-    for col in ("rep", "variant", "measured s", "raw s", "err %", "cal. s", "err %", "K meas/pred"):
+    for col in ("rep", "variant", "measured s", *(f"{k} %" for k in kinds), "steps m/p"):
         t.add_column(col, justify="right", no_wrap=True)
     for _, x in chk.rows.iterrows():
         t.add_row(
             str(x["repeat"]),
             x["variant"],
             fmt_number(x["measured_s"], 2),
-            fmt_number(x["predicted_raw_s"], 2),
-            fmt_number(x["error_raw"] * 100, 1),
-            fmt_number(x["predicted_cal_s"], 2),
-            fmt_number(x["error_cal"] * 100, 1),
-            f"{fmt_number(x['mean_k_measured'], 2)}/{fmt_number(x['mean_k_predicted'], 2)}",
+            *(fmt_number(x[f"error_{k}"] * 100, 1) for k in kinds),
+            f"{x['steps_measured']}/{fmt_number(x['steps_predicted'], 1)}",
         )
     console.print(t)
+    s = Table(title="replay vs measured: mean over repeats", box=box.SIMPLE_HEAD, padding=(0, 1),
+              pad_edge=False, caption="err %: of the mean; max: the largest single rollout's |err|"
+              + ("; in 5-95%: rollouts inside the fitted replays' spread" if model else ""))
+    for col in ("variant", "measured s", *(f"{k} s (err %, max)" for k in kinds[:1] + kinds[2:3]),
+                *(["in 5-95%"] if model else [])):
+        s.add_column(col, justify="right", no_wrap=True)
+    for _, x in replay_summary(chk.rows).iterrows():
+        cells = [f"{x[k + '_s']:.2f} ({x[k + '_err'] * 100:+.1f}, {x[k + '_max_err'] * 100:.1f})"
+                 for k in kinds[:1] + kinds[2:3]]
+        s.add_row(x["variant"], fmt_number(x["measured_s"], 2), *cells,
+                  *([f"{x['fit_in_90'] * 100:.0f} %"] if model else []))
+    console.print(s)
 
 
 def register(app: typer.Typer) -> None:

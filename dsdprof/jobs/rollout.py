@@ -22,6 +22,7 @@ rewritten after each run; ``--resume`` skips the rows already ``ok``. Engine log
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, UTC
 from pathlib import Path
@@ -168,6 +169,23 @@ def _row_head(
         status=status,
     )
     return row
+
+
+def parse_rates(values: list[str]) -> list[float]:
+    """Serving rates from ``--rate`` values, each a number or a comma list: finite, > 0, distinct."""
+    out: list[float] = []
+    for text in values:
+        for part in str(text).split(","):
+            try:
+                r = float(part)
+            except ValueError:
+                raise InputError("--rate", text, "must be a number of requests/s (or a comma list)") from None
+            if not (math.isfinite(r) and r > 0):
+                raise InputError("--rate", part.strip(), "must be > 0 requests/s")
+            if any(f"{r:g}" == f"{x:g}" for x in out):
+                raise InputError("--rate", part.strip(), "given twice")
+            out.append(r)
+    return out
 
 
 def make_plan(

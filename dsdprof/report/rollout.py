@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from dsdprof.decide.live_stats import paired_ratio
+from dsdprof.errors import InputError
 from dsdprof.formats.rollouts import KIND_ROLLOUT, KIND_SERVING
 
 
@@ -116,19 +117,62 @@ def prefill_seconds(row: Any) -> float:
     return end
 
 
+def decode_steps(row: Any) -> list[tuple[int, int, float]]:
+    """(requests decoding, K drafted, seconds) of a rollout's decode steps (after its prefill)."""
+    t = [0.0, *(float(x) for x in row["step_t_s"])]
+    out = []
+    for i, (dec, k, pre) in enumerate(zip(row["step_decoding"], row["step_drafted"],
+                                          row["step_prefill_tokens"])):
+        if int(pre) == 0 and int(dec) > 0:
+            out.append((int(dec), int(round(float(k))), t[i + 1] - t[i]))
+    return out
+
+
+def fit_step_model(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 100):
+    """A :class:`~dsdprof.decide.makespan.StepModel` fitted on every ok rollout of ``df``: each
+    variant's decode step seconds, prefill seconds, and the factor on the table's rejection
+    probabilities that gives its measured number of decode steps."""
+    from dsdprof.decide.makespan import StepModel, StepSample, grid_from_table, variant_schedules
+
+    d = _ok(df, KIND_ROLLOUT)
+    if d.empty:
+        raise InputError("--fit", "0 rollouts", "the fitted run has no ok rollout rows")
+    samples: list[StepSample] = []
+    prefill: dict[str, list[float]] = {}
+    cases: dict[str, list[tuple[list[int], int]]] = {}
+    for _, row in d.iterrows():
+        v = str(row["variant"])
+        steps = decode_steps(row)
+        samples += [StepSample(v, b, k, sec) for b, k, sec in steps]
+        cases.setdefault(v, []).append(([int(x) for x in row["request_output_len"]], len(steps)))
+        pre = prefill_seconds(row)
+        if not math.isnan(pre):
+            prefill.setdefault(v, []).append(pre)
+    grid = grid_from_table(table)
+    model = StepModel(grid, samples, prefill, int(d["num_requests"].median()))
+    scheds = variant_schedules(table, grid, [int(v.split("-")[1]) for v in cases if v.startswith("fixed-")])
+    for v, cs in cases.items():
+        if v != "vanilla" and v in scheds:
+            model.fit_reject(v, scheds[v], cs, runs)
+    return model
+
+
 @dataclass(frozen=True)
 class ReplayCheck:
-    rows: pd.DataFrame  # per measured rollout: measured, predicted (raw, calibrated), errors
+    rows: pd.DataFrame  # per measured rollout: measured, predicted (raw, calibrated, fitted), errors
     scale: dict[int, float]  # per repeat: the machine factor fitted on that repeat's vanilla row
 
 
 def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
-                 seed: int = 0) -> ReplayCheck:
-    """The replay's makespan for every measured rollout, from its own lengths and the table's grid:
-    ``raw`` at the table's step times; ``calibrated`` with step times scaled by the factor that makes
-    the same repeat's vanilla prediction exact (one number per repeat: the machine today against
-    the machine the table was measured on; vanilla rows are then exact by construction). Every row
-    takes the prefill time of its repeat's vanilla rollout."""
+                 seed: int = 0, model=None) -> ReplayCheck:
+    """The replay's makespan for every measured rollout, from its own lengths:
+
+    * ``raw``: the table's step times; every row takes its repeat's vanilla prefill;
+    * ``cal``: the same with step times scaled by the factor that makes the repeat's vanilla
+      prediction exact (the machine today against the table's day; vanilla exact by construction);
+    * ``fit`` (with ``model``, a :class:`~dsdprof.decide.makespan.StepModel` fitted on *another* run):
+      the model's step and prefill seconds per variant, nothing of this run but its lengths;
+    * ``fitcal``: ``fit`` scaled per repeat by the factor that makes its vanilla row exact."""
     from dsdprof.decide.makespan import grid_from_table, predict, variant_schedules
 
     d = _ok(df, KIND_ROLLOUT)
@@ -143,37 +187,78 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
         van = r[r["variant"] == "vanilla"]
         pre = prefill_seconds(van.iloc[0]) if len(van) else math.nan
         pre = 0.0 if math.isnan(pre) else pre
+        fit_scale = math.nan
         if len(van):
             lens = [int(x) for x in van.iloc[0]["request_output_len"]]
+            m = float(van.iloc[0]["makespan_s"])
             p = predict(lens, scheds["vanilla"], grid, pre, "vanilla", 1.0, runs, seed)
-            scale[int(rep)] = float((float(van.iloc[0]["makespan_s"]) - pre) / (p.makespan_s - pre))
+            scale[int(rep)] = float((m - pre) / (p.makespan_s - pre))
+            if model is not None:
+                fit_scale = m / _fitted(model, lens, scheds["vanilla"], "vanilla", runs, seed).makespan_s
         for _, row in r.iterrows():
-            lens = [int(x) for x in row["request_output_len"]]
             sched = scheds.get(row["variant"])
-            if sched is None:
-                continue
-            raw = predict(lens, sched, grid, pre, row["variant"], 1.0, runs, seed)
-            s = scale.get(int(rep), math.nan)
-            cal = (
-                predict(lens, sched, grid, pre, row["variant"], s, runs, seed)
-                if not math.isnan(s)
-                else None
-            )
-            m = float(row["makespan_s"])
-            out.append(
-                {
-                    "repeat": int(rep),
-                    "variant": row["variant"],
-                    "measured_s": m,
-                    "predicted_raw_s": raw.makespan_s,
-                    "error_raw": raw.makespan_s / m - 1,
-                    "predicted_cal_s": cal.makespan_s if cal else math.nan,
-                    "error_cal": (cal.makespan_s / m - 1) if cal else math.nan,
-                    "mean_k_measured": float(row["mean_k"]),
-                    "mean_k_predicted": raw.mean_k,
-                }
-            )
+            if sched is not None:
+                out.append(_check_row(row, sched, grid, pre, scale.get(int(rep), math.nan), model,
+                                      fit_scale, runs, seed))
     return ReplayCheck(pd.DataFrame(out), scale)
+
+
+def _fitted(model, lens, sched, variant: str, runs: int, seed: int):
+    from dsdprof.decide.makespan import predict
+
+    return predict(lens, sched, model.engine(variant), model.prefill_s(variant, len(lens)), variant, 1.0,
+                   runs, seed)
+
+
+def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: float, runs: int,
+               seed: int) -> dict[str, Any]:
+    """One measured rollout against its predictions (see :func:`replay_check`)."""
+    from dsdprof.decide.makespan import predict
+
+    v = str(row["variant"])
+    lens = [int(x) for x in row["request_output_len"]]
+    raw = predict(lens, sched, grid, pre, v, 1.0, runs, seed)
+    cal = predict(lens, sched, grid, pre, v, s, runs, seed).makespan_s if not math.isnan(s) else math.nan
+    f = _fitted(model, lens, sched, v, runs, seed) if model is not None else None
+    fit, lo, hi = (f.makespan_s, f.lo, f.hi) if f else (math.nan, math.nan, math.nan)
+    fitcal = fit * fit_scale
+    m = float(row["makespan_s"])
+    return {
+        "repeat": int(row["repeat"]),
+        "variant": v,
+        "measured_s": m,
+        "predicted_raw_s": raw.makespan_s,
+        "error_raw": raw.makespan_s / m - 1,
+        "predicted_cal_s": cal,
+        "error_cal": cal / m - 1,
+        "predicted_fit_s": fit,
+        "error_fit": fit / m - 1,
+        "fit_in_90": bool(lo <= m <= hi),  # inside the replays' 5-95 % (acceptance luck)
+        "predicted_fitcal_s": fitcal,
+        "error_fitcal": fitcal / m - 1,
+        "steps_measured": len(decode_steps(row)),
+        "steps_predicted": raw.steps,
+        "mean_k_measured": float(row["mean_k"]),
+        "mean_k_predicted": raw.mean_k,
+    }
+
+
+def replay_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per variant over repeats (a :class:`ReplayCheck`'s rows): mean measured makespan, the mean
+    prediction of each kind and its error (the mean's: acceptance luck averages out), the largest
+    single-rollout error and the share of rollouts inside the fitted replays' 5-95 % band."""
+    out = []
+    for v, g in rows.groupby("variant", sort=False):
+        m = g["measured_s"].mean()
+        rec: dict[str, Any] = {"variant": v, "rollouts": len(g), "measured_s": m}
+        for kind in ("raw", "cal", "fit", "fitcal"):
+            pred = g[f"predicted_{kind}_s"].mean()
+            rec[f"{kind}_s"] = pred
+            rec[f"{kind}_err"] = pred / m - 1
+            rec[f"{kind}_max_err"] = g[f"error_{kind}"].abs().max()
+        rec["fit_in_90"] = g["fit_in_90"].mean() if "fit_in_90" in g else math.nan
+        out.append(rec)
+    return pd.DataFrame(out).sort_values("variant", key=lambda c: c.map(_variant_key)).reset_index(drop=True)
 
 
 def k_timeline(
