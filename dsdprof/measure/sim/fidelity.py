@@ -30,6 +30,7 @@ a fit that never saw any of its points, the analogue of a new measurement from a
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +128,7 @@ class Terms:
     n_layers: np.ndarray  # target layers + K draft layers
     n_moe_layers: np.ndarray
     n_experts: np.ndarray  # Σ over MoE layers of distinct experts loaded, verify + K draft passes
-    n_mla_layers: np.ndarray
+    n_mla_layers: np.ndarray  # MLA layers of points on pre-FlashMLA kernels (legacy_mla), else 0
     n_token_units: np.ndarray  # tokens x layers x hidden / 4096, verify + K draft passes
     spec_step: np.ndarray  # K · method per-step factor
     spec_fixed: np.ndarray  # [speculative] · method fixed factor
@@ -152,6 +153,32 @@ def overlaps_cpu(engine: str) -> bool:
     return "sglang" in e or "tensorrtllm" in e or "trtllm" in e
 
 
+# MLA decode kernels by engine release (the DeepSeek term, issue 36). Until early 2025 engines ran
+# DeepSeek's multi-head latent attention and block-FP8 GEMMs with Triton kernels (SGLang <= 0.4.2);
+# FlashMLA (https://github.com/deepseek-ai/FlashMLA, Feb 2025: up to 3000 GB/s memory-bound decode on
+# H800) and DeepGEMM (https://github.com/deepseek-ai/DeepGEMM) replaced them (vLLM:
+# https://github.com/vllm-project/vllm/pull/13747; SGLang 0.4.3). SGLang 0.5.7 decodes DeepSeek-R1 FP8
+# at TP 8 on H200 in 10.9 ms per step at BS 4 (SemiAnalysisAI/InferenceX#870) where SGLang 0.4.1
+# took 33 ms at BS 1 (sglang#2643). The fitted ``mla_layer_overhead_s`` is the older kernels' extra
+# per-layer cost; MLA on H20 pays it too, as its MLA kernels were not tuned for it
+# (https://github.com/sgl-project/sglang/issues/4204: "still working on mla optimization on H20").
+# Current kernels on other GPUs pay no MLA term beyond attention's roofline and the per-layer terms.
+LEGACY_MLA_GPUS = ("H20",)
+_MODERN_MLA = {"sglang": (0, 4, 3), "vllm": (0, 7, 3)}  # first releases with FlashMLA-class MLA decode
+
+
+def legacy_mla(engine: str, hardware: str) -> bool:
+    """True where the MLA decode of ``engine`` on ``hardware`` predates FlashMLA-class kernels (above)."""
+    if hardware in LEGACY_MLA_GPUS:
+        return True
+    e = engine.lower()
+    for name, first in _MODERN_MLA.items():
+        m = re.search(name + r"\D*(\d+)\.(\d+)(?:\.(\d+))?", e)
+        if m:
+            return tuple(int(x or 0) for x in m.groups()) < first
+    return False
+
+
 def terms(points: list[Point]) -> Terms:
     """Evaluate the unit-efficiency terms of every point (see :class:`Terms`)."""
     rows: dict[str, list[Any]] = {f: [] for f in Terms.__dataclass_fields__}
@@ -172,7 +199,8 @@ def terms(points: list[Point]) -> Terms:
         rows["n_layers"].append(float(tgt.layers + k * drf.layers))
         rows["n_moe_layers"].append(float(tgt.moe_layers + k * drf.moe_layers))
         rows["n_experts"].append(float(tgt.moe_layers * d_t + k * drf.moe_layers * d_d))
-        rows["n_mla_layers"].append(float(tgt.mla_layers + k * drf.mla_layers))
+        legacy = legacy_mla(pt.engine, hw.name)
+        rows["n_mla_layers"].append(float(tgt.mla_layers + k * drf.mla_layers) if legacy else 0.0)
         rows["n_token_units"].append(float(b * (k + 1.0) * tgt.token_units + k * b * drf.token_units))
         rows["spec_step"].append(k * m_step)
         rows["spec_fixed"].append(m_fixed)
@@ -282,6 +310,8 @@ def gpu_theta(theta: np.ndarray, name: str) -> np.ndarray:
     """What one GPU gets: :data:`PARAMS` (shared values, bandwidth times its multiplier; not the
     engine parameters), then its compute efficiency (:data:`COMPUTE_EFFICIENCY` times its multiplier)."""
     out = np.append(np.array(theta[:len(PARAMS)], dtype=float), COMPUTE_EFFICIENCY)
+    if name not in LEGACY_MLA_GPUS:  # current MLA kernels: no MLA term (see legacy_mla)
+        out[PARAMS.index("mla_layer_overhead_s")] = 0.0
     n = len(FIT_PARAMS)
     if name in GPUS and len(theta) > n:
         i, g = GPUS.index(name), len(GPUS)
