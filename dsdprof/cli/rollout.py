@@ -15,6 +15,7 @@ from rich import box
 from rich.table import Table
 
 from dsdprof.cli.common import fmt_number, guarded, make_console
+from dsdprof.errors import InputError
 
 console = make_console()
 
@@ -112,6 +113,13 @@ def render_timeline(df, repeat: int = 0) -> Table:
     return t
 
 
+def _slo_s(name: str, ms: float | None) -> float:
+    """An SLO option in seconds (None or 0: none); a negative or non-finite one is refused."""
+    if ms is not None and not (math.isfinite(ms) and ms >= 0):
+        raise InputError(name, ms, "must be >= 0 ms (0: no SLO)")
+    return (ms or 0.0) / 1e3
+
+
 def _rollout(
     table_path: Path = typer.Argument(
         ..., metavar="TABLE", help="K table (v2: its grid picks the best fixed K)."
@@ -172,8 +180,8 @@ def _rollout(
         list(fixed_k) if fixed_k else None,
         adaptive,
         seed,
-        slo_ttft_ms / 1e3,
-        slo_tpot_ms / 1e3,
+        _slo_s("--slo-ttft-ms", slo_ttft_ms),
+        _slo_s("--slo-tpot-ms", slo_tpot_ms),
     )
     console.print(f"variants {', '.join(plan.variants)}; rollout lengths {sorted(plan.lengths)}")
     if length_spec.kind == "file":
@@ -201,11 +209,18 @@ def _rollout_report(
     plots: Path | None = typer.Option(None, "--plots", help="Also write PNGs into this directory."),
     prefix: str = typer.Option("rollout", "--prefix", help="PNG file name prefix."),
     force: bool = typer.Option(False, "--force", help="Replace existing PNGs."),
+    slo_ttft_ms: float | None = typer.Option(None, "--slo-ttft-ms", help="Goodput at this TTFT SLO "
+                                             "(recomputed from the rows; default: the run's)."),
+    slo_tpot_ms: float | None = typer.Option(None, "--slo-tpot-ms", help="Goodput at this TPOT SLO."),
 ) -> None:
     """Print a rollout run's tables; --plots draws the batch size over time against the K served."""
     from dsdprof.io.rollouts import read_rollout_rows
 
     df = read_rollout_rows(run)
+    if slo_ttft_ms is not None or slo_tpot_ms is not None:
+        from dsdprof.report.rollout import with_slo
+
+        df = with_slo(df, _slo_s("--slo-ttft-ms", slo_ttft_ms), _slo_s("--slo-tpot-ms", slo_tpot_ms))
     for t in render_rollout(df):
         console.print(t)
     if (df["kind"] == "rollout").any():

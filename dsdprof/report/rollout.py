@@ -98,6 +98,24 @@ def serving_summary(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["rate_per_s", "_k"]).drop(columns="_k").reset_index(drop=True)
 
 
+def with_slo(df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: float) -> pd.DataFrame:
+    """``df`` with goodput recomputed at other SLOs (0 = none) from each row's request series:
+    TTFT = first token - arrival, TPOT = (finish - first) / (tokens - 1), as in the run."""
+    out = df.copy()
+    good = []
+    for _, r in out.iterrows():
+        arr, first, fin, n = (list(r[c]) if r[c] is not None else [] for c in (
+            "request_arrival_s", "request_first_token_s", "request_finish_s", "request_output_len"))
+        ok = sum(1 for a, f, e, k in zip(arr, first, fin, n)
+                 if (not slo_ttft_s or f - a <= slo_ttft_s)
+                 and (not slo_tpot_s or k < 2 or (e - f) / (k - 1) <= slo_tpot_s))
+        m = r["makespan_s"]
+        good.append(ok / m if fin and m and m > 0 else math.nan)
+    out["goodput_req_s"] = good
+    out["slo_ttft_s"], out["slo_tpot_s"] = slo_ttft_s, slo_tpot_s
+    return out
+
+
 def _variant_key(v: str) -> tuple[int, int]:
     if v == "vanilla":
         return (0, 0)

@@ -65,6 +65,15 @@ def test_held_out_lengths_and_rates_end_to_end(setup):
     serving = df[df["kind"] == "serving"]
     assert sorted(set(serving["rate_per_s"])) == [3.0, 6.0, 10.0] and len(serving) == 9
     assert (serving["slo_tpot_s"] == 0.06).all() and (serving["goodput_req_s"] >= 0).all()
+    # Goodput recomputed from the rows' request series at the run's SLOs agrees with the run's own
+    # (computed from every streamed chunk); a TPOT SLO below every request's leaves none.
+    from dsdprof.report.rollout import with_slo
+
+    same = with_slo(df, 1.0, 0.06)
+    assert same["goodput_req_s"].tolist() == pytest.approx(df["goodput_req_s"].tolist())
+    assert 0 < df["goodput_req_s"].min() and (with_slo(df, 0, 1e-4)["goodput_req_s"] == 0).all()
+    r = runner.invoke(app, ["rollout-report", str(tmp / "run"), "--slo-tpot-ms", "0.1"])
+    assert r.exit_code == 0 and "serving" in r.output, r.output + r.stderr
     plan = json.loads((tmp / "run" / "_rollout.json").read_text())
     assert plan["lengths"] == lens and plan["lengths_spec"] == str(tmp / "held.jsonl")
     # The replay fitted on this run predicts a held-out lengths file, and checks a run against it.
@@ -93,6 +102,8 @@ def test_held_out_lengths_and_rates_end_to_end(setup):
         (["--lengths", "LENS:zero"], ["--lengths", "zero.jsonl:1"]),
         (["--lengths", "lognormal:median=3"], ["--lengths", "sigma"]),
         (["-n", "0"], ["--num-requests", "0"]),
+        (["--slo-tpot-ms", "-5"], ["--slo-tpot-ms", "-5"]),
+        (["--slo-ttft-ms", "inf"], ["--slo-ttft-ms", "inf"]),
     ],
 )
 def test_bad_rollout_input_is_one_line(setup, more, needles):
