@@ -254,6 +254,9 @@ def _replay(
         1.0, "--scale", help="Step-time factor for files (machine today / the table's)."
     ),
     runs: int = typer.Option(200, "--runs", min=1, help="Monte Carlo replays per prediction."),
+    plot: Path | None = typer.Option(None, "--plot", help="A run: also draw predicted against measured "
+                                     "makespan into this PNG."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --plot PNG."),
 ) -> None:
     """Predict a rollout's makespan per variant from a table's step-time grid or, with --fit, from
     another measured run (no engine); on a measured run, check every prediction against it."""
@@ -270,7 +273,7 @@ def _replay(
             f"{v} {x:.2f}" for v, x in sorted(model.prefill.items())) + "; rejection x " + ", ".join(
             f"{v} {x:.2f}" for v, x in sorted(model.reject.items())))
     if source.is_dir() or source.suffix == ".parquet":
-        _replay_run(source, table, runs, model)
+        _replay_run(source, table, runs, model, plot, force)
         return
     from dsdprof.decide.makespan import predict_all
     from dsdprof.measure.live_workload import read_trace_or_lengths
@@ -298,7 +301,8 @@ def _replay(
     console.print(t)
 
 
-def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model) -> None:
+def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: Path | None,
+                force: bool) -> None:
     from dsdprof.io.rollouts import read_rollout_rows
     from dsdprof.report.rollout import replay_check, replay_summary
 
@@ -336,6 +340,12 @@ def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model) -> Non
         s.add_row(x["variant"], fmt_number(x["measured_s"], 2), *cells,
                   *([f"{x['fit_in_90'] * 100:.0f} %"] if model else []))
     console.print(s)
+    if plot is not None:
+        from dsdprof.report.plots import require_matplotlib
+        from dsdprof.report.rollout_plots import plot_replay_check
+
+        require_matplotlib()
+        console.print(f"wrote {plot_replay_check(chk.rows, plot, force=force)}")
 
 
 def register(app: typer.Typer) -> None:

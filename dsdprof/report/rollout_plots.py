@@ -98,3 +98,35 @@ def plot_rollout_run(
     if not serving_summary(df).empty:
         written.append(plot_serving(df, out_dir / f"{prefix}-serving.png", force=force))
     return written
+
+
+def plot_replay_check(rows: pd.DataFrame, path: Path, title: str = "", force: bool = False) -> Path:
+    """Predicted against measured makespan, one point per measured rollout (a :class:`ReplayCheck`'s
+    rows): filled, the fitted model (when present); hollow, the table's grid; the band is +-5 %."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fixed = sorted(v for v in rows["variant"].unique() if str(v).startswith("fixed-"))
+    fig, ax = plt.subplots(figsize=(5.6, 5))
+    lo = min(rows["measured_s"].min(), rows["predicted_raw_s"].min()) * 0.9
+    hi = max(rows["measured_s"].max(), rows["predicted_raw_s"].max()) * 1.1
+    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.95, hi * 0.95], [lo * 1.05, hi * 1.05], color="grey", alpha=0.2,
+                    label="+-5 %")
+    has_fit = "predicted_fit_s" in rows and rows["predicted_fit_s"].notna().any()
+    for v, sub in rows.groupby("variant", sort=False):
+        c = _color(str(v), fixed)
+        ax.scatter(sub["measured_s"], sub["predicted_raw_s"], facecolors="none", edgecolors=c, s=36,
+                   label=f"{v} table" if not has_fit else None)
+        if has_fit:
+            ax.scatter(sub["measured_s"], sub["predicted_fit_s"], color=c, s=36, label=f"{v} fitted")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured makespan s")
+    ax.set_ylabel("predicted makespan s (hollow: table's grid)")
+    ax.set_title(title or "replay against the measured rollouts", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path, force)

@@ -83,9 +83,10 @@ def test_held_out_lengths_and_rates_end_to_end(setup):
     assert r.exit_code == 0, r.output + r.stderr
     assert "fixed-2" in r.output and "fitted on" in r.output
     r = runner.invoke(app, ["replay", str(tmp / "run"), str(tmp / "table.json"), "--fit", str(tmp / "run"),
-                            "--runs", "5"])
+                            "--runs", "5", "--plot", str(tmp / "replay.png")])
     assert r.exit_code == 0, r.output + r.stderr
     assert "fitcal" in r.output and "mean over repeats" in r.output
+    assert (tmp / "replay.png").read_bytes()[:4] == b"\x89PNG"
     assert len(started) == 1
 
 
