@@ -256,8 +256,8 @@ def latency_seconds(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_
     * per decoder layer: ``layer_overhead_s`` (norms, activations, rotary, KV writes, small-kernel
       launch latency; what vLLM/SGLang do not fuse away) × layers;
     * per MoE layer: ``moe_layer_overhead_s`` (router GEMM, top-k, token permute / combine);
-    * per MLA layer: ``mla_layer_overhead_s`` (latent-attention decode: low-rank q / kv projections
-      with their norms, the absorbed per-head W_UK / W_UV batched GEMMs, rotary, the MLA kernel);
+    * per MLA layer: ``mla_layer_overhead_s`` (latent-attention decode on pre-FlashMLA kernels or
+      on H20, see ``fidelity.legacy_mla``; 0 in the catalog for current kernels elsewhere);
     * per token: ``token_overhead_s`` × layers × hidden / 4096 (the elementwise work outside the
       GEMM roofline: norms, activations, rotary, quantization of activations, KV writes; it makes
       a memory-bound step grow smoothly with the tokens in it);
