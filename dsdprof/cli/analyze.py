@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -28,7 +27,7 @@ def analysis_json(result) -> str:
         "intervals_known": result.intervals_known, "undecided": result.undecided,
         "optimal": json.loads(result.optimal.to_json(orient="records")),
         "cells": json.loads(cells.to_json(orient="records")),
-        "coverage": None if result.coverage is None else dataclasses.asdict(result.coverage),
+        "coverage": None if result.coverage is None else result.coverage.record(),
         "provenance": {k: str(v) for k, v in result.provenance.items()},
         "synthetic_truth": _truth_records(result),
     }, indent=2)

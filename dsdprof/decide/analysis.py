@@ -29,7 +29,7 @@ from dsdprof.decide.chain import (CHAIN_METHODS, chain_check, fractions_at, shar
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
 from dsdprof.decide.bootstrap import batch_replicates, check_confidence
 from dsdprof.decide.speedup import speedup_estimate
-from dsdprof.decide.vanilla import vanilla_columns  # vanilla_gain*, vanilla_faster: see that module
+from dsdprof.decide.vanilla import vanilla_columns, vanilla_records  # vanilla_gain*, vanilla_faster
 from dsdprof.decide.rule import (SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, decision_family,
                                  margin, regret_bound)
 from dsdprof.errors import InputError
@@ -39,10 +39,8 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.io.readers import validate_measurements
 from dsdprof.io.checked import CheckedRun, check_run
 from dsdprof.io.runs import Coverage, Run, open_run
-from dsdprof.io.readers import (mixed_provenance as mixed_provenance, read_measurements as read_measurements,
-                                read_provenance as read_provenance)  # re-exported: user code imports them
-from dsdprof.io.runs import (check_pooled_runs as check_pooled_runs, coverage as coverage,
-                             refuse_validate_run as refuse_validate_run)  # re-exported
+from dsdprof.io.readers import (read_measurements as read_measurements,  # re-exported: the notebook
+                                read_provenance as read_provenance)  # (notebooks/) imports them
 
 
 @dataclass(frozen=True)
@@ -79,34 +77,28 @@ class Analysis:
     warnings: tuple[str, ...] = ()  # what a reader must know about these numbers (e.g. unknown intervals)
     family: int = 1  # batch sizes decided together: each at 1 - (1 - confidence) / family (Bonferroni)
     truth: pd.DataFrame | None = None  # synthetic acceptance: measured AL vs the rates' (decide/truth.py)
+    # derived when made (plain data: a reader such as export calls nothing back here)
+    shape: str = field(init=False)  # moe-like (K* rises beyond its intervals) | flat | dense-like
+    candidate_ks: list[int] = field(init=False)
+    undecided: list[int] = field(init=False)  # batch sizes whose K the data do not separate
+    intervals_known: bool = field(init=False)
+    points: list[tuple[int, int]] = field(init=False)  # (batch size, K served) per row of optimal
+    vanilla_faster: list[dict[str, Any]] = field(init=False)  # the table's records (decide/vanilla.py)
 
-    @property
-    def shape(self) -> str:
-        """``moe-like`` when K* rises with batch size beyond its intervals, ``flat`` when one K
-        serves every batch size, else ``dense-like`` (non-increasing)."""
-        if self.curve:
-            return self.curve
-        return SHAPE_DENSE if self.monotonic else SHAPE_MOE
-
-    @property
-    def candidate_ks(self) -> list[int]:
-        return sorted(int(k) for k in self.cells["num_spec_tokens"].unique())
-
-    @property
-    def undecided(self) -> list[int]:
-        """Batch sizes whose K the data do not separate at the stated confidence."""
-        if "decided" not in self.optimal.columns:
-            return []
-        return [int(b) for b, d in zip(self.optimal["batch_size"], self.optimal["decided"]) if not d]
-
-    @property
-    def intervals_known(self) -> bool:
-        return "interval_known" in self.optimal.columns and bool(self.optimal["interval_known"].all())
+    def __post_init__(self) -> None:
+        opt = self.optimal
+        derived: dict[str, Any] = {"shape": self.curve or (SHAPE_DENSE if self.monotonic else SHAPE_MOE)}
+        derived["candidate_ks"] = sorted(int(k) for k in self.cells["num_spec_tokens"].unique())
+        derived["undecided"] = ([int(b) for b, d in zip(opt["batch_size"], opt["decided"]) if not d]
+                                if "decided" in opt.columns else [])
+        derived["intervals_known"] = "interval_known" in opt.columns and bool(opt["interval_known"].all())
+        derived["points"] = ([(int(b), int(k)) for b, k in zip(opt["batch_size"], opt["k"])]
+                             if "k" in opt.columns else [])
+        derived["vanilla_faster"] = vanilla_records(opt)
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
 
-# ----------------------------------------------------------------------------- loading
-
-# ----------------------------------------------------------------------------- analysis
 
 def _per_pos_median(lists: list[Any]) -> list[float]:
     rows = [np.asarray(v, dtype=float).ravel() for v in lists if v is not None and np.size(v) > 0]
@@ -375,18 +367,14 @@ def analyze_path(path: str | Path | Run | CheckedRun, tolerance: float = DEFAULT
     then the provenance names every value of a mixed field (``"A100 | H100"``) and the runs pooled.
     A validate run is refused (it is no sweep). ``coverage`` names the grid cells with no number.
     ``options`` go to :func:`analyze`."""
-    from dsdprof.decide.truth import synthetic_truth  # None unless the run's acceptance was synthetic
+    from dsdprof.decide.truth import truth_rows  # synthetic acceptance: the rates' AL beside the measured
 
     run = path if isinstance(path, CheckedRun) else check_run(
         path if isinstance(path, Run) else open_run(path), "analyze", allow_mixed, by_context=False)
-    prov = run.provenance
-    result = analyze(run.rows, tolerance=tolerance, provenance=prov, valid=run.valid, **options)
-    return dataclasses.replace(result, coverage=run.coverage, truth=synthetic_truth(run.rows, prov))
-
-
-def run_provenance(path: str | Path | Run, df: pd.DataFrame | None = None) -> dict[str, Any]:
-    """A run's provenance (:meth:`dsdprof.io.runs.Run.run_provenance`; ``df``: no longer needed)."""
-    return open_run(path).run_provenance()
+    result = analyze(run.rows, tolerance=tolerance, provenance=run.provenance, valid=run.valid, **options)
+    rates = run.synthetic_rates
+    truth = truth_rows(run.rows, rates) if rates is not None and not run.rows.empty else None
+    return dataclasses.replace(result, coverage=run.coverage, truth=truth)
 
 
 def fixed_k_summary(analysis: Analysis) -> pd.DataFrame:

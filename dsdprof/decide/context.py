@@ -39,20 +39,16 @@ class ContextAnalysis:
     slices: dict[int, Analysis]
     skipped: dict[int, str] = field(default_factory=dict)
     coverage: dict[int, Coverage] = field(default_factory=dict)
+    # derived when made (plain data: a reader such as export calls nothing back here)
+    gaps: dict[int, Coverage] = field(init=False)  # contexts whose grid has cells with no ok row
+    contexts: list[int] = field(init=False)  # the measured contexts, ascending
+    default_context: int = field(init=False)  # answers when no context is known: the shortest measured
 
-    @property
-    def gaps(self) -> dict[int, Coverage]:
-        """Contexts whose grid has batch sizes or cells with no ok row (failed or not run)."""
-        return {c: cov for c, cov in sorted(self.coverage.items()) if not cov.complete}
-
-    @property
-    def contexts(self) -> list[int]:
-        return sorted(self.slices)
-
-    @property
-    def default_context(self) -> int:
-        """The context whose table answers when no context is known: the shortest measured."""
-        return self.contexts[0]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gaps", {c: cov for c, cov in sorted(self.coverage.items())
+                                          if not cov.complete})
+        object.__setattr__(self, "contexts", sorted(self.slices))
+        object.__setattr__(self, "default_context", self.contexts[0] if self.contexts else 0)
 
     def optimal(self) -> pd.DataFrame:
         """Every slice's ``optimal`` with a ``context_len`` column first."""

@@ -1,6 +1,7 @@
 """The K rule with intervals, and the curve's shape.
 
-:func:`decide_batch` applies :func:`dsdprof.formats.ktable.choose_k` to bootstrap intervals (a
+:func:`decide_batch` applies the K rule of :func:`dsdprof.formats.ktable.choose_k` (here
+:func:`rule_index`, the same comparison over arrays) to bootstrap intervals (a
 smaller K replaces the best only when the lower end of its goodput ratio clears the tolerance);
 :func:`contenders`, :func:`margin` and :func:`regret_bound` say how sure that is; :func:`curve`
 and :func:`significant_rise` label K*(batch size) dense-like or MoE-like. The intervals come from
@@ -17,7 +18,6 @@ import numpy as np
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE
 from dsdprof.decide.bootstrap import BatchReplicates, at_confidence, interval
-from dsdprof.formats.ktable import choose_k
 
 SHAPE_MOE, SHAPE_DENSE, SHAPE_FLAT = "moe-like", "dense-like", "flat"
 
@@ -53,6 +53,12 @@ def rule_index(ratio: np.ndarray, tolerance: float) -> np.ndarray:
     return np.argmax(ratio >= 1.0 - tolerance - 1e-12, axis=-1)
 
 
+def point_rule(ks: list[int], ratio: dict[int, float], tolerance: float) -> int:
+    """The K rule on point estimates (:func:`dsdprof.formats.ktable.choose_k` on goodput ratios to
+    the best; ``ks`` ascending): :func:`rule_index` on one row."""
+    return ks[int(rule_index(np.array([ratio[k] for k in ks]), tolerance))]
+
+
 def _to_best(g: np.ndarray) -> np.ndarray:
     """Per replicate, goodput of each K / the best K's goodput in that replicate."""
     return g / g.max(axis=1, keepdims=True)
@@ -76,10 +82,10 @@ def decide_batch(rep: BatchReplicates, tolerance: float, confidence: float, fami
     ratio = {k: float(g[i] / g[best]) for i, k in enumerate(ks)}
     floor = 1.0 - tolerance
     if not rep.known:
-        k = choose_k(ratio, tolerance)
+        k = point_rule(ks, ratio, tolerance)
         return Decision(rep.batch_size, k, ks[best], tuple(ks), False, False, ratio)
     if rep.exact:
-        k = choose_k(ratio, tolerance)
+        k = point_rule(ks, ratio, tolerance)
         return Decision(rep.batch_size, k, ks[best], (k,), True, True, ratio, dict(ratio), dict(ratio))
     lo, hi = interval(_to_best(_replicate_goodput(rep)), confidence)
     chosen = min((i for i in range(best) if lo[i] >= floor - 1e-12), default=best)

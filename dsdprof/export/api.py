@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import validate_table
+from dsdprof.formats.ktable import context_buckets, ranges_from_points, validate_table
+from dsdprof.formats.provenance import is_synthetic
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.io.runs import Run
 
@@ -55,11 +56,13 @@ def partial_run_error(coverage: Any, source: str | Path) -> InputError | None:
                       "whose K there comes from the measured neighbours (recorded in the table)")
 
 
-def synthetic_warning(provenance: dict[str, Any]) -> str:
-    """A run with synthetic acceptance ([engine] synthetic_acceptance_rates) says so ("" otherwise)."""
-    from dsdprof.measure.vllm.synthetic import is_synthetic
-
-    if not is_synthetic(provenance):
+def synthetic_warning(provenance: dict[str, Any], synthetic: bool | None = None) -> str:
+    """A run with synthetic acceptance ([engine] synthetic_acceptance_rates) says so ("" otherwise).
+    ``synthetic``: whether it has (:attr:`dsdprof.io.checked.CheckedRun.synthetic`; else read from
+    ``provenance``)."""
+    if synthetic is None:
+        synthetic = is_synthetic(provenance)
+    if not synthetic:
         return ""
     note = str(provenance.get("extra_acceptance", "")).removeprefix("synthetic: ")
     return (f"synthetic acceptance ({note}): the table's K follows the configured rates, not a draft model "
@@ -74,10 +77,19 @@ def table_from_source(source: str | Path | Run, tolerance: float = DEFAULT_TOLER
     provenance names (default: the run's path). A run whose grid (from its manifest) has batch
     sizes or Ks with no ok cell is refused unless ``allow_partial``; then the table's provenance
     records the gaps (``partial``)."""
+    table, warnings = _table(source, tolerance, allow_mixed, label, allow_partial)
+    return validate_table(table), warnings
+
+
+def _table(source: str | Path | Run, tolerance: float, allow_mixed: bool, label: str | None,
+           allow_partial: bool) -> tuple[KTable, list[str]]:
+    """:func:`table_from_source`, a run's table not validated yet. The path runs one way: the run
+    opened and checked (``io``), analysed (``decide``), its K ranges (``formats``), then the
+    document built here from plain data; the caller validates it last."""
     from dsdprof.decide.analysis import analyze_path
     from dsdprof.decide.context import analyze_contexts_path
     from dsdprof.export.context import end_at_last_measured
-    from dsdprof.export.table import build_table, load_table
+    from dsdprof.export.table import load_table, table_document
     from dsdprof.io.checked import check_run
     from dsdprof.io.runs import open_run
 
@@ -88,10 +100,16 @@ def table_from_source(source: str | Path | Run, tolerance: float = DEFAULT_TOLER
     checked = check_run(run, "export", allow_mixed)  # every refusal and read before the analysis
     if checked.contexts is not None:  # a context sweep: a dsdprof.ktable/v3 table
         by_context = analyze_contexts_path(checked, tolerance=tolerance)
-        return _context_table(by_context, run, label, allow_partial)
+        assert by_context is not None  # the checked run has a context axis
+        by_slice: dict[int, list[list[int]]] = {}
+        for c in by_context.contexts:  # a loop, not a comprehension: formats only, right after decide
+            by_slice[c] = ranges_from_points(by_context.slices[c].points)
+        edges = context_buckets(by_context.contexts)
+        return _context_table(by_context, by_slice, edges, run, label, allow_partial)
     result = analyze_path(checked, tolerance=tolerance)
-    warnings = [w for w in [below_baseline_warning(result.optimal), synthetic_warning(result.provenance)]
-                if w]
+    ranges = ranges_from_points(result.points)  # the table's K ranges (formats), before building it
+    warnings = [w for w in [below_baseline_warning(result.optimal),
+                            synthetic_warning(result.provenance, checked.synthetic)] if w]
     cov = checked.coverage
     assert cov is not None  # check_run computes it on the batch-size path of a command
     if (err := partial_run_error(cov, source)) is not None:
@@ -101,8 +119,7 @@ def table_from_source(source: str | Path | Run, tolerance: float = DEFAULT_TOLER
                         "neighbours (the table's provenance.partial says so)")
         result.provenance["partial"] = cov.describe()
     rows = None if "acceptance_per_pos" in result.cells.columns else run.rows
-    table = validate_table(end_at_last_measured(build_table(result, source=label or str(source), rows=rows),
-                                                cov))
+    table = end_at_last_measured(table_document(result, ranges, source=label or str(source), rows=rows), cov)
     if not table.get("acceptance_per_pos"):
         warnings.append("the measurements have no per-position acceptance: the table serves statically but "
                         "AdaptiveKSelector cannot use it")
@@ -129,9 +146,11 @@ def partial_context_error(by_context: Any, source: str | Path) -> InputError | N
                       "records the gaps)")
 
 
-def _context_table(by_context: Any, run: Run, label: str | None,
-                   allow_partial: bool = False) -> tuple[KTable, list[str]]:
-    from dsdprof.export.context import build_context_table, gap_line
+def _context_table(by_context: Any, ranges: dict[int, list[list[int]]], edges: list[int], run: Run,
+                   label: str | None, allow_partial: bool = False) -> tuple[KTable, list[str]]:
+    """The v3 table of a context sweep, not validated yet (``ranges`` per slice and the buckets'
+    ``edges``: :func:`dsdprof.export.context.context_document`)."""
+    from dsdprof.export.context import context_document, gap_line
 
     source = run.path
 
@@ -144,10 +163,10 @@ def _context_table(by_context: Any, run: Run, label: str | None,
         warnings.append(f"partial context sweep: {gaps}; each slice ends at its last measured batch size "
                         "(contexts[i].partial and provenance.partial record the gaps)")
     warnings += [f"context {c}: no slice ({why})" for c, why in sorted(by_context.skipped.items())]
-    table = build_context_table(by_context, source=label or str(source), rows=run.rows)
+    table = context_document(by_context, ranges, edges, source=label or str(source), rows=run.rows)
     if gaps:
         table["provenance"] = dict(table.get("provenance") or {}, partial=gaps)
-    return validate_table(table), warnings
+    return table, warnings
 
 
 def format_table(table: KTable, fmt: str) -> ExportDocument:
@@ -181,7 +200,9 @@ def export_document(source: str | Path | Run, fmt: str = "table", tolerance: flo
 
     if fmt not in EXPORT_FORMATS:
         raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
-    table, warnings = table_from_source(source, tolerance, allow_mixed, allow_partial=allow_partial)
+    table, warnings = _table(source, tolerance, allow_mixed, None, allow_partial)
+    if fmt != "table" or context is not None:  # the table every other document is cut from
+        table = validate_table(table)
     if table.get("contexts") and (fmt != "table" or context is not None):
         warnings = warnings + [w for w in [context_notice(table, context)] if w]
         table = slice_for_context(table, context if context is not None else int(table["default_context"]))
@@ -192,7 +213,10 @@ def export_document(source: str | Path | Run, fmt: str = "table", tolerance: flo
     if fmt != "table":  # the per-position note concerns the portable table only
         warnings = [w for w in warnings if "per-position" not in w]
     out = format_table(table, fmt)
-    return ExportDocument(out.doc, out.check, warnings + out.warnings)
+    document = ExportDocument(out.doc, out.check, warnings + out.warnings)
+    if fmt == "table" and context is None:
+        validate_table(table)  # last: the path calls back nowhere after it
+    return document
 
 
 def optional_vllm_config(table: KTable) -> dict[str, Any] | None:

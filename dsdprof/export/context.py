@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import SLICE_KEYS as _SLICE_KEYS, context_buckets, context_slice, validate_table
+from dsdprof.formats.ktable import (SLICE_KEYS as _SLICE_KEYS, context_buckets, context_slice,
+                                    ranges_from_points, validate_table)
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import TABLE_SCHEMA_V3
 
@@ -24,18 +25,26 @@ CONTEXT_INTERPOLATION = "nearest-log"
 
 def build_context_table(result: Any, source: str = "", rows: Any = None) -> KTable:
     """``dsdprof.ktable/v3`` from a :class:`dsdprof.decide.context.ContextAnalysis` (``rows``: the
-    run's rows, for per-position acceptance when the analyses lack it)."""
-    from dsdprof.export.table import build_table
+    run's rows, for per-position acceptance when the analyses lack it), validated."""
+    ranges = {c: ranges_from_points(result.slices[c].points) for c in result.contexts}
+    return validate_table(context_document(result, ranges, context_buckets(result.contexts), source, rows))
+
+
+def context_document(result: Any, ranges: dict[int, list[list[int]]], edges: list[int], source: str = "",
+                     rows: Any = None) -> KTable:
+    """:func:`build_context_table` before its validation, each slice's ``ranges`` and the buckets'
+    ``edges`` (:func:`context_buckets`) given: the export path builds the document from plain
+    data, calling nothing back, and validates it last."""
+    from dsdprof.export.table import table_document
 
     contexts = result.contexts
-    edges = context_buckets(contexts)
     slices: list[dict[str, Any]] = []
     tables: dict[int, KTable] = {}
     for c, top in zip(contexts, edges):
         part = None
         if rows is not None and "context_len" in rows.columns:
             part = rows[rows["context_len"] == c]
-        tables[c] = build_table(result.slices[c], source=source, rows=part)
+        tables[c] = table_document(result.slices[c], ranges[c], source=source, rows=part)
         cov = getattr(result, "coverage", {}).get(c)
         end_at_last_measured(tables[c], cov)
         sl: dict[str, Any] = {"max_context": int(top), "context_len": int(c), "num_speculative_tokens":
@@ -51,7 +60,7 @@ def build_context_table(result: Any, source: str = "", rows: Any = None) -> KTab
                num_speculative_tokens=max(sl["num_speculative_tokens"] for sl in slices))
     if result.skipped:
         doc["contexts_skipped"] = {str(c): why for c, why in sorted(result.skipped.items())}
-    return validate_table(doc)
+    return cast(KTable, doc)
 
 
 def gap_line(cov: Any) -> str:

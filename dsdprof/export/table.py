@@ -22,10 +22,10 @@ from datetime import datetime, UTC
 from pathlib import Path
 from statistics import median
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from dsdprof import __version__
-from dsdprof.decide.vanilla import gap_text, vanilla_records
+from dsdprof.decide.vanilla import gap_text
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import (INTERPOLATION, TableError, ranges_from_points, read_table_file,
                                     validate_num_speculative_tokens, validate_ranges, validate_table)
@@ -104,14 +104,21 @@ def profiled_acceptance(per_cell: dict[tuple[int, int], list[float]]) -> list[fl
 
 
 def build_table(analysis: Any, source: str = "", rows: Any = None) -> KTable:
-    """``dsdprof.ktable/v2`` document from an :class:`dsdprof.decide.analysis.Analysis`.
+    """``dsdprof.ktable/v2`` document from an :class:`dsdprof.decide.analysis.Analysis`, validated.
 
     Per-position acceptance comes from ``analysis.cells["acceptance_per_pos"]`` when the analysis
     has it, else from the raw measurement ``rows`` (a DataFrame) when given; without either the
     table has no ``acceptance_per_pos`` (it still serves statically, but not adaptively).
     """
+    points = [(int(b), int(k)) for b, k in zip(analysis.optimal["batch_size"], analysis.optimal["k"])]
+    return validate_table(table_document(analysis, ranges_from_points(points), source, rows))
+
+
+def table_document(analysis: Any, ranges: list[list[int]], source: str = "", rows: Any = None) -> KTable:
+    """:func:`build_table` before its validation, ``ranges`` given (``ranges_from_points`` of the
+    analysis' points): the export path builds the document from plain data, calling nothing back,
+    and validates it last."""
     opt = analysis.optimal
-    ranges = ranges_from_points([(int(b), int(k)) for b, k in zip(opt["batch_size"], opt["k"])])
     speedup_cols = [c for c in opt.columns if c.startswith("speedup_vs_k")]
     optional = [c for c in OPTIONAL_POINT_FIELDS if c in opt.columns]
     points = []
@@ -163,10 +170,10 @@ def build_table(analysis: Any, source: str = "", rows: Any = None) -> KTable:
         "acceptance_per_pos": profiled_acceptance(per_cell) or None,
         "provenance": prov,
     }
-    vanilla = vanilla_records(opt)  # where no speculation beat every K beyond its interval
-    if vanilla:
+    # where no speculation beat every K beyond its interval (an analysis-like object without them: none)
+    if vanilla := getattr(analysis, "vanilla_faster", None):
         doc["vanilla_faster"] = vanilla
-    return validate_table(doc)
+    return cast(KTable, doc)
 
 
 def vanilla_warning(table: Mapping[str, Any], engine: str = "vLLM") -> str | None:

@@ -351,7 +351,8 @@ def k_for_batch_size(ranges: list[list[int]], batch_size: int) -> int:
 def choose_k(goodput_by_k: dict[int, float], tolerance: float, slack: float = 1e-12) -> int:
     """The K rule on point estimates: the smallest K whose goodput is within ``tolerance``
     (relative) of the best. Every K a table holds was chosen by this rule -- with intervals by
-    :func:`dsdprof.decide.rule.decide_batch` (the same rule on the interval's lower end),
+    :func:`dsdprof.decide.rule.decide_batch` (the same comparison, ``rule_index``, on the points and
+    on the interval's lower end; tests/decide check they agree),
     vectorised over a whole grid by ``optimal_k`` in ``tests/support/sim_grid.py``, live by
     :mod:`dsdprof.serve.adaptive`."""
     best = max(goodput_by_k.values())

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dsdprof.errors import InputError
+from dsdprof.formats.provenance import is_synthetic, rates_from_provenance
 from dsdprof.io.readers import validate_measurements
 from dsdprof.io.runs import Coverage, Run
 
@@ -30,7 +31,9 @@ class CheckedRun:
 
     ``provenance``: the run's (with the runs pooled on the batch-size path); ``valid``: the
     validated ok rows or the InputError validating them raised; ``contexts``: rows per context
-    (None without a context axis), each with its ``context_coverage`` and ``context_valid``."""
+    (None without a context axis), each with its ``context_coverage`` and ``context_valid``;
+    ``synthetic`` / ``synthetic_rates``: what the provenance says of synthetic acceptance
+    (:mod:`dsdprof.formats.provenance`), derived when made."""
 
     path: Path
     rows: Any
@@ -40,6 +43,12 @@ class CheckedRun:
     contexts: dict[int, Any] | None = None
     context_coverage: dict[int, Coverage] = field(default_factory=dict)
     context_valid: dict[int, Any] = field(default_factory=dict)
+    synthetic: bool = field(init=False)  # the provenance says acceptance was synthetic
+    synthetic_rates: list[float] | None = field(init=False)  # ... and names these rates
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "synthetic", is_synthetic(self.provenance))
+        object.__setattr__(self, "synthetic_rates", rates_from_provenance(self.provenance))
 
 
 def check_run(run: Run, command: str, allow_mixed: bool, by_context: bool = True) -> CheckedRun:

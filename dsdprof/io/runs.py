@@ -18,7 +18,7 @@ that answers all of these without reading a file again; ``decide``, ``export``, 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -190,10 +190,14 @@ class Coverage:
     missing_cells: tuple[tuple[int, int], ...] = ()
     grid_from: str = "manifest"
     first_error: str = ""  # the first failed cell's error at a missing batch size or cell
+    complete: bool = field(init=False)  # no gap (plain data: derived when made)
 
-    @property
-    def complete(self) -> bool:
-        return not self.missing_batch_sizes and not self.missing_cells
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "complete", not self.missing_batch_sizes and not self.missing_cells)
+
+    def record(self) -> dict[str, Any]:
+        """The fields it was made of (what ``analyze --json`` writes; ``complete`` derives from them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
     def describe(self) -> str:
         """One line naming the gaps ("" when complete)."""

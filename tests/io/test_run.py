@@ -33,7 +33,10 @@ def runs(tmp_path_factory):
 
 
 def _opens(monkeypatch, root: Path) -> Counter:
-    """Count reads of files under ``root`` (bytes, text, Parquet footers and bodies)."""
+    """Count reads of files under ``root`` (bytes, text, ``open``, Parquet footers and bodies)."""
+    import builtins
+
+    import pandas as pd
     import pyarrow.parquet as pq
 
     opens: Counter = Counter()
@@ -48,9 +51,47 @@ def _opens(monkeypatch, root: Path) -> Counter:
             return real(*args, **kwargs)
         monkeypatch.setattr(owner, name, inner)
 
-    for owner, name in ((Path, "read_bytes"), (Path, "read_text"), (pq, "read_schema"), (pq, "read_table")):
+    for owner, name in ((Path, "read_bytes"), (Path, "read_text"), (pq, "read_schema"), (pq, "read_table"),
+                        (pq, "ParquetFile"), (pd, "read_parquet"), (builtins, "open")):
         wrap(owner, name)
     return opens
+
+
+def test_the_read_counter_counts_a_second_read(runs, monkeypatch):
+    # the counter itself can disagree: a file read twice counts 2
+    opens = _opens(monkeypatch, runs / "sweep")
+    for _ in range(2):
+        (runs / "sweep" / MANIFEST_NAME).read_text()
+    with open(runs / "sweep" / MANIFEST_NAME) as fh:
+        fh.read()
+    assert opens[MANIFEST_NAME] == 3
+
+
+@pytest.mark.parametrize("name", ["sweep", "ctx"])
+@pytest.mark.parametrize("command", [["analyze"], ["analyze", "--json"], ["export"],
+                                     ["export", "--format", "vllm"]])
+def test_each_command_reads_each_file_of_the_run_once(runs, monkeypatch, name, command):
+    """``dsdprof analyze`` and ``dsdprof export`` each read every Parquet part and manifest of a
+    run exactly once (the run opened once: :func:`dsdprof.io.runs.open_run`)."""
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    run = runs / name
+    files = sorted(p.name for p in run.glob("*.parquet")) + [MANIFEST_NAME]
+    opens = _opens(monkeypatch, run)
+    res = CliRunner().invoke(app, [command[0], str(run), *command[1:]])
+    assert res.exit_code == 0, res.output
+    assert dict(opens) == {f: 1 for f in files}
+
+
+def test_export_reads_a_table_file_once(runs, tmp_path, monkeypatch):
+    """A table JSON given to ``export`` is read once (read, parsed and validated in one pass)."""
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps(export_document(runs / "sweep", "table").doc))
+    opens = _opens(monkeypatch, tmp_path)
+    export_document(table, "vllm")
+    assert dict(opens) == {"t.json": 1}
 
 
 @pytest.mark.parametrize("name", ["sweep", "ctx"])

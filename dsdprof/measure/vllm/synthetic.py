@@ -14,10 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
+# the provenance entry's format (written by acceptance_provenance), re-exported: one home in formats
+from dsdprof.formats.provenance import (ACCEPTANCE_KEY as ACCEPTANCE_KEY,
+                                        SYNTHETIC_PREFIX as SYNTHETIC_PREFIX,
+                                        acceptance_provenance as acceptance_provenance,
+                                        is_synthetic as is_synthetic,
+                                        rates_from_provenance as rates_from_provenance)
+
 # dsdprof.plugins.vllm_synthetic_cpu imports torch and vLLM: named here, imported by vLLM's worker.
 EXTENSION_QUALNAME = "dsdprof.plugins.vllm_synthetic_cpu.SyntheticAcceptanceCPU"
-ACCEPTANCE_KEY = "acceptance"  # provenance key (stored as ``extra_acceptance``)
-SYNTHETIC_PREFIX = "synthetic"
 
 
 def implied_acceptance_length(rates: list[float], k: int) -> float:
@@ -37,32 +42,3 @@ def engine_kwargs(rates: list[float] | None, on_gpu: bool) -> dict[str, Any]:
     if rates is None or on_gpu:
         return {}
     return {"worker_extension_cls": EXTENSION_QUALNAME}
-
-
-def acceptance_provenance(rates: list[float] | None) -> dict[str, str]:
-    """The run's provenance entry under synthetic acceptance ({} when acceptance is measured)."""
-    if rates is None:
-        return {}
-    return {ACCEPTANCE_KEY: f"{SYNTHETIC_PREFIX}: vLLM rejection_sample_method='synthetic', "
-                            f"synthetic_acceptance_rates={list(rates)}; acceptance configured, not measured "
-                            "(step times only)"}
-
-
-def rates_from_provenance(provenance: dict[str, Any]) -> list[float] | None:
-    """The synthetic rates a run's provenance names (:func:`acceptance_provenance`), else None."""
-    import json
-    import re
-
-    if not is_synthetic(provenance):
-        return None
-    found = re.search(r"synthetic_acceptance_rates=(\[[^\]]*\])", str(provenance["extra_" + ACCEPTANCE_KEY]))
-    try:
-        rates = json.loads(found.group(1)) if found else None
-    except ValueError:
-        return None
-    return [float(r) for r in rates] if isinstance(rates, list) and rates else None
-
-
-def is_synthetic(provenance: dict[str, Any]) -> bool:
-    """Whether a run's (or table's) provenance says its acceptance was synthetic."""
-    return str(provenance.get("extra_" + ACCEPTANCE_KEY, "")).startswith(SYNTHETIC_PREFIX)
