@@ -42,8 +42,8 @@ class Efficiency:
     Defaults: the priors fitted on the published points of ``benchmarks/fidelity_points.toml``
     (``python benchmarks/sim_fidelity.py`` prints the fit and its leave-one-out error; the test
     ``tests/measure/sim/test_sim_fidelity.py`` fails if they drift from a refit). ``compute`` is not
-    determined by those decode points and stays at its prior. The per-expert latency fits to
-    about 0.3 us (the MoE points are explained by expert streaming plus the per-layer,
+    determined by those decode points and stays at its prior. The per-expert latency fits to 0
+    on the current points (the MoE points are explained by expert streaming plus the per-layer,
     per-MoE-layer and per-token terms). The MLA term is what DeepSeek on pre-FlashMLA kernels
     (SGLang 0.4.1) and on H20 needs beyond the rest (about 0.4 ms per layer); current kernels on
     other GPUs pay none (``fidelity.legacy_mla``), so the default is 0 and the H20 entry carries it. The step
@@ -51,19 +51,19 @@ class Efficiency:
     (:data:`OVERLAP_STEP_OVERHEAD_S`), as its overlap scheduler hides the CPU work.
     """
 
-    bandwidth: float = 0.817  # fitted, shared; catalog GPUs with points carry their own (below)
+    bandwidth: float = 0.825  # fitted, shared; catalog GPUs with points carry their own (below)
     compute: float = 0.70  # prior: H200 8192^3 bf16 790 of 989 TFLOP/s = 0.80 at best; decode GEMMs less
-    step_overhead_s: float = 1.238e-3  # fitted (vLLM points): scheduler, sampling, input prep per step
+    step_overhead_s: float = 1.207e-3  # fitted (vLLM points): scheduler, sampling, input prep per step
     # fitted (EAGLE: vLLM K sweep, vLLM V1 EAGLE-1): per draft forward pass
     draft_step_overhead_s: float = 0.699e-3
-    dsd_overhead_s: float = 0.878e-3  # fitted (EAGLE): drafter bookkeeping paid even at K=0
-    layer_overhead_s: float = 38.3e-6  # fitted: per decoder layer per forward pass (unfused small kernels)
-    moe_layer_overhead_s: float = 23.5e-6  # fitted: per MoE layer per forward pass (router, top-k, permute)
-    expert_overhead_s: float = 0.285e-6  # fitted: per distinct expert per MoE layer (latency-bound GEMM)
+    dsd_overhead_s: float = 0.885e-3  # fitted (EAGLE): drafter bookkeeping paid even at K=0
+    layer_overhead_s: float = 40.0e-6  # fitted: per decoder layer per forward pass (unfused small kernels)
+    moe_layer_overhead_s: float = 25.8e-6  # fitted: per MoE layer per forward pass (router, top-k, permute)
+    expert_overhead_s: float = 0.0  # fitted 0: per distinct expert per MoE layer (latency-bound GEMM)
     # per MLA layer per forward: 0 on current (FlashMLA-class) kernels; H20 carries the fitted value of the
     # older kernels (fidelity.legacy_mla, _LEGACY_MLA_S)
     mla_layer_overhead_s: float = 0.0
-    token_overhead_s: float = 0.508e-6  # fitted: per token per layer per 4096 hidden units (elementwise work)
+    token_overhead_s: float = 0.506e-6  # fitted: per token per layer per 4096 hidden units (elementwise work)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Hardware:
     fp32_tflops: float = 0.0  # 0 = half the bf16 rate (TF32 tensor cores)
     cache_mb: float = 0.0
     interconnect_gbs: float = 0.0  # per direction, per device (NVLink / IF / PCIe)
-    allreduce_latency_s: float = 13.5e-6  # fitted: per TP all-reduce (2 per layer), independent of TP
+    allreduce_latency_s: float = 13.2e-6  # fitted: per TP all-reduce (2 per layer), independent of TP
     tile_m: int = 64  # largest GEMM row tile: large token counts are padded to a multiple of it
     min_tile_m: int = 16  # smallest row tile a decode GEMM uses (see dsdprof.measure.sim.model.padded)
     fp4_tflops: float = 0.0  # 0 = no FP4 tensor cores: W4A4 GEMMs run at the fp8 (else bf16) rate
@@ -114,7 +114,7 @@ class Hardware:
 # efficiency is per GPU where the suite has points (a log multiplier on the shared value, pulled
 # towards it; dsdprof/measure/sim/fidelity.py): H100 SXM (22 scored points: Llama-3.1-8B incl. two EAGLE
 # sweeps, Llama-3.3-70B FP8 TP 2, Llama-3-70B TP 4, Mixtral TP 2, Qwen3-30B-A3B TP 2, gpt-oss-20b),
-# MI300X (16: Llama-3.1-70B/405B FP8 TP 8, BS 1-128), H200 SXM (8: DeepSeek-V3/R1 FP8 TP 8, vLLM nightly),
+# MI300X (16: Llama-3.1-70B/405B FP8 TP 8, BS 1-128), H200 SXM (10: DeepSeek-V3/R1 FP8 TP 8, vLLM nightly),
 # A100 80GB (3), A100 40GB (1), H20 (1). The per-GPU compute efficiency multipliers the fit also
 # has stay at the 0.70 prior. B200, L40S and RTX 4090 have no published point in the suite: they
 # carry the shared fitted values (their own software stacks' overheads are unmeasured here);
@@ -129,7 +129,7 @@ PRIOR_FROM = {"MI325X": "MI300X"}  # GPUs without points that take another catal
 OVERLAP_STEP_OVERHEAD_S = 0.0
 _NVL: float = Hardware.allreduce_latency_s
 _FIT = Efficiency()
-_LEGACY_MLA_S = 404.9e-6  # fitted: per MLA layer on pre-FlashMLA kernels (SGLang 0.4.1; MLA on H20)
+_LEGACY_MLA_S = 413.9e-6  # fitted: per MLA layer on pre-FlashMLA kernels (SGLang 0.4.1; MLA on H20)
 
 
 def _bw(e_bw: float) -> Efficiency:
@@ -146,13 +146,13 @@ _PCIE_GBS, _PCIE_AR = 32.0, 3 * _NVL  # PCIe cards: link GB/s, all-reduce latenc
 # per-tensor cuBLASLt GEMM, reached 0.907 x: docs/lab/gpu-h200.md.) Other GPUs keep 1.0.
 _FP8_HOPPER = round((1550 / 1979) / (790 / 989), 3)  # 0.980
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
-    # datasheet fp8, NVLink 900 GB/s bidir; bandwidth efficiency fitted on 22 H100 points (3.11 TB/s)
+    # datasheet fp8, NVLink 900 GB/s bidir; bandwidth efficiency fitted on 22 H100 points (3.13 TB/s)
     Hardware("H100 SXM", 989, 3.35, 80, fp8_tflops=1979, fp8_compute_ratio=_FP8_HOPPER, cache_mb=50,
-             interconnect_gbs=450, efficiency=_bw(0.928)),
-    # fitted on 8 H200 points (3.79 TB/s; the torch proxy of docs/lab/gpu-h200.md measured its weight GEMMs
+             interconnect_gbs=450, efficiency=_bw(0.934)),
+    # fitted on 10 H200 points (3.88 TB/s; the torch proxy of docs/lab/gpu-h200.md measured its weight GEMMs
     # at 3.76 TB/s = 0.78, independently)
     Hardware("H200 SXM", 989, 4.8, 141, fp8_tflops=1979, fp8_compute_ratio=_FP8_HOPPER, cache_mb=50,
-             interconnect_gbs=450, efficiency=_bw(0.790)),
+             interconnect_gbs=450, efficiency=_bw(0.809)),
     Hardware("B200", 2250, 8.0, 180, fp8_tflops=4500, cache_mb=126, interconnect_gbs=900,
              fp4_tflops=9000),  # datasheet fp8 / fp4 (dense = half the sparse figure), NVLink5
     # datasheet (not in reference.md): H20 148 bf16 / 296 fp8 TFLOP/s dense, 4.0 TB/s HBM3, 96 GB, 60 MB L2,
@@ -163,21 +163,21 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     # term (fidelity.legacy_mla), which current kernels on other GPUs do not pay.
     Hardware("H20", 148, 4.0, 96, fp8_tflops=296, fp8_compute_ratio=_FP8_HOPPER, cache_mb=60,
              interconnect_gbs=450,
-             efficiency=replace(_bw(0.815), mla_layer_overhead_s=_LEGACY_MLA_S)),  # 1 point (DeepSeek-V3.2)
+             efficiency=replace(_bw(0.826), mla_layer_overhead_s=_LEGACY_MLA_S)),  # 1 point (DeepSeek-V3.2)
     Hardware("A100 80GB SXM", 312, 2.039, 80, cache_mb=40, interconnect_gbs=300,
-             efficiency=_bw(0.784)),  # fitted on 3 points (vLLM nightly)
+             efficiency=_bw(0.786)),  # fitted on 3 points (vLLM nightly)
     # datasheet (not in reference.md): A100 40GB SXM 312 bf16 TFLOP/s dense, 1.555 TB/s HBM2, 40 MB L2
     Hardware("A100 40GB SXM", 312, 1.555, 40, cache_mb=40, interconnect_gbs=300,
-             efficiency=_bw(0.875)),  # 1 point (vLLM 0.23, Llama-3.1-8B BS 1)
+             efficiency=_bw(0.879)),  # 1 point (vLLM 0.23, Llama-3.1-8B BS 1)
     Hardware("L40S", 362, 0.864, 48, fp8_tflops=733, interconnect_gbs=_PCIE_GBS,
              allreduce_latency_s=_PCIE_AR),  # datasheet fp8
     # datasheet: 7 IF links x 64 GB/s; bandwidth efficiency fitted on 16 points (vLLM 0.11.1 RC on
-    # ROCm 7, Llama-3.1-70B/405B FP8 TP 8, BS 1-128): 3.84 TB/s
+    # ROCm 7, Llama-3.1-70B/405B FP8 TP 8, BS 1-128): 3.88 TB/s
     Hardware("MI300X", 1307, 5.3, 192, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448,
-             efficiency=_bw(0.725)),
+             efficiency=_bw(0.732)),
     # no point; same CDNA3 die and ROCm stack as MI300X with faster HBM3E: MI300X's fitted efficiency
     Hardware("MI325X", 1307, 6.0, 256, fp8_tflops=2615, cache_mb=256, interconnect_gbs=448,
-             efficiency=_bw(0.725)),
+             efficiency=_bw(0.732)),
     Hardware("RTX 4090", 165, 1.008, 24, fp8_tflops=330, cache_mb=72, interconnect_gbs=_PCIE_GBS,
              allreduce_latency_s=_PCIE_AR),  # FP32-accumulate rates
 )}
@@ -207,7 +207,7 @@ class _HardwareIn(_Strict):
     fp32_tflops: float = Field(0.0, ge=0)
     cache_mb: float = Field(0.0, ge=0)
     interconnect_gbs: float = Field(0.0, ge=0)
-    allreduce_latency_s: float = Field(13.5e-6, ge=0)
+    allreduce_latency_s: float = Field(13.2e-6, ge=0)
     tile_m: int = Field(64, ge=1)
     min_tile_m: int = Field(16, ge=1)
     fp4_tflops: float = Field(0.0, ge=0)
