@@ -30,7 +30,6 @@ length of 0 costs nothing on TensorRT-LLM is not measured here.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,15 +41,6 @@ from dsdprof.formats.ktable import (LAST_RANGE_END, MAX_BATCH_SIZE, MAX_K, Table
 DECODING_TYPES = {"eagle3": "Eagle3", "eagle": "Eagle", "mtp": "MTP", "ngram": "NGram",
                   "draft_model": "DraftTarget"}
 _DRAFT_MODEL_METHODS = ("eagle3", "eagle", "draft_model")
-
-
-def trtllm_draft_len(schedule: dict[int, int] | None, batch_size: int, max_draft_len: int) -> int:
-    """TensorRT-LLM's rule: the value of the smallest key >= ``batch_size``; 0 above every key."""
-    if schedule is None:
-        return max_draft_len
-    keys = sorted(schedule)
-    idx = bisect_left(keys, batch_size)
-    return schedule[keys[idx]] if idx < len(keys) else 0
 
 
 def check_trtllm_schedule(schedule: Any, max_draft_len: Any) -> dict[int, int]:

@@ -123,11 +123,6 @@ def run_kind(path: str | Path, rows: Any = None) -> str:
     return RUN_KIND_VALIDATE if validate_evidence(path, rows) else RUN_KIND_SWEEP
 
 
-def refuse_validate_run(path: str | Path, command: str, rows: Any = None) -> None:
-    """One line for ``export``/``analyze`` given a validate run (it has no K grid to decide from)."""
-    _refuse_validate(path, command, validate_evidence(path, rows))
-
-
 def _refuse_validate(path: str | Path, command: str, why: str) -> None:
     if why:
         raise InputError("measurements", str(path), f"is a validate run, not a sweep ({why}); {command} "

@@ -2,6 +2,7 @@
 
 import json
 import random
+from bisect import bisect_left
 
 import pytest
 from typer.testing import CliRunner
@@ -12,9 +13,19 @@ from dsdprof.runtime import KSelector
 from dsdprof.formats.ktable import TableError
 from dsdprof.formats.ktable import LAST_RANGE_END, ranges_from_points
 from dsdprof.export.trtllm import (
-    check_trtllm_config, check_trtllm_schedule, trtllm_draft_len, trtllm_draft_len_schedule,
+    check_trtllm_config, check_trtllm_schedule, trtllm_draft_len_schedule,
     trtllm_speculative_config,
 )
+
+
+def trtllm_draft_len(schedule, batch_size, max_draft_len):
+    """TensorRT-LLM's rule (the oracle): the value of the smallest key >= ``batch_size``; 0 above
+    every key; ``max_draft_len`` without a schedule."""
+    if schedule is None:
+        return max_draft_len
+    keys = sorted(schedule)
+    idx = bisect_left(keys, batch_size)
+    return schedule[keys[idx]] if idx < len(keys) else 0
 
 
 def _table(ranges, cap=None, **prov):
