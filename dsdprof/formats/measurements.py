@@ -7,7 +7,8 @@ Stdlib only at import time; :func:`arrow_schema` imports pyarrow lazily. The ver
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from collections.abc import Mapping
+from typing import Any, TypedDict, cast
 
 
 # Values of the ``mode`` column.
@@ -218,9 +219,20 @@ def arrow_schema(with_context: bool = False) -> Any:  # a pyarrow.Schema
     return pa.schema([pa.field(c.name, types[c.arrow_type]) for c in cols])
 
 
-def empty_row() -> dict[str, Any]:
+def empty_row() -> MeasurementRow:
     """A row with every column present and null-ish defaults (the keys of a :class:`MeasurementRow`)."""
     row: dict[str, Any] = {}
     for c in MEASUREMENT_COLUMNS:
         row[c.name] = {"string": "", "list<float64>": [], "list<int64>": []}.get(c.arrow_type)
-    return row
+    return cast(MeasurementRow, row)
+
+
+def row_values(values: Mapping[str, Any], strict: bool = True) -> MeasurementRow:
+    """``values`` (a measurement's fields, a run's provenance) as a partial :class:`MeasurementRow`:
+    the keys that are measurement columns. ``strict``: any other key is a ValueError naming it
+    (a field no column stores); else it is left out."""
+    names = set(COLUMN_NAMES) | set(OPTIONAL_COLUMN_NAMES)
+    unknown = sorted(set(values) - names)
+    if strict and unknown:
+        raise ValueError(f"unknown measurement columns {unknown}")
+    return cast(MeasurementRow, {k: v for k, v in values.items() if k in names})

@@ -33,6 +33,7 @@ import re
 import shutil
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import datetime, UTC
 from pathlib import Path
@@ -210,7 +211,7 @@ class SweepWriter:
 
     # ------------------------------------------------------------------ writing
 
-    def write_row(self, row: dict[str, Any]) -> None:
+    def write_row(self, row: Mapping[str, Any]) -> None:
         """Record one cell's row; durable now (``flush_rows == 1``) or at the next flush."""
         unknown = set(row) - set(COLUMN_NAMES) - set(OPTIONAL_COLUMN_NAMES)
         if unknown:

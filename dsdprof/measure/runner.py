@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 
 from dsdprof import __version__
 from dsdprof.measure.engine import Cell, CellMeasurement, Engine, iter_cells, vanilla_waves
-from dsdprof.formats.measurements import (CONTEXT_COLUMN, MODE_DSD, MODE_VANILLA, STATUS_FAILED, STATUS_OK,
-                                         empty_row)
+from dsdprof.formats.measurements import (MODE_DSD, MODE_VANILLA, STATUS_FAILED, STATUS_OK, MeasurementRow,
+                                         empty_row, row_values)
 from dsdprof.config.spec import SweepSpec
 from dsdprof.io.store import SweepWriter, provenance_dict, utc_now
 
@@ -51,25 +51,26 @@ ProgressCallback = Callable[[SweepProgress], None]
 
 
 def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
-                    error: str = "") -> dict[str, Any]:
+                    error: str = "") -> MeasurementRow:
     """One Parquet row for a finished (or failed) cell."""
     row = empty_row()
-    row.update({k: v for k, v in prov.items() if k in row})
-    row.update(cell_id=cell.cell_id, mode=cell.mode, batch_size=cell.batch_size,
-               num_spec_tokens=cell.num_spec_tokens, repeat=cell.repeat, design="paired" if cell.group
-               or cell.interleave else "cells",
-               dsdprof_version=__version__, created_at=utc_now())
+    row.update(row_values(prov, strict=False))  # the provenance the columns store
+    row.update(MeasurementRow(cell_id=cell.cell_id, mode=cell.mode, batch_size=cell.batch_size,
+                              num_spec_tokens=cell.num_spec_tokens, repeat=cell.repeat,
+                              design="paired" if cell.group or cell.interleave else "cells",
+                              dsdprof_version=__version__, created_at=utc_now()))
     if cell.context_len:  # a context sweep's rows carry their context (the optional column)
-        row[CONTEXT_COLUMN.name] = cell.context_len
+        row["context_len"] = cell.context_len
     if m is None:
-        row.update(status=STATUS_FAILED, error=error or "unknown error")
+        row.update(MeasurementRow(status=STATUS_FAILED, error=error or "unknown error"))
         return row
-    row.update(asdict(m))
-    if math.isnan(row["acceptance_length_own"]):  # every design but the paired one: its own steps' value
-        row["acceptance_length_own"] = row["acceptance_length"]
-    for name in ("acceptance_per_pos", "sample_acceptance_length", "sample_itl_s", "sample_block"):
-        row[name] = list(row[name])
-    row.update(status=STATUS_OK, error="", consistent=not m.checks_failed)
+    row.update(row_values(asdict(m)))  # every field of a measurement is a column
+    if math.isnan(m.acceptance_length_own):  # every design but the paired one: its own steps' value
+        row["acceptance_length_own"] = m.acceptance_length
+    row.update(MeasurementRow(acceptance_per_pos=list(m.acceptance_per_pos),
+                              sample_acceptance_length=list(m.sample_acceptance_length),
+                              sample_itl_s=list(m.sample_itl_s), sample_block=list(m.sample_block),
+                              status=STATUS_OK, error="", consistent=not m.checks_failed))
     return row
 
 
@@ -102,7 +103,7 @@ class RunResult(SweepSummary):
     stopped: bool  # a cell was refused by ``Planner.admit``
 
 
-def _measure_one(cell: Cell, engine: Engine, prov: dict[str, Any]) -> dict[str, Any]:
+def _measure_one(cell: Cell, engine: Engine, prov: dict[str, Any]) -> MeasurementRow:
     """The cell's row; an engine error becomes a failed row with the error (the run goes on)."""
     t0 = time.perf_counter()
     try:
@@ -172,8 +173,8 @@ def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
                     rows.append(dict(row))
                     total += 1
                     ok, failed = (ok + 1, failed) if row["status"] == STATUS_OK else (ok, failed + 1)
-                    notify(SweepProgress("done", i + 1, len(cells), cell, status=row["status"],
-                                         message=row["error"],
+                    notify(SweepProgress("done", i + 1, len(cells), cell, status=row["status"] or "",
+                                         message=row["error"] or "",
                                          acceptance_length=row["acceptance_length"] or math.nan,
                                          itl_s=row["itl_s"] or math.nan))
             planner.finish(rows)

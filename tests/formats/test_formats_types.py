@@ -124,3 +124,22 @@ def test_validate_arms_are_named_and_plain_ints_on_the_wire():
     assert group == (ARM_ENGINE, ARM_TABLE, 1, 3)  # the wire values
     seq = k_sequence(group, 0, 2)
     assert sorted(set(seq)) == [ARM_ENGINE, ARM_TABLE, 1, 3] and all(type(k) is int for k in seq)
+
+
+def test_every_measured_field_is_a_column_and_an_unknown_one_is_named():
+    """The sweep runner builds its rows as a MeasurementRow: a cell's measurement (every field of
+    dsdprof.measure.engine.CellMeasurement) goes into columns of the same name, and a field no
+    column stores is an error naming it, never dropped."""
+    import dataclasses
+
+    import pytest
+
+    from dsdprof.formats.measurements import COLUMN_NAMES, row_values
+    from dsdprof.measure.engine import CellMeasurement
+
+    fields = [f.name for f in dataclasses.fields(CellMeasurement)]
+    assert set(fields) <= set(COLUMN_NAMES)
+    assert row_values({"itl_s": 0.1, "batch_size": 4}) == {"itl_s": 0.1, "batch_size": 4}
+    with pytest.raises(ValueError, match="unknown measurement columns \\['itl_ms'\\]"):
+        row_values({"itl_s": 0.1, "itl_ms": 100.0})
+    assert row_values({"itl_s": 0.1, "itl_ms": 100.0}, strict=False) == {"itl_s": 0.1}
