@@ -50,6 +50,22 @@ def toy_dense(tmp_path_factory):
     return build_toy_pair(tmp_path_factory.mktemp("toy") / "dense", ToyModelConfig(kind="dense"))
 
 
+# A ~2 M-parameter pair (2 layers at hidden 256, head size 64 like the default pair's): its steps
+# cost little next to vLLM's own per-step work, where the default pair's take ~0.1 s at batch 1.
+TINY = dict(hidden_size=256, num_layers=2, intermediate_size=512, num_heads=4, num_kv_heads=2)
+
+
+@pytest.fixture(scope="session")
+def toy_tiny(tmp_path_factory):
+    """A tiny toy dense pair (``TINY``), built once per session, for the real-vLLM tests whose claims do
+    not depend on how long a step takes (token counts, drafted K, acceptance with draft = target, the
+    serving paths): the engine is as real, its cells a few times faster. Tests measuring which K is
+    fastest use ``toy_dense``. Tests must not write into it."""
+    from dsdprof.measure.toy_models import build_toy_pair, toy_config
+
+    return build_toy_pair(tmp_path_factory.mktemp("toy") / "tiny", toy_config("dense", **TINY))
+
+
 RUN_TOKEN = "t" * 32  # a dsdprof run's secret, for tests that drive the profiling scheduler
 
 
