@@ -13,9 +13,11 @@ mixin then binds vLLM's methods on the instance: no own code per step). docs/obs
 lists every metric.
 
 **Hot path**: per step an increment of a list slot (steps by batch-size bucket and K), an append
-of vLLM's ``SpecDecodingStats`` of the step (summed at the flush), the lengths of the first and
-last draft the engine hands back against the K scheduled (the silent no-op alarm, sync scheduling)
-and a clock read. Every ``FLUSH_S`` (5) seconds -- and when no request is left running, so an idle
+of vLLM's ``SpecDecodingStats`` of the step (summed and checked for over-verified positions at the
+flush; without it the first and last request's tokens against the drafts scheduled for them), the
+lengths of the first and last draft the engine hands back against the K of the step that drafted
+them (sync scheduling, and async with structured outputs) -- the silent no-op alarm, O(1) -- and
+a clock read. Every ``FLUSH_S`` (5) seconds -- and when no request is left running, so an idle
 engine's ``/metrics`` is complete -- :meth:`StepMetrics.flush` pushes the deltas into
 prometheus_client and sets the gauges (the adaptive selector's ratios:
 :mod:`dsdprof.serve.observe`). Cost per step: ``benchmarks/bench_scheduler_overhead.py``
@@ -107,6 +109,7 @@ class StepMetrics:
         self.drafted_pos, self.accepted_pos = [0] * max_k, [0] * max_k
         self.alarms = [0, 0, 0, 0]  # k_switches, shift_alarms, silent_noop_steps, ignored_requests
         self.k = 0  # the K scheduled by the step whose drafts come back next (silent no-op alarm)
+        self.sampled = getattr(sched, "num_sampled_tokens_per_step", 1)  # tokens a step adds beyond drafts
         spec = cfg.speculative_config
         self.exact = spec is not None and spec.method in ALWAYS_DRAFT
         self.next_flush = 0.0
@@ -226,10 +229,38 @@ class StepMetrics:
         spec[1] += sd.num_draft_tokens
         spec[2] += sd.num_accepted_tokens
         dp, ap = self.drafted_pos, self.accepted_pos
-        for i, x in enumerate(sd.num_draft_tokens_per_pos[:self.max_k]):
+        drafted, accepted = sd.num_draft_tokens_per_pos, sd.num_accepted_tokens_per_pos
+        for i, x in enumerate(drafted[:self.max_k]):
             dp[i] += x
-        for i, x in enumerate(sd.num_accepted_tokens_per_pos[:self.max_k]):
+        for i, x in enumerate(accepted[:self.max_k]):
             ap[i] += x
+        if sd.num_accepted_tokens > sd.num_draft_tokens or any(a > d for a, d in zip(accepted, drafted)):
+            self.alarms[2] += 1  # a position accepted more drafts than were scheduled there
+
+    def check_drafts(self, ids) -> None:
+        """The drafts the engine hands back for the step whose output was just processed, against
+        the K that step scheduled (``k``): a first or last draft longer than K, or both empty while
+        K > 0 for a drafter that always drafts K (``exact``), is a silent no-op step. O(1): a
+        drafter that ignores K drafts the same wrong length for every request."""
+        if ids:
+            a, b = len(ids[0]), len(ids[-1])
+            longest = a if a > b else b
+            if longest != self.k and (longest > self.k or self.exact):
+                self.alarms[2] += 1
+
+
+def _over_verified(scheduler_output, model_runner_output, sampled: int) -> bool:
+    """The step's first or last request got more tokens than the drafts the scheduler scheduled
+    for it in this very step + ``sampled`` (vLLM's ``num_sampled_tokens_per_step``): the runner
+    verified drafts the scheduler never scheduled. O(1), read before vLLM trims a stopped
+    request's tokens; counted for steps without vLLM's ``SpecDecodingStats`` (``--disable-log-stats``,
+    or no draft scheduled)."""
+    tokens = model_runner_output.sampled_token_ids
+    if not tokens:
+        return False
+    ids, spec = model_runner_output.req_ids, scheduler_output.scheduled_spec_decode_tokens
+    return (len(tokens[0]) > len(spec.get(ids[0], ())) + sampled
+            or len(tokens[-1]) > len(spec.get(ids[-1], ())) + sampled)
 
 
 class MetricsMixin:
@@ -241,6 +272,7 @@ class MetricsMixin:
 
     dsdprof_mode = "static"
     dsdprof_metrics: StepMetrics | None = None  # None: not set up (the methods then pass through)
+    _adaptive_version: Any = None  # the adaptive plugin's lookup version (its own, on the instance)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)  # vLLM's Scheduler.__init__
@@ -263,34 +295,40 @@ class MetricsMixin:
             # vLLM's (or the plugin's) own methods on the instance: no frame of ours
             self.update_from_output = self._metrics_update  # type: ignore[method-assign]  # vLLM's own
             self.update_draft_token_ids = self._metrics_draft  # type: ignore[method-assign]  # vLLM's own
+            self.update_draft_token_ids_in_output = (  # type: ignore[method-assign]  # vLLM's own
+                base.update_draft_token_ids_in_output)
             self.add_request = self._metrics_add  # type: ignore[method-assign]  # vLLM's own
             logger.info("dsdprof metrics: off")
             return
         table = ((config.additional_config or {}).get("dsdprof_adaptive") or {}).get("table", "") \
             if self.dsdprof_mode == "adaptive" else ""
         self.dsdprof_metrics = StepMetrics(self, self.dsdprof_mode, str(table), env)
-        self._metrics_version = getattr(self, "_adaptive_version", None)
+        self._metrics_version = self._adaptive_version
 
     def update_from_output(self, scheduler_output, model_runner_output):
         m = self.dsdprof_metrics
         if m is None:  # built without _metrics_setup
             return super().update_from_output(scheduler_output, model_runner_output)
+        over = _over_verified(scheduler_output, model_runner_output, m.sampled)  # before vLLM trims
         result = self._metrics_update(scheduler_output, model_runner_output)
         n = len(scheduler_output.num_scheduled_tokens)
-        k = m.k = scheduler_output.num_spec_tokens_to_schedule
+        k = m.k = scheduler_output.num_spec_tokens_to_schedule  # K of the drafts handed back next
         if n:
             try:
                 m.steps[m.bucket_of[n if n <= m.max_bs else m.max_bs] + k] += 1
             except (IndexError, TypeError):  # a K beyond the engine's: not counted, never raised
                 pass
-        if result:
-            for eco in result.values():
+            sd = None
+            for eco in result.values() if result else ():
                 stats = eco.scheduler_stats
                 if stats is not None:
-                    if stats.spec_decoding_stats is not None:
-                        m.pending.append(stats.spec_decoding_stats)
+                    sd = stats.spec_decoding_stats
                     break
-        version = getattr(self, "_adaptive_version", None)
+            if sd is not None:  # over-verified positions checked at the flush (exact, off the hot path)
+                m.pending.append(sd)
+            elif over:
+                m.alarms[2] += 1
+        version = self._adaptive_version
         if version is not self._metrics_version:
             self._metrics_version = version
             m.alarms[0] += 1
@@ -300,20 +338,23 @@ class MetricsMixin:
         return result
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
-        """Sync scheduling hands the drafts to the scheduler: a step whose first or last draft is
-        longer than the K it scheduled (or both empty while K > 0, for drafters that always draft
-        K) is a silent no-op step (the drafter did not get K). O(1): a drafter that ignores K
-        drafts the same wrong length for every request."""
+        """Sync scheduling hands each step's drafts to the scheduler right after that step's
+        output (:meth:`update_from_output` set ``m.k``, the K that step scheduled):
+        :meth:`StepMetrics.check_drafts`."""
         m = self.dsdprof_metrics
         if m is None:
             return super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]  # vLLM's method
-        ids = draft_token_ids.draft_token_ids
-        if ids:
-            a, b = len(ids[0]), len(ids[-1])
-            longest = a if a > b else b
-            if longest != m.k and (longest > m.k or m.exact):
-                m.alarms[2] += 1
+        m.check_drafts(draft_token_ids.draft_token_ids)
         self._metrics_draft(draft_token_ids)
+
+    def update_draft_token_ids_in_output(self, draft_token_ids, scheduler_output) -> None:
+        """Async scheduling with structured outputs hands the drafts of the step whose output was
+        just processed to the scheduler (to validate them for the next step): the same check."""
+        m = self.dsdprof_metrics
+        if m is not None:
+            m.check_drafts(draft_token_ids.draft_token_ids)
+        super().update_draft_token_ids_in_output(  # type: ignore[misc]  # vLLM's method
+            draft_token_ids, scheduler_output)
 
     def add_request(self, request) -> None:
         """vLLM's; a request carrying ``dsdprof_*`` extra_args keys the engine did not act on (no

@@ -136,6 +136,87 @@ def test_the_silent_noop_alarm_fires_when_the_drafter_ignores_k_and_only_then():
     assert value(full, "dsdprof:silent_noop_steps_total") == 0
 
 
+class OwnDrafts(FakeRunner):
+    """A runner whose drafter never got K: it drafts ``drafts`` tokens for every request every
+    step, whatever the step scheduled. Sync: the drafts go back to the scheduler, which schedules
+    them all. Async (``own=True``): they stay in the worker, which verifies them at the request's
+    next step whatever the scheduler's placeholders say (vLLM's issue 51510, seen from the
+    scheduler). Records the truth: the steps in which a request got more tokens than the drafts
+    scheduled for it + 1 (any request; the first or last one)."""
+
+    def __init__(self, accept, drafts: int, own: bool) -> None:
+        super().__init__(accept)
+        self.drafts, self.own = drafts, own
+        self.mine: set[str] = set()  # requests drafted for at the previous step
+        self.over_any = self.over_ends = 0
+
+    def execute(self, so):
+        k, spec = so.num_spec_tokens_to_schedule, so.scheduled_spec_decode_tokens
+        so.num_spec_tokens_to_schedule = self.drafts
+        if self.own:
+            so.scheduled_spec_decode_tokens = {r: [7] * self.drafts for r in so.num_scheduled_tokens
+                                               if r in self.mine and self.prompt_left.get(r, 0) <= 0}
+        try:
+            out = super().execute(so)
+        finally:
+            so.num_spec_tokens_to_schedule, so.scheduled_spec_decode_tokens = k, spec
+        over = [len(t) > len(spec.get(r, ())) + 1 for r, t in zip(out.req_ids, out.sampled_token_ids)]
+        self.over_any += any(over)
+        self.over_ends += bool(over) and (over[0] or over[-1])
+        self.mine = {r for r, t in zip(out.req_ids, out.sampled_token_ids) if t}
+        return out
+
+
+def _varying(mode: str, log_stats: bool, kind: str, tmp_path):
+    """vLLM's scheduler (sync or async) with the metrics: ``static`` serving a K that changes with
+    the batch (4 at 1-2, 2 at 3-4, 1 from 5), so consecutive steps schedule different K as requests
+    finish; or the adaptive plugin on its table."""
+    if kind == "adaptive":
+        path = tmp_path / "table.json"
+        path.write_text(json.dumps(shifted_table()))
+        config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
+        config.additional_config = adaptive_additional_config(str(path), {"rebuild_every": 4})
+        cls = va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler
+        return make_scheduler(cls, config, log_stats)
+    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
+    config.additional_config = {}
+    s = make_scheduler(vs.StaticAsyncScheduler if mode == "async" else vs.StaticScheduler, config, log_stats)
+    s.dynamic_sd_lookup = [0, 4, 4, 2, 2] + [1] * (MAX_BS - 4)
+    return s
+
+
+@pytest.mark.parametrize("mode,log_stats,kind", [
+    ("sync", True, "static"), ("sync", False, "static"), ("async", True, "static"),
+    ("async", False, "static"), ("sync", True, "adaptive"), ("async", True, "adaptive"), ("async", False, "adaptive")])
+def test_the_silent_noop_alarm_under_sync_and_async_scheduling(tmp_path, mode, log_stats, kind):
+    """An honest runner (drafts the K each step scheduled) raises no alarm while K changes from
+    step to step; a runner whose drafter ignores K raises it: under sync at every step whose drafts
+    came back longer than that step's K, under async at every step whose tokens show drafts
+    verified beyond those scheduled (every such step with vLLM's SpecDecodingStats; with
+    log_stats off, those where the step's first or last request shows it)."""
+    honest = _varying(mode, log_stats, kind, tmp_path)
+    _load(honest)
+    drive(honest, FakeRunner(accept), mode, True)
+    if kind == "static":  # K moved between steps
+        assert {k for lo, hi in pm.buckets(MAX_BS) for k in range(5) if value(
+            honest, "dsdprof:steps_total", batch_size_bucket=pm.bucket_label(lo, hi),
+            num_speculative_tokens=str(k))} == {1, 2, 4}
+    assert value(honest, "dsdprof:silent_noop_steps_total") == 0
+
+    broken = _varying(mode, log_stats, kind, tmp_path)
+    _load(broken)
+    ignores = OwnDrafts(accept, 4, own=mode == "async")
+    drive(broken, ignores, mode, True)
+    alarms = value(broken, "dsdprof:silent_noop_steps_total")
+    if mode == "sync":  # drafts of 4 for K < 4: every step that drafted at K < 4, seen at the hand-back
+        assert alarms == sum(value(broken, "dsdprof:steps_total", batch_size_bucket=pm.bucket_label(lo, hi),
+                                   num_speculative_tokens=str(k))
+                             for lo, hi in pm.buckets(MAX_BS) for k in range(4)) > 10
+        assert ignores.over_any == 0  # vLLM scheduled every draft it got: none verified beyond
+    else:
+        assert alarms == (ignores.over_any if log_stats else ignores.over_ends) > 5
+
+
 HOSTILE = [{"dsdprof_num_spec_tokens": 0, "dsdprof_run": "x" * 64}, {"dsdprof_num_spec_tokens": float("nan")},
            {"dsdprof_trace": "../../etc/passwd", "dsdprof_wave": -1}, {"dsdprof_k_seq": [99] * 1000}]
 
