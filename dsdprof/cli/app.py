@@ -251,6 +251,12 @@ def export(
                                        help="Context sweeps (dsdprof.ktable/v3): the context (prompt tokens) "
                                             "whose slice a batch-size-only schedule serves; default: the "
                                             "table's batch-size-only answer."),
+    mix: str | None = typer.Option(None, "--mix", metavar="CAT=W,...",
+                                   help="A compare-drafts directory (or one draft's OUT/<draft>): the table "
+                                        "for this traffic mix, e.g. code=0.7,text=0.3 (weights of any "
+                                        "scale; per batch size the K of the highest mixed speedup; "
+                                        "docs/drafts.md)."),
+    draft: str | None = typer.Option(None, "--draft", help="With --mix: the draft whose table to write."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
     from dsdprof.export.api import EXPORT_FORMATS, export_document
@@ -260,7 +266,12 @@ def export(
         raise fail(f"--format={fmt!r}: must be one of {', '.join(EXPORT_FORMATS)}")
     if output is not None:
         check_output_path(output, force, field="--output")
-    exported = export_document(source, fmt, tolerance, allow_mixed, allow_partial, context=context)
+    if mix is not None or draft is not None:  # one draft of a compare-drafts directory, for a mix
+        from dsdprof.cli.drafts import export_mix
+
+        exported = export_mix(source, mix, draft, fmt, context)
+    else:
+        exported = export_document(source, fmt, tolerance, allow_mixed, allow_partial, context=context)
     for w in exported.warnings:
         err_console.print(f"warning: {w}", style="yellow", markup=False, highlight=False, soft_wrap=True)
     if output is None:

@@ -6,6 +6,7 @@ Registered on the main typer app by dsdprof.cli.app; the library does the work
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -28,7 +29,8 @@ def _compare_drafts(
     if dry_run:
         plan = plan_drafts(spec_path, out)
         for (draft, cat), spec in plan.specs.items():
-            console.print(f"{draft}/{cat}: method {spec.engine.method}, dataset {spec.workload.dataset}")
+            console.print(f"{draft}/{cat}: method {spec.engine.method}, design {spec.sweep.design}, "
+                          f"dataset {spec.workload.dataset}")
         return
     wanted = [s.strip() for s in only.split(",") if s.strip()] if only else None
     results = run_compare_drafts(spec_path, out, resume=resume, only=wanted)
@@ -75,6 +77,21 @@ def _drafts_report(
         if not draft:
             raise InputError("--draft", None, "--table needs the draft whose table to write")
         write_json_atomic(table, mix_ktable(comp, draft, weights), force=force)
+
+
+def export_mix(source: Path, mix: str | None, draft: str | None, fmt: str, context: int | None) -> Any:
+    """``dsdprof export SOURCE --mix ... [--draft NAME]``: the draft's table for the mix in ``fmt``
+    (an :class:`dsdprof.export.api.ExportDocument`)."""
+    from dsdprof.errors import InputError
+    from dsdprof.export.api import format_table
+    from dsdprof.formats.ktable import validate_table
+    from dsdprof.report.drafts import mix_export_table
+
+    if mix is None:
+        raise InputError("--draft", draft, "needs --mix (the traffic mix whose table to write)")
+    if context is not None:
+        raise InputError("--context", context, "not with --mix (a draft comparison has no context axis)")
+    return format_table(validate_table(mix_export_table(source, mix, draft)), fmt)
 
 
 def _new(path: Path) -> Path:

@@ -19,6 +19,12 @@ Each draft replaces ``[engine]``'s ``method``, ``draft_model`` and ``speculative
 ``OUT/<draft>/<category>/``; in the paired design every sweep interleaves the same vanilla
 configuration (same target, same prompts) with its Ks, so each draft's speedup is over the
 vanilla that ran beside it, and the report shows the vanillas side by side to check they agree.
+A drafter that proposes a variable number of tokens a step (n-gram, suffix decoding: 0..K, none
+without a match) runs in the **cells design** (``design = "cells"``: one cell per (batch size, K)
+with its own vanilla cells): its steps are never "pure K", so the paired design's per-step K
+switches cannot be timed; a cell at K is a server configured at K, and every steady step counts,
+those that drafted fewer than K or nothing included (``docs/drafts.md``). ``OUT/_drafts.json``
+records each draft's design.
 Without a ``category`` field in the workload (or ``[domains] categories = ["all"]``) each draft
 runs one sweep, ``OUT/<draft>/all/``. ``OUT/_drafts.json`` records the plan.
 """
@@ -34,6 +40,7 @@ from typing import Any
 from dsdprof.config.spec import SweepSpec, parse_spec, read_spec_toml
 from dsdprof.errors import InputError
 from dsdprof.measure.categories import category_counts, read_records, split_by_category
+from dsdprof.measure.vllm.worker import VARIABLE_DRAFT_METHODS
 
 PLAN_FILE = "_drafts.json"
 ALL = "all"
@@ -43,7 +50,7 @@ _DRAFT_KEYS = ("name", "method", "draft_model", "speculative_extra")
 @dataclass(frozen=True)
 class DraftPlan:
     spec_path: str
-    drafts: list[dict[str, Any]]  # name, method, draft_model, speculative_extra
+    drafts: list[dict[str, Any]]  # name, method, draft_model, speculative_extra, design
     categories: dict[str, int]  # category -> prompts in the workload ({"all": n} without categories)
     specs: dict[tuple[str, str], SweepSpec]  # (draft, category) -> the spec of its sweep
 
@@ -69,6 +76,11 @@ def _drafts(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
+def draft_design(method: str, design: str) -> str:
+    """The spec's design, except ``cells`` for a drafter that proposes 0..K tokens a step."""
+    return "cells" if method in VARIABLE_DRAFT_METHODS else design
+
+
 def plan_drafts(spec_path: str | Path, out: str | Path) -> DraftPlan:
     """Validate the spec, its drafts and categories; write the per-category prompt files."""
     p = Path(spec_path)
@@ -89,8 +101,10 @@ def plan_drafts(spec_path: str | Path, out: str | Path) -> DraftPlan:
         counts = {ALL: 0}
     specs = {}
     for d in drafts:
+        d["design"] = draft_design(d["method"], str((data.get("sweep") or {}).get("design", "paired")))
         for c, path in files.items():
             one = copy.deepcopy(data)
+            one.setdefault("sweep", {})["design"] = d["design"]
             engine = one.setdefault("engine", {})
             engine["method"] = d["method"]
             engine.pop("draft_model", None)

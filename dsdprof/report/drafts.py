@@ -215,3 +215,35 @@ def drafts_figure(comp: Comparison):  # -> matplotlib Figure
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def mix_export_table(source: str | Path, mix: str, draft: str | None = None) -> dict[str, Any]:
+    """``dsdprof export SOURCE --mix CAT=W,... [--draft NAME]``: the ``dsdprof.ktable/v2`` of one
+    draft for a traffic mix. ``SOURCE``: a compare-drafts directory (``--draft`` names the draft
+    unless one draft has runs) or one draft's directory in it (``OUT/<draft>``)."""
+    from dsdprof.jobs.compare_drafts import PLAN_FILE
+    from dsdprof.measure.categories import parse_mix
+
+    src = Path(source)
+    if (src / PLAN_FILE).is_file():
+        comp = load_comparison(src)
+        if draft is None:
+            if len(comp.grids) != 1:
+                raise InputError("--draft", None, f"{src} compares {', '.join(comp.grids)}: name one "
+                                 "with --draft")
+            draft = next(iter(comp.grids))
+    elif (src.parent / PLAN_FILE).is_file():
+        comp = load_comparison(src.parent)
+        if draft is not None and draft != src.name:
+            raise InputError("--draft", draft, f"{src} is draft {src.name!r}'s directory")
+        draft = src.name
+    else:
+        raise InputError("--mix", mix, f"{src} is not a dsdprof compare-drafts directory (no {PLAN_FILE} "
+                         "in it or its parent): a mix weighs the runs of one draft by category")
+    weights = parse_mix(mix, list(comp.plan["categories"]))
+    if draft not in comp.grids:
+        raise InputError("--draft", draft, f"no finished run (drafts: {', '.join(comp.grids)})")
+    if mixed_grid(comp.grids[draft], weights).empty:
+        raise InputError("--mix", mix, f"draft {draft!r} has no (batch size, K) measured in every "
+                         "category of positive weight")
+    return mix_ktable(comp, draft, weights)

@@ -141,7 +141,10 @@ def test_compare_drafts_plans_one_sweep_per_draft_and_category(tmp_path):
     assert by[("ngram", "code")].engine.draft_model is None
     assert by[("draft-model", "text")].engine.draft_model == "toy_models/dense/draft"
     assert by[("draft-model", "text")].workload.dataset.endswith("_prompts/text.jsonl")
-    assert by[("ngram", "code")].sweep == by[("draft-model", "text")].sweep
+    # n-gram drafts 0..K tokens a step: the cells design (tests/jobs/test_compare_drafts_ngram.py)
+    assert by[("ngram", "code")].sweep.design == "cells"
+    assert by[("ngram", "code")].sweep.model_copy(update={"design": "paired"}) == \
+        by[("draft-model", "text")].sweep
     assert json.loads((tmp_path / PLAN_FILE).read_text())["categories"] == {"code": 64, "text": 64}
     assert len(got) == 4
 
@@ -213,5 +216,13 @@ def test_compare_drafts_and_report_end_to_end_on_the_analytic_engine(tmp_path, m
     doc = json.loads((tmp_path / "t.json").read_text())
     validate_table(doc)
     assert doc["provenance"]["mix"] == "code=0.25,text=0.75"
+    # export --mix: the same table from a real compare-drafts directory (and from the draft's own)
+    for src in (["out", "--draft", "ngram"], ["out/ngram"]):
+        res = runner.invoke(app, ["export", *src, "--mix", "code=1,text=3"])
+        assert res.exit_code == 0, res.output
+        got = json.loads(res.stdout)
+        def when_aside(d: dict) -> dict:  # created_at: when each was written
+            return {**d, "provenance": {k: v for k, v in d["provenance"].items() if k != "created_at"}}
+        assert when_aside(got) == when_aside(doc)
     res = runner.invoke(app, ["drafts-report", "out", "--mix", "web=1"])
     assert res.exit_code == 2 and "--mix" in res.output and "Traceback" not in res.output

@@ -32,7 +32,7 @@ from dsdprof.measure.vllm.resources import memory_plan, resolve_model_offline
 # re-exported: callers import these from the engine module
 from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401
 from dsdprof.measure.vllm.trace import CellFailure
-from dsdprof.measure.vllm.worker import PAIRED_HOLD, CellRequest, detect_hardware
+from dsdprof.measure.vllm.worker import PAIRED_HOLD, VARIABLE_DRAFT_METHODS, CellRequest, detect_hardware
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.plugins.names import holds_arms
@@ -248,6 +248,7 @@ class VllmEngine:
                            positions=cell.num_spec_tokens, waves=s.sweep.waves, warmup=s.sweep.warmup,
                            output_len=s.sweep.output_len, temperature=s.workload.temperature,
                            seed=s.workload.seed, verify_k=verify_k, trace_name=self.trace_name(cell),
+                           drafts_up_to_k=s.engine.method in VARIABLE_DRAFT_METHODS,
                            timing_tolerance=s.sweep.consistency_tolerance, context_len=cell.context_len,
                            prompt_offset=cell.repeat * (s.sweep.waves + s.sweep.warmup))
 

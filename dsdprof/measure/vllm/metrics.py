@@ -82,12 +82,14 @@ class RequestTiming:
 
 
 def cross_checks(trace, drafts: float, draft_tokens: float, accepted: float, requests: list[RequestTiming],
-                 expected_k: int | None, batch_size: int, timing_tolerance: float) -> list[str]:
+                 expected_k: int | None, batch_size: int, timing_tolerance: float,
+                 up_to: bool = False) -> list[str]:
     """The cell's independent cross-checks; one line per failed check, naming it and by how much.
 
     * ``tokens``: tokens the trace saw delivered over the measured waves == tokens the requests
       received (the client's outputs).
-    * ``drafts``: vLLM's own counters drafted exactly K tokens per draft (none at K=0).
+    * ``drafts``: vLLM's own counters drafted exactly K tokens per draft (none at K=0; ``up_to``,
+      a drafter that proposes 0..K tokens: at most K).
     * ``counters``: drafts, draft tokens and accepted tokens of the trace (every step of the
       measured waves) == vLLM's spec-decode counter deltas, i.e. AL over those steps == vLLM's AL.
     * ``timing`` (BS 1): acceptance_length / itl_s within ``timing_tolerance`` of the request's own
@@ -104,7 +106,7 @@ def cross_checks(trace, drafts: float, draft_tokens: float, accepted: float, req
             failures.append(f"drafts: vLLM counted {drafts:.0f} drafts, the row says K=0")
         elif expected_k > 0:
             dpd = draft_tokens / drafts if drafts else 0.0
-            if abs(dpd - expected_k) > 1e-9 * expected_k:
+            if (dpd > expected_k * (1 + 1e-9)) if up_to else abs(dpd - expected_k) > 1e-9 * expected_k:
                 failures.append(f"drafts: vLLM drafted {dpd:.4f} tokens per draft, the row says "
                                 f"K={expected_k} "
                                 f"({(dpd - expected_k) / expected_k:+.2%})")
@@ -135,7 +137,7 @@ def cross_checks(trace, drafts: float, draft_tokens: float, accepted: float, req
 
 def build_measurement(trace, before: MetricSnapshot, after: MetricSnapshot, requests: list[RequestTiming],
                       num_spec_tokens: int, wall_s: float, expected_k: int | None = None, batch_size: int = 0,
-                      timing_tolerance: float = 0.25) -> CellMeasurement:
+                      timing_tolerance: float = 0.25, up_to: bool = False) -> CellMeasurement:
     """A cell's measurement: headline numbers from the step ``trace`` (a
     :class:`dsdprof.measure.vllm.trace.TraceSummary`), cross-checks (:func:`cross_checks`) against
     vLLM's metric deltas and the requests' outputs and timestamps over the same measured waves."""
@@ -147,7 +149,7 @@ def build_measurement(trace, before: MetricSnapshot, after: MetricSnapshot, requ
     tpots = [r.tpot_s for r in requests if not math.isnan(r.tpot_s)]
     num_tokens = sum(r.num_generation_tokens for r in requests)
     failures = cross_checks(trace, drafts, draft_tokens, accepted, requests, expected_k, batch_size,
-                            timing_tolerance)
+                            timing_tolerance, up_to)
     failures += [trace.acceptance_check] if trace.acceptance_check else []
     t = trace
     return CellMeasurement(

@@ -114,15 +114,16 @@ def steady_steps(steps: Iterable[Step], batch_size: int) -> tuple[list[tuple[Ste
     return steady, excluded
 
 
-def check_k(steady: list[tuple[Step, float]], k: int) -> None:
-    """Every steady request-step drafted exactly ``k`` tokens, else :class:`CellFailure`."""
+def check_k(steady: list[tuple[Step, float]], k: int, up_to: bool = False) -> None:
+    """Every steady request-step drafted exactly ``k`` tokens (``up_to``: at most ``k``, a drafter
+    that proposes 0..K tokens, e.g. n-gram), else :class:`CellFailure`."""
     counts = Counter(d for s, _ in steady for d in s.drafted)
-    wrong = sum(n for d, n in counts.items() if d != k)
+    wrong = sum(n for d, n in counts.items() if (d > k if up_to else d != k))
     if wrong:
         total = sum(counts.values())
         shown = ", ".join(f"{n} drafted {d}" for d, n in sorted(counts.items()))
-        raise CellFailure(f"K not verified: {wrong} of {total} steady request-steps did not draft K={k} "
-                          f"({shown})")
+        raise CellFailure(f"K not verified: {wrong} of {total} steady request-steps did not draft "
+                          f"{'at most ' if up_to else ''}K={k} ({shown})")
 
 
 def _per_request_tpot(steady: list[tuple[Step, float]]) -> list[float]:
@@ -141,16 +142,17 @@ def _per_request_tpot(steady: list[tuple[Step, float]]) -> list[float]:
 
 
 def summarize(steps: list[Step], batch_size: int, num_spec_tokens: int | None,
-              positions: int) -> TraceSummary:
+              positions: int, up_to: bool = False) -> TraceSummary:
     """A cell's numbers from its trace; raises :class:`CellFailure` when they would not mean
     what the row says: no steady-state step, or a steady request-step that did not draft the
-    row's K (``num_spec_tokens``; ``None`` skips the K check)."""
+    row's K (``num_spec_tokens``; ``None`` skips the K check; ``up_to``: drafted at most K, the
+    steps with short or empty drafts counted like any other)."""
     steady, excluded = steady_steps(steps, batch_size)
     if not steady:
         raise CellFailure(f"no steady-state step: no step ran exactly batch_size={batch_size} decoding "
                           f"requests ({excluded} steps excluded); raise output_len or max_num_batched_tokens")
     if num_spec_tokens is not None:
-        check_k(steady, num_spec_tokens)
+        check_k(steady, num_spec_tokens, up_to)
     return _summary(steady, steady, excluded, [s for s in steps if s.wave >= 0], positions)
 
 
@@ -248,7 +250,8 @@ def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...], po
     if not block:
         counts = ", ".join(f"K={k}: {len(pure[k])}" for k in ks)
         raise CellFailure(f"paired design: a K never ran a settled pure step ({counts}; {odd} steady "
-                          f"steps drafted no K of the group); raise output_len")
+                          f"steps drafted no K of the group); raise output_len, or design = \"cells\" for "
+                          f"a drafter that proposes fewer than K (n-gram, suffix)")
     measured = [s for s in steps if s.wave >= 0]
     out, kept_by_k = {}, {}
     for k in ks:

@@ -29,6 +29,8 @@ class WorkerConfig:
     trace_dir: str = ""  # the one directory the engine core writes step traces into
 
 
+# vLLM methods whose drafter proposes 0..K tokens a step (no match: none): a K cell is a server at K
+VARIABLE_DRAFT_METHODS = frozenset({"ngram", "suffix"})
 PAIRED_HOLD = 4  # steps per K before switching: step 1 verifies the old K, 2 is the first pure, 3-4 are timed
 
 
@@ -43,6 +45,8 @@ class CellRequest:
     temperature: float
     seed: int
     verify_k: int | None = None  # K every steady step must draft (None: num_spec_tokens; -1: unchecked)
+    # a drafter that proposes 0..K tokens a step (VARIABLE_DRAFT_METHODS): verify_k is an upper bound
+    drafts_up_to_k: bool = False
     trace_name: str = ""  # the cell's trace file name in the engine's trace directory ("" = temporary)
     timing_tolerance: float = 0.25  # BS 1: AL/ITL vs the request timestamps may differ by this much
     context_len: int = 0  # prompts cut to this many tokens (a context sweep; 0 = the pool's full length)
@@ -209,10 +213,11 @@ class CellRun:
                                                  batch_size=0), wall_s=share, **blocks(t))
                     for k, t in by_k.items()}  # an arm (k < 0: validate's steps design) keeps every position
         verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
-        trace = summarize(steps, req.batch_size, verify, req.positions)
+        trace = summarize(steps, req.batch_size, verify, req.positions, up_to=req.drafts_up_to_k)
         return replace(build_measurement(trace, self.before, after, self.timings, req.positions, wall,
                                          expected_k=verify, batch_size=req.batch_size,
-                                         timing_tolerance=req.timing_tolerance), **blocks(trace))
+                                         timing_tolerance=req.timing_tolerance, up_to=req.drafts_up_to_k),
+                       **blocks(trace))
 
 
 def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int] | None = None,
