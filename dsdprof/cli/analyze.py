@@ -216,7 +216,7 @@ def _footer(result, console: Console, err_console: Console, conf: str) -> None:
         console.print("DSD vs always-K (geometric mean over batch sizes): " + ", ".join(
             f"K={int(r.k)} {r.geomean_speedup:.2f}x" for r in summary.itertuples()))
     opt = result.optimal
-    from dsdprof.decide.vanilla import vanilla_line  # where no speculation beat every K (vLLM's K=0 drafts)
+    from dsdprof.report.vanilla import vanilla_line  # where no speculation beat every K (vLLM's K=0 drafts)
 
     if (line := vanilla_line(opt, result.confidence)) is not None:
         console.print(line, style="red", markup=False, highlight=False)

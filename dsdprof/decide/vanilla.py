@@ -16,8 +16,10 @@ with every candidate K per batch size:
   vanilla engine) or without intervals.
 
 :func:`vanilla_records` turns the flagged batch sizes into the table's ``vanilla_faster`` records
-(batch-size ranges as the table's ranges bucket them), :func:`vanilla_line` into one line for
-``analyze``; :mod:`dsdprof.report.vanilla` does the same for a validate run's variants.
+(batch-size ranges as the table's ranges bucket them); the words are the readers':
+:func:`dsdprof.report.vanilla.vanilla_line` for ``analyze`` (and the same for a validate run's
+variants), :func:`dsdprof.export.table.vanilla_warning` for an export, both with
+:func:`dsdprof.export.table.gap_text`.
 """
 
 from __future__ import annotations
@@ -114,26 +116,3 @@ def vanilla_records(optimal: pd.DataFrame) -> list[dict[str, Any]]:
 
 def _round(x: Any) -> float | None:
     return round(float(x), 6) if x is not None and math.isfinite(float(x)) else None
-
-
-def gap_text(gain: float, lo: Any = None, hi: Any = None) -> str:
-    """``+12.6 % [+8.1, +17.0]`` (the interval when known)."""
-    txt = f"{gain * 100:+.1f} %"
-    if lo is not None and hi is not None and math.isfinite(float(lo)) and math.isfinite(float(hi)):
-        txt += f" [{float(lo) * 100:+.1f}, {float(hi) * 100:+.1f}]"
-    return txt
-
-
-def vanilla_line(optimal: pd.DataFrame, confidence: float) -> str | None:
-    """One line for ``analyze``: where no speculation beat every K beyond its interval, or None."""
-    if "vanilla_faster" not in optimal.columns:
-        return None
-    hits = optimal[optimal["vanilla_faster"].astype(bool)]
-    if not len(hits):
-        return None
-    parts = [f"BS {int(r['batch_size'])} "
-             f"{gap_text(r['vanilla_gain'], r['vanilla_gain_low'], r['vanilla_gain_high'])}"
-             for _, r in hits.iterrows()]
-    return (f"vanilla (no speculative config) beats every K beyond its {confidence:.0%} interval at "
-            f"{'; '.join(parts)} (vanilla goodput / best K's - 1). vLLM's K=0 still runs the drafter: "
-            "serve these batch sizes without speculation (docs/ktable.md#vanilla)")

@@ -50,7 +50,7 @@ def partial_run_error(coverage: Any, source: str | Path) -> InputError | None:
         return None
     field = "batch_sizes" if coverage.missing_batch_sizes else "cells"
     value = list(coverage.missing_batch_sizes) or [list(c) for c in coverage.missing_cells[:8]]
-    return InputError(field, value, f"{source} is a partial run ({coverage.describe()}); retry the "
+    return InputError(field, value, f"{source} is a partial run ({coverage.summary}); retry the "
                       "failed or missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass "
                       "--allow-partial to export a table "
                       "whose K there comes from the measured neighbours (recorded in the table)")
@@ -112,12 +112,14 @@ def _table(source: str | Path | Run, tolerance: float, allow_mixed: bool, label:
                             synthetic_warning(result.provenance, checked.synthetic)] if w]
     cov = checked.coverage
     assert cov is not None  # check_run computes it on the batch-size path of a command
-    if (err := partial_run_error(cov, source)) is not None:
+    if not cov.complete:  # the refusal built only when raised: the path calls back nowhere
         if not allow_partial:
+            err = partial_run_error(cov, source)
+            assert err is not None
             raise err
-        warnings.append(f"partial run: {cov.describe()}; K there comes from the measured "
+        warnings.append(f"partial run: {cov.summary}; K there comes from the measured "
                         "neighbours (the table's provenance.partial says so)")
-        result.provenance["partial"] = cov.describe()
+        result.provenance["partial"] = cov.summary
     rows = None if "acceptance_per_pos" in result.cells.columns else run.rows
     table = end_at_last_measured(table_document(result, ranges, source=label or str(source), rows=rows), cov)
     if not table.get("acceptance_per_pos"):
@@ -157,8 +159,10 @@ def _context_table(by_context: Any, ranges: dict[int, list[list[int]]], edges: l
     warnings = [f"context {c}: {w}" for c, a in sorted(by_context.slices.items())
                 if (w := below_baseline_warning(a.optimal))]
     gaps = "; ".join(f"context {c}: {gap_line(cov)}" for c, cov in by_context.gaps.items())
-    if (err := partial_context_error(by_context, source)) is not None:
+    if by_context.gaps:
         if not allow_partial:
+            err = partial_context_error(by_context, source)
+            assert err is not None
             raise err
         warnings.append(f"partial context sweep: {gaps}; each slice ends at its last measured batch size "
                         "(contexts[i].partial and provenance.partial record the gaps)")

@@ -9,7 +9,6 @@ answer. ``num_speculative_tokens`` is the largest K of any slice (the cap must n
 
 from __future__ import annotations
 
-from dataclasses import replace
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -64,8 +63,8 @@ def context_document(result: Any, ranges: dict[int, list[list[int]]], edges: lis
 
 
 def gap_line(cov: Any) -> str:
-    """A coverage's gaps in one line, without its first error (:meth:`Coverage.describe`)."""
-    return replace(cov, first_error="").describe()
+    """A coverage's gaps in one line, without its first error (:attr:`Coverage.gap_summary`)."""
+    return str(cov.gap_summary)
 
 
 def end_at_last_measured(table: KTable, cov: Any) -> KTable:

@@ -25,7 +25,6 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from dsdprof import __version__
-from dsdprof.decide.vanilla import gap_text
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import (INTERPOLATION, TableError, ranges_from_points, read_table_file,
                                     validate_num_speculative_tokens, validate_ranges, validate_table)
@@ -174,6 +173,14 @@ def table_document(analysis: Any, ranges: list[list[int]], source: str = "", row
     if vanilla := getattr(analysis, "vanilla_faster", None):
         doc["vanilla_faster"] = vanilla
     return cast(KTable, doc)
+
+
+def gap_text(gain: float, lo: Any = None, hi: Any = None) -> str:
+    """``+12.6 % [+8.1, +17.0]`` (the interval when known)."""
+    txt = f"{gain * 100:+.1f} %"
+    if lo is not None and hi is not None and math.isfinite(float(lo)) and math.isfinite(float(hi)):
+        txt += f" [{float(lo) * 100:+.1f}, {float(hi) * 100:+.1f}]"
+    return txt
 
 
 def vanilla_warning(table: Mapping[str, Any], engine: str = "vLLM") -> str | None:

@@ -186,16 +186,23 @@ class Coverage:
     grid_from: str = "manifest"
     first_error: str = ""  # the first failed cell's error at a missing batch size or cell
     complete: bool = field(init=False)  # no gap (plain data: derived when made)
+    summary: str = field(init=False)  # :meth:`describe`'s line
+    gap_summary: str = field(init=False)  # ... without the first error
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "complete", not self.missing_batch_sizes and not self.missing_cells)
+        object.__setattr__(self, "summary", self._describe(self.first_error))
+        object.__setattr__(self, "gap_summary", self._describe(""))
 
     def record(self) -> dict[str, Any]:
-        """The fields it was made of (what ``analyze --json`` writes; ``complete`` derives from them)."""
+        """The fields it was made of (what ``analyze --json`` writes; the others derive from them)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
     def describe(self) -> str:
-        """One line naming the gaps ("" when complete)."""
+        """One line naming the gaps ("" when complete): :attr:`summary`."""
+        return self.summary
+
+    def _describe(self, first_error: str) -> str:
         parts = []
         if self.missing_batch_sizes:
             parts.append("no ok cell at batch size " + ", ".join(map(str, self.missing_batch_sizes)))
@@ -205,8 +212,8 @@ class Coverage:
                 by_bs.setdefault(b, []).append(k)
             parts.append("missing " + "; ".join(f"BS {b} K={','.join(map(str, ks))}"
                                                 for b, ks in by_bs.items()))
-        if parts and self.first_error:
-            parts.append(f"first error: {' '.join(self.first_error.split())[:120]}")
+        if parts and first_error:
+            parts.append(f"first error: {' '.join(first_error.split())[:120]}")
         return "; ".join(parts)
 
 

@@ -152,7 +152,7 @@ def _mark_undecided(ax, opt, bs, ks, decided, confidence: float) -> None:
 def _mark_vanilla(ax, opt, bs, ks, confidence: float) -> None:
     """A red band at batch sizes where vanilla (no speculative config) beat every K beyond its
     interval (vLLM's K=0 still runs the drafter), labelled with the gap and its interval."""
-    from dsdprof.decide.vanilla import gap_text
+    from dsdprof.export.table import gap_text
     if "vanilla_faster" not in opt.columns:
         return
     hits = [i for i, f in enumerate(opt["vanilla_faster"]) if bool(f)]
@@ -266,7 +266,7 @@ def tops_figure(comparison: pd.DataFrame, provenance: dict[str, Any] | None = No
 
 
 def _star_vanilla(ax, c: pd.DataFrame, gaps: pd.DataFrame | None) -> None:
-    from dsdprof.decide.vanilla import gap_text
+    from dsdprof.export.table import gap_text
     if gaps is None or not len(gaps):
         return
     tops = dict(zip(c["batch_size"].astype(int), c["tops_vanilla"]))

@@ -4,7 +4,8 @@ speculative variant (each fixed K, the table's DSD, the adaptive plugin) beyond 
 See :mod:`dsdprof.decide.vanilla` for why (vLLM's K=0 still runs the drafter) and for the same
 comparison over a sweep. Goodput here is mean AL / mean ITL of a variant's ok rows; intervals are
 :func:`dsdprof.report.compare.regret_intervals` against vanilla (paired wave by wave where the
-design interleaved the variants' waves).
+design interleaved the variants' waves). :func:`vanilla_line` is ``analyze``'s line for a sweep
+(from the analysis' ``vanilla_*`` columns).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 
 import pandas as pd
 
-from dsdprof.decide.vanilla import gap_text
+from dsdprof.export.table import gap_text
 from dsdprof.formats.measurements import MODE_VANILLA
 from dsdprof.report.compare import regret_intervals
 
@@ -63,3 +64,18 @@ def validate_vanilla_line(gaps: pd.DataFrame, confidence: float) -> str | None:
             f"{'; '.join(parts)} "
             "(goodput of vanilla / the fastest variant - 1): serve these batch sizes without speculation "
             "(docs/ktable.md#vanilla)")
+
+
+def vanilla_line(optimal: pd.DataFrame, confidence: float) -> str | None:
+    """One line for ``analyze``: where no speculation beat every K beyond its interval, or None."""
+    if "vanilla_faster" not in optimal.columns:
+        return None
+    hits = optimal[optimal["vanilla_faster"].astype(bool)]
+    if not len(hits):
+        return None
+    parts = [f"BS {int(r['batch_size'])} "
+             f"{gap_text(r['vanilla_gain'], r['vanilla_gain_low'], r['vanilla_gain_high'])}"
+             for _, r in hits.iterrows()]
+    return (f"vanilla (no speculative config) beats every K beyond its {confidence:.0%} interval at "
+            f"{'; '.join(parts)} (vanilla goodput / best K's - 1). vLLM's K=0 still runs the drafter: "
+            "serve these batch sizes without speculation (docs/ktable.md#vanilla)")

@@ -21,10 +21,14 @@ LAYERS = ("errors", "formats", "config", "io", "serve", "plugins", "measure", "d
 # by formats last) -> decide (the analysis, calling no lower layer: the K rule on points is
 # decide.rule's own) -> formats (the table's K ranges) -> export (the document built from plain
 # fields of the Analysis and Coverage) -> formats (the document validated last).
-MAX_CLIMBS = {"sweep": 2, "ctx": 2}
+# So also on a partial run exported with --allow-partial and on a measured run whose table records
+# vanilla_faster (the export's vanilla warning).
+RUNS = ("sweep", "ctx", "partial", "vanilla")
+MAX_CLIMBS = dict.fromkeys(RUNS, 2)
 # the same walk by layer, without formats and errors (the vocabulary every layer calls):
 # export -> io -> decide -> export
-MAX_STAGE_CLIMBS = {"sweep": 2, "ctx": 2}
+MAX_STAGE_CLIMBS = dict.fromkeys(RUNS, 2)
+VANILLA_RUN = Path(__file__).resolve().parents[2] / "docs/lab/data/toy-dense-cpu-itl2x.parquet"
 LEAVES = ("formats", "errors")
 
 
@@ -97,14 +101,26 @@ def _sim_run(out: Path, **sweep: Any) -> Path:
 
 @pytest.fixture(scope="module")
 def sim_runs(tmp_path_factory: Any) -> dict[str, Path]:
+    import json
+    import shutil
+
     base = tmp_path_factory.mktemp("walk")
-    return {"sweep": _sim_run(base / "sweep"), "ctx": _sim_run(base / "ctx", context_lens=[1024, 4096])}
+    runs = {"sweep": _sim_run(base / "sweep"), "ctx": _sim_run(base / "ctx", context_lens=[1024, 4096]),
+            "vanilla": VANILLA_RUN}
+    shutil.copytree(runs["sweep"], base / "partial")  # its manifest plans a batch size that never ran
+    manifest = base / "partial" / "_sweep.json"
+    doc = json.loads(manifest.read_text())
+    doc["spec"]["sweep"]["batch_sizes"].append(64)
+    manifest.write_text(json.dumps(doc))
+    return {**runs, "partial": base / "partial"}
 
 
-@pytest.mark.parametrize("name", ["sweep", "ctx"])
+@pytest.mark.parametrize("name", RUNS)
 def test_the_export_walk_climbs_back_up_at_most_twice(sim_runs, name):
-    export_document(sim_runs[name], "table")  # imports done outside the walk
-    stays = walk(export_document, sim_runs[name], "table")
+    out = export_document(sim_runs[name], "table", allow_partial=True)  # imports done outside the walk
+    assert ("partial" in out.doc["provenance"]) == (name == "partial")
+    assert bool(out.doc.get("vanilla_faster")) == (name == "vanilla")
+    stays = walk(export_document, sim_runs[name], "table", allow_partial=True)
     print(describe(stays))
     assert any(layer(s) <= LAYERS.index("io") for s in stays)  # the walk reached the run's files
     assert len(climbs(stays)) <= MAX_CLIMBS[name], describe(stays)
