@@ -45,7 +45,11 @@ def _drafts_report(
                                       help="Traffic mix (weights, any scale); default: the workload's "
                                            "prompts per category."),
     md: Path | None = typer.Option(None, "--md", help="Write the Markdown report here."),
+    text_out: Path | None = typer.Option(None, "--text", help="Write the 80-column text report here."),
     plot: Path | None = typer.Option(None, "--plot", help="Write the speedup-vs-K PNG here."),
+    ranking_plot: Path | None = typer.Option(None, "--ranking-plot",
+                                             help="Write the ranking PNG here: speedup over vanilla per "
+                                                  "batch size per draft at its mix K, with intervals."),
     title: str = typer.Option("", "--title", help="The report's heading."),
     draft: str | None = typer.Option(None, "--draft",
                                         help="With --table: the draft whose table to write."),
@@ -53,7 +57,8 @@ def _drafts_report(
                                          help="Write --draft's dsdprof.ktable/v2 for the mix."),
     force: bool = typer.Option(False, "--force", help="Replace existing output files."),
 ) -> None:
-    """Rank the drafts of a compare-drafts directory for a traffic mix; print (or write) the report."""
+    """Rank the drafts of a compare-drafts directory for a traffic mix; print the 80-column report
+    (or write it, and the Markdown one)."""
     from dsdprof.errors import InputError
     from dsdprof.io.atomic import write_bytes_atomic, write_json_atomic
     from dsdprof.measure.categories import parse_mix
@@ -62,17 +67,23 @@ def _drafts_report(
     comp = load_comparison(out)
     cats = list(comp.plan["categories"])
     weights = parse_mix(mix, cats) if mix else default_mix(comp)
-    text = drafts_markdown(comp, weights, title)
-    if md:
-        write_bytes_atomic(md if force else _new(md), text.encode())
-    else:
-        print(text)
-    if plot:
-        import io
+    from dsdprof.report.drafts_text import drafts_text, ranking_figure
 
-        buf = io.BytesIO()
-        drafts_figure(comp).savefig(buf, format="png")
-        write_bytes_atomic(plot if force else _new(plot), buf.getvalue())
+    text = drafts_text(comp, weights, title)
+    if md:
+        write_bytes_atomic(md if force else _new(md), drafts_markdown(comp, weights, title).encode())
+    if text_out:
+        write_bytes_atomic(text_out if force else _new(text_out), text.encode())
+    if not md and not text_out:
+        print(text)
+    figures = ((plot, lambda: drafts_figure(comp)), (ranking_plot, lambda: ranking_figure(comp, weights)))
+    for path, fig in figures:
+        if path:
+            import io
+
+            buf = io.BytesIO()
+            fig().savefig(buf, format="png")
+            write_bytes_atomic(path if force else _new(path), buf.getvalue())
     if table:
         if not draft:
             raise InputError("--draft", None, "--table needs the draft whose table to write")

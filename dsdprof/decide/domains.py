@@ -26,7 +26,22 @@ import numpy as np
 import pandas as pd
 
 GRID_COLUMNS = ["category", "batch_size", "num_spec_tokens", "acceptance_length", "itl_s",
-                "acceptance_per_pos", "speedup", "speedup_low", "speedup_high", "vanilla_goodput"]
+                "acceptance_per_pos", "speedup", "speedup_low", "speedup_high", "vanilla_goodput",
+                "drafted_per_step"]
+
+
+def drafted_per_step(g: pd.DataFrame, k: int) -> float:
+    """Draft tokens per request-step of a K's rows: K for a drafter that always drafts K (the paired
+    design's rows); a drafter that proposes 0..K (n-gram, cells design, where every steady step of a
+    row has exactly ``batch_size`` decoding requests) drafts ``num_draft_tokens / (steady_steps x
+    batch_size)``, its effective K."""
+    if "design" in g.columns and (g["design"] == "paired").all():
+        return float(k)
+    need = {"num_draft_tokens", "steady_steps"}
+    if not need <= set(g.columns):
+        return math.nan
+    steps = (g["steady_steps"].astype(float) * g["batch_size"].astype(float)).sum()
+    return float(g["num_draft_tokens"].astype(float).sum() / steps) if steps > 0 else math.nan
 
 
 def grid_from_rows(rows: pd.DataFrame, category: str, confidence: float | None = None) -> pd.DataFrame:
@@ -54,7 +69,7 @@ def grid_from_rows(rows: pd.DataFrame, category: str, confidence: float | None =
                     "itl_s": float(g["itl_s"].mean()), "acceptance_per_pos": per_pos,
                     "speedup": point, "speedup_low": lo, "speedup_high": hi,
                     "vanilla_goodput": float((bb["acceptance_length"] / bb["itl_s"]).mean())
-                    if len(bb) else math.nan})
+                    if len(bb) else math.nan, "drafted_per_step": drafted_per_step(g, int(k))})
     return pd.DataFrame(out, columns=GRID_COLUMNS)
 
 

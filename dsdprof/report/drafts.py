@@ -90,8 +90,8 @@ def _memory_rows(comp: Comparison) -> list[str]:
 
 
 def _per_category_rows(comp: Comparison) -> list[str]:
-    lines = ["| draft | category | BS | own K* | speedup [interval] | AL at K* | acceptance per position "
-             "(largest K) |", "|---|---|---:|---:|---|---:|---|"]
+    lines = ["| draft | category | BS | own K* | speedup [interval] | AL at K* | drafted per step at K* | "
+             "acceptance per position (largest K) |", "|---|---|---:|---:|---|---:|---:|---|"]
     for name, grid in comp.grids.items():
         pp = per_position(grid).set_index(["category", "batch_size"])
         for c in sorted(grid["category"].unique()):
@@ -101,8 +101,9 @@ def _per_category_rows(comp: Comparison) -> list[str]:
                 al = g[(g["batch_size"] == r["batch_size"]) & (g["num_spec_tokens"] == r["k"])]
                 pos = pp.loc[(c, int(r["batch_size"])), "acceptance_per_pos"]
                 pos_s = " ".join(_f(p) for p in pos) if pos is not None else "?"
+                drafted = al["drafted_per_step"].iloc[0] if "drafted_per_step" in al else math.nan
                 lines.append(f"| {name} | {c} | {int(r['batch_size'])} | {int(r['k'])} | {_ci(r)} | "
-                             f"{_f(al['acceptance_length'].iloc[0])} | {pos_s} |")
+                             f"{_f(al['acceptance_length'].iloc[0])} | {_f(drafted)} | {pos_s} |")
     return lines
 
 

@@ -224,5 +224,11 @@ def test_compare_drafts_and_report_end_to_end_on_the_analytic_engine(tmp_path, m
         def when_aside(d: dict) -> dict:  # created_at: when each was written
             return {**d, "provenance": {k: v for k, v in d["provenance"].items() if k != "created_at"}}
         assert when_aside(got) == when_aside(doc)
+    # the 80-column text report (printed without --md/--text) and the ranking plot
+    res = runner.invoke(app, ["drafts-report", "out", "--mix", "code=1,text=3", "--ranking-plot", "r.png"])
+    assert res.exit_code == 0, res.output
+    assert "Recommendation: ngram at every measured batch size" in res.stdout
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     res = runner.invoke(app, ["drafts-report", "out", "--mix", "web=1"])
     assert res.exit_code == 2 and "--mix" in res.output and "Traceback" not in res.output

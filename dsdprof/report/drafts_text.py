@@ -1,0 +1,124 @@
+"""The draft comparison at 80 columns and as a ranking plot (``dsdprof drafts-report``).
+
+:func:`drafts_text`: the recommendation, the ranking per batch size (each draft at its own best K
+for the mix, speedup over vanilla with its interval), draft memory, each draft's table for the mix
+and, per category, its own best K with the acceptance length and the draft tokens it proposed per
+request-step (its effective K: below K for a drafter that proposes 0..K, n-gram). Plain text,
+no line over 80 columns. :func:`ranking_figure`: speedup over vanilla against batch size, a
+point per draft at its mix K with the interval, labelled with that K.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from typing import Any
+
+from dsdprof.decide.domains import mix_table
+from dsdprof.decide.drafts import draft_memory, rank_drafts, recommend
+
+WIDTH = 80
+
+
+def _f(x: Any, nd: int = 2) -> str:
+    return f"{float(x):.{nd}f}" if x is not None and math.isfinite(float(x)) else "?"
+
+
+def _ci(r: Any) -> str:
+    return f"{_f(r['speedup'])} [{_f(r['speedup_low'])}, {_f(r['speedup_high'])}]"
+
+
+def _wrap(text: str, indent: str = "") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def _mix_line(weights: dict[str, float]) -> str:
+    total = sum(weights.values())
+    return ", ".join(f"{c} {100 * w / total:.0f} %" for c, w in weights.items())
+
+
+def _memory(comp: Any) -> list[str]:
+    sweep, work, eng = comp.spec.get("sweep", {}), comp.spec.get("workload", {}), comp.spec.get("engine", {})
+    kmax, bmax = max(sweep.get("num_spec_tokens", [0])), max(sweep.get("batch_sizes", [1]))
+    out = [f"  {'draft':<16} {'method':<12} {'weights MiB':>11} {'KV KiB/tok':>10} "
+           f"{f'KV MiB BS{bmax} K{kmax}':>16}"]
+    for d in comp.plan["drafts"]:
+        m = draft_memory(d.get("draft_model"), str(eng.get("dtype", "auto")), int(work.get("input_len", 0)),
+                         int(sweep.get("output_len", 0)), kmax, bmax)
+        out.append(f"  {d['name'][:16]:<16} {d['method'][:12]:<12} {_f(m['weights_bytes'] / 2**20, 1):>11} "
+                   f"{_f(m['kv_bytes_per_token'] / 2**10, 1):>10} {_f(m['kv_bytes'] / 2**20, 1):>16}")
+    return out
+
+
+def _per_category(comp: Any) -> list[str]:
+    out = [f"  {'draft':<14} {'category':<9} {'BS':>3} {'K*':>2} {'speedup [interval]':<20} "
+           f"{'AL':>5} {'drafted':>7}"]
+    for name, grid in comp.grids.items():
+        for c in sorted(grid["category"].unique()):
+            g = grid[grid["category"] == c]
+            for _, r in mix_table(g, {c: 1.0}).iterrows():
+                row = g[(g["batch_size"] == r["batch_size"]) & (g["num_spec_tokens"] == r["k"])].iloc[0]
+                drafted = row["drafted_per_step"] if "drafted_per_step" in row else math.nan
+                out.append(f"  {name[:14]:<14} {c[:9]:<9} {int(r['batch_size']):>3} {int(r['k']):>2} "
+                           f"{_ci(r):<20} {_f(row['acceptance_length']):>5} {_f(drafted):>7}")
+    return out
+
+
+def drafts_text(comp: Any, weights: dict[str, float], title: str = "") -> str:
+    """The report at 80 columns (module docstring)."""
+    ranking = rank_drafts(comp.grids, weights)
+    rec = recommend(ranking)
+    eng = comp.spec.get("engine", {})
+    designs = {d["name"]: d.get("design", "") for d in comp.plan["drafts"]}
+    out = [title or "Draft comparison", ""]
+    out += _wrap(f"Target {eng.get('model', '?')}; drafts: " + ", ".join(
+        f"{d['name']} ({d['method']}" + (f", {designs[d['name']]} design" if designs[d["name"]] else "")
+        + ")" for d in comp.plan["drafts"]) + "; categories (prompts): "
+        + ", ".join(f"{c} ({n})" for c, n in comp.plan["categories"].items())
+        + f"; mix: {_mix_line(weights)}.")
+    out += [""] + _wrap(f"Recommendation: {rec['text']}.") + ["",
+            "Ranking per batch size (each draft at its best K for the mix; speedup over",
+            "its own sweep's vanilla, with its interval):", "",
+            f"  {'BS':>4} {'rank':>4}  {'draft':<16} {'K':>2}  {'speedup [interval]':<20} verdict"]
+    for _, r in ranking.iterrows():
+        out.append(f"  {int(r['batch_size']):>4} {int(r['rank']):>4}  {str(r['draft'])[:16]:<16} "
+                   f"{int(r['k']):>2}  {_ci(r):<20} {r['verdict']}")
+    out += ["", "Draft memory (weights + draft KV; the target's KV is the same for all):", "",
+            *_memory(comp), "", "Each draft's table for the mix:", ""]
+    for name, grid in comp.grids.items():
+        t = mix_table(grid, weights)
+        out += _wrap(f"{name}: " + ", ".join(f"BS {int(b)} -> K {int(k)}"
+                                             for b, k in zip(t["batch_size"], t["k"])), "  ")
+    out += ["", "By category: own best K*, its speedup, AL, and draft tokens proposed per",
+            "request-step at K* (below K*: steps that drafted fewer, e.g. no n-gram match):", "",
+            *_per_category(comp), ""]
+    return "\n".join(out)
+
+
+def ranking_figure(comp: Any, weights: dict[str, float]):  # -> matplotlib Figure
+    """Speedup over vanilla per batch size, a point per draft at its mix K with its interval."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    ranking = rank_drafts(comp.grids, weights)
+    sizes = sorted({int(b) for b in ranking["batch_size"]})
+    drafts = list(comp.grids)
+    fig = Figure(figsize=(max(4.0, 1.6 * len(sizes) + 2), 3.4), dpi=110)
+    ax = fig.subplots()
+    width = 0.6 / max(1, len(drafts))
+    for i, name in enumerate(drafts):
+        r = ranking[ranking["draft"] == name].sort_values("batch_size")
+        x = np.array([sizes.index(int(b)) for b in r["batch_size"]]) + (i - (len(drafts) - 1) / 2) * width
+        s = r["speedup"].to_numpy(float)
+        err = np.vstack([s - r["speedup_low"].to_numpy(float), r["speedup_high"].to_numpy(float) - s])
+        ax.errorbar(x, s, yerr=np.nan_to_num(err), fmt="o", color=f"C{i}", capsize=3, label=name)
+        for xi, si, k in zip(x, s, r["k"]):
+            ax.annotate(f"K{int(k)}", (xi, si), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(sizes)), [str(b) for b in sizes])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("speedup over vanilla (mix K)")
+    ax.set_title(f"mix: {_mix_line(weights)}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
