@@ -49,7 +49,7 @@ from dsdprof.formats.ktable import TableError, k_for_batch_size
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.io.atomic import write_json_atomic
 from dsdprof.io.manifest import normalised_spec_dump
-from dsdprof.io.runs import RUN_KIND_VALIDATE, Run, run_kind
+from dsdprof.io.runs import RUN_KIND_VALIDATE
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.runner import SweepProgress, run_plan
 from dsdprof.measure.vllm.engine import VllmEngine
@@ -323,9 +323,3 @@ def run_validation(table: Mapping[str, Any], spec, out_dir: str | Path, fixed_ks
                    on_progress=on_progress)
     return ValidateSummary(out, res.total, res.ok, res.failed, res.skipped, tuple(warnings))
 
-
-def is_validate_run(path: str | Path | Run) -> bool:
-    """True when ``path`` (a :class:`dsdprof.io.runs.Run`, a directory or a Parquet file) holds a
-    validate run: its manifest, its metadata or its rows alone say so
-    (:func:`dsdprof.io.runs.kind_evidence`, the one test)."""
-    return (path.kind if isinstance(path, Run) else run_kind(path)) == RUN_KIND_VALIDATE

@@ -108,7 +108,6 @@ def test_validate_rows_are_refused_by_export_and_analyze_whatever_their_metadata
 
     from dsdprof.cli.app import app
     from dsdprof.io.runs import RUN_KIND_VALIDATE, run_kind
-    from dsdprof.jobs.validate import is_validate_run
 
     df = _variant_rows(adaptive)
     path = tmp_path / "v.parquet"
@@ -116,7 +115,7 @@ def test_validate_rows_are_refused_by_export_and_analyze_whatever_their_metadata
         df.to_parquet(path)
     else:
         _with_sweep_metadata(df, path)
-    assert run_kind(path) == RUN_KIND_VALIDATE and is_validate_run(path)
+    assert run_kind(path) == RUN_KIND_VALIDATE
     runner = CliRunner()
     for cmd in (["export", str(path), "-o", str(tmp_path / "t.json")], ["analyze", str(path)],
                 ["export", str(path), "--format", "vllm", "--allow-partial"]):
