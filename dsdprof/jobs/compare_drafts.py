@@ -24,7 +24,8 @@ without a match) runs in the **cells design** (``design = "cells"``: one cell pe
 with its own vanilla cells): its steps are never "pure K", so the paired design's per-step K
 switches cannot be timed; a cell at K is a server configured at K, and every steady step counts,
 those that drafted fewer than K or nothing included (``docs/drafts.md``). ``OUT/_drafts.json``
-records each draft's design.
+records each draft's design. A draft may set ``dsd_mode`` (``[engine]``'s); suffix decoding gets
+``"fixed"`` (one engine per K: vLLM 0.32's suffix proposer asserts the configured K every step).
 Without a ``category`` field in the workload (or ``[domains] categories = ["all"]``) each draft
 runs one sweep, ``OUT/<draft>/all/``. ``OUT/_drafts.json`` records the plan.
 """
@@ -44,7 +45,9 @@ from dsdprof.measure.vllm.worker import VARIABLE_DRAFT_METHODS
 
 PLAN_FILE = "_drafts.json"
 ALL = "all"
-_DRAFT_KEYS = ("name", "method", "draft_model", "speculative_extra")
+_DRAFT_KEYS = ("name", "method", "draft_model", "speculative_extra", "dsd_mode")
+# vLLM 0.32's suffix-decoding proposer asserts the step's K is the configured one: one engine per K
+FIXED_K_METHODS = frozenset({"suffix"})
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ def _drafts(raw: Any) -> list[dict[str, Any]]:
         seen.add(d["name"])
         out.append({"name": d["name"], "method": d.get("method", "draft_model"),
                     "draft_model": d.get("draft_model"),
-                    "speculative_extra": d.get("speculative_extra", {})})
+                    "speculative_extra": d.get("speculative_extra", {}),
+                    **({"dsd_mode": d["dsd_mode"]} if "dsd_mode" in d else {})})
     return out
 
 
@@ -111,6 +115,8 @@ def plan_drafts(spec_path: str | Path, out: str | Path) -> DraftPlan:
             if d["draft_model"]:
                 engine["draft_model"] = d["draft_model"]
             engine["speculative_extra"] = d["speculative_extra"]
+            if "dsd_mode" in d or d["method"] in FIXED_K_METHODS:
+                engine["dsd_mode"] = d.get("dsd_mode", "fixed")
             if path is not None:
                 one.setdefault("workload", {})["dataset"] = path
             specs[(d["name"], c)] = parse_spec(one)

@@ -88,3 +88,18 @@ def test_vllm_engine_marks_variable_drafters_cells():
         eng.spec, eng.out_dir = spec, None
         req = eng.cell_request(Cell(repeat=0, batch_size=1, mode="dsd", num_spec_tokens=2), 2)
         assert req.drafts_up_to_k is up_to, method
+
+
+def test_suffix_decoding_runs_one_engine_per_k_in_the_cells_design(tmp_path):
+    from dsdprof.jobs.compare_drafts import plan_drafts
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[engine]\nname = "vllm"\nmodel = "toy_models/dense/target"\n'
+                    '[[drafts]]\nname = "sfx"\nmethod = "suffix"\n'
+                    '[[drafts]]\nname = "ng"\nmethod = "ngram"\ndsd_mode = "dsd"\n'
+                    '[[drafts]]\nname = "dm"\nmethod = "draft_model"\ndraft_model = "toy_models/dense/draft"\n')
+    plan = plan_drafts(spec, tmp_path)
+    sfx, ng, dm = (plan.specs[(n, "all")] for n in ("sfx", "ng", "dm"))
+    assert (sfx.sweep.design, sfx.engine.dsd_mode) == ("cells", "fixed")
+    assert (ng.sweep.design, ng.engine.dsd_mode) == ("cells", "dsd")
+    assert (dm.sweep.design, dm.engine.dsd_mode) == ("paired", "auto")
