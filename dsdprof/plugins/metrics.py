@@ -110,6 +110,7 @@ class StepMetrics:
         self.alarms = [0, 0, 0, 0]  # k_switches, shift_alarms, silent_noop_steps, ignored_requests
         self.k = 0  # the K scheduled by the step whose drafts come back next (silent no-op alarm)
         self.sampled = getattr(sched, "num_sampled_tokens_per_step", 1)  # tokens a step adds beyond drafts
+        self.log_stats = bool(getattr(sched, "log_stats", False))  # vLLM builds SpecDecodingStats
         spec = cfg.speculative_config
         self.exact = spec is not None and spec.method in ALWAYS_DRAFT
         self.next_flush = 0.0
@@ -249,20 +250,6 @@ class StepMetrics:
                 self.alarms[2] += 1
 
 
-def _over_verified(scheduler_output, model_runner_output, sampled: int) -> bool:
-    """The step's first or last request got more tokens than the drafts the scheduler scheduled
-    for it in this very step + ``sampled`` (vLLM's ``num_sampled_tokens_per_step``): the runner
-    verified drafts the scheduler never scheduled. O(1), read before vLLM trims a stopped
-    request's tokens; counted for steps without vLLM's ``SpecDecodingStats`` (``--disable-log-stats``,
-    or no draft scheduled)."""
-    tokens = model_runner_output.sampled_token_ids
-    if not tokens:
-        return False
-    ids, spec = model_runner_output.req_ids, scheduler_output.scheduled_spec_decode_tokens
-    return (len(tokens[0]) > len(spec.get(ids[0], ())) + sampled
-            or len(tokens[-1]) > len(spec.get(ids[-1], ())) + sampled)
-
-
 class MetricsMixin:
     """See the module docstring. First in the MRO of dsdprof's serving schedulers."""
 
@@ -309,7 +296,18 @@ class MetricsMixin:
         m = self.dsdprof_metrics
         if m is None:  # built without _metrics_setup
             return super().update_from_output(scheduler_output, model_runner_output)
-        over = _over_verified(scheduler_output, model_runner_output, m.sampled)  # before vLLM trims
+        # The step's first or last request got more tokens than the drafts scheduled for it in this
+        # very step + vLLM's num_sampled_tokens_per_step: the runner verified drafts never scheduled
+        # (O(1); read before vLLM trims a stopped request's tokens). Counted for steps without
+        # vLLM's SpecDecodingStats (log_stats off, or no draft scheduled), else checked at the flush.
+        over = False
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        if not (m.log_stats and spec):
+            tokens = model_runner_output.sampled_token_ids
+            if tokens:
+                ids, top = model_runner_output.req_ids, m.sampled
+                over = (len(tokens[0]) > len(spec.get(ids[0], ())) + top
+                        or len(tokens[-1]) > len(spec.get(ids[-1], ())) + top)
         result = self._metrics_update(scheduler_output, model_runner_output)
         n = len(scheduler_output.num_scheduled_tokens)
         k = m.k = scheduler_output.num_spec_tokens_to_schedule  # K of the drafts handed back next
@@ -344,7 +342,12 @@ class MetricsMixin:
         m = self.dsdprof_metrics
         if m is None:
             return super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]  # vLLM's method
-        m.check_drafts(draft_token_ids.draft_token_ids)
+        ids = draft_token_ids.draft_token_ids
+        if ids:  # StepMetrics.check_drafts, inlined (a frame less per step)
+            a, b = len(ids[0]), len(ids[-1])
+            longest = a if a > b else b
+            if longest != m.k and (longest > m.k or m.exact):
+                m.alarms[2] += 1
         self._metrics_draft(draft_token_ids)
 
     def update_draft_token_ids_in_output(self, draft_token_ids, scheduler_output) -> None:
