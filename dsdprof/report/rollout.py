@@ -190,7 +190,8 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
       prediction exact (the machine today against the table's day; vanilla exact by construction);
     * ``fit`` (with ``model``, a :class:`~dsdprof.decide.makespan.StepModel` fitted on *another* run):
       the model's step and prefill seconds per variant, nothing of this run but its lengths;
-    * ``fitcal``: ``fit`` scaled per repeat by the factor that makes its vanilla row exact."""
+    * ``fitcal``: ``fit`` with step and prefill seconds times one factor per repeat: the repeat's
+      vanilla decode seconds (prefill left out: its noise is the largest) over the model's."""
     from dsdprof.decide.makespan import grid_from_table, predict, variant_schedules
 
     d = _ok(df, KIND_ROLLOUT)
@@ -212,7 +213,9 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
             p = predict(lens, scheds["vanilla"], grid, pre, "vanilla", 1.0, runs, seed)
             scale[int(rep)] = float((m - pre) / (p.makespan_s - pre))
             if model is not None:
-                fit_scale = m / _fitted(model, lens, scheds["vanilla"], "vanilla", runs, seed).makespan_s
+                dec = sum(x[2] for x in decode_steps(van.iloc[0]))
+                pv = predict(lens, scheds["vanilla"], model.engine("vanilla"), 0.0, "vanilla", 1.0, 1, seed)
+                fit_scale = dec / pv.makespan_s
         for _, row in r.iterrows():
             sched = scheds.get(row["variant"])
             if sched is not None:
@@ -221,11 +224,11 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
     return ReplayCheck(pd.DataFrame(out), scale)
 
 
-def _fitted(model, lens, sched, variant: str, runs: int, seed: int):
+def _fitted(model, lens, sched, variant: str, runs: int, seed: int, scale: float = 1.0):
     from dsdprof.decide.makespan import predict
 
-    return predict(lens, sched, model.engine(variant), model.prefill_s(variant, len(lens)), variant, 1.0,
-                   runs, seed)
+    return predict(lens, sched, model.engine(variant), model.prefill_s(variant, len(lens)) * scale, variant,
+                   scale, runs, seed)
 
 
 def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: float, runs: int,
@@ -239,7 +242,7 @@ def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: fl
     cal = predict(lens, sched, grid, pre, v, s, runs, seed).makespan_s if not math.isnan(s) else math.nan
     f = _fitted(model, lens, sched, v, runs, seed) if model is not None else None
     fit, lo, hi = (f.makespan_s, f.lo, f.hi) if f else (math.nan, math.nan, math.nan)
-    fitcal = fit * fit_scale
+    fitcal = _fitted(model, lens, sched, v, runs, seed, fit_scale).makespan_s if f else math.nan
     m = float(row["makespan_s"])
     return {
         "repeat": int(row["repeat"]),
