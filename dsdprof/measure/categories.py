@@ -127,11 +127,3 @@ def toy_category_prompts(n_per_category: int = 64, seed: int = 0) -> list[dict[s
         records.append({"id": f"code-{i}", CATEGORY_KEY: "code", "prompt": _code_prompt(rng)})
         records.append({"id": f"text-{i}", CATEGORY_KEY: "text", "prompt": _text_prompt(rng)})
     return records
-
-
-def write_toy_category_prompts(path: str | Path, n_per_category: int = 64, seed: int = 0) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text("".join(json.dumps(r) + "\n" for r in toy_category_prompts(n_per_category, seed)),
-                 encoding="utf-8")
-    return p
