@@ -93,7 +93,22 @@ def render_rollout(df) -> list[Table]:
                 fmt_number(x["table_k_differs"] * 100, 0),
             )
         out.append(t)
+        out.append(_render_serving_ratios(df))
     return out
+
+
+def _render_serving_ratios(df) -> Table:
+    from dsdprof.report.rollout import serving_ratios
+
+    t = Table(title="serving: output tokens/s, paired by repeat", box=box.SIMPLE_HEAD, padding=(0, 1),
+              pad_edge=False, caption="ratio to vanilla's and to the best fixed K's at that rate, "
+              "geometric mean, 95% t interval over repeats; > 1 is faster")
+    for col in ("rate", "variant", "vs vanilla", "vs best fixed", "best"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for _, x in serving_ratios(df).iterrows():
+        t.add_row(f"{x['rate_per_s']:g}", x["variant"], _ci(x["vs_vanilla"], x["vs_vanilla_lo"],
+                  x["vs_vanilla_hi"]), _ci(x["vs_best"], x["vs_best_lo"], x["vs_best_hi"]), x["best_fixed"])
+    return t
 
 
 def render_timeline(df, repeat: int = 0) -> Table:

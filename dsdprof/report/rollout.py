@@ -98,6 +98,25 @@ def serving_summary(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["rate_per_s", "_k"]).drop(columns="_k").reset_index(drop=True)
 
 
+def serving_ratios(df: pd.DataFrame, col: str = "tokens_per_s") -> pd.DataFrame:
+    """Per rate and variant: ``col`` (higher is better) against vanilla's and against the best
+    fixed K's at that rate (the fixed K with the highest median), paired by repeat: geometric mean
+    with a 95 % t interval; above 1 is better."""
+    d = _ok(df, KIND_SERVING)
+    rows = []
+    for rate, g in d.groupby("rate_per_s"):
+        fixed = g[g["variant"].str.startswith("fixed-")]
+        best = str(fixed.groupby("variant")[col].median().idxmax()) if len(fixed) else ""
+        for v in sorted(g["variant"].unique(), key=_variant_key):
+            a = paired_ratio(_by_repeat(g, v, col), _by_repeat(g, "vanilla", col), v, "vanilla")
+            b = paired_ratio(_by_repeat(g, v, col), _by_repeat(g, best, col), v, best) if best else None
+            rows.append({"rate_per_s": float(rate), "variant": v, "best_fixed": best,
+                         "vs_vanilla": a.ratio, "vs_vanilla_lo": a.lo, "vs_vanilla_hi": a.hi,
+                         "vs_best": b.ratio if b else math.nan, "vs_best_lo": b.lo if b else math.nan,
+                         "vs_best_hi": b.hi if b else math.nan})
+    return pd.DataFrame(rows)
+
+
 def with_slo(df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: float) -> pd.DataFrame:
     """``df`` with goodput recomputed at other SLOs (0 = none) from each row's request series:
     TTFT = first token - arrival, TPOT = (finish - first) / (tokens - 1), as in the run."""

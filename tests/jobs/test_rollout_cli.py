@@ -124,3 +124,21 @@ def test_replay_fit_needs_a_rollout_run(setup, tmp_path):
     r = runner.invoke(app, ["replay", str(tmp / "l.jsonl"), str(tmp / "table.json"), "--fit",
                             str(tmp / "nothing")])
     assert r.exit_code == 2 and "Traceback" not in r.output + r.stderr
+
+
+def test_serving_ratios_pair_by_repeat_and_pick_the_best_fixed_k_per_rate():
+    import pandas as pd
+
+    from dsdprof.report.rollout import serving_ratios
+    from tests.jobs.test_rollout import _row
+
+    # makespan per (rate, variant); repeat r runs 10 % slower per step: the pairing cancels it
+    base = {2.0: {"vanilla": 10.0, "fixed-2": 8.0, "fixed-4": 9.0, "dsd": 8.4},
+            8.0: {"vanilla": 10.0, "fixed-2": 9.0, "fixed-4": 7.0, "dsd": 7.7}}
+    rows = [_row(v, r, m * (1 + 0.1 * r), kind="serving", rate=rate)
+            for rate, ms in base.items() for v, m in ms.items() for r in range(3)]
+    s = serving_ratios(pd.DataFrame(rows)).set_index(["rate_per_s", "variant"])
+    assert s.loc[(2.0, "dsd"), "best_fixed"] == "fixed-2" and s.loc[(8.0, "dsd"), "best_fixed"] == "fixed-4"
+    assert s.loc[(2.0, "dsd"), "vs_best"] == pytest.approx(8.0 / 8.4)  # tokens/s = 100 / makespan
+    assert s.loc[(8.0, "dsd"), "vs_vanilla"] == pytest.approx(10.0 / 7.7)
+    assert s.loc[(8.0, "dsd"), "vs_best_lo"] == pytest.approx(7.0 / 7.7)  # no spread: a point interval
