@@ -39,11 +39,12 @@ READABLE_MANIFEST_VERSIONS = (MANIFEST_VERSION,)
 FLEET_INDEX_SCHEMA = "dsdprof.fleet-index/v1"
 FLEET_RUN_RECORD_SCHEMA = "dsdprof.fleet-run/v1"
 HWPROFILE_SCHEMA = "dsdprof.hwprofile/v1"  # probe-hardware / calibrate profiles
-SIM_MODEL_VERSION = "sim-step-model/4"  # 2: small-M GEMM tiles, quantization_config storage;
+SIM_MODEL_VERSION = "sim-step-model/5"  # 2: small-M GEMM tiles, quantization_config storage;
 # 3: per-layer / MoE latency terms, per-method speculation overhead, KV-cache dtype, fitted priors,
 #    GQA attention tile (measure.sim.context)
 # 4: priors refitted with DeepSeek-R1 on SGLang 0.5.7; MLA term only on pre-FlashMLA kernels and H20;
 #    FP8 GEMM ratio from DeepGEMM (issue 36)
+# 5: H20 decode attention computes its whole FA3 query tile (measure.sim.context.FULL_TILE_GPUS)
 
 # Rollout and serving rows (``dsdprof rollout``; dsdprof/formats/rollouts.py): a Parquet file of their
 # own, same metadata key, its own version (measurement readers refuse it by name).

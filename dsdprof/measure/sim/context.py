@@ -33,6 +33,18 @@ import numpy as np
 
 ArrayLike = Any
 ATTENTION_TILE_ROWS = 128  # query rows per attention tile (FA3 / FlashInfer decode, GQA-packed)
+# Decode attention on the H20 computes its whole first query tile. FlashAttention-3, the Hopper default
+# of vLLM V1 and SGLang (>= 0.4.6), runs head dim <= 128 on 128-row query tiles (hopper/tile_size.h,
+# tile_size_fwd_sm90: kBlockM 128) and the tensor cores compute every row, used or not: 128 rows are
+# 128 FLOP per bf16 KV byte. Below the ridge of H100 / H200 / B200 / A100 / MI300X (136-236 FLOP/B at
+# the fitted efficiencies) that hides under the KV read, so only the useful rows are counted there;
+# the H20 (148 TFLOP/s, 4.0 TB/s: ~31 FLOP/B) turns compute-bound, as SGLang measured: FA3 decode
+# attention 98 us vs FlashInfer's 35 us per layer on H20 (Qwen3-235B-A22B TP 8, BS 32, 3.5k input;
+# https://github.com/sgl-project/sglang/pull/6151) and 908 vs 2014 output tok/s end to end (QwQ-32B
+# TP 4, BS 64, 12k input; https://github.com/sgl-project/sglang/issues/5630). Newer FA3 builds pick
+# one 64-row MMA warpgroup for short query tiles (use_one_mma_wg), which would halve it.
+# MLA is left out: its decode runs FlashMLA (its own head tiling; fidelity.legacy_mla carries H20's).
+FULL_TILE_GPUS = ("H20",)
 
 
 def attention_tile(tile_m: ArrayLike) -> ArrayLike:
@@ -41,21 +53,29 @@ def attention_tile(tile_m: ArrayLike) -> ArrayLike:
 
 
 def query_tokens(group: ArrayLike, tokens_per_seq: ArrayLike,
-                 tile: ArrayLike = ATTENTION_TILE_ROWS) -> ArrayLike:
+                 tile: ArrayLike = ATTENTION_TILE_ROWS, min_rows: ArrayLike = 1) -> ArrayLike:
     """Query tokens of attention math per sequence: t while G·t fits one tile, else whole tiles
-    ``pad(G·t) / G``.
+    ``pad(G·t) / G``; at least ``min_rows / G`` (the kernel's smallest tile, computed whole:
+    a whole tile on :data:`FULL_TILE_GPUS`, see :func:`attention_min_rows`).
 
     ``group`` G = query heads per KV head on one device (0 or less: no attention, treated as 1);
-    ``tile`` <= 1: no tile (t). Inside the first tile only the useful rows are counted: the padded
-    rows of a partly filled tile hide under the KV read on GPUs whose ridge point exceeds 128
-    FLOP/byte (H100, H200, B200, A100); on compute-poor parts (H20) this undercounts the first tile.
+    ``tile`` <= 1: no tile (t). With ``min_rows`` 1 only the useful rows of the first tile count
+    (its padding hides under the KV read wherever the ridge exceeds the tile's FLOP per byte).
     """
     g = np.maximum(np.asarray(group, dtype=float), 1.0)
     t = np.asarray(tokens_per_seq, dtype=float)
     tile = np.asarray(tile, dtype=float)
     rows = g * t
     padded = np.where((tile > 1) & (rows > tile), np.ceil(rows / np.maximum(tile, 1.0)) * tile, rows)
-    return padded / g
+    padded = np.where((tile > 1) & (rows > min_rows) & (rows <= tile) & (min_rows > 1), tile, padded)
+    return np.maximum(padded, np.where(tile > 1, min_rows, 1.0)) / g
+
+
+def attention_min_rows(name: str, tile_m: ArrayLike) -> ArrayLike:
+    """Query rows the decode attention computes at least: a whole tile on :data:`FULL_TILE_GPUS`
+    (a GPU profile, ``tile_m`` > 1), else 1 (the useful rows only)."""
+    full = name in FULL_TILE_GPUS and float(np.max(tile_m)) > 1
+    return float(ATTENTION_TILE_ROWS) if full else 1.0
 
 
 def free_draft_length(group: ArrayLike, tile: ArrayLike = ATTENTION_TILE_ROWS) -> ArrayLike:

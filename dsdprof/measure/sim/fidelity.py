@@ -137,13 +137,28 @@ class Terms:
     overlap: np.ndarray  # 1.0 where an overlap-scheduler engine measured the point, else 0.0
 
 
+def kv_cache_dtype_of(engine: str, dtype: str, kv_cache_dtype: str) -> str:
+    """The KV-cache format a point's engine used: ``kv_cache_dtype`` unless it is ``auto`` on a
+    TensorRT-LLM FP8 point, which stores FP8 KV. TensorRT-LLM's ``KvCacheConfig(dtype="auto")``
+    follows the checkpoint's ``kv_cache_quant_algo``
+    (https://nvidia.github.io/TensorRT-LLM/latest/features/quantization.html; NVIDIA/TensorRT-LLM#16240),
+    and the Model Optimizer PTQ that writes its FP8 checkpoints quantizes the KV cache to FP8 unless
+    told otherwise (``--kv_cache_qformat`` default ``fp8``, NVIDIA/TensorRT-Model-Optimizer
+    examples/llm_ptq/multinode_ptq.py). vLLM and SGLang keep the model dtype under ``auto``
+    (https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/: FP8 KV needs
+    ``kv_cache_dtype="fp8"``)."""
+    trt = "tensorrtllm" in "".join(ch for ch in engine.lower() if ch.isalnum()) or "trtllm" in engine.lower()
+    return "fp8" if (trt and kv_cache_dtype == "auto" and dtype in ("fp8", "float8")) else kv_cache_dtype
+
+
 def _features(pt: Point) -> tuple[Hardware, Any, Any]:
     hw = resolve_hardware(pt.hardware, f"{pt.id}.hardware")
     target = resolve_model(pt.model, f"{pt.id}.model")
     spec = pt.method != "none"
     draft = resolve_model(pt.draft, f"{pt.id}.draft") if (spec and pt.draft) else None
-    tgt = arch_features(target, pt.dtype, pt.tp, pt.kv_cache_dtype)
-    drf = arch_features(draft, pt.dtype, pt.tp, pt.kv_cache_dtype) if draft else NO_DRAFT
+    kv = kv_cache_dtype_of(pt.engine, pt.dtype, pt.kv_cache_dtype)
+    tgt = arch_features(target, pt.dtype, pt.tp, kv)
+    drf = arch_features(draft, pt.dtype, pt.tp, kv) if draft else NO_DRAFT
     return hw, (target, tgt), drf
 
 

@@ -31,7 +31,7 @@ from dsdprof.measure.sim.catalog import ModelArch
 from dsdprof.measure.sim.dtypes import (  # noqa: F401 - re-exported
     DTYPES, FLOAT_DTYPES, ONLINE_QUANT, Storage, resolve_dtype,
 )
-from dsdprof.measure.sim.context import attention_tile, query_tokens
+from dsdprof.measure.sim.context import attention_min_rows, attention_tile, query_tokens
 from dsdprof.measure.sim.hardware import Hardware
 
 ArrayLike = Any  # float or numpy array (broadcastable)
@@ -156,6 +156,7 @@ class HwArrays:
     expert_overhead_s: ArrayLike = 0.0
     mla_layer_overhead_s: ArrayLike = 0.0
     token_overhead_s: ArrayLike = 0.0
+    attention_min_rows: ArrayLike = 1.0  # smallest attention query tile computed (sim.context)
 
     @staticmethod
     def of(hw: Hardware, compute_dtype: str = "bf16") -> HwArrays:
@@ -164,7 +165,7 @@ class HwArrays:
                         hw.interconnect_gbs * 1e9, hw.allreduce_latency_s, hw.memory_gb * 1e9,
                         e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s,
                         e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s,
-                        e.mla_layer_overhead_s, e.token_overhead_s)
+                        e.mla_layer_overhead_s, e.token_overhead_s, attention_min_rows(hw.name, hw.tile_m))
 
 
 def padded(n: ArrayLike, tile: ArrayLike, min_tile: ArrayLike = 16) -> ArrayLike:
@@ -227,14 +228,17 @@ def attention_term(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_s
     """KV-cache reads and attention math at context length C (sliding layers see min(C, W)).
 
     The t query tokens of a sequence share one pass over its KV cache, and their G·t query rows
-    are computed in whole tiles (:func:`dsdprof.measure.sim.context.query_tokens`, t' = pad(G·t)/G):
+    are computed in whole tiles; on H20 the first tile is computed whole (FA3's 128 rows: there,
+    unlike on other GPUs, it is compute-bound; not for MLA) (:func:`dsdprof.measure.sim.context.query_tokens`,
+    t' = pad(G·t)/G):
     mem = B · (kv_full · C + kv_sliding · min(C, W)) / BW;
     flops = B · t' · (attn_full · C + attn_sliding · min(C, W)) / F.
     """
     c = np.asarray(context, dtype=float)
     cs = np.where(np.asarray(f.window) > 0, np.minimum(c, f.window), 0.0)
     mem = batch * (f.kv_full * c + f.kv_sliding * cs) / hw.bandwidth
-    t = query_tokens(f.q_per_kv, tokens_per_seq, attention_tile(hw.tile_m))
+    min_rows = np.where(np.asarray(f.mla_layers) > 0, 1.0, hw.attention_min_rows)  # MLA: FlashMLA
+    t = query_tokens(f.q_per_kv, tokens_per_seq, attention_tile(hw.tile_m), min_rows)
     flop = batch * t * (f.attn_full * c + f.attn_sliding * cs) / hw.flops
     return mem, flop
 

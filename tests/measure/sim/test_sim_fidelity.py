@@ -212,3 +212,22 @@ def test_bad_kv_cache_dtype_is_one_line_exit_2(tmp_path):
     assert r.exit_code == 2 and "sim.kv_cache_dtype='int3'" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_trtllm_fp8_points_store_fp8_kv():
+    """kv_cache_dtype "auto" on a TensorRT-LLM FP8 point is FP8 KV (its KvCacheConfig follows the
+    ModelOpt checkpoint, whose PTQ quantizes KV to FP8 by default); vLLM / SGLang keep the model
+    dtype under auto, and an explicit kv_cache_dtype always wins."""
+    assert fid.kv_cache_dtype_of("TensorRT-LLM 0.12", "fp8", "auto") == "fp8"
+    assert fid.kv_cache_dtype_of("trtllm-serve", "fp8", "auto") == "fp8"
+    assert fid.kv_cache_dtype_of("vLLM 0.6.x", "fp8", "auto") == "auto"
+    assert fid.kv_cache_dtype_of("SGLang 0.5.7", "fp8", "auto") == "auto"
+    assert fid.kv_cache_dtype_of("TensorRT-LLM", "bfloat16", "auto") == "auto"
+    assert fid.kv_cache_dtype_of("TensorRT-LLM", "fp8", "bfloat16") == "bfloat16"
+    base = fid.load_points()[0]
+    pts = [fid.Point(**{**base.__dict__, "id": e, "engine": e, "dtype": "fp8", "batch": 64, "context": 2048})
+           for e in ("TensorRT-LLM 0.12", "vLLM 0.6.x")]
+    t = fid.terms(pts)
+    attention = t.mem_s[:, 2]  # verify attention (KV reads) column
+    assert attention[0] == pytest.approx(attention[1] / 2)
+    assert t.mem_s[0, 0] == pytest.approx(t.mem_s[1, 0])  # weights unchanged
