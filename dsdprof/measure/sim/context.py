@@ -34,7 +34,8 @@ import numpy as np
 ArrayLike = Any
 ATTENTION_TILE_ROWS = 128  # query rows per attention tile (FA3 / FlashInfer decode, GQA-packed)
 # Decode attention on the H20 computes its whole first query tile. FlashAttention-3, the Hopper default
-# of vLLM V1 and SGLang (>= 0.4.6), runs head dim <= 128 on 128-row query tiles (hopper/tile_size.h,
+# of vLLM V1 and of SGLang for Llama / Qwen / Gemma (https://github.com/sgl-project/sglang/issues/5064,
+# April 2025), runs head dim <= 128 on 128-row query tiles (hopper/tile_size.h,
 # tile_size_fwd_sm90: kBlockM 128) and the tensor cores compute every row, used or not: 128 rows are
 # 128 FLOP per bf16 KV byte. Below the ridge of H100 / H200 / B200 / A100 / MI300X (136-236 FLOP/B at
 # the fitted efficiencies) that hides under the KV read, so only the useful rows are counted there;
