@@ -344,15 +344,16 @@ def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: 
         )
     console.print(t)
     s = Table(title="replay vs measured: mean over repeats", box=box.SIMPLE_HEAD, padding=(0, 1),
-              pad_edge=False, caption="err %: of the mean; max: the largest single rollout's |err|"
+              pad_edge=False, caption="err %: the mean prediction against the mean measured makespan; "
+              "max: the largest single rollout's |err|"
               + ("; in 5-95%: rollouts inside the fitted replays' spread" if model else ""))
-    for col in ("variant", "measured s", *(f"{k} s (err %, max)" for k in kinds[:1] + kinds[2:3]),
+    for col in ("variant", "measured s", *(f"{k} %" for k in kinds), f"max {kinds[-1]} %",
                 *(["in 5-95%"] if model else [])):
         s.add_column(col, justify="right", no_wrap=True)
     for _, x in replay_summary(chk.rows).iterrows():
-        cells = [f"{x[k + '_s']:.2f} ({x[k + '_err'] * 100:+.1f}, {x[k + '_max_err'] * 100:.1f})"
-                 for k in kinds[:1] + kinds[2:3]]
-        s.add_row(x["variant"], fmt_number(x["measured_s"], 2), *cells,
+        s.add_row(x["variant"], fmt_number(x["measured_s"], 2),
+                  *(fmt_number(x[f"{k}_err"] * 100, 1) for k in kinds),
+                  fmt_number(x[f"{kinds[-1]}_max_err"] * 100, 1),
                   *([f"{x['fit_in_90'] * 100:.0f} %"] if model else []))
     console.print(s)
     if plot is not None:
