@@ -33,10 +33,20 @@ request arrives; a value of the wrong type or out of range is ignored and counte
   buffered and appended as one JSON line when the engine has no request left.
 
 **Own time out of ITL** (ITL = difference of consecutive ``t_end``): dsdprof's code is timed into
-``t_own`` (cumulative, in every record). The synchronous scheduler runs schedule, model and update in
-turn, so its ``t_end`` is ``perf_counter() - t_own``: only the mixin's frames and clock reads stay in
-the interval (``benchmarks/bench_scheduler_overhead.py``: ``in ITL``). Under async scheduling the
-scheduler runs while the GPU executes a step, so ``t_end`` keeps it (``t_own`` says how much).
+``t_own`` (cumulative, in every record). Its per-step work is O(1) in Python: ``schedule`` keeps a
+reference to the step's ``SchedulerOutput``; ``update_from_output`` copies the output's request
+index and sampled-token counts (C-level copies, before and after vLLM processes them); when a
+request finishes, its id and when (once per request). The per-request bookkeeping -- which
+requests the step traced, decoding or not, drafted/accepted/delivered, stale -- is built from
+those when the engine is idle (no request left, where the trace is written), outside every timed
+step, into the same records (``_dsdprof_defer = False`` builds them inside each step, as before).
+The synchronous scheduler runs schedule, model and update in turn, so its ``t_end`` is
+``perf_counter() - t_own``: only frames and clock reads stay in the interval. Under async
+scheduling the scheduler's work overlaps the GPU's step and lengthens it only where the CPU is the
+bottleneck, so ``t_end`` is not corrected; what it can keep there is the per-step residue above
+(``benchmarks/bench_scheduler_overhead.py``: ``in ITL``, sync and async). A preempted request or a
+resumable stop (stale outputs vLLM drops) or a failed KV load switches the engine to the per-step
+build until it is idle again; more than ``MAX_PENDING`` steps kept are built at once.
 
 **Accounting** holds under every call order vLLM uses (``EngineCore.step``, and
 ``step_with_batch_queue``: ``schedule`` of step n+1 before ``update_from_output`` of step n): what a
@@ -47,19 +57,21 @@ the sampled tokens in place; outputs vLLM discards (request already finished) co
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from dsdprof.formats.trace import TraceRecord, encode_flush, step_record
+from dsdprof.formats.trace import TraceRecord
 from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
 from dsdprof.plugins.profiling_keys import Profiled, _run_settings, parse_keys
+from dsdprof.plugins.profiling_records import KEPT, _StepRecords
+
+MAX_PENDING = 4096  # steps kept for the idle build; past it they are built at once (a wave is shorter)
 
 
-class _DsdprofMixin:
+class _DsdprofMixin(_StepRecords):
     """See the module docstring."""
 
     if TYPE_CHECKING:  # vLLM's Scheduler (v1/core/sched/scheduler.py), which this mixin is combined with
@@ -71,6 +83,7 @@ class _DsdprofMixin:
         max_num_running_reqs: int
 
     _dsdprof_subtract_own = True  # t_end excludes dsdprof's own time (module docstring)
+    _dsdprof_defer = False  # build each step's record in it (sync; TracingAsyncScheduler: when idle)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)  # vLLM's Scheduler.__init__
@@ -97,6 +110,12 @@ class _DsdprofMixin:
         self._dsdprof_k_src: Profiled | int | None = None  # the first live K-sequence request, else max K
         self._dsdprof_own = getattr(self, "_dsdprof_own", 0.0)  # seconds of dsdprof's own work so far
         self.dsdprof_ignored = 0  # requests whose dsdprof keys were (partly) ignored
+        self._dsdprof_pending: list[tuple] = []  # steps kept for the idle build, in order
+        self._dsdprof_seen: dict[str, Any] = {}  # req_id -> Request: every request added, until idle
+        self._dsdprof_profiles: dict[str, Profiled] = {}  # req_id -> keys, not forgotten until idle
+        self._dsdprof_fin: dict[str, int] = {}  # req_id -> when first seen finished (2u - 1: before update u)
+        self._dsdprof_u = 0  # update_from_output calls so far
+        self._dsdprof_exact = False  # stale outputs vLLM may drop: build every step in it, until idle
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request) -> None:
@@ -109,8 +128,11 @@ class _DsdprofMixin:
                                   self._dsdprof_trace_dir, self.num_spec_tokens,
                                   self.max_num_running_reqs)
         self.dsdprof_ignored += bad
+        req_id = request.request_id
+        self._dsdprof_seen[req_id] = request
+        self._dsdprof_fin.pop(req_id, None)
         if profile is not None:
-            self._dsdprof_reqs[request.request_id] = profile
+            self._dsdprof_reqs[req_id] = self._dsdprof_profiles[req_id] = profile
             self._dsdprof_k_for = None
         self._dsdprof_own += time.perf_counter() - t0
 
@@ -118,6 +140,26 @@ class _DsdprofMixin:
         for req_id in finished:
             if self._dsdprof_reqs.pop(req_id, None) is not None:
                 self._dsdprof_k_for = None
+
+    def _dsdprof_saw(self, finished, when: int) -> list[str]:
+        """Note when each of vLLM's ``finished_req_ids`` was first seen finished, on a half-step clock
+        (``2u - 1``: before update ``u``; ``2u``: right after it): a kept step's stale outputs. The
+        ids seen finished for the first time."""
+        fin, first = self._dsdprof_fin, []
+        for req_id in finished:
+            if req_id not in fin:
+                fin[req_id] = when
+                first.append(req_id)
+        return first
+
+    def _preempt_request(self, request, *args, **kwargs):  # vLLM's; its in-flight output may be dropped
+        self._dsdprof_exact = True
+        return super()._preempt_request(request, *args, **kwargs)
+
+    def _handle_stopped_request(self, request):  # vLLM's; a resumable stop drops in-flight output
+        if getattr(request, "resumable", False):
+            self._dsdprof_exact = True
+        return super()._handle_stopped_request(request)
 
     def _dsdprof_live(self, req_id: str) -> bool:
         request = self.requests.get(req_id)
@@ -174,8 +216,11 @@ class _DsdprofMixin:
     def schedule(self, *args, **kwargs):
         t0 = time.perf_counter()
         self._dsdprof_seq_key = self._dsdprof_arm = None
-        if self._dsdprof_reqs:  # finished since the last schedule (updates, aborts)
-            self._dsdprof_forget(getattr(self, "finished_req_ids", ()))
+        finished = getattr(self, "finished_req_ids", ())  # since the last schedule (updates, aborts)
+        if finished and self._dsdprof_seen:
+            self._dsdprof_saw(finished, 2 * self._dsdprof_u + 1)
+            if self._dsdprof_reqs:
+                self._dsdprof_forget(finished)
         self._dsdprof_own += time.perf_counter() - t0
         self._dsdprof_apply_k()  # times its own work (a subclass's override is not dsdprof's profiling)
         out = super().schedule(*args, **kwargs)
@@ -185,47 +230,36 @@ class _DsdprofMixin:
             self._dsdprof_seq_step[key] = self._dsdprof_seq_step.get(key, 0) + 1
             self._dsdprof_arms[id(out)] = self._dsdprof_arm
         if self._dsdprof_reqs:
-            self._dsdprof_forget(getattr(out, "finished_req_ids", ()))  # finished inside schedule()
-            self._dsdprof_record_schedule(out)
+            finished = getattr(out, "finished_req_ids", ())  # and those finished inside schedule()
+            if finished:
+                self._dsdprof_saw(finished, 2 * self._dsdprof_u + 1)
+                self._dsdprof_forget(finished)
+            if not self._dsdprof_defer or self._dsdprof_exact:
+                self._dsdprof_record_schedule(out)
+            elif out.num_scheduled_tokens:  # kept by reference, built when idle (_dsdprof_build)
+                cached, new = out.scheduled_cached_reqs, out.scheduled_new_reqs
+                self._dsdprof_steps[id(out)] = (
+                    KEPT, out.num_scheduled_tokens, out.scheduled_spec_decode_tokens, cached.req_ids,
+                    cached.num_computed_tokens, [r.req_id for r in new] if new else (),
+                    int(getattr(out, "num_spec_tokens_to_schedule", -1)), self._dsdprof_arms.get(id(out)))
         self._dsdprof_own += time.perf_counter() - t1
         return out
 
     def _dsdprof_record_schedule(self, out) -> None:
-        scheduled = out.num_scheduled_tokens
-        if not scheduled:
-            return
-        new_ids = {r.req_id for r in out.scheduled_new_reqs}
-        path, wave = "", 0
-        reqs: list[tuple[str, bool]] = []  # (req_id, decoding)
-        prefill_tokens = others = 0
-        spec = out.scheduled_spec_decode_tokens
-        for req_id, n in scheduled.items():
-            request = self.requests.get(req_id)
-            if request is None:
-                continue
-            drafted = len(spec.get(req_id, ()))
-            computed_before = request.num_computed_tokens - n
-            decoding = (req_id not in new_ids and n == 1 + drafted
-                        and computed_before >= request.num_prompt_tokens)
-            if not decoding:
-                prefill_tokens += n
-            p = self._dsdprof_reqs.get(req_id)
-            if p is None or not p.trace:
-                others += 1
-                continue
-            if not path:
-                path, wave = p.trace, p.wave
-            elif p.trace != path or p.wave != wave:
-                others += 1
-                continue
-            reqs.append((req_id, decoding))
-        if path:
-            self._dsdprof_steps[id(out)] = (path, wave, reqs, prefill_tokens, others,
-                                            int(getattr(out, "num_spec_tokens_to_schedule", -1)),
-                                            self._dsdprof_arms.get(id(out)))
+        info = self._dsdprof_step_info(
+            out.num_scheduled_tokens, {r.req_id for r in out.scheduled_new_reqs},
+            out.scheduled_spec_decode_tokens, self.requests, self._dsdprof_reqs, None,
+            int(getattr(out, "num_spec_tokens_to_schedule", -1)), self._dsdprof_arms.get(id(out)))
+        if info is not None:
+            self._dsdprof_steps[id(out)] = info
 
     def update_from_output(self, scheduler_output, model_runner_output):
         t0 = time.perf_counter()
+        self._dsdprof_u = u = self._dsdprof_u + 1
+        finished = getattr(self, "finished_req_ids", ())
+        if finished and self._dsdprof_seen:
+            self._dsdprof_saw(finished, 2 * u - 1)
+        mro = model_runner_output
         info = self._dsdprof_steps.pop(id(scheduler_output), None) if self._dsdprof_steps else None
         if self._dsdprof_arms or self._dsdprof_last_arm is not None:
             arm = self._dsdprof_arms.pop(id(scheduler_output), None)
@@ -233,84 +267,67 @@ class _DsdprofMixin:
             self._dsdprof_last_arm = arm
         elif self.dsdprof_step_arms[0] is not None or self.dsdprof_step_arms[1] is not None:
             self.dsdprof_step_arms = (None, None)
-        before = (self._dsdprof_before(info, scheduler_output, model_runner_output) if info is not None
-                  else None)
+        kept = before = None
+        if info is None:
+            pass
+        elif info[0] is KEPT and not (self._dsdprof_exact or self._dsdprof_kv_failed(mro)):
+            sampled = mro.sampled_token_ids  # its counts now: vLLM trims a stopped request's in place
+            kept = (info, u, dict(mro.req_id_to_index), list(map(len, sampled)) if sampled else None,
+                    scheduler_output.num_invalid_spec_tokens)
+        else:
+            info, before = self._dsdprof_exact_before(info, scheduler_output, mro)
         self._dsdprof_own += time.perf_counter() - t0
-        result = super().update_from_output(scheduler_output, model_runner_output)
+        result = super().update_from_output(scheduler_output, mro)
         t2 = time.perf_counter()
         own = self._dsdprof_own
-        if info is not None:
-            self._dsdprof_record_output(info, before, t2 - own if self._dsdprof_subtract_own else t2, own)
+        t_end = t2 - own if self._dsdprof_subtract_own else t2
+        finished = getattr(self, "finished_req_ids", ())
+        stopped = self._dsdprof_saw(finished, 2 * u) if finished and self._dsdprof_seen else None
+        if kept is not None:  # what vLLM left of a stopped request's sampled tokens: delivered
+            index, sampled = kept[2], mro.sampled_token_ids
+            trimmed = {r: len(sampled[index[r]]) for r in stopped if r in index} if stopped else None
+            self._dsdprof_pending.append((*kept, trimmed, t_end, own))
+        elif before is not None:
+            self._dsdprof_record_output(info, before, t_end, own)
         if not self.running and len(self.waiting) == 0 and (
-                self._dsdprof_reqs or self._dsdprof_buffers or self._dsdprof_seq_step):
-            self._dsdprof_reqs = {r: p for r, p in self._dsdprof_reqs.items() if self._dsdprof_live(r)}
-            self._dsdprof_seq_step = {}
-            self._dsdprof_last_arm = None
-            if self._dsdprof_buffers:
-                self._dsdprof_flush()
-        info = before = None  # freed here, inside the timed stretch, not on return
+                self._dsdprof_reqs or self._dsdprof_buffers or self._dsdprof_seq_step or self._dsdprof_pending
+                or self._dsdprof_seen):
+            self._dsdprof_idle(u)
+        elif len(self._dsdprof_pending) >= MAX_PENDING:
+            self._dsdprof_build()
+        info = before = kept = None  # freed here, inside the timed stretch, not on return
         self._dsdprof_own += time.perf_counter() - t2
         return result
 
-    def _dsdprof_before(self, info, so, mro) -> list[tuple]:
-        """Per traced request, before vLLM processes the output (and trims it in place):
-        (id, request, decoding, stale, output tokens so far, drafted, accepted, sampled)."""
-        sampled = mro.sampled_token_ids
-        index = mro.req_id_to_index
-        spec = so.scheduled_spec_decode_tokens
-        invalid = so.num_invalid_spec_tokens or {}
-        per_step = getattr(self, "num_sampled_tokens_per_step", 1)
-        rows = []
-        for req_id, decoding in info[2]:
-            request = self.requests.get(req_id)
-            stale = request is None or request.is_finished() or bool(
-                getattr(request, "num_stale_output_tokens", 0)
-                and getattr(request, "drop_stale_output", False))
-            i = index.get(req_id)
-            g = len(sampled[i]) if (sampled and i is not None) else 0
-            d = len(spec.get(req_id, ()))
-            a = max(g - per_step, 0) if d and (g or per_step == 0) else 0
-            d = d - invalid.get(req_id, 0) if d else 0
-            done = 0 if stale else request.num_output_tokens
-            rows.append((req_id, request, decoding, stale, done, d, a, g))
-        return rows
+    @staticmethod
+    def _dsdprof_kv_failed(mro) -> bool:
+        """A failed KV load: vLLM skips the affected outputs (build the step's record in it)."""
+        kv = getattr(mro, "kv_connector_output", None)
+        return kv is not None and bool(getattr(kv, "failed_recving", None)
+                                       or getattr(kv, "invalid_block_ids", None))
 
-    def _dsdprof_record_output(self, info, before, t_end: float, t_own: float) -> None:
-        path, wave, reqs, prefill_tokens, others, k_next, arm = info
-        ids, drafted, accepted, generated, finished, delivered = [], [], [], [], [], {}
-        stale_n = 0
-        for req_id, request, decoding, stale, n_before, d, a, g in before:
-            if stale:
-                stale_n += 1
-                continue
-            delivered[req_id] = request.num_output_tokens - n_before
-            if decoding:
-                ids.append(req_id)
-                drafted.append(d)
-                accepted.append(a)
-                generated.append(g)
-                finished.append(request.is_finished())
-        if not delivered:  # every output of the step was stale (async: the wave already finished)
-            return
-        self._dsdprof_buffers.setdefault(path, []).append(step_record(
-            wave=wave, t_end=t_end, t_own=t_own, scheduled=len(reqs), decoding=len(ids),
-            prefill_tokens=prefill_tokens, others=others, stale=stale_n, ids=ids, drafted=drafted,
-            accepted=accepted, generated=generated, delivered=delivered, finished=finished, k_next=k_next,
-            arm=arm))
+    def _dsdprof_exact_before(self, info, so, mro):
+        if info[0] is KEPT:  # a kept step: its schedule-time facts from what it kept
+            info = self._dsdprof_kept_info(info)
+        if self._dsdprof_pending:
+            self._dsdprof_build()  # records stay in step order
+        return info, (self._dsdprof_before(info, so, mro) if info is not None else None)
 
-    def _dsdprof_flush(self) -> None:
-        trace_dir = self._dsdprof_trace_dir
-        for path, records in self._dsdprof_buffers.items():
-            if not trace_dir or os.path.dirname(path) != trace_dir:
-                continue  # never outside the run's trace directory
-            try:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
-                fd = os.open(path, flags, 0o644)
-                with os.fdopen(fd, "a") as fh:
-                    fh.write(encode_flush(records))
-            except OSError:
-                self.dsdprof_ignored += 1  # a trace that cannot be written fails its cell, not the engine
-        self._dsdprof_buffers = {}
+    def _dsdprof_idle(self, u: int) -> None:
+        """The engine has no request left: build and write the traces, forget the finished."""
+        if self._dsdprof_pending:
+            self._dsdprof_build()
+        self._dsdprof_reqs = {r: p for r, p in self._dsdprof_reqs.items() if self._dsdprof_live(r)}
+        self._dsdprof_seq_step = {}
+        self._dsdprof_last_arm = None
+        self._dsdprof_exact = False
+        if self._dsdprof_buffers:
+            self._dsdprof_flush()
+        horizon = 2 * u - 64  # a step still in flight was scheduled a few updates ago at most
+        fin = self._dsdprof_fin = {r: f for r, f in self._dsdprof_fin.items() if f >= horizon}
+        keep = self.requests
+        self._dsdprof_seen = {r: q for r, q in self._dsdprof_seen.items() if r in fin or r in keep}
+        self._dsdprof_profiles = {r: p for r, p in self._dsdprof_profiles.items() if r in fin or r in keep}
 
 
 class TracingScheduler(_DsdprofMixin, Scheduler):
@@ -321,6 +338,7 @@ class TracingAsyncScheduler(_DsdprofMixin, AsyncScheduler):
     """vLLM's async scheduler (its default on GPU where supported) with the same additions."""
 
     _dsdprof_subtract_own = False  # its work overlaps the GPU's step (module docstring)
+    _dsdprof_defer = True  # so little of it is in the step: per-request bookkeeping built when idle
 
 
 def class_for_config(scheduler_config, sync_cls: type, async_cls: type) -> type:
