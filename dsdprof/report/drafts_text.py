@@ -3,7 +3,8 @@
 :func:`drafts_text`: the recommendation, the ranking per batch size (each draft at its own best K
 for the mix, speedup over vanilla with its interval), draft memory, each draft's table for the mix
 and, per category, its own best K with the acceptance length and the draft tokens it proposed per
-request-step (its effective K: below K for a drafter that proposes 0..K, n-gram). Plain text,
+request-step (its effective K: below K for a drafter that proposes 0..K, n-gram), and each
+sweep's own vanilla side by side. Plain text,
 no line over 80 columns. :func:`ranking_figure`: speedup over vanilla against batch size, a
 point per draft at its mix K with the interval, labelled with that K.
 """
@@ -64,6 +65,19 @@ def _per_category(comp: Any) -> list[str]:
     return out
 
 
+def _vanillas(comp: Any) -> list[str]:
+    sizes = sorted({int(b) for g in comp.grids.values() for b in g["batch_size"]})
+    out = [f"  {'sweep':<24}" + "".join(f"{f'BS {b}':>9}" for b in sizes)]
+    for name, grid in comp.grids.items():
+        for c in sorted(grid["category"].unique()):
+            vals = []
+            for b in sizes:
+                v = grid[(grid["category"] == c) & (grid["batch_size"] == b)]["vanilla_goodput"]
+                vals.append(_f(v.iloc[0] * b, 1) if len(v) else "?")
+            out.append(f"  {f'{name}/{c}'[:24]:<24}" + "".join(f"{x:>9}" for x in vals))
+    return out
+
+
 def drafts_text(comp: Any, weights: dict[str, float], title: str = "") -> str:
     """The report at 80 columns (module docstring)."""
     ranking = rank_drafts(comp.grids, weights)
@@ -91,7 +105,9 @@ def drafts_text(comp: Any, weights: dict[str, float], title: str = "") -> str:
                                              for b, k in zip(t["batch_size"], t["k"])), "  ")
     out += ["", "By category: own best K*, its speedup, AL, and draft tokens proposed per",
             "request-step at K* (below K*: steps that drafted fewer, e.g. no n-gram match):", "",
-            *_per_category(comp), ""]
+            *_per_category(comp), "",
+            "Vanilla tokens/s (whole batch), each sweep's own: they should agree across", "drafts.", "",
+            *_vanillas(comp), ""]
     return "\n".join(out)
 
 

@@ -232,3 +232,14 @@ def test_compare_drafts_and_report_end_to_end_on_the_analytic_engine(tmp_path, m
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     res = runner.invoke(app, ["drafts-report", "out", "--mix", "web=1"])
     assert res.exit_code == 2 and "--mix" in res.output and "Traceback" not in res.output
+
+
+def test_drafted_per_step_is_the_effective_k_of_a_variable_drafter():
+    from dsdprof.decide.domains import drafted_per_step
+
+    # cells design (n-gram): 2 rows of BS 4, 50 + 30 steady steps, 120 + 40 draft tokens at K 3
+    rows = pd.DataFrame({"design": ["cells", "cells"], "batch_size": [4, 4], "steady_steps": [50, 30],
+                         "num_draft_tokens": [120, 40]})
+    assert drafted_per_step(rows, 3) == pytest.approx(160 / 320)
+    # the paired design's rows always drafted K (their steady steps count only the timed ones)
+    assert drafted_per_step(rows.assign(design="paired"), 3) == 3.0
