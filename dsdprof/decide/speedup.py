@@ -129,9 +129,10 @@ def speedup_estimate(k_rows: pd.DataFrame, base_rows: pd.DataFrame, replicates: 
         slow = None
         if group is not None and all(u[3].size >= ROBUST_MIN_WAVES for u in ku):
             slow = _slow_steps(group, int(k_rows["num_spec_tokens"].iloc[0]), kr)
-        if slow is not None:  # the K winsorized x the group's slow-step factor (module docstring)
-            ku = [(u[0], u[1], u[2], x) for u, x in zip(ku, slow)]
-        got = _paired(ku, kb, kr, bu, bb, br, rng, replicates, confidence)
+        paired_ku = ku  # the K winsorized x the group's slow-step factor (module docstring)
+        if slow is not None:  # (waves x 3 columns: only the paired path reads them)
+            paired_ku = [(u[0], u[1], u[2], x) for u, x in zip(ku, slow)]
+        got = _paired(paired_ku, kb, kr, bu, bb, br, rng, replicates, confidence)
         if got is not None:
             return (*got, "paired")
     devs: list[np.ndarray | None] = []

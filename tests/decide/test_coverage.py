@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from dsdprof.decide import bootstrap
@@ -165,3 +167,14 @@ def test_held_out_heavier_outliers_are_covered():
     cov, _, wrong = _run(SC["heavy"], BOUNDARY_BATCH_SIZES, 60, seed0=5000)
     assert min(cov.values()) >= 0.87, cov
     assert max(wrong.values()) <= 1, wrong
+
+
+def test_speedup_falls_back_to_independent_when_vanilla_shares_no_wave_block():
+    """A paired K whose vanilla rows share no wave block with it takes the independent interval
+    from the K's own waves (it crashed when the group's slow-step columns, waves x 3, reached that
+    path: analyze on docs/lab/data/sweep-cost-paired-budget.parquet)."""
+    root = Path(__file__).resolve().parents[2]
+    result = analyze(pd.read_parquet(root / "docs" / "lab" / "data" / "sweep-cost-paired-budget.parquet"))
+    rows = result.optimal.to_dict("records")
+    spans = [(o["speedup_vs_baseline"], o["speedup_low"], o["speedup_high"]) for o in rows]
+    assert len(spans) == 3 and all(lo <= s <= hi for s, lo, hi in spans if math.isfinite(lo)), spans
