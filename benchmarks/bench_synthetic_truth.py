@@ -32,6 +32,7 @@ RATES = [0.8, 0.6, 0.45, 0.3]
 KS = (1, 2, 3, 4)
 
 
+SEED = 0  # --seed: the engine's (its global generator draws the greedy uniforms) and the requests'
 MODEL_DIR = ROOT / "toy_models" / "dense"  # --model-dir: a toy pair's directory (target/, draft/)
 TINY = dict(hidden_size=64, num_layers=2, intermediate_size=128, num_heads=2, num_kv_heads=1)  # --build-tiny
 
@@ -46,7 +47,7 @@ def spec_for(design: str, waves: int, output_len: int, temperature: float, rates
                    "extra": {"enforce_eager": True}, "synthetic_acceptance_rates": rates},
         "sweep": {"batch_sizes": [bs], "num_spec_tokens": list(KS), "waves": waves, "output_len": output_len,
                   "warmup": 0, "design": design},
-        "workload": {"dataset": "synthetic", "input_len": 32, "num_prompts": 256, "seed": 0,
+        "workload": {"dataset": "synthetic", "input_len": 32, "num_prompts": 256, "seed": SEED,
                      "temperature": temperature},
     })
 
@@ -123,7 +124,8 @@ def measure(args) -> dict:
     timing = {"engine_start_s": time.time() - t_start}
     rows: list = []
     result = {"batch_size": bs, "rates": args.rates, "temperature": args.temperature,
-              "output_len": args.output_len, "paired_waves": pw, "cells_waves": cw, "timing": timing,
+              "output_len": args.output_len, "seed": args.seed, "paired_waves": pw, "cells_waves": cw,
+              "timing": timing,
               "rows": rows, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "cpu_count": os.cpu_count()}
 
@@ -282,9 +284,12 @@ def main() -> int:
                          "(--build-tiny) measures the same truth much faster")
     ap.add_argument("--build-tiny", type=Path, metavar="DIR",
                     help="build the tiny dense pair (hidden 64, 2 layers; TINY) into DIR and exit")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="[workload] seed: the engine's and the requests' (another seed: independent draws)")
     args = ap.parse_args()
-    global MODEL_DIR
+    global MODEL_DIR, SEED
     MODEL_DIR = (args.model_dir or MODEL_DIR).resolve()
+    SEED = args.seed
     if args.build_tiny:
         from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair
 
