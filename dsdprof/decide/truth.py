@@ -19,7 +19,10 @@ included) this module does not have. Simulated paired traces under the rates 0.8
 uses every position of the group), and as much as the spread of the samples (wave blocks): 0.13,
 0.23, 0.31, 0.39 %. So a paired row's standard error is its samples' (``se_from = "samples"``)
 when it has at least :data:`MIN_SAMPLES` of them, else the model's over its own request-steps
-(``"own steps"``: conservative, about twice too large). ``dispersion``: the samples' standard
+(``"own steps"``: conservative, about twice too large). With short requests the samples' spread
+understates it: the replay's chain is fitted once over every block, so its fitting noise is common
+to them (simulated at 128 and 32 tokens: the spread over runs is 1.4-1.75 times the samples' error;
+docs/lab/synthetic-truth.md). ``dispersion``: the samples' standard
 error over the model's (over ``num_drafts``): about 1 for a cells row when request-steps are
 independent draws, larger when they are not (requests of a wave drawing the same numbers, for
 instance); about 0.4-0.5 for a paired row.
