@@ -217,6 +217,26 @@ def test_the_silent_noop_alarm_under_sync_and_async_scheduling(tmp_path, mode, l
         assert alarms == (ignores.over_any if log_stats else ignores.over_ends) > 5
 
 
+def test_drafts_handed_back_under_async_with_structured_outputs_are_checked_too(monkeypatch):
+    """Async + structured outputs: vLLM hands the drafts of the step just processed to
+    ``update_draft_token_ids_in_output``; checked against that step's K before vLLM trims them,
+    then vLLM's own method runs (it writes the step's num_invalid_spec_tokens)."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
+    config.additional_config = {}
+    s = make_scheduler(vs.StaticAsyncScheduler, config)
+    so = copy.copy(s.schedule(False))
+    s.dsdprof_metrics.k = 2  # the K of the step whose output was just processed
+    for drafts, alarms in (([7, 7], 0), ([7] * 4, 1), ([], 1)):  # empty: n-gram may draft none
+        so.num_invalid_spec_tokens = None
+        s.update_draft_token_ids_in_output(DraftTokenIds(["gone"], [list(drafts)]), so)
+        assert s.dsdprof_metrics.alarms[2] == alarms and so.num_invalid_spec_tokens == {}
+    monkeypatch.setenv(pm.METRICS_ENV, "0")
+    off = make_scheduler(vs.StaticAsyncScheduler, config)
+    assert off.update_draft_token_ids_in_output.__func__ is vs.AsyncScheduler.update_draft_token_ids_in_output
+
+
 HOSTILE = [{"dsdprof_num_spec_tokens": 0, "dsdprof_run": "x" * 64}, {"dsdprof_num_spec_tokens": float("nan")},
            {"dsdprof_trace": "../../etc/passwd", "dsdprof_wave": -1}, {"dsdprof_k_seq": [99] * 1000}]
 
