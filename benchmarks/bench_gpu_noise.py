@@ -26,10 +26,12 @@ issue found, before parts 1, 4 and 5):
   (default 0.375 %: the issue's +1.5 % at BS 16 read as K=4, growing linearly with K). The design
   times settled steps only, so it reaches no timed step; ``--pre-fix`` times it (hold 2);
 * ``--profiler-us`` + ``--profiler-us-per-req`` (part 5): the profiler's own time left in every
-  step, 10.4 us (the most the sync scheduler leaves: 7.9-10.4 us/step) plus 2 us per running
+  step, 10.4 us (the most the sync scheduler leaves: 7.9-10.4 us/step) plus 0.25 us per running
   request (async scheduling keeps its own work in the step -- recorded in ``t_own``, not
-  subtracted -- the worst case, where the CPU is the bottleneck); ``--sync`` drops the per-request
-  part; pre-fix 0.9 ms at 256 running requests.
+  subtracted -- the worst case, where the CPU is the bottleneck: 74 us at 256 running, above the
+  59-67 us ``bench_scheduler_overhead.py`` measured for the idle build on a loaded 2-core host;
+  2 us per request before it, 0.52 ms at 256); ``--sync`` drops the per-request part; pre-fix
+  0.9 ms at 256 running requests.
 
 Graph mode as served (part 6) moves the truth, not its estimate: nothing to simulate. Vanilla is a
 candidate (part 7): the truth's vanilla engine runs beside each group, and a batch size flagged
@@ -74,7 +76,7 @@ class Noise:
     acc_bias: float = 0.0009  # AL(K)/AL(1) overstated per K above 1 (replay residual: 0.27 % at K=4)
     first_step: float = 0.00375  # the first pure step after a switch is first_step * K slower
     profiler_us: float = 10.4  # own time left in every step
-    profiler_us_per_req: float = 2.0  # async scheduling: own time per running request kept in the step
+    profiler_us_per_req: float = 0.25  # async scheduling: own time per running request kept in the step
     hold: int = 4  # PAIRED_HOLD
     settle: int = 1  # trace.SETTLE: pure steps of a hold not timed
 
