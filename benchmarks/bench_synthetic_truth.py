@@ -262,6 +262,34 @@ def simulate(args, replicates: int) -> str:
     return "\n".join(lines)
 
 
+def simulate_cells(args, waves: int) -> str:
+    """The cells design's selection on simulated synthetic waves (no engine): ``waves`` waves of
+    ``--bs`` requests x ``--output-len`` tokens at each K, every request-step drawn by vLLM's walk;
+    a step counts when every request of the wave is still decoding (none finished: the steady
+    steps); AL = tokens over request-steps of those steps, against the truth."""
+    import numpy as np
+
+    from dsdprof.decide.truth import implied_acceptance_length, step_variance
+
+    rates, bs, length = args.rates, args.bs, args.output_len
+    cond = np.array([rates[0]] + [rates[i] / rates[i - 1] if rates[i - 1] else 0.0
+                                  for i in range(1, len(rates))])
+    rng = np.random.default_rng(args.seed)
+    lines = [f"{waves} simulated cells waves x BS {bs} x {length} tokens per K, rates {rates}",
+             "| K | AL/true - 1 | SE | request-steps |", "|---|---|---|---|"]
+    for k in KS:
+        tokens = steps = 0
+        for _ in range(waves):
+            pos = np.ones(bs, dtype=int)
+            while (pos < length).all():
+                g = 1 + np.cumprod(rng.random((bs, k)) < cond[:k], axis=1).sum(axis=1)
+                tokens, steps, pos = tokens + int(g.sum()), steps + bs, pos + g
+        truth = implied_acceptance_length(rates, k)
+        se = math.sqrt(step_variance(rates, k) / steps) / truth
+        lines.append(f"| {k} | {100 * (tokens / steps / truth - 1):+.3f} % | {100 * se:.3f} % | {steps} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bs", type=int, default=1)
@@ -279,6 +307,9 @@ def main() -> int:
     ap.add_argument("--simulate", type=int, default=0, metavar="RUNS",
                     help="no engine: the paired replay on RUNS simulated traces "
                          "(--paired-waves, --bs, --output-len)")
+    ap.add_argument("--simulate-cells", type=int, default=0, metavar="WAVES",
+                    help="no engine: the cells design's steady-step selection on WAVES simulated waves per K "
+                         "(--bs, --output-len, --seed)")
     ap.add_argument("--model-dir", type=Path, default=None,
                     help="toy pair directory (target/, draft/); acceptance is synthetic, so a tiny pair "
                          "(--build-tiny) measures the same truth much faster")
@@ -297,6 +328,9 @@ def main() -> int:
         return 0
     if args.simulate:
         print(simulate(args, args.simulate))
+        return 0
+    if args.simulate_cells:
+        print(simulate_cells(args, args.simulate_cells))
         return 0
     if args.report:
         print(report([json.loads(p.read_text()) for p in args.report]))
