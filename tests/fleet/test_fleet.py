@@ -356,12 +356,9 @@ def test_ray_fleet_without_retries_completes_on_resubmission(ray_cluster, tmp_pa
 
 
 @pytest.mark.vllm
-def test_ray_fleet_runs_a_small_vllm_cpu_sweep(ray_cluster, tmp_path):
+def test_ray_fleet_runs_a_small_vllm_cpu_sweep(ray_cluster, tmp_path, toy_tiny):
     pytest.importorskip("vllm")
-    from dsdprof.measure.toy_models import build_toy_pair, toy_config
-
-    toy = build_toy_pair(tmp_path / "toy", toy_config("dense", hidden_size=256, num_layers=2, intermediate_size=512,
-                                                      num_heads=4, num_kv_heads=2))
+    toy = toy_tiny  # the session's tiny toy pair (tests/conftest.py)
     spec = {"engine": {"name": "vllm", "model": str(toy.target), "draft_model": str(toy.draft),
                        "method": "draft_model", "dtype": "float32", "max_model_len": 512,
                        "extra": {"enforce_eager": True}},

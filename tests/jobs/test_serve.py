@@ -168,9 +168,9 @@ def stop_server(proc: subprocess.Popen) -> int:
 
 
 @pytest.mark.vllm
-def test_dsdprof_serve_answers_a_completion_over_http(tmp_path, toy_dense):
+def test_dsdprof_serve_answers_a_completion_over_http(tmp_path, toy_tiny):
     pytest.importorskip("vllm")
-    toy = toy_dense  # the session's default toy pair (tests/conftest.py)
+    toy = toy_tiny  # the session's tiny toy pair (tests/conftest.py): the serving path, not its speed
     table = _table(tmp_path, os.path.relpath(toy.target, tmp_path), os.path.relpath(toy.draft, tmp_path))
     log = tmp_path / "server.log"  # the table and its paths relative to where `dsdprof serve` runs
     proc, port = start_server(Path(table.name), log, cwd=tmp_path)

@@ -24,7 +24,6 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsdprof.measure.toy_models import build_toy_pair, toy_config  # noqa: E402
 from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME, adaptive_additional_config  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -89,9 +88,8 @@ def context_table(target: str, draft: str) -> dict:
             "provenance": {"model": target, "draft_model": draft, "method": "draft_model"}}
 
 
-def test_adaptive_plugin_drafts_the_k_of_the_batch_mean_context(tmp_path):
-    toy = build_toy_pair(tmp_path / "toy", toy_config("dense", hidden_size=512, num_layers=4, num_heads=8,
-                                                      num_kv_heads=2, intermediate_size=1536))
+def test_adaptive_plugin_drafts_the_k_of_the_batch_mean_context(tmp_path, toy_tiny):
+    toy = toy_tiny  # the session's tiny toy pair (tests/conftest.py): drafted K, not step time
     table_file = tmp_path / "table.json"
     table_file.write_text(json.dumps(context_table(str(toy.target), str(toy.draft))))
     llm = {
