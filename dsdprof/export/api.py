@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import context_buckets, ranges_from_points, validate_table
+from dsdprof.formats.ktable import (TableError, context_buckets, context_slice, ranges_from_points,
+                                    validate_table)
 from dsdprof.formats.provenance import is_synthetic
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.io.runs import Run
@@ -199,26 +200,83 @@ def export_document(source: str | Path | Run, fmt: str = "table", tolerance: flo
 
     A table with a context axis (v3) exported to an engine keyed on batch size only (vllm,
     trtllm) serves one slice: ``context``'s, else the batch-size-only answer; a notice says which.
-    ``--format table --context N`` writes that slice as a v2 table."""
-    from dsdprof.export.context import context_notice, slice_for_context
+    ``--format table --context N`` writes that slice as a v2 table.
 
+    The path runs one way: the table built from the run (or loaded), the engine's config cut from
+    it as plain data, then the table (and the served slice) validated last. A refusal met while
+    cutting (a bad ``--context``, K = 0 everywhere, a schedule the engine rejects) is raised after
+    that validation, so an invalid table is refused first, as it always was."""
     if fmt not in EXPORT_FORMATS:
         raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
+    from dsdprof.export.context import check_context
+
     table, warnings = _table(source, tolerance, allow_mixed, None, allow_partial)
-    if fmt != "table" or context is not None:  # the table every other document is cut from
-        table = validate_table(table)
-    if table.get("contexts") and (fmt != "table" or context is not None):
+    if fmt == "table":
+        return _portable_document(source, table, warnings, context)
+    served: int | None = None
+    refusal: InputError | TableError | None = None
+    document = None
+    try:
+        if table.get("contexts"):
+            served = check_context(context if context is not None else int(table["default_context"]))
+        elif context is not None:
+            raise _no_context_axis(source, context)
+        document = _engine_document(table, fmt, context, served, warnings)
+    except (InputError, TableError) as err:
+        refusal = err
+    validate_table(table)  # last: the path calls back nowhere after it
+    if served is not None:
+        context_slice(table, served)  # the served slice, validated as a table of its own
+    if refusal is not None:
+        raise refusal
+    assert document is not None
+    return document
+
+
+def _no_context_axis(source: str | Path | Run, context: int) -> InputError:
+    where = source.path if isinstance(source, Run) else source
+    return InputError("--context", context, f"{where} has no context axis (a sweep without [sweep] "
+                      "context_lens)")
+
+
+def _engine_document(table: KTable, fmt: str, context: int | None, served: int | None,
+                     warnings: list[str]) -> ExportDocument:
+    """An engine's config (``fmt``: vllm, vllm-compilation, trtllm) serving ``table``'s slice at
+    ``served`` (the whole table when None), from plain data: the caller validates the table last.
+    TensorRT-LLM's config is checked against its rules here, after the document is made."""
+    from dsdprof.export.context import context_notice, served_view
+    from dsdprof.export.table import (check_vllm_compilation_config, check_vllm_config, vanilla_warning,
+                                      vllm_compilation_config, vllm_config_document)
+    from dsdprof.export.trtllm import check_trtllm_config, trtllm_config_document
+
+    if table.get("contexts"):
         warnings = warnings + [w for w in [context_notice(table, context)] if w]
-        table = slice_for_context(table, context if context is not None else int(table["default_context"]))
-    elif context is not None:
-        where = source.path if isinstance(source, Run) else source
-        raise InputError("--context", context, f"{where} has no context axis (a sweep without [sweep] "
-                         "context_lens)")
-    if fmt != "table":  # the per-position note concerns the portable table only
-        warnings = [w for w in warnings if "per-position" not in w]
-    out = format_table(table, fmt)
+    warnings = [w for w in warnings if "per-position" not in w]  # a note on the portable table only
+    view = served_view(table, served)
+    vanilla = [w for w in [vanilla_warning(view, {"trtllm": "TensorRT-LLM"}.get(fmt, "vLLM"))] if w]
+    if fmt == "vllm":
+        return ExportDocument(vllm_config_document(view), check_vllm_config, warnings + vanilla)
+    if fmt == "vllm-compilation":  # the graphs the measurement captured, for the server of the "vllm" export
+        return ExportDocument(vllm_compilation_config(view), check_vllm_compilation_config, warnings)
+    document = ExportDocument(trtllm_config_document(view), check_trtllm_config, warnings + vanilla)
+    check_trtllm_config(document.doc)
+    return document
+
+
+def _portable_document(source: str | Path | Run, table: KTable, warnings: list[str],
+                       context: int | None) -> ExportDocument:
+    """``--format table``: the table, validated last; with ``context``, its slice there (v2)."""
+    from dsdprof.export.context import context_notice, slice_for_context
+
+    if context is not None:
+        table = validate_table(table)
+        if not table.get("contexts"):
+            raise _no_context_axis(source, context)
+        warnings = warnings + [w for w in [context_notice(table, context)] if w]
+        table = slice_for_context(table, context)
+    out = format_table(table, "table")
     document = ExportDocument(out.doc, out.check, warnings + out.warnings)
-    if fmt == "table" and context is None:
+    if context is None:
         validate_table(table)  # last: the path calls back nowhere after it
     return document
 

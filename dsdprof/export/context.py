@@ -82,13 +82,42 @@ def end_at_last_measured(table: KTable, cov: Any) -> KTable:
     return table
 
 
-def slice_for_context(table: KTable, context: int) -> KTable:
-    """The slice of a v3 ``table`` serving ``context`` as a v2-shaped table (:func:`context_slice`)."""
+def check_context(context: object) -> int:
+    """``--context``: an integer >= 1 (InputError naming it otherwise)."""
     if not isinstance(context, int) or isinstance(context, bool) or context < 1:
         raise InputError("--context", context, "must be an integer >= 1 (prompt tokens)")
+    return context
+
+
+def slice_for_context(table: KTable, context: int) -> KTable:
+    """The slice of a v3 ``table`` serving ``context`` as a v2-shaped table (:func:`context_slice`)."""
+    check_context(context)
     if not table.get("contexts"):
         raise InputError("--context", context, f"the table ({table.get('schema')}) has no context axis")
     return context_slice(table, context)
+
+
+def served_index(contexts: list[Any], context: int) -> int:
+    """The index of the slice serving ``context`` in a v3 table's ``contexts``: the first whose
+    ``max_context`` is >= ``context``, else the last (the choice of :func:`context_slice`;
+    tests/export/test_walk.py checks they agree)."""
+    return next((j for j, sl in enumerate(contexts) if context <= sl["max_context"]), len(contexts) - 1)
+
+
+def served_view(table: Mapping[str, Any], context: int | None) -> Mapping[str, Any]:
+    """What an engine's config reads of ``table`` (ranges, cap, provenance, ``vanilla_faster``) at
+    ``context``'s slice, as plain data: the keys :func:`context_slice` takes from that slice
+    (``table`` itself when ``context`` is None). Not validated: the export path validates the
+    table and the slice last; a cap that is not an integer is left to that validation (the
+    slice's largest K stands in for it here)."""
+    if context is None:
+        return table
+    chosen = table["contexts"][served_index(table["contexts"], context)]
+    cap = chosen.get("num_speculative_tokens")
+    view = {k: v for k, v in table.items() if k == "provenance"}
+    view.update({k: chosen[k] for k in _SLICE_KEYS if k in chosen})
+    view["num_speculative_tokens"] = cap if type(cap) is int else max(r[2] for r in chosen["ranges"])
+    return view
 
 
 def context_notice(table: Mapping[str, Any], context: int | None) -> str | None:
@@ -101,7 +130,7 @@ def context_notice(table: Mapping[str, Any], context: int | None) -> str | None:
         return (f"vLLM's schedule is keyed on batch size only: serving the slice of context "
                 f"{table.get('default_context', profiled[0])} (the table's batch-size-only answer) of "
                 f"contexts {profiled}; pass --context N to serve another")
-    i = next((j for j, sl in enumerate(contexts) if context <= sl["max_context"]), len(contexts) - 1)
+    i = served_index(contexts, context)
     lo = contexts[i - 1]["max_context"] + 1 if i else 1
     hi = contexts[i]["max_context"]
     return (f"vLLM's schedule is keyed on batch size only: serving the slice profiled at context "

@@ -217,11 +217,19 @@ def vllm_speculative_config(table: Mapping[str, Any]) -> dict[str, Any]:
     """vLLM ``--speculative-config`` JSON serving this table in vLLM's dynamic-SD mode.
 
     Same output for v1 and v2 tables. The draft (``model``) is the table's ``provenance.draft_model``,
-    absolute when it is a directory that exists where this runs. Checked with vLLM's own
-    ``validate_and_normalize_dynamic_sd_schedule`` when vLLM is installed.
+    absolute when it is a directory that exists where this runs. The table is validated first;
+    the schedule is checked with vLLM's own ``validate_and_normalize_dynamic_sd_schedule`` when
+    vLLM is installed.
     """
     validate_table(table)
-    ranges = [list(r) for r in validate_ranges(table["ranges"])]
+    return vllm_config_document(table)
+
+
+def vllm_config_document(table: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`vllm_speculative_config` of a table validated elsewhere (plain data: this calls
+    nothing back; the export path validates the table last). InputError when K = 0 everywhere,
+    TableError when vLLM rejects the schedule."""
+    ranges = [list(r) for r in table["ranges"]]
     max_k = max(r[2] for r in ranges)
     if max_k <= 0:
         raise InputError("ranges", ranges, "K=0 at every batch size: serve without a speculative config")
@@ -241,7 +249,7 @@ def vllm_speculative_config(table: Mapping[str, Any]) -> dict[str, Any]:
     cfg["num_speculative_tokens_per_batch_size"] = ranges
     try:
         from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
-    except Exception:  # noqa: BLE001 - vLLM not installed: our own validator already ran
+    except Exception:  # noqa: BLE001 - vLLM not installed: the table validator still runs
         return cfg
     try:
         validate_and_normalize_dynamic_sd_schedule(ranges)

@@ -34,8 +34,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import (LAST_RANGE_END, MAX_BATCH_SIZE, MAX_K, TableError,
-                                    validate_num_speculative_tokens, validate_ranges, validate_table)
+from dsdprof.formats.ktable import LAST_RANGE_END, validate_table
+# TensorRT-LLM's rules for a written config (the format's home), re-exported for its readers
+from dsdprof.formats.ktable_engines import check_trtllm_config, check_trtllm_schedule  # noqa: F401
 
 # vLLM / dsdprof method name -> TensorRT-LLM speculative config ``decoding_type``.
 DECODING_TYPES = {"eagle3": "Eagle3", "eagle": "Eagle", "mtp": "MTP", "ngram": "NGram",
@@ -43,38 +44,17 @@ DECODING_TYPES = {"eagle3": "Eagle3", "eagle": "Eagle", "mtp": "MTP", "ngram": "
 _DRAFT_MODEL_METHODS = ("eagle3", "eagle", "draft_model")
 
 
-def check_trtllm_schedule(schedule: Any, max_draft_len: Any) -> dict[int, int]:
-    """TensorRT-LLM's validator for ``draft_len_schedule`` (keys may be JSON strings of ints)."""
-    if not isinstance(schedule, dict) or not schedule:
-        raise TableError(f"draft_len_schedule={schedule!r}: must be a non-empty object")
-    out: dict[int, int] = {}
-    for key, value in schedule.items():
-        try:
-            bs = int(key)
-        except (TypeError, ValueError):
-            raise TableError(f"draft_len_schedule.{key}={value!r}: key must be an integer batch "
-                             "size") from None
-        if not 1 <= bs <= MAX_BATCH_SIZE:
-            raise TableError(f"draft_len_schedule.{key}={value!r}: batch size threshold must be >= 1")
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_K:
-            raise TableError(f"draft_len_schedule.{key}={value!r}: draft length must be an integer in "
-                             f"0..{MAX_K}")
-        out[bs] = value
-    mdl = validate_num_speculative_tokens(max_draft_len, "max_draft_len")
-    smallest = min(out)
-    if out[smallest] != mdl:
-        raise TableError(f"draft_len_schedule.{smallest}={out[smallest]}: the smallest key's draft length "
-                         f"must equal max_draft_len={mdl}")
-    over = [bs for bs, v in out.items() if v > mdl]
-    if over:
-        raise TableError(f"draft_len_schedule.{over[0]}={out[over[0]]}: exceeds max_draft_len={mdl}")
-    return dict(sorted(out.items()))
-
-
 def trtllm_draft_len_schedule(table: Mapping[str, Any]) -> tuple[int, dict[int, int]]:
-    """``(max_draft_len, {batch_size_threshold: draft_len})`` serving a validated table."""
+    """``(max_draft_len, {batch_size_threshold: draft_len})`` serving a table, validated first."""
     validate_table(table)
-    ranges = validate_ranges(table["ranges"])
+    return draft_len_schedule(table)
+
+
+def draft_len_schedule(table: Mapping[str, Any]) -> tuple[int, dict[int, int]]:
+    """:func:`trtllm_draft_len_schedule` of a table validated elsewhere (plain data: this calls
+    nothing back; the export path validates the table last). InputError where TensorRT-LLM
+    cannot serve it (K=0 everywhere, a K above batch size 1's)."""
+    ranges = [(a, b, k) for a, b, k in table["ranges"]]
     cap = table.get("num_speculative_tokens")
     cap = max(k for _, _, k in ranges) if cap is None else cap
     merged: list[list[int]] = []
@@ -105,9 +85,19 @@ def trtllm_speculative_config(table: Mapping[str, Any]) -> dict[str, Any]:
     """``{"speculative_config": {...}}`` for ``trtllm-serve --extra_llm_api_options`` (JSON is YAML).
 
     ``decoding_type`` and ``speculative_model`` come from the table's provenance when the method
-    maps onto TensorRT-LLM's; otherwise add them yourself.
+    maps onto TensorRT-LLM's; otherwise add them yourself. The table is validated first, the
+    config checked by :func:`check_trtllm_config` last.
     """
-    max_draft_len, schedule = trtllm_draft_len_schedule(table)
+    validate_table(table)
+    doc = trtllm_config_document(table)
+    check_trtllm_config(doc)
+    return doc
+
+
+def trtllm_config_document(table: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`trtllm_speculative_config` of a table validated elsewhere, not checked yet (plain
+    data: the export path checks it, and validates the table, last)."""
+    max_draft_len, schedule = draft_len_schedule(table)
     prov = table.get("provenance", {}) or {}
     method = str(prov.get("method") or "")
     cfg: dict[str, Any] = {}
@@ -117,13 +107,4 @@ def trtllm_speculative_config(table: Mapping[str, Any]) -> dict[str, Any]:
     if method in _DRAFT_MODEL_METHODS and prov.get("draft_model"):
         cfg["speculative_model"] = prov["draft_model"]
     cfg["draft_len_schedule"] = {str(k): v for k, v in schedule.items()}
-    check_trtllm_config({"speculative_config": cfg})
     return {"speculative_config": cfg}
-
-
-def check_trtllm_config(doc: Any) -> None:
-    """Validator for a written TensorRT-LLM export (the schedule rules above)."""
-    cfg = doc.get("speculative_config") if isinstance(doc, dict) else None
-    if not isinstance(cfg, dict):
-        raise TableError(f"speculative_config={cfg!r}: must be an object")
-    check_trtllm_schedule(cfg.get("draft_len_schedule"), cfg.get("max_draft_len"))

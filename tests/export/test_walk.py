@@ -2,7 +2,8 @@
 inside ``dsdprof`` recorded (``sys.setprofile``) as a sequence of module stays, and each move
 from a lower layer (docs/architecture.md) back up to a higher one counted as a climb.
 
-Run ``python tests/export/test_walk.py [RUN]`` to print the walk (a fresh sim sweep when no RUN)."""
+Run ``python tests/export/test_walk.py [RUN [FORMAT...]]`` to print the walk (a fresh sim sweep
+when no RUN; ``table`` when no FORMAT)."""
 
 from __future__ import annotations
 
@@ -115,12 +116,21 @@ def sim_runs(tmp_path_factory: Any) -> dict[str, Path]:
     return {**runs, "partial": base / "partial"}
 
 
+# every format an engine serves too: its config is cut from the table as plain data (a v3 table's
+# served slice picked by export.context.served_index), TensorRT-LLM's checked by its validator in
+# formats, then the table validated last (was 4 climbs for vllm, 5 for trtllm)
+FORMATS = ("table", "vllm", "trtllm")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("name", RUNS)
-def test_the_export_walk_climbs_back_up_at_most_twice(sim_runs, name):
-    out = export_document(sim_runs[name], "table", allow_partial=True)  # imports done outside the walk
-    assert ("partial" in out.doc["provenance"]) == (name == "partial")
-    assert bool(out.doc.get("vanilla_faster")) == (name == "vanilla")
-    stays = walk(export_document, sim_runs[name], "table", allow_partial=True)
+def test_the_export_walk_climbs_back_up_at_most_twice(sim_runs, name, fmt):
+    out = export_document(sim_runs[name], fmt, allow_partial=True)  # imports done outside the walk
+    table = export_document(sim_runs[name], "table", allow_partial=True).doc
+    assert ("partial" in table["provenance"]) == (name == "partial")
+    assert bool(table.get("vanilla_faster")) == (name == "vanilla")
+    assert any("vanilla" in w for w in out.warnings) == (name == "vanilla")
+    stays = walk(export_document, sim_runs[name], fmt, allow_partial=True)
     print(describe(stays))
     assert any(layer(s) <= LAYERS.index("io") for s in stays)  # the walk reached the run's files
     assert len(climbs(stays)) <= MAX_CLIMBS[name], describe(stays)
@@ -131,6 +141,34 @@ def test_the_export_walk_climbs_back_up_at_most_twice(sim_runs, name):
     end = next(i for i, s in enumerate(stays) if i > start and layer(s) == LAYERS.index("export"))
     assert [s for s in stays[start:end] if layer(s) <= LAYERS.index("io")
             and not s.startswith("dsdprof.formats")] == [], describe(stays)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name", ["sweep", "ctx"])
+def test_the_export_walk_from_a_table_json_climbs_back_up_at_most_twice(sim_runs, name, fmt, tmp_path):
+    import json
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(export_document(sim_runs[name], "table").doc))
+    expected = export_document(sim_runs[name], fmt).doc
+    assert export_document(path, fmt).doc == expected  # the table read back serves the same config
+    stays = walk(export_document, path, fmt)
+    print(describe(stays))
+    assert len(climbs(stays)) <= 2, describe(stays)
+
+
+def test_the_served_slice_is_the_one_context_slice_takes(sim_runs):
+    from dsdprof.export.context import served_index, served_view
+    from dsdprof.formats.ktable import context_slice
+
+    table = export_document(sim_runs["ctx"], "table").doc
+    edges = [sl["max_context"] for sl in table["contexts"]]
+    assert len(edges) == 2
+    for c in sorted({1, *edges, *(e + 1 for e in edges), *(e - 1 for e in edges), 10**9} - {0}):
+        want = context_slice(table, c)
+        view = served_view(table, c)
+        assert table["contexts"][served_index(table["contexts"], c)]["ranges"] == want["ranges"]
+        assert {k: view[k] for k in view} == {k: want[k] for k in view}
 
 
 def test_the_walk_counts_a_climb_back_up():
@@ -146,5 +184,6 @@ if __name__ == "__main__":
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(sys.argv[1]) if len(sys.argv) > 1 else _sim_run(Path(tmp) / "sweep")
-        export_document(run, "table")
-        print(describe(walk(export_document, run, "table")))
+        for fmt in sys.argv[2:] or ["table"]:
+            export_document(run, fmt, allow_partial=True)
+            print(f"--format {fmt}:", describe(walk(export_document, run, fmt, allow_partial=True)))
