@@ -195,13 +195,13 @@ def analyze(
     from dsdprof.decide.analysis import analyze_path
     from dsdprof.decide.context import analyze_contexts_path
     from dsdprof.cli.analyze import analysis_csv, analysis_json, render_analysis
-    from dsdprof.io.runs import open_run
+    from dsdprof.io.checked import check_analyze_run
 
     if json_out and csv_out:
         raise fail("--csv: give --json or --csv, not both")
     options: dict[str, Any] = dict(tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence,
                                    acceptance=acceptance)
-    run = open_run(measurements)  # every file read once
+    run = check_analyze_run(measurements, allow_mixed)  # every file read once, checked once
     by_context = analyze_contexts_path(run, **options)
     if by_context is not None:  # a context sweep: the same analysis per context
         if json_out:

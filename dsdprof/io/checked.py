@@ -12,7 +12,7 @@ from typing import Any
 from dsdprof.errors import InputError
 from dsdprof.formats.provenance import is_synthetic, rates_from_provenance
 from dsdprof.io.readers import validate_measurements
-from dsdprof.io.runs import Coverage, Run
+from dsdprof.io.runs import Coverage, Run, open_run
 
 
 def _validated(rows: Any) -> Any:
@@ -64,12 +64,31 @@ def check_run(run: Run, command: str, allow_mixed: bool, by_context: bool = True
     run.check_mixed(allow_mixed)
     contexts = run.contexts if by_context else None
     if contexts is not None:
-        return CheckedRun(run.path, run.rows, run.run_provenance(), contexts=contexts,
-                          context_coverage=run.context_coverage,
-                          context_valid={c: _validated(part) for c, part in contexts.items()})
+        return _by_context(run, contexts)
     if not command:
         return CheckedRun(run.path, run.rows, {})
-    pooled = pooled or run.pooled(allow_mixed)
+    return _pooled(run, pooled or run.pooled(allow_mixed))
+
+
+def check_analyze_run(source: str | Path | Run, allow_mixed: bool) -> CheckedRun:
+    """``dsdprof analyze``'s checks of a run (or the path to open), each once, in its order: mixed
+    provenance, then a context sweep's slices; a run without a context axis is then refused if it
+    is a validate run, and has its pooled runs checked."""
+    run = source if isinstance(source, Run) else open_run(source)
+    run.check_mixed(allow_mixed)
+    if run.contexts is not None:
+        return _by_context(run, run.contexts)
+    run.refuse_validate("analyze")
+    return _pooled(run, run.pooled(allow_mixed))
+
+
+def _by_context(run: Run, contexts: dict[int, Any]) -> CheckedRun:
+    return CheckedRun(run.path, run.rows, run.run_provenance(), contexts=contexts,
+                      context_coverage=run.context_coverage,
+                      context_valid={c: _validated(part) for c, part in contexts.items()})
+
+
+def _pooled(run: Run, pooled: Any) -> CheckedRun:
     prov = run.run_provenance()
     prov.update(pooled.provenance())
     return CheckedRun(run.path, run.rows, prov, run.coverage, _validated(run.rows))
