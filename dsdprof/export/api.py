@@ -208,7 +208,7 @@ def export_document(source: str | Path | Run, fmt: str = "table", tolerance: flo
     that validation, so an invalid table is refused first, as it always was."""
     if fmt not in EXPORT_FORMATS:
         raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
-    from dsdprof.export.context import check_context
+    from dsdprof.export.context import check_context, default_context
 
     table, warnings = _table(source, tolerance, allow_mixed, None, allow_partial)
     if fmt == "table":
@@ -218,7 +218,7 @@ def export_document(source: str | Path | Run, fmt: str = "table", tolerance: flo
     document = None
     try:
         if table.get("contexts"):
-            served = check_context(context if context is not None else int(table["default_context"]))
+            served = check_context(context if context is not None else default_context(table))
         elif context is not None:
             raise _no_context_axis(source, context)
         document = _engine_document(table, fmt, context, served, warnings)

@@ -120,6 +120,13 @@ def served_view(table: Mapping[str, Any], context: int | None) -> Mapping[str, A
     return view
 
 
+def default_context(table: Mapping[str, Any]) -> int:
+    """The context a batch-size-only reader is served: ``default_context``, or where a v3 table
+    leaves it out (it is optional), its first profiled slice's."""
+    first = table["contexts"][0]
+    return int(table.get("default_context", first.get("context_len", first["max_context"])))
+
+
 def context_notice(table: Mapping[str, Any], context: int | None) -> str | None:
     """One line for stderr when a batch-size-only schedule is cut from a v3 table."""
     contexts = table.get("contexts")
@@ -128,7 +135,7 @@ def context_notice(table: Mapping[str, Any], context: int | None) -> str | None:
     profiled = [sl.get("context_len", sl["max_context"]) for sl in contexts]
     if context is None:
         return (f"vLLM's schedule is keyed on batch size only: serving the slice of context "
-                f"{table.get('default_context', profiled[0])} (the table's batch-size-only answer) of "
+                f"{default_context(table)} (the table's batch-size-only answer) of "
                 f"contexts {profiled}; pass --context N to serve another")
     i = served_index(contexts, context)
     lo = contexts[i - 1]["max_context"] + 1 if i else 1

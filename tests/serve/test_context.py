@@ -475,3 +475,13 @@ def test_plain_partial_export_ends_at_its_last_measured_batch_size(tmp_path):
     doc = export_document(run, allow_partial=True).doc
     assert doc["ranges"][-1][1] == 32 and doc["ranges"][0][0] == 1
     assert "no ok cell at batch size 4, 64, 128" in doc["provenance"]["partial"]
+
+
+def test_v3_table_without_default_context_exports_its_first_slice(tmp_path):
+    """default_context is optional in a v3 table: export serves the first profiled slice then
+    (it raised KeyError for the vllm and trtllm formats)."""
+    doc = _v3_doc(tmp_path)
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({k: v for k, v in doc.items() if k != "default_context"}))
+    for fmt in ("vllm", "trtllm"):
+        assert export_document(plain, fmt).doc == export_document(tmp_path / "table.json", fmt).doc
