@@ -21,10 +21,8 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
   ``selector.observe`` one step at a time (drafted per position only when the step mixed draft
   lengths) and the selector re-derives K per batch size -- the same state at every rebuild as
   feeding each step at once, for a tuple append per step. When vLLM logs no stats
-  it builds no ``SpecDecodingStats``; the plugin then counts the step's drafted requests into a
-  (drafted, accepted) histogram in bulk, outside vLLM's per-request loop, by vLLM's rules
-  (:mod:`dsdprof.plugins.spec_count`; a step only vLLM's loop can judge is counted there, per
-  request). When the selector's
+  it builds no ``SpecDecodingStats``; the plugin's ``make_spec_decoding_stats`` then counts each
+  drafted request into a (drafted, accepted) histogram, one increment each. When the selector's
   ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``. Cost per step at 256
   running + 2,000 waiting: ``benchmarks/bench_scheduler_overhead.py``, docs/adaptive.md.
 * **vLLM's semantics stay**: K is looked up by the number of requests scheduled in the step
@@ -73,7 +71,6 @@ from dsdprof.formats.ktable import context_slice, read_table_file
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.plugins.metrics import MetricsMixin
 from dsdprof.plugins.names import ARM_ENGINE
-from dsdprof.plugins.spec_count import BulkCounter
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import batch_context
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
@@ -142,7 +139,7 @@ class _AdaptiveMixin:
         if not getattr(self, "log_stats", True):
             self._adaptive_hist = [0] * (self.num_spec_tokens + 1) ** 2
             self._adaptive_zeros = tuple(self._adaptive_hist)
-            self._adaptive_bulk = BulkCounter(self, self._adaptive_hist)
+            self.make_spec_decoding_stats = self._adaptive_counter(self._adaptive_hist)
         self._adaptive_queue: list = []  # drafted steps not yet fed to the selector
         self._adaptive_every = self.dsdprof_selector.rebuild_every
         self._adaptive_version: tuple[Any, ...] | int = -1
@@ -233,17 +230,11 @@ class _AdaptiveMixin:
         (:meth:`_adaptive_step_time`) and its acceptance counts -- vLLM's own, by vLLM's rules
         (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
         outputs skipped), before vLLM trims the sampled tokens: its ``SpecDecodingStats`` attached
-        to the step's outputs, or the histogram :class:`BulkCounter` filled. A tuple append per
+        to the step's outputs, or the histogram :meth:`_adaptive_counter` filled. A tuple append per
         step; every ``rebuild_every`` queued steps :meth:`_adaptive_feed` feeds the queue."""
-        hist = self._adaptive_hist
-        if hist is None:
-            result = self._adaptive_update(scheduler_output, model_runner_output)
-        elif self._adaptive_bulk.count(scheduler_output, model_runner_output):  # before vLLM trims
-            result = self._adaptive_update(scheduler_output, model_runner_output)
-        else:  # a step whose skips only vLLM's loop knows: counted there, per request
-            result = self._adaptive_bulk.per_request(self._adaptive_update, scheduler_output,
-                                                     model_runner_output)
+        result = self._adaptive_update(scheduler_output, model_runner_output)
         n, k, seconds = self._adaptive_step_time(scheduler_output)
+        hist = self._adaptive_hist
         prev, arm = self.dsdprof_step_arms
         if prev is not None or arm is not None:  # validate's steps design: learn from own steps only
             if prev != ARM_ENGINE:  # the step verified another arm's drafts
@@ -315,6 +306,26 @@ class _AdaptiveMixin:
             return n, k, now - last
         return n, k, None
 
+    def _adaptive_counter(self, hist: list[int]):
+        """``make_spec_decoding_stats`` for an engine that logs no stats (installed on the
+        instance; vLLM calls it once per drafted request): vLLM's rules (no draft: not counted;
+        grammar-invalidated drafts excluded) into ``hist[drafted * (K+1) + accepted]``. One
+        increment per request, no object built: about what vLLM's own no-op call costs."""
+        width = self.num_spec_tokens + 1
+
+        def count(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens,
+                  request_id):
+            if num_draft_tokens:
+                if num_invalid_spec_tokens:
+                    num_draft_tokens -= num_invalid_spec_tokens.get(request_id, 0)
+                try:
+                    hist[num_draft_tokens * width + num_accepted_tokens] += 1
+                except IndexError:  # out of vLLM's own bounds: not counted, never raised
+                    pass
+            return spec_decoding_stats
+
+        return count
+
     def _adaptive_hist_stats(self, hist: list[int]):
         """The ``SpecDecodingStats`` vLLM's ``observe_draft`` per request would have built from
         the requests counted in ``hist``."""
@@ -340,7 +351,7 @@ class _AdaptiveMixin:
 
     def _adaptive_observe(self, stats, batch_size: int | None = None) -> bool:
         """Feed one step's acceptance (vLLM's ``SpecDecodingStats``, or a histogram of
-        :class:`BulkCounter`) to the selector now; True when the served lookup changed.
+        :meth:`_adaptive_counter`) to the selector now; True when the served lookup changed.
         O(K) per step (O(K^2) for a histogram), whatever the number of requests."""
         if type(stats) is list:
             stats = self._adaptive_hist_stats(stats)
