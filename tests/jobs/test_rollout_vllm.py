@@ -14,14 +14,15 @@ from dsdprof.formats.ktable import k_for_batch_size
 pytestmark = pytest.mark.vllm
 
 
-def test_rollout_and_serving_on_vllm(tmp_path, toy_dense):
+def test_rollout_and_serving_on_vllm(tmp_path, toy_tiny):
+    """On the session's tiny toy pair (tests/conftest.py): tokens and K per step, not step time."""
     from dsdprof.config.spec import load_spec
     from dsdprof.io.rollouts import read_rollout_rows
     from dsdprof.jobs.rollout import RolloutPlan, run_rollout
 
     table = json.load(open("tables/toy-dense-cpu.json"))
     spec = load_spec("sweeps/toy-dense-cpu.toml")
-    engine = {"max_model_len": 128, "model": str(toy_dense.target), "draft_model": str(toy_dense.draft)}
+    engine = {"max_model_len": 128, "model": str(toy_tiny.target), "draft_model": str(toy_tiny.draft)}
     spec = spec.model_copy(update={"engine": spec.engine.model_copy(update=engine)})
     lengths = (2, 3, 4, 6, 9, 14)
     plan = RolloutPlan(("vanilla", "dsd"), lengths, "test", repeats=1, rates=(20.0,),
