@@ -265,19 +265,27 @@ def _engine_document(table: KTable, fmt: str, context: int | None, served: int |
 
 def _portable_document(source: str | Path | Run, table: KTable, warnings: list[str],
                        context: int | None) -> ExportDocument:
-    """``--format table``: the table, validated last; with ``context``, its slice there (v2)."""
-    from dsdprof.export.context import context_notice, slice_for_context
+    """``--format table``: the table, validated last; with ``context``, its slice there (v2): the
+    notice and the vanilla warning read from the slice as plain data first (a malformed table
+    refused by the validation, not by them), then the table validated and sliced by formats last."""
+    from dsdprof.export.context import check_context, context_notice, served_view
+    from dsdprof.export.table import vanilla_warning
 
-    if context is not None:
-        table = validate_table(table)
-        if not table.get("contexts"):
-            raise _no_context_axis(source, context)
-        warnings = warnings + [w for w in [context_notice(table, context)] if w]
-        table = slice_for_context(table, context)
-    out = format_table(table, "table")
-    document = ExportDocument(out.doc, out.check, warnings + out.warnings)
     if context is None:
+        out = format_table(table, "table")
+        document = ExportDocument(out.doc, out.check, warnings + out.warnings)
         validate_table(table)  # last: the path calls back nowhere after it
+        return document
+    if not table.get("contexts"):
+        raise _no_context_axis(source, context)
+    check_context(context)
+    try:
+        said = [context_notice(table, context), vanilla_warning(served_view(table, context))]
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError):
+        said = []  # a malformed table: validate_table below names what is wrong
+    document = ExportDocument({}, validate_table, warnings + [w for w in said if w])
+    validate_table(table)
+    document.doc.update(context_slice(table, context))  # the slice, validated: formats last
     return document
 
 

@@ -190,3 +190,18 @@ if __name__ == "__main__":
         for fmt in sys.argv[2:] or ["table"]:
             export_document(run, fmt, allow_partial=True)
             print(f"--format {fmt}:", describe(walk(export_document, run, fmt, allow_partial=True)))
+
+
+@pytest.mark.parametrize("context", [1, 3000, 100000])
+def test_the_sliced_table_export_climbs_back_up_at_most_twice(sim_runs, context, tmp_path):
+    """``--format table --context N``: the notice and the vanilla warning read from the served slice
+    as plain data, then formats validates and slices last (was 4 climbs from a context run)."""
+    import json
+
+    for source in (sim_runs["ctx"], tmp_path / "v3.json"):
+        if source.suffix == ".json":
+            source.write_text(json.dumps(export_document(sim_runs["ctx"], "table").doc))
+        out = export_document(source, "table", context=context)
+        assert out.doc["schema"].endswith("/v2") and any("context" in w for w in out.warnings)
+        stays = walk(export_document, source, "table", context=context)
+        assert len(climbs(stays)) <= 2, describe(stays)
