@@ -56,6 +56,17 @@ def draft_memory(draft_model: str | None, dtype: str, input_len: int, output_len
             "kv_bytes": per_token * tokens * batch_size}
 
 
+def comparison_memory(spec: Mapping[str, Any], drafts: list[Mapping[str, Any]]
+                      ) -> tuple[int, int, list[tuple[Mapping[str, Any], dict[str, float]]]]:
+    """(largest batch size, largest K, [(draft, :func:`draft_memory` at both)]) of a compare-drafts
+    spec's drafts: the memory every report of the comparison shows."""
+    sweep, work, eng = spec.get("sweep", {}), spec.get("workload", {}), spec.get("engine", {})
+    kmax, bmax = max(sweep.get("num_spec_tokens", [0])), max(sweep.get("batch_sizes", [1]))
+    return bmax, kmax, [(d, draft_memory(d.get("draft_model"), str(eng.get("dtype", "auto")),
+                                         int(work.get("input_len", 0)), int(sweep.get("output_len", 0)),
+                                         kmax, bmax)) for d in drafts]
+
+
 def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float]) -> pd.DataFrame:
     """Per (batch size, draft): its mix K and speedup with interval, ``rank`` (1 = highest speedup)
     and ``verdict``: ``wins`` | ``tied`` (interval reaches the leader's point) | ``behind`` | ``no

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from dsdprof.decide.domains import category_grid, category_regret, mix_table, mixed_grid, per_position
-from dsdprof.decide.drafts import draft_memory, rank_drafts, recommend
+from dsdprof.decide.drafts import comparison_memory, rank_drafts, recommend
 from dsdprof.errors import InputError
 
 
@@ -76,14 +76,10 @@ def _ci(r: Any) -> str:
 
 
 def _memory_rows(comp: Comparison) -> list[str]:
-    sweep, work, eng = comp.spec.get("sweep", {}), comp.spec.get("workload", {}), comp.spec.get("engine", {})
-    kmax = max(sweep.get("num_spec_tokens", [0]))
-    bmax = max(sweep.get("batch_sizes", [1]))
+    bmax, kmax, memory = comparison_memory(comp.spec, comp.plan["drafts"])
     lines = [f"| draft | method | weights MiB | KV KiB/token | KV MiB at BS {bmax}, K {kmax} |",
              "|---|---|---:|---:|---:|"]
-    for d in comp.plan["drafts"]:
-        m = draft_memory(d.get("draft_model"), str(eng.get("dtype", "auto")), int(work.get("input_len", 0)),
-                         int(sweep.get("output_len", 0)), kmax, bmax)
+    for d, m in memory:
         lines.append(f"| {d['name']} | {d['method']} | {_f(m['weights_bytes'] / 2**20, 1)} | "
                      f"{_f(m['kv_bytes_per_token'] / 2**10, 1)} | {_f(m['kv_bytes'] / 2**20, 1)} |")
     return lines

@@ -16,7 +16,7 @@ import textwrap
 from typing import Any
 
 from dsdprof.decide.domains import mix_table
-from dsdprof.decide.drafts import draft_memory, rank_drafts, recommend
+from dsdprof.decide.drafts import comparison_memory, rank_drafts, recommend
 
 WIDTH = 80
 
@@ -39,13 +39,10 @@ def _mix_line(weights: dict[str, float]) -> str:
 
 
 def _memory(comp: Any) -> list[str]:
-    sweep, work, eng = comp.spec.get("sweep", {}), comp.spec.get("workload", {}), comp.spec.get("engine", {})
-    kmax, bmax = max(sweep.get("num_spec_tokens", [0])), max(sweep.get("batch_sizes", [1]))
+    bmax, kmax, memory = comparison_memory(comp.spec, comp.plan["drafts"])
     out = [f"  {'draft':<16} {'method':<12} {'weights MiB':>11} {'KV KiB/tok':>10} "
            f"{f'KV MiB BS{bmax} K{kmax}':>16}"]
-    for d in comp.plan["drafts"]:
-        m = draft_memory(d.get("draft_model"), str(eng.get("dtype", "auto")), int(work.get("input_len", 0)),
-                         int(sweep.get("output_len", 0)), kmax, bmax)
+    for d, m in memory:
         out.append(f"  {d['name'][:16]:<16} {d['method'][:12]:<12} {_f(m['weights_bytes'] / 2**20, 1):>11} "
                    f"{_f(m['kv_bytes_per_token'] / 2**10, 1):>10} {_f(m['kv_bytes'] / 2**20, 1):>16}")
     return out
