@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from dsdprof.cli.app import app
 from dsdprof.formats.ktable import validate_table
 from dsdprof.jobs.compare_drafts import PLAN_FILE
-
-
-def _grid(spec: dict[str, dict[tuple[int, int], float]]) -> pd.DataFrame:
-    rows = []
-    for cat, cells in spec.items():
-        for (b, k), s in cells.items():
-            rows.append({"category": cat, "batch_size": b, "num_spec_tokens": k,
-                         "acceptance_length": 1 + k / 2, "itl_s": 0.01 * (1 + k),
-                         "acceptance_per_pos": [0.9 - 0.1 * i for i in range(k)], "speedup": s,
-                         "speedup_low": s - 0.02, "speedup_high": s + 0.02, "vanilla_goodput": 100.0})
-    return pd.DataFrame(rows)
+from tests.decide.test_drafts_domains import _grid
 
 
 # code likes long drafts, text short ones at BS 1; at BS 8 both K 1
