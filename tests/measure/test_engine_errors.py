@@ -33,3 +33,23 @@ def test_concurrent_engines_split_memory_on_gpu_and_cpu():
     assert kw == {"gpu_memory_utilization": 0.45} and note.startswith("gpu: 2 engines")
     kw, note = memory_plan({"gpu_memory_utilization": 0.8}, 4, on_gpu=False)
     assert kw == {"gpu_memory_utilization": 0.2} and note.startswith("cpu: 4 engines")
+
+
+def test_cpu_engines_get_an_explicit_kv_cache_when_nothing_sizes_it(monkeypatch):
+    """Without VLLM_CPU_KVCACHE_SPACE vLLM's CPU backend gives each engine's KV cache its whole
+    memory share, so a second engine found 10.55 GiB free against the 10.59 it asked for: dsdprof
+    sizes the KV cache itself (which also skips vLLM's start check), unless the user did."""
+    from dsdprof.measure.vllm.resources import GIB, cpu_kv_cache_gib, memory_plan
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    kw, note = memory_plan({}, 2, on_gpu=False, available_bytes=23 * GIB)
+    assert kw == {"gpu_memory_utilization": 0.45, "kv_cache_memory_bytes": 4 * GIB}, kw
+    assert "KV cache 4 GiB per engine" in note
+    assert cpu_kv_cache_gib(2, 12 * GIB) == 2 and cpu_kv_cache_gib(5, 2 * GIB) == 1
+    kw, _ = memory_plan({"kv_cache_memory_bytes": 123}, 2, on_gpu=False, available_bytes=23 * GIB)
+    assert "kv_cache_memory_bytes" not in kw  # the user's own, from [engine] extra, stays
+    kw, _ = memory_plan({}, 2, on_gpu=True, available_bytes=23 * GIB)
+    assert "kv_cache_memory_bytes" not in kw
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    kw, note = memory_plan({}, 2, on_gpu=False, available_bytes=23 * GIB)
+    assert "kv_cache_memory_bytes" not in kw and "VLLM_CPU_KVCACHE_SPACE=1" in note
