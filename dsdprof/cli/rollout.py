@@ -287,6 +287,8 @@ def _replay(
         console.print("fitted on " + str(fit) + ": prefill s " + ", ".join(
             f"{v} {x:.2f}" for v, x in sorted(model.prefill.items())) + "; rejection x " + ", ".join(
             f"{v} {x:.2f}" for v, x in sorted(model.reject.items())))
+        if model.k_served.get("adaptive"):
+            console.print("adaptive K served per batch size: " + _k_runs(model.k_served["adaptive"]))
     if source.is_dir() or source.suffix == ".parquet":
         _replay_run(source, table, runs, model, plot, force)
         return
@@ -314,6 +316,17 @@ def _replay(
             fmt_number(p.mean_k, 2),
         )
     console.print(t)
+
+
+def _k_runs(k_of: Mapping[int, int]) -> str:
+    """``{1: 4, 2: 4, 3: 2}`` as ``1-2: 4, 3: 2`` (runs of batch sizes served one K)."""
+    runs: list[list[int]] = []
+    for b in sorted(k_of):
+        if runs and runs[-1][2] == k_of[b]:
+            runs[-1][1] = b
+        else:
+            runs.append([b, b, k_of[b]])
+    return ", ".join(f"{lo}{'' if lo == hi else f'-{hi}'}: {k}" for lo, hi, k in runs)
 
 
 def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: Path | None,

@@ -18,8 +18,9 @@ The replay walks the engine step by step as vLLM runs it:
 The makespan is the mean over ``runs`` seeded Monte Carlo replays (the tail is set by the last
 requests' acceptance luck, which a mean-token replay would shorten). The variants: ``vanilla``
 (K = 0), ``fixed-K`` for every K of the grid (the best fixed K of this workload is the smallest),
-``dsd`` (the table's schedule) and ``adaptive`` (predicted as the table's schedule: the plugin's
-own K changes are not modelled). Pure: plain values in and out.
+``dsd`` (the table's schedule) and ``adaptive`` (the table's schedule; with a fitted
+:class:`~dsdprof.decide.step_model.StepModel`, the K the plugin served per batch size in the fitted
+run). Pure: plain values in and out.
 """
 
 from __future__ import annotations
@@ -34,11 +35,24 @@ from dsdprof.errors import InputError
 
 
 class StepGrid(Protocol):
-    """What a replay steps with: the table's :class:`Grid` or a fitted :class:`FittedEngine`."""
+    """What a replay steps with: the table's :class:`Grid` or a fitted
+    :class:`~dsdprof.decide.step_model.FittedEngine`."""
 
     def itl(self, b: int, k: int) -> float: ...
 
     def conditional(self, b: int, k: int) -> tuple[float, ...]: ...
+
+
+class FittedModel(Protocol):
+    """What :func:`predict_all` needs of a fitted :class:`~dsdprof.decide.step_model.StepModel`."""
+
+    def engine(self, variant: str) -> StepGrid: ...
+
+    def schedule(self, variant: str, k_of: Callable[[int], int]) -> Callable[[int], int]: ...
+
+    def prefill_s(self, variant: str, num_requests: int) -> float: ...
+
+    def variants(self) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -142,7 +156,7 @@ def replay_once(
     rng: random.Random,
 ) -> tuple[float, float, int, float]:
     """(makespan, tail, decode steps, mean K) of one replay (see the module docstring). ``grid``:
-    the table's :class:`Grid` or a variant's :class:`FittedEngine` (the same two methods)."""
+    the table's :class:`Grid` or a variant's ``FittedEngine`` (the same two methods)."""
     remaining = [max(0, n - 1) for n in lengths]  # the prefill delivers each request's first token
     finish = [prefill_s] * len(lengths)
     t = prefill_s
@@ -234,7 +248,7 @@ def predict_all(
     runs: int = 200,
     seed: int = 0,
     fixed_ks: Sequence[int] | None = None,
-    model: StepModel | None = None,
+    model: FittedModel | None = None,
 ) -> list[Prediction]:
     """Every variant's prediction for ``lengths``; ``prefill_s`` None: one vanilla step at batch N
     (with ``model``: the variant's fitted prefill). ``model``: step seconds, prefill and acceptance
@@ -245,6 +259,8 @@ def predict_all(
     out = []
     for name, k_of in variant_schedules(table, grid, fixed_ks).items():
         eng: StepGrid = grid if model is None else model.engine(name)
+        if model is not None:
+            k_of = model.schedule(name, k_of)
         if prefill_s is not None:
             pre = prefill_s
         elif model is not None:
@@ -261,117 +277,3 @@ def best_fixed_k(predictions: Sequence[Prediction]) -> int:
     if not fixed:
         raise InputError("fixed_ks", [], "no fixed K predicted")
     return int(min(fixed, key=lambda p: p.makespan_s).variant.split("-", 1)[1])
-
-
-@dataclass(frozen=True)
-class StepSample:
-    """One measured decode step: the variant's engine, requests decoding, K drafted, seconds."""
-
-    variant: str
-    batch_size: int
-    k: int
-    seconds: float
-
-
-def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
-class StepModel:
-    """Step and prefill seconds per variant, fitted on measured rollouts (``dsdprof replay --fit``).
-
-    The table's grid was measured on steady batches, on the machine of the sweep's day, on one engine
-    that switches K per step; a rollout's engines step at their own cost. Per (variant, K): seconds =
-    a + b * B, least squares (b >= 0) over the median step time at each batch size the variant
-    decoded at K; at one batch size, that median times the grid's shape in B; a K the variant never
-    served (or a variant not fitted): the grid's time times the median measured / grid ratio of the
-    variant's steps (of all steps). Prefill: the median over the variant's rollouts of the prefill
-    step, times ``N / fit N`` when the rollout has another number of requests (else vanilla's)."""
-
-    def __init__(self, grid: Grid, samples: Sequence[StepSample], prefill: Mapping[str, Sequence[float]],
-                 num_requests: int) -> None:
-        self.grid = grid
-        self.num_requests = num_requests
-        self.prefill = {v: _median(xs) for v, xs in prefill.items() if xs}
-        by: dict[tuple[str, int], dict[int, list[float]]] = {}
-        ratios: dict[str, list[float]] = {}
-        for s in samples:
-            by.setdefault((s.variant, s.k), {}).setdefault(s.batch_size, []).append(s.seconds)
-            ratios.setdefault(s.variant, []).append(s.seconds / grid.itl(s.batch_size, s.k))
-        if not by:
-            raise InputError("--fit", "0 steps", "the fitted run has no decode steps")
-        self.ratio = {v: _median(r) for v, r in ratios.items()}
-        self.ratio_all = _median([x for r in ratios.values() for x in r])
-        self.lines = {key: self._line(key[1], pts) for key, pts in by.items()}
-        self.reject: dict[str, float] = {}  # per variant: factor on the grid's rejection probabilities
-
-    def _line(self, k: int, pts: Mapping[int, list[float]]) -> tuple[float, float, int, int]:
-        """(a, b, smallest B, largest B) over the per-batch-size medians, weighted by steps."""
-        xs = sorted(pts)
-        ws = [len(pts[b]) for b in xs]
-        ys = [_median(pts[b]) for b in xs]
-        w = sum(ws)
-        mx = sum(wi * x for wi, x in zip(ws, xs)) / w
-        my = sum(wi * y for wi, y in zip(ws, ys)) / w
-        sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(ws, xs))
-        if sxx <= 0:  # one batch size: the grid's shape in B through it
-            return my / self.grid.itl(xs[0], k), -1.0, xs[0], xs[0]
-        b = max(0.0, sum(wi * (x - mx) * (y - my) for wi, x, y in zip(ws, xs, ys)) / sxx)
-        return my - b * mx, b, xs[0], xs[-1]
-
-    def seconds(self, variant: str, b: int, k: int) -> float:
-        line = self.lines.get((variant, k))
-        if line is None:
-            return self.grid.itl(b, k) * self.ratio.get(variant, self.ratio_all)
-        a, slope, lo, _ = line
-        if slope < 0:  # fitted at one batch size: a is the ratio to the grid there
-            return a * self.grid.itl(b, k)
-        return max(a + slope * b, 0.5 * (a + slope * lo))
-
-    def engine(self, variant: str, reject: float | None = None) -> FittedEngine:
-        """The variant's engine for :func:`predict` (pass it as the grid)."""
-        return FittedEngine(self, variant, self.reject.get(variant, 1.0) if reject is None else reject)
-
-    def fit_reject(self, variant: str, k_of: Callable[[int], int],
-                   rollouts: Sequence[tuple[Sequence[int], int]], runs: int = 100) -> float:
-        """The factor on the grid's per-position rejection probabilities that makes the mean
-        predicted decode steps of ``rollouts`` ((lengths, measured decode steps) of ``variant``)
-        equal the measured mean (bisection; fewer steps = more accepted). Stored for the variant."""
-        want = sum(n for _, n in rollouts) / len(rollouts)
-
-        def steps(r: float) -> float:
-            eng = self.engine(variant, r)
-            return sum(predict(ls, k_of, eng, 0.0, variant, 1.0, runs, 0).steps
-                       for ls, _ in rollouts) / len(rollouts)
-
-        lo, hi = 0.05, 4.0
-        for _ in range(14):
-            mid = (lo * hi) ** 0.5
-            lo, hi = (mid, hi) if steps(mid) < want else (lo, mid)
-        self.reject[variant] = (lo * hi) ** 0.5
-        return self.reject[variant]
-
-    def prefill_s(self, variant: str, num_requests: int) -> float:
-        base = self.prefill.get(variant, self.prefill.get("vanilla", 0.0))
-        return base * num_requests / self.num_requests if self.num_requests else base
-
-    def variants(self) -> list[str]:
-        return sorted({v for v, _ in self.lines})
-
-
-@dataclass(frozen=True)
-class FittedEngine:
-    """One variant of a :class:`StepModel`, with a :class:`Grid`'s two methods (for :func:`predict`)."""
-
-    model: StepModel
-    variant: str
-    reject: float = 1.0
-
-    def itl(self, b: int, k: int) -> float:
-        return self.model.seconds(self.variant, b, k)
-
-    def conditional(self, b: int, k: int) -> tuple[float, ...]:
-        return tuple(min(1.0, max(0.0, 1.0 - (1.0 - p) * self.reject))
-                     for p in self.model.grid.conditional(b, k))

@@ -166,10 +166,12 @@ def decode_steps(row: Any) -> list[tuple[int, int, float]]:
 
 
 def fit_step_model(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 100):
-    """A :class:`~dsdprof.decide.makespan.StepModel` fitted on every ok rollout of ``df``: each
-    variant's decode step seconds, prefill seconds, and the factor on the table's rejection
-    probabilities that gives its measured number of decode steps."""
-    from dsdprof.decide.makespan import StepModel, StepSample, grid_from_table, variant_schedules
+    """A :class:`~dsdprof.decide.step_model.StepModel` fitted on every ok rollout of ``df``: each
+    variant's decode step seconds, prefill seconds, the K it scheduled per lookup batch size (the
+    adaptive plugin's own schedule), and the factor on the table's rejection probabilities that
+    gives its measured number of decode steps."""
+    from dsdprof.decide.makespan import grid_from_table, variant_schedules
+    from dsdprof.decide.step_model import StepModel, StepSample
 
     d = _ok(df, KIND_ROLLOUT)
     if d.empty:
@@ -177,20 +179,23 @@ def fit_step_model(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 100):
     samples: list[StepSample] = []
     prefill: dict[str, list[float]] = {}
     cases: dict[str, list[tuple[list[int], int]]] = {}
+    served: dict[str, list[tuple[int, int]]] = {}
     for _, row in d.iterrows():
         v = str(row["variant"])
         steps = decode_steps(row)
+        pairs = zip(row["step_batch_size"], row["step_k"])
+        served.setdefault(v, []).extend((int(b), int(k)) for b, k in pairs if int(k) >= 0)
         samples += [StepSample(v, b, k, sec) for b, k, sec in steps]
         cases.setdefault(v, []).append(([int(x) for x in row["request_output_len"]], len(steps)))
         pre = prefill_seconds(row)
         if not math.isnan(pre):
             prefill.setdefault(v, []).append(pre)
     grid = grid_from_table(table)
-    model = StepModel(grid, samples, prefill, int(d["num_requests"].median()))
+    model = StepModel(grid, samples, prefill, int(d["num_requests"].median()), served)
     scheds = variant_schedules(table, grid, [int(v.split("-")[1]) for v in cases if v.startswith("fixed-")])
     for v, cs in cases.items():
         if v != "vanilla" and v in scheds:
-            model.fit_reject(v, scheds[v], cs, runs)
+            model.fit_reject(v, model.schedule(v, scheds[v]), cs, runs)
     return model
 
 
@@ -207,8 +212,9 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
     * ``raw``: the table's step times; every row takes its repeat's vanilla prefill;
     * ``cal``: the same with step times scaled by the factor that makes the repeat's vanilla
       prediction exact (the machine today against the table's day; vanilla exact by construction);
-    * ``fit`` (with ``model``, a :class:`~dsdprof.decide.makespan.StepModel` fitted on *another* run):
-      the model's step and prefill seconds per variant, nothing of this run but its lengths;
+    * ``fit`` (with ``model``, a :class:`~dsdprof.decide.step_model.StepModel` fitted on *another*
+      run): the model's step and prefill seconds, acceptance and (adaptive) K schedule per variant,
+      nothing of this run but its lengths;
     * ``fitcal``: ``fit`` with step and prefill seconds times one factor per repeat: the repeat's
       vanilla decode seconds (prefill left out: its noise is the largest) over the model's."""
     from dsdprof.decide.makespan import grid_from_table, predict, variant_schedules
@@ -246,8 +252,8 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
 def _fitted(model, lens, sched, variant: str, runs: int, seed: int, scale: float = 1.0):
     from dsdprof.decide.makespan import predict
 
-    return predict(lens, sched, model.engine(variant), model.prefill_s(variant, len(lens)) * scale, variant,
-                   scale, runs, seed)
+    return predict(lens, model.schedule(variant, sched), model.engine(variant),
+                   model.prefill_s(variant, len(lens)) * scale, variant, scale, runs, seed)
 
 
 def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: float, runs: int,
@@ -280,6 +286,8 @@ def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: fl
         "steps_predicted": raw.steps,
         "mean_k_measured": float(row["mean_k"]),
         "mean_k_predicted": raw.mean_k,
+        "steps_fit": f.steps if f else math.nan,
+        "mean_k_fit": f.mean_k if f else math.nan,
     }
 
 

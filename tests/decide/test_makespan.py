@@ -13,7 +13,8 @@ import random
 import pandas as pd
 import pytest
 
-from dsdprof.decide.makespan import StepModel, StepSample, grid_from_table
+from dsdprof.decide.makespan import grid_from_table
+from dsdprof.decide.step_model import StepModel, StepSample
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import k_for_batch_size
 from dsdprof.formats.rollouts import empty_rollout_row
@@ -22,25 +23,38 @@ from dsdprof.report.rollout import fit_step_model, replay_check, replay_summary
 
 P_TRUE = 0.93  # per-position acceptance of the machine (the toy table says ~0.6-0.9)
 PREFILL = {"vanilla": 1.5, "fixed-4": 1.9, "dsd": 1.8}
+SPEC_PREFILL = 1.9  # any fixed-K engine's (the draft model prefills too)
 N = 16
 
 
 def machine_step(variant: str, b: int, k: int) -> float:
     """Seconds of one decode step: the engine's own overhead plus a cost per token in the batch."""
-    over = 0.09 if variant == "vanilla" else (0.11 if variant == "fixed-4" else 0.12)
+    over = {"vanilla": 0.09, "dsd": 0.12, "adaptive": 0.13}.get(variant, 0.11)  # 0.11: every fixed K
     return over + 0.004 * b * (1 + k) + 0.008 * k
+
+
+def plugin_k(b: int) -> int:
+    """The machine's adaptive plugin: it has learned that drafts are accepted more than the table
+    says and serves a larger K than the table's (4 / 3 / 2 at batch 1-4 / 5-9 / 10+; the table's
+    4 / 2 / 1 at 1-2 / 3-5 / 6+)."""
+    return 4 if b <= 4 else (3 if b <= 9 else 2)
 
 
 def simulate(variant: str, lengths: list[int], ranges, rng: random.Random, rep: int) -> dict:
     """One rollout on the machine, as a dsdprof.rollouts/v1 row."""
-    fixed = {"vanilla": lambda b: 0, "fixed-4": lambda b: 4}
-    k_of = fixed.get(variant, lambda b: k_for_batch_size(ranges, b))
+    if variant.startswith("fixed-"):
+        k_of = (lambda kk: lambda b: kk)(int(variant.split("-")[1]))
+    else:
+        k_of = {"vanilla": lambda b: 0, "adaptive": plugin_k}.get(
+            variant, lambda b: k_for_batch_size(ranges, b))
     rem = [n - 1 for n in lengths]
-    t = PREFILL[variant] * rng.uniform(0.98, 1.02)
-    ts, dec, drafted, pre = [t], [0], [0.0], [N * 32]
-    k = k_of(len(lengths))
+    t = {"vanilla": 1.5, "dsd": 1.8, "adaptive": 1.85}.get(variant, SPEC_PREFILL) * rng.uniform(0.98, 1.02)
+    ts, dec, drafted, pre, served = [t], [0], [0.0], [N * 32], [k_of(len(lengths))]
+    k = served[0]
+    k_sum = 0
     while any(x > 0 for x in rem):
         b = sum(1 for x in rem if x > 0)
+        k_sum += b * k
         t += machine_step(variant, b, k) * rng.uniform(0.97, 1.03)
         for i, x in enumerate(rem):
             if x > 0:
@@ -53,17 +67,18 @@ def simulate(variant: str, lengths: list[int], ranges, rng: random.Random, rep: 
         drafted.append(float(k))
         pre.append(0)
         k = k_of(b)
+        served.append(k)
     row = empty_rollout_row()
     row.update(row_id=f"{variant}-{rep}", kind="rollout", variant=variant, repeat=rep, status="ok",
                makespan_s=t, num_requests=len(lengths), request_output_len=list(lengths), step_t_s=ts,
-               step_decoding=dec, step_batch_size=dec, step_drafted=drafted, step_prefill_tokens=pre,
-               step_k=[k_of(b) for b in dec], mean_k=0.0)
+               step_decoding=dec, step_batch_size=[len(lengths), *dec[1:]], step_drafted=drafted,
+               step_prefill_tokens=pre, step_k=served, mean_k=k_sum / sum(dec))
     return row
 
 
-def run(lengths: list[int], ranges, seed: int, repeats: int = 3) -> pd.DataFrame:
+def run(lengths: list[int], ranges, seed: int, repeats: int = 3, variants=tuple(PREFILL)) -> pd.DataFrame:
     rng = random.Random(seed)
-    return pd.DataFrame([simulate(v, lengths, ranges, rng, r) for r in range(repeats) for v in PREFILL])
+    return pd.DataFrame([simulate(v, lengths, ranges, rng, r) for r in range(repeats) for v in variants])
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +104,72 @@ def test_fitted_model_predicts_held_out_lengths_within_3_percent(table):
     assert s["raw_err"].abs().max() > 0.10
 
 
-def test_step_model_falls_back_to_the_grid(table):
+def test_fall_backs_predict_a_fixed_k_and_the_plugin_the_fit_never_saw(table):
+    """Fitted on a run without fixed-2, whose adaptive plugin served its own K (not the table's):
+    fixed-2's steps come from the vanilla and fixed-4 engines' lines, its prefill and acceptance from
+    fixed-4's, and the plugin's K from what it served; each variant's makespan within 5 %."""
+    ranges = table["ranges"]
+    fit_lens = draw_lengths(parse_length_spec("lognormal:median=12,sigma=0.9"), N, seed=0)
+    held = draw_lengths(parse_length_spec("pareto:alpha=1.1,min=3"), N, seed=25)
+    model = fit_step_model(run(fit_lens, ranges, seed=1, repeats=4,
+                               variants=("vanilla", "fixed-4", "dsd", "adaptive")), table, runs=60)
+    assert "fixed-2" not in model.variants()
+    for b in (1, 4, 16):  # linear in K between the fitted engines: the machine's fixed-2 within 8 %
+        assert model.seconds("fixed-2", b, 2) == pytest.approx(machine_step("fixed-2", b, 2), rel=0.08)
+    # The grid's shape in K is not the machine's: grid times the fitted ratio misses fixed-2 at batch 16.
+    assert model.grid.itl(16, 2) * model.ratio_all > 1.2 * machine_step("fixed-2", 16, 2)
+    assert model.prefill_s("fixed-2", N) == pytest.approx(SPEC_PREFILL, rel=0.03)  # not vanilla's 1.5
+    assert model.reject_of("fixed-2") == model.reject["fixed-4"]
+    # Fitted on the K the plugin served, its acceptance is the same pair's as dsd's.
+    assert model.reject["adaptive"] == pytest.approx(model.reject["dsd"], rel=0.25)
+    chk = replay_check(run(held, ranges, seed=2, repeats=8,
+                           variants=("vanilla", "fixed-2", "fixed-4", "dsd", "adaptive")), table, runs=150,
+                       model=model)
+    s = replay_summary(chk.rows).set_index("variant")
+    assert s["fit_err"].abs().max() < 0.05, s[["measured_s", "fit_s", "fit_err"]]
+    k = chk.rows.groupby("variant")[["mean_k_measured", "mean_k_fit"]].mean()
+    assert k.loc["adaptive", "mean_k_fit"] == pytest.approx(k.loc["adaptive", "mean_k_measured"], rel=0.05)
+    # ... which is not the table's (dsd's)
+    assert abs(k.loc["adaptive", "mean_k_measured"] - k.loc["dsd", "mean_k_measured"]) > 0.5
+
+
+def test_step_model_fall_backs(table):
     grid = grid_from_table(table)
-    samples = [StepSample("fixed-4", b, 4, 2 * grid.itl(b, 4)) for b in (1, 2, 4) for _ in range(3)]
-    samples += [StepSample("dsd", 3, 2, 0.3)]
-    m = StepModel(grid, samples, {"fixed-4": [2.0, 2.2, 2.1]}, num_requests=16)
-    assert m.seconds("fixed-4", 2, 4) == pytest.approx(2 * grid.itl(2, 4), rel=0.1)
-    assert m.seconds("fixed-4", 8, 1) == pytest.approx(2 * grid.itl(8, 1))  # K never served: ratio
-    assert m.seconds("dsd", 6, 2) == pytest.approx(0.3 * grid.itl(6, 2) / grid.itl(3, 2))  # one B: shape
+
+    def van(b):
+        return 0.1 + 0.01 * b
+
+    def f4(b):
+        return 0.2 + 0.03 * b
+
+    samples = [StepSample("vanilla", b, 0, van(b)) for b in (1, 4, 16) for _ in range(3)]
+    samples += [StepSample("fixed-4", b, 4, f4(b)) for b in (1, 4, 16) for _ in range(3)]
+    samples += [StepSample("dsd", b, 1, 1.2 * (van(b) + (f4(b) - van(b)) / 4)) for b in (6, 12)]
+    samples += [StepSample("adaptive", 3, 2, 0.3)]
+    m = StepModel(grid, samples, {"fixed-4": [2.0, 2.2, 2.1], "dsd": [1.8], "vanilla": [1.5]},
+                  num_requests=16, served={"adaptive": [(16, 2), (8, 3), (8, 3), (8, 1), (2, 4)]})
+    assert m.seconds("fixed-4", 2, 4) == pytest.approx(f4(2))
+    assert m.seconds("fixed-2", 8, 2) == pytest.approx((van(8) + f4(8)) / 2)  # halfway in K
+    assert m.seconds("fixed-6", 8, 6) == pytest.approx(van(8) + 1.5 * (f4(8) - van(8)))  # beyond: the line
+    assert m.family_ratio["dsd"] == pytest.approx(1.2)
+    assert m.seconds("dsd", 8, 2) == pytest.approx(1.2 * (van(8) + f4(8)) / 2)  # a K dsd never served
+    assert m.seconds("adaptive", 6, 2) == pytest.approx(0.3 * grid.itl(6, 2) / grid.itl(3, 2))  # one B: shape
+    # A K adaptive never served: the fixed engines' time there times its own ratio to them.
+    assert m.seconds("adaptive", 12, 1) == pytest.approx(m.family(12, 1) * m.family_ratio["adaptive"])
+    no_plugin = StepModel(grid, [s for s in samples if s.variant != "adaptive"], {}, 16)
+    assert no_plugin.seconds("adaptive", 12, 1) == pytest.approx(m.seconds("dsd", 12, 1))  # dsd's engine
     assert m.prefill_s("fixed-4", 32) == pytest.approx(4.2)  # twice the requests, twice the prefill
-    assert m.prefill_s("dsd", 16) == 0.0  # neither it nor vanilla fitted
+    assert m.prefill_s("fixed-2", 16) == pytest.approx(2.1)  # the nearest fixed K's
+    assert m.prefill_s("adaptive", 16) == pytest.approx(1.8)  # dsd's
+    assert m.prefill_s("vanilla", 16) == pytest.approx(1.5)
+    k_of = m.schedule("adaptive", lambda b: 99)
+    assert [k_of(b) for b in (1, 2, 3, 8, 12, 16, 17)] == [99, 4, 4, 3, 2, 2, 99]
+    assert m.schedule("dsd", lambda b: 7)(8) == 7  # vLLM's own schedule: the table's
+    m.reject.update({"fixed-4": 0.5, "dsd": 0.7})
+    assert (m.reject_of("fixed-1"), m.reject_of("adaptive"), m.reject_of("vanilla")) == (0.5, 0.7, 1.0)
+    only = StepModel(grid, [StepSample("fixed-4", 2, 4, 2 * grid.itl(2, 4))], {}, 16)
+    # No vanilla or second fixed engine: the grid times the ratio (here the stand-in fixed-4's, 2).
+    assert only.seconds("fixed-2", 8, 2) == pytest.approx(2 * grid.itl(8, 2))
+    assert only.prefill_s("dsd", 16) == 0.0  # nothing fitted
     with pytest.raises(InputError, match="--fit"):
         StepModel(grid, [], {}, 16)

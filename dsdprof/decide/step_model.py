@@ -1,0 +1,244 @@
+"""The replay's step model fitted on a measured rollout run (``dsdprof replay --fit``).
+
+The table's grid was measured on steady batches, on the machine of the sweep's day, on one engine
+that switches K per step; a rollout's engines step at their own cost. Per (variant, K) the model
+fits seconds = a + b * B, least squares (b >= 0) over the median step time at each batch size the
+variant decoded at K; at one batch size, that median times the grid's shape in B.
+
+What the fitted run did not measure falls back, each for a structural reason:
+
+* **A fixed K the run did not have** (fixed-2 when it had fixed-4): at each batch size, linear in K
+  between the fitted engines' own step times there: vanilla's (K = 0) and each fitted fixed-K'
+  engine's (beyond them, the line through the two nearest). The grid's shape in K is not used: at
+  batch 8-16 it grows with K faster than the rollout engines' did (measured / grid 0.84 at K = 2,
+  0.73 at K = 4 in the held-out run of 2026-12-03). Left out: the speculative engine's fixed cost
+  per step beyond vanilla's, so a K between 0 and the smallest fitted K comes out a little short
+  (-4 to -5 % at K = 2 from vanilla and fixed-4 there).
+* **dsd or adaptive at a K it never served**: that fixed-K time times the engine's own median ratio
+  to it over the steps it did serve (a DSD-mode engine steps slower than a fixed-K one at the same
+  K and batch size); a variant not in the fitted run takes the other one's engine (the same
+  DSD-mode engine, with or without the plugin).
+* Only when neither can (no vanilla or fixed engine fitted): the grid's time times the median
+  measured / grid ratio of the variant's steps (of all steps).
+* **Prefill** (the median of the variant's prefill steps, times ``N / fit N``) and **acceptance**
+  (a factor on the grid's per-position rejection probabilities) of a variant not fitted: those
+  of the nearest fitted variant of its kind (fixed-K: the fixed K' nearest K; adaptive: dsd; dsd:
+  adaptive), else the median of the fitted speculative variants, else vanilla's prefill and the
+  table's acceptance.
+* **The adaptive plugin's K**: the K it scheduled at each lookup batch size in the fitted run (the
+  most frequent; between them, the nearest one's), the table's outside them
+  (:meth:`StepModel.schedule`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from dsdprof.decide.makespan import Grid, predict
+from dsdprof.errors import InputError
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured decode step: the variant's engine, requests decoding, K drafted, seconds."""
+
+    variant: str
+    batch_size: int
+    k: int
+    seconds: float
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def fixed_k_of(variant: str) -> int | None:
+    """K of a ``fixed-K`` variant name (None for the others)."""
+    return int(variant.split("-", 1)[1]) if variant.startswith("fixed-") else None
+
+
+def stand_in(variant: str, have: Iterable[str]) -> str | None:
+    """The fitted variant nearest ``variant`` of its kind: itself; for fixed-K the fixed K' nearest
+    (the larger on a tie), then dsd, adaptive; adaptive <-> dsd; None when none is fitted."""
+    have = set(have)
+    if variant in have:
+        return variant
+    k = fixed_k_of(variant)
+    if k is not None:
+        fixed = [(fixed_k_of(v), v) for v in have if v.startswith("fixed-")]
+        if fixed:
+            return min(fixed, key=lambda kv: (abs(int(kv[0] or 0) - k), -int(kv[0] or 0)))[1]
+        order = ["dsd", "adaptive"]
+    else:
+        order = {"adaptive": ["dsd"], "dsd": ["adaptive"]}.get(variant, [])
+    return next((v for v in order if v in have), None)
+
+
+class StepModel:
+    """Step and prefill seconds, acceptance and the adaptive plugin's K per variant, fitted on
+    measured rollouts (the module docstring says what falls back on what)."""
+
+    def __init__(self, grid: Grid, samples: Sequence[StepSample], prefill: Mapping[str, Sequence[float]],
+                 num_requests: int, served: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> None:
+        self.grid = grid
+        self.num_requests = num_requests
+        self.prefill = {v: _median(xs) for v, xs in prefill.items() if xs}
+        by: dict[tuple[str, int], dict[int, list[float]]] = {}
+        ratios: dict[str, list[float]] = {}
+        for s in samples:
+            by.setdefault((s.variant, s.k), {}).setdefault(s.batch_size, []).append(s.seconds)
+            ratios.setdefault(s.variant, []).append(s.seconds / grid.itl(s.batch_size, s.k))
+        if not by:
+            raise InputError("--fit", "0 steps", "the fitted run has no decode steps")
+        self.ratio = {v: _median(r) for v, r in ratios.items()}
+        self.ratio_all = _median([x for r in ratios.values() for x in r])
+        self.lines = {key: self._line(key[1], pts) for key, pts in by.items()}
+        self.reject: dict[str, float] = {}  # per variant: factor on the grid's rejection probabilities
+        # The fixed-K engines' own times at (B, K), and each DSD-mode engine's median ratio to them.
+        self.family_ratio: dict[str, float] = {}
+        for v in {s.variant for s in samples if s.variant != "vanilla" and fixed_k_of(s.variant) is None}:
+            fam = [(s.seconds, self.family(s.batch_size, s.k)) for s in samples if s.variant == v]
+            got = [a / f for a, f in fam if f is not None and f > 0]
+            if got:
+                self.family_ratio[v] = _median(got)
+        self.k_served: dict[str, dict[int, int]] = {}
+        for v, pairs in (served or {}).items():
+            counts: dict[int, Counter[int]] = {}
+            for b, k in pairs:
+                if b > 0:
+                    counts.setdefault(int(b), Counter())[int(k)] += 1
+            # the most frequent K (the smaller on a tie)
+            self.k_served[v] = {b: min(c.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+                                for b, c in counts.items()}
+
+    def _line(self, k: int, pts: Mapping[int, list[float]]) -> tuple[float, float, int, int]:
+        """(a, b, smallest B, largest B) over the per-batch-size medians, weighted by steps."""
+        xs = sorted(pts)
+        ws = [len(pts[b]) for b in xs]
+        ys = [_median(pts[b]) for b in xs]
+        w = sum(ws)
+        mx = sum(wi * x for wi, x in zip(ws, xs)) / w
+        my = sum(wi * y for wi, y in zip(ws, ys)) / w
+        sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(ws, xs))
+        if sxx <= 0:  # one batch size: the grid's shape in B through it
+            return my / self.grid.itl(xs[0], k), -1.0, xs[0], xs[0]
+        b = max(0.0, sum(wi * (x - mx) * (y - my) for wi, x, y in zip(ws, xs, ys)) / sxx)
+        return my - b * mx, b, xs[0], xs[-1]
+
+    def _at(self, key: tuple[str, int], b: int) -> float:
+        a, slope, lo, _ = self.lines[key]
+        if slope < 0:  # fitted at one batch size: a is the ratio to the grid there
+            return a * self.grid.itl(b, key[1])
+        return max(a + slope * b, 0.5 * (a + slope * lo))
+
+    def family(self, b: int, k: int) -> float | None:
+        """Seconds of a fixed-K engine's step at batch size ``b``: its own fitted line, else linear in
+        K between the fitted vanilla (K = 0) and fixed-K' engines at ``b`` (the two nearest beyond
+        them); None with fewer than two such engines."""
+        pts = {kk: self._at((v, kk), b) for v, kk in self.lines
+               if (v == "vanilla" and kk == 0) or fixed_k_of(v) == kk}
+        if k in pts:
+            return pts[k]
+        if len(pts) < 2:
+            return None
+        xs = sorted(pts)
+        below, above = [x for x in xs if x < k], [x for x in xs if x > k]
+        lo, hi = (below[-1], above[0]) if below and above else ((xs[0], xs[1]) if above else (xs[-2], xs[-1]))
+        val = pts[lo] + (k - lo) * (pts[hi] - pts[lo]) / (hi - lo)
+        return max(val, 0.5 * min(pts.values()))
+
+    def seconds(self, variant: str, b: int, k: int) -> float:
+        if (variant, k) in self.lines:
+            return self._at((variant, k), b)
+        engine = stand_in(variant, {v for v, _ in self.lines}) if variant != "vanilla" else None
+        if engine is not None and (engine, k) in self.lines and fixed_k_of(variant) is None:
+            return self._at((engine, k), b)  # adaptive <-> dsd: the same DSD-mode engine
+        fam = self.family(b, k) if variant != "vanilla" else None
+        if fam is not None:
+            return fam * (self.family_ratio.get(engine or "", 1.0) if fixed_k_of(variant) is None else 1.0)
+        return self.grid.itl(b, k) * self.ratio.get(variant, self.ratio.get(engine or "", self.ratio_all))
+
+    def engine(self, variant: str, reject: float | None = None) -> FittedEngine:
+        """The variant's engine for :func:`~dsdprof.decide.makespan.predict` (pass it as the grid)."""
+        return FittedEngine(self, variant, self.reject_of(variant) if reject is None else reject)
+
+    def reject_of(self, variant: str) -> float:
+        """The variant's fitted rejection factor, else its stand-in's, else the fitted median (1: none)."""
+        v = stand_in(variant, self.reject)
+        if v is not None:
+            return self.reject[v]
+        return _median(list(self.reject.values())) if self.reject and variant != "vanilla" else 1.0
+
+    def schedule(self, variant: str, k_of: Callable[[int], int]) -> Callable[[int], int]:
+        """The adaptive plugin's K per lookup batch size as it served it in the fitted run: at a batch
+        size it never looked up, the K of the nearest one it did (in log B), and outside their range
+        ``k_of`` (the table's); any other variant: ``k_of``."""
+        seen = self.k_served.get(variant) if variant == "adaptive" else None
+        if not seen:
+            return k_of
+        sizes = sorted(seen)
+
+        def k_at(b: int) -> int:
+            if b in seen:
+                return seen[b]
+            if not sizes[0] <= b <= sizes[-1]:
+                return k_of(b)
+            return seen[min(sizes, key=lambda s: (abs(math.log(s / b)), s))]
+
+        return k_at
+
+    def fit_reject(self, variant: str, k_of: Callable[[int], int],
+                   rollouts: Sequence[tuple[Sequence[int], int]], runs: int = 100) -> float:
+        """The factor on the grid's per-position rejection probabilities that makes the mean
+        predicted decode steps of ``rollouts`` ((lengths, measured decode steps) of ``variant``)
+        equal the measured mean (bisection; fewer steps = more accepted). Stored for the variant."""
+        want = sum(n for _, n in rollouts) / len(rollouts)
+
+        def steps(r: float) -> float:
+            eng = self.engine(variant, r)
+            return sum(predict(ls, k_of, eng, 0.0, variant, 1.0, runs, 0).steps
+                       for ls, _ in rollouts) / len(rollouts)
+
+        lo, hi = 0.05, 4.0
+        for _ in range(14):
+            mid = (lo * hi) ** 0.5
+            lo, hi = (mid, hi) if steps(mid) < want else (lo, mid)
+        self.reject[variant] = (lo * hi) ** 0.5
+        return self.reject[variant]
+
+    def prefill_s(self, variant: str, num_requests: int) -> float:
+        """The variant's fitted prefill (its stand-in's, else the speculative median, else vanilla's),
+        times ``num_requests / fit N``."""
+        v = stand_in(variant, self.prefill)
+        spec = [x for k, x in self.prefill.items() if k != "vanilla"]
+        if v is not None:
+            base = self.prefill[v]
+        elif variant != "vanilla" and spec:
+            base = _median(spec)
+        else:
+            base = self.prefill.get("vanilla", 0.0)
+        return base * num_requests / self.num_requests if self.num_requests else base
+
+    def variants(self) -> list[str]:
+        return sorted({v for v, _ in self.lines})
+
+
+@dataclass(frozen=True)
+class FittedEngine:
+    """One variant of a :class:`StepModel`, with a :class:`Grid`'s two methods (for ``predict``)."""
+
+    model: StepModel
+    variant: str
+    reject: float = 1.0
+
+    def itl(self, b: int, k: int) -> float:
+        return self.model.seconds(self.variant, b, k)
+
+    def conditional(self, b: int, k: int) -> tuple[float, ...]:
+        return tuple(min(1.0, max(0.0, 1.0 - (1.0 - p) * self.reject))
+                     for p in self.model.grid.conditional(b, k))
