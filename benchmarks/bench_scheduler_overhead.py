@@ -51,6 +51,12 @@ ITL`` is all its own code in the step, the worst case. For the others it is thei
 Goal (issue 30): <= 20 us per step for the profiling scheduler, sync and async, at 256 running +
 2,000 waiting. (The profiling schedulers' per-request bookkeeping runs when the engine is idle --
 never here, where nothing finishes.)
+
+``--only NAMES`` builds only those schedulers (comma-separated; plain and plain-a, the references,
+always). ``--before REV`` adds **before** and **before-a**: the profiling schedulers
+(``TracingScheduler``, ``TracingAsyncScheduler``) of git revision REV, loaded from
+``git show REV:dsdprof/plugins/...`` beside today's, so a change is compared side by side in one
+run (interleaved step by step like the others; ``--only profiling,profiling-a --before HEAD``).
 """
 
 from __future__ import annotations
@@ -140,8 +146,36 @@ def timed_base(base=None):
     return Timed
 
 
-def classes() -> dict[str, type]:
-    """name -> class: each of dsdprof's schedulers with the timed vLLM scheduler as its base."""
+BEFORE_MODULES = ("profiling_keys", "profiling_records", "vllm_profiling")  # dsdprof/plugins/*.py
+
+
+def before_module(rev: str, tmp: str):
+    """dsdprof's profiling scheduler module as of git revision ``rev`` (with the records and keys
+    modules of that revision), imported under other names beside today's."""
+    import importlib
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    for mod in BEFORE_MODULES:
+        try:
+            text = subprocess.run(["git", "show", f"{rev}:dsdprof/plugins/{mod}.py"], cwd=root, check=True,
+                                  capture_output=True, text=True).stdout
+        except subprocess.CalledProcessError as e:
+            raise SystemExit(f"--before {rev}: {e.stderr.strip()}") from None
+        for other in BEFORE_MODULES:
+            text = text.replace(f"dsdprof.plugins.{other}", f"_before_{other}")
+        Path(tmp, f"_before_{mod}.py").write_text(text)
+    sys.path.insert(0, tmp)
+    try:
+        return importlib.import_module("_before_vllm_profiling")
+    finally:
+        sys.path.remove(tmp)
+
+
+def classes(only: str = "", before=None) -> dict[str, type]:
+    """name -> class: each of dsdprof's schedulers with the timed vLLM scheduler as its base
+    (``only``: those named, comma-separated, and the plain references; ``before``: the module of
+    :func:`before_module`, as the before/before-a rows)."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -149,17 +183,29 @@ def classes() -> dict[str, type]:
 
     timed, timed_async = timed_base(), timed_base(AsyncScheduler)
     out = {"plain": timed, "plain-2": timed}  # plain-2: a second plain copy, the noise floor
-    for name, real, vllm, base in (
-            ("serving", vllm_adaptive.AdaptiveScheduler, Scheduler, timed),
+    rows = [("serving", vllm_adaptive.AdaptiveScheduler, Scheduler, timed),
             ("serving+m", vllm_adaptive.AdaptiveScheduler, Scheduler, timed),
             ("profiling", vllm_profiling.TracingScheduler, Scheduler, timed),
             ("plain-a", None, AsyncScheduler, timed_async),
             ("profiling-a", vllm_profiling.TracingAsyncScheduler, AsyncScheduler, timed_async),
-            ("per-step-a", vllm_profiling.TracingAsyncScheduler, AsyncScheduler, timed_async)):
+            ("per-step-a", vllm_profiling.TracingAsyncScheduler, AsyncScheduler, timed_async)]
+    if before is not None:
+        rows += [("before", before.TracingScheduler, Scheduler, timed),
+                 ("before-a", before.TracingAsyncScheduler, AsyncScheduler, timed_async)]
+    wanted = {n.strip() for n in only.split(",") if n.strip()}
+    unknown = wanted - {r[0] for r in rows} - set(out)
+    if unknown:
+        raise SystemExit(f"--only: unknown scheduler(s) {sorted(unknown)}; known: {list(out)} + "
+                         f"{[r[0] for r in rows]}")
+    if wanted:
+        if "plain-2" not in wanted:
+            del out["plain-2"]
+        rows = [r for r in rows if r[0] in wanted or r[0] in ("plain-a", "before", "before-a")]
+    for name, real, vllm, base in rows:
         if real is None:
             out[name] = base
             continue
-        mixins = tuple(c for c in real.__mro__[1:] if c.__module__.startswith("dsdprof."))
+        mixins = tuple(c for c in real.__mro__[1:] if c.__module__.startswith(("dsdprof.", "_before_")))
         if real.__mro__[1 + len(mixins)] is not vllm:
             raise SystemExit(f"{real.__name__}: MRO {real.__mro__} is not dsdprof mixins over "
                              f"{vllm.__name__}")
@@ -205,8 +251,8 @@ def build(args, log_stats: bool, tmp: str) -> dict:
     # other schedulers take between a copy's steps never reads as a slow K and the copies serve the
     # same K as plain (the selector's arithmetic still runs)
     scheds = {}
-    for name, cls in classes().items():
-        profiled = name.startswith(("profiling", "per-step"))
+    for name, cls in classes(args.only, args.before_module).items():
+        profiled = name.startswith(("profiling", "per-step", "before"))
         if profiled:  # an engine a dsdprof run started: the run's secret and trace directory
             os.environ.update({"DSDPROF_RUN_TOKEN": TOKEN, "DSDPROF_TRACE_DIR": tmp})
         own = copy.copy(config)  # metrics on for serving+m only
@@ -299,7 +345,8 @@ def measure(args, log_stats: bool) -> dict:
             if len(set(ks.values())) != 1:
                 others = {v for n, v in ks.items() if not n.startswith("serving")}
                 probes += 1
-                if len(others) != 1 or probes > max(8, args.steps // 25):  # each serving copy explores 2 in 256
+                # each serving copy explores 2 in 256
+                if len(others) != 1 or probes > max(8, args.steps // 25):
                     raise SystemExit(f"step {i}: the schedulers served different K {ks}: not comparable")
                 continue  # an exploration step of the serving plugin (a neighbouring K): not compared
             if i >= args.warmup:
@@ -308,8 +355,9 @@ def measure(args, log_stats: bool) -> dict:
                     own[n].append(o)
                     itl[n].append(i_)
         gc.unfreeze()
-        in_step = [ns / 1e3 for ns in scheds["serving+m"][0].flush_ns]
-        flush_us = time_flush(scheds["serving+m"][0])
+        metered = scheds.get("serving+m")
+        in_step = [ns / 1e3 for ns in metered[0].flush_ns] if metered else []
+        flush_us = time_flush(metered[0]) if metered else None
         for n, (s, _, _) in scheds.items():
             state = (len(s.running), len(s.waiting))
             if state != (args.running, args.waiting):
@@ -361,7 +409,7 @@ def report(label: str, res: dict) -> tuple[float, float, float, float]:
           f"steps of the serving plugin at a neighbouring K not compared)")
     print(f"{'scheduler':>11} {'CPU us':>8} {'ratio':>6} {'added':>7} {'mean90':>7} | {'own us':>7} "
           f"{'mean90':>7} | {'in ITL':>7} {'mean90':>7}")
-    serving = metrics = profiling = profiling_a = per_step_a = 0.0
+    own_meds, itl_meds = {}, {}
     for name in cpu:
         ref = "plain-a" if name.endswith("-a") else "plain"
         base, base_own = cpu[ref], own[ref]
@@ -371,27 +419,32 @@ def report(label: str, res: dict) -> tuple[float, float, float, float]:
         med = statistics.median(cpu[name]) / 1e3
         ratio = med / (statistics.median(base) / 1e3)
         own_med, itl_med = statistics.median(own_diff), statistics.median(itl_diff)
-        serving = own_med if name == "serving" else serving
-        metrics = own_med if name == "serving+m" else metrics
-        profiling = itl_med if name == "profiling" else profiling
-        profiling_a = itl_med if name == "profiling-a" else profiling_a
-        per_step_a = itl_med if name == "per-step-a" else per_step_a
+        own_meds[name], itl_meds[name] = own_med, itl_med
         note = " (ref)" if name in ("plain", "plain-a") else ""
         print(f"{name:>11} {med:>8.1f} {ratio:>6.3f} {statistics.median(diff):>7.1f} "
               f"{middle_mean(diff):>7.1f} | {own_med:>7.1f} {middle_mean(own_diff):>7.1f} | "
               f"{itl_med:>7.1f} {middle_mean(itl_diff):>7.1f}{note}")
     from dsdprof.plugins.metrics import FLUSH_S
 
-    side = [(m - o) / 1e3 for m, o in zip(own["serving+m"], own["serving"])]
-    print(f"metrics on vs off (serving+m - serving, own code): median {statistics.median(side):.1f} us per step, "
-          f"mean90 {middle_mean(side):.1f}; one flush {res['flush_us']:.0f} us warm (every {FLUSH_S:.0f} s: "
-          f"{res['flush_us'] / (FLUSH_S * 100):.1f} us per step at 100 steps/s)")
+    side = [(m - o) / 1e3 for m, o in zip(own.get("serving+m", ()), own.get("serving", ()))]
+    if side:
+        print(f"metrics on vs off (serving+m - serving, own code): median {statistics.median(side):.1f} us "
+              f"per step, mean90 {middle_mean(side):.1f}; one flush {res['flush_us']:.0f} us warm (every "
+              f"{FLUSH_S:.0f} s: {res['flush_us'] / (FLUSH_S * 100):.1f} us per step at 100 steps/s)")
     if res["in_step"]:
-        print(f"flushes inside steps: {len(res['in_step'])}, median {statistics.median(res['in_step']):.0f} us, "
-              f"max {max(res['in_step']):.0f} us")
-    print(f"async, own code in the step: profiling-a {profiling_a:.1f} us, per-step-a {per_step_a:.1f} us "
-          f"(ratio {profiling_a / per_step_a if per_step_a else float('nan'):.3f})")
-    return serving, metrics, profiling, profiling_a
+        print(f"flushes inside steps: {len(res['in_step'])}, median "
+              f"{statistics.median(res['in_step']):.0f} us, max {max(res['in_step']):.0f} us")
+    profiling_a, per_step_a = itl_meds.get("profiling-a"), itl_meds.get("per-step-a")
+    if profiling_a is not None and per_step_a is not None:
+        print(f"async, own code in the step: profiling-a {profiling_a:.1f} us, per-step-a "
+              f"{per_step_a:.1f} us (ratio {profiling_a / per_step_a if per_step_a else float('nan'):.3f})")
+    for now, was in (("profiling", "before"), ("profiling-a", "before-a")):
+        if now in itl_meds and was in itl_meds:
+            side = [(a - b) / 1e3 for a, b in zip(itl[now], itl[was])]
+            print(f"{now} - {was} (in ITL, same steps): median {statistics.median(side):.1f} us, mean90 "
+                  f"{middle_mean(side):.1f} ({now} {itl_meds[now]:.1f} us, {was} {itl_meds[was]:.1f} us)")
+    return (own_meds.get("serving"), own_meds.get("serving+m"), itl_meds.get("profiling"),
+            itl_meds.get("profiling-a"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,7 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300, help="measured steps per scheduler")
     ap.add_argument("--warmup", type=int, default=20, help="unmeasured first steps (prefill)")
     ap.add_argument("--output", type=int, default=0, help="output tokens per request (default: enough)")
+    ap.add_argument("--only", default="", metavar="NAMES",
+                    help="build only these schedulers, comma-separated (plain and plain-a always)")
+    ap.add_argument("--before", default="", metavar="REV",
+                    help="add the profiling schedulers of git revision REV (rows before, before-a)")
     args = ap.parse_args(argv)
+    before_dir = tempfile.mkdtemp(prefix="bench-before-")
+    args.before_module = before_module(args.before, before_dir) if args.before else None
     args.output = args.output or (args.k + 1) * (args.steps + args.warmup) + 64
     # as under `dsdprof serve`: metrics in prometheus_client's multiprocess files (set before vLLM
     # imports prometheus_client, which picks its value class at import)
@@ -412,24 +471,24 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("vllm").setLevel(logging.WARNING)
     print(f"{args.running} running + {args.waiting} waiting requests, prompt {PROMPT}, "
           f"fake acceptance {ALPHA} per position; per-step time of the scheduler calls")
-    worst = worst_m = worst_itl = worst_a = 0.0
+    worst: list[list[float]] = [[], [], [], []]  # serving, serving+m, profiling, profiling-a
     for log_stats in (True, False):
         gc.collect()
-        serving, metrics, profiling, profiling_a = report(f"log_stats={log_stats}", measure(args, log_stats))
-        worst, worst_m, worst_itl = max(worst, serving), max(worst_m, metrics), max(worst_itl, profiling)
-        worst_a = max(worst_a, profiling_a)
-    verdict = "met" if worst <= GOAL_US else "NOT met"
-    print(f"\nserving plugin: its own code costs at most {worst:.1f} us per step, median "
-          f"(goal <= {GOAL_US:.0f} us: {verdict})")
-    verdict = "met" if worst_m <= GOAL_US else "NOT met"
-    print(f"serving plugin with metrics on: at most {worst_m:.1f} us per step, median "
-          f"(goal <= {GOAL_US:.0f} us: {verdict})")
-    verdict = "met" if worst_itl <= GOAL_ITL_US else "NOT met"
-    print(f"profiling scheduler: at most {worst_itl:.1f} us per step of its own code stays inside the "
-          f"step time its trace records, median (goal <= {GOAL_ITL_US:.0f} us: {verdict})")
-    verdict = "met" if worst_a <= GOAL_ITL_US else "NOT met"
-    print(f"profiling scheduler, async: at most {worst_a:.1f} us per step of its own code, all of it in "
-          f"the step time where the CPU is the bottleneck, median (goal <= {GOAL_ITL_US:.0f} us: {verdict})")
+        for acc, value in zip(worst, report(f"log_stats={log_stats}", measure(args, log_stats))):
+            if value is not None:
+                acc.append(value)
+    for values, goal, text in (
+            (worst[0], GOAL_US, "serving plugin: its own code costs at most {} us per step, median"),
+            (worst[1], GOAL_US, "serving plugin with metrics on: at most {} us per step, median"),
+            (worst[2], GOAL_ITL_US, "profiling scheduler: at most {} us per step of its own code stays "
+                                    "inside the step time its trace records, median"),
+            (worst[3], GOAL_ITL_US, "profiling scheduler, async: at most {} us per step of its own code, "
+                                    "all of it in the step time where the CPU is the bottleneck, median")):
+        if values:  # not built with --only
+            value = max(values)
+            verdict = "met" if value <= goal else "NOT met"
+            print(("\n" if text.startswith("serving plugin:") else "")
+                  + text.format(f"{value:.1f}") + f" (goal <= {goal:.0f} us: {verdict})")
     return 0
 
 

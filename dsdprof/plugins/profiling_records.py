@@ -12,6 +12,7 @@ from dsdprof.plugins.profiling_keys import Profiled
 
 
 KEPT = object()  # first item of a step kept by reference (vLLM's scheduled dicts and lists)
+_LIVE = object()  # the model runner hands the same req_id_to_index every step: copied
 
 
 class _StepRecords:
@@ -25,6 +26,9 @@ class _StepRecords:
         _dsdprof_seen: dict[str, Any]
         _dsdprof_profiles: dict[str, Profiled]
         _dsdprof_fin: dict[str, int]
+        _dsdprof_cut: dict[str, int]
+        _dsdprof_index: Any
+        _dsdprof_index_fresh: bool
         _dsdprof_trace_dir: str
         dsdprof_ignored: int
 
@@ -91,6 +95,45 @@ class _StepRecords:
                 got = trimmed.get(req_id, g)
                 rows.append((req_id, decoding, seen < 2 * u, got, d, a, g, seen <= 2 * u))
             self._dsdprof_append(info, rows, t_end, t_own)
+
+    def _dsdprof_uncut(self, lens: list[int] | None, index: dict[str, int]) -> dict[str, int]:
+        """Put back into ``lens`` (sampled counts read after vLLM's update) the tokens vLLM cut from
+        the lists of the requests it stopped in it (``del new_token_ids[num_new:]``, in place, before
+        :meth:`_handle_stopped_request`); returns what it left them (delivered). From the async
+        scheduler's output placeholders (tokens scheduled, not yet delivered: ``num_sampled_tokens_per_step``
+        plus the drafts per step scheduled): at the stop they are what this step sampled beyond
+        the cut plus the steps scheduled since, still kept in ``_dsdprof_steps``. O(stops)."""
+        cut, self._dsdprof_cut = self._dsdprof_cut, {}
+        per_step, left = getattr(self, "num_sampled_tokens_per_step", 1), {}
+        for req_id, placeholders in cut.items():
+            i = index.get(req_id)
+            if lens is None or i is None:
+                continue
+            later = sum(per_step + len(k[2].get(req_id, ())) for k in self._dsdprof_steps.values()
+                        if k[0] is KEPT and req_id in k[1])
+            left[req_id] = n = lens[i]
+            lens[i] = n + placeholders - later
+        return left
+
+    def _dsdprof_fresh(self, index: dict) -> dict:
+        """A copy of a kept step's ``req_id_to_index`` until two kept steps showed two dict objects:
+        then the runner builds one per step (vLLM 0.32's V1 and V2 runners do; so does a copy across
+        processes) and later steps keep it by reference. The same object twice: copied for good."""
+        first = self._dsdprof_index
+        if first is None:
+            self._dsdprof_index = index
+        elif first is index:
+            self._dsdprof_index = _LIVE
+        elif first is not _LIVE:
+            self._dsdprof_index, self._dsdprof_index_fresh = None, True
+        return dict(index)
+
+    @staticmethod
+    def _dsdprof_kv_failed(mro) -> bool:
+        """A failed KV load: vLLM skips the affected outputs (build the step's record in it)."""
+        kv = getattr(mro, "kv_connector_output", None)
+        return kv is not None and bool(getattr(kv, "failed_recving", None)
+                                       or getattr(kv, "invalid_block_ids", None))
 
     def _dsdprof_before(self, info, so, mro) -> list[tuple]:
         """Per traced request, before vLLM processes the output (and trims it in place):

@@ -34,17 +34,19 @@ request arrives; a value of the wrong type or out of range is ignored and counte
 
 **Own time out of ITL** (ITL = difference of consecutive ``t_end``): dsdprof's code is timed into
 ``t_own`` (cumulative, in every record). Its per-step work is O(1) in Python: ``schedule`` keeps a
-reference to the step's ``SchedulerOutput``; ``update_from_output`` copies the output's request
-index and sampled-token counts (C-level copies, before and after vLLM processes them); when a
-request finishes, its id and when (once per request). The per-request bookkeeping -- which
-requests the step traced, decoding or not, drafted/accepted/delivered, stale -- is built from
-those when the engine is idle (no request left, where the trace is written), outside every timed
-step, into the same records (``_dsdprof_defer = False`` builds them inside each step, as before).
-The synchronous scheduler runs schedule, model and update in turn, so its ``t_end`` is
-``perf_counter() - t_own``: only frames and clock reads stay in the interval. Under async
-scheduling the scheduler's work overlaps the GPU's step and lengthens it only where the CPU is the
-bottleneck, so ``t_end`` is not corrected; what it can keep there is the per-step residue above
-(``benchmarks/bench_scheduler_overhead.py``: ``in ITL``, sync and async). A preempted request or a
+reference to the step's scheduled dicts; when a request finishes, its id and when (once per
+request). The per-request bookkeeping -- which requests the step traced, decoding or not,
+drafted/accepted/delivered, stale -- is built from those when the engine is idle (no request left,
+where the trace is written), outside every timed step, into the same records (``_dsdprof_defer =
+False`` builds them inside each step, as before). The synchronous scheduler runs schedule, model
+and update in turn, so its ``t_end`` is ``perf_counter() - t_own``: only frames and clock reads stay
+in the interval. Under async scheduling (``EngineCore.step_with_batch_queue``: schedule and launch
+step n+1, wait for step n's output, update) a GPU-bound engine's wait absorbs the CPU's work but
+what runs between step n's output and its ``t_end``; a CPU-bound one keeps all of it in the step.
+The regime is not known here, so ``t_end`` is not corrected; the one O(BS) piece, a C-level copy of
+the sampled-token counts, runs after vLLM's update and ``t_end``, with what vLLM cut at a stop put
+back (:meth:`_dsdprof_uncut`), and the request index is kept by reference once the runner showed
+it builds one per step (``benchmarks/bench_scheduler_overhead.py``: ``in ITL``). A preemption, a
 resumable stop (stale outputs vLLM drops) or a failed KV load switches the engine to the per-step
 build until it is idle again; more than ``MAX_PENDING`` steps kept are built at once.
 
@@ -68,6 +70,7 @@ from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
 from dsdprof.plugins.profiling_keys import Profiled, _run_settings, parse_keys
 from dsdprof.plugins.profiling_records import KEPT, _StepRecords
 
+_NO_ARMS: tuple[None, None] = (None, None)
 MAX_PENDING = 4096  # steps kept for the idle build; past it they are built at once (a wave is shorter)
 
 
@@ -97,7 +100,7 @@ class _DsdprofMixin(_StepRecords):
         self._dsdprof_arm: int | None = None  # the arm the step being scheduled runs (None: no arm)
         self._dsdprof_arms: dict[int, int] = {}  # id(SchedulerOutput) -> its arm, until its update
         self._dsdprof_last_arm: int | None = None
-        self.dsdprof_step_arms: tuple[int | None, int | None] = (None, None)  # (previous step's, this step's)
+        self.dsdprof_step_arms: tuple[int | None, int | None] = _NO_ARMS  # (previous step's, this step's)
         self._dsdprof_const: dict[int, list[int]] = {}
         self._dsdprof_steps: dict[int, tuple] = {}
         self._dsdprof_buffers: dict[str, list[TraceRecord]] = {}
@@ -116,6 +119,13 @@ class _DsdprofMixin(_StepRecords):
         self._dsdprof_fin: dict[str, int] = {}  # req_id -> when first seen finished (2u - 1: before update u)
         self._dsdprof_u = 0  # update_from_output calls so far
         self._dsdprof_exact = False  # stale outputs vLLM may drop: build every step in it, until idle
+        self._dsdprof_late = self._dsdprof_defer and isinstance(self, AsyncScheduler)  # see _dsdprof_uncut
+        self._dsdprof_cut: dict[str, int] = {}  # req_id -> output placeholders at its stop, this update
+        # no subclass's _dsdprof_apply_k: the K is set inside schedule()'s first timed stretch
+        self._dsdprof_k_inline = type(self)._dsdprof_apply_k is _DsdprofMixin._dsdprof_apply_k
+        self._dsdprof_k_fixed: tuple | None = None  # (table, lookup) while _dsdprof_k_for holds, no K seq
+        self._dsdprof_index: Any = None  # async: the first kept step's req_id_to_index (_dsdprof_fresh)
+        self._dsdprof_index_fresh = False  # the runner builds req_id_to_index anew every step: not copied
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request) -> None:
@@ -157,6 +167,8 @@ class _DsdprofMixin(_StepRecords):
         return super()._preempt_request(request, *args, **kwargs)
 
     def _handle_stopped_request(self, request):  # vLLM's; a resumable stop drops in-flight output
+        if self._dsdprof_late:  # after vLLM cut the step's sampled tokens at the stop: see _dsdprof_uncut
+            self._dsdprof_cut[request.request_id] = request.num_output_placeholders
         if getattr(request, "resumable", False):
             self._dsdprof_exact = True
         return super()._handle_stopped_request(request)
@@ -176,21 +188,25 @@ class _DsdprofMixin(_StepRecords):
                 requested = p.k if requested is None else max(requested, p.k)
         return requested
 
-    def _dsdprof_requested_k(self) -> int | None:
-        reqs = self._dsdprof_reqs
-        if reqs is not self._dsdprof_k_for:  # a request was added or finished since: look again
-            self._dsdprof_k_src, self._dsdprof_k_for = self._dsdprof_k_source(), reqs
-        p = self._dsdprof_k_src
-        if not isinstance(p, Profiled):
-            return p
-        key = (p.trace, p.wave)
-        self._dsdprof_seq_key = key  # advanced by schedule() only if the step runs anything
-        self._dsdprof_arm = arm = p.k_seq[self._dsdprof_seq_step.get(key, 0) % len(p.k_seq)]
-        return arm
-
     def _dsdprof_apply_k(self) -> None:
+        """Set the K lookup this step is scheduled with (timed)."""
         t0 = time.perf_counter()
-        k = self._dsdprof_requested_k() if self._dsdprof_reqs else None
+        self._dsdprof_set_k()
+        self._dsdprof_own += time.perf_counter() - t0
+
+    def _dsdprof_set_k(self) -> None:
+        reqs, k, fixed = self._dsdprof_reqs, None, bool(self._dsdprof_reqs)
+        if reqs:
+            if reqs is not self._dsdprof_k_for:  # a request was added or finished since: look again
+                self._dsdprof_k_src, self._dsdprof_k_for = self._dsdprof_k_source(), reqs
+            p = self._dsdprof_k_src
+            if isinstance(p, Profiled):
+                key = (p.trace, p.wave)
+                self._dsdprof_seq_key = key  # advanced by schedule() only if the step runs anything
+                self._dsdprof_arm = k = p.k_seq[self._dsdprof_seq_step.get(key, 0) % len(p.k_seq)]
+                fixed = False
+            else:
+                k = p
         table = self._dsdprof_table_lookup
         if k is None or k == ARM_ENGINE or table is None:
             lookup = table
@@ -199,7 +215,7 @@ class _DsdprofMixin(_StepRecords):
         else:
             lookup = self._dsdprof_const.get(k) or self._dsdprof_const.setdefault(k, [k] * len(table))
         self.dynamic_sd_lookup = lookup
-        self._dsdprof_own += time.perf_counter() - t0
+        self._dsdprof_k_fixed = (table, lookup) if fixed else None  # the same until a request comes or goes
 
     # ------------------------------------------------------------------ gate
     def has_requests(self) -> bool:
@@ -221,8 +237,17 @@ class _DsdprofMixin(_StepRecords):
             self._dsdprof_saw(finished, 2 * self._dsdprof_u + 1)
             if self._dsdprof_reqs:
                 self._dsdprof_forget(finished)
-        self._dsdprof_own += time.perf_counter() - t0
-        self._dsdprof_apply_k()  # times its own work (a subclass's override is not dsdprof's profiling)
+        if self._dsdprof_k_inline:
+            fixed = self._dsdprof_k_fixed
+            if (fixed is not None and self._dsdprof_k_for is self._dsdprof_reqs
+                    and fixed[0] is self._dsdprof_table_lookup):
+                self.dynamic_sd_lookup = fixed[1]
+            else:
+                self._dsdprof_set_k()
+            self._dsdprof_own += time.perf_counter() - t0
+        else:
+            self._dsdprof_own += time.perf_counter() - t0
+            self._dsdprof_apply_k()  # times its own work (a subclass's override is not dsdprof's profiling)
         out = super().schedule(*args, **kwargs)
         t1 = time.perf_counter()
         key = self._dsdprof_seq_key
@@ -265,15 +290,19 @@ class _DsdprofMixin(_StepRecords):
             arm = self._dsdprof_arms.pop(id(scheduler_output), None)
             self.dsdprof_step_arms = (self._dsdprof_last_arm, arm)
             self._dsdprof_last_arm = arm
-        elif self.dsdprof_step_arms[0] is not None or self.dsdprof_step_arms[1] is not None:
-            self.dsdprof_step_arms = (None, None)
-        kept = before = None
+        elif self.dsdprof_step_arms is not _NO_ARMS:
+            self.dsdprof_step_arms = _NO_ARMS
+        kept = before = late = None
         if info is None:
             pass
-        elif info[0] is KEPT and not (self._dsdprof_exact or self._dsdprof_kv_failed(mro)):
-            sampled = mro.sampled_token_ids  # its counts now: vLLM trims a stopped request's in place
-            kept = (info, u, dict(mro.req_id_to_index), list(map(len, sampled)) if sampled else None,
-                    scheduler_output.num_invalid_spec_tokens)
+        elif info[0] is KEPT and not self._dsdprof_exact and (
+                getattr(mro, "kv_connector_output", None) is None or not self._dsdprof_kv_failed(mro)):
+            if self._dsdprof_late:  # read after vLLM's update, each cut put back (_dsdprof_uncut)
+                late = info
+            else:  # its counts now: vLLM trims a stopped request's in place
+                sampled = mro.sampled_token_ids
+                kept = (info, u, dict(mro.req_id_to_index), list(map(len, sampled)) if sampled else None,
+                        scheduler_output.num_invalid_spec_tokens)
         else:
             info, before = self._dsdprof_exact_before(info, scheduler_output, mro)
         self._dsdprof_own += time.perf_counter() - t0
@@ -283,28 +312,31 @@ class _DsdprofMixin(_StepRecords):
         t_end = t2 - own if self._dsdprof_subtract_own else t2
         finished = getattr(self, "finished_req_ids", ())
         stopped = self._dsdprof_saw(finished, 2 * u) if finished and self._dsdprof_seen else None
-        if kept is not None:  # what vLLM left of a stopped request's sampled tokens: delivered
+        if late is not None:  # async, kept: the counts now (warm from vLLM's loop), a stop's cut put back
+            sampled, index = mro.sampled_token_ids, mro.req_id_to_index
+            if not self._dsdprof_index_fresh:
+                index = self._dsdprof_fresh(index)
+            lens = [*map(len, sampled)] if sampled else None
+            trimmed = self._dsdprof_uncut(lens, index) if self._dsdprof_cut else None
+            self._dsdprof_pending.append((late, u, index, lens, scheduler_output.num_invalid_spec_tokens,
+                                          trimmed, t_end, own))
+        elif kept is not None:  # what vLLM left of a stopped request's sampled tokens: delivered
             index, sampled = kept[2], mro.sampled_token_ids
             trimmed = {r: len(sampled[index[r]]) for r in stopped if r in index} if stopped else None
             self._dsdprof_pending.append((*kept, trimmed, t_end, own))
         elif before is not None:
             self._dsdprof_record_output(info, before, t_end, own)
+        if self._dsdprof_cut:  # a stop outside a late-read step: nothing to put back
+            self._dsdprof_cut = {}
         if not self.running and len(self.waiting) == 0 and (
                 self._dsdprof_reqs or self._dsdprof_buffers or self._dsdprof_seq_step or self._dsdprof_pending
                 or self._dsdprof_seen):
             self._dsdprof_idle(u)
         elif len(self._dsdprof_pending) >= MAX_PENDING:
             self._dsdprof_build()
-        info = before = kept = None  # freed here, inside the timed stretch, not on return
+        info = before = kept = late = None  # freed here, inside the timed stretch, not on return
         self._dsdprof_own += time.perf_counter() - t2
         return result
-
-    @staticmethod
-    def _dsdprof_kv_failed(mro) -> bool:
-        """A failed KV load: vLLM skips the affected outputs (build the step's record in it)."""
-        kv = getattr(mro, "kv_connector_output", None)
-        return kv is not None and bool(getattr(kv, "failed_recving", None)
-                                       or getattr(kv, "invalid_block_ids", None))
 
     def _dsdprof_exact_before(self, info, so, mro):
         if info[0] is KEPT:  # a kept step: its schedule-time facts from what it kept
