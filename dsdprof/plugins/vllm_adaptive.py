@@ -21,8 +21,10 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
   ``selector.observe`` one step at a time (drafted per position only when the step mixed draft
   lengths) and the selector re-derives K per batch size -- the same state at every rebuild as
   feeding each step at once, for a tuple append per step. When vLLM logs no stats
-  it builds no ``SpecDecodingStats``; the plugin's ``make_spec_decoding_stats`` then counts each
-  drafted request into a (drafted, accepted) histogram, one increment each. When the selector's
+  it builds no ``SpecDecodingStats``; the plugin then counts the step's drafts by length and by
+  accepted count before vLLM's loop, in bulk, by vLLM's rules (:mod:`dsdprof.plugins.spec_count`:
+  the requests vLLM skips known from the events that cause it; a step only vLLM's loop can judge
+  is counted there, per request). When the selector's
   ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``. Cost per step at 256
   running + 2,000 waiting: ``benchmarks/bench_scheduler_overhead.py``, docs/adaptive.md.
 * **vLLM's semantics stay**: K is looked up by the number of requests scheduled in the step
@@ -65,12 +67,12 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 from vllm.logger import init_logger
-from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from dsdprof.formats.ktable import context_slice, read_table_file
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.plugins.metrics import MetricsMixin
 from dsdprof.plugins.names import ARM_ENGINE
+from dsdprof.plugins.spec_count import SpecCount, hist_stats
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import batch_context
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
@@ -137,9 +139,9 @@ class _AdaptiveMixin:
         self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1
         self._adaptive_hist: list[int] | None = None  # step counts when vLLM builds no SpecDecodingStats
         if not getattr(self, "log_stats", True):
-            self._adaptive_hist = [0] * (self.num_spec_tokens + 1) ** 2
+            self._adaptive_hist = [0] * 2 * (self.num_spec_tokens + 1)
             self._adaptive_zeros = tuple(self._adaptive_hist)
-            self.make_spec_decoding_stats = self._adaptive_counter(self._adaptive_hist)
+            self._adaptive_count = SpecCount(self, self._adaptive_hist)
         self._adaptive_queue: list = []  # drafted steps not yet fed to the selector
         self._adaptive_every = self.dsdprof_selector.rebuild_every
         self._adaptive_version: tuple[Any, ...] | int = -1
@@ -230,11 +232,15 @@ class _AdaptiveMixin:
         (:meth:`_adaptive_step_time`) and its acceptance counts -- vLLM's own, by vLLM's rules
         (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
         outputs skipped), before vLLM trims the sampled tokens: its ``SpecDecodingStats`` attached
-        to the step's outputs, or the histogram :meth:`_adaptive_counter` filled. A tuple append per
+        to the step's outputs, or the histograms :class:`.SpecCount` filled. A tuple append per
         step; every ``rebuild_every`` queued steps :meth:`_adaptive_feed` feeds the queue."""
-        result = self._adaptive_update(scheduler_output, model_runner_output)
-        n, k, seconds = self._adaptive_step_time(scheduler_output)
         hist = self._adaptive_hist
+        if hist is None or self._adaptive_count.count(scheduler_output, model_runner_output):
+            result = self._adaptive_update(scheduler_output, model_runner_output)
+        else:  # a step only vLLM's loop can judge: counted there, per request
+            result = self._adaptive_count.per_request(self._adaptive_update, scheduler_output,
+                                                      model_runner_output)
+        n, k, seconds = self._adaptive_step_time(scheduler_output)
         prev, arm = self.dsdprof_step_arms
         if prev is not None or arm is not None:  # validate's steps design: learn from own steps only
             if prev != ARM_ENGINE:  # the step verified another arm's drafts
@@ -306,53 +312,14 @@ class _AdaptiveMixin:
             return n, k, now - last
         return n, k, None
 
-    def _adaptive_counter(self, hist: list[int]):
-        """``make_spec_decoding_stats`` for an engine that logs no stats (installed on the
-        instance; vLLM calls it once per drafted request): vLLM's rules (no draft: not counted;
-        grammar-invalidated drafts excluded) into ``hist[drafted * (K+1) + accepted]``. One
-        increment per request, no object built: about what vLLM's own no-op call costs."""
-        width = self.num_spec_tokens + 1
-
-        def count(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens,
-                  request_id):
-            if num_draft_tokens:
-                if num_invalid_spec_tokens:
-                    num_draft_tokens -= num_invalid_spec_tokens.get(request_id, 0)
-                try:
-                    hist[num_draft_tokens * width + num_accepted_tokens] += 1
-                except IndexError:  # out of vLLM's own bounds: not counted, never raised
-                    pass
-            return spec_decoding_stats
-
-        return count
-
     def _adaptive_hist_stats(self, hist: list[int]):
-        """The ``SpecDecodingStats`` vLLM's ``observe_draft`` per request would have built from
-        the requests counted in ``hist``."""
-        k = self.num_spec_tokens
-        width = k + 1
-        stats = SpecDecodingStats.new(k)
-        by_drafted, by_accepted = [0] * (width + 1), [0] * (width + 1)
-        for i, n in enumerate(hist):
-            if n:
-                d, a = divmod(i, width)
-                by_drafted[d] += n
-                by_accepted[a] += n
-                stats.num_drafts += n
-                stats.num_draft_tokens += d * n
-                stats.num_accepted_tokens += a * n
-        acc = dr = 0
-        for pos in range(k, 0, -1):  # position pos (1-based) counts every draft reaching it
-            acc += by_accepted[pos]
-            dr += by_drafted[pos]
-            stats.num_accepted_tokens_per_pos[pos - 1] = acc
-            stats.num_draft_tokens_per_pos[pos - 1] = dr
-        return stats
+        """The ``SpecDecodingStats`` of the drafts counted in ``hist`` (:mod:`.spec_count`)."""
+        return hist_stats(hist, self.num_spec_tokens)
 
     def _adaptive_observe(self, stats, batch_size: int | None = None) -> bool:
-        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``, or a histogram of
-        :meth:`_adaptive_counter`) to the selector now; True when the served lookup changed.
-        O(K) per step (O(K^2) for a histogram), whatever the number of requests."""
+        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``, or the histograms
+        :class:`.SpecCount` filled) to the selector now; True when the served lookup changed.
+        O(K) per step, whatever the number of requests."""
         if type(stats) is list:
             stats = self._adaptive_hist_stats(stats)
         drafts = stats.num_drafts if stats is not None else 0
