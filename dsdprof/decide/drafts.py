@@ -5,7 +5,9 @@ mix. Per batch size each draft is taken at its own best K for the mix
 (:func:`dsdprof.decide.domains.mix_table`); drafts are ranked by that speedup over vanilla. The
 leader **wins** a batch size when its interval's lower end is above every other draft's upper end;
 otherwise the drafts whose intervals reach the leader's point are **tied** with it (more waves
-could reorder them). The recommendation is one draft when it leads every batch size, else the
+could reorder them). Where the drafts' own vanillas (the same configuration) disagree by more
+than ``VANILLA_TOLERANCE``, the machine drifted between sweeps and no verdict is given there.
+The recommendation is one draft when it leads every batch size, else the
 batch-size ranges each draft leads (ties named).
 
 **Memory** (:func:`draft_memory`): the draft's weights (its safetensors files, or nothing for a
@@ -67,18 +69,45 @@ def comparison_memory(spec: Mapping[str, Any], drafts: list[Mapping[str, Any]]
                                          kmax, bmax)) for d in drafts]
 
 
-def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float]) -> pd.DataFrame:
+VANILLA_TOLERANCE = 0.15  # drafts' own vanillas further apart than this: the ranking is not settled
+
+
+def mix_vanilla(grid: pd.DataFrame, weights: Mapping[str, float]) -> dict[int, float]:
+    """Per batch size, a draft's sweep's own vanilla goodput for the mix (categories by weight)."""
+    if "vanilla_goodput" not in grid.columns:
+        return {}
+    out: dict[int, float] = {}
+    for b, g in grid.groupby("batch_size"):
+        per_cat = g.groupby("category")["vanilla_goodput"].mean()
+        w = {c: float(weights.get(c, 0.0)) for c in per_cat.index if per_cat[c] == per_cat[c]}
+        total = sum(w.values())
+        if total > 0:
+            out[int(b)] = sum(w[c] * float(per_cat[c]) for c in w) / total
+    return out
+
+
+def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float],
+                vanilla_tolerance: float = VANILLA_TOLERANCE) -> pd.DataFrame:
     """Per (batch size, draft): its mix K and speedup with interval, ``rank`` (1 = highest speedup)
     and ``verdict``: ``wins`` | ``tied`` (interval reaches the leader's point) | ``behind`` | ``no
-    interval`` (some draft's interval at that batch size is unknown)."""
+    interval`` (some draft's interval at that batch size is unknown) | ``vanillas disagree``.
+
+    Each draft's speedup is over its own sweep's vanilla, the same configuration on the same
+    prompts: their goodputs must agree. Where the largest is more than ``vanilla_tolerance`` above
+    the smallest (``vanilla_spread``), the machine drifted between the sweeps (a cells-design
+    draft's vanilla runs minutes from its K cells), the speedups' intervals do not hold that drift,
+    and no verdict is given at that batch size: re-measure it."""
     tables = []
     for name, grid in grids.items():
         t = mix_table(grid, weights)
         t.insert(0, "draft", name)
+        van = mix_vanilla(grid, weights)
+        t["vanilla_goodput"] = [van.get(int(b), math.nan) for b in t["batch_size"]]
         tables.append(t)
+    front = ["batch_size", "draft", "k", "speedup", "speedup_low", "speedup_high", "rank", "verdict",
+             "vanilla_goodput", "vanilla_spread"]
     if not tables:
-        return pd.DataFrame(columns=["batch_size", "draft", "k", "speedup", "speedup_low",
-                                     "speedup_high", "rank", "verdict"])
+        return pd.DataFrame(columns=front)
     df = pd.concat(tables, ignore_index=True)
     out = []
     for _, g in df.groupby("batch_size"):
@@ -87,15 +116,18 @@ def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float])
         others_high = g["speedup_high"].iloc[1:]
         clear = bool(len(g) == 1 or (others_high < lead["speedup_low"]).all())
         known = bool(g[["speedup_low", "speedup_high"]].notna().all().all())
+        van = g["vanilla_goodput"].dropna()
+        spread = float(van.max() / van.min() - 1) if len(van) > 1 and van.min() > 0 else math.nan
         for i, r in g.iterrows():
-            if not known:
+            if spread > vanilla_tolerance:
+                verdict = "vanillas disagree"
+            elif not known:
                 verdict = "no interval"  # e.g. analytic (sim) rows: the order is the points'
             elif i == 0:
                 verdict = "wins" if clear else "tied"
             else:
                 verdict = "tied" if not r["speedup_high"] < lead["speedup"] else "behind"
-            out.append({**r.to_dict(), "rank": i + 1, "verdict": verdict})
-    front = ["batch_size", "draft", "k", "speedup", "speedup_low", "speedup_high", "rank", "verdict"]
+            out.append({**r.to_dict(), "rank": i + 1, "verdict": verdict, "vanilla_spread": spread})
     return pd.DataFrame(out)[front]
 
 
@@ -109,12 +141,16 @@ def recommend(ranking: pd.DataFrame) -> dict[str, Any]:
         leaders.append((int(b), str(lead["draft"]), tied, str(lead["verdict"])))
     if not leaders:
         return {"text": "no measured batch size"}
+    unsettled = [b for b, _, _, v in leaders if v == "vanillas disagree"]
+    caveat = (f"; not settled at BS {', '.join(map(str, unsettled))}: the drafts' own vanillas "
+              "disagree (machine drift), re-measure there") if unsettled else ""
     names = {d for _, d, _, _ in leaders}
     if len(names) == 1:
         (name,) = names
         ties = sorted({t for _, _, ts, _ in leaders for t in ts})
         note = f" (tied within intervals with {', '.join(ties)} at some batch sizes)" if ties else ""
-        return {"draft": name, "text": f"{name} at every measured batch size{note}"}
+        return {"draft": name, "text": f"{name} at every measured batch size{note}{caveat}",
+                "unsettled": unsettled}
     ranges: list[list[Any]] = []
     for b, d, tied, _ in leaders:
         if ranges and ranges[-1][2] == d:
@@ -127,4 +163,4 @@ def recommend(ranking: pd.DataFrame) -> dict[str, Any]:
     ranges[-1][1] = None
     parts = [f"BS {lo}{'+' if hi is None else ('' if hi == lo else f'-{hi}')}: {d}"
              + (f" (tied: {', '.join(t)})" if t else "") for lo, hi, d, t in ranges]
-    return {"ranges": ranges, "text": "; ".join(parts)}
+    return {"ranges": ranges, "text": "; ".join(parts) + caveat, "unsettled": unsettled}

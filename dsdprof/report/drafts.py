@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from dsdprof.decide.domains import category_grid, category_regret, mix_table, mixed_grid, per_position
-from dsdprof.decide.drafts import comparison_memory, rank_drafts, recommend
+from dsdprof.decide.drafts import VANILLA_TOLERANCE, comparison_memory, rank_drafts, recommend
 from dsdprof.errors import InputError
 
 
@@ -145,7 +145,9 @@ def drafts_markdown(comp: Comparison, weights: dict[str, float], title: str = ""
            "", f"**Recommendation:** {rec['text']}.", "",
            "## Ranking per batch size (each draft at its best K for the mix)", "",
            "Speedup = goodput over the vanilla that ran beside it, with its interval; *wins*: above "
-           "every other draft's interval; *tied*: intervals overlap the leader's point.", "",
+           "every other draft's interval; *tied*: intervals overlap the leader's point; *vanillas "
+           "disagree*: the drafts' own vanillas (one configuration) are more than "
+           f"{VANILLA_TOLERANCE:.0%} apart there, machine drift the intervals do not hold: re-measure.", "",
            "| BS | rank | draft | K | speedup [interval] | verdict |", "|---:|---:|---|---:|---|---|"]
     for _, r in ranking.iterrows():
         out.append(f"| {r['batch_size']} | {r['rank']} | {r['draft']} | {r['k']} | {_ci(r)} | "
@@ -160,7 +162,8 @@ def drafts_markdown(comp: Comparison, weights: dict[str, float], title: str = ""
             "", "## Regret per category of the mix table", "",
             "The share of a category's best speedup that the mix's K gives up at that batch size.", "",
             *_regret_rows(comp, weights), "", "## Vanilla side by side (tokens/s, whole batch)", "",
-            "Each sweep's own vanilla (same target, same category prompts): they should agree across drafts.",
+            "Each sweep's own vanilla (same target, same category prompts): they should agree across drafts "
+            f"(more than {VANILLA_TOLERANCE:.0%} apart leaves a batch size unsettled).",
             "", *_vanilla_rows(comp), ""]
     return "\n".join(out)
 

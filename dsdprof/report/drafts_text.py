@@ -16,7 +16,7 @@ import textwrap
 from typing import Any
 
 from dsdprof.decide.domains import mix_table
-from dsdprof.decide.drafts import comparison_memory, rank_drafts, recommend
+from dsdprof.decide.drafts import VANILLA_TOLERANCE, comparison_memory, rank_drafts, recommend
 
 WIDTH = 80
 
@@ -103,7 +103,8 @@ def drafts_text(comp: Any, weights: dict[str, float], title: str = "") -> str:
     out += ["", "By category: own best K*, its speedup, AL, and draft tokens proposed per",
             "request-step at K* (below K*: steps that drafted fewer, e.g. no n-gram match):", "",
             *_per_category(comp), "",
-            "Vanilla tokens/s (whole batch), each sweep's own: they should agree across", "drafts.", "",
+            "Vanilla tokens/s (whole batch), each sweep's own: they should agree across",
+            f"drafts (more than {VANILLA_TOLERANCE:.0%} apart: that batch size is unsettled).", "",
             *_vanillas(comp), ""]
     return "\n".join(out)
 

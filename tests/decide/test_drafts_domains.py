@@ -93,6 +93,26 @@ def test_rank_wins_ties_and_recommendation_ranges():
     assert one["draft"] == "A"
 
 
+def test_drafts_whose_own_vanillas_disagree_get_no_verdict_there():
+    """A cells-design draft's vanilla runs minutes from its K cells: on a drifting machine its
+    speedup is over a slow (or fast) vanilla. The vanillas are one configuration, so a spread
+    beyond the tolerance is drift, and that batch size is left unsettled, not won."""
+    a = _grid({"c": {(1, 2): 1.8, (16, 1): 1.2}})
+    b = _grid({"c": {(1, 2): 1.2, (16, 1): 1.7}})
+    b.loc[b["batch_size"] == 16, "vanilla_goodput"] = 50.0  # half of A's: B's speedup is inflated
+    r = rank_drafts({"A": a, "B": b}, {"c": 1}).set_index(["batch_size", "draft"])
+    assert r.loc[(1, "A"), "verdict"] == "wins" and r.loc[(1, "A"), "vanilla_spread"] == 0
+    assert r.loc[(16, "B"), "rank"] == 1 and r.loc[(16, "B"), "verdict"] == "vanillas disagree"
+    assert r.loc[(16, "A"), "verdict"] == "vanillas disagree"
+    assert abs(r.loc[(16, "A"), "vanilla_spread"] - 1.0) < 1e-9
+    rec = recommend(rank_drafts({"A": a, "B": b}, {"c": 1}))
+    assert rec["unsettled"] == [16] and "not settled at BS 16" in rec["text"], rec
+    b.loc[b["batch_size"] == 16, "vanilla_goodput"] = 90.0  # 11 % apart: within the tolerance
+    r = rank_drafts({"A": a, "B": b}, {"c": 1}).set_index(["batch_size", "draft"])
+    assert r.loc[(16, "B"), "verdict"] == "wins"
+    assert recommend(rank_drafts({"A": a, "B": b}, {"c": 1}))["unsettled"] == []
+
+
 def test_draft_memory(tmp_path):
     assert draft_memory(None, "float32", 100, 20, 4)["weights_bytes"] == 0
     d = tmp_path / "d"
