@@ -34,6 +34,7 @@ KS = (1, 2, 3, 4)
 
 SEED = 0  # --seed: the engine's (its global generator draws the greedy uniforms) and the requests'
 MODEL_DIR = ROOT / "toy_models" / "dense"  # --model-dir: a toy pair's directory (target/, draft/)
+TRACE_DIR = ""  # --trace-dir: keep every cell's step trace there (benchmarks/synthetic_trace_look.py)
 TINY = dict(hidden_size=64, num_layers=2, intermediate_size=128, num_heads=2, num_kv_heads=1)  # --build-tiny
 
 
@@ -63,6 +64,13 @@ def row_of(design: str, bs: int, k: int, m, wall: float) -> dict:
             "wall_s": wall, **{c: (list(d[c]) if isinstance(d[c], tuple) else d[c]) for c in keep}}
 
 
+def _traced(req, name: str):
+    """``req`` with a trace file name of its own (kept in TRACE_DIR) when --trace-dir is given."""
+    from dataclasses import replace
+
+    return replace(req, trace_name=f"bs{req.batch_size}-{name}-{int(time.time())}") if TRACE_DIR else req
+
+
 def run_paired(worker, spec_args, waves: int, repeat: int) -> tuple[dict, float]:
     """(K -> measurement, seconds): the paired group K 1..4 in ``waves`` waves of repeat ``repeat``."""
     from dsdprof.measure.engine import MODE_DSD, Cell
@@ -70,6 +78,7 @@ def run_paired(worker, spec_args, waves: int, repeat: int) -> tuple[dict, float]
 
     eng = VllmEngine(spec_for("paired", waves, *spec_args))
     req, _, _ = eng.unit_requests(Cell(repeat, spec_args[-1], MODE_DSD, max(KS), group=KS))
+    req = _traced(req, f"paired-r{repeat}")
     t = time.time()
     out = worker.run(req, timeout_s=3600)
     return out, time.time() - t
@@ -82,6 +91,7 @@ def run_cell(worker, spec_args, k: int, waves: int, repeat: int):
 
     eng = VllmEngine(spec_for("cells", waves, *spec_args))
     _, req = eng.request_for(Cell(repeat, spec_args[-1], MODE_DSD, k))
+    req = _traced(req, f"cells-k{k}-r{repeat}")
     t = time.time()
     m = worker.run(req, timeout_s=3600)
     return m, time.time() - t
@@ -120,7 +130,8 @@ def measure(args) -> dict:
     pw, cw = args.paired_waves, (args.cells_waves * len(KS))[:len(KS)]  # one number: every K
     kwargs = VllmEngine(spec_for("paired", 1, *spec_args)).llm_kwargs(MODE_DSD)
     worker = EngineWorker(WorkerConfig(kwargs, VllmEngine(spec_for("paired", 1, *spec_args)).spec.workload,
-                                       max_output_len=args.output_len), start_timeout_s=900)
+                                       max_output_len=args.output_len, trace_dir=TRACE_DIR),
+                          start_timeout_s=900)
     timing = {"engine_start_s": time.time() - t_start}
     rows: list = []
     result = {"batch_size": bs, "rates": args.rates, "temperature": args.temperature,
@@ -212,8 +223,10 @@ def simulate(args, replicates: int) -> str:
     """The paired design's replayed AL on simulated synthetic traces (no engine): ``replicates``
     runs of ``--paired-waves`` waves x ``--bs`` requests x ``--output-len`` tokens, K 1..4 held
     PAIRED_HOLD steps each in the waves' balanced order, every request-step drawn by vLLM's walk.
-    Per K: mean error of the replay against the truth, its spread over the runs, the spread its
-    wave-block samples give (rms over the runs) and the model's over the K's own request-steps."""
+    Per K: mean error of the replay against the truth, its spread over the runs, the standard error
+    the row's samples give (rms over the runs; the jackknife's, replay_acceptance), the one the
+    blocks' ALs under one fit give (the samples before the jackknife) and the model's over the K's
+    own request-steps."""
     import numpy as np
 
     from dsdprof.decide.truth import implied_acceptance_length, step_variance
@@ -224,9 +237,10 @@ def simulate(args, replicates: int) -> str:
     cond = [rates[0]] + [rates[i] / rates[i - 1] if rates[i - 1] else 0.0 for i in range(1, len(rates))]
     err: dict[int, list] = {k: [] for k in KS}
     block_se: dict[int, list] = {k: [] for k in KS}
+    plain_se: dict[int, list] = {k: [] for k in KS}
     own: dict[int, list] = {k: [] for k in KS}
     for seed in range(replicates):
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng((args.seed, seed) if args.seed else seed)
         records, waves, counts = [], {}, {k: 0 for k in KS}
         for w in range(n_waves):
             seq = k_sequence(KS, w, PAIRED_HOLD)
@@ -249,16 +263,20 @@ def simulate(args, replicates: int) -> str:
             err[k].append(rep.acceptance_length[k] / truth - 1)
             b = np.array(list(rep.by_block[k].values()))
             block_se[k].append(b.std(ddof=1) / np.sqrt(len(b)) / truth)
+            b = np.array(list(rep.plain_by_block[k].values()))
+            plain_se[k].append(b.std(ddof=1) / np.sqrt(len(b)) / truth)
             own[k].append(math.sqrt(step_variance(rates, k) / counts[k]) / truth)
     lines = [f"{replicates} simulated paired runs of {n_waves} waves x BS {bs} x {length} tokens, "
              f"rates {rates}",
-             "| K | mean AL/true - 1 | spread over runs | samples' SE (rms) | model SE, own steps |",
-             "|---|---|---|---|---|"]
+             "| K | mean AL/true - 1 | spread over runs | samples' SE, jackknife (rms) | "
+             "blocks' SE, one fit (rms) | model SE, own steps |",
+             "|---|---|---|---|---|---|"]
     for k in KS:
         e = np.array(err[k])
         rms = math.sqrt(np.mean(np.square(block_se[k])))
+        rms_plain = math.sqrt(np.mean(np.square(plain_se[k])))
         lines.append(f"| {k} | {100 * e.mean():+.3f} % | {100 * e.std(ddof=1):.3f} % | "
-                     f"{100 * rms:.3f} % | {100 * np.mean(own[k]):.3f} % |")
+                     f"{100 * rms:.3f} % | {100 * rms_plain:.3f} % | {100 * np.mean(own[k]):.3f} % |")
     return "\n".join(lines)
 
 
@@ -315,11 +333,16 @@ def main() -> int:
                          "(--build-tiny) measures the same truth much faster")
     ap.add_argument("--build-tiny", type=Path, metavar="DIR",
                     help="build the tiny dense pair (hidden 64, 2 layers; TINY) into DIR and exit")
+    ap.add_argument("--trace-dir", type=Path, default=None,
+                    help="keep each cell's step trace in this directory (benchmarks/synthetic_trace_look.py)")
     ap.add_argument("--seed", type=int, default=0,
                     help="[workload] seed: the engine's and the requests' (another seed: independent draws)")
     args = ap.parse_args()
-    global MODEL_DIR, SEED
+    global MODEL_DIR, SEED, TRACE_DIR
     MODEL_DIR = (args.model_dir or MODEL_DIR).resolve()
+    if args.trace_dir:
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
+        TRACE_DIR = str(args.trace_dir.resolve())
     SEED = args.seed
     if args.build_tiny:
         from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair

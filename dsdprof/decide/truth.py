@@ -19,13 +19,15 @@ included) this module does not have. Simulated paired traces under the rates 0.8
 uses every position of the group), and as much as the spread of the samples (wave blocks): 0.13,
 0.23, 0.31, 0.39 %. So a paired row's standard error is its samples' (``se_from = "samples"``)
 when it has at least :data:`MIN_SAMPLES` of them, else the model's over its own request-steps
-(``"own steps"``: conservative, about twice too large). With short requests the samples' spread
-understates it: the replay's chain is fitted once over every block, so its fitting noise is common
-to them (simulated at 128 and 32 tokens: the spread over runs is 1.4-1.75 times the samples' error;
-docs/lab/synthetic-truth.md). ``dispersion``: the samples' standard
-error over the model's (over ``num_drafts``): about 1 for a cells row when request-steps are
-independent draws, larger when they are not (requests of a wave drawing the same numbers, for
-instance); about 0.4-0.5 for a paired row.
+(``"own steps"``: conservative, about twice too large). The samples are a delete-a-block
+jackknife (``replay_acceptance``): the replay's chain is refitted without each block, so its
+fitting noise, which the blocks' ALs under one fit share and did not show, is in their spread
+(simulated at 32 tokens, 30 runs of 10 waves x BS 64: the blocks under one fit gave 0.65-0.78 of
+the spread over runs, the jackknife 0.91-1.06; docs/lab/synthetic-truth.md).
+
+``dispersion``: the samples' standard error over the model's (over ``num_drafts``): about 1 for a
+cells row when request-steps are independent draws, larger when they are not (requests of a wave
+drawing the same numbers, for instance); about 0.4-0.6 for a paired row.
 
 Sizing: ``waves_needed`` is the waves that bring the row's relative standard error to
 ``tolerance / z`` (0.5 % at 3 standard errors by default), scaled as 1 / sqrt(waves) from the

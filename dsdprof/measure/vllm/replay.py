@@ -146,20 +146,35 @@ def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 100
     match itself. ``start`` = (pi, a, e): start there, one rate per depth (tests: the truth with
     ``iterations`` 0)."""
     kmax = max(kmax, int(depth.max(initial=1)), 1)
-    rows: np.ndarray | list[int] = (np.unique(np.linspace(0, len(x) - 1, min(len(x), fit_rows)).astype(int))
-                                    if len(x) else [])
+    rows = _fit_rows(len(x), fit_rows)
     x, depth = x[rows], depth[rows]
     if start is not None:
         return _em(x, depth, kmax, True, iterations, start)[:3]
+    return _select(x, depth, kmax, iterations, _init(x, kmax), None)[0]
+
+
+def _init(x: np.ndarray, kmax: int) -> tuple:
+    """EM's start: even states, rare switches, rates 0.15 either side of the known match share."""
     known = x >= 0
     m0 = float((x[known] == 1).mean()) if known.any() else 0.5
-    init = ([0.5, 0.5], [[0.95, 0.05], [0.05, 0.95]], np.clip([[m0 + 0.15] * kmax, [m0 - 0.15] * kmax], 0.02,
-                                                              0.98))
-    pi, a, e, ll = _em(x, depth, kmax, False, iterations, init)
-    pd, ad, ed, lld = _em(x, depth, kmax, True, iterations, (pi, a, e))
-    if lld - ll > 2 * (kmax - 1):  # AIC: 2 (kmax - 1) more rates (BIC picked one rate too often)
-        return pd, ad, ed
-    return pi, a, e
+    return ([0.5, 0.5], [[0.95, 0.05], [0.05, 0.95]],
+            np.clip([[m0 + 0.15] * kmax, [m0 - 0.15] * kmax], 0.02, 0.98))
+
+
+def _fit_rows(n: int, fit_rows: int) -> np.ndarray:
+    """The at most ``fit_rows`` requests of ``n`` the chain is fitted on, spread over them."""
+    return np.unique(np.linspace(0, n - 1, min(n, fit_rows)).astype(int)) if n else np.zeros(0, dtype=int)
+
+
+def _select(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int, one: tuple,
+            by: tuple | None) -> tuple:
+    """(chosen chain, the one-rate fit, the per-depth fit): EM of one rate per state from ``one``,
+    of a rate per state and depth from ``by`` (None: from the one-rate fit), the latter kept when
+    AIC prefers it: 2 (kmax - 1) more rates (BIC picked one rate too often)."""
+    pi, a, e, ll = _em(x, depth, kmax, False, iterations, one)
+    pd, ad, ed, lld = _em(x, depth, kmax, True, iterations, by if by is not None else (pi, a, e))
+    chosen = (pd, ad, ed) if lld - ll > 2 * (kmax - 1) else (pi, a, e)
+    return chosen, (pi, a, e), (pd, ad, ed)
 
 
 def sample_matches(x: np.ndarray, depth: np.ndarray, chain: tuple, rng: np.random.Generator) -> np.ndarray:
@@ -219,15 +234,43 @@ class Replayed:
     """AL of a server held at each K, over every request and per wave block."""
 
     acceptance_length: dict[int, float]
-    by_block: dict[int, dict[int, float]]  # K -> block -> AL
+    by_block: dict[int, dict[int, float]]  # K -> block -> sample (jackknife-spread, see replay_acceptance)
     model: tuple  # the fitted chain: (match rate per state and depth, switch probability per state)
     unknown_share: float  # share of the requests' decode positions whose match was imputed
+    plain_by_block: dict[int, dict[int, float]] | None = None  # K -> block -> AL of its requests, one fit
+
+
+def _replay_all(x, depth, chain, lengths, active, imputations) -> tuple[dict, dict]:
+    """Per K: (expected tokens, expected steps) per request over ``imputations`` draws of the
+    chain's posterior, from the fixed seed (so that two chains see the same random numbers)."""
+    rng = np.random.default_rng(IMPUTATION_SEED)
+    tokens = {k: np.zeros(len(x)) for k in active}
+    steps = {k: np.zeros(len(x)) for k in active}
+    for _ in range(imputations):  # one draw in memory at a time
+        m = sample_matches(x, depth, chain, rng)
+        for k in active:
+            tk, sk = replay(m, lengths, k)
+            tokens[k] += tk
+            steps[k] += sk
+    return tokens, steps
 
 
 def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: dict[int, int],
-                      imputations: int = IMPUTATIONS) -> Replayed:
+                      imputations: int = IMPUTATIONS, jackknife: bool = True,
+                      fit_rows: int = 256) -> Replayed:
     """AL(K) for every K of ``ks`` replayed over ``reqs`` (see the module docstring); per block of
-    ``block`` (wave -> block; requests of other waves are left out)."""
+    ``block`` (wave -> block; requests of other waves are left out).
+
+    The chain is fitted once, over requests of every block, so its fitting noise is common to the
+    blocks' ALs (``plain_by_block``) and missing from their spread: with short requests that
+    spread understated the error 1.4-1.75 times (docs/lab/synthetic-truth.md). With ``jackknife``
+    (and at least 2 blocks), a delete-a-block jackknife includes it: the chain is refitted without
+    each block's requests (warm-started from the full fit; the same model choice by AIC) and the
+    AL replayed over the other blocks with the same random numbers; ``by_block`` are then the
+    row's AL plus each block's pseudo-value deviation, ``AL + (n - 1) (mean_c AL_-c - AL_-b)``,
+    whose standard error of the mean is the jackknife's and whose mean is the row's AL. The chain
+    is fitted on at most ``fit_rows`` requests (:func:`fit_chain`), the refits on those of them
+    outside the block."""
     reqs = [r for r in reqs if r.wave in block]
     kmax = max(max(ks), 0)
     width = max((max(len(r.x), r.length) for r in reqs), default=1) + kmax + 1
@@ -237,34 +280,52 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: di
         x[i, :len(r.x)] = r.x
         if r.depth is not None:
             depth[i, :len(r.depth)] = r.depth
-    chain = fit_chain(x, depth, kmax)
-    rng = np.random.default_rng(IMPUTATION_SEED)
+    kfit = max(kmax, int(depth.max(initial=1)), 1)
+    rows = _fit_rows(len(x), fit_rows)
+    chain, one, by = _select(x[rows], depth[rows], kfit, 100, _init(x[rows], kfit), None)
     lengths = np.array([r.length for r in reqs], dtype=float)
     active = [k for k in ks if k > 0]
-    tokens = {k: np.zeros(len(reqs)) for k in active}
-    steps = {k: np.zeros(len(reqs)) for k in active}
-    for _ in range(imputations):  # one draw in memory at a time
-        m = sample_matches(x, depth, chain, rng)
-        for k in active:
-            tk, sk = replay(m, lengths, k)
-            tokens[k] += tk
-            steps[k] += sk
+    tokens, steps = _replay_all(x, depth, chain, lengths, active, imputations)
     blocks = np.array([block[r.wave] for r in reqs])
+    ids = [int(b) for b in np.unique(blocks)]
     decode = sum(max(0, len(r.x) - 1) for r in reqs)
     unknown = sum(int((r.x[1:] == UNKNOWN).sum()) for r in reqs)
     al: dict[int, float] = {}
-    by_block: dict[int, dict[int, float]] = {}
+    plain: dict[int, dict[int, float]] = {}
     for k in ks:
         if k <= 0:
-            al[k] = 1.0
-            by_block[k] = {int(b): 1.0 for b in np.unique(blocks)}
+            al[k], plain[k] = 1.0, {b: 1.0 for b in ids}
             continue
         tk, sk = tokens[k], steps[k]
         al[k] = float(tk.sum() / sk.sum()) if sk.sum() > 0 else float("nan")
-        by_block[k] = {int(b): float(tk[blocks == b].sum() / sk[blocks == b].sum())
-                       for b in np.unique(blocks) if sk[blocks == b].sum() > 0}
+        plain[k] = {b: float(tk[blocks == b].sum() / sk[blocks == b].sum()) for b in ids
+                    if sk[blocks == b].sum() > 0}
+    by_block = plain
+    if jackknife and len(ids) >= 2 and active:
+        by_block = _jackknife(x, depth, rows, blocks, ids, (one, by), kfit, lengths, active, imputations, al)
+        by_block.update({k: plain[k] for k in ks if k <= 0})
     model = (np.round(chain[2], 3).tolist(), np.round(chain[1][[0, 1], [1, 0]], 4).tolist())
-    return Replayed(al, by_block, model, unknown / decode if decode else 0.0)
+    return Replayed(al, by_block, model, unknown / decode if decode else 0.0, plain)
+
+
+def _jackknife(x, depth, rows, blocks, ids, starts, kfit, lengths, active, imputations, al) -> dict:
+    """K -> block -> the row's AL plus the block's jackknife pseudo-value deviation
+    (:func:`replay_acceptance`)."""
+    left: dict[int, dict[int, float]] = {k: {} for k in active}  # K -> block -> AL without it
+    for b in ids:
+        keep = rows[blocks[rows] != b]
+        chain = _select(x[keep], depth[keep], kfit, 100, *starts)[0]
+        tokens, steps = _replay_all(x, depth, chain, lengths, active, imputations)
+        for k in active:
+            sk = steps[k][blocks != b].sum()
+            if sk > 0:
+                left[k][b] = float(tokens[k][blocks != b].sum() / sk)
+    out = {}
+    for k in active:
+        vals = left[k]
+        mean = sum(vals.values()) / len(vals) if vals else 0.0
+        out[k] = {b: al[k] + (len(vals) - 1) * (mean - v) for b, v in vals.items()}
+    return out
 
 
 def matches_from_steps(steps) -> list[RequestMatches]:
