@@ -64,9 +64,9 @@ def test_jackknife_samples_centre_on_the_row_and_leave_its_point_alone():
 def test_jackknife_error_is_the_spread_over_runs_at_short_requests():
     """Over 24 independent simulated runs (8 waves x BS 16 x 32 tokens, the chain fitted on 48 of
     the 128 requests, as a BS-64 run of 10 waves fits it on 256 of 640) the samples' standard
-    error (rms over the runs, pooled over K 1-4) is the spread of the row's AL within 25 %; the
-    blocks' ALs under one fit give at most 0.8 of it (1.4-1.75 times too small in the lab's runs),
-    so this fails without the refit."""
+    error (rms over the runs, pooled over K 1-4) is 0.85-1.33 times the spread of the row's AL
+    (1.11 when written); the blocks' ALs under one fit give under 0.8 of it (0.77; 1.3-1.75 times
+    too small in the lab's runs), so this fails without the refit."""
     runs, waves = 24, 8
     al = {k: [] for k in KS}
     se = {k: [] for k in KS}
@@ -81,5 +81,5 @@ def test_jackknife_error_is_the_spread_over_runs_at_short_requests():
     spread2 = np.array([np.var(al[k], ddof=1) for k in KS])
     ratio = math.sqrt(np.mean([np.mean(np.square(se[k])) for k in KS] / spread2))
     ratio_plain = math.sqrt(np.mean([np.mean(np.square(plain[k])) for k in KS] / spread2))
-    assert 0.75 <= ratio <= 1.33, (ratio, ratio_plain)
+    assert 0.85 <= ratio <= 1.33, (ratio, ratio_plain)
     assert ratio_plain < 0.8, (ratio, ratio_plain)
