@@ -22,7 +22,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dsdprof.formats.trace import TraceRecord
@@ -62,10 +62,13 @@ class ArrivalsResult:
     wall_s: float = 0.0  # t0 to the last request's last token
 
 
-def step_records(records: list[TraceRecord], t0: float) -> tuple[StepRecord, ...]:
+def step_records(records: list[TraceRecord], t0: float,
+                 subtracted: bool = True) -> tuple[StepRecord, ...]:
     """Trace records (:class:`dsdprof.formats.trace.TraceRecord`) as :class:`StepRecord`,
     times after ``t0``. ``t_end`` of the synchronous scheduler excludes dsdprof's cumulative own time;
-    it is added back (``t_own``) so that the step clock matches the client's."""
+    it is added back (``t_own``) so that the step clock matches the client's. The async scheduler's
+    ``t_end`` is the clock itself (``subtracted=False``, :func:`own_subtracted`): adding its
+    ``t_own`` would put every step later by all of dsdprof's work so far, idle builds included."""
     from dsdprof.formats.trace import Step
 
     out = []
@@ -74,7 +77,7 @@ def step_records(records: list[TraceRecord], t0: float) -> tuple[StepRecord, ...
         drafted = sum(s.drafted) / len(s.drafted) if s.drafted else 0.0
         out.append(
             StepRecord(
-                s.t_end + s.t_own - t0,
+                (s.t_end + s.t_own if subtracted else s.t_end) - t0,
                 s.scheduled + s.others,
                 s.decoding,
                 s.prefill_tokens,
@@ -84,6 +87,15 @@ def step_records(records: list[TraceRecord], t0: float) -> tuple[StepRecord, ...
             )
         )
     return tuple(out)
+
+
+def own_subtracted(scheduler_config) -> bool:
+    """Whether the traces of an engine with vLLM's resolved ``scheduler_config`` have ``t_end`` less
+    dsdprof's own time: the tracing scheduler vLLM gets there (sync yes, async no) says."""
+    from dsdprof.plugins.vllm_profiling import scheduler_class_for
+
+    cls: Any = scheduler_class_for(scheduler_config)
+    return bool(cls._dsdprof_subtract_own)
 
 
 def read_records(path: str) -> list[TraceRecord]:
@@ -160,7 +172,10 @@ def run_arrivals(
             if out.finished:
                 done += 1
     wall = max((ts[-1] for ts in times if ts), default=0.0)
-    steps = step_records(read_records(path), t0) if trace_dir else ()
+    steps: tuple[StepRecord, ...] = ()
+    if trace_dir:
+        subtracted = own_subtracted(engine.vllm_config.scheduler_config)
+        steps = step_records(read_records(path), t0, subtracted)
     if not req.trace_name and os.path.exists(path):
         os.unlink(path)
     return ArrivalsResult(
