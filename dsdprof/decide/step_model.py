@@ -7,13 +7,13 @@ variant decoded at K; at one batch size, that median times the grid's shape in B
 
 What the fitted run did not measure falls back, each for a structural reason:
 
-* **A fixed K the run did not have** (fixed-2 when it had fixed-4): at each batch size, linear in K
-  between the fitted engines' own step times there: vanilla's (K = 0) and each fitted fixed-K'
-  engine's (beyond them, the line through the two nearest). The grid's shape in K is not used: at
-  batch 8-16 it grows with K faster than the rollout engines' did (measured / grid 0.84 at K = 2,
-  0.73 at K = 4 in the held-out run of 2026-12-03). Left out: the speculative engine's fixed cost
-  per step beyond vanilla's, so a K between 0 and the smallest fitted K comes out a little short
-  (-4 to -5 % at K = 2 from vanilla and fixed-4 there).
+* **A fixed K the run did not have** (fixed-2 when it had fixed-4): a line a(K) + s(K) * B built
+  from the fitted engines' lines (:meth:`StepModel.family`): the intercept, the speculative engine's
+  cost per step, from the fitted fixed engines (one: its own; vanilla has no such cost); the slope,
+  the cost per request, linear in K through vanilla's and theirs (a request verifies K + 1
+  tokens). In the clean held-out run of 2026-12-03 the lines were vanilla 101 + 4.4 B ms, fixed-2
+  123 + 12.4 B, fixed-4 130 + 19.9 B. The grid's shape in K is not used: at batch 8-16 it grows
+  with K faster than the rollout engines' did (measured / grid 0.84 at K = 2, 0.73 at K = 4).
 * **dsd or adaptive at a K it never served**: that fixed-K time times the engine's own median ratio
   to it over the steps it did serve (a DSD-mode engine steps slower than a fixed-K one at the same
   K and batch size); a variant not in the fitted run takes the other one's engine (the same
@@ -56,6 +56,19 @@ def _median(xs: Sequence[float]) -> float:
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _through(pts: Mapping[int, float], k: int, one: Callable[[float, int], float]) -> float:
+    """The value at ``k`` of the points ``pts`` (K -> value): linear between the two around ``k``,
+    the line through the two nearest beyond them; a single point: ``one(value, its K)``."""
+    if k in pts:
+        return pts[k]
+    xs = sorted(pts)
+    if len(xs) == 1:
+        return one(pts[xs[0]], xs[0])
+    below, above = [x for x in xs if x < k], [x for x in xs if x > k]
+    lo, hi = (below[-1], above[0]) if below and above else ((xs[0], xs[1]) if above else (xs[-2], xs[-1]))
+    return pts[lo] + (k - lo) * (pts[hi] - pts[lo]) / (hi - lo)
 
 
 def fixed_k_of(variant: str) -> int | None:
@@ -144,20 +157,27 @@ class StepModel:
         return max(a + slope * b, 0.5 * (a + slope * lo))
 
     def family(self, b: int, k: int) -> float | None:
-        """Seconds of a fixed-K engine's step at batch size ``b``: its own fitted line, else linear in
-        K between the fitted vanilla (K = 0) and fixed-K' engines at ``b`` (the two nearest beyond
-        them); None with fewer than two such engines."""
-        pts = {kk: self._at((v, kk), b) for v, kk in self.lines
-               if (v == "vanilla" and kk == 0) or fixed_k_of(v) == kk}
-        if k in pts:
-            return pts[k]
-        if len(pts) < 2:
+        """Seconds of a fixed-K engine's step at batch size ``b``: its own fitted line, else a line
+        a(K) + s(K) * B built from the fitted engines' lines. The intercept a (the speculative
+        engine's cost per step, which vanilla's lacks) is linear in K between the fitted fixed
+        engines (one: its own); the slope s (the cost per request, which verifies K + 1 tokens) is
+        linear in K through vanilla's (K = 0) and theirs (one point: times (K + 1) / (K' + 1)).
+        Between two points, interpolated; beyond, the line through the two nearest. None with no
+        fixed engine fitted on more than one batch size."""
+        fixed = {kk: self.lines[(v, kk)] for v, kk in self.lines if fixed_k_of(v) == kk}
+        if k in fixed:
+            return self._at((f"fixed-{k}", k), b)
+        fixed = {kk: line for kk, line in fixed.items() if line[1] >= 0}
+        if not fixed:
             return None
-        xs = sorted(pts)
-        below, above = [x for x in xs if x < k], [x for x in xs if x > k]
-        lo, hi = (below[-1], above[0]) if below and above else ((xs[0], xs[1]) if above else (xs[-2], xs[-1]))
-        val = pts[lo] + (k - lo) * (pts[hi] - pts[lo]) / (hi - lo)
-        return max(val, 0.5 * min(pts.values()))
+        slopes = {kk: line[1] for kk, line in fixed.items()}
+        van = self.lines.get(("vanilla", 0))
+        if van is not None and van[1] >= 0:
+            slopes[0] = van[1]
+        a = _through({kk: line[0] for kk, line in fixed.items()}, k, lambda x, kk: x)
+        slope = max(0.0, _through(slopes, k, lambda x, kk: x * (k + 1) / (kk + 1)))
+        lo = min(line[2] for line in fixed.values())
+        return max(a + slope * b, 0.5 * (a + slope * lo))
 
     def seconds(self, variant: str, b: int, k: int) -> float:
         if (variant, k) in self.lines:
