@@ -21,10 +21,10 @@ a dsdprof run started the engine (``dsdprof validate --adaptive``), and then cos
   ``selector.observe`` one step at a time (drafted per position only when the step mixed draft
   lengths) and the selector re-derives K per batch size -- the same state at every rebuild as
   feeding each step at once, for a tuple append per step. When vLLM logs no stats
-  it builds no ``SpecDecodingStats``; the plugin then counts the step's drafts by length and by
-  accepted count before vLLM's loop, in bulk, by vLLM's rules (:mod:`dsdprof.plugins.spec_count`:
-  the requests vLLM skips known from the events that cause it; a step only vLLM's loop can judge
-  is counted there, per request). When the selector's
+  it builds no ``SpecDecodingStats``; the plugin's ``make_spec_decoding_stats``, which vLLM's loop
+  calls once per request it counts, appends one small integer, and after the loop the step's drafts
+  are counted by length and by accepted count in a few C-level passes
+  (:mod:`dsdprof.plugins.spec_count`). When the selector's
   ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``. Cost per step at 256
   running + 2,000 waiting: ``benchmarks/bench_scheduler_overhead.py``, docs/adaptive.md.
 * **vLLM's semantics stay**: K is looked up by the number of requests scheduled in the step
@@ -137,11 +137,12 @@ class _AdaptiveMixin:
             max_k=self.num_spec_tokens, table=table)
         self._adaptive_context_setup(settings, table)
         self._adaptive_max_bs = len(self.dynamic_sd_lookup) - 1
-        self._adaptive_hist: list[int] | None = None  # step counts when vLLM builds no SpecDecodingStats
+        self._adaptive_keys: list[int] | None = None  # counted requests when vLLM builds no SpecDecodingStats
         if not getattr(self, "log_stats", True):
-            self._adaptive_hist = [0] * 2 * (self.num_spec_tokens + 1)
-            self._adaptive_zeros = tuple(self._adaptive_hist)
-            self._adaptive_count = SpecCount(self, self._adaptive_hist)
+            self._adaptive_count = count = SpecCount(self)
+            self._adaptive_keys = count.keys  # a step's: keys[_adaptive_mark:] after vLLM's loop
+            self._adaptive_mark = 0
+            self.make_spec_decoding_stats = count.counter
         self._adaptive_queue: list = []  # drafted steps not yet fed to the selector
         self._adaptive_every = self.dsdprof_selector.rebuild_every
         self._adaptive_version: tuple[Any, ...] | int = -1
@@ -232,34 +233,32 @@ class _AdaptiveMixin:
         (:meth:`_adaptive_step_time`) and its acceptance counts -- vLLM's own, by vLLM's rules
         (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
         outputs skipped), before vLLM trims the sampled tokens: its ``SpecDecodingStats`` attached
-        to the step's outputs, or the histograms :class:`.SpecCount` filled. A tuple append per
-        step; every ``rebuild_every`` queued steps :meth:`_adaptive_feed` feeds the queue."""
-        hist = self._adaptive_hist
-        if hist is None or self._adaptive_count.count(scheduler_output, model_runner_output):
-            result = self._adaptive_update(scheduler_output, model_runner_output)
-        else:  # a step only vLLM's loop can judge: counted there, per request
-            result = self._adaptive_count.per_request(self._adaptive_update, scheduler_output,
-                                                      model_runner_output)
+        to the step's outputs, or its slice of the indices :class:`.SpecCount` appended (counted
+        when fed). A tuple append per step; every ``rebuild_every`` queued steps
+        :meth:`_adaptive_feed` feeds the queue."""
+        result = self._adaptive_update(scheduler_output, model_runner_output)
         n, k, seconds = self._adaptive_step_time(scheduler_output)
+        keys = self._adaptive_keys
         prev, arm = self.dsdprof_step_arms
         if prev is not None or arm is not None:  # validate's steps design: learn from own steps only
             if prev != ARM_ENGINE:  # the step verified another arm's drafts
-                if hist is not None:
-                    hist[:] = self._adaptive_zeros
+                if keys is not None:
+                    del keys[self._adaptive_mark:]
                 return result
             if arm != ARM_ENGINE:  # verified the plugin's drafts, drafted another arm's K: acceptance only
                 seconds = None
-        if hist is None:
+        if keys is None:
             stats = None
             for eco in (result or {}).values():
                 if eco.scheduler_stats is not None:
                     stats = eco.scheduler_stats.spec_decoding_stats
                     break
             drafted = stats is not None and stats.num_drafts
-        else:
-            drafted = any(hist)
+        else:  # the step's slice of keys, counted when fed
+            start, end = self._adaptive_mark, len(keys)
+            drafted = end > start
             if drafted:
-                stats, hist[:] = hist[:], self._adaptive_zeros
+                stats, self._adaptive_mark = (start, end), end
         if drafted:
             self._adaptive_idle = 0
         else:
@@ -289,8 +288,13 @@ class _AdaptiveMixin:
                 sel.observe_step(n, k, seconds)
                 if ctx:  # the slice served at this step's context learns its time too
                     ctx[ci][1].observe_step(n, k, seconds)
+            if type(stats) is tuple:  # a step's slice of the keys counted for it (log_stats off)
+                stats = self._adaptive_count.stats(*stats)
             if stats is not None:
                 changed |= self._adaptive_observe(stats, n)
+        if self._adaptive_keys:  # every step's keys are queued (or dropped): counted
+            self._adaptive_keys.clear()
+            self._adaptive_mark = 0
         if self._adaptive_versions() != self._adaptive_version:  # K moved on step times alone
             self._adaptive_swap()
             logger.info("dsdprof adaptive K: now %s (step times)", sel.ks)
@@ -312,16 +316,13 @@ class _AdaptiveMixin:
             return n, k, now - last
         return n, k, None
 
-    def _adaptive_hist_stats(self, hist: list[int]):
-        """The ``SpecDecodingStats`` of the drafts counted in ``hist`` (:mod:`.spec_count`)."""
-        return hist_stats(hist, self.num_spec_tokens)
 
     def _adaptive_observe(self, stats, batch_size: int | None = None) -> bool:
-        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``, or the histograms
-        :class:`.SpecCount` filled) to the selector now; True when the served lookup changed.
+        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``, or the histograms of
+        :meth:`.SpecCount.hist`) to the selector now; True when the served lookup changed.
         O(K) per step, whatever the number of requests."""
-        if type(stats) is list:
-            stats = self._adaptive_hist_stats(stats)
+        if type(stats) is list:  # histograms (dsdprof.plugins.spec_count)
+            stats = hist_stats(stats, self.num_spec_tokens)
         drafts = stats.num_drafts if stats is not None else 0
         if not drafts:
             self._adaptive_idle += 1

@@ -199,9 +199,9 @@ def test_observe_aggregates_requests_per_position(tmp_path):
 
 @needs_vllm
 def test_without_stats_logging_the_histogram_rebuilds_vllms_own_stats(tmp_path):
-    # An engine that logs no stats: the per-request counter (vLLM's make_spec_decoding_stats on a
-    # step only vLLM's loop can judge, dsdprof.plugins.spec_count) counts what vLLM's observe_draft
-    # would have, invalid drafts excluded; requests without a draft do not count.
+    # An engine that logs no stats: the plugin's make_spec_decoding_stats (dsdprof.plugins.spec_count;
+    # its appended indices folded after vLLM's loop) counts what vLLM's observe_draft would have,
+    # invalid drafts excluded; requests without a draft do not count.
     from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
     s = va.AdaptiveScheduler.__new__(va.AdaptiveScheduler)
@@ -214,13 +214,13 @@ def test_without_stats_logging_the_histogram_rebuilds_vllms_own_stats(tmp_path):
     calls = [("a", 3, 0, None), ("b", 3, 3, None), ("c", 1, 1, None), ("d", 0, 0, None), ("e", 4, 2, {"e": 2}),
              ("f", 2, 1, {"x": 1}), ("g", 4, 4, None), ("h", 9, 0, None)]  # h: beyond K, never raised
     want = SpecDecodingStats.new(4)
-    count = s._adaptive_count.counter()
+    assert s.make_spec_decoding_stats is s._adaptive_count.counter
     for r, d, a, invalid in calls:
-        assert count(None, num_draft_tokens=d, num_accepted_tokens=a, num_invalid_spec_tokens=invalid,
-                     request_id=r) is None
+        assert s.make_spec_decoding_stats(None, num_draft_tokens=d, num_accepted_tokens=a,
+                                          num_invalid_spec_tokens=invalid, request_id=r) is None
         if d and d < 9:
             want.observe_draft(num_draft_tokens=d - (invalid or {}).get(r, 0), num_accepted_tokens=a)
-    assert s._adaptive_hist_stats(s._adaptive_hist) == want
+    assert s._adaptive_count.stats(0, len(s._adaptive_keys)) == want
 
 
 def _plugin_config(tmp_path, options):

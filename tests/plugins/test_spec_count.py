@@ -1,9 +1,10 @@
 """dsdprof.plugins.spec_count on vLLM's real Scheduler and AsyncScheduler with the fake runner: with
-log_stats off the adaptive plugin's bulk count of each step equals the per-request count in vLLM's
-loop and vLLM's own SpecDecodingStats (log_stats on), step by step, with the events that make vLLM
-skip a request in flight: aborts while a step runs, requests finished (async: their next step's
-output), preemptions for want of KV blocks (async: stale outputs vLLM keeps) and a reset that
-preempts every running request (stale outputs vLLM drops)."""
+log_stats off the adaptive plugin's count of each step (one index appended per request vLLM's loop
+counts, turned into histograms when fed) equals the same rules applied in Python and vLLM's own
+SpecDecodingStats (log_stats on), step by step, with the events that make vLLM skip a request in
+flight: aborts while a step runs, requests finished (async: their next step's output), preemptions
+for want of KV blocks (async: stale outputs vLLM keeps) and a reset that preempts every running
+request (stale outputs vLLM drops); and with drafts of 0 to K tokens."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsdprof.plugins import vllm_adaptive as va  # noqa: E402
-from dsdprof.plugins.spec_count import SpecCount  # noqa: E402
 from dsdprof.serve.settings import adaptive_additional_config  # noqa: E402
 from tests.plugins.test_adaptive_plugin import MAX_BS, _hashed_chain, shifted_table  # noqa: E402
 from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config  # noqa: E402
@@ -77,8 +77,8 @@ def _run(sched, mode: str, reset: tuple[int, ...], ragged: bool) -> tuple[list, 
     events = {"preempted": 0, "dropped": 0}
     preempt = sched._preempt_request
 
-    def record():
-        seen.extend(sched._adaptive_queue)
+    def record():  # the steps' stats before the feed counts and clears their keys
+        seen.extend(_stats(sched, sched._adaptive_queue))
         return feed()
 
     def spy_preempt(request, *args, **kwargs):
@@ -91,31 +91,35 @@ def _run(sched, mode: str, reset: tuple[int, ...], ragged: bool) -> tuple[list, 
         sched.add_request(make_request(f"r{i}", 20 + i, 25 + 7 * i))
     runner = Events(sched, {6: 2, 11: 1, 19: 2, 23: 1}, reset, ragged)
     drive(sched, runner, mode, True)
-    seen.extend(sched._adaptive_queue)
+    seen.extend(_stats(sched, sched._adaptive_queue))
     out = []
-    for stats, n, k, _, _ in seen:
-        if type(stats) is list:
-            stats = sched._adaptive_hist_stats(stats)
+    for stats, n, k in seen:
         out.append((n, k) + ((stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
                               list(stats.num_draft_tokens_per_pos), list(stats.num_accepted_tokens_per_pos))
                              if stats is not None else ()))
     return out, runner, events
 
 
-def _three(tmp_path, monkeypatch, mode: str, blocks: int, reset: tuple[int, ...], without: tuple = (),
-           ragged: bool = False):
-    """vLLM's SpecDecodingStats (log_stats on), the bulk count and the per-request count, run alike."""
+def _stats(sched, queue) -> list:
+    """``(stats, requests, K)`` of queued steps; a step's slice of the keys (log_stats off) counted."""
+    return [(sched._adaptive_count.stats(*stats) if type(stats) is tuple else stats, n, k)
+            for stats, n, k, _, _ in queue]
+
+
+def _three(tmp_path, monkeypatch, mode: str, blocks: int, reset: tuple[int, ...], ragged: bool = False,
+           mutate=None):
+    """vLLM's SpecDecodingStats (log_stats on), the plugin's count (``bulk``; ``mutate`` may change
+    its index table first) and the per-request count into the histograms, run alike."""
     cls = va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler
     runs, scheds = {}, {}
     for name, log_stats in (("vllm", True), ("bulk", False), ("per_request", False)):
         ticks = itertools.count()  # the same step times in every run (the selector learns them too)
         monkeypatch.setattr(va, "_clock", lambda ticks=ticks: 0.05 * next(ticks))
         s = scheds[name] = make_scheduler(cls, _config(tmp_path, blocks), log_stats)
-        if name == "per_request":
-            s._adaptive_count.unhook()  # every drafted step counted in vLLM's loop
-        elif name == "bulk":
-            for hook in without:  # a mutation: these events not recorded
-                del s.__dict__[hook]
+        if name == "per_request":  # every request straight into the histograms
+            s.make_spec_decoding_stats = s._adaptive_count.per_request
+        elif name == "bulk" and mutate is not None:
+            mutate(s._adaptive_count)
         runs[name] = _run(s, mode, reset, ragged)
     return runs, scheds
 
@@ -125,21 +129,16 @@ def _three(tmp_path, monkeypatch, mode: str, blocks: int, reset: tuple[int, ...]
     ("sync", 16, (), False), ("async", 16, (), False),  # KV blocks short: preemptions
     ("async", 4096, (9, 17, 28), False), ("sync_bq", 4096, (9, 17), False),  # a reset: outputs dropped
     ("sync", 4096, (), True), ("sync_bq", 16, (), True)])  # drafts of 0 to K tokens
-def test_bulk_count_equals_per_request_and_vllms_stats_step_by_step(tmp_path, monkeypatch, mode, blocks,
+def test_the_count_equals_per_request_and_vllms_stats_step_by_step(tmp_path, monkeypatch, mode, blocks,
                                                                       reset, ragged):
     runs, scheds = _three(tmp_path, monkeypatch, mode, blocks, reset, ragged=ragged)
-    bulk = scheds["bulk"]._adaptive_count
-    assert scheds["vllm"]._adaptive_hist is None  # vLLM's own SpecDecodingStats
-    assert bulk.bulk and bulk.per_request_steps == 0  # every drafted step counted in bulk
-    assert not bulk.touched  # nothing left tracked once every step is counted
-    assert scheds["per_request"]._adaptive_count.per_request_steps > 50
+    assert scheds["vllm"]._adaptive_keys is None  # vLLM's own SpecDecodingStats
+    assert scheds["bulk"].make_spec_decoding_stats is scheds["bulk"]._adaptive_count.counter
     steps, runner, events = runs["bulk"]
     assert runner.aborted >= 4
     assert steps == runs["per_request"][0] == runs["vllm"][0]
     drafted = [r for r in steps if len(r) > 2 and r[2]]
     assert len(drafted) > 50 and len({r[4] / r[3] for r in drafted}) > 5  # acceptance varies
-    if mode != "sync":  # requests skipped by vLLM's loop were taken back (async, batch queue: in flight)
-        assert bulk.taken_back >= 4
     if blocks < 100:
         assert events["preempted"] >= 3
     if reset:
@@ -148,55 +147,31 @@ def test_bulk_count_equals_per_request_and_vllms_stats_step_by_step(tmp_path, mo
         assert sum(len(set(r[5])) > 1 for r in drafted) > 10
 
 
-@pytest.mark.parametrize("mode,reset,without", [
-    ("sync", (), ("_free_blocks",)), ("async", (), ("_free_blocks",)),
-    ("async", (9, 17, 28), ("_preempt_request",))])
-def test_without_an_event_hook_the_bulk_count_differs(tmp_path, monkeypatch, mode, reset, without):
-    """The check above can fail: counting in bulk without the event that makes vLLM skip a request
-    (freed: aborted or finished; preempted with its output dropped) counts those requests too."""
-    runs, scheds = _three(tmp_path, monkeypatch, mode, 4096, reset, without)
+@pytest.mark.parametrize("shift", [1, -1])
+def test_the_comparison_fails_on_a_count_off_by_one(tmp_path, monkeypatch, shift):
+    """The check above can fail: an index table that shifts every accepted count by one (where the
+    shifted pair still exists) gives other per-step counts than vLLM's."""
+    def mutate(count):
+        w = count.width
+        count.key[1:] = [[d * w + min(max(a + shift, 0), d) for a in range(w)] for d in range(1, w)]
+
+    runs, _ = _three(tmp_path, monkeypatch, "sync", 4096, (), mutate=mutate)
     assert runs["per_request"][0] == runs["vllm"][0] != runs["bulk"][0]
 
 
-def test_a_step_only_vllms_loop_can_judge_is_counted_there(tmp_path):
-    """Grammar-invalidated drafts, or a request with drafts but no output row: the bulk count
-    declines the step (nothing counted), vLLM's loop counts it per request, and vLLM's own
-    make_spec_decoding_stats is back afterwards."""
+def test_grammar_invalidated_and_out_of_range_drafts_count_by_vllms_rules(tmp_path):
+    """A call with invalidated drafts takes the rules in Python (drafted minus the invalid ones; a
+    draft left with none still counts), the others the index table: together vLLM's rules; no
+    draft, or beyond K, not counted and never raised."""
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
     s = make_scheduler(va.AdaptiveScheduler, _config(tmp_path, 4096), False)
     count = s._adaptive_count
-    for i in range(3):
-        s.add_request(make_request(f"r{i}", 20, 60))
-    runner = FakeRunner(accept)
-    declined = 0
-    for step in range(14):
-        so = s.schedule(False)
-        mro = runner.execute(so)
-        if step in (8, 10) and so.scheduled_spec_decode_tokens:
-            hist = list(count.hist)
-            if step == 8:
-                so.num_invalid_spec_tokens = {"r1": 1}
-            else:
-                mro.sampled_token_ids[mro.req_id_to_index["r1"]] = []  # no token: vLLM does not count it
-            assert not count.count(so, mro) and count.hist == hist  # declined, nothing counted
-            declined += 1
-        s.update_from_output(so, mro)
-        assert count.per_request_steps == declined
-        assert "make_spec_decoding_stats" not in vars(s)  # vLLM's own method back
-        drafts = runner.take_draft_token_ids(so)
-        if drafts is not None:
-            s.update_draft_token_ids(drafts)
-    assert declined == 2
-
-
-def test_a_kv_connector_or_another_vllm_counts_per_request(tmp_path):
-    """Where vLLM may hold finished requests or fail KV loads (a KV or EC connector), or its loop
-    does not use the names the skip rules are read from, every step is counted per request."""
-    s = make_scheduler(va.AdaptiveScheduler, _config(tmp_path, 4096), False)
-    assert s._adaptive_count.bulk
-    for attr in ("connector", "ec_connector"):
-        other = copy.copy(s)
-        setattr(other, attr, object())
-        assert not SpecCount(other, [0] * 10).bulk
-    other = copy.copy(s)
-    other.num_sampled_tokens_per_step = 0
-    assert not SpecCount(other, [0] * 10).bulk
+    calls = [("a", 3, 1, {"a": 2}), ("b", 4, 4, {"a": 2}), ("c", 2, 0, None), ("d", 4, 2, {"d": 4}),
+             ("e", 5, 0, None), ("f", 0, 0, {"f": 1}), ("g", 1, 5, None)]  # e, g: beyond K=4; f: no draft
+    want = SpecDecodingStats.new(4)
+    for r, d, a, invalid in calls:
+        assert count.counter(None, d, a, invalid, r) is None
+        if d and d - (invalid or {}).get(r, 0) <= 4 and a <= 4:
+            want.observe_draft(d - (invalid or {}).get(r, 0), a)
+    assert count.stats(0, len(count.keys)) == want
