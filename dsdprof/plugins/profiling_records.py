@@ -11,7 +11,6 @@ from dsdprof.formats.trace import TraceRecord, encode_flush, step_record
 from dsdprof.plugins.profiling_keys import Profiled
 
 
-KEPT = object()  # first item of a step kept by reference (vLLM's scheduled dicts and lists)
 _LIVE = object()  # the model runner hands the same req_id_to_index every step: copied
 
 
@@ -20,7 +19,7 @@ class _StepRecords:
 
     if TYPE_CHECKING:  # vLLM's Scheduler and the tracing mixin
         requests: Any
-        _dsdprof_steps: dict[int, tuple]
+        _dsdprof_steps: dict[int, Any]
         _dsdprof_buffers: dict[str, list[TraceRecord]]
         _dsdprof_pending: list[tuple]
         _dsdprof_seen: dict[str, Any]
@@ -65,12 +64,16 @@ class _StepRecords:
             reqs.append((req_id, decoding))
         return (path, wave, reqs, prefill_tokens, others, k_next, arm) if path else None
 
-    def _dsdprof_kept_info(self, kept: tuple):
-        """:meth:`_dsdprof_step_info` of a step kept by reference (``KEPT``, scheduled, drafts,
-        continued ids, their computed tokens, new ids, k_next, arm), any time later."""
-        _, scheduled, spec, cached_ids, computed, new_ids, k_next, arm = kept
-        return self._dsdprof_step_info(scheduled, set(new_ids), spec, self._dsdprof_seen,
-                                       self._dsdprof_profiles, dict(zip(cached_ids, computed)), k_next, arm)
+    def _dsdprof_kept_info(self, so, arm):
+        """:meth:`_dsdprof_step_info` of a step kept by reference (its ``SchedulerOutput``: tokens and
+        drafts scheduled, new requests, the continued ones' computed tokens before it, k_next; vLLM
+        builds every one of them per step), any time later; ``arm``: its arm, taken at its update."""
+        cached = so.scheduled_cached_reqs
+        return self._dsdprof_step_info(
+            so.num_scheduled_tokens, {r.req_id for r in so.scheduled_new_reqs},
+            so.scheduled_spec_decode_tokens, self._dsdprof_seen, self._dsdprof_profiles,
+            dict(zip(cached.req_ids, cached.num_computed_tokens)),
+            int(getattr(so, "num_spec_tokens_to_schedule", -1)), arm)
 
     def _dsdprof_build(self) -> None:
         """The kept steps' records, in order, as the per-step path records them: a request's output
@@ -79,11 +82,11 @@ class _StepRecords:
         finished right after it."""
         pending, self._dsdprof_pending = self._dsdprof_pending, []
         fin, per_step = self._dsdprof_fin, getattr(self, "num_sampled_tokens_per_step", 1)
-        for kept, u, index, lens, invalid, trimmed, t_end, t_own in pending:
-            info = self._dsdprof_kept_info(kept)
+        for so, arm, u, index, lens, invalid, trimmed, t_end, t_own in pending:
+            info = self._dsdprof_kept_info(so, arm)
             if info is None:
                 continue
-            spec, invalid, trimmed = kept[2], invalid or {}, trimmed or {}
+            spec, invalid, trimmed = so.scheduled_spec_decode_tokens, invalid or {}, trimmed or {}
             rows = []
             for req_id, decoding in info[2]:
                 seen = fin.get(req_id, 2 * u + 1)
@@ -109,8 +112,9 @@ class _StepRecords:
             i = index.get(req_id)
             if lens is None or i is None:
                 continue
-            later = sum(per_step + len(k[2].get(req_id, ())) for k in self._dsdprof_steps.values()
-                        if k[0] is KEPT and req_id in k[1])
+            later = sum(per_step + len(k.scheduled_spec_decode_tokens.get(req_id, ()))
+                        for k in self._dsdprof_steps.values()
+                        if type(k) is not tuple and req_id in k.num_scheduled_tokens)
             left[req_id] = n = lens[i]
             lens[i] = n + placeholders - later
         return left

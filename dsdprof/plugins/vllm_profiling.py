@@ -34,7 +34,7 @@ request arrives; a value of the wrong type or out of range is ignored and counte
 
 **Own time out of ITL** (ITL = difference of consecutive ``t_end``): dsdprof's code is timed into
 ``t_own`` (cumulative, in every record). Its per-step work is O(1) in Python: ``schedule`` keeps a
-reference to the step's scheduled dicts; when a request finishes, its id and when (once per
+reference to the step's SchedulerOutput; when a request finishes, its id and when (once per
 request). The per-request bookkeeping -- which requests the step traced, decoding or not,
 drafted/accepted/delivered, stale -- is built from those when the engine is idle (no request left,
 where the trace is written), outside every timed step, into the same records (``_dsdprof_defer =
@@ -68,7 +68,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from dsdprof.formats.trace import TraceRecord
 from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
 from dsdprof.plugins.profiling_keys import Profiled, _run_settings, parse_keys
-from dsdprof.plugins.profiling_records import KEPT, _StepRecords
+from dsdprof.plugins.profiling_records import _StepRecords
 
 _NO_ARMS: tuple[None, None] = (None, None)
 MAX_PENDING = 4096  # steps kept for the idle build; past it they are built at once (a wave is shorter)
@@ -102,7 +102,7 @@ class _DsdprofMixin(_StepRecords):
         self._dsdprof_last_arm: int | None = None
         self.dsdprof_step_arms: tuple[int | None, int | None] = _NO_ARMS  # (previous step's, this step's)
         self._dsdprof_const: dict[int, list[int]] = {}
-        self._dsdprof_steps: dict[int, tuple] = {}
+        self._dsdprof_steps: dict[int, Any] = {}  # id(SchedulerOutput) -> a step's info, or it (kept)
         self._dsdprof_buffers: dict[str, list[TraceRecord]] = {}
         self._dsdprof_token, self._dsdprof_trace_dir = _run_settings(environ)
         self._dsdprof_reqs: dict[str, Profiled] = {}
@@ -261,12 +261,8 @@ class _DsdprofMixin(_StepRecords):
                 self._dsdprof_forget(finished)
             if not self._dsdprof_defer or self._dsdprof_exact:
                 self._dsdprof_record_schedule(out)
-            elif out.num_scheduled_tokens:  # kept by reference, built when idle (_dsdprof_build)
-                cached, new = out.scheduled_cached_reqs, out.scheduled_new_reqs
-                self._dsdprof_steps[id(out)] = (
-                    KEPT, out.num_scheduled_tokens, out.scheduled_spec_decode_tokens, cached.req_ids,
-                    cached.num_computed_tokens, [r.req_id for r in new] if new else (),
-                    int(getattr(out, "num_spec_tokens_to_schedule", -1)), self._dsdprof_arms.get(id(out)))
+            elif out.num_scheduled_tokens:  # the SchedulerOutput itself, read when idle (_dsdprof_build)
+                self._dsdprof_steps[id(out)] = out
         self._dsdprof_own += time.perf_counter() - t1
         return out
 
@@ -286,6 +282,7 @@ class _DsdprofMixin(_StepRecords):
             self._dsdprof_saw(finished, 2 * u - 1)
         mro = model_runner_output
         info = self._dsdprof_steps.pop(id(scheduler_output), None) if self._dsdprof_steps else None
+        arm = None
         if self._dsdprof_arms or self._dsdprof_last_arm is not None:
             arm = self._dsdprof_arms.pop(id(scheduler_output), None)
             self.dsdprof_step_arms = (self._dsdprof_last_arm, arm)
@@ -295,16 +292,16 @@ class _DsdprofMixin(_StepRecords):
         kept = before = late = None
         if info is None:
             pass
-        elif info[0] is KEPT and not self._dsdprof_exact and (
+        elif info is scheduler_output and not self._dsdprof_exact and (  # kept (schedule)
                 getattr(mro, "kv_connector_output", None) is None or not self._dsdprof_kv_failed(mro)):
             if self._dsdprof_late:  # read after vLLM's update, each cut put back (_dsdprof_uncut)
                 late = info
             else:  # its counts now: vLLM trims a stopped request's in place
                 sampled = mro.sampled_token_ids
-                kept = (info, u, dict(mro.req_id_to_index), list(map(len, sampled)) if sampled else None,
-                        scheduler_output.num_invalid_spec_tokens)
+                kept = (info, arm, u, dict(mro.req_id_to_index), list(map(len, sampled)) if sampled else None,
+                        info.num_invalid_spec_tokens)
         else:
-            info, before = self._dsdprof_exact_before(info, scheduler_output, mro)
+            info, before = self._dsdprof_exact_before(info, scheduler_output, mro, arm)
         self._dsdprof_own += time.perf_counter() - t0
         result = super().update_from_output(scheduler_output, mro)
         t2 = time.perf_counter()
@@ -318,10 +315,10 @@ class _DsdprofMixin(_StepRecords):
                 index = self._dsdprof_fresh(index)
             lens = [*map(len, sampled)] if sampled else None
             trimmed = self._dsdprof_uncut(lens, index) if self._dsdprof_cut else None
-            self._dsdprof_pending.append((late, u, index, lens, scheduler_output.num_invalid_spec_tokens,
+            self._dsdprof_pending.append((late, arm, u, index, lens, late.num_invalid_spec_tokens,
                                           trimmed, t_end, own))
         elif kept is not None:  # what vLLM left of a stopped request's sampled tokens: delivered
-            index, sampled = kept[2], mro.sampled_token_ids
+            index, sampled = kept[3], mro.sampled_token_ids
             trimmed = {r: len(sampled[index[r]]) for r in stopped if r in index} if stopped else None
             self._dsdprof_pending.append((*kept, trimmed, t_end, own))
         elif before is not None:
@@ -338,9 +335,9 @@ class _DsdprofMixin(_StepRecords):
         self._dsdprof_own += time.perf_counter() - t2
         return result
 
-    def _dsdprof_exact_before(self, info, so, mro):
-        if info[0] is KEPT:  # a kept step: its schedule-time facts from what it kept
-            info = self._dsdprof_kept_info(info)
+    def _dsdprof_exact_before(self, info, so, mro, arm):
+        if info is so:  # a kept step: its schedule-time facts from its SchedulerOutput
+            info = self._dsdprof_kept_info(so, arm)
         if self._dsdprof_pending:
             self._dsdprof_build()  # records stay in step order
         return info, (self._dsdprof_before(info, so, mro) if info is not None else None)

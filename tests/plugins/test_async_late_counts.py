@@ -83,7 +83,7 @@ def test_counts_read_after_the_update_are_the_counts_before_it(run_env, order, s
     for seed in (1, 2):
         sched = run_waves(order, scenario, seed)
         assert sched.built and not sched._dsdprof_pending and not sched._dsdprof_cut
-        for _kept, u, index, lens, _invalid, trimmed, _t_end, _own in sched.built:
+        for _so, _arm, u, index, lens, _invalid, trimmed, _t_end, _own in sched.built:
             before, after = sched.counts[u]
             for req_id, i in index.items():
                 assert lens[i] == before[req_id], (u, req_id)  # the count vLLM sampled: cut put back
@@ -111,6 +111,8 @@ def test_stop_heavy_idle_build_writes_the_per_step_records(run_env, order, scena
     assert len(kept) > 20
     assert kept == per_step
     assert any(g > d for r in kept for g, d in zip(r["generated"], (r["delivered"][i] for i in r["ids"])))
+    if scenario == "k_seq":  # the sequence ran: its K per step recorded (``arm``)
+        assert {r.get("arm") for r in kept} >= {5, 2, 4, 0, 3}
 
 
 class LiveIndexRunner(AbortingRunner):

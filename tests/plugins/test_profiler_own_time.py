@@ -29,6 +29,7 @@ pytest.importorskip("vllm")
 
 from dsdprof.measure.vllm.trace import read_trace  # noqa: E402
 from dsdprof.plugins import profiling_records, vllm_profiling as vs  # noqa: E402
+from dsdprof.plugins.names import K_SEQ_ARG  # noqa: E402
 from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config  # noqa: E402
 
 TOKEN = "o" * 32
@@ -113,7 +114,7 @@ def add_wave(sched, w: int, batch_size: int, name: str, output, k: int = 3, eos:
         extra = {"dsdprof_run": TOKEN, "dsdprof_wave_size": batch_size, "dsdprof_trace": name,
                  "dsdprof_wave": w, "dsdprof_num_spec_tokens": k}
         if k_seq:
-            extra["dsdprof_k_seq"] = k_seq
+            extra[K_SEQ_ARG] = k_seq  # was "dsdprof_k_seq", not a key: the K sequences were never run
         sched.add_request(make_request(f"w{w}-r{i}", 20 + i, output(w, i), extra, eos=eos))
 
 
@@ -255,3 +256,6 @@ def test_idle_build_writes_the_per_step_records(run_env, mode, scenario):
     assert kept == per_step
     if scenario in ("abort", "eos") and mode == "async":
         assert any(r["stale"] for r in kept)  # the stale outputs were there to be told apart
+    if scenario == "k_seq":  # the sequence ran: its K per step recorded (``arm``) and drafted
+        assert {r.get("arm") for r in kept} == {3, 1, 5, 0}
+        assert {d for r in kept for d in r["drafted"]} >= {1, 5}
