@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsdprof.plugins import metrics as pm  # noqa: E402
+from dsdprof.plugins.names import K_EXTRA_ARG, K_SEQ_ARG, RUN_ARG  # noqa: E402
 from dsdprof.plugins import vllm_adaptive as va  # noqa: E402
 from dsdprof.plugins import vllm_static as vs  # noqa: E402
 from dsdprof.serve.settings import adaptive_additional_config  # noqa: E402
@@ -237,8 +238,10 @@ def test_drafts_handed_back_under_async_with_structured_outputs_are_checked_too(
     assert off.update_draft_token_ids_in_output.__func__ is vs.AsyncScheduler.update_draft_token_ids_in_output
 
 
-HOSTILE = [{"dsdprof_num_spec_tokens": 0, "dsdprof_run": "x" * 64}, {"dsdprof_num_spec_tokens": float("nan")},
-           {"dsdprof_trace": "../../etc/passwd", "dsdprof_wave": -1}, {"dsdprof_k_seq": [99] * 1000}]
+# the profiling scheduler's own keys (dsdprof.plugins.names; K_SEQ_ARG was misspelt "dsdprof_k_seq" here)
+HOSTILE = [{K_EXTRA_ARG: 0, RUN_ARG: "x" * 64}, {K_EXTRA_ARG: float("nan")},
+           {"dsdprof_trace": "../../etc/passwd", "dsdprof_wave": -1}, {K_SEQ_ARG: [99] * 1000},
+           {K_SEQ_ARG: [0, 1, 2], RUN_ARG: "x" * 32}]
 
 
 @pytest.mark.parametrize("kind", ["adaptive", "static"])
