@@ -14,8 +14,11 @@ import time
 import urllib.request
 from typing import Any
 
-HOSTILE = [{"dsdprof_num_spec_tokens": 0, "dsdprof_run": "f" * 32}, {"dsdprof_num_spec_tokens": "nan"},
-           {"dsdprof_trace": "../../etc/passwd", "dsdprof_wave": -1}, {"dsdprof_k_seq": [0] * 1000}]
+from dsdprof.plugins.names import K_EXTRA_ARG, K_SEQ_ARG, RUN_ARG
+
+# the profiling scheduler's own keys (dsdprof.plugins.names; K_SEQ_ARG was misspelt "dsdprof_k_seq" here)
+HOSTILE = [{K_EXTRA_ARG: 0, RUN_ARG: "f" * 32}, {K_EXTRA_ARG: "nan"},
+           {"dsdprof_trace": "../../etc/passwd", "dsdprof_wave": -1}, {K_SEQ_ARG: [0] * 1000}]
 PROMPTS = ["the quick brown fox", "once upon a time", "in the beginning", "hello world"]
 
 
