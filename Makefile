@@ -77,7 +77,8 @@ VLLM033_TESTS := tests/plugins/test_scheduler_conformance.py tests/plugins/test_
 	tests/plugins/test_adaptive_plugin.py tests/engines/test_vllm_adaptive.py tests/measure/test_paired.py \
 	tests/plugins/test_validate_steps.py tests/plugins/test_vllm_scheduler.py tests/measure/vllm/test_vllm_internals.py \
 	tests/measure/vllm/test_gpu_parity.py tests/export/test_compilation_config.py tests/plugins/test_profiler_own_time.py \
-	tests/measure/test_paired_correlated.py tests/plugins/test_adaptive_plugin_live.py tests/plugins/test_metrics.py
+	tests/measure/test_paired_correlated.py tests/plugins/test_adaptive_plugin_live.py tests/plugins/test_metrics.py \
+	tests/plugins/test_async_late_counts.py tests/plugins/test_spec_count.py tests/measure/vllm/test_arrivals_clock.py
 
 $(VENV033)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV033)

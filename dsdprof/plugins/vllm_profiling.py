@@ -72,6 +72,9 @@ from dsdprof.plugins.profiling_records import _StepRecords
 
 _NO_ARMS: tuple[None, None] = (None, None)
 MAX_PENDING = 4096  # steps kept for the idle build; past it they are built at once (a wave is shorter)
+# Late counts (_dsdprof_uncut) need vLLM 0.32's placeholders: a stop's are cut by what it delivered. 0.33
+# subtracts every sampled token, trimmed ones too, so the cut is lost: copy the counts before the update.
+LATE_COUNTS = __import__("vllm").__version__.startswith("0.32.")
 
 
 class _DsdprofMixin(_StepRecords):
@@ -119,7 +122,7 @@ class _DsdprofMixin(_StepRecords):
         self._dsdprof_fin: dict[str, int] = {}  # req_id -> when first seen finished (2u - 1: before update u)
         self._dsdprof_u = 0  # update_from_output calls so far
         self._dsdprof_exact = False  # stale outputs vLLM may drop: build every step in it, until idle
-        self._dsdprof_late = self._dsdprof_defer and isinstance(self, AsyncScheduler)  # see _dsdprof_uncut
+        self._dsdprof_late = LATE_COUNTS and self._dsdprof_defer and isinstance(self, AsyncScheduler)
         self._dsdprof_cut: dict[str, int] = {}  # req_id -> output placeholders at its stop, this update
         # no subclass's _dsdprof_apply_k: the K is set inside schedule()'s first timed stretch
         self._dsdprof_k_inline = type(self)._dsdprof_apply_k is _DsdprofMixin._dsdprof_apply_k

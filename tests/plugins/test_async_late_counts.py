@@ -59,7 +59,9 @@ def h(*key) -> int:
 def run_waves(order: str, scenario: str, seed: int, defer: bool = True) -> Watched:
     cls = Watched if defer else type("PerStepWatched", (Watched,), {"_dsdprof_defer": False})
     sched = make_scheduler(cls, vllm_config(5, 8, num_blocks=4096))
-    assert sched._dsdprof_late == defer  # the async idle build reads the counts after vLLM's update
+    # the async idle build reads the counts after vLLM's update on vLLM 0.32 (vs.LATE_COUNTS; 0.33
+    # subtracts a stop's trimmed tokens from its placeholders too, so it copies them before)
+    assert sched._dsdprof_late == (defer and vs.LATE_COUNTS)
     rng = random.Random(seed)
     for w in range(3):
         eos = scenario != "max_tokens"
@@ -136,6 +138,7 @@ class LiveIndexRunner(AbortingRunner):
         self.live.update(self.index.pop(id(so)))
 
 
+@pytest.mark.skipif(not vs.LATE_COUNTS, reason="the index is kept by reference on the late-count path only")
 @pytest.mark.parametrize("live", [False, True])
 def test_req_id_to_index_kept_by_reference_only_when_new_every_step(run_env, live):
     from dsdprof.plugins import profiling_records
@@ -159,3 +162,9 @@ def test_req_id_to_index_kept_by_reference_only_when_new_every_step(run_env, liv
     # a runner's own dict seen twice: copied for good; new dicts: kept by reference
     assert kept._dsdprof_index_fresh is not live
     assert (kept._dsdprof_index is profiling_records._LIVE) is live
+
+
+def test_late_counts_only_on_the_vllm_whose_placeholders_they_read():
+    import vllm
+
+    assert vs.LATE_COUNTS == vllm.__version__.startswith("0.32.")
