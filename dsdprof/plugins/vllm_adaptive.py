@@ -72,7 +72,7 @@ from dsdprof.formats.ktable import context_slice, read_table_file
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.plugins.metrics import MetricsMixin
 from dsdprof.plugins.names import ARM_ENGINE
-from dsdprof.plugins.spec_count import SpecCount, hist_stats
+from dsdprof.plugins.spec_count import SpecCount
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import batch_context
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
@@ -316,13 +316,10 @@ class _AdaptiveMixin:
             return n, k, now - last
         return n, k, None
 
-
     def _adaptive_observe(self, stats, batch_size: int | None = None) -> bool:
-        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``, or the histograms of
-        :meth:`.SpecCount.hist`) to the selector now; True when the served lookup changed.
-        O(K) per step, whatever the number of requests."""
-        if type(stats) is list:  # histograms (dsdprof.plugins.spec_count)
-            stats = hist_stats(stats, self.num_spec_tokens)
+        """Feed one step's acceptance (vLLM's ``SpecDecodingStats``: its own, or the one
+        :meth:`.SpecCount.stats` built from the step's counted drafts) to the selector now; True when
+        the served lookup changed. O(K) per step, whatever the number of requests."""
         drafts = stats.num_drafts if stats is not None else 0
         if not drafts:
             self._adaptive_idle += 1

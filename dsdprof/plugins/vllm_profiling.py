@@ -62,6 +62,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -74,7 +75,7 @@ _NO_ARMS: tuple[None, None] = (None, None)
 MAX_PENDING = 4096  # steps kept for the idle build; past it they are built at once (a wave is shorter)
 # Late counts (_dsdprof_uncut) need vLLM 0.32's placeholders: a stop's are cut by what it delivered. 0.33
 # subtracts every sampled token, trimmed ones too, so the cut is lost: copy the counts before the update.
-LATE_COUNTS = __import__("vllm").__version__.startswith("0.32.")
+LATE_COUNTS = vllm.__version__.startswith("0.32.")
 
 
 class _DsdprofMixin(_StepRecords):
