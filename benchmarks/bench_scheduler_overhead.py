@@ -5,8 +5,8 @@
 vLLM's real ``Scheduler`` is driven in ``EngineCore.step``'s order (``has_requests``,
 ``schedule``, the model, ``update_from_output``, ``update_draft_token_ids``) by the fake model
 runner of ``tests/vllm_fakes.py`` (known, deterministic chain acceptance; the runner is not
-timed). The schedulers run side by side in one process, interleaved step by step (the order
-rotates every step), each on its own copy of the same requests:
+timed). The schedulers run side by side in one process, interleaved step by step (a fresh
+random order every step, ``--seed``), each on its own copy of the same requests:
 
 * **plain**: vLLM's ``Scheduler`` in dynamic-SD mode (``num_speculative_tokens_per_batch_size``);
   **plain-2**, a second copy of it, shows the noise floor;
@@ -37,9 +37,10 @@ of its calls minus the time inside vLLM's methods (plus, without ``log_stats``, 
 ``make_spec_decoding_stats``, which the serving plugin replaces), against plain's. Own code is what
 the goal is about; a busy machine disturbs it far less than the step's CPU time. ``--running``
 requests run (``max_num_seqs``) and ``--waiting`` more wait behind them for the whole measurement
-(outputs long enough that none finishes). Both ``log_stats`` settings run: on (``vllm serve``'s
-default) and off (``vllm.LLM``'s default, where the serving plugin counts the acceptance vLLM then
-skips). Goal (issue 16): the serving plugin adds <= 50 us per step at 256 running + 2,000 waiting;
+(outputs long enough that none finishes). Both ``log_stats`` settings run, each in a fresh process
+(``--log-stats on|off`` runs one): on (``vllm serve``'s default) and off (``vllm.LLM``'s default,
+where the serving plugin counts the acceptance vLLM then skips). Goal (issue 16): the serving
+plugin adds <= 50 us per step at 256 running + 2,000 waiting;
 (issue 34) with its metrics on too.
 
 **in ITL**: the part of a scheduler's own code that stays inside the step time its trace records.
@@ -53,10 +54,11 @@ Goal (issue 30): <= 20 us per step for the profiling scheduler, sync and async, 
 never here, where nothing finishes.)
 
 ``--only NAMES`` builds only those schedulers (comma-separated; plain and plain-a, the references,
-always). ``--before REV`` adds **before** and **before-a**: the profiling schedulers
-(``TracingScheduler``, ``TracingAsyncScheduler``) of git revision REV, loaded from
-``git show REV:dsdprof/plugins/...`` beside today's, so a change is compared side by side in one
-run (interleaved step by step like the others; ``--only profiling,profiling-a --before HEAD``).
+always). ``--before REV`` adds **before**, **before-a** and **before+m**: the profiling schedulers
+(``TracingScheduler``, ``TracingAsyncScheduler``) and the serving plugin with metrics on
+(``AdaptiveScheduler``) of git revision REV, loaded from ``git show REV:dsdprof/plugins/...``
+beside today's, so a change is compared side by side in one run (interleaved step by step like the
+others; ``--only profiling,profiling-a --before HEAD``, ``--only serving+m --before HEAD``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ import gc
 import itertools
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -85,6 +88,7 @@ ALPHA = 0.8  # per-position conditional acceptance of the fake runner
 PROMPT = 16
 GOAL_US = 50.0
 GOAL_ITL_US = 20.0  # the profiling scheduler's own work left inside its trace's step time
+SERVING_M = ("serving+m", "before+m")  # the serving plugin with metrics on (today's, --before REV's)
 
 
 def accept(req_id: str, step: int, drafted: int) -> int:
@@ -146,12 +150,14 @@ def timed_base(base=None):
     return Timed
 
 
-BEFORE_MODULES = ("profiling_keys", "profiling_records", "vllm_profiling")  # dsdprof/plugins/*.py
+BEFORE_MODULES = ("profiling_keys", "profiling_records", "vllm_profiling", "spec_count", "metrics",
+                  "vllm_adaptive")  # dsdprof/plugins/*.py
 
 
 def before_module(rev: str, tmp: str):
-    """dsdprof's profiling scheduler module as of git revision ``rev`` (with the records and keys
-    modules of that revision), imported under other names beside today's."""
+    """dsdprof's profiling and serving scheduler modules as of git revision ``rev`` (with the
+    records, keys, counting and metrics modules of that revision), imported under other names beside
+    today's: ``(profiling module, serving module)``."""
     import importlib
     import subprocess
 
@@ -167,15 +173,15 @@ def before_module(rev: str, tmp: str):
         Path(tmp, f"_before_{mod}.py").write_text(text)
     sys.path.insert(0, tmp)
     try:
-        return importlib.import_module("_before_vllm_profiling")
+        return tuple(importlib.import_module(f"_before_{m}") for m in ("vllm_profiling", "vllm_adaptive"))
     finally:
         sys.path.remove(tmp)
 
 
 def classes(only: str = "", before=None) -> dict[str, type]:
     """name -> class: each of dsdprof's schedulers with the timed vLLM scheduler as its base
-    (``only``: those named, comma-separated, and the plain references; ``before``: the module of
-    :func:`before_module`, as the before/before-a rows)."""
+    (``only``: those named, comma-separated, and the plain references; ``before``: the modules of
+    :func:`before_module`, as the before/before-a/before+m rows)."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -190,8 +196,9 @@ def classes(only: str = "", before=None) -> dict[str, type]:
             ("profiling-a", vllm_profiling.TracingAsyncScheduler, AsyncScheduler, timed_async),
             ("per-step-a", vllm_profiling.TracingAsyncScheduler, AsyncScheduler, timed_async)]
     if before is not None:
-        rows += [("before", before.TracingScheduler, Scheduler, timed),
-                 ("before-a", before.TracingAsyncScheduler, AsyncScheduler, timed_async)]
+        rows += [("before", before[0].TracingScheduler, Scheduler, timed),
+                 ("before-a", before[0].TracingAsyncScheduler, AsyncScheduler, timed_async),
+                 ("before+m", before[1].AdaptiveScheduler, Scheduler, timed)]
     wanted = {n.strip() for n in only.split(",") if n.strip()}
     unknown = wanted - {r[0] for r in rows} - set(out)
     if unknown:
@@ -200,7 +207,7 @@ def classes(only: str = "", before=None) -> dict[str, type]:
     if wanted:
         if "plain-2" not in wanted:
             del out["plain-2"]
-        rows = [r for r in rows if r[0] in wanted or r[0] in ("plain-a", "before", "before-a")]
+        rows = [r for r in rows if r[0] in wanted or r[0] in ("plain-a", "before", "before-a", "before+m")]
     for name, real, vllm, base in rows:
         if real is None:
             out[name] = base
@@ -252,19 +259,19 @@ def build(args, log_stats: bool, tmp: str) -> dict:
     # same K as plain (the selector's arithmetic still runs)
     scheds = {}
     for name, cls in classes(args.only, args.before_module).items():
-        profiled = name.startswith(("profiling", "per-step", "before"))
+        profiled = name.startswith(("profiling", "per-step", "before")) and name not in SERVING_M
         if profiled:  # an engine a dsdprof run started: the run's secret and trace directory
             os.environ.update({"DSDPROF_RUN_TOKEN": TOKEN, "DSDPROF_TRACE_DIR": tmp})
         own = copy.copy(config)  # metrics on for serving+m only
-        own.additional_config = {**config.additional_config, "dsdprof_metrics": name == "serving+m"}
+        own.additional_config = {**config.additional_config, "dsdprof_metrics": name in SERVING_M}
         try:
             sched = make_scheduler(cls, own, log_stats)
         finally:
             os.environ.pop("DSDPROF_RUN_TOKEN", None), os.environ.pop("DSDPROF_TRACE_DIR", None)
         time_callback(sched, log_stats)
-        if name.startswith("serving"):
+        if name.startswith("serving") or name in SERVING_M:
             sched.bench_clock = functools.partial(next, itertools.count(0.0, 0.02))
-        if name == "serving+m":
+        if name in SERVING_M:
             time_flushes(sched)
         for i in range(total):
             extra = ({"dsdprof_run": TOKEN, "dsdprof_num_spec_tokens": args.k, "dsdprof_trace": "bench",
@@ -326,6 +333,8 @@ def step_async(sched, runner, queue: deque) -> tuple[int, int, int, int]:
 def measure(args, log_stats: bool) -> dict:
     from dsdprof.plugins import vllm_adaptive
 
+    # the serving modules whose step clock each serving copy sets (today's; --before REV's)
+    clocked = [vllm_adaptive] + ([args.before_module[1]] if args.before_module else [])
     with tempfile.TemporaryDirectory() as tmp:
         scheds = build(args, log_stats, tmp)
         names = list(scheds)
@@ -334,16 +343,22 @@ def measure(args, log_stats: bool) -> dict:
         itl: dict[str, list[int]] = {n: [] for n in names}  # own code left inside the trace's step time
         gc.collect()
         gc.freeze()  # as vLLM's engine core does after start-up
-        probes = 0
+        probes, rng = 0, random.Random(args.seed)
         for i in range(args.warmup + args.steps):
-            order = names[i % len(names):] + names[:i % len(names)]
+            # a fresh random order every step: with a rotation each scheduler always followed the
+            # same one, and one following its own twin (plain-2 after plain, serving+m after serving)
+            # ran its code warm (plain-2 read -3 to -13 us of own code against plain, log_stats off)
+            order = rng.sample(names, len(names))
             ks, costs = {}, {}
             for n in order:
-                vllm_adaptive._clock = getattr(scheds[n][0], "bench_clock", vllm_adaptive._clock)
+                clock = getattr(scheds[n][0], "bench_clock", None)
+                if clock is not None:
+                    for mod in clocked:
+                        mod._clock = clock
                 c, o, ks[n], out = step(*scheds[n])
                 costs[n] = (c, o, o - out)
             if len(set(ks.values())) != 1:
-                others = {v for n, v in ks.items() if not n.startswith("serving")}
+                others = {v for n, v in ks.items() if not n.startswith("serving") and n not in SERVING_M}
                 probes += 1
                 # each serving copy explores 2 in 256
                 if len(others) != 1 or probes > max(8, args.steps // 25):
@@ -438,7 +453,7 @@ def report(label: str, res: dict) -> tuple[float, float, float, float]:
     if profiling_a is not None and per_step_a is not None:
         print(f"async, own code in the step: profiling-a {profiling_a:.1f} us, per-step-a "
               f"{per_step_a:.1f} us (ratio {profiling_a / per_step_a if per_step_a else float('nan'):.3f})")
-    for now, was in (("profiling", "before"), ("profiling-a", "before-a")):
+    for now, was in (("profiling", "before"), ("profiling-a", "before-a"), ("serving+m", "before+m")):
         if now in itl_meds and was in itl_meds:
             side = [(a - b) / 1e3 for a, b in zip(itl[now], itl[was])]
             print(f"{now} - {was} (in ITL, same steps): median {statistics.median(side):.1f} us, mean90 "
@@ -447,18 +462,41 @@ def report(label: str, res: dict) -> tuple[float, float, float, float]:
             itl_meds.get("profiling-a"))
 
 
+def in_child(argv: list[str], log_stats: bool) -> dict:
+    """:func:`measure` for one ``log_stats`` setting in a fresh process of this script. In one
+    process the second setting's schedulers were built in the heap the first one's left: the first
+    built (plain, the reference) got the freed, scattered memory and ran 180-370 us of CPU and 2-7 us
+    of own code per step slower than plain-2, an identical copy built after it (log_stats off,
+    2026-12-03), which read as dsdprof's schedulers costing that much less."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp, "result.json")
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--log-stats",
+               "on" if log_stats else "off", "--result-json", str(out)]
+        import subprocess
+
+        rc = subprocess.run(cmd).returncode
+        if rc:
+            raise SystemExit(f"log_stats={log_stats}: the measuring process exited with {rc}")
+        return json.loads(out.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--running", type=int, default=256, help="requests running (max_num_seqs)")
     ap.add_argument("--waiting", type=int, default=2000, help="requests waiting behind them")
     ap.add_argument("--k", type=int, default=3, help="speculative tokens per step (default 3)")
     ap.add_argument("--steps", type=int, default=300, help="measured steps per scheduler")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the schedulers' order in each step")
     ap.add_argument("--warmup", type=int, default=20, help="unmeasured first steps (prefill)")
     ap.add_argument("--output", type=int, default=0, help="output tokens per request (default: enough)")
     ap.add_argument("--only", default="", metavar="NAMES",
                     help="build only these schedulers, comma-separated (plain and plain-a always)")
     ap.add_argument("--before", default="", metavar="REV",
                     help="add the profiling schedulers of git revision REV (rows before, before-a)")
+    ap.add_argument("--log-stats", choices=("both", "on", "off"), default="both",
+                    help="which log_stats settings to run, each in a fresh process of its own (default both)")
+    ap.add_argument("--result-json", default="", help=argparse.SUPPRESS)  # a child's: measure, write, exit
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
     before_dir = tempfile.mkdtemp(prefix="bench-before-")
     args.before_module = before_module(args.before, before_dir) if args.before else None
@@ -469,12 +507,16 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("vllm").setLevel(logging.WARNING)
+    if args.result_json:
+        Path(args.result_json).write_text(json.dumps(measure(args, args.log_stats == "on")))
+        return 0
     print(f"{args.running} running + {args.waiting} waiting requests, prompt {PROMPT}, "
           f"fake acceptance {ALPHA} per position; per-step time of the scheduler calls")
     worst: list[list[float]] = [[], [], [], []]  # serving, serving+m, profiling, profiling-a
     for log_stats in (True, False):
-        gc.collect()
-        for acc, value in zip(worst, report(f"log_stats={log_stats}", measure(args, log_stats))):
+        if args.log_stats != "both" and log_stats != (args.log_stats == "on"):
+            continue
+        for acc, value in zip(worst, report(f"log_stats={log_stats}", in_child(argv, log_stats))):
             if value is not None:
                 acc.append(value)
     for values, goal, text in (
