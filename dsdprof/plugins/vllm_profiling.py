@@ -301,8 +301,10 @@ class _DsdprofMixin(_StepRecords):
             if self._dsdprof_late:  # read after vLLM's update, each cut put back (_dsdprof_uncut)
                 late = info
             else:  # its counts now: vLLM trims a stopped request's in place
-                sampled = mro.sampled_token_ids
-                kept = (info, arm, u, dict(mro.req_id_to_index), list(map(len, sampled)) if sampled else None,
+                sampled, index = mro.sampled_token_ids, mro.req_id_to_index
+                if not self._dsdprof_index_fresh:  # by reference once the runner builds one per step
+                    index = self._dsdprof_fresh(index)
+                kept = (info, arm, u, index, list(map(len, sampled)) if sampled else None,
                         info.num_invalid_spec_tokens)
         else:
             info, before = self._dsdprof_exact_before(info, scheduler_output, mro, arm)
