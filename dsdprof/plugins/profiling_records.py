@@ -121,8 +121,8 @@ class _StepRecords:
 
     def _dsdprof_fresh(self, index: dict) -> dict:
         """A copy of a kept step's ``req_id_to_index`` until two kept steps showed two dict objects:
-        then the runner builds one per step (vLLM 0.32's V1 and V2 runners do; so does a copy across
-        processes) and later steps keep it by reference. The same object twice: copied for good."""
+        then the runner builds one per step (vLLM 0.32's and 0.33's V1 and V2 runners do; so does a copy
+        across processes) and later steps keep it by reference. The same object twice: copied for good."""
         first = self._dsdprof_index
         if first is None:
             self._dsdprof_index = index

@@ -128,7 +128,7 @@ class _DsdprofMixin(_StepRecords):
         # no subclass's _dsdprof_apply_k: the K is set inside schedule()'s first timed stretch
         self._dsdprof_k_inline = type(self)._dsdprof_apply_k is _DsdprofMixin._dsdprof_apply_k
         self._dsdprof_k_fixed: tuple | None = None  # (table, lookup) while _dsdprof_k_for holds, no K seq
-        self._dsdprof_index: Any = None  # async: the first kept step's req_id_to_index (_dsdprof_fresh)
+        self._dsdprof_index: Any = None  # the first kept step's req_id_to_index (_dsdprof_fresh)
         self._dsdprof_index_fresh = False  # the runner builds req_id_to_index anew every step: not copied
 
     # ------------------------------------------------------------------ requests
