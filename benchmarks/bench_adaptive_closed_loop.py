@@ -31,7 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 
 from dsdprof.serve.adaptive import AdaptiveKSelector  # noqa: E402
 from tests.support.simulate import (  # noqa: E402
-    Phase, best_fixed, chain_al, first_within, reach_step, served_goodput, simulate, synthetic_table,
+    Phase,
+    best_fixed,
+    chain_al,
+    first_within,
+    reach_step,
+    served_goodput,
+    simulate,
+    synthetic_table,
 )
 
 SIZES = (1, 2, 4, 8, 16)

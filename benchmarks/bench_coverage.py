@@ -35,8 +35,18 @@ import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from tests.coverage_sets import (BATCH_SIZES, BOUNDARY_BATCH_SIZES, KS, SCENARIOS, VARIATIONS,  # noqa: E402
-                                 dataset, score, truth_goodput, truth_k, truth_vanilla)
+from tests.coverage_sets import (  # noqa: E402
+    BATCH_SIZES,
+    BOUNDARY_BATCH_SIZES,
+    KS,
+    SCENARIOS,
+    VARIATIONS,
+    dataset,
+    score,
+    truth_goodput,
+    truth_k,
+    truth_vanilla,
+)
 
 KINDS = ("", "margin_", "speedup_", "vanilla_")
 

@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))
 
 from tests.coverage_sets import timed_steps  # noqa: E402
+
 SIM_SPEC = ROOT / "sweeps" / "sim-llama8b-eagle3-h100.toml"
 GPU_SPEC = ROOT / "sweeps" / "llama8b-eagle3-h100.toml"
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]

@@ -27,9 +27,9 @@ import pandas as pd
 from dsdprof.config.spec import load_spec
 from dsdprof.decide.analysis import analyze
 from dsdprof.formats.measurements import MODE_DSD
+from dsdprof.io.store import provenance_dict
 from dsdprof.measure.engine import Cell, balanced_order
 from dsdprof.measure.runner import measurement_row
-from dsdprof.io.store import provenance_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,10 +24,10 @@ import timeit
 import tracemalloc
 from pathlib import Path
 
-from dsdprof.serve.adaptive import AdaptiveKSelector
-from dsdprof.runtime import KSelector
-from dsdprof.serve.runtime import GROW_CAP
 from dsdprof.formats.ktable import ranges_from_points
+from dsdprof.runtime import KSelector
+from dsdprof.serve.adaptive import AdaptiveKSelector
+from dsdprof.serve.runtime import GROW_CAP
 
 SIZES = [1, 3, 7, 16, 33, 64, 100, 200, 250, 5000 % 256 + 1]
 REPS = 2_000  # comprehensions per round: ~20k lookups, a few ms

@@ -14,11 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 
+from dsdprof.config.spec import parse_spec
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.sim.acceptance import geometric
 from dsdprof.measure.sim.catalog import MODELS, derived_draft
 from dsdprof.measure.sim.hardware import HARDWARE
-from dsdprof.config.spec import parse_spec
 from tests.support.sim_grid import ModelCase, predict_grid
 
 TARGETS = ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen3-8B", "Qwen3-30B-A3B", "Qwen3-235B-A22B", "Mixtral-8x7B",

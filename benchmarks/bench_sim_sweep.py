@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsdprof.measure import runner as sweep_mod
 from dsdprof.config.spec import parse_spec
+from dsdprof.measure import runner as sweep_mod
 from dsdprof.measure.runner import run_sweep
 
 

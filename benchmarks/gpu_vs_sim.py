@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dsdprof.config.spec import parse_spec
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.sim.calibrate import CalibrationTarget, design, predict
 from dsdprof.measure.sim.catalog import MODELS
@@ -40,7 +41,6 @@ from dsdprof.measure.sim.engine import SimEngine
 from dsdprof.measure.sim.fit import fit
 from dsdprof.measure.sim.hardware import resolve_hardware
 from dsdprof.measure.sim.model import NO_DRAFT, HwArrays, arch_features, distinct_experts, step_time
-from dsdprof.config.spec import parse_spec
 
 CONTEXT = 512
 # per-position acceptance, sweeps/sim-llama8b-eagle3-h100.toml

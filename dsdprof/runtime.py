@@ -6,8 +6,15 @@ serving code written against ``dsdprof.runtime`` keeps working.
 """
 
 from dsdprof.serve.adaptive import AdaptiveKSelector
-from dsdprof.serve.runtime import (DENSE_CAP, DENSE_MIN, KSelector, TableError, VanillaGap, build_lookup,
-                                   lookup_list)
+from dsdprof.serve.runtime import (
+                                   DENSE_CAP,
+                                   DENSE_MIN,
+                                   KSelector,
+                                   TableError,
+                                   VanillaGap,
+                                   build_lookup,
+                                   lookup_list,
+)
 
 __all__ = ["AdaptiveKSelector", "DENSE_CAP", "DENSE_MIN", "KSelector", "TableError", "VanillaGap",
            "build_lookup",

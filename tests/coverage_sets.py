@@ -27,13 +27,12 @@ measurement.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
-
 
 
 @dataclass(frozen=True)

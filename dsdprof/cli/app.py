@@ -5,20 +5,27 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof import __version__
 from dsdprof.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
+    fail,
     fmt_number,
-    EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, fail, guarded, handle_sigterm, interrupted, make_console,
+    guarded,
+    handle_sigterm,
+    interrupted,
+    make_console,
     plain_flags_in_help,
 )
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 
 plain_flags_in_help()
 
@@ -81,8 +88,8 @@ def sweep(
 
     Exit codes: 0 done, 1 every cell failed (the first error is printed), 2 bad input (including a
     model that cannot be resolved or loaded), 130 interrupted."""
-    from dsdprof.config.spec import load_spec, with_overrides
     from dsdprof.cli.progress import sweep_progress
+    from dsdprof.config.spec import load_spec, with_overrides
     from dsdprof.measure.runner import run_sweep
 
     overrides = {"--model": model, "--draft-model": draft_model, "--batch-sizes": batch_sizes,
@@ -192,9 +199,9 @@ def analyze(
     One line per batch size: K*, whether the data decided it, the runner-up K and how much better
     K* is (goodput ratio - 1, with its interval), AL, ITL, goodput (tokens/s per user) and the
     speedup vs no speculation. Grid cells with no number (failed or not yet run) are named."""
+    from dsdprof.cli.analyze import analysis_csv, analysis_json, render_analysis
     from dsdprof.decide.analysis import analyze_path
     from dsdprof.decide.context import analyze_contexts_path
-    from dsdprof.cli.analyze import analysis_csv, analysis_json, render_analysis
     from dsdprof.io.checked import check_analyze_run
 
     if json_out and csv_out:
@@ -310,8 +317,8 @@ def show(table_path: Path = typer.Argument(
         ..., metavar="TABLE", help="A dsdprof.ktable/v1 or /v2 JSON file, dsdprof's vLLM or TensorRT-LLM "
                                    "export, or a fleet's tables/index.json.")) -> None:
     """Show a K table: ranges, profiled points, measured cells and provenance."""
-    from dsdprof.fleet.export import find_index
     from dsdprof.export.api import load_any_table
+    from dsdprof.fleet.export import find_index
 
     if (index := find_index(table_path)) is not None:  # a fleet's index: list its tables
         from dsdprof.cli.fleet import print_index
@@ -361,13 +368,13 @@ def show(table_path: Path = typer.Argument(
 
 
 def _register_subcommands() -> None:
-    from dsdprof.cli import fleet as fleet_cli
-    from dsdprof.cli import toy as toy_cli
-    from dsdprof.cli import report as report_cli
     from dsdprof.cli import drafts as drafts_cli
+    from dsdprof.cli import fleet as fleet_cli
+    from dsdprof.cli import report as report_cli
     from dsdprof.cli import rollout as rollout_cli
     from dsdprof.cli import serve as serve_cli
     from dsdprof.cli import sim as sim_cli
+    from dsdprof.cli import toy as toy_cli
     from dsdprof.cli import watch as watch_cli
 
     toy_cli.register(app)  # first: `dsdprof --help` lists it right after app's own commands, as before

@@ -8,8 +8,8 @@ import os
 import shlex
 import signal
 import sys
-from typing import Any, TypeVar, cast
 from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import typer
 from rich.console import Console

@@ -8,8 +8,8 @@ from typing import cast
 
 import typer
 
-from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.cli.common import fail, guarded, make_console
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 
 
 def _fleet(

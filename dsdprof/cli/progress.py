@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 
@@ -130,8 +130,14 @@ class LogProgress:
 def sweep_progress(err_console: Console, notices: list[str], first_error: list[str]):
     """(context manager, callback) for ``sweep``: a rich bar on a terminal, else :class:`LogProgress`.
     ``notices`` print once the run has planned; failed cells' messages go to ``first_error``."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),

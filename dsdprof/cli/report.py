@@ -10,8 +10,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.cli.common import fail, fmt_number, guarded, interrupted, make_console
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -231,9 +231,9 @@ def _validate(
     regret, speedup."""
     from datetime import datetime
 
-    from dsdprof.jobs.validate import run_validation, table_warnings
     from dsdprof.config.spec import load_spec
     from dsdprof.export.table import load_table
+    from dsdprof.jobs.validate import run_validation, table_warnings
 
     limit = _check_report_options(max_regret, fail_on_regret, noise)
     adaptive_options = _adaptive_options(adaptive, adaptive_config)

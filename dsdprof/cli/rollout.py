@@ -173,9 +173,8 @@ def _rollout(
     on vLLM: vanilla, the best fixed K, the table on vLLM's schedule and the adaptive plugin."""
     from dsdprof.config.spec import load_spec
     from dsdprof.export.table import load_table
-    from dsdprof.jobs.rollout import make_plan, run_rollout
     from dsdprof.io.rollouts import read_rollout_rows
-    from dsdprof.jobs.rollout import parse_rates
+    from dsdprof.jobs.rollout import make_plan, parse_rates, run_rollout
     from dsdprof.measure.live_workload import parse_length_spec, read_lengths_file
 
     length_spec = parse_length_spec(lengths)

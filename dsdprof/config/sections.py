@@ -7,7 +7,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel, ConfigDict, Field, StrictInt, field_validator, model_serializer, model_validator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    field_validator,
+    model_serializer,
+    model_validator,
 )
 
 from dsdprof.formats.ktable import LAST_RANGE_END

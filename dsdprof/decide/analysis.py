@@ -24,23 +24,35 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsdprof.decide.chain import (CHAIN_METHODS, chain_check, fractions_at, share_replicates,
-                                  with_chain_acceptance)
-from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED, DEFAULT_TOLERANCE
 from dsdprof.decide.bootstrap import batch_replicates, check_confidence
+from dsdprof.decide.chain import (
+    CHAIN_METHODS,
+    chain_check,
+    fractions_at,
+    share_replicates,
+    with_chain_acceptance,
+)
+from dsdprof.decide.rule import (
+    SHAPE_DENSE,
+    SHAPE_MOE,
+    contenders,
+    curve,
+    decide_batch,
+    decision_family,
+    margin,
+    regret_bound,
+)
 from dsdprof.decide.speedup import speedup_estimate
 from dsdprof.decide.vanilla import vanilla_columns, vanilla_records  # vanilla_gain*, vanilla_faster
-from dsdprof.decide.rule import (SHAPE_DENSE, SHAPE_MOE, contenders, curve, decide_batch, decision_family,
-                                 margin, regret_bound)
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import choose_k  # noqa: F401 - the K rule, re-exported
 from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
-from dsdprof.config.defaults import DEFAULT_TOLERANCE
-from dsdprof.io.readers import validate_measurements
 from dsdprof.io.checked import CheckedRun, check_run
+from dsdprof.io.readers import read_measurements as read_measurements  # re-exported: the notebook
+from dsdprof.io.readers import read_provenance as read_provenance  # (notebooks/) imports them
+from dsdprof.io.readers import validate_measurements
 from dsdprof.io.runs import Coverage, Run, open_run
-from dsdprof.io.readers import (read_measurements as read_measurements,  # re-exported: the notebook
-                                read_provenance as read_provenance)  # (notebooks/) imports them
 
 
 @dataclass(frozen=True)

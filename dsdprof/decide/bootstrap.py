@@ -64,10 +64,10 @@ K except where an admissible K removes a rise at no point regret beyond toleranc
 from __future__ import annotations
 
 import math
-from typing import Any
-from functools import lru_cache
-from dataclasses import dataclass, replace
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -12,8 +12,8 @@ drafters do not have this structure and are measured per K.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd

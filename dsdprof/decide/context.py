@@ -25,7 +25,8 @@ from dsdprof.errors import InputError
 from dsdprof.formats.measurements import CONTEXT_COLUMN, STATUS_OK
 from dsdprof.io.checked import CheckedRun, check_run
 from dsdprof.io.runs import Coverage, Run, open_run
-from dsdprof.io.runs import context_slices as context_slices, has_contexts as has_contexts  # re-exported
+from dsdprof.io.runs import context_slices as context_slices  # re-exported
+from dsdprof.io.runs import has_contexts as has_contexts
 
 CONTEXT = CONTEXT_COLUMN.name
 

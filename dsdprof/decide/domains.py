@@ -46,9 +46,9 @@ def drafted_per_step(g: pd.DataFrame, k: int) -> float:
 
 def grid_from_rows(rows: pd.DataFrame, category: str, confidence: float | None = None) -> pd.DataFrame:
     """One category's grid from its measurement rows (ok rows; vanilla or K=0 the baseline)."""
+    from dsdprof.config.defaults import DEFAULT_CONFIDENCE
     from dsdprof.decide.analysis import split_baseline_candidates
     from dsdprof.decide.speedup import speedup_estimate
-    from dsdprof.config.defaults import DEFAULT_CONFIDENCE
     from dsdprof.io.readers import validate_measurements
 
     conf = DEFAULT_CONFIDENCE if confidence is None else confidence

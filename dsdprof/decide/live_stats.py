@@ -17,8 +17,8 @@ Percentiles are linear between order statistics (numpy's default). Pure: plain v
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 def percentile(values: Sequence[float], q: float) -> float:

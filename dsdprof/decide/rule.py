@@ -11,8 +11,8 @@ and :func:`significant_rise` label K*(batch size) dense-like or MoE-like. The in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 

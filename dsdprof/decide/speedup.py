@@ -33,8 +33,13 @@ import numpy as np
 import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
-from dsdprof.decide.bootstrap import (ROBUST_MIN_WAVES, robust_paired, row_blocks, row_samples,
-                                      small_sample_factor)
+from dsdprof.decide.bootstrap import (
+    ROBUST_MIN_WAVES,
+    robust_paired,
+    row_blocks,
+    row_samples,
+    small_sample_factor,
+)
 
 
 def _units(rows: pd.DataFrame) -> tuple[list[Any], list[np.ndarray] | None, list[int]]:

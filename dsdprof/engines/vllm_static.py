@@ -4,5 +4,8 @@
 Re-exports :mod:`dsdprof.plugins.vllm_static`, where the code lives."""
 
 from dsdprof.plugins.vllm_static import (  # noqa: F401 - re-exports
-    StaticAsyncScheduler, StaticScheduler, make_scheduler, scheduler_class_for,
+    StaticAsyncScheduler,
+    StaticScheduler,
+    make_scheduler,
+    scheduler_class_for,
 )

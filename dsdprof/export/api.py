@@ -10,17 +10,22 @@ and the fleet export both call :func:`table_from_source` / :func:`export_documen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
-from collections.abc import Callable
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import (TableError, context_buckets, context_slice, ranges_from_points,
-                                    validate_table)
-from dsdprof.formats.provenance import is_synthetic
+from dsdprof.formats.ktable import (
+    TableError,
+    context_buckets,
+    context_slice,
+    ranges_from_points,
+    validate_table,
+)
 from dsdprof.formats.ktable_types import KTable
+from dsdprof.formats.provenance import is_synthetic
 from dsdprof.io.runs import Run
 
 EXPORT_FORMATS = ("table", "vllm", "vllm-compilation", "trtllm")
@@ -245,8 +250,13 @@ def _engine_document(table: KTable, fmt: str, context: int | None, served: int |
     ``served`` (the whole table when None), from plain data: the caller validates the table last.
     TensorRT-LLM's config is checked against its rules here, after the document is made."""
     from dsdprof.export.context import context_notice, served_view
-    from dsdprof.export.table import (check_vllm_compilation_config, check_vllm_config, vanilla_warning,
-                                      vllm_compilation_config, vllm_config_document)
+    from dsdprof.export.table import (
+        check_vllm_compilation_config,
+        check_vllm_config,
+        vanilla_warning,
+        vllm_compilation_config,
+        vllm_config_document,
+    )
     from dsdprof.export.trtllm import check_trtllm_config, trtllm_config_document
 
     if table.get("contexts"):

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import (SLICE_KEYS as _SLICE_KEYS, context_buckets, context_slice,
-                                    ranges_from_points, validate_table)
+from dsdprof.formats.ktable import SLICE_KEYS as _SLICE_KEYS
+from dsdprof.formats.ktable import context_buckets, context_slice, ranges_from_points, validate_table
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import TABLE_SCHEMA_V3
 

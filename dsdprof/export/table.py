@@ -18,16 +18,23 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime, UTC
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
-from collections.abc import Mapping
 from typing import Any, cast
 
 from dsdprof import __version__
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import (INTERPOLATION, TableError, ranges_from_points, read_table_file,
-                                    validate_num_speculative_tokens, validate_ranges, validate_table)
+from dsdprof.formats.ktable import (
+    INTERPOLATION,
+    TableError,
+    ranges_from_points,
+    read_table_file,
+    validate_num_speculative_tokens,
+    validate_ranges,
+    validate_table,
+)
 from dsdprof.formats.ktable_types import KTable, TableCell
 from dsdprof.formats.versions import TABLE_SCHEMA
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import LAST_RANGE_END, validate_table
+
 # TensorRT-LLM's rules for a written config (the format's home), re-exported for its readers
 from dsdprof.formats.ktable_engines import check_trtllm_config, check_trtllm_schedule  # noqa: F401
 

@@ -19,17 +19,17 @@ from __future__ import annotations
 import json
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.export.api import optional_vllm_config, table_from_source
-from dsdprof.io.runs import open_run
+from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import FLEET_INDEX_SCHEMA
-from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore
+from dsdprof.io.runs import open_run
 
 INDEX_SCHEMA = FLEET_INDEX_SCHEMA
 INDEX_NAME = "index.json"

@@ -14,18 +14,25 @@ run whose spec changed is refused before anything is written.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from typing import Any
-from collections.abc import Callable
 
 from dsdprof.errors import InputError
-from dsdprof.formats.versions import FLEET_RUN_RECORD_SCHEMA
-from dsdprof.fleet.plan import (FleetPlan, FleetSettings, RunPlan, asks_gpus, shard_batch_sizes, shard_spec,
-                                spans_nodes)
+from dsdprof.fleet.plan import (
+    FleetPlan,
+    FleetSettings,
+    RunPlan,
+    asks_gpus,
+    shard_batch_sizes,
+    shard_spec,
+    spans_nodes,
+)
 from dsdprof.fleet.runner import ShardResult, ShardTask, execute_shard
 from dsdprof.fleet.store import FLEET_DIR, FleetStore, run_record_rel, shard_rel
+from dsdprof.formats.versions import FLEET_RUN_RECORD_SCHEMA
 
 RUN_RECORD_SCHEMA = FLEET_RUN_RECORD_SCHEMA
 FLEET_LOCK = f"{FLEET_DIR}/fleet.lock"

@@ -38,8 +38,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
-from dsdprof.errors import InputError
 from dsdprof.config.spec import SweepSpec, parse_spec
+from dsdprof.errors import InputError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 RESERVED_NAMES = ("tables",)

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsdprof.fleet.store import FleetStore, shard_rel
 from dsdprof.config.spec import SweepSpec
+from dsdprof.fleet.store import FleetStore, shard_rel
 
 FAULT_DIR_ENV = "DSDPROF_FLEET_FAULT_DIR"
 PART_PREFIX = "part-"

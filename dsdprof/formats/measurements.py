@@ -6,10 +6,9 @@ Stdlib only at import time; :func:`arrow_schema` imports pyarrow lazily. The ver
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypedDict, cast
-
 
 # Values of the ``mode`` column.
 MODE_VANILLA = "vanilla"  # engine started without any speculative config (the baseline)

@@ -7,10 +7,10 @@ import os
 import signal
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterator
 
 from dsdprof.errors import InputError
 

@@ -20,8 +20,12 @@ from typing import Any
 
 from dsdprof import __version__
 from dsdprof.errors import InputError
-from dsdprof.formats.versions import (MANIFEST_VERSION, MEASUREMENT_SCHEMA_VERSION,
-                                      READABLE_MANIFEST_VERSIONS, SIM_MODEL_VERSION)
+from dsdprof.formats.versions import (
+    MANIFEST_VERSION,
+    MEASUREMENT_SCHEMA_VERSION,
+    READABLE_MANIFEST_VERSIONS,
+    SIM_MODEL_VERSION,
+)
 
 MANIFEST_NAME = "_sweep.json"
 

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.errors import InputError
+from dsdprof.io.atomic import write_bytes_atomic
 
 LOCK_NAME = "_dsdprof.lock"
 HOLDER_NAME = "_dsdprof.holder.json"

@@ -35,20 +35,29 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import asdict
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dsdprof.io.atomic import fsync_dir, signals_held, write_bytes_atomic
 from dsdprof.errors import InputError
+from dsdprof.formats.measurements import (
+    COLUMN_NAMES,
+    CONTEXT_COLUMN,
+    OPTIONAL_COLUMN_NAMES,
+    STATUS_OK,
+    arrow_schema,
+)
+from dsdprof.formats.versions import MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
+from dsdprof.io.atomic import fsync_dir, signals_held, write_bytes_atomic
 from dsdprof.io.manifest import (
-    MANIFEST_NAME, build_manifest, check_same_provenance, check_same_run, measurement_versions,
+    MANIFEST_NAME,
+    build_manifest,
+    check_same_provenance,
+    check_same_run,
+    measurement_versions,
     parse_manifest,
 )
 from dsdprof.io.runlock import LOCK_FILES, LOCK_NAME, RunLock
-from dsdprof.formats.measurements import (COLUMN_NAMES, CONTEXT_COLUMN, OPTIONAL_COLUMN_NAMES, STATUS_OK,
-                                          arrow_schema)
-from dsdprof.formats.versions import MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
 
 SWEEP_META = MANIFEST_NAME
 ATTEMPTS_DIR = "_attempts"

@@ -45,8 +45,17 @@ from dsdprof.decide.chain import CHAIN_METHODS
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODE_DSD, STATUS_OK
 from dsdprof.io.store import provenance_dict
-from dsdprof.jobs.budget_plan import (DEFAULT_MIN_REPEATS, MAX_PASSES, SETTLED, STATUSES, Budget, Ledger,
-                                      batch_status, parse_budget, plan_pass)
+from dsdprof.jobs.budget_plan import (
+    DEFAULT_MIN_REPEATS,
+    MAX_PASSES,
+    SETTLED,
+    STATUSES,
+    Budget,
+    Ledger,
+    batch_status,
+    parse_budget,
+    plan_pass,
+)
 from dsdprof.measure.engine import Cell, Engine, plan_cells
 from dsdprof.measure.runner import SweepSummary
 

@@ -19,7 +19,13 @@ from dsdprof.decide.analysis import analyze
 from dsdprof.errors import InputError
 from dsdprof.io.readers import load_measurements, read_provenance
 from dsdprof.measure.sim.calibrate import (
-    CalibrationTarget, calibrated_hardware, design_for, fit_efficiency, mape, predict, read_sweep_context,
+    CalibrationTarget,
+    calibrated_hardware,
+    design_for,
+    fit_efficiency,
+    mape,
+    predict,
+    read_sweep_context,
 )
 from dsdprof.measure.sim.catalog import derived_draft, resolve_model, shadowed_catalog_name
 from dsdprof.measure.sim.fit import LABELS, fit

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Mapping
 
 from dsdprof.decide.live_stats import request_times, rotated_orders, summarize_requests, summarize_steps
 from dsdprof.errors import InputError
@@ -321,8 +321,12 @@ def run_rollout(table: Mapping[str, Any], spec, out_dir: str | Path, plan: Rollo
     from dsdprof.io.rollouts import write_rollout_rows
     from dsdprof.io.runlock import RunLock
     from dsdprof.io.store import provenance_dict
-    from dsdprof.jobs.validate import (ADAPTIVE_TABLE_FILE, adaptive_max_k, check_validate_spec,
-                                       validation_engine)
+    from dsdprof.jobs.validate import (
+        ADAPTIVE_TABLE_FILE,
+        adaptive_max_k,
+        check_validate_spec,
+        validation_engine,
+    )
 
     check_validate_spec(spec)
     n_max = max(len(plan.lengths), len(plan.serving_lengths))

@@ -32,13 +32,17 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from collections.abc import Sequence
 
 from dsdprof.errors import InputError
-from dsdprof.export.table import (COMPILATION_PROVENANCE, load_table, vllm_compilation_config,
-                                  vllm_speculative_config)
+from dsdprof.export.table import (
+    COMPILATION_PROVENANCE,
+    load_table,
+    vllm_compilation_config,
+    vllm_speculative_config,
+)
 from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME
 
 __all__ = ["PLAIN_CHAT_TEMPLATE", "serve_argv", "server_env", "needs_chat_template", "local_path",

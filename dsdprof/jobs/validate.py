@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from dsdprof.errors import InputError

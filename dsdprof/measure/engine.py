@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
-from collections.abc import Iterator
 
 from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA
 

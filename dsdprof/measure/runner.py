@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
-from collections.abc import Callable, Iterator
 
 from dsdprof import __version__
-from dsdprof.measure.engine import Cell, CellMeasurement, Engine, iter_cells, vanilla_waves
-from dsdprof.formats.measurements import (MODE_DSD, MODE_VANILLA, STATUS_FAILED, STATUS_OK, MeasurementRow,
-                                         empty_row, row_values)
 from dsdprof.config.spec import SweepSpec
+from dsdprof.formats.measurements import (
+    MODE_DSD,
+    MODE_VANILLA,
+    STATUS_FAILED,
+    STATUS_OK,
+    MeasurementRow,
+    empty_row,
+    row_values,
+)
 from dsdprof.io.store import SweepWriter, provenance_dict, utc_now
+from dsdprof.measure.engine import Cell, CellMeasurement, Engine, iter_cells, vanilla_waves
 
 
 @dataclass(frozen=True)

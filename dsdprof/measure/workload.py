@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable
 
 from dsdprof.errors import InputError
-
 
 _REPLY_KEYS = ("completion", "response", "output", "answer")
 

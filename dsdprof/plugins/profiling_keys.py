@@ -10,8 +10,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsdprof.plugins.names import (
-    GATE_ARG, K_EXTRA_ARG, K_SEQ_ARG, MAX_K_SEQ, MIN_ARM, MIN_TOKEN_CHARS, RUN_ARG, RUN_TOKEN_ENV, TRACE_ARG,
-    TRACE_DIR_ENV, WAVE_ARG,
+    GATE_ARG,
+    K_EXTRA_ARG,
+    K_SEQ_ARG,
+    MAX_K_SEQ,
+    MIN_ARM,
+    MIN_TOKEN_CHARS,
+    RUN_ARG,
+    RUN_TOKEN_ENV,
+    TRACE_ARG,
+    TRACE_DIR_ENV,
+    WAVE_ARG,
 )
 
 _TRACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from dsdprof.formats.trace import TraceRecord, encode_flush, step_record
 from dsdprof.plugins.profiling_keys import Profiled
 
-
 _LIVE = object()  # the model runner hands the same req_id_to_index every step: copied
 
 

@@ -73,12 +73,16 @@ from dsdprof.formats.ktable_types import KTable
 from dsdprof.plugins.metrics import MetricsMixin
 from dsdprof.plugins.names import ARM_ENGINE
 from dsdprof.plugins.spec_count import SpecCount
+from dsdprof.plugins.vllm_profiling import (
+    TracingAsyncScheduler,
+    TracingScheduler,
+    _DsdprofMixin,
+    build_for_config,
+    class_for_config,
+)
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import batch_context
 from dsdprof.serve.settings import AdaptiveSettingError, resolve_settings
-from dsdprof.plugins.vllm_profiling import (
-    TracingAsyncScheduler, TracingScheduler, _DsdprofMixin, build_for_config, class_for_config,
-)
 
 logger = init_logger("vllm.dsdprof.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
 _clock = time.perf_counter  # the step clock (a module global: tests drive it)

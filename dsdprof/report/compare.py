@@ -43,7 +43,7 @@ import pandas as pd
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE
 from dsdprof.decide.bootstrap import bootstrap_batch, check_confidence, interval, row_blocks, row_samples
 from dsdprof.errors import InputError
-from dsdprof.formats.measurements import MODES, MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
+from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, MODES, STATUS_OK
 
 DEFAULT_NOISE_FLOOR = 0.05
 K0_NOTE = "K=0 range still runs the drafter (vLLM issue 49548): serve it without speculation"

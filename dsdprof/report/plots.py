@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
-from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.errors import InputError
+from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.io.runs import RUN_KIND_VALIDATE, Run, open_run
 
 # tokens_per_s_per_user: vLLM's name (output tokens/s per user); *_by_context: report.context_plots
@@ -353,7 +353,6 @@ def plot_results(results: str | Path | Run, out_dir: str | Path, tolerance: floa
     figures: dict[str, Any] = {}
     if run.kind == RUN_KIND_VALIDATE:
         from dsdprof.report.compare import compare
-
         from dsdprof.report.vanilla import validate_vanilla
 
         figures["tops_per_user"] = tops_figure(compare(df), prov, validate_vanilla(df, DEFAULT_CONFIDENCE))

@@ -55,17 +55,32 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from pathlib import Path
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from dsdprof.formats.ktable import (TableError, choose_k, ranges_from_points, read_table_file,
-                                    validate_num_speculative_tokens, validate_ranges, validate_table)
+from dsdprof.formats.ktable import (
+    TableError,
+    choose_k,
+    ranges_from_points,
+    read_table_file,
+    validate_num_speculative_tokens,
+    validate_ranges,
+    validate_table,
+)
 from dsdprof.formats.versions import TABLE_SCHEMA_V2, TABLE_SCHEMA_V3
 from dsdprof.serve.profile import ProfiledCell, conditional
 from dsdprof.serve.runtime import build_lookup, lookup_list
-from dsdprof.serve.stats import (Q_FLOOR, AcceptanceStats, StepTimes, _check_fraction, _check_int,
-                                 _check_positive, check_counts, check_seconds)
+from dsdprof.serve.stats import (
+    Q_FLOOR,
+    AcceptanceStats,
+    StepTimes,
+    _check_fraction,
+    _check_int,
+    _check_positive,
+    check_counts,
+    check_seconds,
+)
 
 __all__ = ["AdaptiveKSelector", "PROBE_STEPS"]
 

@@ -47,12 +47,17 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
-from collections.abc import Callable, Sequence
 
-from dsdprof.formats.ktable import (TableError, read_table_file, validate_num_speculative_tokens,
-                                   validate_ranges, validate_table)
+from dsdprof.formats.ktable import (
+    TableError,
+    read_table_file,
+    validate_num_speculative_tokens,
+    validate_ranges,
+    validate_table,
+)
 
 __all__ = ["CONTEXT_DENSE_CAP", "DENSE_CAP", "GROW_CAP", "KSelector", "LIST_MIN", "LOAD_CAP", "TableError",
            "VanillaGap", "batch_context",

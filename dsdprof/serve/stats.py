@@ -58,8 +58,8 @@ time on the machine as it runs now.
 from __future__ import annotations
 
 import math
-from operator import index as _index
 from collections.abc import Sequence
+from operator import index as _index
 from typing import Any, TypeGuard
 
 MAX_DRAFTS_PER_STEP = 1 << 24

@@ -13,7 +13,6 @@ from dsdprof.formats.ktable import validate_table
 from dsdprof.jobs.compare_drafts import PLAN_FILE
 from tests.decide.test_drafts_domains import _grid
 
-
 # code likes long drafts, text short ones at BS 1; at BS 8 both K 1
 CELLS = {"code": {(1, 1): 1.3, (1, 2): 1.6, (1, 3): 1.9, (8, 1): 1.1, (8, 2): 1.0, (8, 3): 0.8},
          "text": {(1, 1): 1.2, (1, 2): 1.1, (1, 3): 0.9, (8, 1): 1.05, (8, 2): 0.9, (8, 3): 0.7}}

@@ -1,7 +1,7 @@
 import pytest
 
-from dsdprof.errors import InputError
 from dsdprof.config.spec import load_spec, parse_spec
+from dsdprof.errors import InputError
 
 GOOD = """
 [engine]

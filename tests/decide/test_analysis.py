@@ -3,8 +3,8 @@ import pandas as pd
 import pytest
 
 from dsdprof.decide.analysis import analyze, choose_k, fixed_k_summary
-from dsdprof.io.readers import load_measurements, validate_measurements
 from dsdprof.errors import InputError
+from dsdprof.io.readers import load_measurements, validate_measurements
 from tests.conftest import make_rows
 
 

@@ -21,8 +21,18 @@ from dsdprof.decide import bootstrap
 from dsdprof.decide.analysis import analyze
 from dsdprof.decide.bootstrap import batch_replicates, bootstrap_batch, huber_factor, interval, robust_paired
 from dsdprof.decide.speedup import speedup_estimate
-from tests.coverage_sets import (BATCH_SIZES, BOUNDARY_BATCH_SIZES, KS, SCENARIOS, VARIATIONS, dataset, score,
-                                 timed_steps, truth_goodput, truth_vanilla)
+from tests.coverage_sets import (
+    BATCH_SIZES,
+    BOUNDARY_BATCH_SIZES,
+    KS,
+    SCENARIOS,
+    VARIATIONS,
+    dataset,
+    score,
+    timed_steps,
+    truth_goodput,
+    truth_vanilla,
+)
 
 SC = {s.name: s for s in (*SCENARIOS, *VARIATIONS)}
 

@@ -7,8 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from dsdprof.decide.domains import (best_k, category_regret, check_weights, mix_table, mixed_grid,
-                                    per_position)
+from dsdprof.decide.domains import best_k, category_regret, check_weights, mix_table, mixed_grid, per_position
 from dsdprof.decide.drafts import draft_memory, rank_drafts, recommend
 from dsdprof.errors import InputError
 from dsdprof.measure.categories import category_counts, parse_mix, split_by_category, toy_category_prompts

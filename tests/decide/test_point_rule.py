@@ -4,7 +4,8 @@ former so that it never calls back into formats (tests/export/test_walk.py)."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsdprof.decide.rule import point_rule
 from dsdprof.formats.ktable import choose_k

@@ -16,10 +16,10 @@ import pytest
 
 from dsdprof.decide.analysis import analyze
 from dsdprof.decide.vanilla import vanilla_records
-from dsdprof.report.vanilla import vanilla_line
 from dsdprof.export.api import format_table
 from dsdprof.export.table import build_table, vanilla_warning
 from dsdprof.formats.ktable import TableError, validate_table
+from dsdprof.report.vanilla import vanilla_line
 from dsdprof.serve.runtime import KSelector, VanillaGap
 
 SIZES = (1, 4, 16, 64, 256)

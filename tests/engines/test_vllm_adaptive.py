@@ -18,11 +18,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsdprof.measure.engine import Cell  # noqa: E402
-from dsdprof.jobs.validate import validation_engine  # noqa: E402
-from dsdprof.formats.measurements import MODE_ADAPTIVE  # noqa: E402
 from dsdprof.config.spec import parse_spec  # noqa: E402
 from dsdprof.formats.ktable import k_for_batch_size  # noqa: E402
+from dsdprof.formats.measurements import MODE_ADAPTIVE  # noqa: E402
+from dsdprof.jobs.validate import validation_engine  # noqa: E402
+from dsdprof.measure.engine import Cell  # noqa: E402
 from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair  # noqa: E402
 
 pytestmark = pytest.mark.vllm

@@ -20,12 +20,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from dsdprof.config.spec import parse_spec  # noqa: E402
 from dsdprof.decide.analysis import analyze  # noqa: E402
 from dsdprof.errors import InputError  # noqa: E402
 from dsdprof.export.api import format_table  # noqa: E402
 from dsdprof.export.table import build_table, check_vllm_compilation_config  # noqa: E402
 from dsdprof.formats.ktable import TableError  # noqa: E402
-from dsdprof.config.spec import parse_spec  # noqa: E402
 from dsdprof.io.store import provenance_dict  # noqa: E402
 from dsdprof.measure.vllm.engine import VllmEngine  # noqa: E402
 from tests.conftest import make_rows  # noqa: E402

@@ -9,13 +9,14 @@ from typer.testing import CliRunner
 
 from dsdprof.cli.app import app
 from dsdprof.errors import InputError
-from dsdprof.runtime import KSelector
-from dsdprof.formats.ktable import TableError
-from dsdprof.formats.ktable import LAST_RANGE_END, ranges_from_points
 from dsdprof.export.trtllm import (
-    check_trtllm_config, check_trtllm_schedule, trtllm_draft_len_schedule,
+    check_trtllm_config,
+    check_trtllm_schedule,
+    trtllm_draft_len_schedule,
     trtllm_speculative_config,
 )
+from dsdprof.formats.ktable import LAST_RANGE_END, TableError, ranges_from_points
+from dsdprof.runtime import KSelector
 
 
 def trtllm_draft_len(schedule, batch_size, max_draft_len):

@@ -19,12 +19,12 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.measure import runner as sweep_mod
 from dsdprof.cli.app import app
 from dsdprof.errors import InputError
 from dsdprof.fleet.orchestrate import ray_task_options, run_fleet, shard_tasks
 from dsdprof.fleet.plan import parse_fleet, shard_batch_sizes
 from dsdprof.fleet.runner import FAULT_DIR_ENV
+from dsdprof.measure import runner as sweep_mod
 from dsdprof.measure.runner import run_sweep
 
 SIM_FLUSH = getattr(sweep_mod, "SIM_FLUSH_ROWS", 0)  # rows the sweep buffers for the analytic engine
@@ -219,9 +219,9 @@ def test_url_out_stages_uploads_and_resumes_on_another_machine(tmp_path):
 
 
 def test_mirror_republishes_rewritten_parts_and_uploads_engine_logs(tmp_path):
+    from dsdprof.config.spec import parse_spec
     from dsdprof.fleet.runner import Mirror, ShardTask, placement_for
     from dsdprof.fleet.store import FleetStore
-    from dsdprof.config.spec import parse_spec
 
     spec = parse_spec(_sim())
     local = FleetStore(str(tmp_path / "out"))

@@ -10,8 +10,7 @@ import typing
 import pytest
 
 from dsdprof.formats import ktable_types
-from dsdprof.formats.measurements import (CONTEXT_COLUMN, MEASUREMENT_COLUMNS, PYTHON_TYPES,
-                                          MeasurementRow)
+from dsdprof.formats.measurements import CONTEXT_COLUMN, MEASUREMENT_COLUMNS, PYTHON_TYPES, MeasurementRow
 from dsdprof.formats.trace import Step, TraceRecord, decode_line, encode_flush, step_record
 
 

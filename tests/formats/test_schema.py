@@ -3,7 +3,15 @@ import json
 import pytest
 
 from dsdprof.formats import ktable
-from dsdprof.formats.ktable import MAX_BATCH_SIZE, MAX_K, TableError, read_table_file, validate_num_speculative_tokens, validate_ranges, validate_table
+from dsdprof.formats.ktable import (
+    MAX_BATCH_SIZE,
+    MAX_K,
+    TableError,
+    read_table_file,
+    validate_num_speculative_tokens,
+    validate_ranges,
+    validate_table,
+)
 from dsdprof.formats.measurements import COLUMN_NAMES, CONTRACT_COLUMNS, arrow_schema, empty_row
 from dsdprof.formats.versions import TABLE_SCHEMA, TABLE_SCHEMA_V1, TABLE_SCHEMA_V2
 

@@ -7,17 +7,22 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import make_rows
-from dsdprof.io import atomic as atomic_mod
-from dsdprof.decide.analysis import analyze
 from dsdprof.cli.app import app
+from dsdprof.decide.analysis import analyze
 from dsdprof.errors import InputError
-from dsdprof.runtime import KSelector
-from dsdprof.formats.ktable import TableError, validate_table
-from dsdprof.formats.versions import TABLE_SCHEMA_V2
 from dsdprof.export.table import build_table, check_vllm_config, load_table, vllm_speculative_config
+from dsdprof.formats.ktable import (
+    LAST_RANGE_END,
+    TableError,
+    k_for_batch_size,
+    ranges_from_points,
+    validate_table,
+)
+from dsdprof.formats.versions import TABLE_SCHEMA_V2
+from dsdprof.io import atomic as atomic_mod
 from dsdprof.io.atomic import write_json_atomic
-from dsdprof.formats.ktable import LAST_RANGE_END, k_for_batch_size, ranges_from_points
+from dsdprof.runtime import KSelector
+from tests.conftest import make_rows
 
 runner = CliRunner()
 

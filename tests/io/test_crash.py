@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import pyarrow.parquet as pq
+import pytest
 
-from dsdprof.measure.engine import plan_cells
+from dsdprof.config.spec import load_spec
 from dsdprof.io.manifest import parse_manifest
 from dsdprof.io.runlock import holder_pid
-from dsdprof.config.spec import load_spec
+from dsdprof.measure.engine import plan_cells
 
 # The largest batch sizes do not fit an 80 GB card at this context (predicted out of memory), so
 # every resume retries (and supersedes) failed cells as well as finishing the rest.

@@ -6,13 +6,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from dsdprof.measure.engine import Cell, CellMeasurement
 from dsdprof.errors import InputError
-from dsdprof.io.manifest import MANIFEST_VERSION, spec_hash
-from dsdprof.io.runlock import HOLDER_NAME
 from dsdprof.formats.measurements import COLUMN_NAMES
 from dsdprof.formats.versions import MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
+from dsdprof.io.manifest import MANIFEST_VERSION, spec_hash
+from dsdprof.io.runlock import HOLDER_NAME
 from dsdprof.io.store import ATTEMPTS_DIR, SWEEP_META, SweepWriter
+from dsdprof.measure.engine import Cell, CellMeasurement
 from dsdprof.measure.runner import measurement_row
 
 PROV = {"engine": "vllm", "engine_version": "x", "model": "m", "draft_model": "d", "method": "draft_model",

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from dsdprof.config.spec import parse_spec
 from dsdprof.errors import InputError
 from dsdprof.jobs.validate import (
-    dsd_llm_kwargs, plan_validation, table_warnings, worker_key,
+    dsd_llm_kwargs,
+    plan_validation,
+    table_warnings,
+    worker_key,
 )
-from dsdprof.config.spec import parse_spec
 
 TABLE = {
     "schema": "dsdprof.ktable/v1", "num_speculative_tokens": 3,

@@ -88,8 +88,8 @@ def test_paired_bootstrap_cancels_drift_every_k_shares():
 
 vllm = pytest.importorskip("vllm")
 
-from dsdprof.plugins import vllm_profiling as vs  # noqa: E402
 from dsdprof.measure.vllm.trace import CellFailure, read_trace, summarize_paired  # noqa: E402
+from dsdprof.plugins import vllm_profiling as vs  # noqa: E402
 from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config  # noqa: E402
 
 TOKEN = "t" * 32  # conftest.RUN_TOKEN: the secret of conftest's run_env fixture

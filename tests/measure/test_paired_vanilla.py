@@ -12,7 +12,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsdprof.measure.engine import Cell, CellMeasurement, MODE_DSD, MODE_VANILLA, plan_cells, vanilla_waves, wave_blocks
+from dsdprof.measure.engine import (
+    MODE_DSD,
+    MODE_VANILLA,
+    Cell,
+    CellMeasurement,
+    plan_cells,
+    vanilla_waves,
+    wave_blocks,
+)
 
 AL = {0: 1.0, 1: 1.8, 2: 2.4}
 ITL = {0: 0.0100, 1: 0.0120, 2: 0.0150}

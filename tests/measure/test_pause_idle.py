@@ -104,9 +104,8 @@ def test_exclusive_pauses_the_other_engines_and_always_resumes_them():
 
 
 def test_every_span_of_a_paired_unit_runs_with_the_idle_engine_paused(tmp_path):
-    from tests.measure.test_paired_vanilla import FakeWorker, Machine, make_engine
-
     from dsdprof.measure.runner import run_sweep
+    from tests.measure.test_paired_vanilla import FakeWorker, Machine, make_engine
 
     machine = Machine()
     spec, eng = make_engine(tmp_path, machine)

@@ -3,9 +3,9 @@
 import pandas as pd
 import pytest
 
-from dsdprof.measure.engine import plan_cells
-from dsdprof.errors import InputError
 from dsdprof.config.spec import parse_spec
+from dsdprof.errors import InputError
+from dsdprof.measure.engine import plan_cells
 from dsdprof.measure.runner import run_sweep
 
 

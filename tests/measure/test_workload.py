@@ -2,10 +2,14 @@ import json
 
 import pytest
 
-from dsdprof.errors import InputError
 from dsdprof.config.spec import WorkloadSpec
+from dsdprof.errors import InputError
 from dsdprof.measure.workload import (
-    build_workload, load_dataset_pairs, ordinary_token_ids, synthetic_pool, wave_indices,
+    build_workload,
+    load_dataset_pairs,
+    ordinary_token_ids,
+    synthetic_pool,
+    wave_indices,
 )
 
 

@@ -10,11 +10,15 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from dsdprof.serve.settings import (
-    ADAPTIVE_CONFIG_KEY, ADAPTIVE_SCHEDULER_QUALNAME, ADAPTIVE_TABLE_ENV, AdaptiveSettingError,
-    adaptive_additional_config, resolve_settings,
-)
 from dsdprof.formats.ktable import ranges_from_points
+from dsdprof.serve.settings import (
+    ADAPTIVE_CONFIG_KEY,
+    ADAPTIVE_SCHEDULER_QUALNAME,
+    ADAPTIVE_TABLE_ENV,
+    AdaptiveSettingError,
+    adaptive_additional_config,
+    resolve_settings,
+)
 
 PROFILED_ACCEPTANCE = (0.99, 0.98, 0.97, 0.96)  # as if the draft were the target
 ITL_FACTOR = {1: (1.0, 1.1, 1.55, 2.0, 2.6), 2: (1.0, 1.1, 1.55, 2.0, 2.6), 4: (1.0, 1.35, 1.9, 2.6, 3.4)}
@@ -511,8 +515,8 @@ def test_validate_adaptive_serves_the_plugin_and_reports_both_regrets(tmp_path):
     from typer.testing import CliRunner
 
     from dsdprof.cli.app import app
-    from dsdprof.report.compare import compare
     from dsdprof.jobs.validate import ADAPTIVE_TABLE_FILE, run_validation
+    from dsdprof.report.compare import compare
 
     FakeWorker.started = []
     spec = _spec(tmp_path)

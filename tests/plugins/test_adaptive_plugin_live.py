@@ -9,8 +9,8 @@ from types import SimpleNamespace as NS
 import pytest
 
 from dsdprof.serve.adaptive import PROBE_STEPS
-from tests.support.simulate import synthetic_table
 from dsdprof.serve.settings import adaptive_additional_config
+from tests.support.simulate import synthetic_table
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
 MAX_BS = 8

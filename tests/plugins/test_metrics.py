@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsdprof.plugins import metrics as pm  # noqa: E402
-from dsdprof.plugins.names import K_EXTRA_ARG, K_SEQ_ARG, RUN_ARG  # noqa: E402
 from dsdprof.plugins import vllm_adaptive as va  # noqa: E402
 from dsdprof.plugins import vllm_static as vs  # noqa: E402
+from dsdprof.plugins.names import K_EXTRA_ARG, K_SEQ_ARG, RUN_ARG  # noqa: E402
 from dsdprof.serve.settings import adaptive_additional_config  # noqa: E402
 from tests.plugins.test_adaptive_plugin import MAX_BS, _hashed_chain, shifted_table  # noqa: E402
 from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config  # noqa: E402

@@ -28,7 +28,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsdprof.measure.vllm.trace import read_trace  # noqa: E402
-from dsdprof.plugins import profiling_records, vllm_profiling as vs  # noqa: E402
+from dsdprof.plugins import profiling_records  # noqa: E402
+from dsdprof.plugins import vllm_profiling as vs
 from dsdprof.plugins.names import K_SEQ_ARG  # noqa: E402
 from tests.vllm_fakes import FakeRunner, drive, make_request, make_scheduler, vllm_config  # noqa: E402
 

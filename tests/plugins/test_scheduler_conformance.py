@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsdprof.plugins import vllm_profiling as vs  # noqa: E402
 from dsdprof.measure.vllm.trace import read_trace, summarize  # noqa: E402
+from dsdprof.plugins import vllm_profiling as vs  # noqa: E402
 from tests.vllm_fakes import EOS, FakeRunner, drive, make_request, make_scheduler, vllm_config  # noqa: E402
 
 TOKEN = "t" * 32

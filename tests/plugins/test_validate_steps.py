@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from dsdprof.plugins.names import ARM_ENGINE, ARM_TABLE
-from tests.measure.test_paired_vanilla import Machine, fake_measurement
 from tests.jobs.test_validate_paired import TABLE, TRUTH, SpanWorker, _spec
+from tests.measure.test_paired_vanilla import Machine, fake_measurement
 
 # ----------------------------------------------------------------------------- plan
 

@@ -9,7 +9,13 @@ import pytest
 
 from dsdprof.errors import InputError
 from dsdprof.report.compare import (
-    K0_NOTE, below_vanilla_ranges, compare, fixed_k_columns, max_regret, regret_exceeds, user_speed,
+    K0_NOTE,
+    below_vanilla_ranges,
+    compare,
+    fixed_k_columns,
+    max_regret,
+    regret_exceeds,
+    user_speed,
 )
 
 

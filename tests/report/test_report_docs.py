@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dsdprof.report.docs import columns_markdown
 from dsdprof.formats.measurements import MEASUREMENT_COLUMNS
+from dsdprof.report.docs import columns_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,10 +12,10 @@ pytest.importorskip("matplotlib")
 
 from dsdprof.decide.analysis import analyze  # noqa: E402
 from dsdprof.errors import InputError  # noqa: E402
-from dsdprof.report import plots  # noqa: E402
-from dsdprof.report.compare import compare  # noqa: E402
 from dsdprof.formats.measurements import empty_row  # noqa: E402
 from dsdprof.io.store import SweepWriter  # noqa: E402
+from dsdprof.report import plots  # noqa: E402
+from dsdprof.report.compare import compare  # noqa: E402
 
 PROV = {"engine": "vllm", "engine_version": "0.32.0", "model": "/tmp/toys/dense/target",
         "draft_model": "/tmp/toys/dense/draft", "method": "draft_model", "hardware": "CPU: Test (2 cores)",

@@ -7,11 +7,10 @@ import sys
 
 import pytest
 
-from dsdprof.serve.adaptive import AdaptiveKSelector
+from dsdprof.formats.ktable import TableError, ranges_from_points
 from dsdprof.runtime import AdaptiveKSelector as ReExported
 from dsdprof.runtime import KSelector
-from dsdprof.formats.ktable import TableError
-from dsdprof.formats.ktable import ranges_from_points
+from dsdprof.serve.adaptive import AdaptiveKSelector
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 KS = range(0, 8)

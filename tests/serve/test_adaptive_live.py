@@ -10,11 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from dsdprof.formats.ktable import ranges_from_points
 from dsdprof.serve.adaptive import PROBE_STEPS, AdaptiveKSelector
 from tests.support.simulate import (
-    Phase, best_fixed, chain_al, first_within, reach_step, served_goodput, simulate, synthetic_table,
+    Phase,
+    best_fixed,
+    chain_al,
+    first_within,
+    reach_step,
+    served_goodput,
+    simulate,
+    synthetic_table,
 )
-from dsdprof.formats.ktable import ranges_from_points
 
 SIZES = (1, 2, 4, 8, 16)
 P0 = (0.8,) * 4

@@ -215,7 +215,10 @@ def test_a_mixed_batch_costs_what_its_mean_context_costs_not_its_max():
     from dsdprof.measure.sim.catalog import MODELS
     from dsdprof.measure.sim.hardware import HARDWARE
     from dsdprof.measure.sim.model import (
-        HwArrays, arch_features, attention_term, step_time,
+        HwArrays,
+        arch_features,
+        attention_term,
+        step_time,
     )
     from dsdprof.serve.runtime import batch_context
 

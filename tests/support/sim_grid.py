@@ -15,10 +15,16 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.hardware import Hardware
 from dsdprof.measure.sim.model import (
-    MEMORY_UTILIZATION, METHOD_OVERHEAD, NO_DRAFT, ArchFeatures, HwArrays, arch_features, memory_bytes, resolve_dtype,
+    MEMORY_UTILIZATION,
+    METHOD_OVERHEAD,
+    NO_DRAFT,
+    ArchFeatures,
+    HwArrays,
+    arch_features,
+    memory_bytes,
+    resolve_dtype,
     step_time,
 )
-
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,12 @@ import numpy as np
 from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.hardware import Efficiency, Hardware
 from dsdprof.measure.sim.model import (
-    METHOD_OVERHEAD, NO_DRAFT, HwArrays, arch_features, resolve_dtype, step_parts,
+    METHOD_OVERHEAD,
+    NO_DRAFT,
+    HwArrays,
+    arch_features,
+    resolve_dtype,
+    step_parts,
 )
 
 _DEFAULT_EFFICIENCY = Efficiency()  # the fitted priors (frozen)

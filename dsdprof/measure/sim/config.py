@@ -36,6 +36,7 @@ from dsdprof.measure.sim.catalog import ModelArch, derived_draft, resolve_model,
 from dsdprof.measure.sim.hardware import Hardware, resolve_hardware, with_efficiency
 from dsdprof.measure.sim.model import resolve_dtype
 
+
 @dataclass(frozen=True)
 class SimSetup:
     """Everything the engine needs, resolved and checked."""

@@ -20,16 +20,20 @@ from typing import Any
 import numpy as np
 
 from dsdprof import __version__
-from dsdprof.measure.engine import Cell, CellMeasurement, Provenance
 from dsdprof.formats.measurements import MODE_DSD, MODE_VANILLA
 from dsdprof.formats.versions import SIM_MODEL_VERSION
+from dsdprof.measure.engine import Cell, CellMeasurement, Provenance
 from dsdprof.measure.sim.acceptance import acceptance_length
 from dsdprof.measure.sim.config import SimSetup, resolve
 from dsdprof.measure.sim.context import decode_context
 from dsdprof.measure.sim.model import (
-    MEMORY_UTILIZATION, NO_DRAFT, HwArrays, arch_features, memory_bytes, step_time,
+    MEMORY_UTILIZATION,
+    NO_DRAFT,
+    HwArrays,
+    arch_features,
+    memory_bytes,
+    step_time,
 )
-
 
 
 class SimEngine:

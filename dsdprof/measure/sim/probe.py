@@ -26,9 +26,9 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
 
 from dsdprof.errors import InputError
 from dsdprof.measure.sim.hardware import Efficiency, Hardware

@@ -25,16 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from dsdprof import __version__
+from dsdprof.errors import InputError
+from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, vanilla_waves, wave_blocks
 from dsdprof.measure.vllm import synthetic
 from dsdprof.measure.vllm.interleave import STEPS_HOLD, run_interleaved, unit_row
-from dsdprof.measure.vllm.resources import memory_plan, resolve_model_offline
+
 # re-exported: callers import these from the engine module
 from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401
+from dsdprof.measure.vllm.resources import memory_plan, resolve_model_offline
 from dsdprof.measure.vllm.trace import CellFailure
 from dsdprof.measure.vllm.worker import PAIRED_HOLD, VARIABLE_DRAFT_METHODS, CellRequest, detect_hardware
-from dsdprof.errors import InputError
-from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.plugins.names import holds_arms
 
 # Words in vLLM's errors when it rejects a dynamic-SD schedule (and only then may auto fall back).

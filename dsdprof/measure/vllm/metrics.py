@@ -19,8 +19,8 @@ batch included), so they are reported beside the trace, not instead of it:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from dsdprof.measure.engine import CellMeasurement

@@ -6,10 +6,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from dsdprof.measure.engine import CellMeasurement
 from dsdprof.measure.vllm.worker import CellRequest, WorkerConfig, worker_main

@@ -15,11 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 # the provenance entry's format (written by acceptance_provenance), re-exported: one home in formats
-from dsdprof.formats.provenance import (ACCEPTANCE_KEY as ACCEPTANCE_KEY,
-                                        SYNTHETIC_PREFIX as SYNTHETIC_PREFIX,
-                                        acceptance_provenance as acceptance_provenance,
-                                        is_synthetic as is_synthetic,
-                                        rates_from_provenance as rates_from_provenance)
+from dsdprof.formats.provenance import ACCEPTANCE_KEY as ACCEPTANCE_KEY
+from dsdprof.formats.provenance import SYNTHETIC_PREFIX as SYNTHETIC_PREFIX
+from dsdprof.formats.provenance import acceptance_provenance as acceptance_provenance
+from dsdprof.formats.provenance import is_synthetic as is_synthetic
+from dsdprof.formats.provenance import rates_from_provenance as rates_from_provenance
 
 # dsdprof.plugins.vllm_synthetic_cpu imports torch and vLLM: named here, imported by vLLM's worker.
 EXTENSION_QUALNAME = "dsdprof.plugins.vllm_synthetic_cpu.SyntheticAcceptanceCPU"

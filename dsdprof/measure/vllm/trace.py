@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, replace
-from pathlib import Path
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from dsdprof.formats.trace import Step, decode_line
 from dsdprof.measure.engine import StepStats

@@ -285,11 +285,11 @@ def worker_main(conn, config: WorkerConfig) -> None:
         pass
     _redirect_output(config.log_path)
     _die_with_parent()
-    from dsdprof.plugins.names import RUN_TOKEN_ENV, TRACE_DIR_ENV
-
     # Inherited by vLLM's engine core (and nothing a client sends can set them): see vllm_scheduler.
     import secrets
     import tempfile
+
+    from dsdprof.plugins.names import RUN_TOKEN_ENV, TRACE_DIR_ENV
 
     run_token = config.run_token or secrets.token_hex(16)
     trace_dir = config.trace_dir or tempfile.mkdtemp(prefix="dsdprof-traces-")

@@ -10,14 +10,14 @@ import pytest
 from typer.testing import CliRunner
 
 from dsdprof.cli.app import app
-from dsdprof.measure.factory import make_engine
-from dsdprof.measure.engine import Cell
+from dsdprof.config.spec import parse_spec
 from dsdprof.errors import InputError
 from dsdprof.jobs.calibrate import holdout
+from dsdprof.measure.engine import Cell
+from dsdprof.measure.factory import make_engine
 from dsdprof.measure.sim.calibrate import CalibrationTarget, design_for, fit_efficiency, predict
 from dsdprof.measure.sim.catalog import MODELS
 from dsdprof.measure.sim.hardware import HARDWARE, Efficiency, load_profile
-from dsdprof.config.spec import parse_spec
 
 runner = CliRunner()
 TRUE = Efficiency(bandwidth=0.72, compute=0.5, step_overhead_s=0.9e-3, draft_step_overhead_s=0.35e-3,

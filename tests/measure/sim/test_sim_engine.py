@@ -8,13 +8,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dsdprof.decide.analysis import analyze
-from dsdprof.io.readers import load_measurements
 from dsdprof.cli.app import app
-from dsdprof.measure.factory import make_engine
-from dsdprof.measure.engine import Cell, Engine
-from dsdprof.errors import InputError
 from dsdprof.config.spec import load_spec, parse_spec
+from dsdprof.decide.analysis import analyze
+from dsdprof.errors import InputError
+from dsdprof.io.readers import load_measurements
+from dsdprof.measure.engine import Cell, Engine
+from dsdprof.measure.factory import make_engine
 from dsdprof.measure.runner import run_sweep
 
 runner = CliRunner()

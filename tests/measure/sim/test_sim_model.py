@@ -10,11 +10,16 @@ import pytest
 from dsdprof.errors import InputError
 from dsdprof.measure.sim import acceptance as acc
 from dsdprof.measure.sim.catalog import MODELS, derived_draft, load_hf_config, resolve_model
-from tests.support.sim_grid import ModelCase, predict_grid
 from dsdprof.measure.sim.hardware import HARDWARE, Efficiency, load_profile, resolve_hardware, write_profile
 from dsdprof.measure.sim.model import (
-    NO_DRAFT, HwArrays, arch_features, distinct_experts, padded, step_time,
+    NO_DRAFT,
+    HwArrays,
+    arch_features,
+    distinct_experts,
+    padded,
+    step_time,
 )
+from tests.support.sim_grid import ModelCase, predict_grid
 
 # published totals (reference.md), billions
 PUBLISHED = {"Llama-3.1-8B": 8.03, "Llama-3.1-70B": 70.6, "Qwen3-8B": 8.19, "Qwen3-30B-A3B": 30.5,
@@ -248,6 +253,7 @@ def test_h20_fa3_decode_attention_matches_sglang():
     QwQ-32B TP 4, BS 64, 12k in / 2k out (sglang#5630). Counting useful rows only (the model before
     this term) gives 17 us and 1.0x."""
     from dataclasses import replace
+
     from dsdprof.measure.sim.model import attention_term
     h20 = HwArrays.of(HARDWARE["H20"])
     assert h20.attention_min_rows == 128 and HwArrays.of(HARDWARE["H100 SXM"]).attention_min_rows == 1
@@ -267,6 +273,7 @@ def test_full_tile_hides_under_kv_reads_off_h20():
     """Why only H20 carries the full tile: on the other catalog GPUs 128 rows (128 FLOP per bf16 KV
     byte) stay below the ridge at the fitted efficiencies, so the attention term would not move."""
     from dataclasses import replace
+
     from dsdprof.measure.sim.model import attention_term
     f = arch_features(MODELS["Llama-3.1-8B"], "bfloat16", 1)
     for name in ("H100 SXM", "H200 SXM", "A100 80GB SXM", "A100 40GB SXM", "MI300X", "B200"):

@@ -8,17 +8,22 @@ import pytest
 from typer.testing import CliRunner
 
 from dsdprof.cli.app import app
-from dsdprof.measure.factory import make_engine
-from dsdprof.measure.engine import Cell
+from dsdprof.config.spec import parse_spec
 from dsdprof.errors import InputError
+from dsdprof.measure.engine import Cell
+from dsdprof.measure.factory import make_engine
 from dsdprof.measure.sim.catalog import MODELS, resolve_model, shadowed_catalog_name
 from dsdprof.measure.sim.hardware import HARDWARE
 from dsdprof.measure.sim.hfconfig import load_hf_config
 from dsdprof.measure.sim.model import (
-    NO_DRAFT, HwArrays, arch_features, memory_bytes, resolve_dtype, step_time,
+    NO_DRAFT,
+    HwArrays,
+    arch_features,
+    memory_bytes,
+    resolve_dtype,
+    step_time,
 )
 from dsdprof.measure.sim.quant import parse_quantization
-from dsdprof.config.spec import parse_spec
 
 runner = CliRunner()
 
@@ -294,10 +299,9 @@ def test_cli_sweep_prints_a_notice_when_a_path_shadows_the_catalog(tmp_path):
 
 
 def test_cli_calibrate_prints_the_shadow_notice(tmp_path):
-    from tests.measure.sim.test_sim_calibrate import CT, synthetic
-
     from dsdprof.measure.sim.calibrate import design_for, predict
     from dsdprof.measure.sim.hardware import Efficiency
+    from tests.measure.sim.test_sim_calibrate import CT, synthetic
 
     d = _model_dir(tmp_path, "Llama-3.1-8B", {**TINY_LLAMA, "torch_dtype": "bfloat16"})
     df = synthetic()

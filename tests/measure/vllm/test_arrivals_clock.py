@@ -15,7 +15,11 @@ pytest.importorskip("vllm")
 
 from dsdprof.measure.vllm.arrivals import own_subtracted, read_records, step_records  # noqa: E402
 from tests.plugins.test_profiler_own_time import (  # noqa: E402,F401  (fixtures)
-    TimedRunner, add_wave, clock, run_env, scheduler,
+    TimedRunner,
+    add_wave,
+    clock,
+    run_env,
+    scheduler,
 )
 from tests.vllm_fakes import drive  # noqa: E402
 

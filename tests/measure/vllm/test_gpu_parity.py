@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from dsdprof.measure.vllm.engine import VllmEngine
-from dsdprof.errors import InputError
 from dsdprof.config.spec import check_workload_for_engine, parse_spec
+from dsdprof.errors import InputError
+from dsdprof.measure.vllm.engine import VllmEngine
 
 
 def _spec(tmp_path, **over):

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsdprof.decide.analysis import analyze_path  # noqa: E402
 from dsdprof.config.spec import parse_spec  # noqa: E402
+from dsdprof.decide.analysis import analyze_path  # noqa: E402
 from dsdprof.measure.runner import run_sweep  # noqa: E402
 
 pytestmark = pytest.mark.vllm

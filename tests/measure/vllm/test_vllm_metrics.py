@@ -5,11 +5,18 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from dsdprof.measure.vllm.trace import Step, summarize
 from dsdprof.measure.vllm.metrics import (
-    ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, ITL, MetricSnapshot, RequestTiming,
-    build_measurement, snapshot_from_metrics,
+    ACCEPTED,
+    ACCEPTED_PER_POS,
+    DRAFT_TOKENS,
+    DRAFTS,
+    ITL,
+    MetricSnapshot,
+    RequestTiming,
+    build_measurement,
+    snapshot_from_metrics,
 )
+from dsdprof.measure.vllm.trace import Step, summarize
 
 
 def _steps():
