@@ -51,7 +51,9 @@ def _by_bs(v0: float, v2: float, v4: float) -> dict[int, dict[int, float]]:
     return {b: {k: t * (1 + 0.03 * (b - 1) * (1 + k) / 5) for k, t in row.items()} for b in SIZES}
 
 
-FAR_TABLE, FAR_TRUE, SPEC = _by_bs(0.015, 0.021, 0.025), _by_bs(0.033, 0.088, 0.140), _by_bs(0.030, 0.036, 0.040)
+FAR_TABLE = _by_bs(0.015, 0.021, 0.025)
+FAR_TRUE = _by_bs(0.033, 0.088, 0.140)
+SPEC = _by_bs(0.030, 0.036, 0.040)
 
 
 BEFORE = "bb4498c"  # the selector before issue 18 (acceptance only), for --before
@@ -66,7 +68,8 @@ class _Before:
 
         src = subprocess.run(["git", "show", f"{BEFORE}:dsdprof/adaptive.py"], capture_output=True, text=True,
                              check=True).stdout
-        # the modules it imported moved in the restructure (dsdprof.schema, dsdprof.table -> dsdprof.formats.ktable)
+        # the modules it imported moved in the restructure (dsdprof.schema, dsdprof.table ->
+        # dsdprof.formats.ktable)
         src = src.replace("from dsdprof.schema import", "from dsdprof.formats.ktable import").replace(
             "from dsdprof.table import", "from dsdprof.formats.ktable import")
         mod = types.ModuleType("adaptive_before")
@@ -93,9 +96,11 @@ def _spread(xs: list) -> str:
     return f"{statistics.median(xs):g} [{min(xs):g}, {max(xs):g}]"
 
 
-def reach(name: str, table: dict, true: dict, accept, seeds: int, steps: int = 4000, before: bool = False) -> None:
+def reach(name: str, table: dict, true: dict, accept, seeds: int, steps: int = 4000,
+          before: bool = False) -> None:
     print(f"\n{name}")
-    print(f"{'BS':>3} {'best':>4} {'table K':>7} {'static/best':>11} {'reach (steps)':>22} {'adaptive/best (2k-4k)':>26}"
+    print(f"{'BS':>3} {'best':>4} {'table K':>7} {'static/best':>11} {'reach (steps)':>22} "
+          f"{'adaptive/best (2k-4k)':>26}"
           + (f" {'before/best (2k-4k)':>20}" if before else ""))
     for b in SIZES:
         k_best, g_best = best_fixed(accept, true[b])
@@ -116,23 +121,27 @@ def reach(name: str, table: dict, true: dict, accept, seeds: int, steps: int = 4
 
 def recovery(seeds: int, before: bool = False) -> None:
     table = synthetic_table(SPEC, P0)
-    print("\nrecovery (correct table; 2000 steps profiled, 4000 at the drop, 20000 back): drafts until within 2 % of best")
-    print(f"{'BS':>3} {'drop to':>7} {'K best':>6} {'leave (drafts)':>22} {'back (drafts)':>22} {'back (steps)':>22}")
+    print("\nrecovery (correct table; 2000 steps profiled, 4000 at the drop, 20000 back): drafts until "
+          "within 2 % of best")
+    print(f"{'BS':>3} {'drop to':>7} {'K best':>6} {'leave (drafts)':>22} {'back (drafts)':>22} "
+          f"{'back (steps)':>22}")
     for b in (1, 4, 16):
         for low in (0.3, 0.1):
             shifted = (low,) * 4
             leave, back, back_steps = [], [], []
             for seed in range(seeds):
                 sel = AdaptiveKSelector(table)
-                res = simulate(sel, b, [Phase(2000, P0), Phase(4000, shifted), Phase(20000, P0)], SPEC[b], seed=seed)
+                res = simulate(sel, b, [Phase(2000, P0), Phase(4000, shifted), Phase(20000, P0)],
+                               SPEC[b], seed=seed)
                 _, s1, s2 = res.phase_start
                 leave.append(first_within(res, shifted, SPEC[b], s1, s2))
                 back.append(first_within(res, P0, SPEC[b], s2, len(res.ks)))
                 back_steps.append(reach_step(res, P0, SPEC[b], s2, len(res.ks)))
-            line = (f"{b:>3} {low:>7} {best_fixed(shifted, SPEC[b])[0]:>6} {_spread(leave):>22} {_spread(back):>22} "
-                    f"{_spread(back_steps):>22}")
+            line = (f"{b:>3} {low:>7} {best_fixed(shifted, SPEC[b])[0]:>6} {_spread(leave):>22} "
+                    f"{_spread(back):>22} {_spread(back_steps):>22}")
             if before:
-                res = simulate(_Before(table), b, [Phase(2000, P0), Phase(4000, shifted), Phase(20000, P0)], SPEC[b])
+                res = simulate(_Before(table), b,
+                               [Phase(2000, P0), Phase(4000, shifted), Phase(20000, P0)], SPEC[b])
                 _, s1, s2 = res.phase_start
                 line += (f"   before: leave {first_within(res, shifted, SPEC[b], s1, s2)}, "
                          f"back {first_within(res, P0, SPEC[b], s2, len(res.ks))} drafts")
@@ -141,7 +150,8 @@ def recovery(seeds: int, before: bool = False) -> None:
 
 def load(seeds: int) -> None:
     table = synthetic_table(SPEC, P0)
-    print("\nload (correct table; 1000 steps, every K x slow for 2000, 2000 back): K changes, median [min, max]")
+    print("\nload (correct table; 1000 steps, every K x slow for 2000, 2000 back): K changes, "
+          "median [min, max]")
     print(f"{'BS':>3} {'quiet':>14} {'1.5x':>14} {'0.67x':>14}")
     for b in SIZES:
         cols = []
@@ -159,16 +169,19 @@ def load(seeds: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--before", action="store_true", help=f"also run the selector of commit {BEFORE} (needs git)")
+    ap.add_argument("--before", action="store_true",
+                    help=f"also run the selector of commit {BEFORE} (needs git)")
     args = ap.parse_args(argv)
     far, before = synthetic_table(FAR_TABLE, P0), args.before
-    reach("far: table 15/21/25 ms, engine 33/88/140 ms, acceptance as profiled", far, FAR_TRUE, P0, args.seeds,
+    reach("far: table 15/21/25 ms, engine 33/88/140 ms, acceptance as profiled", far, FAR_TRUE, P0,
+          args.seeds, before=before)
+    reach("far: the same, acceptance lower (0.55, 0.45, 0.4, 0.35)", far, FAR_TRUE, LOW, args.seeds,
           before=before)
-    reach("far: the same, acceptance lower (0.55, 0.45, 0.4, 0.35)", far, FAR_TRUE, LOW, args.seeds, before=before)
     spec = synthetic_table(SPEC, P0)
     for factor in (2.0, 0.5):
         true = {b: {k: r[0] + factor * (t - r[0]) for k, t in r.items()} for b, r in SPEC.items()}
-        reach(f"{factor:g}x: speculative step time {factor:g}x the table's", spec, true, P0, args.seeds, before=before)
+        reach(f"{factor:g}x: speculative step time {factor:g}x the table's", spec, true, P0, args.seeds,
+              before=before)
     recovery(args.seeds, before)
     load(args.seeds)
     return 0

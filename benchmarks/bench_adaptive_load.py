@@ -55,7 +55,8 @@ class Clients:
         while not self.stop.is_set():
             body = {"model": self.model, "prompt": f"request {i}-{j}: the story of the quick brown fox",
                     "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True}
-            req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
+            req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions",
+                                         data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(req, timeout=300) as resp:
@@ -87,11 +88,13 @@ def watch(log: Path, seconds: float, t0: float, seen: list) -> list:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", type=Path, default=REPO / "tables" / "toy-dense-cpu.json")
-    ap.add_argument("--before", type=float, default=90.0, help="seconds before the hog (the selector settles: probes come every 256 steps)")
+    ap.add_argument("--before", type=float, default=90.0,
+                    help="seconds before the hog (the selector settles: probes come every 256 steps)")
     ap.add_argument("--hog", type=float, default=60.0)
     ap.add_argument("--after", type=float, default=40.0)
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--hogs", type=int, default=2 * (os.cpu_count() or 2), help="busy-loop processes (default: two per core)")
+    ap.add_argument("--hogs", type=int, default=2 * (os.cpu_count() or 2),
+                    help="busy-loop processes (default: two per core)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--option", action="append", default=[], help="an adaptive plugin option KEY=VALUE")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_adaptive_load"))
@@ -122,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
             h.kill()
         stop(proc)
     rates = []
-    print(f"table {args.table.name}, {args.clients} clients x {args.max_tokens} tokens, {args.hogs} hog processes")
+    print(f"table {args.table.name}, {args.clients} clients x {args.max_tokens} tokens, "
+          f"{args.hogs} hog processes")
     print(f"{'phase':>8} {'s':>5} {'requests':>8} {'tokens/s':>9} {'K changes':>9}  K after")
-    for name, lo, hi, before, after in (("before", t0, t1, [], c0), ("hog", t1, t2, c0, c1), ("after", t2, t3, c1, c2)):
+    for name, lo, hi, before, after in (("before", t0, t1, [], c0), ("hog", t1, t2, c0, c1),
+                                        ("after", t2, t3, c1, c2)):
         n, tok = clients.tokens(lo, hi)
         rates.append(tok / (hi - lo))
         new = after[len(before):]
@@ -132,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         for at, ks, why in new:
             print(f"{'':>10}at {at:5.0f} s: K {ks} ({why})")
     slow = rates[0] / rates[1] if rates[1] else float("inf")
-    print(f"slowdown under the hog: {slow:.2f}x" + ("  (< 1.2x: the hog did not load the engine)" if slow < 1.2 else ""))
+    print(f"slowdown under the hog: {slow:.2f}x"
+          + ("  (< 1.2x: the hog did not load the engine)" if slow < 1.2 else ""))
     moved = len(c2) - len(c0)
     print(f"K changes from the hog's start to the end: {moved}")
     return 1 if moved else 0

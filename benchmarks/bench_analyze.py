@@ -35,7 +35,8 @@ def main() -> None:
         res = analyze(df)
         times.append(time.perf_counter() - t0)
     print(f"{len(df)} rows ({df.batch_size.nunique()} BS x {df.num_spec_tokens.nunique()} K + vanilla, "
-          f"{args.repeats} repeats x {args.waves} waves): analyze median {statistics.median(times) * 1e3:.0f} ms, "
+          f"{args.repeats} repeats x {args.waves} waves): analyze median "
+          f"{statistics.median(times) * 1e3:.0f} ms, "
           f"min {min(times) * 1e3:.0f} ms over {args.runs} runs; shape {res.shape}")
 
 

@@ -98,8 +98,8 @@ class Truth:
         from dsdprof.measure.sim.engine import SimEngine
 
         spec = load_spec(SIM_SPEC)
-        spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"batch_sizes": list(batch_sizes),
-                                                                                "num_spec_tokens": list(ks)})})
+        grid = {"batch_sizes": list(batch_sizes), "num_spec_tokens": list(ks)}
+        spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update=grid)})
         eng = SimEngine(spec)
         self.p = list(spec.sim["acceptance_per_pos"])
         self.itl = {(b, k): eng.measure(Cell(0, b, "dsd", k)).itl_s for b in batch_sizes for k in ks}
@@ -206,7 +206,8 @@ class GpuNoiseEngine:
             first_wave = [blocks.index(j) for j in range(w)]  # vanilla wave j shares its block's first drift
             steps = self.output_len
             t = (self.truth.vanilla[b] + self.noise.profiler_s(b)) * np.exp(
-                self._drift(b, cell.repeat)[first_wave] + rng.normal(0.0, self.noise.step_sd / math.sqrt(steps), w))
+                self._drift(b, cell.repeat)[first_wave]
+                + rng.normal(0.0, self.noise.step_sd / math.sqrt(steps), w))
             al, s_al, itl, s_itl, per_pos = 1.0, np.ones(w), float(t.mean()), t.tolist(), []
         else:
             key = (b, cell.repeat, cell.group)
@@ -222,10 +223,12 @@ class GpuNoiseEngine:
             itl_p50_s=itl, itl_p90_s=itl, itl_p99_s=itl, tpot_s=itl / al, tpot_p50_s=itl / al,
             tpot_p90_s=itl / al, tpot_p99_s=itl / al, tokens_per_s_per_user=al / itl,
             tokens_per_s_total=b * al / itl, num_requests=len(s_itl) * b,
-            num_output_tokens=len(s_itl) * b * self.output_len, wall_s=n_steps * itl / max(1, len(cell.group or (k,))),
+            num_output_tokens=len(s_itl) * b * self.output_len,
+            wall_s=n_steps * itl / max(1, len(cell.group or (k,))),
             acceptance_length_own=al, sample_acceptance_length=tuple(float(x) for x in s_al),
             sample_itl_s=tuple(s_itl),
-            sample_block=tuple(range(len(s_itl))) if cell.mode == "vanilla" else tuple(self._blocks(cell.group or (k,))))
+            sample_block=tuple(range(len(s_itl))) if cell.mode == "vanilla"
+            else tuple(self._blocks(cell.group or (k,))))
 
     def close(self) -> None:
         pass
@@ -252,12 +255,13 @@ def one(truth: Truth, noise: Noise, waves: int, seed: int, ks) -> dict:
     vanilla_wrong = [int(b) for b, f in zip(opt["batch_size"], opt["vanilla_faster"])
                      if f and 1.0 / truth.vanilla[int(b)] <= max(g[int(b)].values())]
     decided = int(opt["decided"].sum())
-    wrong = [int(b) for b, k, d in zip(opt["batch_size"], opt["k"], opt["decided"]) if d and int(k) != want[int(b)]]
+    wrong = [int(b) for b, k, d in zip(opt["batch_size"], opt["k"], opt["decided"]) if d
+             and int(k) != want[int(b)]]
     regret = [1.0 - g[int(b)][int(k)] / max(g[int(b)].values()) for b, k in zip(opt["batch_size"], opt["k"])]
     half = ((res.cells.ratio_high - res.cells.ratio_low) / 2)[res.cells.ratio_to_best < 1.0]
     per_bs = {int(b): (int(k), bool(d)) for b, k, d in zip(opt["batch_size"], opt["k"], opt["decided"])}
-    return {"decided": decided, "n": len(opt), "wrong": wrong, "regret": float(np.mean(regret)), "per_bs": per_bs,
-            "vanilla_wrong": vanilla_wrong,
+    return {"decided": decided, "n": len(opt), "wrong": wrong, "regret": float(np.mean(regret)),
+            "per_bs": per_bs, "vanilla_wrong": vanilla_wrong,
             "max_regret": float(np.max(regret)), "half": float(half.median())}
 
 
@@ -282,8 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--waves", default="5,10,20,40")
     ap.add_argument("--datasets", type=int, default=5)
-    ap.add_argument("--no-bias", action="store_true", help="acc-bias, first-step and the profiler's time all 0")
-    ap.add_argument("--pre-fix", action="store_true", help="the biases issue 30 found (hold 2, 1 %% acceptance "
+    ap.add_argument("--no-bias", action="store_true",
+                    help="acc-bias, first-step and the profiler's time all 0")
+    ap.add_argument("--pre-fix", action="store_true",
+                    help="the biases issue 30 found (hold 2, 1 %% acceptance "
                     "bias per K, 0.9 ms profiler at 256 requests)")
     ap.add_argument("--sync", action="store_true", help="sync scheduler: no per-request profiler time")
     ap.add_argument("--acc-bias", type=float, default=Noise.acc_bias)
@@ -295,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     ks = tuple(range(8))
     noise = Noise(step_sd=args.step_sd, drift=args.drift, acc_bias=args.acc_bias, first_step=args.first_step,
-                  profiler_us=args.profiler_us, profiler_us_per_req=0.0 if args.sync else args.profiler_us_per_req)
+                  profiler_us=args.profiler_us,
+                  profiler_us_per_req=0.0 if args.sync else args.profiler_us_per_req)
     if args.no_bias:
         noise = replace(noise, **NO_BIAS)
     if args.pre_fix:

@@ -159,7 +159,8 @@ class Bench:
         w.pause()
 
     def unit(self, cfg: Config, rnd: int, warmup: int) -> tuple[dict, float, float]:
-        """One paired unit of ``cfg``: (measurement per K, DSD engine seconds, partner CPU s while DSD ran)."""
+        """One paired unit of ``cfg``: (measurement per K, DSD engine seconds, partner CPU s while DSD
+        ran)."""
         from dsdprof.measure.engine import Cell
 
         cell = Cell(rnd, self.bs, "dsd", max(self.ks), group=self.ks)
@@ -175,7 +176,8 @@ class Bench:
         van = replace(van, warmup=warmup, trace_name=f"vanilla-{cfg.name}-r{rnd}")
         dkey = f"dsd-{cfg.env}"
         workers = {"dsd": self.pool.get(dkey), "vanilla": self.pool.get("vanilla")}
-        spans = {"dsd": [(r.start, r.stop) for r in blocks], "vanilla": [(j, j + 1) for j in range(len(blocks))]}
+        spans = {"dsd": [(r.start, r.stop) for r in blocks],
+                 "vanilla": [(j, j + 1) for j in range(len(blocks))]}
         reqs = {"dsd": dsd, "vanilla": van}
         result, dsd_s, partner_s = None, 0.0, 0.0
         for j in range(len(blocks)):
@@ -224,7 +226,7 @@ def summarize(cfg: Config, rows: list[dict], pure: dict[int, list[tuple[int, flo
     half = float(((others["ratio_high"] - others["ratio_low"]) / 2).median())
     within, between = wave_split(pure)
     cv, rcv, n = [], [], []
-    for k, xs in pure.items():
+    for xs in pure.values():
         t = np.array([x for _, x in xs])
         n.append(t.size)
         if t.size >= 3:
@@ -245,11 +247,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", type=Path, default=ROOT / "sweeps" / "toy-dense-cpu.toml")
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--waves", type=int, default=10, help="measured DSD waves per unit (vanilla: one K's share)")
+    ap.add_argument("--waves", type=int, default=10,
+                    help="measured DSD waves per unit (vanilla: one K's share)")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--configs", default="auto:live:2,auto:paused:2,nobind1:paused:2,bind01:paused:2,auto:paused:4")
+    ap.add_argument("--configs",
+                    default="auto:live:2,auto:paused:2,nobind1:paused:2,bind01:paused:2,auto:paused:4")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--budget-s", type=float, default=780, help="stop starting rounds after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=780,
+                    help="stop starting rounds after this many seconds")
     args = ap.parse_args(argv)
     from dsdprof.io.store import provenance_dict
     from dsdprof.measure.engine import Cell
@@ -290,8 +295,8 @@ def main(argv=None) -> int:
                 for k, xs in pure_step_times(args.out / "_traces" / f"{cfg.name}-r{rnd}.jsonl",
                                              bench.bs, bench.ks).items():
                     pure[cfg.name][k].extend((rnd * 1000 + w, x) for w, x in xs)
-                print(f"round {rnd} {cfg.name}: {time.perf_counter() - t:.0f} s, partner CPU {partner_s:.2f} s "
-                      f"in {dsd_s:.0f} s", flush=True)
+                print(f"round {rnd} {cfg.name}: {time.perf_counter() - t:.0f} s, partner CPU "
+                      f"{partner_s:.2f} s in {dsd_s:.0f} s", flush=True)
             pd.DataFrame([r for rs in rows.values() for r in rs]).to_parquet(args.out / "rows.parquet")
     finally:
         bench.pool.close()
@@ -299,7 +304,8 @@ def main(argv=None) -> int:
                for c in configs if rows[c.name]]
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\nBS {bench.bs}, {args.waves} waves per unit, total {time.perf_counter() - t_start:.0f} s")
-    print("| config | CV pure steps (mean over K) | robust CV | within-wave sd | wave-mean sd | pure steps / K / wave "
+    print("| config | CV pure steps (mean over K) | robust CV | within-wave sd | wave-mean sd | pure "
+          "steps / K / wave "
           "| per DSD s | median step ms | half-width vs best | K* (decided) | partner CPU share |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in results:

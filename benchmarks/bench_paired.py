@@ -56,12 +56,14 @@ def summary(name: str, df: pd.DataFrame) -> dict:
     opt = res.optimal
     out = {"design": name, "engine_s": float(df["wall_s"].sum()), "median_half_width": float(half),
            "decided": f"{int(opt['decided'].sum())} of {len(opt)}",
-           "k": ", ".join(f"{int(b)}:{int(k)}{'' if d else '?'}" for b, k, d in zip(opt.batch_size, opt.k, opt.decided)),
+           "k": ", ".join(f"{int(b)}:{int(k)}{'' if d else '?'}"
+                          for b, k, d in zip(opt.batch_size, opt.k, opt.decided)),
            "shape": res.shape}
     print(f"\n{name}: engine {out['engine_s']:.0f} s, median half-width of goodput / best K {half:.2%}, "
           f"decided {out['decided']} (K* per BS, ? = undecided: {out['k']}), shape {res.shape}")
     for r in opt.itertuples():
-        print(f"  BS {r.batch_size}: K={r.k} margin {r.margin:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] vs K={r.runner_up}")
+        print(f"  BS {r.batch_size}: K={r.k} margin {r.margin:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] vs "
+              f"K={r.runner_up}")
     return out
 
 
@@ -71,12 +73,15 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", default="1,4,16")
     ap.add_argument("--cell-waves", type=int, default=4)
     ap.add_argument("--paired-waves", type=int, default=0, help="default: number of Ks x cell waves")
-    ap.add_argument("--out", type=Path, default=None, help="write <out>-cells.parquet and <out>-paired.parquet")
-    ap.add_argument("--report", type=Path, default=None, help="only report on <report>-{cells,paired}.parquet")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write <out>-cells.parquet and <out>-paired.parquet")
+    ap.add_argument("--report", type=Path, default=None,
+                    help="only report on <report>-{cells,paired}.parquet")
     args = ap.parse_args(argv)
     if args.report is not None:
         frames = {d: pd.read_parquet(f"{args.report}-{d}.parquet") for d in ("cells", "paired")}
-        report(frames, sorted(set(frames["paired"]["batch_size"])), sorted(set(frames["paired"]["num_spec_tokens"])))
+        report(frames, sorted(set(frames["paired"]["batch_size"])),
+               sorted(set(frames["paired"]["num_spec_tokens"])))
         return 0
     from dsdprof.measure.vllm.engine import VllmEngine
 
@@ -121,7 +126,8 @@ def _write(out, rows) -> None:
 
 def report(frames: dict, bs, ks) -> None:
     """The comparison, from the two designs' rows (also: ``--report OUT`` on written files)."""
-    bs = [b for b in bs if (frames["paired"]["batch_size"] == b).any() and (frames["cells"]["batch_size"] == b).any()]
+    bs = [b for b in bs if (frames["paired"]["batch_size"] == b).any()
+          and (frames["cells"]["batch_size"] == b).any()]
     frames = {d: df[df["batch_size"].isin(bs)] for d, df in frames.items()}
     summary("cells", frames["cells"])
     summary("paired", frames["paired"])
@@ -134,9 +140,10 @@ def report(frames: dict, bs, ks) -> None:
             p = frames["paired"].query("batch_size == @b and num_spec_tokens == @k").iloc[0]
             c = frames["cells"].query("batch_size == @b and num_spec_tokens == @k").iloc[0]
             itl = _ratio_ci(np.asarray(p.sample_itl_s), np.asarray(c.sample_itl_s), rng)
-            al = _ratio_ci(np.asarray(p.sample_acceptance_length), np.asarray(c.sample_acceptance_length), rng)
-            print(f"| {b} | {k} | {itl[0]:.3f} [{itl[1]:.3f}, {itl[2]:.3f}] | {al[0]:.3f} [{al[1]:.3f}, {al[2]:.3f}] "
-                  f"| {int(p.steady_steps)} | {int(c.steady_steps)} |")
+            al = _ratio_ci(np.asarray(p.sample_acceptance_length),
+                           np.asarray(c.sample_acceptance_length), rng)
+            print(f"| {b} | {k} | {itl[0]:.3f} [{itl[1]:.3f}, {itl[2]:.3f}] | {al[0]:.3f} "
+                  f"[{al[1]:.3f}, {al[2]:.3f}] | {int(p.steady_steps)} | {int(c.steady_steps)} |")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,10 @@ Re-summarizes every paired group of a sweep run (``<run>/_traces/dsd-bs<B>-paire
 three ways -- each K's tokens per request-step from the steps that verified that K (schema v4/v5),
 pooled by draft position over every step of the group (v6, ``trace.pool_acceptance``), and replayed
 as a server held at K over every request's match sequence (the default since 2026-12-03,
-``measure/vllm/replay.py``) -- puts each into the run's rows (step times, vanilla rows and everything else unchanged) and runs dsdprof's
-``analyze`` on both: per batch size the K*, whether it is decided, the runner-up margin, the median
-90 % half-width of goodput vs the best K; and the same with acceptance held at its point (step time
-alone: the floor pooling can reach).
+``measure/vllm/replay.py``) -- puts each into the run's rows (step times, vanilla rows and everything else
+unchanged) and runs dsdprof's ``analyze`` on both: per batch size the K*, whether it is decided, the runner-up
+margin, the median 90 % half-width of goodput vs the best K; and the same with acceptance held at its point
+(step time alone: the floor pooling can reach).
 
     python benchmarks/bench_pooled_acceptance.py runs/toy-dense-cpu
     python benchmarks/bench_pooled_acceptance.py runs/moe-pooled --repeats 0   # only repeat 0
@@ -88,15 +88,17 @@ def synthetic(requests: int = 1000, out_len: int = 200, ks: tuple = (0, 1, 2, 3,
         return recs
 
     seq = [k for k in ks for _ in range(hold)]
-    print(f"{requests} requests x {out_len} tokens, Ks {ks}, hold {hold}; AL(K) error vs a fixed-K run of the same text")
+    print(f"{requests} requests x {out_len} tokens, Ks {ks}, hold {hold}; AL(K) error vs a fixed-K run "
+          "of the same text")
     for easy, hard, switch, decay in SYNTHETIC:
         rng = np.random.default_rng(0)
-        records, tokens, steps, pool, corr = [], np.zeros(len(ks)), np.zeros(len(ks)), np.zeros((2, max(ks))), []
+        records, corr = [], []
+        tokens, steps, pool = np.zeros(len(ks)), np.zeros(len(ks)), np.zeros((2, max(ks)))
         for r in range(requests):
             state = (np.cumsum(rng.random(out_len + 40) < switch) + (rng.random() < 0.5)) % 2
             rate, u = np.where(state == 0, easy, hard), rng.random(out_len + 40)
 
-            def accept(t, k, rate=rate, u=u):
+            def accept(t, k, rate=rate, u=u, decay=decay):
                 a = 0
                 while a < k and u[t + a] < rate[t + a] * decay ** a:
                     a += 1
@@ -111,7 +113,8 @@ def synthetic(requests: int = 1000, out_len: int = 200, ks: tuple = (0, 1, 2, 3,
                 steps[i] += len(fixed)
                 if k == max(ks):
                     corr.append(np.array([a for _, a, _ in fixed], dtype=float))
-        reqs = request_matches(records, {f"r{r}": out_len for r in range(requests)}, {f"r{r}": 0 for r in range(requests)})
+        reqs = request_matches(records, {f"r{r}": out_len for r in range(requests)},
+                               {f"r{r}": 0 for r in range(requests)})
         rep = replay_acceptance(reqs, ks, {0: 0})
         lag = np.corrcoef(np.concatenate([c[:-1] for c in corr]), np.concatenate([c[1:] for c in corr]))[0, 1]
         cells = []
@@ -126,7 +129,8 @@ def synthetic(requests: int = 1000, out_len: int = 200, ks: tuple = (0, 1, 2, 3,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", type=Path, nargs="?", help="a sweep run directory of the paired design (with _traces)")
+    ap.add_argument("run", type=Path, nargs="?",
+                    help="a sweep run directory of the paired design (with _traces)")
     ap.add_argument("--repeats", help="only these repeats, e.g. 0 or 0,1 (default: all)")
     ap.add_argument("--synthetic", action="store_true", help="replay and pooling against a known truth")
     args = ap.parse_args(argv)
@@ -137,22 +141,27 @@ def main(argv: list[str] | None = None) -> int:
     repeats = {int(x) for x in args.repeats.split(",")} if args.repeats else None
     print(f"{args.run}: {len(rows)} rows; half-width = median over the non-best Ks of a batch size of the "
           f"90 % half-width of goodput / best K; 'median' = median over batch sizes")
-    results = {how: summary(rows_with(rows, args.run, how, repeats)) for how in ("own", "pooled", "replay", "fixed")}
+    results = {how: summary(rows_with(rows, args.run, how, repeats))
+               for how in ("own", "pooled", "replay", "fixed")}
     head = (f"{'acceptance':<10} {'analyze':<8} {'median':>7} {'decided':>8}  shape        "
             "per BS: K* (decided ?), half-width")
     print(head)
     for how, s in results.items():
         opt = s["opt"]
-        cells = "  ".join(f"{int(r.batch_size)}:{int(r.k)}{'' if r.decided else '?'} {s['per_bs'][int(r.batch_size)]:.1%}"
+        cells = "  ".join(f"{int(r.batch_size)}:{int(r.k)}{'' if r.decided else '?'} "
+                          f"{s['per_bs'][int(r.batch_size)]:.1%}"
                           for r in opt.itertuples())
-        print(f"{how:<10} {s['used']:<8} {s['half']:>7.2%} {int(opt['decided'].sum()):>3} of {len(opt):<2}  {s['shape']:<12} {cells}")
+        print(f"{how:<10} {s['used']:<8} {s['half']:>7.2%} {int(opt['decided'].sum()):>3} of {len(opt):<2}  "
+              f"{s['shape']:<12} {cells}")
     print("(own: each K's own steps, as v4/v5 rows; pooled: by draft position over the group (v6); replay: "
-          "a server held at K, what dsdprof writes; fixed: replayed point with no acceptance noise, step time alone. analyze: 'chain' when "
+          "a server held at K, what dsdprof writes; fixed: replayed point with no acceptance noise, step "
+          "time alone. analyze: 'chain' when "
           "analyze's default (acceptance auto) replaced each K's AL by the largest K's per-position chain)")
     for how in ("own", "pooled", "replay"):
         print(f"\n{how}: margins vs runner-up [90 %]")
         for r in results[how]["opt"].itertuples():
-            print(f"  BS {int(r.batch_size):>3}: K={int(r.k)} {r.margin:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] vs K={r.runner_up}")
+            print(f"  BS {int(r.batch_size):>3}: K={int(r.k)} {r.margin:.3f} [{r.ci_low:.3f}, "
+                  f"{r.ci_high:.3f}] vs K={r.runner_up}")
     return 0
 
 

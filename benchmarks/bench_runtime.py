@@ -8,13 +8,15 @@ Every lookup is timed inside the same list comprehension over the same batch siz
 comprehension's own cost (iterating and storing; for two-argument calls, iterating over the
 (batch size, context) pairs and unpacking them) is subtracted, so the numbers are the lookup
 alone. The candidates are timed in many short interleaved rounds and the best round of each is
-kept, so a busy machine slows all of them alike and the quiet moments are what is reported. ``select`` is a call; the floor for a call is ``list.__getitem__`` bound and stored on an
-object (the cheapest callable that indexes a list, called the same way as ``sel.select(b)``),
-printed next to the inline ``lookup[b]`` (which no function call can approach in CPython).
+kept, so a busy machine slows all of them alike and the quiet moments are what is reported. ``select`` is a
+call; the floor for a call is ``list.__getitem__`` bound and stored on an object (the cheapest callable that
+indexes a list, called the same way as ``sel.select(b)``), printed next to the inline ``lookup[b]`` (which no
+function call can approach in CPython).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import statistics
@@ -40,7 +42,8 @@ def _per_call(fns: dict, sizes: list, pairs: list | None = None, rounds: int = R
     """Best-of-``rounds`` seconds per lookup for each comprehension in ``fns``, loop cost removed
     (``fns[name](sizes)``; names ending in ``ctx`` are called on ``pairs`` and the pair loop with
     unpacking is removed instead). The candidates are timed in interleaved short rounds, in a new
-    random order each round, so a busy machine slows all of them alike. With ``paired`` (a name in ``fns``), each value is instead the
+    random order each round, so a busy machine slows all of them alike. With ``paired`` (a name in ``fns``),
+    each value is instead the
     **median over rounds of the ratio** to that candidate timed in the same round (milliseconds
     apart): a load spike that hits one round moves both sides of its ratio."""
     pairs = pairs or [(b, 1) for b in sizes]
@@ -51,7 +54,7 @@ def _per_call(fns: dict, sizes: list, pairs: list | None = None, rounds: int = R
         rng.shuffle(order)  # a new order each round: no candidate keeps the slot a periodic load hits
         for name in order:
             arg = pairs if name.endswith("ctx") or name == "(pairs)" else sizes
-            per_round[name].append(timeit.timeit(lambda: fns[name](arg), number=reps))
+            per_round[name].append(timeit.timeit(functools.partial(fns[name], arg), number=reps))
     loop, pair_loop, n = min(per_round.pop("(loop)")), min(per_round.pop("(pairs)")), reps * len(sizes)
 
     def alone(name: str, t: float) -> float:
@@ -59,7 +62,8 @@ def _per_call(fns: dict, sizes: list, pairs: list | None = None, rounds: int = R
     if paired is None:
         return {name: alone(name, min(ts)) for name, ts in per_round.items()}
     ref = [alone(paired, t) for t in per_round[paired]]
-    return {name: statistics.median(alone(name, t) / r for t, r in zip(ts, ref)) for name, ts in per_round.items()}
+    return {name: statistics.median(alone(name, t) / r for t, r in zip(ts, ref))
+            for name, ts in per_round.items()}
 
 
 def _verdict(ratio: float) -> str:
@@ -85,10 +89,12 @@ def _v2_table() -> dict:
 
 def _table_1449() -> dict:
     """Profiled at powers of two up to 2048: the last range starts at isqrt(1024 * 2048) + 1 = 1449."""
-    pts = [(1, 4), (2, 3), (4, 3), (8, 2), (16, 2), (32, 1), (64, 1), (128, 1), (256, 0), (512, 0), (1024, 1), (2048, 0)]
+    pts = [(1, 4), (2, 3), (4, 3), (8, 2), (16, 2), (32, 1), (64, 1), (128, 1), (256, 0), (512, 0),
+           (1024, 1), (2048, 0)]
     return {"schema": "dsdprof.ktable/v2", "num_speculative_tokens": 4, "ranges": ranges_from_points(pts),
             "points": [{"batch_size": b, "k": k} for b, k in pts],
-            "cells": [{"batch_size": b, "k": k, "itl_s": 0.01 + 1e-5 * b, "acceptance_length": 1 + 0.6 * k} for b, k in pts]}
+            "cells": [{"batch_size": b, "k": k, "itl_s": 0.01 + 1e-5 * b, "acceptance_length": 1 + 0.6 * k}
+                      for b, k in pts]}
 
 
 def _v3(doc: dict, tops: tuple = (4096, 45_000, 1 << 24)) -> dict:
@@ -136,7 +142,8 @@ def bench_select_tables(rounds: int = 80) -> list[float]:
     print("select(b) per call on each table, next to the call floor (a bound list.__getitem__) over the same")
     print("batch sizes: median over rounds of the ratio to the floor timed in the same round (goal <= 1.5x;")
     print("select(b, ctx) shown, not covered by the goal); floor ns: best of rounds")
-    print(f"  {'table':30s} {'batch sizes':20s} {'floor ns':>8s}  {'v2 select':>9s}  {'v3 select':>9s}  {'for_ctx':>9s}  {'(b, ctx)':>9s}")
+    print(f"  {'table':30s} {'batch sizes':20s} {'floor ns':>8s}  {'v2 select':>9s}  {'v3 select':>9s}  "
+          f"{'for_ctx':>9s}  {'(b, ctx)':>9s}")
     for name, doc in _tables().items():
         top = _max_bs(doc)
         sel, sel3 = KSelector.from_dict(doc), KSelector.from_dict(_v3(doc))
@@ -146,11 +153,11 @@ def bench_select_tables(rounds: int = 80) -> list[float]:
             for b, c in pairs:  # warm: a batch size past the list grows it once (as in serving)
                 sel.select(b), sel3.select(b), sel3.select(b, c), sel3.for_context(c).select(b)
             floor, one = _floor(hi), sel3.for_context(30000)
-            fns = {"get": lambda xs: [floor.getitem(b) for b in xs],
-                   "v2": lambda xs: [sel.select(b) for b in xs],
-                   "v3": lambda xs: [sel3.select(b) for b in xs],
-                   "for": lambda xs: [one.select(b) for b in xs],
-                   "v3ctx": lambda xs: [sel3.select(b, c) for b, c in xs]}
+            fns = {"get": lambda xs, floor=floor: [floor.getitem(b) for b in xs],
+                   "v2": lambda xs, sel=sel: [sel.select(b) for b in xs],
+                   "v3": lambda xs, sel3=sel3: [sel3.select(b) for b in xs],
+                   "for": lambda xs, one=one: [one.select(b) for b in xs],
+                   "v3ctx": lambda xs, sel3=sel3: [sel3.select(b, c) for b, c in xs]}
             t = _per_call(fns, sizes, pairs, rounds=rounds)  # best of rounds: the ns column
             ratio = _per_call(fns, sizes, pairs, rounds=rounds, paired="get")  # median of same-round ratios
             r = [ratio[k] for k in ("v2", "v3", "for", "v3ctx")]
@@ -188,9 +195,12 @@ def bench_select() -> None:
     print(f"  def f(b): return lookup[b]                   : {t['py'] * ns:6.1f} ns")
     print(f"  KSelector.select(b)                          : {t['sel'] * ns:6.1f} ns   "
           f"= {t['sel'] / t_get:.2f}x the call floor (goal <= 1.5x: {_verdict(t['sel'] / t_get)})")
-    print(f"  AdaptiveKSelector.select(b)                  : {t['ada'] * ns:6.1f} ns   = {t['ada'] / t_get:.2f}x the call floor")
-    print(f"  KSelector.select(10**6) (grown list)         : {t['tail'] * ns:6.1f} ns   = {t['tail'] / t_get:.2f}x")
-    print(f"  KSelector.select(0)                          : {t['neg'] * ns:6.1f} ns   = {t['neg'] / t_get:.2f}x")
+    print(f"  AdaptiveKSelector.select(b)                  : {t['ada'] * ns:6.1f} ns   = "
+          f"{t['ada'] / t_get:.2f}x the call floor")
+    print(f"  KSelector.select(10**6) (grown list)         : {t['tail'] * ns:6.1f} ns   = "
+          f"{t['tail'] / t_get:.2f}x")
+    print(f"  KSelector.select(0)                          : {t['neg'] * ns:6.1f} ns   = "
+          f"{t['neg'] / t_get:.2f}x")
     print(f"  KSelector.select(10**7) (past GROW_CAP: slow): {t['past'] * ns:6.1f} ns")
 
 

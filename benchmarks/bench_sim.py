@@ -29,7 +29,8 @@ KS = [0, 1, 2, 3, 4, 5, 6, 7]
 
 def grid_inputs():
     hws = list(HARDWARE.values())
-    hws += [replace(hws[0], name="H100 SXM (slow host)", efficiency=replace(hws[0].efficiency, step_overhead_s=2e-3)),
+    hws += [replace(hws[0], name="H100 SXM (slow host)",
+                    efficiency=replace(hws[0].efficiency, step_overhead_s=2e-3)),
             replace(hws[1], name="H200 SXM (fp8 off)", fp8_tflops=0.0)]
     cases = [ModelCase(MODELS[t], derived_draft(MODELS[t], "eagle3"), tuple(geometric(0.75, 7)), "auto",
                        8 if t in ("DeepSeek-V3", "Qwen3-235B-A22B") else 1) for t in TARGETS]
@@ -47,7 +48,8 @@ def main() -> None:
     for _ in range(args.repeats):
         res = predict_grid(hws, cases, BATCH_SIZES, KS)
     dt = (time.perf_counter() - t0) / args.repeats
-    print(f"grid {len(hws)} hardware x {len(cases)} models x {len(BATCH_SIZES)} BS x {len(KS)} K = {cells} cells")
+    print(f"grid {len(hws)} hardware x {len(cases)} models x {len(BATCH_SIZES)} BS x {len(KS)} K "
+          f"= {cells} cells")
     print(f"vectorised predict_grid (step time, AL, memory check, optimal K): {dt * 1e3:.2f} ms/grid, "
           f"{cells / dt:,.0f} cells/s")
 

@@ -26,7 +26,8 @@ def spec(batch_sizes: list[int]):
     return parse_spec({
         "engine": {"name": "sim", "model": "Llama-3.1-8B", "draft_model": "EAGLE3-Llama-3.1-8B",
                    "method": "eagle3", "dtype": "bfloat16", "max_model_len": 4096},
-        "sweep": {"batch_sizes": batch_sizes, "num_spec_tokens": list(range(9)), "waves": 20, "output_len": 256},
+        "sweep": {"batch_sizes": batch_sizes, "num_spec_tokens": list(range(9)), "waves": 20,
+                  "output_len": 256},
         "workload": {"input_len": 896},
         "sim": {"hardware": "H200 SXM", "acceptance_alpha": 0.8},
     })

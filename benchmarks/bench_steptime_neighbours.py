@@ -68,7 +68,8 @@ def adjusted_durations(index, waves, durations, cells) -> tuple[list[float], flo
     resid = y - one_hot @ (cell_mean @ y)
     pairs = left >= 0
     a, b = resid[pairs], resid[left[pairs]]
-    rho = min(max(float((a * b).sum() / math.sqrt((a * a).sum() * (b * b).sum())), 0.0), 0.9) if pairs.sum() > 8 else 0.0
+    rho = min(max(float((a * b).sum() / math.sqrt((a * a).sum() * (b * b).sum())), 0.0),
+              0.9) if pairs.sum() > 8 else 0.0
     if rho == 0.0:
         return list(durations), 0.0
     both = (left >= 0) & (right >= 0)
@@ -129,8 +130,8 @@ def synthetic_trace(seed: int, rho: float, sd: float = 0.07, drift: float = 0.07
             nxt = seq[j % len(seq)]
             u = rho * u + math.sqrt(1 - rho * rho) * rng.normal(0.0, sd)
             t += (BASE + V * prev + D * nxt) * math.exp(level + u)
-            out.append(Step(w, t, batch_size, batch_size, 0, 0, (prev,) * batch_size, (prev + 1,) * batch_size,
-                            {}, accepted=(prev,) * batch_size, k_next=nxt))
+            out.append(Step(w, t, batch_size, batch_size, 0, 0, (prev,) * batch_size,
+                            (prev + 1,) * batch_size, {}, accepted=(prev,) * batch_size, k_next=nxt))
             prev = nxt
     return out
 
@@ -148,7 +149,8 @@ def synthetic(rho: float, traces: int) -> None:
             block_se.append((s - s[0]).std(axis=1, ddof=1) / math.sqrt(s.shape[1]))
             rows = pd.DataFrame([{"mode": "dsd", "design": "paired", "batch_size": 2, "num_spec_tokens": k,
                                   "repeat": 0, "status": "ok", "acceptance_length": t.acceptance_length,
-                                  "itl_s": t.itl_s, "sample_acceptance_length": list(t.sample_acceptance_length),
+                                  "itl_s": t.itl_s,
+                                  "sample_acceptance_length": list(t.sample_acceptance_length),
                                   "sample_itl_s": list(t.sample_itl_s)} for k, t in by_k.items()])
             cells = analyze(rows, acceptance="measured").cells
             best = int(cells.loc[cells.ratio_to_best.idxmax(), "num_spec_tokens"])
@@ -159,7 +161,8 @@ def synthetic(rho: float, traces: int) -> None:
         err, block_se = np.array(err)[:, 1:], np.array(block_se)[:, 1:]
         print(f"  {'adjusted' if adjust else 'plain   '}  bias {np.abs(err.mean(0)).max():.2%} (largest K)  "
               f"true sd {err.std(0).mean():.2%}  blocks' se {block_se.mean():.2%}  "
-              f"coverage {covered}/{total} = {covered / total:.0%}  median half-width {np.median(widths):.2%}")
+              f"coverage {covered}/{total} = {covered / total:.0%}  "
+              f"median half-width {np.median(widths):.2%}")
 
 
 def real(run: Path) -> None:
@@ -171,7 +174,8 @@ def real(run: Path) -> None:
         dsd = (out["mode"] == "dsd") & (out["design"] == "paired") & (out["status"] == "ok")
         for (b, r), g in out[dsd].groupby(["batch_size", "repeat"]):
             ks = tuple(sorted(int(k) for k in g["num_spec_tokens"]))
-            by_k = summarize(read_trace(run / "_traces" / f"dsd-bs{int(b)}-paired-r{int(r)}.jsonl"), int(b), ks, adjust)
+            by_k = summarize(read_trace(run / "_traces" / f"dsd-bs{int(b)}-paired-r{int(r)}.jsonl"),
+                             int(b), ks, adjust)
             for i, row in g.iterrows():
                 t = by_k[int(row["num_spec_tokens"])]
                 out.at[i, "itl_s"] = t.itl_s
@@ -183,7 +187,8 @@ def real(run: Path) -> None:
         for _, g in res.cells.groupby("batch_size"):
             o = g[g.ratio_to_best < 1.0]
             half.append(float(((o.ratio_high - o.ratio_low) / 2).median()))
-        cells = "  ".join(f"{int(r.batch_size)}:{int(r.k)}{'' if r.decided else '?'}" for r in res.optimal.itertuples())
+        cells = "  ".join(f"{int(r.batch_size)}:{int(r.k)}{'' if r.decided else '?'}"
+                          for r in res.optimal.itertuples())
         print(f"  {'adjusted' if adjust else 'plain   '}  median half-width {np.median(half):.2%}  "
               f"decided {int(res.optimal.decided.sum())} of {len(res.optimal)}  K* {cells}")
 
@@ -194,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", type=int, default=60, help="synthetic traces per noise setting")
     args = ap.parse_args(argv)
     for rho in (0.0, 0.6):
-        print(f"synthetic, {args.traces} traces, within-wave AR(1) rho {rho}, sd 7 %, drift between waves 7 %:")
+        print(f"synthetic, {args.traces} traces, within-wave AR(1) rho {rho}, sd 7 %, drift "
+              "between waves 7 %:")
         synthetic(rho, args.traces)
     for run in args.runs:
         print(f"{run}:")

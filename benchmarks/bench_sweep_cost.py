@@ -36,7 +36,8 @@ from dsdprof.jobs.budget import Budget, parse_budget, run_budgeted_sweep
 from dsdprof.measure.runner import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SPEC = {"vllm": ROOT / "sweeps" / "toy-dense-cpu.toml", "sim": ROOT / "sweeps" / "sim-llama8b-eagle3-h100.toml"}
+DEFAULT_SPEC = {"vllm": ROOT / "sweeps" / "toy-dense-cpu.toml",
+                "sim": ROOT / "sweeps" / "sim-llama8b-eagle3-h100.toml"}
 
 
 class NoisyEngine:
@@ -50,14 +51,16 @@ class NoisyEngine:
     def provenance(self):
         p = self.inner.provenance()
         return replace(p, engine=f"{p.engine}+noise",
-                       extra={**p.extra, "synthetic_noise": f"wave {self.wave_noise} repeat {self.repeat_noise} "
+                       extra={**p.extra,
+                              "synthetic_noise": f"wave {self.wave_noise} repeat {self.repeat_noise} "
                                                             f"al {self.al_noise} seed {self.seed}"})
 
     def measure(self, cell):
         m = self.inner.measure(cell)
         k = cell.num_spec_tokens
         rng = np.random.default_rng((self.seed, cell.batch_size, k, cell.repeat, len(cell.mode)))
-        s_itl = m.itl_s * rng.lognormal(0.0, self.repeat_noise) * rng.lognormal(0.0, self.wave_noise, self.waves)
+        s_itl = (m.itl_s * rng.lognormal(0.0, self.repeat_noise)
+                 * rng.lognormal(0.0, self.wave_noise, self.waves))
         s_al = np.ones(self.waves) if k == 0 else np.clip(
             m.acceptance_length * rng.lognormal(0.0, self.al_noise, self.waves), 1.0, k + 1.0)
         al, itl = float(s_al.mean()), float(s_itl.mean())
@@ -102,25 +105,30 @@ def make(spec, args, out: Path):
         return None
     from dsdprof.measure.factory import make_engine
 
-    return NoisyEngine(make_engine(spec, out_dir=out), spec.sweep.waves, args.sim_noise, args.sim_repeat_noise,
-                       args.sim_al_noise, args.seed)
+    return NoisyEngine(make_engine(spec, out_dir=out), spec.sweep.waves, args.sim_noise,
+                       args.sim_repeat_noise, args.sim_al_noise, args.seed)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", choices=("vllm", "sim"), default="vllm")
-    ap.add_argument("--spec", type=Path, help="sweep spec (default: the toy dense pair, or a sim spec with --engine sim)")
+    ap.add_argument("--spec", type=Path,
+                    help="sweep spec (default: the toy dense pair, or a sim spec with --engine sim)")
     ap.add_argument("--repeats", type=int, default=4, help="repeats of the full grid (default 4)")
-    ap.add_argument("--budget", default="25%", help="share of the full grid's engine seconds (25%%) or seconds/waves")
+    ap.add_argument("--budget", default="25%",
+                    help="share of the full grid's engine seconds (25%%) or seconds/waves")
     ap.add_argument("--batch-sizes", help="override [sweep] batch_sizes, e.g. 1,4,16")
     ap.add_argument("--ks", help="override [sweep] num_spec_tokens, e.g. 0,1,2,3")
     ap.add_argument("--waves", type=int, help="override [sweep] waves")
-    ap.add_argument("--budget-waves", type=int, help="waves per cell in the budgeted sweep (default: the spec's); "
-                    "fewer waves make each pass shorter and let the budget loop add repeats only where needed")
+    ap.add_argument("--budget-waves", type=int,
+                    help="waves per cell in the budgeted sweep (default: the spec's); fewer waves make "
+                    "each pass shorter and let the budget loop add repeats only where needed")
     ap.add_argument("--tolerance", type=float, default=0.02)
     ap.add_argument("--confidence", type=float, default=0.9)
-    ap.add_argument("--sim-noise", type=float, default=0.05, help="sim only: per-wave lognormal sigma (0 = none)")
-    ap.add_argument("--sim-repeat-noise", type=float, default=0.01, help="sim only: per-repeat lognormal sigma")
+    ap.add_argument("--sim-noise", type=float, default=0.05,
+                    help="sim only: per-wave lognormal sigma (0 = none)")
+    ap.add_argument("--sim-repeat-noise", type=float, default=0.01,
+                    help="sim only: per-repeat lognormal sigma")
     ap.add_argument("--sim-al-noise", type=float, default=0.03, help="sim only: per-wave AL lognormal sigma")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="keep the two runs here (default: a temp dir, removed)")
@@ -140,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     base = args.out or Path(tempfile.mkdtemp(prefix="bench-sweep-cost-"))
     full_dir, budget_dir = base / "full", base / "budget"
     if args.engine == "sim":
-        print(f"engine sim{' + synthetic noise (wave %.3g, repeat %.3g, AL %.3g, seed %d)' % (args.sim_noise, args.sim_repeat_noise, args.sim_al_noise, args.seed) if args.sim_noise > 0 else ''}: "
-              "predictions, not measurements")
+        noise = (f" + synthetic noise (wave {args.sim_noise:.3g}, repeat {args.sim_repeat_noise:.3g}, "
+                 f"AL {args.sim_al_noise:.3g}, seed {args.seed:d})" if args.sim_noise > 0 else "")
+        print(f"engine sim{noise}: predictions, not measurements")
     try:
         t0 = time.perf_counter()
         run_sweep(spec, full_dir, engine=make(spec, args, full_dir))
@@ -163,28 +172,32 @@ def main(argv: list[str] | None = None) -> int:
         k_full = dict(zip(full.optimal["batch_size"].astype(int), full.optimal["k"].astype(int)))
         k_bud = dict(zip(bud.optimal["batch_size"].astype(int), bud.optimal["k"].astype(int)))
         reg = regret_on(full, k_bud)
-        print(f"grid: BS {spec.sweep.batch_sizes} x K {spec.sweep.num_spec_tokens}, {spec.sweep.waves} waves per cell")
+        print(f"grid: BS {spec.sweep.batch_sizes} x K {spec.sweep.num_spec_tokens}, {spec.sweep.waves} "
+              "waves per cell")
         n_full, n_bud = len(read_measurements(full_dir)), len(read_measurements(budget_dir))
         warm = spec.sweep.warmup
         full_warm = full_s * (1 + warm / spec.sweep.waves)
         bud_warm = summary.spent_s * (1 + warm / bspec.sweep.waves)
         print(f"full grid ({args.repeats} repeats x {spec.sweep.waves} waves, {n_full} cells): "
-              f"{full_s:10.1f} engine s, {full_warm:10.1f} with {warm} warm-up wave(s) per cell  (wall {wall_full:.0f} s)")
-        print(f"budgeted  ({budget}, {bspec.sweep.waves} waves per cell, {summary.passes} passes, {n_bud} cells): "
+              f"{full_s:10.1f} engine s, {full_warm:10.1f} with {warm} warm-up wave(s) per cell  (wall "
+              f"{wall_full:.0f} s)")
+        print(f"budgeted  ({budget}, {bspec.sweep.waves} waves per cell, {summary.passes} passes, "
+              f"{n_bud} cells): "
               f"{summary.spent_s:10.1f} engine s, {bud_warm:10.1f} with warm-up  (wall {wall_budget:.0f} s)")
         print(f"budgeted / full: {summary.spent_s / full_s:.1%} of the engine seconds, "
               f"{bud_warm / full_warm:.1%} counting warm-up (estimated at the cells' mean wave time)")
         print(summary.report())
         reg_ci = regret_interval_on(full, k_bud)
-        print(f"{'BS':>6} {'K full':>7} {'K budget':>9} {'regret on full data':>20} {'[full data interval]':>22} "
-              f"{'decided (full)':>15} {'budget status':>17}")
+        print(f"{'BS':>6} {'K full':>7} {'K budget':>9} {'regret on full data':>20} "
+              f"{'[full data interval]':>22} {'decided (full)':>15} {'budget status':>17}")
         dec_full = dict(zip(full.optimal["batch_size"].astype(int), full.optimal["decided"]))
         for b in sorted(k_full):
             lo, hi = reg_ci.get(b, (math.nan, math.nan))
             print(f"{b:>6} {k_full[b]:>7} {k_bud.get(b, '-'):>9} {reg.get(b, math.nan):>19.2%} "
-                  f"{f'[{lo:+.1%}, {hi:+.1%}]':>22} {str(dec_full.get(b, '-')):>15} {summary.status.get(b, '-'):>17}")
-        print("(the interval is the full grid's own 90 % interval for that regret: where it reaches below the "
-              "tolerance, the full grid cannot tell the budgeted K from its best either)")
+                  f"{f'[{lo:+.1%}, {hi:+.1%}]':>22} {str(dec_full.get(b, '-')):>15} "
+                  f"{summary.status.get(b, '-'):>17}")
+        print("(the interval is the full grid's own 90 % interval for that regret: where it "
+              "reaches below the tolerance, the full grid cannot tell the budgeted K from its best either)")
         finite = [r for r in reg.values() if not math.isnan(r)]
         print(f"max regret of the budgeted table on the full grid's data: {max(finite):.2%}; "
               f"same table: {k_full == k_bud}; shapes: full {full.shape}, budgeted {bud.shape}")
@@ -192,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             from dsdprof.measure.factory import make_engine
 
             exact_dir = base / "exact"
-            run_sweep(spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"repeats": 1})}), exact_dir,
-                      engine=make_engine(spec, out_dir=exact_dir))
+            run_sweep(spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"repeats": 1})}),
+                      exact_dir, engine=make_engine(spec, out_dir=exact_dir))
             truth = analyze(read_measurements(exact_dir), **opts)
             for label, ks in (("full", k_full), ("budgeted", k_bud)):
                 r = [x for x in regret_on(truth, ks).values() if not math.isnan(x)]

@@ -92,7 +92,8 @@ def report(df: pd.DataFrame) -> None:
     """Per (batch size, K): paired / fixed step time and AL over the rounds, 90 % interval."""
     df = df[df["status"] == "ok"]
     rng = np.random.default_rng(0)
-    print("switching K per step vs K held for whole waves (paired / fixed; geometric mean over rounds, 90 %):")
+    print("switching K per step vs K held for whole waves "
+          "(paired / fixed; geometric mean over rounds, 90 %):")
     print("| BS | K | step time | AL | rounds |")
     print("|---:|---:|---|---|---:|")
     for (b, k), g in df.groupby(["batch_size", "num_spec_tokens"]):

@@ -56,14 +56,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
-import math
 import os
 import platform
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 import torch.nn.functional as F
@@ -74,11 +74,13 @@ KS = tuple(range(8))
 PRIORITY_BS = (1, 4, 16, 64, 128)
 PRIORITY_K = (0, 1, 3, 7)
 
-DENSE = dict(name="Llama-3.1-8B-shape", hidden=4096, layers=32, nq=32, nkv=8, hd=128, inter=14336, vocab=128256)
+DENSE = dict(name="Llama-3.1-8B-shape", hidden=4096, layers=32, nq=32, nkv=8, hd=128,
+             inter=14336, vocab=128256)
 MOE = dict(name="Qwen3-30B-A3B-shape", hidden=2048, layers=48, nq=32, nkv=4, hd=128, experts=128, topk=8,
            inter=768, vocab=151936)
 TINY_DENSE = dict(name="tiny-dense", hidden=64, layers=2, nq=4, nkv=2, hd=16, inter=128, vocab=256)
-TINY_MOE = dict(name="tiny-moe", hidden=64, layers=2, nq=4, nkv=2, hd=16, experts=16, topk=4, inter=32, vocab=256)
+TINY_MOE = dict(name="tiny-moe", hidden=64, layers=2, nq=4, nkv=2, hd=16, experts=16, topk=4,
+                inter=32, vocab=256)
 
 
 def log(*a: object) -> None:
@@ -150,17 +152,20 @@ class Stack:
         self.moe = "experts" in cfg
         self.layers = []
         for _ in range(cfg["layers"]):
-            L = {"ln1": torch.ones(h, device=device, dtype=dtype), "ln2": torch.ones(h, device=device, dtype=dtype),
-                 "qkv": rand_w(((nq + 2 * nkv) * hd, h), device, dtype), "o": rand_w((h, nq * hd), device, dtype),
+            L = {"ln1": torch.ones(h, device=device, dtype=dtype),
+                 "ln2": torch.ones(h, device=device, dtype=dtype),
+                 "qkv": rand_w(((nq + 2 * nkv) * hd, h), device, dtype),
+                 "o": rand_w((h, nq * hd), device, dtype),
                  "kc": torch.zeros(max_b, nkv, context + max_t, hd, device=device, dtype=dtype),
                  "vc": torch.zeros(max_b, nkv, context + max_t, hd, device=device, dtype=dtype)}
             L["kc"].normal_()
             L["vc"].normal_()
             if self.moe:
-                E, I = cfg["experts"], cfg["inter"]
+                E, inter = cfg["experts"], cfg["inter"]
                 L["router"] = rand_w((E, h), device, dtype)
-                L["gu"] = rand_w((E, 2 * I, h), device, dtype)  # per expert [gate; up], row-major (out, in)
-                L["down"] = rand_w((E, h, I), device, dtype)
+                # per expert [gate; up], row-major (out, in)
+                L["gu"] = rand_w((E, 2 * inter, h), device, dtype)
+                L["down"] = rand_w((E, h, inter), device, dtype)
             else:
                 L["gu"] = rand_w((2 * cfg["inter"], h), device, dtype)
                 L["down"] = rand_w((h, cfg["inter"]), device, dtype)
@@ -207,7 +212,7 @@ class Stack:
         return (w / w.sum(-1, keepdim=True)).to(h.dtype)  # Qwen3 norm_topk_prob
 
     def moe_grouped(self, L: dict, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        E, k, I = self.cfg["experts"], self.cfg["topk"], self.cfg["inter"]
+        E, k, inter = self.cfg["experts"], self.cfg["topk"], self.cfg["inter"]
         w = self.moe_weights(L, h, idx).reshape(-1)
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
@@ -217,18 +222,18 @@ class Stack:
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         xs = h.index_select(0, tok)
         gu = torch._grouped_mm(xs, L["gu"].transpose(-2, -1), offs=offs)
-        a = F.silu(gu[:, :I]) * gu[:, I:]
+        a = F.silu(gu[:, :inter]) * gu[:, inter:]
         y = torch._grouped_mm(a, L["down"].transpose(-2, -1), offs=offs)
         y = y * w.index_select(0, order).unsqueeze(1)
         return torch.zeros_like(h).index_add_(0, tok, y)
 
     def moe_loop(self, L: dict, h: torch.Tensor, idx: torch.Tensor, plan: list) -> torch.Tensor:
-        I = self.cfg["inter"]
+        inter = self.cfg["inter"]
         w = self.moe_weights(L, h, idx).reshape(-1)
         out = torch.zeros_like(h)
         for e, tok, slot in plan:
             gu = F.linear(h.index_select(0, tok), L["gu"][e])
-            y = F.linear(F.silu(gu[:, :I]) * gu[:, I:], L["down"][e])
+            y = F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], L["down"][e])
             out.index_add_(0, tok, y * w.index_select(0, slot).unsqueeze(1))
         return out
 
@@ -295,19 +300,20 @@ class Stack:
 def peaks(device: torch.device, timer: Timer, buffer_gib: float, n: int) -> dict:
     out = {}
     x = torch.ones(int(buffer_gib * 2**30) // 4, device=device, dtype=torch.float32)
-    ts = timer.times_ms(lambda: x.sum(), 3, 10)
+    ts = timer.times_ms(x.sum, 3, 10)
     nbytes = x.numel() * 4
     out.update(read_bw_bytes=nbytes, read_bw_tbs_median=nbytes / (statistics.median(ts) / 1e3) / 1e12,
                read_bw_tbs_best=nbytes / (min(ts) / 1e3) / 1e12)
     y = torch.empty_like(x)
-    ts = timer.times_ms(lambda: y.copy_(x), 3, 10)
+    ts = timer.times_ms(functools.partial(y.copy_, x), 3, 10)
     out.update(copy_bw_tbs_median=2 * nbytes / (statistics.median(ts) / 1e3) / 1e12)
     del x, y
     dt = torch.bfloat16
     a = torch.randn(n, n, device=device, dtype=torch.float32).to(dt)
     b = torch.randn(n, n, device=device, dtype=torch.float32).to(dt)
-    ts = timer.times_ms(lambda: a @ b, 3, 10)
-    out.update(matmul_n=n, matmul_dtype="bfloat16", matmul_tflops_median=2 * n**3 / (statistics.median(ts) / 1e3) / 1e12,
+    ts = timer.times_ms(functools.partial(torch.matmul, a, b), 3, 10)
+    out.update(matmul_n=n, matmul_dtype="bfloat16",
+               matmul_tflops_median=2 * n**3 / (statistics.median(ts) / 1e3) / 1e12,
                matmul_tflops_best=2 * n**3 / (min(ts) / 1e3) / 1e12)
     del a, b
     return out
@@ -323,7 +329,7 @@ def measure_point(stack: Stack, B: int, t: int, args, timer: Timer, state: dict)
     """Graph (if allowed) and eager timings of one forward at (B, t)."""
     dev = stack.device
     x = torch.randn(B * t, stack.cfg["hidden"], device=dev, dtype=stack.dtype)
-    fn = lambda: stack.forward(x, B, t)  # noqa: E731
+    fn = functools.partial(stack.forward, x, B, t)
     row: dict = {}
     if args.eager_reps > 0 or not state["graph_ok"]:
         row["eager_median_ms"] = statistics.median(timer.times_ms(fn, 1, max(args.eager_reps, 3)))
@@ -344,14 +350,16 @@ def measure_point(stack: Stack, B: int, t: int, args, timer: Timer, state: dict)
     return row
 
 
-def run_stack(kind: str, cfg: dict, args, device: torch.device, timer: Timer, deadline: float, meta: dict) -> None:
+def run_stack(kind: str, cfg: dict, args, device: torch.device, timer: Timer, deadline: float,
+              meta: dict) -> None:
     dtype = torch.bfloat16  # also on CPU (--tiny): torch._grouped_mm is bf16-only
     bss = [b for b in BATCH_SIZES if b <= args.max_bs]
     ks = [k for k in KS if k <= args.max_k]
     t_setup = time.time()
     stack = Stack(cfg, device, dtype, max(bss), max(ks) + 1, args.context)
     timer.sync()
-    info = {"config": cfg, "weight_gb": stack.weight_bytes() / 1e9, "setup_s": round(time.time() - t_setup, 2),
+    info = {"config": cfg, "weight_gb": stack.weight_bytes() / 1e9,
+            "setup_s": round(time.time() - t_setup, 2),
             "layers_measured": cfg["layers"], "layer_scaling": "none (all layers measured)",
             "context": args.context, "dtype": str(dtype)}
     log(f"{kind}: {cfg['name']} weights {info['weight_gb']:.2f} GB, setup {info['setup_s']} s")
@@ -376,7 +384,8 @@ def run_stack(kind: str, cfg: dict, args, device: torch.device, timer: Timer, de
             log(f"  grouped_mm unusable ({info['grouped_error']}); per-expert loop")
     pts = grid(bss, ks)
     done, skipped = 0, []
-    loop_points = {(1, 0), (8, 0), (64, 0), (128, 3)} if stack.impl == "grouped" and args.loop_check else set()
+    loop_points = {(1, 0), (8, 0), (64, 0),
+                   (128, 3)} if stack.impl == "grouped" and args.loop_check else set()
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols)
         w.writeheader()
@@ -406,7 +415,8 @@ def run_stack(kind: str, cfg: dict, args, device: torch.device, timer: Timer, de
                 w.writerow({c: row.get(c, "") for c in cols})
                 fh.flush()
                 log(f"  {kind} BS {B:3d} K {k} T {T:4d} {impl if kind == 'moe' else ''}: "
-                    f"{row['median_ms']:.3f} ms (graph={row['graph']}, eager {row.get('eager_median_ms', float('nan')):.3f})"
+                    f"{row['median_ms']:.3f} ms (graph={row['graph']}, eager "
+                    f"{row.get('eager_median_ms', float('nan')):.3f})"
                     + (f", experts {base['distinct_experts']:.1f}" if kind == "moe" else ""))
             done += 1
             stack.loop_plan = None
@@ -459,7 +469,7 @@ def breakdown(args, device: torch.device, timer: Timer, meta: dict) -> None:
             x = torch.randn(B * t, cfg["hidden"], device=device, dtype=torch.bfloat16)
             for variant in ("full", "no_attn", "no_ffn", "gemm_only"):
                 stack.variant = variant
-                fn = lambda: stack.forward(x, B, t)  # noqa: E731
+                fn = functools.partial(stack.forward, x, B, t)
                 row = {"stack": kind, "batch_size": B, "k": k, "tokens": B * t, "variant": variant}
                 try:
                     if device.type == "cuda":
@@ -474,7 +484,8 @@ def breakdown(args, device: torch.device, timer: Timer, meta: dict) -> None:
                     row["error"] = f"{type(err).__name__}: {err}"[:300]
                 rows.append(row)
                 log(f"  breakdown {kind} BS {B} K {k} {variant}: {row.get('median_ms', float('nan')):.3f} ms"
-                    + (f", {row['kernels']} kernels summing {row['kernel_sum_ms']:.3f} ms" if "kernels" in row else "")
+                    + (f", {row['kernels']} kernels summing {row['kernel_sum_ms']:.3f} ms"
+                       if "kernels" in row else "")
                     + (f" ERROR {row['error']}" if "error" in row else ""))
             stack.variant = "full"
         del stack
@@ -493,7 +504,8 @@ def main() -> None:
     ap.add_argument("--eager-reps", type=int, default=5, help="0 = no eager figure when graphs work")
     ap.add_argument("--max-bs", type=int, default=128)
     ap.add_argument("--max-k", type=int, default=7)
-    ap.add_argument("--budget-s", type=float, default=300.0, help="stop measuring new points after this (dense gets 45%%)")
+    ap.add_argument("--budget-s", type=float, default=300.0,
+                    help="stop measuring new points after this (dense gets 45%%)")
     ap.add_argument("--stacks", default="dense,moe")
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--no-loop-check", dest="loop_check", action="store_false")
@@ -501,14 +513,15 @@ def main() -> None:
     ap.add_argument("--peak-gib", type=float, default=4.0)
     ap.add_argument("--matmul-n", type=int, default=8192)
     ap.add_argument("--breakdown", action="store_true",
-                    help="only time variants (no attention / no FFN / GEMMs only) at a few points; writes breakdown.json")
+                    help="only time variants (no attention / no FFN / GEMMs only) at a few points; writes "
+                    "breakdown.json")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     device = torch.device(args.device)
     timer = Timer(device)
     torch.manual_seed(0)
     meta: dict = {"script": "benchmarks/gpu_step_times.py", "argv": sys.argv[1:],
-                  "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
                   "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
                   "device": str(device)}
     if device.type == "cuda":

@@ -42,7 +42,8 @@ def goodput(hardware: str, d: Path, alpha: float) -> dict[tuple[int, int], float
     from dsdprof.measure.sim.engine import SimEngine
 
     spec = SweepSpec.model_validate({
-        "engine": {"name": "sim", "model": str(d / "target/config.json"), "draft_model": str(d / "draft/config.json"),
+        "engine": {"name": "sim", "model": str(d / "target/config.json"),
+                   "draft_model": str(d / "draft/config.json"),
                    "method": "draft_model", "dtype": "float32", "max_model_len": 512},
         "sweep": {"batch_sizes": BS, "num_spec_tokens": KS, "waves": 10, "output_len": 32},
         "workload": {"dataset": "synthetic", "input_len": 32},
@@ -82,10 +83,12 @@ def main() -> None:
         rise, rarg = pairwise(g, True)
         fall, farg = pairwise(g, False, after=rarg[2] if rarg else 0)
         kstar = [max(KS, key=lambda x: g[(b, x)]) for b in BS]
-        rows.append((rise, fall, f"L{L} E{E} top-{k} F{F} dense_first={df} alpha={alpha} {gb:.2f} GB", kstar, rarg, farg))
+        rows.append((rise, fall, f"L{L} E{E} top-{k} F{F} dense_first={df} alpha={alpha} {gb:.2f} GB",
+                     kstar, rarg, farg))
     rows.sort(key=lambda r: -r[0])
     for rise, fall, name, kstar, rarg, farg in rows[:a.top]:
-        print(f"rise {rise * 100:4.1f}% fall {fall * 100:4.1f}%  {name}  K*={kstar}  rise at {rarg} fall at {farg}")
+        print(f"rise {rise * 100:4.1f}% fall {fall * 100:4.1f}%  {name}  K*={kstar}  rise at {rarg} "
+              f"fall at {farg}")
 
 
 if __name__ == "__main__":

@@ -26,10 +26,11 @@ BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 KS = [0, 1, 2, 3, 4, 6, 8, 12, 15, 16, 24, 31, 32]
 CASES = {
     "llama8b-h100": {"model": "Llama-3.1-8B", "method": "eagle3", "hardware": "H100 SXM"},
-    "llama8b-h100-alpha095": {"model": "Llama-3.1-8B", "method": "eagle3", "hardware": "H100 SXM", "alpha": 0.95},
+    "llama8b-h100-alpha095": {"model": "Llama-3.1-8B", "method": "eagle3", "hardware": "H100 SXM",
+                              "alpha": 0.95},
     "qwen3-30b-a3b-h200": {"model": "Qwen3-30B-A3B", "method": "eagle3", "hardware": "H200 SXM"},
-    "qwen3-30b-a3b-qwen06b-h200": {"model": "Qwen3-30B-A3B", "method": "draft_model", "draft_model": "Qwen3-0.6B",
-                                   "hardware": "H200 SXM"},
+    "qwen3-30b-a3b-qwen06b-h200": {"model": "Qwen3-30B-A3B", "method": "draft_model",
+                                   "draft_model": "Qwen3-0.6B", "hardware": "H200 SXM"},
 }
 
 

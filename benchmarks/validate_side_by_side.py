@@ -1,5 +1,5 @@
-"""A validate run side by side (docs/lab/notebook.md): read a ``dsdprof validate --adaptive`` run directory and print,
-per batch size, tokens/s per user of every variant with the regrets and their 90 % intervals, using
+"""A validate run side by side (docs/lab/notebook.md): read a ``dsdprof validate --adaptive`` run directory
+and print, per batch size, tokens/s per user of every variant with the regrets and their 90 % intervals, using
 dsdprof's own comparison and bootstrap (dsdprof.report.compare), plus the K the adaptive plugin served
 per measured wave (from its step traces).
 
@@ -40,13 +40,15 @@ def table(df: pd.DataFrame) -> None:
             continue
         ks = sorted(int(k) for k in fixed.num_spec_tokens.unique())
         tops = {k: fixed[fixed.num_spec_tokens == k].tops.median() for k in ks}
-        oracle_rows = van if r.tops_vanilla > r.tops_best_fixed else fixed[fixed.num_spec_tokens == r.best_fixed_k]
+        best_fixed = fixed[fixed.num_spec_tokens == r.best_fixed_k]
+        oracle_rows = van if r.tops_vanilla > r.tops_best_fixed else best_fixed
         oracle = "vanilla" if r.tops_vanilla > r.tops_best_fixed else f"K={int(r.best_fixed_k)}"
         (dlo, dhi), (alo, ahi) = regret_intervals(b, oracle_rows, [dsd, ada])
         ((vlo, vhi),) = regret_intervals(b, dsd, [ada])
         print(f"BS {b}: vanilla {r.tops_vanilla:.2f}  " + "  ".join(f"K={k} {tops[k]:.2f}" for k in ks)
               + f"  static {r.tops_dsd:.2f} (K {int(r.dsd_k)}, ran {r.dsd_k_observed:.2f})"
-              + f"  adaptive {r.tops_adaptive:.2f} (ran {r.adaptive_k_observed:.2f})  [repeats {int(r.repeats)}]")
+              + f"  adaptive {r.tops_adaptive:.2f} (ran {r.adaptive_k_observed:.2f})  [repeats "
+              f"{int(r.repeats)}]")
         print(f"   vs best fixed K={int(r.best_fixed_k)}: static {_fmt(r.regret, r.regret_lo, r.regret_hi)}"
               f"  adaptive {_fmt(r.adaptive_regret, r.adaptive_regret_lo, r.adaptive_regret_hi)}")
         print(f"   vs best of fixed+vanilla ({oracle}): static {_fmt(r.regret_vs_oracle, dlo, dhi)}"
@@ -73,10 +75,12 @@ def adaptive_ks(out: Path) -> None:
                 if first_move is None and ks and k != ks[0] and w >= 0:
                     first_move = (w, own_steps, k)
             steps = collections.Counter(ks)
-            parts.append(f"w{w}: " + ",".join(f"K{k}x{n}" for k, n in sorted(steps.items())) + f" (first {ks[:3]})")
+            parts.append(f"w{w}: " + ",".join(f"K{k}x{n}" for k, n in sorted(steps.items()))
+                         + f" (first {ks[:3]})")
         print(path.stem, " | ".join(parts))
         if first_move is not None:
-            print(f"   first K change in a measured wave: wave {first_move[0]}, own step {first_move[1]} -> K={first_move[2]}")
+            print(f"   first K change in a measured wave: wave {first_move[0]}, own step {first_move[1]} -> "
+                  f"K={first_move[2]}")
 
 
 def kmix(out: Path, draws: int = 2000, seed: int = 0, waves_from: dict[int, int] | None = None) -> None:
@@ -122,7 +126,7 @@ def kmix(out: Path, draws: int = 2000, seed: int = 0, waves_from: dict[int, int]
                 n[w, ai[a]] += 1
         rng = np.random.default_rng(seed)
 
-        def goodput(idx):
+        def goodput(idx, gen=gen, req=req, arm_req=arm_req, t=t, n=n):
             al_k = gen[idx].sum(0) / np.maximum(req[idx].sum(0), 1)
             ar = arm_req[idx].sum(0)
             al = (ar * al_k).sum(1) / np.maximum(ar.sum(1), 1)
@@ -133,7 +137,8 @@ def kmix(out: Path, draws: int = 2000, seed: int = 0, waves_from: dict[int, int]
         fixed = [i for i, a in enumerate(arms) if a >= 0]
         best = max(fixed, key=lambda i: point[i])
         label = lambda a: names.get(a, f"K={a}")  # noqa: E731
-        print(f"BS {b} (K-mix, {len(waves)} waves from wave {first}): " + "  ".join(f"{label(a)} {point[i]:.2f}" for i, a in enumerate(arms)))
+        print(f"BS {b} (K-mix, {len(waves)} waves from wave {first}): "
+              + "  ".join(f"{label(a)} {point[i]:.2f}" for i, a in enumerate(arms)))
         for x, ref in ((-1, best), (-2, best), (-2, ai.get(-1))):
             if x not in ai or ref is None:
                 continue
@@ -147,7 +152,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--repeat", type=int)
-    ap.add_argument("--waves-from", default="", help="K-mix only: BS:first wave,... e.g. 4:4,16:2 (after the move)")
+    ap.add_argument("--waves-from", default="",
+                    help="K-mix only: BS:first wave,... e.g. 4:4,16:2 (after the move)")
     a = ap.parse_args()
     df = pd.read_parquet(a.out)
     if a.repeat is not None:
