@@ -1,0 +1,40 @@
+"""``dsdprof report RUN -o report.html`` (registered on the main typer app by dsdprof.cli.app): one
+self-contained HTML page per run (docs/report.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from dsdprof.cli.common import guarded, make_console
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
+
+console = make_console()
+
+
+def _report(
+    run: Path = typer.Argument(..., metavar="RUN",
+                               help="A sweep or validate run (directory or Parquet file), a context sweep, a "
+                                    "rollout run or a compare-drafts directory."),
+    output: Path = typer.Option(..., "--output", "-o", help="The HTML file to write."),
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
+                                    help="Relative goodput tolerance for choosing K (as analyze and "
+                                         "export)."),
+    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+) -> None:
+    """Write one self-contained HTML page (no network needed) of a run: the table as export serves
+    it, with provenance and warnings, then K* against batch size, speedup over vanilla, the goodput
+    heatmap, step time, acceptance, coverage gaps and failed cells."""
+    from dsdprof.io.atomic import check_output_path, write_bytes_atomic
+    from dsdprof.report.html import build_report, render_html
+
+    check_output_path(output, force, field="--output")
+    page = render_html(build_report(run, tolerance=tolerance))
+    write_bytes_atomic(output, page.encode("utf-8"))
+    console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``report`` to ``app``."""
+    app.command("report")(guarded(_report))

@@ -1,0 +1,202 @@
+"""``dsdprof report RUN``: what a results path holds, read through the public calls the other
+commands make, laid out as one :class:`~dsdprof.report.html.model.Report`.
+
+The kind of ``RUN`` decides the panels: a compare-drafts directory (``_drafts.json``), a rollout
+run (``rollout.parquet``), a validate run, a context sweep or a sweep. Whatever cannot be read or
+analysed becomes a line on the page naming what is missing, not an error: a partial run, broken
+rows and a single batch size still give a page."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
+from dsdprof.errors import InputError
+from dsdprof.report.html.model import Answer, Panel, Report, provenance_items
+from dsdprof.report.html.sweep import (
+    answer_from_export,
+    coverage_panel,
+    frame,
+    rows_panel,
+    sweep_panels,
+)
+
+
+def _title(prov: dict[str, Any]) -> str:
+    from dsdprof.report.plots import provenance_line
+
+    return provenance_line(prov) or "dsdprof run"
+
+
+def open_once(path: Path) -> Any:
+    """The run at ``path``, read once (:func:`dsdprof.io.runs.open_run`), as a report reads it:
+    nothing refused but unreadable files (a mixed or validate run still gets a page)."""
+    import inspect
+
+    from dsdprof.io.runs import open_run
+
+    if "command" in inspect.signature(open_run).parameters:  # the run checked when opened
+        return open_run(path, "report")
+    return open_run(path)
+
+
+def run_provenance(run: Any) -> dict[str, Any]:
+    """The provenance an analysis of ``run`` records (stored, else the rows', mixed as ``A | B``)."""
+    legacy = getattr(run, "run_provenance", None)
+    return dict(legacy() if callable(legacy) else run.provenance)
+
+
+def _rollout_file(path: Path) -> bool:
+    from dsdprof.io.rollouts import rollout_path
+
+    if path.is_dir():
+        return rollout_path(path).is_file()
+    try:
+        from dsdprof.io.rollouts import read_rollout_rows
+
+        read_rollout_rows(path)
+        return True
+    except InputError:
+        return False
+
+
+def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> Report:
+    """The report of ``path`` (InputError only when the path does not exist)."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError("RUN", str(path), "no such file or directory")
+    from dsdprof import __version__
+
+    report = Report(title="dsdprof report", source=str(path), kind="sweep",
+                    generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                    dsdprof_version=__version__)
+    from dsdprof.jobs.compare_drafts import PLAN_FILE
+
+    if p.is_dir() and (p / PLAN_FILE).is_file():
+        return _drafts(report, p)
+    if _rollout_file(p):
+        return _rollout(report, p)
+    try:
+        run = open_once(p)
+    except InputError as err:
+        report.kind = "unreadable"
+        report.answer = Answer(missing=[f"the run could not be read: {err}"])
+        return report
+    prov = run_provenance(run)
+    report.title = _title(prov)
+    if run.kind == "validate":
+        return _validate(report, run, prov)
+    return _sweep(report, run, tolerance)
+
+
+def _missing_panel(pid: str, title: str, why: str) -> Panel:
+    return Panel(pid, title, missing=[why])
+
+
+def _sweep(report: Report, run: Any, tolerance: float) -> Report:
+    report.answer = answer_from_export(run, tolerance)
+    try:
+        contexts = run.contexts
+    except InputError as err:
+        report.panels.append(_missing_panel("analysis", "Analysis", f"the rows could not be analysed: {err}"))
+        return report
+    if contexts is not None:
+        return _contexts(report, run, tolerance)
+    from dsdprof.decide.analysis import analyze_path
+
+    try:
+        analysis = analyze_path(run, tolerance=tolerance)
+    except InputError as err:
+        report.panels.append(_missing_panel("analysis", "Analysis", f"analyze refuses these rows: {err}"))
+        report.panels.append(coverage_panel(_coverage(run), run.rows))
+        return report
+    ks = ", ".join(map(str, analysis.candidate_ks))
+    report.subtitle = (f"{len(analysis.points)} batch size(s), K {ks}; "
+                       f"tolerance {analysis.tolerance:g}, confidence {analysis.confidence:.0%}; "
+                       f"curve {analysis.shape}")
+    report.panels += sweep_panels(analysis, report.answer.ranges)
+    if len(analysis.points) == 1:
+        report.panels[0].missing.append("one batch size only: the table serves its K at every batch size; "
+                                        "nothing says where K should change")
+    report.panels.append(coverage_panel(analysis.coverage or _coverage(run), run.rows))
+    report.panels.append(rows_panel(frame(analysis.cells).to_dict(orient="records"),
+                                    frame(analysis.baseline).to_dict(orient="records")))
+    return report
+
+
+def _coverage(run: Any) -> Any:
+    try:
+        return run.coverage
+    except Exception:  # noqa: BLE001 - rows too broken for a coverage: the page says so elsewhere
+        return None
+
+
+def _contexts(report: Report, run: Any, tolerance: float) -> Report:
+    from dsdprof.decide.context import analyze_contexts_path
+
+    report.kind = "context sweep"
+    try:
+        by_context = analyze_contexts_path(run, tolerance=tolerance)
+    except InputError as err:
+        report.panels.append(_missing_panel("contexts", "Context slices",
+                                            f"analyze refuses these rows: {err}"))
+        return report
+    from dsdprof.report.html.panels import context_panels
+
+    if by_context is None or not by_context.slices:
+        report.panels.append(_missing_panel("contexts", "Context slices",
+                                            "no context slice could be analysed"))
+        return report
+    report.subtitle = f"context sweep: contexts {', '.join(map(str, by_context.contexts))}"
+    report.panels += context_panels(by_context)
+    report.panels.append(coverage_panel(_coverage(run), run.rows))
+    return report
+
+
+def _validate(report: Report, run: Any, prov: dict[str, Any]) -> Report:
+    from dsdprof.report.html.panels import validate_panels
+
+    report.kind = "validate"
+    report.answer = Answer(provenance=provenance_items(prov),
+                           missing=["a validate run serves a table; it holds no K grid to export (the "
+                                    "comparison below is `dsdprof validate-report`'s)"])
+    try:
+        report.panels += validate_panels(run.rows, DEFAULT_CONFIDENCE)
+    except (InputError, KeyError, ValueError) as err:
+        report.panels.append(_missing_panel("validate", "Validate",
+                                            f"the comparison could not be made: {err}"))
+    report.panels.append(coverage_panel(None, run.rows))
+    return report
+
+
+def _rollout(report: Report, p: Path) -> Report:
+    from dsdprof.io.rollouts import read_rollout_rows
+    from dsdprof.report.html.panels import rollout_panels
+
+    report.kind = "rollout"
+    df = read_rollout_rows(p)
+    report.answer = Answer(missing=["a rollout run serves a table; it holds no K grid to export (the tables "
+                                    "below are `dsdprof rollout-report`'s)"])
+    report.title = "rollout run"
+    report.panels += rollout_panels(df)
+    return report
+
+
+def _drafts(report: Report, p: Path) -> Report:
+    from dsdprof.report.drafts import load_comparison
+    from dsdprof.report.html.panels import drafts_panels
+
+    report.kind = "drafts"
+    try:
+        comp = load_comparison(p)
+    except InputError as err:
+        report.answer = Answer(missing=[str(err)])
+        return report
+    report.title = _title(comp.provenance)
+    report.answer = Answer(provenance=provenance_items(comp.provenance),
+                           missing=["a compare-drafts directory holds one grid per draft and category: "
+                                    "`dsdprof export DIR --mix ... --draft NAME` writes a draft's table"])
+    report.panels += drafts_panels(comp)
+    return report
