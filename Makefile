@@ -7,7 +7,7 @@ DSDPROF := $(VENV)/bin/dsdprof
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo demo-moe test test-fast test-vllm033 bench clean
+.PHONY: setup demo demo-moe test test-fast test-vllm033 bench clean browser
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,8 @@ demo: setup toy_models/dense/target/config.json
 	$(DSDPROF) export runs/toy-dense-cpu -o tables/toy-dense-cpu.json --force
 	$(DSDPROF) export tables/toy-dense-cpu.json --format vllm -o tables/toy-dense-cpu.vllm.json --force
 	$(DSDPROF) show tables/toy-dense-cpu.json
+	$(DSDPROF) report runs/toy-dense-cpu -o runs/toy-dense-cpu.html --force
+	@echo "report: $(CURDIR)/runs/toy-dense-cpu.html (one self-contained page: open it in a browser)"
 
 # The toy MoE (docs/lab/moe-cpu.md): 1.4 GB of experts, about 11 minutes on 2 cores. On this CPU its
 # K* did not clear its intervals: flat at K=2 by the points with acceptance pooled (docs/lab/moe-cpu.md).
@@ -49,7 +51,7 @@ demo-moe: setup toy_models/moe-demo/moe/target/config.json
 # slowest tests; the non-vLLM session's output follows the vLLM one's. Timings: docs/lab/test-suite.md.
 TEST_JOBS ?= 2
 PYTEST_FULL := $(PY) -m pytest -q -ra --durations=25
-test: setup
+test: setup browser
 	@if [ "$(TEST_JOBS)" -ge 2 ] && [ "$$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then \
 	  log=$$(mktemp); last=$$(( $$(nproc) - 1 )); \
 	  taskset -c $$last $(PYTEST_FULL) -p no:cacheprovider -m "not vllm and not ray" >$$log 2>&1 & pid=$$!; \
@@ -59,6 +61,23 @@ test: setup
 	else \
 	  $(PYTEST_FULL); \
 	fi
+
+# Headless Chromium for the HTML report's browser test (tests/report/test_html_report.py): Debian's
+# chromium package when it is missing and apt-get can install it (root, or sudo without a password);
+# otherwise that one test skips, saying so. Never fails the build.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    if [ "$$(id -u)" -eq 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else sudo=no; fi; \
+	    if [ "$$sudo" != no ]; then \
+	      echo "installing Debian's chromium for the browser test (apt-get)"; \
+	      $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+	      { $$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 && \
+	        $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } || true; \
+	    fi; \
+	  fi; \
+	  command -v chromium >/dev/null 2>&1 || \
+	    echo "chromium not installed (no apt-get or no root): the HTML report's browser test will skip"; }
 
 # The tier to run before each commit (<= 3 min on 2 cores): no vLLM engine, nothing marked slow,
 # and every package of dsdprof/ imported by a test module that passed (--require-packages,

@@ -371,6 +371,7 @@ def _register_subcommands() -> None:
     from dsdprof.cli import drafts as drafts_cli
     from dsdprof.cli import fleet as fleet_cli
     from dsdprof.cli import report as report_cli
+    from dsdprof.cli import report_html as report_html_cli
     from dsdprof.cli import rollout as rollout_cli
     from dsdprof.cli import serve as serve_cli
     from dsdprof.cli import sim as sim_cli
@@ -382,6 +383,7 @@ def _register_subcommands() -> None:
     serve_cli.register(app)
     watch_cli.register(app)
     report_cli.register(app)
+    report_html_cli.register(app)
     fleet_cli.register(app)
     rollout_cli.register(app)
     drafts_cli.register(app)
