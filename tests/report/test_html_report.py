@@ -145,6 +145,29 @@ def test_every_number_is_traceable_to_its_row(pages, runs):
         assert f'id="{anchor}"' in html
 
 
+def test_the_page_agrees_with_analyze_json(pages, runs):
+    """K* per batch size, its decision and the speedup over vanilla, as ``analyze --json`` prints them."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+    from dsdprof.report.html.model import interval, num
+
+    res = CliRunner().invoke(app, ["analyze", str(runs["sweep"]), "--json"])
+    assert res.exit_code == 0, res.output
+    optimal = json.loads(res.stdout)["optimal"]
+    html = pages["sweep"].read_text()
+    assert re.findall(r'<tr data-bs="(\d+)" data-k="(\d+)">', html) == [(str(o["batch_size"]), str(o["k"]))
+                                                                         for o in optimal]
+    speedups = re.search(r'<table id="speedup-table">.*?</table>', html, re.S).group(0)
+    for o in optimal:
+        assert f"{num(o['speedup_vs_baseline'])}x" in speedups
+        assert interval(o["speedup_low"], o["speedup_high"]) in speedups
+    decided = re.search(r'<table id="kstar-table">.*?</table>', html, re.S).group(0)
+    assert decided.count(">not decided<") == sum(not o["decided"] for o in optimal)
+
+
 def test_a_partial_run_says_what_is_missing(pages, runs):
     from dsdprof.export.api import export_document
 
@@ -242,3 +265,25 @@ def test_the_report_in_headless_chromium(browser, pages, runs, name, tmp_path):
                                                        "acceptance"]
     if name == "broken":
         assert any("analyze refuses" in m for p in st["panels"] for m in p["missing"])
+
+
+@pytest.mark.slow  # a compare-drafts directory on the analytic engine (~3 s)
+def test_a_compare_drafts_directory_gets_the_drafts_report(tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+    from tests.decide.test_drafts_domains import SIM_SPEC
+
+    monkeypatch.chdir(tmp_path)
+    recs = [{"category": "code", "prompt": "x"}, {"category": "text", "prompt": "y"}]
+    (tmp_path / "w.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "s.toml").write_text(SIM_SPEC)
+    runner = CliRunner()
+    assert runner.invoke(app, ["compare-drafts", "s.toml", "--out", "out"]).exit_code == 0
+    res = runner.invoke(app, ["report", "out", "-o", "d.html"])
+    assert res.exit_code == 0, res.output
+    html = (tmp_path / "d.html").read_text()
+    assert 'data-kind="drafts"' in html and panels(html) == ["answer", "drafts"]
+    assert "Recommendation: ngram at every measured batch size" in html

@@ -143,11 +143,12 @@ def xy_chart(series: Sequence[Series], x_labels: Sequence[str], *, x_title: str,
                 out.append(f'<text x="{x + 7:.1f}" y="{y - 6:.1f}" class="val">{escape(m.label)}</text>')
         if len(series) > 1:  # the legend: a line sample in the series' dash and its name
             ly = top + 8 + 18 * si
-            out.append(f'<g class="legend"><line x1="{left + pw + 8}" x2="{left + pw + 34}" y1="{ly}" '
-                       f'y2="{ly}" stroke="{color}" stroke-width="2"'
-                       + (f' stroke-dasharray="{dash}"' if dash else "")
-                       + f'/><circle cx="{left + pw + 21}" cy="{ly}" r="3.5" fill="{color}"/>'
-                       f'<text x="{left + pw + 40}" y="{ly + 4}" class="name">{escape(s.name)}</text></g>')
+            sample = (f'<line x1="{left + pw + 8}" x2="{left + pw + 34}" y1="{ly}" y2="{ly}" '
+                      f'stroke="{color}" stroke-width="2"' + (f' stroke-dasharray="{dash}"' if dash else "")
+                      + "/>") if s.line else ""
+            out.append(f'<g class="legend">{sample}<circle cx="{left + pw + 21}" cy="{ly}" r="3.5" '
+                       f'fill="{color}"/><text x="{left + pw + 40}" y="{ly + 4}" class="name">'
+                       f'{escape(s.name)}</text></g>')
         out.append("</g>")
     out.append("</svg>")
     return Markup("".join(out))
