@@ -287,3 +287,13 @@ def test_a_compare_drafts_directory_gets_the_drafts_report(tmp_path, monkeypatch
     html = (tmp_path / "d.html").read_text()
     assert 'data-kind="drafts"' in html and panels(html) == ["answer", "drafts"]
     assert "Recommendation: ngram at every measured batch size" in html
+    assert 'id="chart-drafts"' in html and html.count('<g class="series" data-name=') == 4  # 2 drafts x 2
+
+
+def test_a_table_file_gives_its_answer_and_says_the_rest_needs_the_run(tmp_path):
+    from dsdprof.export.api import export_document
+
+    table = ROOT / "tables" / "toy-dense-cpu.json"
+    html = render_html(build_report(table))
+    assert served_ranges(html) == export_document(table, "table").doc["ranges"]
+    assert 'data-kind="table"' in html and "a table file holds no measurements" in html

@@ -78,6 +78,8 @@ def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> Repo
         return _drafts(report, p)
     if _rollout_file(p):
         return _rollout(report, p)
+    if p.is_file() and p.suffix == ".json":  # a table: its answer, but no rows to draw
+        return _table_file(report, p, tolerance)
     try:
         run = open_once(p)
     except InputError as err:
@@ -181,6 +183,14 @@ def _rollout(report: Report, p: Path) -> Report:
                                     "below are `dsdprof rollout-report`'s)"])
     report.title = "rollout run"
     report.panels += rollout_panels(df)
+    return report
+
+
+def _table_file(report: Report, p: Path, tolerance: float) -> Report:
+    report.kind = "table"
+    report.answer = answer_from_export(p, tolerance)
+    report.answer.missing.append("a table file holds no measurements: run `dsdprof report` on the run it "
+                                 "was exported from for the panels")
     return report
 
 

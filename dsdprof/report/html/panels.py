@@ -141,6 +141,26 @@ def drafts_panels(comp: Any) -> list[Panel]:
     weights = default_mix(comp)
     p = Panel("drafts", "Drafts: ranking per batch size for the workload's mix",
               "What `dsdprof drafts-report` prints for the workload's own mix of prompt categories.")
+    sizes = sorted({int(b) for g in comp.grids.values() for b in g["batch_size"]})
+    series = []
+    for name, grid in comp.grids.items():  # per (draft, category): the best K's speedup at each batch size
+        for cat in sorted(grid["category"].unique()):
+            s = Series(f"{name} / {cat}")
+            for i, b in enumerate(sizes):
+                g = grid[(grid["batch_size"] == b) & (grid["category"] == cat)]
+                g = g[g["speedup"].map(finite)]
+                if len(g):
+                    r = g.loc[g["speedup"].astype(float).idxmax()]
+                    s.marks.append(Mark(i, float(r["speedup"]), f"{name} on {cat}, BS {b}: best K="
+                                        f"{int(r['num_spec_tokens'])}, speedup {num(r['speedup'])}x "
+                                        f"{interval(r['speedup_low'], r['speedup_high'])}, AL "
+                                        f"{num(r['acceptance_length'])}", float(r["speedup_low"]),
+                                        float(r["speedup_high"])))
+            series.append(s)
+    if series:
+        p.charts.append(xy_chart(series, [str(b) for b in sizes], x_title="batch size",
+                                 y_title="best speedup over vanilla", ref_y=1.0, ref_label="vanilla",
+                                 chart_id="chart-drafts"))
     p.notes.append("pre:" + drafts_text(comp, weights))
     missing = [d["name"] for d in comp.plan.get("drafts", []) if d["name"] not in comp.grids]
     if missing:

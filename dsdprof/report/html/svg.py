@@ -72,6 +72,9 @@ def xy_chart(series: Sequence[Series], x_labels: Sequence[str], *, x_title: str,
              integer_y: bool = False) -> Markup:
     """A line / point chart over categorical x slots, with interval whiskers where marks have them."""
     left, right, top, bottom = 58, 110, 14, 46
+    if len(series) > 1:  # room for the legend's longest name (about 7 px a character at 12 px)
+        right = max(right, 50 + 7 * max(len(s.name) for s in series))
+        width += right - 110
     pw, ph = width - left - right, height - top - bottom
     values = [v for s in series for m in s.marks for v in (m.y, m.lo, m.hi) if math.isfinite(v)]
     if ref_y is not None:
