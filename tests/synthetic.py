@@ -67,7 +67,8 @@ def noisy_rows(t, seed: int, repeats: int = 3, waves: int = 20, wave_noise: floa
     ``outliers``: the share of waves (drawn independently) whose ITL is ``outlier_factor`` times
     slower (a GC pause, a noisy neighbour); the truth is the cell without them."""
     rng = np.random.default_rng(seed)
-    out_rng = np.random.default_rng((seed, 7919))  # its own stream: the clean noise is the same with or without
+    out_rng = np.random.default_rng((seed,
+                                     7919))  # its own stream: the clean noise is the same with or without
     rows = []
     for b, by_k in t.items():
         for r in range(repeats):
@@ -101,7 +102,8 @@ class TruthEngine:
     name = "synthetic"
     speculation_mode = "dsd"
 
-    def __init__(self, t, seed: int = 0, waves: int = 20, wave_noise: float = 0.05, repeat_noise: float = 0.01,
+    def __init__(self, t, seed: int = 0, waves: int = 20, wave_noise: float = 0.05,
+                 repeat_noise: float = 0.01,
                  al_noise: float = 0.03, method: str = "eagle3", chain: bool = True, mode: str = "dsd",
                  paired: bool = False):
         self.t, self.seed, self.waves, self.paired = t, seed, waves, paired
@@ -114,8 +116,8 @@ class TruthEngine:
         from dsdprof.measure.engine import Provenance
 
         return Provenance(engine="synthetic", engine_version="0", model="truth", draft_model="truth-draft",
-                          method=self.method, hardware="none", dtype="none", dataset="synthetic", seed=self.seed,
-                          dsdprof_version="0")
+                          method=self.method, hardware="none", dtype="none", dataset="synthetic",
+                          seed=self.seed, dsdprof_version="0")
 
     def measure(self, cell):
         from dsdprof.measure.engine import CellMeasurement
@@ -127,13 +129,16 @@ class TruthEngine:
             al, itl = 1.0, self.t[b][0][1] * 0.95
         elif not self.chain and 0 < k < self.kmax:
             al = 1.0 + (al - 1.0) * 0.9
-        rng = np.random.default_rng((self.seed, b, k, cell.repeat, ["vanilla", "dsd", "fixed"].index(cell.mode)))
+        rng = np.random.default_rng((self.seed, b, k, cell.repeat,
+                                     ["vanilla", "dsd", "fixed"].index(cell.mode)))
         s_itl = itl * rng.lognormal(0.0, self.repeat_noise) * rng.lognormal(0.0, self.wave_noise, self.waves)
         if cell.group:  # paired: the Ks of a wave share its drift; each K keeps a quarter of the noise
             shared = np.random.default_rng((self.seed, b, cell.repeat, 99))
-            s_itl = itl * shared.lognormal(0.0, self.repeat_noise) * shared.lognormal(0.0, self.wave_noise, self.waves) \
-                * rng.lognormal(0.0, self.wave_noise / 4, self.waves)
-        s_al = np.ones(self.waves) if k == 0 else np.clip(al * rng.lognormal(0.0, self.al_noise, self.waves), 1.0, k + 1.0)
+            s_itl = (itl * shared.lognormal(0.0, self.repeat_noise)
+                     * shared.lognormal(0.0, self.wave_noise, self.waves)
+                     * rng.lognormal(0.0, self.wave_noise / 4, self.waves))
+        s_al = (np.ones(self.waves) if k == 0
+                else np.clip(al * rng.lognormal(0.0, self.al_noise, self.waves), 1.0, k + 1.0))
         a, t_ = float(s_al.mean()), float(s_itl.mean())
         steps = self.waves * 32 / a
         return CellMeasurement(

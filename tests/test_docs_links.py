@@ -1,5 +1,5 @@
-"""The docs a reader follows: every relative link in README.md and docs/ resolves (anchors included), and no doc is
-named (file name or heading) after an issue number. Dated numbers live in docs/lab/."""
+"""The docs a reader follows: every relative link in README.md and docs/ resolves (anchors included), and no
+doc is named (file name or heading) after an issue number. Dated numbers live in docs/lab/."""
 
 from __future__ import annotations
 
@@ -45,8 +45,10 @@ def test_relative_links_resolve():
 
 def test_link_check_sees_a_broken_link(tmp_path):
     doc = tmp_path / "a.md"
-    doc.write_text("## The rule: K, `--budget` (v2)\n[ok](a.md) [url](https://x.org/y) [gone](lab/missing.md#top)\n"
-                   "[here](#the-rule-k---budget-v2) [there](a.md#the-rule-k---budget-v2) [nowhere](#the-rules)\n")
+    doc.write_text("## The rule: K, `--budget` (v2)\n"
+                   "[ok](a.md) [url](https://x.org/y) [gone](lab/missing.md#top)\n"
+                   "[here](#the-rule-k---budget-v2) [there](a.md#the-rule-k---budget-v2) "
+                   "[nowhere](#the-rules)\n")
     assert _broken(doc, tmp_path) == ["a.md: lab/missing.md#top", "a.md: #the-rules"]
 
 

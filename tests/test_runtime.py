@@ -43,8 +43,8 @@ def test_nonpositive_batch_size_gets_batch_size_1s_k():
 def test_sparse_large_tables_load_small_and_select_right():
     s = KSelector([[1, 100_000_000, 3], [100_000_001, 100_000_001, 2]])
     assert len(s._lookup) <= DENSE_CAP + 1  # memory grows with the ranges, not the last start
-    assert [s.select(b) for b in (1, DENSE_CAP, DENSE_CAP + 1, 99_999_999, 100_000_000, 100_000_001, 10**15)] == \
-        [3, 3, 3, 3, 3, 2, 2]
+    probes = (1, DENSE_CAP, DENSE_CAP + 1, 99_999_999, 100_000_000, 100_000_001, 10**15)
+    assert [s.select(b) for b in probes] == [3, 3, 3, 3, 3, 2, 2]
     big = KSelector([[1, 10**12 - 1, 4], [10**12, 10**12, 1], [10**12 + 1, 2 * 10**12, 6]])
     assert len(big._lookup) <= DENSE_CAP + 1
     assert [big.select(b) for b in (1, 10**12 - 1, 10**12, 10**12 + 1, 3 * 10**12)] == [4, 4, 1, 6, 6]
@@ -97,7 +97,8 @@ def test_unreadable_files_are_table_errors(tmp_path):
     for data, needle in [(b"nope", "not valid JSON"), (b"\x80\x81 not utf8", "not UTF-8"),
                          (b'{"schema": "dsdprof.ktable/v1", "ranges": [[1, 3, true]]}', "ranges"),
                          (b'{"schema": "dsdprof.ktable/v1", "ranges": [[1, 1e3, 1]]}', "ranges"),
-                         (b'{"schema": "dsdprof.ktable/v1", "ranges": [[1, 3, 1]], "points": "x"}', "points")]:
+                         (b'{"schema": "dsdprof.ktable/v1", "ranges": [[1, 3, 1]], "points": "x"}',
+                          "points")]:
         p.write_bytes(data)
         with pytest.raises(TableError, match=needle):
             KSelector.from_file(p)
@@ -113,8 +114,8 @@ def test_v2_tables_serve_like_v1(tmp_path):
 
 def test_import_runtime_is_light():
     code = ("import sys, dsdprof.serve.runtime; "
-            "heavy = [m for m in ('pandas', 'pyarrow', 'torch', 'vllm', 'numpy', 'pydantic', 'typer', 'rich') if m in sys.modules]; "
-            "print(','.join(heavy))")
+            "heavy = [m for m in ('pandas', 'pyarrow', 'torch', 'vllm', 'numpy', 'pydantic', 'typer', "
+            "'rich') if m in sys.modules]; print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 
@@ -144,10 +145,12 @@ def _ref_select(ranges, cap, contexts, b, c):
 
 def _random_table(rng, n_slices):
     def rand_ranges(starts):
-        return [[s, (starts[i + 1] - 1 if i + 1 < len(starts) else 10**9), rng.randint(0, 7)] for i, s in enumerate(starts)]
+        return [[s, (starts[i + 1] - 1 if i + 1 < len(starts) else 10**9), rng.randint(0, 7)]
+                for i, s in enumerate(starts)]
     starts = [1] + sorted(rng.sample(range(2, DENSE_CAP + 300), rng.randint(0, 6)))
     tops = sorted(rng.sample(range(2, (1 << 18) + 5000), n_slices))
-    return rand_ranges(starts), [(t, rand_ranges([1] + sorted(rng.sample(range(2, 600), rng.randint(0, 4))))) for t in tops]
+    return rand_ranges(starts), [(t, rand_ranges([1] + sorted(rng.sample(range(2, 600), rng.randint(0, 4)))))
+                                 for t in tops]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -178,7 +181,8 @@ def test_select_bad_inputs_behave_as_documented():
     v2 = KSelector([[1, 2, 3], [3, 1 << 20, 1]], 7)
     for s in (sel, v2):
         for c in (None, -1, -10**20, 2.5, 3000.0, float("nan"), "4096", True, False, [5]):
-            assert [s.select(b, c) for b in (1, 2, 3, 10**6)] == [3, 3, 1, 1], c  # no context: batch-size-only
+            # no context: batch-size-only
+            assert [s.select(b, c) for b in (1, 2, 3, 10**6)] == [3, 3, 1, 1], c
         assert s.select(3.0) == s.select(3) and s.select(2.5) == s.select(2) and s.select(True) == s.select(1)
         for b in ("3", None, [1]):  # a non-number batch size raises, as a dict lookup does
             with pytest.raises(TypeError):
@@ -209,7 +213,8 @@ def _no_far(sel):
 
 def _table_1449():
     from dsdprof.formats.ktable import ranges_from_points
-    pts = [(1, 4), (2, 3), (4, 3), (8, 2), (16, 2), (32, 1), (64, 1), (128, 1), (256, 0), (512, 0), (1024, 1), (2048, 0)]
+    pts = [(1, 4), (2, 3), (4, 3), (8, 2), (16, 2), (32, 1), (64, 1), (128, 1), (256, 0), (512, 0),
+           (1024, 1), (2048, 0)]
     return ranges_from_points(pts)
 
 
@@ -219,7 +224,8 @@ def test_select_hot_path_never_takes_the_slow_path():
     assert ranges[-1][0] == 1449  # the held-out shape: BS 4096 is past the last range's start
     contexts = [(100, [[1, 2, 3], [3, 10**6, 1]]), (5000, ranges), (20000, [[1, 3000, 2], [3001, 3001, 5]])]
     sizes = range(0, LIST_MIN + 1)
-    for sel, ctxs in ((KSelector(ranges, 7), [None]), (KSelector(ranges, 7, contexts), [None, 2, 50, 100, 101, 4999, 5000, 20000])):
+    for sel, ctxs in ((KSelector(ranges, 7), [None]),
+                      (KSelector(ranges, 7, contexts), [None, 2, 50, 100, 101, 4999, 5000, 20000])):
         ctx_ranges = [(t, r) for t, r in sel.contexts]
         want = {c: [_ref_select(sel.ranges, 7, ctx_ranges, b, c) for b in sizes] for c in ctxs}
         warm = [sel.select(b, c) for c in ctxs for b in (300_000, 2**20)]  # grows the lists once
@@ -227,7 +233,9 @@ def test_select_hot_path_never_takes_the_slow_path():
         for c in ctxs:
             assert [sel.select(b, c) for b in sizes] == want[c], c
             assert [sel.for_context(c).select(b) for b in sizes] == want[c], c
-            assert [sel.select(b, c) for b in (300_000, 2**20 - 1, 2**20)] == [_ref_select(sel.ranges, 7, ctx_ranges, b, c) for b in (300_000, 2**20 - 1, 2**20)]
+            probes = (300_000, 2**20 - 1, 2**20)
+            assert [sel.select(b, c) for b in probes] == [_ref_select(sel.ranges, 7, ctx_ranges, b, c)
+                                                       for b in probes]
         assert warm and sel.select(4096) == sel.select(1449) == sel.select(2**20) == 0
         with pytest.raises(AssertionError, match="slow path"):  # the check can fail: the slow path is guarded
             sel.select(-1)
@@ -241,9 +249,11 @@ def test_select_lists_grow_once_and_stay_bounded():
     lst = sel.select.__globals__["_k"]
     assert len(lst) == LIST_MIN + 1
     assert sel.select(LIST_MIN + 1) == 1 and len(lst) == 2 * (LIST_MIN + 1)  # the next doubling
-    assert sel.select(10**15) == 1 and sel.select(GROW_CAP + 1) == 1 and len(lst) == 2 * (LIST_MIN + 1)  # past the cap: no growth
+    # past the cap: no growth
+    assert sel.select(10**15) == 1 and sel.select(GROW_CAP + 1) == 1 and len(lst) == 2 * (LIST_MIN + 1)
     assert sel.select(GROW_CAP) == 1 and len(lst) == GROW_CAP + 1
-    far = KSelector([[1, 10**8, 3], [10**8 + 1, 10**8 + 1, 2]])  # a last start past the load cap: the list stops at it
+    # a last start past the load cap: the list stops at it
+    far = KSelector([[1, 10**8, 3], [10**8 + 1, 10**8 + 1, 2]])
     assert len(far.select.__globals__["_k"]) == LOAD_CAP + 1
     assert [far.select(b) for b in (1, GROW_CAP, GROW_CAP + 1, 10**8, 10**8 + 1, 10**9)] == [3, 3, 3, 3, 2, 2]
 
@@ -263,7 +273,8 @@ def test_for_context_is_the_slice_selector():
 def test_select_grows_correctly_under_threads():
     import random
     import threading
-    ranges = [[1, 70_000, 3], [70_001, 100_000, 2], [100_001, 300_000, 4], [300_001, 10**9, 1]]  # starts past LOAD_CAP
+    # starts past LOAD_CAP
+    ranges = [[1, 70_000, 3], [70_001, 100_000, 2], [100_001, 300_000, 4], [300_001, 10**9, 1]]
     sel, errors = KSelector(ranges, 7), []
 
     def worker(seed):
@@ -278,4 +289,5 @@ def test_select_grows_correctly_under_threads():
     for t in threads:
         t.join()
     assert not errors
-    assert [sel.select(b) for b in range(0, 2**20 + 2, 997)] == [_ref_k(ranges, 7, b) for b in range(0, 2**20 + 2, 997)]
+    probes = range(0, 2**20 + 2, 997)
+    assert [sel.select(b) for b in probes] == [_ref_k(ranges, 7, b) for b in probes]

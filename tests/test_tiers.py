@@ -31,7 +31,8 @@ def test_make_test_fast_leaves_out_vllm_and_slow_and_requires_every_package():
 def test_make_test_runs_every_test_once_in_its_two_sessions():
     make = (ROOT / "Makefile").read_text()
     full = _recipe("test")
-    assert "$(PYTEST_FULL)" in full and re.search(r"^PYTEST_FULL := .*-m pytest .*--durations=\d+", make, re.M)
+    assert "$(PYTEST_FULL)" in full
+    assert re.search(r"^PYTEST_FULL := .*-m pytest .*--durations=\d+", make, re.M)
     exprs = re.findall(r'\$\(PYTEST_FULL\)[^\n]*?-m "([^"]+)"', full)
     assert len(exprs) == 2, exprs
     for marks in ({"vllm"}, {"ray"}, {"vllm", "ray"}, {"slow"}, set()):  # every test in exactly one session

@@ -21,13 +21,13 @@ import functools
 import json
 import tempfile
 from collections import defaultdict, deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 EOS = 2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def vllm_config(max_k: int, max_num_seqs: int = 8, max_model_len: int = 1024, dsd: bool = True,
                 num_blocks: int = 4096):
     """A VllmConfig (vLLM validates it) for a config-only llama; speculative when ``max_k`` > 0;
@@ -49,7 +49,8 @@ def vllm_config(max_k: int, max_num_seqs: int = 8, max_model_len: int = 1024, ds
     (d / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 8192, "torch_dtype": "float32"}))
+        "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 8192,
+        "torch_dtype": "float32"}))
     mc = ModelConfig(model=str(d), skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len)
     sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=8192, max_model_len=max_model_len,
                          is_encoder_decoder=False)
@@ -59,7 +60,8 @@ def vllm_config(max_k: int, max_num_seqs: int = 8, max_model_len: int = 1024, ds
     if max_k > 0:
         spec = SpeculativeConfig(method="ngram_gpu", num_speculative_tokens=max_k, prompt_lookup_max=3,
                                  prompt_lookup_min=1,
-                                 num_speculative_tokens_per_batch_size=[[1, max_num_seqs, max_k]] if dsd else None)
+                                 num_speculative_tokens_per_batch_size=(
+                                     [[1, max_num_seqs, max_k]] if dsd else None))
     return VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, speculative_config=spec,
                       device_config=device)
 
@@ -72,9 +74,10 @@ def make_scheduler(cls, config, log_stats: bool = True):
 
     blocks = config.cache_config.num_gpu_blocks
     kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32))])
-    return cls(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
-               block_size=16, log_stats=log_stats)
+        KVCacheGroupSpec(["layer"],
+                         FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    return cls(vllm_config=config, kv_cache_config=kv,
+               structured_output_manager=StructuredOutputManager(config), block_size=16, log_stats=log_stats)
 
 
 def make_request(req_id: str, prompt_len: int, max_tokens: int, extra: dict | None = None, eos: bool = True):
@@ -172,7 +175,8 @@ class FakeRunner:
             sampled.append(toks)
             if toks:
                 drafts.append((req_id, [7] * so.num_spec_tokens_to_schedule))
-        self._drafts[id(so)] = DraftTokenIds([r for r, _ in drafts], [t for _, t in drafts]) if drafts else None
+        self._drafts[id(so)] = (DraftTokenIds([r for r, _ in drafts], [t for _, t in drafts])
+                                if drafts else None)
         if self.step_time is not None and so.total_num_scheduled_tokens > 0:  # an empty step takes no time
             self._durations[id(so)] = self._duration(so)
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},

@@ -239,7 +239,8 @@ def test_repeated_resumes_keep_one_row_per_cell(spec, run):
     (("batch_sizes = [1, 8, 64]", "batch_sizes = [1, 9223372036854775807]"), "must be in 1..1048576"),
     (("waves = 20", "waves = 99999999999999999999"), "sweep.waves="),
     (("batch_sizes = [1, 8, 64]\nnum_spec_tokens = [0, 2, 4]\nwaves = 20",
-      "batch_sizes = [1048576]\nnum_spec_tokens = [0, 2, 4]\nwaves = 1000000\noutput_len = 1000000"), "overflows"),
+      "batch_sizes = [1048576]\nnum_spec_tokens = [0, 2, 4]\nwaves = 1000000\noutput_len = 1000000"),
+     "overflows"),
     (("waves = 20", 'waves = "20"'), "sweep.waves="),
     (("input_len = 16000", "input_len = 16000\nseed = 18446744073709551616"), "workload.seed="),
     (("input_len = 16000", "input_len = 16000\ntemperature = inf"), "workload.temperature=inf"),
@@ -386,7 +387,8 @@ def test_validate_resume_of_another_run_is_refused_before_any_engine(tmp_path):
     table.write_text(json.dumps({"schema": "dsdprof.ktable/v1", "ranges": [[1, 2, 3], [3, 1048576, 1]]}))
     run = tmp_path / "validate-run"
     dump = load_spec(spec).model_dump(mode="json")
-    dump["validate"] = {"table": str(table), "ranges": [[1, 2, 3], [3, 1048576, 1]], "fixed_ks": [3], "design": "paired"}
+    dump["validate"] = {"table": str(table), "ranges": [[1, 2, 3], [3, 1048576, 1]], "fixed_ks": [3],
+                        "design": "paired"}
     with SweepWriter(run, dump) as w:  # what `dsdprof validate` wrote before it was interrupted
         w.start({"engine": "vllm", "hardware": "cpu"})
     before = snapshot(run)
@@ -407,12 +409,17 @@ def test_validate_resume_of_another_run_is_refused_before_any_engine(tmp_path):
 # ----------------------------------------------------------------------------- names users bring
 
 @pytest.mark.parametrize("edit, needles", [
-    (("num_spec_tokens =", "num_speculative_tokens ="), ("sweep.num_speculative_tokens=", "did you mean sweep.num_spec_tokens")),
+    (("num_spec_tokens =", "num_speculative_tokens ="),
+     ("sweep.num_speculative_tokens=", "did you mean sweep.num_spec_tokens")),
     (("waves =", "wavs ="), ("sweep.wavs=", "did you mean sweep.waves")),
-    (("input_len = 16000", "input_len = 16000\noutput_len = 64"), ("workload.output_len=", "did you mean sweep.output_len")),
-    (("input_len = 16000", 'input_len = 16000\ndataset = "random"'), ("workload.dataset='random'", "vllm bench", "'synthetic'")),
-    (("input_len = 16000", 'input_len = 16000\ndataset = "sharegtp"'), ("workload.dataset='sharegtp'", "'sharegpt'")),
-    (('model = "Llama-3.1-8B"', 'model = "Llama-3-8B"'), ("engine.model='Llama-3-8B'", "did you mean Llama-3.1-8B?")),
+    (("input_len = 16000", "input_len = 16000\noutput_len = 64"),
+     ("workload.output_len=", "did you mean sweep.output_len")),
+    (("input_len = 16000", 'input_len = 16000\ndataset = "random"'),
+     ("workload.dataset='random'", "vllm bench", "'synthetic'")),
+    (("input_len = 16000", 'input_len = 16000\ndataset = "sharegtp"'),
+     ("workload.dataset='sharegtp'", "'sharegpt'")),
+    (('model = "Llama-3.1-8B"', 'model = "Llama-3-8B"'),
+     ("engine.model='Llama-3-8B'", "did you mean Llama-3.1-8B?")),
     (('"RTX 4090"', '"B20"'), ("sim.hardware='B20'", "did you mean B200?")),
 ])
 def test_vllm_names_and_near_misses_get_a_pointer(tmp_path, edit, needles):
@@ -445,7 +452,8 @@ def test_sweep_overrides_are_validated_recorded_and_needed_to_resume(tmp_path, s
     r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--dry-run", "--batch-sizes", "1,8",
                             "--num-spec-tokens", "0,2"])
     assert r.exit_code == 0, r.output
-    assert "batch sizes 1, 8; K 0, 2" in r.stdout and "6 cells" in r.stdout and "estimated duration" in r.stdout
+    assert "batch sizes 1, 8; K 0, 2" in r.stdout and "6 cells" in r.stdout
+    assert "estimated duration" in r.stdout
     assert not out.exists()  # a dry run writes nothing
     one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1,x"]),
                    "--batch-sizes='1,x'")
@@ -454,14 +462,20 @@ def test_sweep_overrides_are_validated_recorded_and_needed_to_resume(tmp_path, s
     one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--model", "Llama-3-8B"]),
                    "Llama-3-8B", "did you mean Llama-3.1-8B?")
     assert not out.exists()
-    r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1", "--num-spec-tokens", "0,2",
+    r = runner.invoke(app,
+                      ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1",
+                       "--num-spec-tokens", "0,2",
                             "--model", "Llama-3.2-1B", "--draft-model", "Llama-3.2-1B"])
     assert r.exit_code == 0, r.output
     manifest = json.loads((out / "_sweep.json").read_text())
-    assert manifest["spec"]["sweep"]["batch_sizes"] == [1] and manifest["spec"]["sweep"]["num_spec_tokens"] == [0, 2]
+    sweep = manifest["spec"]["sweep"]
+    assert sweep["batch_sizes"] == [1] and sweep["num_spec_tokens"] == [0, 2]
     assert manifest["spec"]["engine"]["model"] == "Llama-3.2-1B"
-    one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--resume"]), "differs from the run being resumed")
-    r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1", "--num-spec-tokens", "0,2",
+    one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--resume"]),
+                   "differs from the run being resumed")
+    r = runner.invoke(app,
+                      ["sweep", str(spec), "--out", str(out), "--batch-sizes", "1",
+                       "--num-spec-tokens", "0,2",
                             "--model", "Llama-3.2-1B", "--draft-model", "Llama-3.2-1B", "--resume"])
     assert r.exit_code == 0 and "3 skipped" in r.stdout, r.output
 

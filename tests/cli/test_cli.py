@@ -78,7 +78,8 @@ def test_bad_inputs_are_one_line_exit_2(tmp_path, measured, dense_like_frame):
     spec.write_text('[engine]\nmodel = "m"\ndraft_model = "d"\nfoo = 1\n')
     _one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "run")]), "engine.foo")
     assert not (tmp_path / "run").exists()
-    _one_line_error(runner.invoke(app, ["sweep", str(tmp_path / "none.toml"), "--out", str(tmp_path / "r")]), "spec=")
+    _one_line_error(runner.invoke(app, ["sweep", str(tmp_path / "none.toml"), "--out", str(tmp_path / "r")]),
+                    "spec=")
     _one_line_error(runner.invoke(app, ["toy-models", str(tmp_path / "t"), "--kind", "big"]), "--kind")
 
 
@@ -230,13 +231,15 @@ def test_analyze_and_export_exit_0_quietly_on_a_closed_pipe(tmp_path, measured):
         read_end, write_end = os.pipe()
         os.close(read_end)
         try:  # the four start together: each spends seconds importing, the assertion is per process
-            procs.append((args, subprocess.Popen([sys.executable, "-m", "dsdprof.cli", *args], stdout=write_end,
+            procs.append((args,
+                          subprocess.Popen([sys.executable, "-m", "dsdprof.cli", *args], stdout=write_end,
                                                  stderr=subprocess.PIPE, text=True)))
         finally:
             os.close(write_end)
     for args, p in procs:
         _, stderr = p.communicate(timeout=120)
-        assert p.returncode == 0 and "error" not in stderr.lower() and "Traceback" not in stderr, (args, stderr)
+        assert p.returncode == 0, (args, stderr)
+        assert "error" not in stderr.lower() and "Traceback" not in stderr, (args, stderr)
 
 
 # ----------------------------------------------------------------------------- progress in logs
@@ -312,13 +315,14 @@ def test_analyze_with_intervals_fits_80_columns_one_line_per_batch_size(tmp_path
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert max(map(len, lines)) <= 80, r.stdout
-    body = [line for line in lines if line.split()[:1] and line.split()[0].isdigit() and line.rstrip().endswith("x")]
+    body = [line for line in lines if line.split()[:1] and line.split()[0].isdigit()
+            and line.rstrip().endswith("x")]
     assert [int(line.split()[0]) for line in body] == list(sizes)
     assert any(" no " in line for line in body) and any(" yes " in line for line in body)
     assert "still possible" in r.stdout  # undecided sizes name the Ks the data still allow
 
 
-# ----------------------------------------------------------------------------- a large sweep's start (issue 31)
+# --------------------------------------------------------------------------- a large sweep's start (issue 31)
 
 HUGE_SPEC = """
 [engine]
@@ -387,7 +391,8 @@ def test_a_huge_sweep_says_what_it_does_at_once_in_a_log(tmp_path):
     import sys
     import time
 
-    cmd = [sys.executable, "-m", "dsdprof.cli", "sweep", str(_huge_spec(tmp_path)), "--out", str(tmp_path / "run")]
+    cmd = [sys.executable, "-m", "dsdprof.cli", "sweep", str(_huge_spec(tmp_path)), "--out",
+           str(tmp_path / "run")]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "COLUMNS": "200"})
@@ -410,7 +415,8 @@ def test_dry_run_counts_a_huge_grid_without_building_it(tmp_path, monkeypatch):
     from dsdprof.measure import runner as runner_mod
 
     real_iter = runner_mod.iter_cells
-    monkeypatch.setattr(runner_mod, "iter_cells", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    monkeypatch.setattr(runner_mod, "iter_cells",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
     plan = runner_mod.plan_sweep(load_spec(_huge_spec(tmp_path)))
     assert plan.cells == 1_120_000 and plan.engine_waves == 1_120_000 * 4
     r = runner.invoke(app, ["sweep", str(_huge_spec(tmp_path)), "--out", str(tmp_path / "run"), "--dry-run"])
@@ -426,9 +432,10 @@ def test_dry_run_counts_a_huge_grid_without_building_it(tmp_path, monkeypatch):
             for paired in (False, True):
                 grid = runner_mod.GridPlanner(spec).cells(mode, paired)
                 cells = list(grid)
-                assert len(grid) == len(cells) and len({c.cell_id for c in cells}) == len(cells), (sweep, mode)
+                assert len(grid) == len(cells) == len({c.cell_id for c in cells}), (sweep, mode)
                 s = spec.sweep
-                assert grid.engine_waves(s.waves, s.warmup) == runner_mod.engine_waves(cells, s.waves, s.warmup)
+                want = runner_mod.engine_waves(cells, s.waves, s.warmup)
+                assert grid.engine_waves(s.waves, s.warmup) == want
                 assert grid.paired == any(c.group for c in cells)
 
 
@@ -451,8 +458,9 @@ def test_log_heartbeat_is_at_most_10_s():
     assert log.beat() is None
     now[0] = HEARTBEAT_S
     assert log.beat() == "sweep [0/0] waiting; elapsed 10s"  # the engine still starting
-    log(SimpleNamespace(phase="start", index=0, total=4, cell=SimpleNamespace(batch_size=64, num_spec_tokens=3,
-                                                                                 mode="dsd"), status="", message=""))
+    log(SimpleNamespace(phase="start", index=0, total=4,
+                        cell=SimpleNamespace(batch_size=64, num_spec_tokens=3, mode="dsd"),
+                        status="", message=""))
     now[0] = 2 * HEARTBEAT_S - 0.1
     assert log.beat() is None
     now[0] = 2 * HEARTBEAT_S

@@ -92,14 +92,16 @@ def test_validate_steps_design_runs_every_variant_in_one_engine(toy, tmp_path):
     from dsdprof.measure.vllm.trace import read_trace
     from tests.support.simulate import synthetic_table
 
-    table = synthetic_table({b: {k: 0.03 + 0.003 * k + 0.001 * b * k for k in range(4)} for b in (1, 2)}, (0.8,) * 3)
+    table = synthetic_table({b: {k: 0.03 + 0.003 * k + 0.001 * b * k for k in range(4)} for b in (1, 2)},
+                            (0.8,) * 3)
     table["provenance"] = {"model": str(toy.target), "draft_model": str(toy.draft), "method": "draft_model"}
     (tmp_path / "t.json").write_text(json.dumps(table))
     # the tiny pair accepts ~0.9 a draft, so a request's 96 tokens take ~30 steps a wave: several
     # steady steps per arm in each of the 2 waves (at 40 tokens, one wave had none: intervals unknown)
     write_spec(tmp_path / "s.toml", toy, waves=2, output_len=96)
     out = tmp_path / "val"
-    r = CliRunner().invoke(app, ["validate", str(tmp_path / "t.json"), str(tmp_path / "s.toml"), "--fixed-k", "1",
+    r = CliRunner().invoke(app,
+                           ["validate", str(tmp_path / "t.json"), str(tmp_path / "s.toml"), "--fixed-k", "1",
                                  "--fixed-k", "2", "--adaptive", "--design", "steps", "--out", str(out),
                                  "--fail-on-regret", "1000"])
     assert r.exit_code == 0, r.output
@@ -110,7 +112,8 @@ def test_validate_steps_design_runs_every_variant_in_one_engine(toy, tmp_path):
     fixed = df[df["mode"] == "fixed"]
     assert (fixed["drafted_per_draft"] == fixed["num_spec_tokens"].astype(float)).all()
     dsd = df[df["mode"] == "dsd"]
-    assert (dsd["drafted_per_draft"] == dsd["num_spec_tokens"].astype(float)).all()  # the table's arm ran its K
+    # the table's arm ran its K
+    assert (dsd["drafted_per_draft"] == dsd["num_spec_tokens"].astype(float)).all()
     steps = read_trace(out / "_traces" / "adaptive-bs1-steps-r0.jsonl")
     assert {s.arm for s in steps if s.wave >= 0} == {-2, -1, 1, 2}
     c = compare(df)

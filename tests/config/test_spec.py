@@ -33,7 +33,8 @@ def test_good_spec_defaults_and_sorting(tmp_path):
     ({"engine": {"model": "m", "draft_model": "d", "colour": 1}}, "engine.colour"),
     ({"engine": {"model": "m", "draft_model": "d"}, "sweeep": {}}, "sweeep"),
     ({"engine": {"model": "m", "draft_model": "d"}, "sweep": {"batch_sizes": [0, 1]}}, "sweep.batch_sizes"),
-    ({"engine": {"model": "m", "draft_model": "d"}, "sweep": {"num_spec_tokens": [-1]}}, "sweep.num_spec_tokens"),
+    ({"engine": {"model": "m", "draft_model": "d"}, "sweep": {"num_spec_tokens": [-1]}},
+     "sweep.num_spec_tokens"),
     ({"engine": {"model": "m", "draft_model": "d"}, "sweep": {"waves": 0}}, "sweep.waves"),
     ({"engine": {"model": "m", "draft_model": "d"}, "workload": {"temperature": -1}}, "workload.temperature"),
     ({"engine": {"model": "m", "method": "eagle3"}}, "engine"),
@@ -87,7 +88,8 @@ def test_synthetic_acceptance_rates_bad_values_name_the_field(rates, words):
 
 
 def test_synthetic_acceptance_rates_good_and_guarded():
-    spec = parse_spec({**SYNTH, "engine": {**SYNTH["engine"], "synthetic_acceptance_rates": [1, 0.6, 0.6, 0.1]}})
+    spec = parse_spec({**SYNTH,
+                       "engine": {**SYNTH["engine"], "synthetic_acceptance_rates": [1, 0.6, 0.6, 0.1]}})
     assert spec.engine.synthetic_acceptance_rates == [1.0, 0.6, 0.6, 0.1]  # more than max K: cut per engine
     assert spec.engine.synthetic_rates(2) == [1.0, 0.6]
     assert spec.model_dump()["engine"]["synthetic_acceptance_rates"] == [1.0, 0.6, 0.6, 0.1]
@@ -99,10 +101,12 @@ def test_synthetic_acceptance_rates_good_and_guarded():
         with pytest.raises(InputError, match="use engine.synthetic_acceptance_rates") as e:
             parse_spec({**SYNTH, "engine": {**SYNTH["engine"], "speculative_extra": extra}})
         assert e.value.field == "engine.speculative_extra"
-    assert parse_spec({**SYNTH, "engine": {**SYNTH["engine"], "speculative_extra": {
-        "rejection_sample_method": "block"}}}).engine.speculative_extra == {"rejection_sample_method": "block"}
+    extra = {"rejection_sample_method": "block"}
+    assert parse_spec({**SYNTH, "engine": {**SYNTH["engine"], "speculative_extra": extra}}
+                      ).engine.speculative_extra == extra
     with pytest.raises(InputError, match="only with engine.name = 'vllm'"):
-        parse_spec({**SYNTH, "engine": {"name": "sim", "model": "m", "synthetic_acceptance_rates": [1, 1, 1]}})
+        parse_spec({**SYNTH,
+                    "engine": {"name": "sim", "model": "m", "synthetic_acceptance_rates": [1, 1, 1]}})
     with pytest.raises(InputError) as e:
         parse_spec({**SYNTH, "engine": {**SYNTH["engine"], "synthetic_acceptance_rates": [1, 1, 1],
                                         "extra": {"worker_extension_cls": "a.B"}}})

@@ -19,8 +19,10 @@ runner = CliRunner()
 
 
 def _spec(batch_sizes, ks=KS, waves=20, **sim):
-    return parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3", "dtype": "bfloat16"},
-                       "sweep": {"batch_sizes": list(batch_sizes), "num_spec_tokens": list(ks), "waves": waves},
+    return parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3",
+                                  "dtype": "bfloat16"},
+                       "sweep": {"batch_sizes": list(batch_sizes), "num_spec_tokens": list(ks),
+                                 "waves": waves},
                        "sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.75, "context_len": 1024, **sim}})
 
 
@@ -40,7 +42,8 @@ def test_bad_budget_is_one_named_error(text):
 
 def _rows_with_cell_ids(df):
     df = df.copy()
-    df["cell_id"] = [f"{m}-bs{b}-k{k}-r{r}" for m, b, k, r in zip(df["mode"], df.batch_size, df.num_spec_tokens, df.repeat)]
+    df["cell_id"] = [f"{m}-bs{b}-k{k}-r{r}"
+                     for m, b, k, r in zip(df["mode"], df.batch_size, df.num_spec_tokens, df.repeat)]
     df["wall_s"] = 1.0
     return df
 
@@ -158,7 +161,8 @@ def test_paired_budget_runs_whole_groups_and_settles_for_a_quarter_of_the_grid(t
     df = read_measurements(tmp_path / "run")
     dsd = df[df["mode"] == "dsd"]
     assert (dsd["design"] == "paired").all()
-    reps = dsd.groupby("batch_size").apply(lambda g: g.groupby("num_spec_tokens")["repeat"].apply(tuple).nunique())
+    reps = dsd.groupby("batch_size").apply(
+        lambda g: g.groupby("num_spec_tokens")["repeat"].apply(tuple).nunique())
     assert (reps == 1).all()  # every K of a batch size ran in the same groups
     a = analyze(df)
     chosen = dict(zip(a.optimal.batch_size, a.optimal.k))
@@ -186,7 +190,8 @@ def test_chain_and_non_chain_drafters(tmp_path):
     spec = _spec(sorted(t))
     s = run_budgeted_sweep(spec, tmp_path / "chain", parse_budget("100000"), engine=TruthEngine(t, seed=0))
     assert s.acceptance == "chain" and "chain drafter" in s.acceptance_note
-    s = run_budgeted_sweep(spec, tmp_path / "odd", parse_budget("100000"), engine=TruthEngine(t, seed=0, chain=False))
+    s = run_budgeted_sweep(spec, tmp_path / "odd", parse_budget("100000"),
+                           engine=TruthEngine(t, seed=0, chain=False))
     assert s.acceptance == "measured" and "misses the measured AL" in s.acceptance_note
     s = run_budgeted_sweep(spec, tmp_path / "ngram", parse_budget("100000"),
                            engine=TruthEngine(t, seed=0, method="ngram"))

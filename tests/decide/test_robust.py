@@ -41,7 +41,8 @@ def test_one_slow_wave_barely_moves_the_cell():
     # clean waves are left exactly alone
     assert [u[1] for u in robust_units(clean)] == [u[1] for u in clean]
     # drift between repeats is not a tail: a repeat 10 % slower keeps every wave
-    drift = [(a, t * 1.1, sa, st * 1.1) if i == 0 else (a, t, sa, st) for i, (a, t, sa, st) in enumerate(clean)]
+    drift = [(a, t * 1.1, sa, st * 1.1) if i == 0 else (a, t, sa, st)
+             for i, (a, t, sa, st) in enumerate(clean)]
     assert [u[1] for u in robust_units(drift)] == [u[1] for u in drift]
     del rng
 

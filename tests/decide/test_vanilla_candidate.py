@@ -8,7 +8,6 @@ sizes and K=0 wins at large ones, and a vanilla engine whose step is ``VANILLA``
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pandas as pd
@@ -45,8 +44,10 @@ def rows(vanilla: float = VANILLA, seed: int = 0, wave_noise: float = 0.02, wave
             if with_vanilla:
                 cells.append(("vanilla", 0, 1.0, _itl(b, 0) * vanilla))
             for mode, k, al, itl in cells:
-                s_itl = itl * rng.lognormal(0.0, wave_noise, waves)  # no drift between repeats: the intervals' model
-                s_al = np.ones(waves) if k == 0 else np.clip(al * rng.lognormal(0.0, 0.02, waves), 1.0, k + 1.0)
+                # no drift between repeats: the intervals' model
+                s_itl = itl * rng.lognormal(0.0, wave_noise, waves)
+                s_al = (np.ones(waves) if k == 0
+                        else np.clip(al * rng.lognormal(0.0, 0.02, waves), 1.0, k + 1.0))
                 out.append({"mode": mode, "batch_size": b, "num_spec_tokens": k, "repeat": r, "status": "ok",
                             "acceptance_length": float(s_al.mean()), "itl_s": float(s_itl.mean()),
                             "sample_acceptance_length": s_al.tolist(), "sample_itl_s": s_itl.tolist()})
@@ -72,7 +73,7 @@ def test_analysis_flags_where_vanilla_beats_every_k_with_the_gap_and_its_interva
     truth = [b for b in SIZES if _truth_gain(b) > 0.03]
     assert truth == [64, 256] and flagged == truth  # speculation wins at 1-16, vanilla at 64 and 256
     for b in flagged:
-        lo, hi, gain = opt.loc[b, "vanilla_gain_low"], opt.loc[b, "vanilla_gain_high"], opt.loc[b, "vanilla_gain"]
+        lo, hi, gain = (opt.loc[b, c] for c in ("vanilla_gain_low", "vanilla_gain_high", "vanilla_gain"))
         assert 0 < lo <= gain <= hi
         assert lo <= _truth_gain(b) <= hi and abs(gain - _truth_gain(b)) < 0.03
     for b in (1, 4, 16):
@@ -123,18 +124,22 @@ def test_bad_vanilla_records_name_the_field(bad, field):
 
 def test_selector_exposes_it_and_select_is_unchanged(result):
     table = build_table(result, source="synthetic")
-    sel, plain = KSelector.from_dict(table), KSelector.from_dict({k: v for k, v in table.items() if k != "vanilla_faster"})
+    sel = KSelector.from_dict(table)
+    plain = KSelector.from_dict({k: v for k, v in table.items() if k != "vanilla_faster"})
     gap = sel.vanilla_faster(64)
     assert isinstance(gap, VanillaGap) and gap.start == 33 and gap.end == 128 and gap.gain > 0
     assert gap.ci_low <= gap.gain <= gap.ci_high and sel.vanilla_faster(10**6).start == 129
-    assert sel.vanilla_faster(16) is None and sel.vanilla_faster(32) is None and plain.vanilla_faster(64) is None
+    assert sel.vanilla_faster(16) is None and sel.vanilla_faster(32) is None
+    assert plain.vanilla_faster(64) is None
     assert [sel.select(b) for b in range(0, 5000)] == [plain.select(b) for b in range(0, 5000)]
     assert sel.select.__code__.co_code == plain.select.__code__.co_code  # the hot path knows nothing of it
     v3 = dict(table, schema="dsdprof.ktable/v3", contexts=[
-        {"max_context": 4096, "ranges": table["ranges"], "vanilla_faster": [{"start": 1, "end": 8, "gain": 0.05}]},
+        {"max_context": 4096, "ranges": table["ranges"],
+         "vanilla_faster": [{"start": 1, "end": 8, "gain": 0.05}]},
         {"max_context": 1 << 24, "ranges": table["ranges"]}])
     s3 = KSelector.from_dict(v3)
-    assert s3.for_context(100).vanilla_faster(4).gain == 0.05 and s3.for_context(10**6).vanilla_faster(4) is None
+    assert s3.for_context(100).vanilla_faster(4).gain == 0.05
+    assert s3.for_context(10**6).vanilla_faster(4) is None
     assert s3.vanilla_faster(64) == gap  # the batch-size-only answer's records
 
 
@@ -148,7 +153,8 @@ def test_every_export_warns_with_the_gap(result):
         w = doc.warnings[0]
         assert "33..128 +" in w and "129..1048576 +" in w and engine in w and "%" in w and "[" in w
     vllm = format_table(table, "vllm").doc
-    assert "vanilla_faster" not in vllm  # vLLM's config takes no unknown keys: the warning and the table say it
+    # vLLM's config takes no unknown keys: the warning and the table say it
+    assert "vanilla_faster" not in vllm
     plain = {k: v for k, v in table.items() if k != "vanilla_faster"}
     assert vanilla_warning(plain) is None and format_table(plain, "vllm").warnings == []
 
@@ -180,7 +186,8 @@ def test_validate_report_says_where_vanilla_beats_every_variant():
     assert list(gaps["batch_size"]) == [64]
     g = gaps.iloc[0]
     truth = 1.0 / VANILLA - 1.0  # DSD serves K=0 at 64: vanilla is 13.6 % ahead of it
-    assert g["variant"] == "dsd" and g["gain_low"] <= truth <= g["gain_high"] and abs(g["gain"] - truth) < 0.02
+    assert g["variant"] == "dsd" and g["gain_low"] <= truth <= g["gain_high"]
+    assert abs(g["gain"] - truth) < 0.02
     line = validate_vanilla_line(gaps, 0.9)
     assert "BS 64 +1" in line and "over dsd" in line and "BS 1 " not in line
     assert validate_vanilla(_validate_rows(1.0), 0.9).empty  # no gap: nothing said
@@ -227,7 +234,8 @@ def test_analyze_export_and_validate_report_say_it(tmp_path):
     _write_run(tmp_path / "val", _validate_rows(VANILLA), dict(PROV, extra_run_kind="validate"))
     r = runner.invoke(app, ["validate-report", str(tmp_path / "val")], terminal_width=80)
     assert r.exit_code == 0, r.output
-    assert "vanilla beats every speculative variant beyond its 90% interval at BS 64 +1" in " ".join(r.stdout.split())
+    want = "vanilla beats every speculative variant beyond its 90% interval at BS 64 +1"
+    assert want in " ".join(r.stdout.split())
 
 
 def test_plots_mark_vanilla(result):
@@ -258,4 +266,5 @@ def test_show_says_it(result, tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(build_table(result, source="synthetic")))
     r = CliRunner().invoke(app, ["show", str(path)], terminal_width=80)
-    assert r.exit_code == 0 and "measured faster than every K at batch sizes 33..128 +" in " ".join(r.stdout.split())
+    assert r.exit_code == 0
+    assert "measured faster than every K at batch sizes 33..128 +" in " ".join(r.stdout.split())

@@ -31,9 +31,11 @@ pytestmark = pytest.mark.vllm
 def test_adaptive_engine_moves_k_to_the_live_acceptance(tmp_path):
     toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(kind="dense", residual_scale=0.1))
     spec = parse_spec({
-        "engine": {"name": "vllm", "model": str(toy.target), "draft_model": str(toy.draft), "method": "draft_model",
+        "engine": {"name": "vllm", "model": str(toy.target), "draft_model": str(toy.draft),
+                   "method": "draft_model",
                    "dtype": "float32", "max_model_len": 256, "extra": {"enforce_eager": True}},
-        "sweep": {"batch_sizes": [1, 2], "num_spec_tokens": [0, 3], "waves": 1, "output_len": 16, "warmup": 1},
+        "sweep": {"batch_sizes": [1, 2], "num_spec_tokens": [0, 3], "waves": 1,
+                  "output_len": 16, "warmup": 1},
         "workload": {"input_len": 16, "num_prompts": 16},
     })
     table = json.loads((Path(__file__).resolve().parents[2] / "tables" / "toy-dense-cpu.json").read_text())

@@ -83,7 +83,8 @@ def gpu_run(tmp_path, monkeypatch):
     (tmp_path / "tgt" / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 8192, "torch_dtype": "float16"}))
+        "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 8192,
+        "torch_dtype": "float16"}))
     spec = parse_spec({
         "engine": {"name": "vllm", "model": str(tmp_path / "tgt"), "method": "ngram", "max_model_len": 4096,
                    "dtype": "float16"},
@@ -94,7 +95,8 @@ def gpu_run(tmp_path, monkeypatch):
     # the run's provenance -> analysis -> table, as `dsdprof export` builds it
     itl = {(b, k): 0.01 + 0.002 * k + 0.00005 * b * (k + 1) for b in (1, 4, 16, 64, 128) for k in range(6)}
     al = {(b, k): sum(0.6 ** i for i in range(k + 1)) for b, k in itl}  # best K <= 2: a smaller max K served
-    table = build_table(analyze(make_rows(itl, al), provenance=provenance_dict(engine.provenance())), source="x")
+    table = build_table(analyze(make_rows(itl, al), provenance=provenance_dict(engine.provenance())),
+                        source="x")
     return engine, table
 
 
@@ -106,7 +108,8 @@ def test_measured_and_served_engines_resolve_to_the_same_graphs(gpu_run):
     compilation = format_table(table, "vllm-compilation").doc
     speculative = format_table(table, "vllm").doc
     assert compilation == measured["dsd"]["compilation_config"] == measured["vanilla"]["compilation_config"]
-    assert speculative["num_speculative_tokens"] != measured["dsd"]["speculative_config"]["num_speculative_tokens"]
+    measured_k = measured["dsd"]["speculative_config"]["num_speculative_tokens"]
+    assert speculative["num_speculative_tokens"] != measured_k
     model = {"model": measured["dsd"]["model"], "max_model_len": 4096, "dtype": "float16"}
     served = {"dsd": {**model, "speculative_config": speculative, "compilation_config": compilation},
               "vanilla": {**model, "compilation_config": compilation}}  # vllm serve, its own max_num_seqs
@@ -127,7 +130,8 @@ def test_measured_and_served_engines_resolve_to_the_same_graphs(gpu_run):
                 assert b * (k + 1) in sizes, (runner, b, k, sizes)
         assert s_plain[1:] != m_dsd[1:] and s_plain[2] <= 512  # without the export: vLLM's list, capped
     assert got[0][0] == "PIECEWISE"  # V1: vLLM overrides full graphs for dynamic SD ...
-    assert got[5] is None or got[5][0] == "FULL_AND_PIECEWISE"  # ... V2 keeps them: forced PIECEWISE is not served
+    # ... V2 keeps them: forced PIECEWISE is not served
+    assert got[5] is None or got[5][0] == "FULL_AND_PIECEWISE"
 
 
 def test_the_export_refuses_a_run_without_recorded_graph_settings(tmp_path, monkeypatch, gpu_run):
@@ -140,10 +144,12 @@ def test_the_export_refuses_a_run_without_recorded_graph_settings(tmp_path, monk
     monkeypatch.setattr("dsdprof.measure.vllm.engine._cuda_available", lambda: False)
     assert "compilation_config" not in provenance_dict(engine.provenance())  # CPU: unchanged provenance
     assert "extra_compilation_config" not in provenance_dict(engine.provenance())
-    mixed = {**table, "provenance": {**prov, "extra_compilation_config": '{"a": 1} | {"b": 2}'}}  # --allow-mixed
+    mixed = {**table,
+             "provenance": {**prov, "extra_compilation_config": '{"a": 1} | {"b": 2}'}}  # --allow-mixed
     with pytest.raises(TableError, match="not one run's JSON object"):
         format_table(mixed, "vllm-compilation")
-    for bad, field in (([], "cudagraph_capture_sizes"), ([8, 0], "cudagraph_capture_sizes"), ([8, 16], "max_")):
+    for bad, field in (([], "cudagraph_capture_sizes"), ([8, 0], "cudagraph_capture_sizes"),
+                       ([8, 16], "max_")):
         with pytest.raises(TableError, match=field):
             check_vllm_compilation_config({"cudagraph_capture_sizes": bad, "max_cudagraph_capture_size": 8})
     check_vllm_compilation_config({"cudagraph_capture_sizes": [16, 8], "max_cudagraph_capture_size": 16,
@@ -157,7 +163,8 @@ def test_dsdprof_serve_passes_the_measured_graph_settings(tmp_path, gpu_run):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
     argv = serve_argv(path)
-    assert json.loads(argv[argv.index("--compilation-config") + 1]) == format_table(table, "vllm-compilation").doc
+    passed = json.loads(argv[argv.index("--compilation-config") + 1])
+    assert passed == format_table(table, "vllm-compilation").doc
     assert "--compilation-config" not in serve_argv(path, extra=["-cc", '{"cudagraph_mode": "NONE"}'])[:-2]
     prov = {k: v for k, v in table["provenance"].items() if k != "extra_compilation_config"}
     path.write_text(json.dumps({**table, "provenance": prov}))  # a CPU run: vLLM's own settings

@@ -9,13 +9,9 @@ from typer.testing import CliRunner
 
 from dsdprof.cli.app import app
 from dsdprof.errors import InputError
-from dsdprof.export.trtllm import (
-    check_trtllm_config,
-    check_trtllm_schedule,
-    trtllm_draft_len_schedule,
-    trtllm_speculative_config,
-)
+from dsdprof.export.trtllm import trtllm_draft_len_schedule, trtllm_speculative_config
 from dsdprof.formats.ktable import LAST_RANGE_END, TableError, ranges_from_points
+from dsdprof.formats.ktable_engines import check_trtllm_config, check_trtllm_schedule
 from dsdprof.runtime import KSelector
 
 
@@ -116,11 +112,14 @@ def test_tables_trtllm_cannot_express_are_refused():
 
 
 def test_speculative_config_fields():
-    cfg = trtllm_speculative_config(_table([[1, 4, 3], [5, 9, 1], [10, 20, 0]], method="eagle3", draft_model="d/e3"))
-    assert cfg == {"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "d/e3",
+    cfg = trtllm_speculative_config(_table([[1, 4, 3], [5, 9, 1], [10, 20, 0]], method="eagle3",
+                                           draft_model="d/e3"))
+    assert cfg == {"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3,
+                                          "speculative_model": "d/e3",
                                           "draft_len_schedule": {"4": 3, "9": 1}}}
     check_trtllm_config(json.loads(json.dumps(cfg)))
-    ngram = trtllm_speculative_config(_table([[1, 4, 3]], method="ngram", draft_model=""))["speculative_config"]
+    ngram = trtllm_speculative_config(_table([[1, 4, 3]], method="ngram",
+                                             draft_model=""))["speculative_config"]
     assert ngram["decoding_type"] == "NGram" and "speculative_model" not in ngram
     unknown = trtllm_speculative_config(_table([[1, 4, 3]], method="medusa"))["speculative_config"]
     assert "decoding_type" not in unknown
@@ -128,7 +127,8 @@ def test_speculative_config_fields():
 
 def test_cli_export_trtllm(tmp_path):
     p = tmp_path / "t.json"
-    p.write_text(json.dumps(_table([[1, 2, 4], [3, 11, 2], [12, 1 << 20, 0]], method="eagle", draft_model="m")))
+    p.write_text(json.dumps(_table([[1, 2, 4], [3, 11, 2], [12, 1 << 20, 0]], method="eagle",
+                                   draft_model="m")))
     out = tmp_path / "trt.json"
     r = CliRunner().invoke(app, ["export", str(p), "--format", "trtllm", "-o", str(out)])
     assert r.exit_code == 0, r.output

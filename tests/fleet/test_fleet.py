@@ -32,10 +32,10 @@ SIM_FLUSH = getattr(sweep_mod, "SIM_FLUSH_ROWS", 0)  # rows the sweep buffers fo
 
 def _sim(batch_sizes=(1, 4, 16), ks=(0, 1, 2, 3), repeats=1, hardware="H100 SXM", **engine):
     return {
-        "engine": {"name": "sim", "model": "Llama-3.1-8B", "draft_model": "EAGLE3-Llama-3.1-8B", "method": "eagle3",
-                   "dtype": "bfloat16", **engine},
-        "sweep": {"batch_sizes": list(batch_sizes), "num_spec_tokens": list(ks), "repeats": repeats, "waves": 2,
-                  "output_len": 32},
+        "engine": {"name": "sim", "model": "Llama-3.1-8B", "draft_model": "EAGLE3-Llama-3.1-8B",
+                   "method": "eagle3", "dtype": "bfloat16", **engine},
+        "sweep": {"batch_sizes": list(batch_sizes), "num_spec_tokens": list(ks), "repeats": repeats,
+                  "waves": 2, "output_len": 32},
         "workload": {"input_len": 256},
         "sim": {"hardware": hardware, "acceptance_alpha": 0.8},
     }
@@ -67,14 +67,16 @@ def test_matrix_crosses_models_drafts_hardware_and_tp(tmp_path):
         "fleet": {"out": "out"},
         "base": _sim(),
         "matrix": {"models": ["Llama-3.1-8B", "Qwen3-8B"],
-                   "drafts": [{"draft_model": "EAGLE3-Llama-3.1-8B", "method": "eagle3"}, {"method": "ngram"}],
+                   "drafts": [{"draft_model": "EAGLE3-Llama-3.1-8B", "method": "eagle3"},
+                              {"method": "ngram"}],
                    "hardware": ["H100 SXM", "H200 SXM"], "tensor_parallel_size": [1, 2],
                    "exclude": [{"model": "Qwen3-8B", "draft": "EAGLE3-Llama-3.1-8B"}]},
     }, base_dir=tmp_path)
     assert len(plan.runs) == 2 * 2 * 2 * 2 - 4
     assert plan.settings.out == str(tmp_path / "out")  # relative to the fleet file
     names = [r.name for r in plan.runs]
-    assert "Llama-3.1-8B--EAGLE3-Llama-3.1-8B--H200-SXM--tp2" in names and "Qwen3-8B--ngram--H100-SXM--tp1" in names
+    assert "Llama-3.1-8B--EAGLE3-Llama-3.1-8B--H200-SXM--tp2" in names
+    assert "Qwen3-8B--ngram--H100-SXM--tp1" in names
     ngram = next(r for r in plan.runs if r.name == "Qwen3-8B--ngram--H100-SXM--tp1")
     assert ngram.spec.engine.draft_model is None and ngram.spec.engine.method == "ngram"
     tp2 = next(r for r in plan.runs if r.name.endswith("H200-SXM--tp2"))
@@ -90,9 +92,11 @@ def test_matrix_crosses_models_drafts_hardware_and_tp(tmp_path):
     ({"fleet": {"out": "o"}, "runs": [{"spec": "missing.toml"}]}, "runs[0].spec"),
     ({"fleet": {"out": "o"}, "runs": [{"spec": _sim(), "shards": 4}]}, "runs[0].shards"),
     ({"fleet": {"out": "o"}, "runs": [{"spec": _sim(), "hardware": "H900"}]}, "runs[0].sim.hardware"),
-    ({"fleet": {"out": "o"}, "runs": [{"spec": _sim(), "name": "a"}, {"spec": _sim(), "name": "a", "hardware": "B200"}]},
+    ({"fleet": {"out": "o"},
+      "runs": [{"spec": _sim(), "name": "a"}, {"spec": _sim(), "name": "a", "hardware": "B200"}]},
      "runs[1].name"),
-    ({"fleet": {"out": "o"}, "runs": [{"spec": _sim(), "name": "a"}, {"spec": _sim(), "name": "b"}]}, "runs[1]"),
+    ({"fleet": {"out": "o"}, "runs": [{"spec": _sim(), "name": "a"}, {"spec": _sim(), "name": "b"}]},
+     "runs[1]"),
     ({"fleet": {"out": "o"}, "runs": [{"spec": _sim(), "name": "_x"}]}, "runs[0].name"),
     ({"fleet": {"out": "o", "max_retries": -1}, "runs": [{"spec": _sim()}]}, "fleet.max_retries"),
 ])
@@ -106,8 +110,10 @@ def test_bad_fleet_files_name_the_field(tmp_path, doc, field):
 def test_cli_bad_fleet_file_is_one_line_exit_2(tmp_path):
     f = tmp_path / "fleet.toml"
     f.write_text('[fleet]\nout = "o"\n\n[[runs]]\nspec = "nope.toml"\n')
-    res = subprocess.run([sys.executable, "-m", "dsdprof.cli", "fleet", str(f)], capture_output=True, text=True)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("error: runs[0].spec=")
+    res = subprocess.run([sys.executable, "-m", "dsdprof.cli", "fleet", str(f)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert res.stderr.startswith("error: runs[0].spec=")
     assert not (tmp_path / "o").exists()
 
 
@@ -119,9 +125,9 @@ def test_shards_share_batch_sizes_largest_first():
 
 def test_ray_options_ask_for_the_gpus_and_type(tmp_path):
     vllm = {"engine": {"name": "vllm", "model": "m", "draft_model": "d", "tensor_parallel_size": 4}}
+    tp16 = {**vllm, "engine": {**vllm["engine"], "tensor_parallel_size": 16}}
     plan = parse_fleet(_fleet(tmp_path, [{"spec": vllm, "hardware": "H100"},
-                                          {"spec": {**vllm, "engine": {**vllm["engine"], "tensor_parallel_size": 16}},
-                                           "hardware": "H100"},
+                                          {"spec": tp16, "hardware": "H100"},
                                           {"spec": _sim()}], gpus_per_node=8, max_retries=5), tmp_path)
     settings = plan.settings
     one, span, sim = (shard_tasks(r, settings, str(tmp_path))[0] for r in plan.runs)
@@ -130,10 +136,12 @@ def test_ray_options_ask_for_the_gpus_and_type(tmp_path):
         "num_gpus": 4, "resources": {"accelerator_type:H100": 0.001}}
     o = ray_task_options(span, "H100", settings)
     assert o["num_gpus"] == 0 and o["resources"] == {"accelerator_type:H100": 0.001} and span.spans_nodes
-    assert plan.runs[1].spec.engine.extra["distributed_executor_backend"] == "ray"  # vLLM places TP across nodes
+    # vLLM places TP across nodes
+    assert plan.runs[1].spec.engine.extra["distributed_executor_backend"] == "ray"
     assert "num_gpus" not in ray_task_options(sim, "H100 SXM", settings)  # the analytic engine needs no GPU
     cpu = parse_fleet(_fleet(tmp_path, [{"spec": vllm, "hardware": "H100"}], use_gpus=False), tmp_path)
-    assert "num_gpus" not in ray_task_options(shard_tasks(cpu.runs[0], cpu.settings, "")[0], "H100", cpu.settings)
+    assert "num_gpus" not in ray_task_options(shard_tasks(cpu.runs[0], cpu.settings, "")[0],
+                                              "H100", cpu.settings)
 
 
 # ----------------------------------------------------------------------------- local fleets
@@ -311,7 +319,8 @@ def test_ray_fleet_retries_a_killed_worker_and_resumes(ray_cluster, tmp_path):
     big, small = _big_sim(), _sim()
     plan = parse_fleet(_fleet(out, [{"spec": big, "name": "big"},
                                     {"spec": small, "name": "split", "shards": 2, "hardware": "H200 SXM"},
-                                    {"spec": small, "name": "b200", "hardware": "B200"}], max_retries=2), tmp_path)
+                                    {"spec": small, "name": "b200", "hardware": "B200"}], max_retries=2),
+                       tmp_path)
     kill = _kill_after(ray_cluster, "big", max(SIM_FLUSH, 40) + 20)
     report = run_fleet(plan, use_ray=True)
     assert report.complete, [(o.run.name, o.error) for o in report.outcomes]
@@ -338,12 +347,14 @@ def test_ray_fleet_without_retries_completes_on_resubmission(ray_cluster, tmp_pa
     out = tmp_path / "fleet"
     big = _big_sim()
     plan = parse_fleet(_fleet(out, [{"spec": big, "name": "big", "shards": 2},
-                                    {"spec": _sim(), "name": "small", "hardware": "B200"}], max_retries=0), tmp_path)
+                                    {"spec": _sim(), "name": "small", "hardware": "B200"}], max_retries=0),
+                       tmp_path)
     _kill_after(ray_cluster, "big/s1", 30)
     first = run_fleet(plan, use_ray=True)
     states = {o.run.name: o for o in first.outcomes}
     assert states["small"].state == "done" and states["big"].state == "incomplete"
-    assert "died" in states["big"].error.lower() or "crash" in states["big"].error.lower(), states["big"].error
+    error = states["big"].error
+    assert "died" in error.lower() or "crash" in error.lower(), error
     assert not first.complete
     index = json.loads((out / "tables" / "index.json").read_text())
     assert [s["run"] for s in index["skipped"]] == ["big"]
@@ -352,7 +363,8 @@ def test_ray_fleet_without_retries_completes_on_resubmission(ray_cluster, tmp_pa
     assert [o.state for o in second.outcomes] == ["done", "skipped"] and second.complete
     df = _rows(out / "big")
     assert len(df) == df.cell_id.nunique() == _cells(big)
-    assert sorted(e["run"] for e in json.loads((out / "tables" / "index.json").read_text())["tables"]) == ["big", "small"]
+    index = json.loads((out / "tables" / "index.json").read_text())
+    assert sorted(e["run"] for e in index["tables"]) == ["big", "small"]
 
 
 @pytest.mark.vllm
@@ -396,7 +408,8 @@ def test_resubmission_with_other_shards_is_refused_and_duplicate_rows_are_never_
         run_fleet(parse_fleet(_fleet(out, [{"spec": spec, "name": "a", "shards": 3}]), tmp_path))
     assert err.value.field == "runs[0].shards" and err.value.value == 3
     assert _snapshot(out) == before
-    again = run_fleet(parse_fleet(_fleet(out, [{"spec": spec, "name": "a"}]), tmp_path))  # same shards: resumes
+    # same shards: resumes
+    again = run_fleet(parse_fleet(_fleet(out, [{"spec": spec, "name": "a"}]), tmp_path))
     assert again.complete
     df = _rows(out / "a")
     assert len(df) == df.cell_id.nunique() == _cells(spec)
@@ -420,7 +433,8 @@ def test_each_run_record_is_written_when_that_run_finishes(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         run_fleet(parse_fleet(_fleet(out, runs), tmp_path), on_event=die_on_second)
-    records = {n: json.loads((out / "_fleet" / "runs" / f"{n}.json").read_text())["state"] for n in ("first", "second")}
+    records = {n: json.loads((out / "_fleet" / "runs" / f"{n}.json").read_text())["state"]
+               for n in ("first", "second")}
     assert records == {"first": "done", "second": "running"}
     events = []
     again = run_fleet(parse_fleet(_fleet(out, runs), tmp_path), on_event=events.append)
@@ -436,7 +450,8 @@ def test_default_run_names_stay_unique_when_paths_end_alike(tmp_path):
         cfg = tmp_path / d / "moe"
         cfg.mkdir(parents=True)
         (cfg / "config.json").write_text(json.dumps({
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+            "intermediate_size": 1024,
             "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 1000,
             "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))
         spec = _sim(batch_sizes=(1, 4))

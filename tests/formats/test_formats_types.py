@@ -53,7 +53,8 @@ def test_every_key_of_the_tables_export_writes_is_typed(tmp_path):
     for name, extra in (("plain", {}), ("ctx", {"context_lens": [1024, 4096]})):
         spec = parse_spec({"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3",
                                       "max_model_len": 70000},
-                           "sweep": {**grid, **extra}, "sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.9}})
+                           "sweep": {**grid, **extra},
+                           "sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.9}})
         run_sweep(spec, tmp_path / name)
         _check_table(export_document(tmp_path / name, "table").doc)
 
@@ -64,7 +65,8 @@ def test_the_committed_tables_are_typed():
     from dsdprof.formats.ktable import read_table_file
 
     files = sorted((Path(__file__).resolve().parents[2] / "tables").glob("*.json"))
-    tables = [t for t in files if str(json.loads(t.read_text()).get("schema", "")).startswith("dsdprof.ktable/")]
+    tables = [t for t in files
+              if str(json.loads(t.read_text()).get("schema", "")).startswith("dsdprof.ktable/")]
     assert tables
     for t in tables:
         _check_table(read_table_file(t))
@@ -79,7 +81,8 @@ def test_trace_record_keys_order_and_round_trip():
     rec = step_record(**RECORD, arm=None)
     # the order the trace has always had (JSON lines written before the record had a type read the same)
     assert list(rec) == ["wave", "t_end", "t_own", "scheduled", "decoding", "prefill_tokens", "others",
-                         "stale", "ids", "drafted", "accepted", "generated", "delivered", "finished", "k_next"]
+                         "stale", "ids", "drafted", "accepted", "generated", "delivered",
+                         "finished", "k_next"]
     assert set(rec) <= _keys(TraceRecord) and list(step_record(**RECORD, arm=-1))[-1] == "arm"
     (step,) = decode_line(encode_flush([rec]))
     assert step == Step(2, 1.5, 3, 2, 0, 1, (3, 3), (3, 1), {"a": 3, "b": 1}, (False, True), (2, 0), 0,

@@ -68,10 +68,12 @@ def test_error_lines_stay_short():
     assert len(str(e.value)) < 200 and "\n" not in str(e.value)
 
 
-V1 = {"schema": TABLE_SCHEMA_V1, "ranges": [[1, 10, 2]], "points": [{"batch_size": 1, "k": 2, "goodput": 3.0}]}
+V1 = {"schema": TABLE_SCHEMA_V1, "ranges": [[1, 10, 2]],
+      "points": [{"batch_size": 1, "k": 2, "goodput": 3.0}]}
 V2 = {"schema": TABLE_SCHEMA_V2, "num_speculative_tokens": 2, "ranges": [[1, 10, 2]],
       "cells": [{"batch_size": 1, "k": 0, "itl_s": 0.01, "acceptance_length": 1.0},
-                {"batch_size": 1, "k": 2, "itl_s": 0.012, "acceptance_length": 2.4, "acceptance_per_pos": [0.8, 0.6]}],
+                {"batch_size": 1, "k": 2, "itl_s": 0.012, "acceptance_length": 2.4,
+                 "acceptance_per_pos": [0.8, 0.6]}],
       "acceptance_per_pos": [0.8, 0.6]}
 
 
@@ -140,8 +142,10 @@ def test_read_table_file_turns_every_failure_into_table_error(tmp_path, monkeypa
         b"\xff\xfe\x00garbage": "not UTF-8",
         b"{": "not valid JSON",
         b"[" * 100_000: "not valid JSON",  # nesting deeper than the parser's recursion limit
-        ('{"schema": "dsdprof.ktable/v1", "ranges": [[1, ' + "9" * 5000 + ', 1]]}').encode(): "not valid JSON",
-        b'{"schema": "dsdprof.ktable/v1", "ranges": [[1, 4, 1]], "num_speculative_tokens": NaN}': "num_speculative_tokens",
+        ('{"schema": "dsdprof.ktable/v1", "ranges": [[1, ' + "9" * 5000
+         + ', 1]]}').encode(): "not valid JSON",
+        b'{"schema": "dsdprof.ktable/v1", "ranges": [[1, 4, 1]], "num_speculative_tokens": NaN}':
+            "num_speculative_tokens",
         b'{"schema": "dsdprof.ktable/v1", "ranges": [[1, 100000000000000000000000, 1]]}': "ranges[0]",
     }
     for data, needle in cases.items():
@@ -178,4 +182,5 @@ def test_one_record_cell_measurement_fields_are_columns():
         assert f.name in columns, f"CellMeasurement.{f.name} is not a measurement column"
         assert kinds[str(f.type)] == columns[f.name], f.name
     shared = {f.name for f in fields(StepStats)}
-    assert shared <= {f.name for f in fields(TraceSummary)} and shared <= {f.name for f in fields(CellMeasurement)}
+    assert shared <= {f.name
+                      for f in fields(TraceSummary)} and shared <= {f.name for f in fields(CellMeasurement)}

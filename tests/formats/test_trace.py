@@ -86,7 +86,8 @@ def test_wrong_k_fails_the_cell():
 def test_missing_drafts_fail_a_speculative_cell():
     steps = [Step(0, 0.0, 2, 0, 64, 0, (), (), {}),
              Step(0, 0.1, 2, 2, 0, 0, (2, 0), (3, 1), {"a": 3, "b": 1})]
-    with pytest.raises(CellFailure, match=r"1 of 2 steady request-steps did not draft K=2 \(1 drafted 0, 1 drafted 2\)"):
+    with pytest.raises(CellFailure,
+                       match=r"1 of 2 steady request-steps did not draft K=2 \(1 drafted 0, 1 drafted 2\)"):
         summarize(steps, 2, 2, 2)
 
 
@@ -120,7 +121,8 @@ def test_finishing_step_counts_its_untrimmed_tokens():
 def test_one_steady_step_at_another_k_fails_the_cell():
     steps = wave(0, 0.0, 2, 3, lambda s: 1, 40)
     bad = steps[3]
-    steps[3] = Step(bad.wave, bad.t_end, bad.scheduled, bad.decoding, 0, 0, (3, 2), bad.generated, bad.delivered)
+    steps[3] = Step(bad.wave, bad.t_end, bad.scheduled, bad.decoding, 0, 0, (3, 2), bad.generated,
+                    bad.delivered)
     with pytest.raises(CellFailure, match="1 of .* did not draft K=3"):
         summarize(steps, 2, 3, 3)
 

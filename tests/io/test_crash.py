@@ -70,7 +70,8 @@ def _default_sigint() -> None:
 def start(spec: Path, out: Path, *extra: str, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     with open(log, "ab") as err:
-        return subprocess.Popen([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out", str(out), *extra],
+        return subprocess.Popen([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out",
+                                 str(out), *extra],
                                 stdout=subprocess.DEVNULL, stderr=err, env=env, preexec_fn=_default_sigint)
 
 
@@ -142,7 +143,8 @@ def test_second_sweep_on_one_out_is_refused_and_a_killed_holder_does_not_block(t
     first = start(spec, out, log=log)
     try:
         wait_for_holder(out, first.pid)
-        second = subprocess.run([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out", str(out), "--resume"],
+        second = subprocess.run([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out",
+                                 str(out), "--resume"],
                                 capture_output=True, text=True, timeout=60)
         assert second.returncode == 2, second.stderr
         err = second.stderr.strip()
@@ -152,7 +154,8 @@ def test_second_sweep_on_one_out_is_refused_and_a_killed_holder_does_not_block(t
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
     assert holder_pid(out) == first.pid  # the holder file survives kill -9 ...
-    third = subprocess.run([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out", str(out), "--resume"],
+    third = subprocess.run([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out",
+                            str(out), "--resume"],
                            capture_output=True, text=True, timeout=120)
     assert third.returncode == 0, third.stderr[-2000:]  # ... but the OS lock died with its process
     rows = pd.read_parquet(out)
@@ -160,11 +163,13 @@ def test_second_sweep_on_one_out_is_refused_and_a_killed_holder_does_not_block(t
 
 
 @pytest.mark.slow  # subprocesses killed at chosen points
-@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+@pytest.mark.parametrize("sig, code, word",
+                         [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
 def test_ctrl_c_and_sigterm_flush_and_say_how_to_resume(tmp_path, sig, code, word):
     """Ctrl-C, and SIGTERM (`kill`, a batch scheduler's stop), unwind the same way: the buffered rows
     are written, the lock is released, one line says how to resume; exit 130 / 143."""
-    spec = write_spec(tmp_path / "sim.toml", 1000)  # 9,000 cells: the signal lands mid-run on a fast machine too
+    spec = write_spec(tmp_path / "sim.toml",
+                      1000)  # 9,000 cells: the signal lands mid-run on a fast machine too
     out = tmp_path / "run"
     log = tmp_path / "stderr.log"
     proc = start(spec, out, log=log)
@@ -176,10 +181,12 @@ def test_ctrl_c_and_sigterm_flush_and_say_how_to_resume(tmp_path, sig, code, wor
     assert text.strip().splitlines()[-1] == f"{word}: resume with dsdprof sweep {spec} --out {out} --resume"
     assert "Traceback" not in text
     partial = visible_rows(out)
-    assert len(partial) > 0 and partial.cell_id.is_unique  # the sim's write buffer was flushed, one row per cell
+    # the sim's write buffer was flushed, one row per cell
+    assert len(partial) > 0 and partial.cell_id.is_unique
     assert holder_pid(out) is None  # lock released
     assert json.loads((out / "_sweep.json").read_text())["provenance"]["engine"] == "sim"
-    done = subprocess.run([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out", str(out), "--resume"],
+    done = subprocess.run([sys.executable, "-m", "dsdprof.cli", "sweep", str(spec), "--out",
+                           str(out), "--resume"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(pd.read_parquet(out)) == len(expected_cells(spec))
@@ -220,7 +227,8 @@ def write_cells(out, crash_at=0):
                 if cid not in w.done:
                     row = empty_row()
                     row.update(cell_id=cid, mode="dsd", batch_size=b, num_spec_tokens=1, repeat=0,
-                               status="ok" if resumed or b <= 5 else "failed", acceptance_length=1.5, itl_s=0.01)
+                               status="ok" if resumed or b <= 5 else "failed", acceptance_length=1.5,
+                               itl_s=0.01)
                     w.write_row(row)
     finally:
         os.replace, os.link = real_replace, real_link
@@ -233,7 +241,8 @@ if __name__ == "__main__":
 
 
 def crash_writer_at(out: Path, n: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", WRITER, str(out), str(n)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", WRITER, str(out), str(n)], capture_output=True,
+                          text=True, timeout=60)
 
 
 @pytest.mark.slow  # subprocesses killed at chosen points
@@ -250,7 +259,8 @@ def test_every_crash_point_of_the_write_protocol(tmp_path):
     resume_calls = env["write_cells"](tmp_path / "count")  # a resume superseding them
     assert set(pd.read_parquet(tmp_path / "count").status) == {"ok"}
     shutil.rmtree(pristine / "_attempts", ignore_errors=True)
-    scenarios = [("fresh", n) for n in range(1, fresh_calls + 1)] + [("resume", n) for n in range(1, resume_calls + 1)]
+    scenarios = [("fresh", n)
+                 for n in range(1, fresh_calls + 1)] + [("resume", n) for n in range(1, resume_calls + 1)]
     assert len(scenarios) >= 10
     for kind, n in scenarios:
         out = tmp_path / f"{kind}-{n}"

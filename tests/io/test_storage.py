@@ -67,7 +67,8 @@ def test_rows_are_durable_and_readable_with_pandas(tmp_path):
 def test_a_failed_cross_check_is_flagged_and_named():
     from dataclasses import replace
 
-    row = measurement_row(Cell(0, 1, "dsd", 1), replace(_m(), checks_failed="tokens: 10 vs 12 (-16.67%)"), PROV)
+    row = measurement_row(Cell(0, 1, "dsd", 1),
+                          replace(_m(), checks_failed="tokens: 10 vs 12 (-16.67%)"), PROV)
     assert row["consistent"] is False and row["checks_failed"].startswith("tokens: ")
 
 
@@ -239,12 +240,14 @@ def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(pq, "write_table", full_disk)
-    with pytest.raises(InputError, match=r"cannot write part-00001-dsd-bs2-k1-r0.parquet \(No space left on device\)"):
+    with pytest.raises(InputError,
+                       match=r"cannot write part-00001-dsd-bs2-k1-r0.parquet \(No space left on device\)"):
         _run(out, [_ok(2)], resume=True)
     monkeypatch.setattr(pq, "write_table", real_write)
     after = _snapshot(out)
     assert not [n for n in after if n.endswith(".tmp")]
-    assert {k: v for k, v in after.items() if k != SWEEP_META} == {k: v for k, v in before.items() if k != SWEEP_META}
+    assert {k: v for k, v in after.items()
+            if k != SWEEP_META} == {k: v for k, v in before.items() if k != SWEEP_META}
     _run(out, [_ok(2)], resume=True)
     assert sorted(pd.read_parquet(out).cell_id) == ["dsd-bs1-k1-r0", "dsd-bs2-k1-r0"]
 

@@ -97,7 +97,8 @@ def test_suffix_decoding_runs_one_engine_per_k_in_the_cells_design(tmp_path):
     spec.write_text('[engine]\nname = "vllm"\nmodel = "toy_models/dense/target"\n'
                     '[[drafts]]\nname = "sfx"\nmethod = "suffix"\n'
                     '[[drafts]]\nname = "ng"\nmethod = "ngram"\ndsd_mode = "dsd"\n'
-                    '[[drafts]]\nname = "dm"\nmethod = "draft_model"\ndraft_model = "toy_models/dense/draft"\n')
+                    '[[drafts]]\nname = "dm"\nmethod = "draft_model"\ndraft_model = '
+                    '"toy_models/dense/draft"\n')
     plan = plan_drafts(spec, tmp_path)
     sfx, ng, dm = (plan.specs[(n, "all")] for n in ("sfx", "ng", "dm"))
     assert (sfx.sweep.design, sfx.engine.dsd_mode) == ("cells", "fixed")

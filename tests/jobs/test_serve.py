@@ -73,7 +73,8 @@ def test_a_tokenizer_with_a_template_a_hub_id_and_the_users_template_are_left_al
     assert "--chat-template" not in serve_argv("table.json")
     _table(tmp_path, "org/model", "org/draft")  # not here: a Hugging Face id, passed as given
     argv = serve_argv("table.json")
-    assert _flag(argv, "--model") == "org/model" and json.loads(_flag(argv, "--speculative-config"))["model"] == "org/draft"
+    assert _flag(argv, "--model") == "org/model"
+    assert json.loads(_flag(argv, "--speculative-config"))["model"] == "org/draft"
     _table(tmp_path, "toy/target", "toy/draft")
     assert _flag(serve_argv("table.json", model="other/m"), "--model") == "other/m"
     mine = serve_argv("table.json", extra=["--chat-template", "x"])
@@ -135,7 +136,8 @@ def start_server(table: Path, log: Path, *args: str, adaptive: bool = True, cwd:
     """``dsdprof serve TABLE [--adaptive] -- --host 127.0.0.1 --port P ...`` on CPU; (process, port)
     once /health answers. Raises (after stopping it) if the server exits or never answers."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "dsdprof.cli", "serve", str(table)] + (["--adaptive"] if adaptive else []) + [
+    cmd = [sys.executable, "-m", "dsdprof.cli", "serve",
+           str(table)] + (["--adaptive"] if adaptive else []) + [
         *args, "--", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--max-model-len", "256", "--enforce-eager", "--max-num-seqs", "16"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}

@@ -3,6 +3,8 @@ runs it on real vLLM."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from dsdprof.config.spec import parse_spec
@@ -14,6 +16,9 @@ from dsdprof.jobs.validate import (
     worker_key,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 TABLE = {
     "schema": "dsdprof.ktable/v1", "num_speculative_tokens": 3,
     "ranges": [[1, 2, 3], [3, 11, 1], [12, 1 << 20, 0]],
@@ -23,7 +28,8 @@ TABLE = {
 
 
 def make_spec(batch_sizes=(1, 4, 16), repeats=1, **engine):
-    e = {"name": "vllm", "model": "tgt", "draft_model": "drf", "method": "draft_model", "extra": {"enforce_eager": True}}
+    e = {"name": "vllm", "model": "tgt", "draft_model": "drf", "method": "draft_model",
+         "extra": {"enforce_eager": True}}
     e.update(engine)
     return parse_spec({"engine": e, "sweep": {"batch_sizes": list(batch_sizes), "num_spec_tokens": [0, 3],
                                               "waves": 2, "output_len": 8, "repeats": repeats}})
@@ -34,7 +40,8 @@ def test_plan_interleaves_and_rotates():
     assert len(cells) == 2 * 2 * 4
     first = cells[:4]
     assert {c.batch_size for c in first} == {1}
-    assert {(c.mode, c.num_spec_tokens) for c in first} == {("vanilla", 0), ("fixed", 1), ("fixed", 3), ("dsd", 3)}
+    want = {("vanilla", 0), ("fixed", 1), ("fixed", 3), ("dsd", 3)}
+    assert {(c.mode, c.num_spec_tokens) for c in first} == want
     assert cells[4].mode != cells[0].mode  # order rotates
     assert [c for c in cells if c.mode == "dsd" and c.batch_size == 4][0].num_spec_tokens == 1
     assert worker_key(first[0]) in ("vanilla", "fixed-1", "fixed-3", "dsd")
@@ -46,7 +53,8 @@ def test_plan_interleaves_and_rotates():
 
 def test_dsd_kwargs_use_vllm_schedule():
     spec = make_spec()
-    base = {"model": "tgt", "max_num_seqs": 16, "scheduler_cls": "dsdprof.engines.vllm_scheduler.make_scheduler"}
+    base = {"model": "tgt", "max_num_seqs": 16,
+            "scheduler_cls": "dsdprof.engines.vllm_scheduler.make_scheduler"}
     kw = dsd_llm_kwargs(base, TABLE, spec)
     cfg = kw["speculative_config"]
     assert cfg["num_speculative_tokens"] == 3
@@ -66,9 +74,9 @@ def test_table_warnings_name_mismatches():
 
 
 
-# ----------------------------------------------------------------------------- validate rows, whatever the metadata
+# ----------------------------------------------------------------------- validate rows, whatever the metadata
 
-def _variant_rows(adaptive: bool) -> "pd.DataFrame":
+def _variant_rows(adaptive: bool) -> pd.DataFrame:
     """Rows as ``dsdprof validate`` plans them (vanilla, fixed K, the table's one K in dsd, adaptive)."""
     import pandas as pd
 
@@ -81,7 +89,7 @@ def _variant_rows(adaptive: bool) -> "pd.DataFrame":
     return pd.DataFrame(rows)
 
 
-def _sweep_rows(mode: str) -> "pd.DataFrame":
+def _sweep_rows(mode: str) -> pd.DataFrame:
     """Rows as a sweep writes them: vanilla + every K of the grid in one speculation mode."""
     import pandas as pd
 
@@ -106,7 +114,8 @@ def _with_sweep_metadata(df, path):
 
 @pytest.mark.parametrize("adaptive", [True, False])
 @pytest.mark.parametrize("metadata", ["none", "sweep"])
-def test_validate_rows_are_refused_by_export_and_analyze_whatever_their_metadata(tmp_path, adaptive, metadata):
+def test_validate_rows_are_refused_by_export_and_analyze_whatever_their_metadata(tmp_path, adaptive,
+                                                                                 metadata):
     from typer.testing import CliRunner
 
     from dsdprof.cli.app import app
@@ -157,13 +166,16 @@ def test_committed_validate_files_carry_their_metadata_and_are_refused():
     from dsdprof.io.readers import read_measurements, read_provenance
     from dsdprof.io.runs import validate_rows
 
-    files = sorted(glob.glob(str(Path(__file__).resolve().parents[2] / "docs" / "lab" / "data" / "validate-*.parquet")))
+    data = Path(__file__).resolve().parents[2] / "docs" / "lab" / "data"
+    files = sorted(glob.glob(str(data / "validate-*.parquet")))
     assert len(files) >= 18
     for f in files:
         prov = read_provenance(f)
-        assert prov.get("extra_run_kind") == "validate" and prov["schema_version"].startswith("dsdprof.measurements/"), f
+        assert prov.get("extra_run_kind") == "validate", f
+        assert prov["schema_version"].startswith("dsdprof.measurements/"), f
         rows = read_measurements(f)
         assert prov["hardware"] == rows["hardware"].iloc[0] and prov["model"] == rows["model"].iloc[0]
         assert validate_rows(rows), f  # the rows alone say so too
-    r = CliRunner().invoke(app, ["export", [f for f in files if f.endswith("validate-shifted-adaptive.parquet")][0]])
+    shifted = [f for f in files if f.endswith("validate-shifted-adaptive.parquet")][0]
+    r = CliRunner().invoke(app, ["export", shifted])
     assert r.exit_code == 2 and "is a validate run" in r.stderr and r.stderr.count("\n") == 1, r.output

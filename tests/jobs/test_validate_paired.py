@@ -78,10 +78,10 @@ def _spec(tmp_path, waves: int = 8, repeats: int = 1):
     for name in ("tgt", "drf"):
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / "config.json").write_text("{}")
-    return parse_spec({"engine": {"name": "vllm", "model": str(tmp_path / "tgt"), "draft_model": str(tmp_path / "drf"),
-                                  "method": "draft_model"},
-                       "sweep": {"batch_sizes": [1, 4], "num_spec_tokens": [0, 3], "waves": waves, "warmup": 1,
-                                 "output_len": 8, "repeats": repeats}})
+    return parse_spec({"engine": {"name": "vllm", "model": str(tmp_path / "tgt"),
+                                  "draft_model": str(tmp_path / "drf"), "method": "draft_model"},
+                       "sweep": {"batch_sizes": [1, 4], "num_spec_tokens": [0, 3], "waves": waves,
+                                 "warmup": 1, "output_len": 8, "repeats": repeats}})
 
 
 def _run(tmp_path, design: str, seed: int = 0, walk: float = 0.01, name: str = "out", adaptive=None):
@@ -109,7 +109,8 @@ def test_plan_marks_every_variant_of_a_batch_size_with_its_unit():
     assert len(units) == 4 and all(len(v) == 5 for v in units.values())
     for v in units.values():
         assert {(c.mode, c.num_spec_tokens) for c in v} == set(v[0].interleave)
-    assert all(c.unit is None and not c.interleave for c in plan_validation([1], [1], TABLE["ranges"], 1, design="cells"))
+    assert all(c.unit is None and not c.interleave
+               for c in plan_validation([1], [1], TABLE["ranges"], 1, design="cells"))
     with pytest.raises(InputError, match="--design"):
         plan_validation([1], [1], TABLE["ranges"], 1, design="waves")
 
@@ -186,10 +187,13 @@ def test_cli_design_option(tmp_path):
     from dsdprof.cli.app import app
 
     (tmp_path / "t.json").write_text(json.dumps(TABLE))
-    (tmp_path / "s.toml").write_text(f"[engine]\nname = 'vllm'\nmodel = '{tmp_path / 'tgt'}'\nmethod = 'ngram'\n")
+    (tmp_path / "s.toml").write_text("[engine]\nname = 'vllm'\nmodel = "
+                                     f"'{tmp_path / 'tgt'}'\nmethod = 'ngram'\n")
     (tmp_path / "tgt").mkdir()
     (tmp_path / "tgt" / "config.json").write_text("{}")
-    r = CliRunner().invoke(app, ["validate", str(tmp_path / "t.json"), str(tmp_path / "s.toml"), "--design", "waves",
+    r = CliRunner().invoke(app,
+                           ["validate", str(tmp_path / "t.json"), str(tmp_path / "s.toml"),
+                            "--design", "waves",
                                  "-o", str(tmp_path / "o")])
     assert r.exit_code == 2 and "--design" in r.output and "waves" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "o").exists()

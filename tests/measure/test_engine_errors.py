@@ -2,25 +2,31 @@
 
 from dsdprof.measure.vllm.engine import root_cause
 
-LOG = """INFO 11-29 16:40:20 [model.py:100] Resolved architecture: Qwen3MoeForCausalLM
-(VllmWorker-0 pid=32184) ERROR 11-29 16:40:30 [multiproc_executor.py:953] Traceback (most recent call last):
-(VllmWorker-0 pid=32184) ERROR 11-29 16:40:30 [multiproc_executor.py:953]     raise ValueError(
-(VllmWorker-0 pid=32184) ERROR 11-29 16:40:30 [multiproc_executor.py:953] ValueError: Available memory on node 0 (15.52/18.21 GiB) on startup is less than desired CPU memory utilization (0.92, 16.76 GiB).
-Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
-RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
-"""
+_WORKER = "(VllmWorker-0 pid=32184) ERROR 11-29 16:40:30 [multiproc_executor.py:953] "
+LOG = "\n".join([
+    "INFO 11-29 16:40:20 [model.py:100] Resolved architecture: Qwen3MoeForCausalLM",
+    _WORKER + "Traceback (most recent call last):",
+    _WORKER + "    raise ValueError(",
+    _WORKER + "ValueError: Available memory on node 0 (15.52/18.21 GiB) on startup is less than desired CPU "
+    "memory utilization (0.92, 16.76 GiB).",
+    "Exception: WorkerProc initialization failed due to an exception in a background process. See stack "
+    "trace for root cause.",
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+]) + "\n"
 
 
 def test_root_cause_comes_from_the_engine_log(tmp_path):
     log = tmp_path / "engine-vanilla.log"
     log.write_text(LOG)
-    err = RuntimeError("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    err = RuntimeError("RuntimeError: Engine core initialization failed. See root cause above. Failed "
+                       "core proc(s): {}")
     msg = root_cause(err, str(log))
     assert msg.startswith("ValueError: Available memory on node 0") and "\n" not in msg
 
 
 def test_specific_errors_and_missing_logs_pass_through(tmp_path):
-    assert root_cause(RuntimeError("OSError: no config.json"), str(tmp_path / "x.log")) == "OSError: no config.json"
+    assert root_cause(RuntimeError("OSError: no config.json"),
+                      str(tmp_path / "x.log")) == "OSError: no config.json"
     generic = RuntimeError("Engine core initialization failed. See root cause above.")
     assert root_cause(generic, str(tmp_path / "missing.log")) == str(generic)
     assert len(root_cause(RuntimeError("x" * 5000))) <= 400

@@ -26,7 +26,8 @@ def test_k_sequence_is_carry_over_balanced(ks):
     firsts = Counter(r[0] for r in rows)
     assert len(set(firsts.values())) == 1 and set(firsts) == set(ks)
     follows = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
-    assert len(follows) == m * (m - 1) and len(set(follows.values())) == 1  # each K after each other K equally
+    assert len(follows) == m * (m
+                                - 1) and len(set(follows.values())) == 1  # each K after each other K equally
     assert k_sequence(ks, 3, 2) == [k for k in k_sequence(ks, 3, 1) for _ in range(2)]
 
 
@@ -51,9 +52,12 @@ def paired_rows(t, seed, repeats=2, waves=10, shared=0.15, own=0.02, al_noise=0.
             drift = rng.lognormal(0.0, shared, waves)
             for k, (al, itl) in by_k.items():
                 s_itl = itl * drift * rng.lognormal(0.0, own, waves)
-                s_al = np.ones(waves) if k == 0 else np.clip(al * rng.lognormal(0.0, al_noise, waves), 1.0, k + 1.0)
-                rows.append({"mode": "dsd", "design": "paired", "batch_size": b, "num_spec_tokens": k, "repeat": r,
-                             "status": "ok", "acceptance_length": float(s_al.mean()), "itl_s": float(s_itl.mean()),
+                s_al = (np.ones(waves) if k == 0
+                        else np.clip(al * rng.lognormal(0.0, al_noise, waves), 1.0, k + 1.0))
+                rows.append({"mode": "dsd", "design": "paired", "batch_size": b, "num_spec_tokens": k,
+                             "repeat": r,
+                             "status": "ok", "acceptance_length": float(s_al.mean()),
+                             "itl_s": float(s_itl.mean()),
                              "sample_acceptance_length": s_al.tolist(), "sample_itl_s": s_itl.tolist()})
     return pd.DataFrame(rows)
 
@@ -156,7 +160,8 @@ def test_pooled_acceptance_uses_every_k_per_position():
     assert by_k[1].acceptance_length == pytest.approx(1 + 3 / 4)
     assert by_k[2].acceptance_length == pytest.approx(1 + 3 / 4 + 1 / 2)
     assert by_k[2].acceptance_per_pos == pytest.approx((3 / 4, 1 / 2))
-    assert by_k[1].acceptance_length_own == pytest.approx(1.5) and by_k[2].acceptance_length_own == pytest.approx(2.5)
+    assert by_k[1].acceptance_length_own == pytest.approx(1.5)
+    assert by_k[2].acceptance_length_own == pytest.approx(2.5)
     assert by_k[2].tpot_s == pytest.approx(by_k[2].itl_s / by_k[2].acceptance_length)
 
 
@@ -180,5 +185,6 @@ def test_bad_k_sequences_are_ignored_and_counted(run_env):
     for bad in ([], [9], "1,2", [1, True], [1] * 5000):
         p, was_bad = parse_keys({"dsdprof_run": TOKEN, "dsdprof_k_sequence": bad}, TOKEN, str(run_env), 4, 8)
         assert was_bad and p is not None and p.k_seq == ()
-    p, was_bad = parse_keys({"dsdprof_run": "x" * 32, "dsdprof_k_sequence": [1, 2]}, TOKEN, str(run_env), 4, 8)
+    p, was_bad = parse_keys({"dsdprof_run": "x" * 32, "dsdprof_k_sequence": [1, 2]}, TOKEN,
+                            str(run_env), 4, 8)
     assert p is None  # without the run's secret nothing is read

@@ -35,7 +35,8 @@ def run(tmp_path, mode, batch_size, accept, waves, output_len, name, ks=KS, k=No
         monkeypatch.setattr(vs, "time", _Clock(runner))
     for w in range(waves):
         for i in range(batch_size):
-            extra = {"dsdprof_run": TOKEN, "dsdprof_wave_size": batch_size, "dsdprof_trace": name, "dsdprof_wave": w}
+            extra = {"dsdprof_run": TOKEN, "dsdprof_wave_size": batch_size, "dsdprof_trace": name,
+                     "dsdprof_wave": w}
             if k is None:
                 extra["dsdprof_k_sequence"] = k_sequence(ks, w, hold)
             else:
@@ -87,7 +88,8 @@ CASES = {  # name: (acceptance, the fixed K=4 run's lag-1 correlation range, tol
 
 
 @pytest.mark.slow  # vLLM's scheduler over long fake runs, 4-8 s each
-@pytest.mark.parametrize("case,mode", [("independent", "sync"), ("stretches", "sync"), ("stretches-depth", "sync"),
+@pytest.mark.parametrize("case,mode",
+                         [("independent", "sync"), ("stretches", "sync"), ("stretches-depth", "sync"),
                                        ("stretches-depth", "async"), ("stretches-depth", "sync_bq")])
 def test_paired_acceptance_matches_a_fixed_k_run(run_env, mode, case):
     """AL(K) of the paired design (default: replayed) matches a fixed-K run of the same requests at

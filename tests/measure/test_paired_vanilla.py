@@ -27,7 +27,8 @@ ITL = {0: 0.0100, 1: 0.0120, 2: 0.0150}
 VANILLA_ITL = 0.0095
 
 
-def fake_measurement(als: list[float], itls: list[float], blocks: tuple[int, ...], run: int) -> CellMeasurement:
+def fake_measurement(als: list[float], itls: list[float], blocks: tuple[int, ...],
+                     run: int) -> CellMeasurement:
     al, itl = float(np.mean(als)), float(np.mean(itls))
     return CellMeasurement(
         acceptance_length=al, acceptance_per_pos=(), num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0,
@@ -77,7 +78,8 @@ class FakeWorker:
                 itls.append((ITL[k] if self.key == MODE_DSD else VANILLA_ITL) * d)
         if stop < req.waves:
             return None
-        rows = {k: fake_measurement(a, i, tuple(req.wave_block), self.run_id) for k, (a, i) in self.open.items()}
+        rows = {k: fake_measurement(a, i, tuple(req.wave_block), self.run_id)
+                for k, (a, i) in self.open.items()}
         self.open = None
         return rows if req.group else rows[0]
 
@@ -150,7 +152,8 @@ def test_vanilla_waves_interleave_with_the_group_block_by_block(tmp_path):
     # waves 6, 3 Ks: vanilla runs 2 waves, the group's 6 waves in 2 blocks; DSD first, then alternating
     assert runs == [(MODE_DSD, 1, 6, 0, 3), (MODE_VANILLA, 1, 2, 0, 1), (MODE_VANILLA, 1, 2, 1, 2),
                     (MODE_DSD, 1, 6, 3, 6)]
-    assert [e[0] for e in machine.log if e[1] == 4] == [MODE_VANILLA, MODE_DSD, MODE_DSD, MODE_VANILLA]  # rotated
+    assert [e[0] for e in machine.log
+            if e[1] == 4] == [MODE_VANILLA, MODE_DSD, MODE_DSD, MODE_VANILLA]  # rotated
     df = read(tmp_path / "out")
     assert (df["design"] == "paired").all()
     van = df[df["mode"] == MODE_VANILLA]
@@ -244,7 +247,8 @@ def test_paired_speedup_interval_cancels_drift_and_covers_the_truth(tmp_path):
 def test_speedup_interval_is_unknown_with_one_sample_each():
     from dsdprof.decide.analysis import analyze
 
-    rows = pd.DataFrame([{"mode": m, "batch_size": 1, "num_spec_tokens": k, "acceptance_length": al, "itl_s": 0.01}
+    rows = pd.DataFrame([{"mode": m, "batch_size": 1, "num_spec_tokens": k, "acceptance_length": al,
+                          "itl_s": 0.01}
                          for m, k, al in (("vanilla", 0, 1.0), ("dsd", 0, 1.0), ("dsd", 2, 2.0))])
     opt = analyze(rows).optimal
     assert math.isnan(opt["speedup_low"].iloc[0]) and opt["speedup_interval"].iloc[0] == ""

@@ -84,7 +84,8 @@ def _pool(log: list):
 def test_exclusive_pauses_the_other_engines_and_always_resumes_them():
     log: list = []
     pool = _pool(log)
-    assert pool.pause_idle is False  # off unless DSDPROF_PAUSE_IDLE_ENGINES=1 (a kill -9 would leave it stopped)
+    # off unless DSDPROF_PAUSE_IDLE_ENGINES=1 (a kill -9 would leave it stopped)
+    assert pool.pause_idle is False
     pool.pause_idle = True
     for key in ("vanilla", "dsd", "fixed-2"):
         pool.get(key)
@@ -110,7 +111,7 @@ def test_every_span_of_a_paired_unit_runs_with_the_idle_engine_paused(tmp_path):
     machine = Machine()
     spec, eng = make_engine(tmp_path, machine)
     seen: list[tuple[str, bool]] = []
-    workers: dict[str, "Pausable"] = {}
+    workers: dict[str, Pausable] = {}
 
     class Pausable(FakeWorker):
         paused = False

@@ -24,8 +24,10 @@ def test_plan_interleaves_dsd_and_groups_fixed():
     assert [c.cell_id for c in cells] == ["vanilla-bs1-k0-r0", "dsd-bs1-k0-r0", "dsd-bs1-k1-r0",
                                           "dsd-bs2-k0-r0", "dsd-bs2-k1-r0", "vanilla-bs2-k0-r0"]
     fixed = plan_cells([1, 2], [0, 1], 2, "fixed")
-    assert [c.cell_id for c in fixed] == ["vanilla-bs1-k0-r0", "vanilla-bs2-k0-r0", "fixed-bs1-k1-r0", "fixed-bs2-k1-r0",
-                                          "fixed-bs1-k1-r1", "fixed-bs2-k1-r1", "vanilla-bs1-k0-r1", "vanilla-bs2-k0-r1"]
+    assert [c.cell_id for c in fixed] == ["vanilla-bs1-k0-r0", "vanilla-bs2-k0-r0",
+                                          "fixed-bs1-k1-r0", "fixed-bs2-k1-r0",
+                                          "fixed-bs1-k1-r1", "fixed-bs2-k1-r1",
+                                          "vanilla-bs1-k0-r1", "vanilla-bs2-k0-r1"]
 
 
 def test_plan_rotates_order_per_repeat_and_batch_size():
@@ -43,7 +45,8 @@ def test_plan_rotates_order_per_repeat_and_batch_size():
     by_bs = plan_cells([1, 2, 4], ks, 1, "dsd")
     assert len({tuple(c.num_spec_tokens if c.mode == "dsd" else -1 for c in by_bs[i:i + 6])
                 for i in (0, 6, 12)}) == 3  # batch sizes of one repeat run in different orders
-    groups = [[c.num_spec_tokens for c in plan_cells([1, 2], ks, 4, "fixed") if c.repeat == r][::2] for r in range(4)]
+    groups = [[c.num_spec_tokens for c in plan_cells([1, 2], ks, 4, "fixed") if c.repeat == r][::2]
+              for r in range(4)]
     assert len({g[0] for g in groups}) == 4  # fixed mode: the first engine (K) changes per repeat
     assert all(sorted(g) == [0, 1, 2, 3, 4] for g in groups)  # one group per K, vanilla as K=0
 

@@ -26,7 +26,8 @@ def test_dense_first_draft_shares_the_targets_first_layer(tmp_path):
     from dsdprof.measure.toy_models import build_toy_pair
 
     cfg = toy_config("moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                     vocab_size=300, num_experts=4, experts_per_token=2, moe_intermediate_size=32, dense_first=True)
+                     vocab_size=300, num_experts=4, experts_per_token=2, moe_intermediate_size=32,
+                     dense_first=True)
     pair = build_toy_pair(tmp_path, cfg)
     t, d = load_file(str(pair.target / "model.safetensors")), load_file(str(pair.draft / "model.safetensors"))
     assert d and all(k in t and (t[k] == v).all() for k, v in d.items())

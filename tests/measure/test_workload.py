@@ -81,7 +81,8 @@ def _hf_tokenizer(specials_at_end: list[str], extra_added: list[str] = ()):
 @pytest.mark.parametrize("layout", ["llama3", "qwen2.5"])
 def test_synthetic_prompts_use_only_ordinary_tokens(layout):
     if layout == "llama3":
-        specials = ["<|begin_of_text|>", "<|end_of_text|>"] + [f"<|reserved_special_token_{i}|>" for i in range(250)]
+        specials = (["<|begin_of_text|>", "<|end_of_text|>"]
+                    + [f"<|reserved_special_token_{i}|>" for i in range(250)])
         added = []
     else:
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -106,7 +107,8 @@ def test_waves_wrap_and_are_fixed():
 
 def test_jsonl_prompt_and_mtbench_turns(tmp_path):
     f = tmp_path / "d.jsonl"
-    f.write_text(json.dumps({"prompt": "a b c d e f"}) + "\n" + json.dumps({"turns": ["x y z w v u", "second"]}) + "\n")
+    f.write_text(json.dumps({"prompt": "a b c d e f"}) + "\n"
+                 + json.dumps({"turns": ["x y z w v u", "second"]}) + "\n")
     assert load_dataset_texts(str(f)) == ["a b c d e f", "x y z w v u"]
     pool = build_prompt_pool(WorkloadSpec(dataset=str(f), input_len=4, num_prompts=10), WordTokenizer())
     assert len(pool) == 2 and all(len(p) == 4 for p in pool)
@@ -116,7 +118,8 @@ def test_jsonl_prompt_and_mtbench_turns(tmp_path):
 
 def test_sharegpt_json_file(tmp_path):
     f = tmp_path / "sg.json"
-    f.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi"}]}]))
+    f.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hello there"},
+                                                {"from": "gpt", "value": "hi"}]}]))
     assert load_dataset_texts(str(f)) == ["hello there"]
 
 
@@ -167,7 +170,8 @@ def test_output_lengths_can_follow_the_dataset(tmp_path):
     sg = tmp_path / "sg.json"
     sg.write_text(json.dumps([{"conversations": [{"from": "human", "value": "p q r s"},
                                                  {"from": "gpt", "value": "one two three"}]}]))
-    _, lens = build_workload(WorkloadSpec(dataset=str(sg), input_len=4, output_lens="dataset"), WordTokenizer(), 64)
+    _, lens = build_workload(WorkloadSpec(dataset=str(sg), input_len=4, output_lens="dataset"),
+                             WordTokenizer(), 64)
     assert lens == [3]
     mt = tmp_path / "mt.jsonl"
     mt.write_text(json.dumps({"turns": ["u v w x"]}) + "\n")
@@ -205,7 +209,8 @@ def test_each_repeat_takes_its_own_prompts(tmp_path):
                                     outputs=[SimpleNamespace(token_ids=[1, 2])]) for _ in prompts]
 
     spec = parse_spec({"engine": {"model": "m", "method": "ngram"},
-                       "sweep": {"batch_sizes": [2], "waves": 3, "warmup": 1}, "workload": {"num_prompts": 64}})
+                       "sweep": {"batch_sizes": [2], "waves": 3, "warmup": 1},
+                       "workload": {"num_prompts": 64}})
     eng = VllmEngine(spec, start_worker=lambda *a, **k: None)
     pool = [[i] for i in range(64)]
     seen = {}
@@ -216,6 +221,7 @@ def test_each_repeat_takes_its_own_prompts(tmp_path):
         run = CellRun(llm, pool, req, trace_dir=str(tmp_path))
         run.run_waves(0, 3)
         warm, measured = llm.waves[0], [p for w in llm.waves[1:] for p in w]
-        assert measured == list(range(8 * repeat, 8 * repeat + 6)) and warm == [8 * repeat + 6, 8 * repeat + 7]
+        assert measured == list(range(8 * repeat, 8 * repeat + 6))
+        assert warm == [8 * repeat + 6, 8 * repeat + 7]
         seen[repeat] = set(measured) | set(warm)
     assert not (seen[0] & seen[1]) and not (seen[1] & seen[2])

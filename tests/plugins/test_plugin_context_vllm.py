@@ -72,7 +72,8 @@ print("RESULT " + json.dumps(out), flush=True)
 
 def _slice(max_context: int, context_len: int, k: int, acceptance: list[float]) -> dict:
     """A slice whose only measured K is ``k`` (at batch sizes 1 and 4)."""
-    cells = [{"batch_size": b, "k": k, "itl_s": 0.02 + 0.005 * b, "acceptance_length": 1 + sum(acceptance[:k]),
+    cells = [{"batch_size": b, "k": k, "itl_s": 0.02 + 0.005 * b,
+              "acceptance_length": 1 + sum(acceptance[:k]),
               "acceptance_per_pos": acceptance[:k]} for b in (1, 4)]
     return {"max_context": max_context, "context_len": context_len, "ranges": [[1, 1 << 20, k]],
             "points": [{"batch_size": b, "k": k} for b in (1, 4)], "cells": cells,
@@ -96,7 +97,8 @@ def test_adaptive_plugin_drafts_the_k_of_the_batch_mean_context(tmp_path, toy_ti
         "model": str(toy.target), "dtype": "float32", "max_model_len": 512, "max_num_seqs": 4, "seed": 0,
         "enforce_eager": True, "disable_log_stats": False, "scheduler_cls": ADAPTIVE_SCHEDULER_QUALNAME,
         # vLLM's dynamic-SD mode on (the plugin replaces the schedule by the table's slices)
-        "speculative_config": {"method": "draft_model", "model": str(toy.draft), "num_speculative_tokens": K_SHORT,
+        "speculative_config": {"method": "draft_model", "model": str(toy.draft),
+                               "num_speculative_tokens": K_SHORT,
                                "num_speculative_tokens_per_batch_size": [[1, 1 << 20, K_SHORT]]},
         "additional_config": adaptive_additional_config(str(table_file), {"explore_every": 0}),
     }

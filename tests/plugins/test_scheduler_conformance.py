@@ -26,18 +26,21 @@ def run_env(tmp_path, monkeypatch):
 
 
 def run_cell(tmp_path, mode, batch_size, k, accept, output_lens, waves, eos_at=None, spec=True, name="cell"):
-    """Waves of ``batch_size`` requests through the tracing scheduler; (summary, received, trace steps, runner)."""
+    """Waves of ``batch_size`` requests through the tracing scheduler; (summary, received, trace steps,
+    runner)."""
     cls = vs.TracingAsyncScheduler if mode == "async" else vs.TracingScheduler
     sched = make_scheduler(cls, vllm_config(5 if spec else 0, 8))
     runner = FakeRunner(accept, eos_at)
     received = {}
     for w in range(waves):
         for i in range(batch_size):
-            extra = {"dsdprof_run": TOKEN, "dsdprof_wave_size": batch_size, "dsdprof_trace": name, "dsdprof_wave": w}
+            extra = {"dsdprof_run": TOKEN, "dsdprof_wave_size": batch_size, "dsdprof_trace": name,
+                     "dsdprof_wave": w}
             if spec:
                 extra["dsdprof_num_spec_tokens"] = k
             rid = f"w{w}-r{i}"
-            sched.add_request(make_request(rid, 24 + i, output_lens[(w * batch_size + i) % len(output_lens)], extra))
+            sched.add_request(make_request(rid, 24 + i,
+                                           output_lens[(w * batch_size + i) % len(output_lens)], extra))
         received.update(drive(sched, runner, mode, spec))
     steps = read_trace(tmp_path / f"{name}.jsonl")
     return summarize(steps, batch_size, k if spec else 0, k), received, steps, runner
@@ -68,8 +71,8 @@ def test_fixed_acceptance_is_exact_and_tokens_are_conserved(run_env, mode, batch
 @pytest.mark.parametrize("batch_size", [4, 8])
 def test_requests_with_different_acceptance(run_env, mode, batch_size):
     # request i accepts i % 4 of K=3 every step: a steady step holds all of them
-    t, received, steps, _ = run_cell(run_env, mode, batch_size, 3, lambda r, s, d: int(r.rsplit("r", 1)[1]) % 4,
-                                     [37], waves=2)
+    t, received, steps, _ = run_cell(run_env, mode, batch_size, 3,
+                                     lambda r, s, d: int(r.rsplit("r", 1)[1]) % 4, [37], waves=2)
     truth = sum(i % 4 + 1 for i in range(batch_size)) / batch_size
     assert t.acceptance_length == pytest.approx(truth, rel=1e-12)
     assert delivered_per_request(steps) == {r: len(v) for r, v in received.items()}
@@ -119,8 +122,10 @@ def test_eos_stops_are_conserved_and_unbiased(run_env, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_vanilla_and_k0_are_one_token_per_step(run_env, mode, batch_size):
-    t, received, steps, _ = run_cell(run_env, mode, batch_size, 0, lambda r, s, d: 0, [31], waves=2, spec=False)
+    t, received, steps, _ = run_cell(run_env, mode, batch_size, 0, lambda r, s, d: 0, [31],
+                                     waves=2, spec=False)
     assert t.acceptance_length == 1.0 and t.num_drafts == 0
-    t0, received0, steps0, _ = run_cell(run_env, mode, batch_size, 0, lambda r, s, d: 0, [31], waves=2, name="k0")
+    t0, received0, steps0, _ = run_cell(run_env, mode, batch_size, 0, lambda r, s, d: 0, [31],
+                                        waves=2, name="k0")
     assert t0.acceptance_length == 1.0 and t0.num_drafts == 0
     assert delivered_per_request(steps) == {r: len(v) for r, v in received.items()}

@@ -65,8 +65,8 @@ def test_serving_plugin_ignores_every_profiling_key(serving, mode):
     cls = va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler
     sched = make_scheduler(cls, vllm_config(4, 8))
     before = _files(serving)
-    extras = [{"dsdprof_num_spec_tokens": 0, "dsdprof_wave_size": 10**6, "dsdprof_trace": str(serving / "evil"),
-               "dsdprof_wave": 0, "dsdprof_run": "guess"},
+    extras = [{"dsdprof_num_spec_tokens": 0, "dsdprof_wave_size": 10**6,
+               "dsdprof_trace": str(serving / "evil"), "dsdprof_wave": 0, "dsdprof_run": "guess"},
               {"dsdprof_num_spec_tokens": "abc", "dsdprof_trace": "cell", "dsdprof_run": TOKEN},
               {"dsdprof_num_spec_tokens": 4}]
     drafted = _run(sched, mode, extras)
@@ -95,7 +95,8 @@ def test_wrong_or_missing_secret_is_ignored_and_counted(profiling, mode):
     cls = vs.TracingAsyncScheduler if mode == "async" else vs.TracingScheduler
     sched = make_scheduler(cls, vllm_config(5, 8))
     extras = [{"dsdprof_run": secret, "dsdprof_num_spec_tokens": 1, "dsdprof_wave_size": 10**6,
-               "dsdprof_trace": "cell"} for secret in ("wrong", TOKEN[:-1], TOKEN + "x", 12345, None, "s" * 31 + "é")]
+               "dsdprof_trace": "cell"}
+              for secret in ("wrong", TOKEN[:-1], TOKEN + "x", 12345, None, "s" * 31 + "é")]
     extras.append({"dsdprof_num_spec_tokens": 1})
     assert _run(sched, mode, extras) == {5}  # vLLM's own K
     assert sched._dsdprof_reqs == {} and sched.dsdprof_ignored == len(extras)
@@ -121,5 +122,6 @@ def test_a_bad_trace_directory_never_writes_elsewhere(tmp_path, monkeypatch):
     monkeypatch.setenv("DSDPROF_RUN_TOKEN", "short")  # a short secret is none
     monkeypatch.setenv("DSDPROF_TRACE_DIR", str(tmp_path))
     sched = make_scheduler(vs.TracingScheduler, vllm_config(5, 8))
-    assert _run(sched, "sync", [{"dsdprof_run": "short", "dsdprof_trace": "cell", "dsdprof_num_spec_tokens": 2}]) == {5}
+    assert _run(sched, "sync",
+                [{"dsdprof_run": "short", "dsdprof_trace": "cell", "dsdprof_num_spec_tokens": 2}]) == {5}
     assert _files(tmp_path) == []

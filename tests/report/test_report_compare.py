@@ -25,12 +25,14 @@ def rows(spec: dict, repeats: int = 1, jitter: float = 0.0) -> pd.DataFrame:
     for r in range(repeats):
         f = 1.0 + (jitter if r % 2 else -jitter) if repeats > 1 else 1.0
         for b, s in spec.items():
-            out.append({"mode": "vanilla", "batch_size": b, "num_spec_tokens": 0, "tokens_per_s_per_user": s["vanilla"] * f, "status": "ok"})
+            out.append({"mode": "vanilla", "batch_size": b, "num_spec_tokens": 0,
+                        "tokens_per_s_per_user": s["vanilla"] * f, "status": "ok"})
             for k, t in s["fixed"].items():
-                out.append({"mode": "fixed", "batch_size": b, "num_spec_tokens": k, "tokens_per_s_per_user": t * f, "status": "ok"})
+                out.append({"mode": "fixed", "batch_size": b, "num_spec_tokens": k,
+                            "tokens_per_s_per_user": t * f, "status": "ok"})
             k, t = s["dsd"]
-            out.append({"mode": "dsd", "batch_size": b, "num_spec_tokens": k, "tokens_per_s_per_user": t * f, "status": "ok",
-                        "num_drafts": 10 if k else 0, "num_draft_tokens": 10 * k})
+            out.append({"mode": "dsd", "batch_size": b, "num_spec_tokens": k, "tokens_per_s_per_user": t * f,
+                        "status": "ok", "num_drafts": 10 if k else 0, "num_draft_tokens": 10 * k})
     return pd.DataFrame(out)
 
 
@@ -78,7 +80,8 @@ def test_noise_band_widens_with_repeat_spread():
 
 
 def test_flagged_ranges_group_consecutive_batch_sizes():
-    spec = {b: {"vanilla": 100.0, "fixed": {3: 90.0}, "dsd": (0 if b >= 16 else 3, 80.0 if b >= 16 else 120.0)}
+    spec = {b: {"vanilla": 100.0, "fixed": {3: 90.0},
+                "dsd": (0 if b >= 16 else 3, 80.0 if b >= 16 else 120.0)}
             for b in (1, 4, 16, 32, 64)}
     spec[4]["dsd"] = (2, 70.0)
     ranges = below_vanilla_ranges(compare(spec_frame := rows(spec)))
@@ -99,7 +102,8 @@ def test_failed_rows_ignored_and_medians_used():
 
 def test_user_speed_fallbacks():
     assert user_speed(pd.DataFrame({"tpot_s": [0.02]})).iloc[0] == pytest.approx(50.0)
-    assert user_speed(pd.DataFrame({"acceptance_length": [3.0], "itl_s": [0.03]})).iloc[0] == pytest.approx(100.0)
+    assert user_speed(pd.DataFrame({"acceptance_length": [3.0],
+                                    "itl_s": [0.03]})).iloc[0] == pytest.approx(100.0)
     with pytest.raises(InputError):
         user_speed(pd.DataFrame({"x": [1]}))
 

@@ -26,4 +26,5 @@ def test_docs_column_tables_are_current():
     if not docs:
         pytest.skip("no generated column table in the docs yet")
     for p in docs:
-        assert columns_markdown() in p.read_text(), f"{p.name}: regenerate with python -m dsdprof.report.docs columns"
+        assert columns_markdown() in p.read_text(), \
+            f"{p.name}: regenerate with python -m dsdprof.report.docs columns"

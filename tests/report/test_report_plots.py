@@ -43,7 +43,8 @@ def sweep_frame(dense_like_frame: pd.DataFrame) -> pd.DataFrame:
 
 def validate_frame() -> pd.DataFrame:
     rows = []
-    for b, (van, k3, dsd_k, dsd) in {1: (50, 100, 3, 98), 4: (40, 60, 3, 61), 16: (30, 28, 1, 31), 64: (20, 12, 0, 15)}.items():
+    for b, (van, k3, dsd_k, dsd) in {1: (50, 100, 3, 98), 4: (40, 60, 3, 61), 16: (30, 28, 1, 31),
+                                     64: (20, 12, 0, 15)}.items():
         rows.append({"mode": "vanilla", "batch_size": b, "num_spec_tokens": 0, "tokens_per_s_per_user": van})
         rows.append({"mode": "fixed", "batch_size": b, "num_spec_tokens": 3, "tokens_per_s_per_user": k3,
                      "acceptance_per_pos": [0.9, 0.8, 0.7]})
@@ -68,7 +69,8 @@ def test_sweep_plots_written_and_refuse_overwrite(tmp_path, dense_like_frame):
     write_run(run, sweep_frame(dense_like_frame), PROV)
     out = tmp_path / "png"
     paths = plots.plot_results(run, out)
-    assert sorted(p.name for p in paths) == ["acceptance_per_position.png", "goodput_heatmap.png", "optimal_k.png"]
+    assert sorted(p.name for p in paths) == ["acceptance_per_position.png", "goodput_heatmap.png",
+                                             "optimal_k.png"]
     for p in paths:
         w, h = png_size(p)
         assert w > 600 and h > 400
@@ -97,7 +99,8 @@ def test_optimal_k_figure_axes_and_title(dense_like_frame):
     marked = {}
     for line in ax.get_lines():
         if line.get_label().startswith(("goodput-optimal", "undecided")):
-            marked.update({int(x): (int(y), line.get_label()) for x, y in zip(line.get_xdata(), line.get_ydata())})
+            marked.update({int(x): (int(y), line.get_label())
+                           for x, y in zip(line.get_xdata(), line.get_ydata())})
     assert [marked[int(b)][0] for b in a.optimal["batch_size"]] == a.optimal["k"].tolist()
     for b, d in zip(a.optimal["batch_size"], a.optimal["decided"]):
         assert marked[int(b)][1].startswith("goodput-optimal" if d else "undecided")
@@ -123,7 +126,8 @@ def test_optimal_k_figure_marks_undecided_points_with_their_interval(dense_like_
     assert len(hollow) == 1 and sorted(int(x) for x in hollow[0].get_xdata()) == undecided
     bars = [c for c in ax.collections if c.get_segments()]
     spans = {int(seg[0][0]) for c in bars for seg in c.get_segments()}
-    wide = [b for b, c in zip(a.optimal["batch_size"], a.optimal["contenders"]) if int(b) in undecided and len(c) > 1]
+    wide = [b for b, c in zip(a.optimal["batch_size"], a.optimal["contenders"])
+            if int(b) in undecided and len(c) > 1]
     assert spans == {int(b) for b in wide}
 
 
@@ -175,7 +179,8 @@ def test_acceptance_figure_collapses_identical_curves():
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["every batch size (1..64)"]
     varied = df.copy()
     varied["acceptance_per_pos"] = [[0.9 - 0.001 * b, 0.8, 0.7] if k == 3 else a
-                                    for b, k, a in zip(varied["batch_size"], varied["num_spec_tokens"], varied["acceptance_per_pos"])]
+                                    for b, k, a in zip(varied["batch_size"], varied["num_spec_tokens"],
+                                                       varied["acceptance_per_pos"])]
     labels = [line.get_label() for line in plots.acceptance_figure(varied, PROV).axes[0].get_lines()]
     assert labels == ["BS 1 (K=3)", "BS 4 (K=3)", "BS 16 (K=3)", "BS 64 (K=3)"]
 

@@ -96,7 +96,8 @@ def test_k_moves_to_the_shifted_optimum(live_alpha):
     assert_near_optimal(sel, live_alpha)
     moved = [b for b in SIZES if sel.ks[b] != before[b]]
     # the static table is more than the margin off at these batch sizes; the adaptive one is not
-    stale = [b for b in SIZES if goodputs(live_alpha, b)[before[b]] * (1 + MARGIN) < max(goodputs(live_alpha, b).values())]
+    stale = [b for b in SIZES if goodputs(live_alpha, b)[before[b]]
+             * (1 + MARGIN) < max(goodputs(live_alpha, b).values())]
     assert stale and set(stale) <= set(moved)
     direction = (lambda new, old: new < old) if live_alpha < 0.8 else (lambda new, old: new > old)
     assert all(direction(sel.ks[b], before[b]) for b in moved)
@@ -196,7 +197,7 @@ def test_bad_counts_are_ignored_and_counted():
 
 def test_import_adaptive_is_light():
     code = ("import sys, dsdprof.runtime; dsdprof.runtime.AdaptiveKSelector; "
-            "heavy = [m for m in ('pandas', 'pyarrow', 'torch', 'vllm', 'numpy', 'pydantic', 'typer', 'rich') if m in sys.modules]; "
-            "print(','.join(heavy))")
+            "heavy = [m for m in ('pandas', 'pyarrow', 'torch', 'vllm', 'numpy', 'pydantic', 'typer', "
+            "'rich') if m in sys.modules]; print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

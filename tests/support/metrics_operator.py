@@ -31,7 +31,8 @@ def complete(port: int, model: str, prompt: str, max_tokens: int = 16, xargs: di
     except ImportError:  # the same API over urllib
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", headers={
             "Content-Type": "application/json"}, data=json.dumps({
-                "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **body}).encode())
+                "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                **body}).encode())
         with urllib.request.urlopen(req, timeout=120) as resp:
             return json.loads(resp.read())
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120, max_retries=0)
@@ -68,7 +69,8 @@ def check_metrics_as_operator(port: int, model: str, mode: str = "adaptive") -> 
     assert before["alarms"]["silent_noop_steps"] == 0 and before["alarms"]["ignored_requests"] == 0
     k0 = before["steps_k0"]
     for i, xargs in enumerate(HOSTILE):  # the first asks K=0 with a forged secret
-        assert complete(port, model, PROMPTS[i % len(PROMPTS)], xargs=xargs)["usage"]["completion_tokens"] == 16
+        assert complete(port, model, PROMPTS[i % len(PROMPTS)],
+                        xargs=xargs)["usage"]["completion_tokens"] == 16
     assert complete(port, model, "top-level junk", extra={"dsdprof_num_spec_tokens": 0})["choices"]
     after = settled(port)
     assert after["agree"] and after["vllm"]["drafts"] > before["vllm"]["drafts"], after
@@ -89,6 +91,7 @@ def check_watch(port: int, snap: dict[str, Any]) -> None:
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)
     assert got["acceptance"] == snap["acceptance"] and got["alarms"] == snap["alarms"], (got, snap)
-    res = runner.invoke(app, ["watch", f"http://127.0.0.1:{port}/metrics", "--count", "2", "--interval", "0.2"])
+    res = runner.invoke(app, ["watch", f"http://127.0.0.1:{port}/metrics", "--count", "2",
+                              "--interval", "0.2"])
     assert res.exit_code == 0 and "K per batch-size bucket" in res.output, res.output
     assert max(map(len, res.output.splitlines())) <= 80, res.output

@@ -6,8 +6,8 @@ on axis 3; the step model's functions broadcast over them unchanged (see :mod:`d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ class ModelCase:
     unconditional per-position acceptance p_1..p_Kmax."""
 
     target: ModelArch
-    draft: Optional[ModelArch]
+    draft: ModelArch | None
     acceptance: tuple[float, ...]
     dtype: str = "bfloat16"
     tensor_parallel_size: int = 1
@@ -91,7 +91,8 @@ def predict_grid(hardwares: Sequence[Hardware], cases: Sequence[ModelCase], batc
     hw = _hw_arrays(hardwares, cases)
     factors = np.array([METHOD_OVERHEAD.get(c.method, (1.0, 1.0)) for c in cases], dtype=float)
     per_case = (factors[:, 0].reshape(shape), factors[:, 1].reshape(shape))
-    itl = step_time(hw, tgt, drf, b, k, context_len, routing_correlation, 1.0, method_factors=per_case).total_s
+    itl = step_time(hw, tgt, drf, b, k, context_len, routing_correlation, 1.0,
+                    method_factors=per_case).total_s
     van = step_time(hw, tgt, NO_DRAFT, b, 0.0, context_len, routing_correlation, 0.0).total_s[..., 0]
     acc = np.zeros((len(cases), kmax))
     for i, c in enumerate(cases):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,8 @@ def simulate(sel, batch_size: int, phases: Sequence[Phase], step_s: dict[int, fl
     return res
 
 
-def served_goodput(res: SimResult, accept: Sequence[float], step_s: dict[int, float], lo: int, hi: int) -> float:
+def served_goodput(res: SimResult, accept: Sequence[float], step_s: dict[int, float], lo: int,
+                   hi: int) -> float:
     """Expected tokens/s per request of the Ks served on steps [lo, hi) (probes included)."""
     tokens = sum(chain_al(accept, k) for k in res.ks[lo:hi])
     seconds = sum(step_s[k] for k in res.ks[lo:hi])
@@ -136,7 +137,8 @@ def settle_drafts(res: SimResult, lo: int, hi: int, target: int) -> int | None:
     return None if first is None else res.drafts[first] - res.drafts[lo]
 
 
-def synthetic_table(step_s: dict[int, dict[int, float]], accept: Sequence[float], tolerance: float = 0.02) -> dict:
+def synthetic_table(step_s: dict[int, dict[int, float]], accept: Sequence[float],
+                    tolerance: float = 0.02) -> dict:
     """A ``dsdprof.ktable/v2`` table profiled at chain acceptance ``accept`` with step times
     ``step_s[b][K]``; K per batch size = the smallest within ``tolerance`` of the best (as dsdprof's)."""
     from dsdprof.formats.ktable import ranges_from_points

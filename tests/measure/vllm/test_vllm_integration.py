@@ -62,7 +62,8 @@ def test_draft_equal_target_counts_delivered_tokens_at_the_rows_k(toy, tmp_path)
         else:
             assert row.acceptance_length == 1.0 and row.num_draft_tokens == 0
         # delivered (after trimming): every measured request got exactly output_len tokens
-        assert row.trace_output_tokens == row.num_output_tokens == spec.sweep.waves * row.batch_size * 24, row.cell_id
+        want = spec.sweep.waves * row.batch_size * 24
+        assert row.trace_output_tokens == row.num_output_tokens == want, row.cell_id
     assert (df["itl_s"] > 0).all() and (df["tpot_s"] > 0).all()
     assert (df["engine"] == "vllm").all() and df["hardware"].iloc[0]
     assert df["consistent"].all()
@@ -82,7 +83,8 @@ def test_paired_design_runs_every_k_in_the_same_waves(toy, tmp_path):
     dsd = df[df["mode"] == "dsd"]
     assert len(dsd) == 2 * 3 and (df["design"] == "paired").all()
     van = df[df["mode"] == "vanilla"]  # one K's share of the 2 waves (1), beside the group's wave block 0
-    assert all(list(b) == [0] for b in van["sample_block"]) and all(list(b) == [0, 0] for b in dsd["sample_block"])
+    assert all(list(b) == [0]
+               for b in van["sample_block"]) and all(list(b) == [0, 0] for b in dsd["sample_block"])
     assert van["consistent"].all() and (van["num_requests"] == van["batch_size"]).all()
     for row in dsd.itertuples():
         k = row.num_spec_tokens

@@ -29,7 +29,8 @@ def _steps():
 def test_snapshot_sums_engines_and_cross_checks():
     def metrics(scale):
         return [NS(name=DRAFTS, value=10 * scale), NS(name=DRAFT_TOKENS, value=30 * scale),
-                NS(name=ACCEPTED, value=20 * scale), NS(name=ACCEPTED_PER_POS, values=[9 * scale, 7 * scale, 4 * scale]),
+                NS(name=ACCEPTED, value=20 * scale),
+                NS(name=ACCEPTED_PER_POS, values=[9 * scale, 7 * scale, 4 * scale]),
                 NS(name=ITL, count=10 * scale, sum=0.1 * scale),
                 NS(name="vllm:other", value=5)]
     before, after = snapshot_from_metrics(metrics(1)), snapshot_from_metrics(metrics(3))
