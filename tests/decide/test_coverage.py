@@ -74,6 +74,24 @@ def test_clipped_waves_widen_their_cell_by_the_unclipped_share(monkeypatch):
     assert spread.tolist() == pytest.approx([1.0, 20 / 19, 1.0, 1.0])
 
 
+def test_a_rows_point_is_its_winsorized_samples_mean_not_its_step_mean():
+    """A row's ``itl_s`` is the mean over its timed steps; where its waves timed different numbers of
+    steps (waves of non-whole K cycles), one slow step weighs more in the row than in its wave's
+    mean, and clipping the wave left most of it in the point. The point is the mean of the row's
+    (winsorized) wave samples, the estimator its replicates resample."""
+    x = _noise(4, 20) * 0.01
+    x[1, 5] *= 1.5  # one K's slow wave (a 3x step in a wave that timed 4 of its steps)
+    raw = _paired_cells(x)
+    raw[1] = (1, [(1.0, float(x[1].mean()) * 1.02, *raw[1][1][0][2:])])  # the step mean: 2 % slow
+    rep = bootstrap_batch(1, raw, paired=True)
+    clipped = robust_paired(raw)[1][1][0][3]
+    assert clipped[5] < x[1, 5] and rep.point_itl[1] == pytest.approx(clipped.mean(), rel=1e-12)
+    assert np.median(rep.itl[:, 1]) == pytest.approx(rep.point_itl[1], rel=0.002)  # replicates centre there
+    plain = bootstrap_batch(1, [(k, [(1.0, float(x[i].mean()) * 1.02, *r[0][2:])]) for i, (k, r)
+                                in enumerate(_paired_cells(x))], paired=True)
+    assert plain.point_itl == pytest.approx(rep.point_itl, rel=1e-12)  # the rows' own ITL plays no part
+
+
 def test_timed_steps_skip_the_first_pure_step_of_each_hold():
     seq = np.array([0, 0, 0, 0, 1, 1, 1, 1, 0])
     verified, proposed = seq[:-1], seq[1:]

@@ -149,7 +149,7 @@ def test_fewest_rises_path():
 
 
 def test_bootstrap_is_seeded_and_centred():
-    waves = [np.array([1.0, 1.2, 0.8, 1.1]), np.array([0.01, 0.012, 0.011, 0.009])]
+    waves = [np.array([1.0, 1.2, 0.8, 1.1]), np.array([0.0095, 0.0115, 0.0105, 0.0085])]  # mean 0.010
     cells = [(0, [(1.0, 0.010, np.ones(4), waves[1])]), (2, [(2.5, 0.02, 2.5 * waves[0] / waves[0].mean(), 2 * waves[1])])]
     a = bootstrap_batch(4, cells, replicates=500, seed=3)
     b = bootstrap_batch(4, cells, replicates=500, seed=3)
