@@ -230,7 +230,7 @@ def predict(t: Terms, theta: np.ndarray) -> np.ndarray:
     bandwidth multiplier and one log compute-efficiency multiplier per entry of :data:`GPUS`
     (optional: missing = 0)."""
     e_bw, lay, moe, exp, ar, step, d0, dk, mla, tok, ov_step = theta[:len(FIT_PARAMS)]
-    e_c = COMPUTE_EFFICIENCY
+    e_c: float | np.ndarray = COMPUTE_EFFICIENCY  # an array once per-GPU multipliers apply
     mult = np.asarray(theta[len(FIT_PARAMS):], dtype=float)
     g = len(GPUS)
     if len(mult):
