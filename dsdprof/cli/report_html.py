@@ -22,6 +22,9 @@ def _report(
                                     help="Relative goodput tolerance for choosing K (as analyze and "
                                          "export)."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed",
+                                     help="Pool rows of different provenance or runs of different specs, as "
+                                          "analyze and export do."),
 ) -> None:
     """Write one self-contained HTML page (no network needed) of a run: the table as export serves
     it, with provenance and warnings, then K* against batch size, speedup over vanilla, the goodput
@@ -30,7 +33,7 @@ def _report(
     from dsdprof.report.html import build_report, render_html
 
     check_output_path(output, force, field="--output")
-    page = render_html(build_report(run, tolerance=tolerance))
+    page = render_html(build_report(run, tolerance=tolerance, allow_mixed=allow_mixed))
     write_bytes_atomic(output, page.encode("utf-8"))
     console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
 

@@ -30,16 +30,34 @@ def _title(prov: dict[str, Any]) -> str:
     return provenance_line(prov) or "dsdprof run"
 
 
-def open_once(path: Path) -> Any:
-    """The run at ``path``, read once (:func:`dsdprof.io.runs.open_run`), as a report reads it:
-    nothing refused but unreadable files (a mixed or validate run still gets a page)."""
+def _opener() -> tuple[Any, bool]:
+    """:func:`dsdprof.io.runs.open_run`, and whether it checks a run for a command when opening it
+    (else ``analyze_path`` and ``export_document`` check the run they are given)."""
     import inspect
 
     from dsdprof.io.runs import open_run
 
-    if "command" in inspect.signature(open_run).parameters:  # the run checked when opened
-        return open_run(path, "report")
-    return open_run(path)
+    return open_run, "command" in inspect.signature(open_run).parameters
+
+
+def open_once(path: Path) -> Any:
+    """The run at ``path`` as it is (:func:`dsdprof.io.runs.open_run`): nothing refused but
+    unreadable files, so a mixed or validate run still gets a page."""
+    open_run, checks = _opener()
+    return open_run(path, "") if checks else open_run(path)
+
+
+def analysis_of(path: Path, run: Any, tolerance: float, allow_mixed: bool, by_context: bool = False) -> Any:
+    """``analyze``'s analysis of the run at ``path`` (``run``: it opened as it is), with ``analyze``'s
+    own refusals (a validate run, mixed provenance or specs unless ``allow_mixed``): InputError."""
+    from dsdprof.decide.analysis import analyze_path
+    from dsdprof.decide.context import analyze_contexts_path
+
+    analyse = analyze_contexts_path if by_context else analyze_path
+    open_run, checks = _opener()
+    if checks:  # opened again as `dsdprof analyze` opens it
+        return analyse(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
+    return analyse(run, tolerance=tolerance, allow_mixed=allow_mixed)
 
 
 def run_provenance(run: Any) -> dict[str, Any]:
@@ -62,8 +80,9 @@ def _rollout_file(path: Path) -> bool:
         return False
 
 
-def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> Report:
-    """The report of ``path`` (InputError only when the path does not exist)."""
+def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_mixed: bool = False) -> Report:
+    """The report of ``path`` (InputError only when the path does not exist). ``tolerance`` and
+    ``allow_mixed`` as ``analyze`` and ``export`` take them."""
     p = Path(path)
     if not p.exists():
         raise InputError("RUN", str(path), "no such file or directory")
@@ -90,26 +109,24 @@ def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> Repo
     report.title = _title(prov)
     if run.kind == "validate":
         return _validate(report, run, prov)
-    return _sweep(report, run, tolerance)
+    return _sweep(report, p, run, tolerance, allow_mixed)
 
 
 def _missing_panel(pid: str, title: str, why: str) -> Panel:
     return Panel(pid, title, missing=[why])
 
 
-def _sweep(report: Report, run: Any, tolerance: float) -> Report:
-    report.answer = answer_from_export(run, tolerance)
+def _sweep(report: Report, path: Path, run: Any, tolerance: float, allow_mixed: bool) -> Report:
+    report.answer = answer_from_export(path, tolerance, allow_mixed)
     try:
         contexts = run.contexts
     except InputError as err:
         report.panels.append(_missing_panel("analysis", "Analysis", f"the rows could not be analysed: {err}"))
         return report
     if contexts is not None:
-        return _contexts(report, run, tolerance)
-    from dsdprof.decide.analysis import analyze_path
-
+        return _contexts(report, path, run, tolerance, allow_mixed)
     try:
-        analysis = analyze_path(run, tolerance=tolerance)
+        analysis = analysis_of(path, run, tolerance, allow_mixed)
     except InputError as err:
         report.panels.append(_missing_panel("analysis", "Analysis", f"analyze refuses these rows: {err}"))
         report.panels.append(coverage_panel(_coverage(run), run.rows))
@@ -135,12 +152,10 @@ def _coverage(run: Any) -> Any:
         return None
 
 
-def _contexts(report: Report, run: Any, tolerance: float) -> Report:
-    from dsdprof.decide.context import analyze_contexts_path
-
+def _contexts(report: Report, path: Path, run: Any, tolerance: float, allow_mixed: bool) -> Report:
     report.kind = "context sweep"
     try:
-        by_context = analyze_contexts_path(run, tolerance=tolerance)
+        by_context = analysis_of(path, run, tolerance, allow_mixed, by_context=True)
     except InputError as err:
         report.panels.append(_missing_panel("contexts", "Context slices",
                                             f"analyze refuses these rows: {err}"))
@@ -188,7 +203,7 @@ def _rollout(report: Report, p: Path) -> Report:
 
 def _table_file(report: Report, p: Path, tolerance: float) -> Report:
     report.kind = "table"
-    report.answer = answer_from_export(p, tolerance)
+    report.answer = answer_from_export(p, tolerance, False)
     report.answer.missing.append("a table file holds no measurements: run `dsdprof report` on the run it "
                                  "was exported from for the panels")
     return report

@@ -38,18 +38,19 @@ def cell_id(b: int, k: int | str) -> str:
 
 # ----------------------------------------------------------------------------- the answer
 
-def answer_from_export(run: Any, tolerance: float) -> Answer:
-    """What ``dsdprof export RUN`` writes and prints; a partial run is refused there, so the table
-    shown is ``--allow-partial``'s, under export's refusal."""
+def answer_from_export(path: Any, tolerance: float, allow_mixed: bool = False) -> Answer:
+    """What ``dsdprof export PATH`` writes and prints (the same call, which opens and checks the run
+    as the command does); a partial run is refused there, so the table shown is then
+    ``--allow-partial``'s, under export's refusal."""
     from dsdprof.export.api import export_document
 
     ans = Answer()
     try:
-        exported = export_document(run, "table", tolerance)
+        exported = export_document(path, "table", tolerance, allow_mixed=allow_mixed)
     except InputError as err:
         ans.refusal = str(err)
         try:
-            exported = export_document(run, "table", tolerance, allow_partial=True)
+            exported = export_document(path, "table", tolerance, allow_mixed=allow_mixed, allow_partial=True)
         except InputError as err2:
             ans.missing.append(f"no table: export refuses this run even with --allow-partial ({err2})")
             return ans
