@@ -1,4 +1,5 @@
-"""The lint and type gates: ruff and mypy over the package, with pyproject.toml's settings.
+"""The lint and type gates: ruff over the package, tests/ and benchmarks/, mypy over the package, with
+pyproject.toml's settings.
 
 Each gate is first shown a file it must reject, so a gate that silently checks nothing
 (wrong config, wrong paths, a tool that exits 0 on anything) fails here too.
@@ -35,8 +36,10 @@ def test_ruff_rejects_a_long_line_and_an_unused_import(tmp_path):
     assert "E501" in r.stdout and "F401" in r.stdout, r.stdout
 
 
-def test_ruff_package_clean():
-    r = _tool("ruff", "check", "dsdprof")
+@pytest.mark.parametrize("tree", ["dsdprof", "tests", "benchmarks"])
+def test_ruff_clean(tree):
+    """The same rules for the package, its tests and its benchmarks."""
+    r = _tool("ruff", "check", "--no-cache", tree)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
