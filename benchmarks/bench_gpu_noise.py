@@ -101,7 +101,7 @@ class Truth:
         grid = {"batch_sizes": list(batch_sizes), "num_spec_tokens": list(ks)}
         spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update=grid)})
         eng = SimEngine(spec)
-        self.p = list(spec.sim["acceptance_per_pos"])
+        self.p = list(spec.sim.acceptance_per_pos)
         self.itl = {(b, k): eng.measure(Cell(0, b, "dsd", k)).itl_s for b in batch_sizes for k in ks}
         self.vanilla = {b: eng.measure(Cell(0, b, "vanilla", 0)).itl_s for b in batch_sizes}
 

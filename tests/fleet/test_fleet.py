@@ -80,7 +80,7 @@ def test_matrix_crosses_models_drafts_hardware_and_tp(tmp_path):
     ngram = next(r for r in plan.runs if r.name == "Qwen3-8B--ngram--H100-SXM--tp1")
     assert ngram.spec.engine.draft_model is None and ngram.spec.engine.method == "ngram"
     tp2 = next(r for r in plan.runs if r.name.endswith("H200-SXM--tp2"))
-    assert tp2.spec.sim["hardware"] == "H200 SXM" and tp2.spec.engine.tensor_parallel_size == 2
+    assert tp2.spec.sim.hardware == "H200 SXM" and tp2.spec.engine.tensor_parallel_size == 2
     assert len({r.key for r in plan.runs}) == len(plan.runs)
 
 
