@@ -6,7 +6,7 @@ Stdlib only at import time; :func:`arrow_schema` imports pyarrow lazily. The ver
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
@@ -205,17 +205,21 @@ PROVENANCE_FIELDS = (
 )
 
 
-def arrow_schema(with_context: bool = False) -> Any:  # a pyarrow.Schema
-    """The pyarrow schema of a measurement file (pyarrow imported lazily); ``with_context`` adds
-    :data:`CONTEXT_COLUMN` (last, so every other column keeps its place)."""
+def columns_schema(columns: Sequence[Column]) -> Any:  # a pyarrow.Schema
+    """The pyarrow schema of ``columns``, in order (pyarrow imported lazily: formats/ is stdlib only)."""
     import pyarrow as pa
 
     types = {
         "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "bool": pa.bool_(),
         "list<float64>": pa.list_(pa.float64()), "list<int64>": pa.list_(pa.int64()),
     }
-    cols = MEASUREMENT_COLUMNS + ((CONTEXT_COLUMN,) if with_context else ())
-    return pa.schema([pa.field(c.name, types[c.arrow_type]) for c in cols])
+    return pa.schema([pa.field(c.name, types[c.arrow_type]) for c in columns])
+
+
+def arrow_schema(with_context: bool = False) -> Any:  # a pyarrow.Schema
+    """The pyarrow schema of a measurement file; ``with_context`` adds :data:`CONTEXT_COLUMN` (last, so
+    every other column keeps its place)."""
+    return columns_schema(MEASUREMENT_COLUMNS + ((CONTEXT_COLUMN,) if with_context else ()))
 
 
 def empty_row() -> MeasurementRow:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ def rollout_path(path: str | Path) -> Path:
     return p / ROLLOUT_FILE if p.is_dir() else p
 
 
-def write_rollout_rows(path: str | Path, rows: list[dict[str, Any]], provenance: dict[str, Any]) -> Path:
+def write_rollout_rows(path: str | Path, rows: Sequence[Mapping[str, Any]],
+                       provenance: dict[str, Any]) -> Path:
     """Every row, one Parquet file, replaced atomically (metadata: version + the run's provenance)."""
     import pyarrow as pa
     import pyarrow.parquet as pq

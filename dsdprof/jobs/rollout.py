@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dsdprof.decide.live_stats import request_times, rotated_orders, summarize_requests, summarize_steps
 from dsdprof.errors import InputError
+from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
-from dsdprof.formats.rollouts import KIND_ROLLOUT, KIND_SERVING, ROLLOUT_FILE, empty_rollout_row
+from dsdprof.formats.rollouts import KIND_ROLLOUT, KIND_SERVING, ROLLOUT_FILE, RolloutRow, empty_rollout_row
 from dsdprof.io.atomic import write_json_atomic
 
 PLAN_FILE = "_rollout.json"
@@ -76,7 +77,7 @@ def engine_key(variant: str) -> str:
     return variant  # vanilla, fixed-<K>, dsd, adaptive
 
 
-def variant_mode(variant: str, table: Mapping[str, Any], adaptive_k: int | None) -> tuple[str, int]:
+def variant_mode(variant: str, table: KTable, adaptive_k: int | None) -> tuple[str, int]:
     if variant.startswith("fixed-"):
         return MODE_FIXED, int(variant.split("-", 1)[1])
     if variant == MODE_DSD:
@@ -86,88 +87,49 @@ def variant_mode(variant: str, table: Mapping[str, Any], adaptive_k: int | None)
     return MODE_VANILLA, 0
 
 
-def build_row(
-    result,
-    kind: str,
-    variant: str,
-    repeat: int,
-    order: int,
-    rate: float,
-    plan: RolloutPlan,
-    table: Mapping[str, Any],
-    adaptive_k: int | None,
-) -> dict[str, Any]:
+def build_row(result, kind: str, variant: str, repeat: int, order: int, rate: float, plan: RolloutPlan,
+              table: KTable, adaptive_k: int | None) -> RolloutRow:
     """A row from a worker's :class:`~dsdprof.measure.vllm.arrivals.ArrivalsResult`."""
-    reqs = [
-        request_times(a, t, n) for a, t, n in zip(result.arrival_s, result.chunk_t_s, result.chunk_tokens)
-    ]
-    row = _row_head(kind, variant, repeat, order, rate, table, adaptive_k, "ok")
-    row.update(num_requests=len(reqs), slo_ttft_s=plan.slo_ttft_s, slo_tpot_s=plan.slo_tpot_s)
-    row.update(summarize_requests(reqs, plan.slo_ttft_s, plan.slo_tpot_s))
+    reqs = [request_times(a, t, n)
+            for a, t, n in zip(result.arrival_s, result.chunk_t_s, result.chunk_tokens)]
     steps = result.steps
-    row.update(
-        summarize_steps(
-            [s.lookup_batch_size for s in steps],
-            [s.decoding for s in steps],
-            [s.drafted for s in steps],
-            [list(r) for r in table["ranges"]],
-        )
-    )
-    row.update(
-        request_arrival_s=[r.arrival for r in reqs],
-        request_first_token_s=[r.first for r in reqs],
-        request_finish_s=[r.finish for r in reqs],
-        request_output_len=[r.tokens for r in reqs],
-        itl_samples_s=[g for r in reqs for g in r.itls],
-        step_t_s=[s.t_end for s in steps],
-        step_batch_size=[s.lookup_batch_size for s in steps],
-        step_decoding=[s.decoding for s in steps],
-        step_prefill_tokens=[s.prefill_tokens for s in steps],
-        step_k=[s.k_next for s in steps],
-        step_drafted=[s.drafted for s in steps],
-    )
+    row = _row_head(kind, variant, repeat, order, rate, table, adaptive_k, "ok")
+    row.update({"num_requests": len(reqs), "slo_ttft_s": plan.slo_ttft_s, "slo_tpot_s": plan.slo_tpot_s})
+    # the summaries' keys are row columns (decide.live_stats names them so)
+    row.update(cast(RolloutRow, summarize_requests(reqs, plan.slo_ttft_s, plan.slo_tpot_s)))
+    step_stats = summarize_steps([s.lookup_batch_size for s in steps], [s.decoding for s in steps],
+                                 [s.drafted for s in steps], [list(r) for r in table["ranges"]])
+    row.update(cast(RolloutRow, step_stats))
+    row.update({
+        "request_arrival_s": [r.arrival for r in reqs],
+        "request_first_token_s": [r.first for r in reqs],
+        "request_finish_s": [r.finish for r in reqs],
+        "request_output_len": [r.tokens for r in reqs],
+        "itl_samples_s": [g for r in reqs for g in r.itls],
+        "step_t_s": [s.t_end for s in steps],
+        "step_batch_size": [s.lookup_batch_size for s in steps],
+        "step_decoding": [s.decoding for s in steps],
+        "step_prefill_tokens": [s.prefill_tokens for s in steps],
+        "step_k": [s.k_next for s in steps],
+        "step_drafted": [s.drafted for s in steps],
+    })
     return row
 
 
-def failed_row(
-    err: BaseException,
-    kind: str,
-    variant: str,
-    repeat: int,
-    order: int,
-    rate: float,
-    table: Mapping[str, Any],
-    adaptive_k: int | None,
-) -> dict[str, Any]:
+def failed_row(err: BaseException, kind: str, variant: str, repeat: int, order: int, rate: float,
+               table: KTable, adaptive_k: int | None) -> RolloutRow:
     row = _row_head(kind, variant, repeat, order, rate, table, adaptive_k, "failed")
-    row.update(error=" ".join(str(err).split())[:2000])
+    row["error"] = " ".join(str(err).split())[:2000]
     return row
 
 
-def _row_head(
-    kind: str,
-    variant: str,
-    repeat: int,
-    order: int,
-    rate: float,
-    table: Mapping[str, Any],
-    adaptive_k: int | None,
-    status: str,
-) -> dict[str, Any]:
+def _row_head(kind: str, variant: str, repeat: int, order: int, rate: float, table: KTable,
+              adaptive_k: int | None, status: str) -> RolloutRow:
     """An empty row with what names it: run kind, variant, K served, repeat, order, rate, status."""
     row = empty_rollout_row()
     mode, k = variant_mode(variant, table, adaptive_k)
-    row.update(
-        row_id=row_id(kind, variant, repeat, rate),
-        kind=kind,
-        variant=variant,
-        mode=mode,
-        num_spec_tokens=k,
-        repeat=repeat,
-        order=order,
-        rate_per_s=rate,
-        status=status,
-    )
+    row.update({"row_id": row_id(kind, variant, repeat, rate), "kind": kind, "variant": variant, "mode": mode,
+                "num_spec_tokens": k, "repeat": repeat, "order": order, "rate_per_s": rate, "status": status})
     return row
 
 
@@ -188,20 +150,9 @@ def parse_rates(values: list[str]) -> list[float]:
     return out
 
 
-def make_plan(
-    table: Mapping[str, Any],
-    spec,
-    lengths_spec,
-    num_requests: int,
-    repeats: int,
-    rates: list[float],
-    serving_requests: int,
-    fixed_ks: list[int] | None,
-    adaptive: bool,
-    seed: int,
-    slo_ttft_s: float = 0.0,
-    slo_tpot_s: float = 0.0,
-) -> RolloutPlan:
+def make_plan(table: KTable, spec, lengths_spec, num_requests: int, repeats: int, rates: list[float],
+              serving_requests: int, fixed_ks: list[int] | None, adaptive: bool, seed: int,
+              slo_ttft_s: float = 0.0, slo_tpot_s: float = 0.0) -> RolloutPlan:
     """The plan: lengths, arrivals, variants (the best fixed K by the replay when ``fixed_ks`` is None)."""
     from dsdprof.decide.makespan import best_fixed_k, predict_all
     from dsdprof.measure.live_workload import draw_lengths, poisson_arrivals
@@ -215,31 +166,19 @@ def make_plan(
     for k in ks:
         if k < 1:
             raise InputError("--fixed-k", k, "must be >= 1 (K=0 is the vanilla engine)")
-    variants = ["vanilla", *[f"fixed-{k}" for k in sorted(set(ks))], MODE_DSD] + (
-        [MODE_ADAPTIVE] if adaptive else []
-    )
+    variants = ["vanilla", *[f"fixed-{k}" for k in sorted(set(ks))], MODE_DSD] + ([MODE_ADAPTIVE] if adaptive
+                                                                                   else [])
     serving_lengths: list[int] = []
     arrivals: dict[str, list[float]] = {}
     if rates:
         if serving_requests < 1:
             raise InputError("--serving-requests", serving_requests, "must be >= 1")
         serving_lengths = draw_lengths(lengths_spec, serving_requests, seed + 1, max_len=max_len)
-        arrivals = {
-            f"{r:g}": poisson_arrivals(r, serving_requests, seed + 2 + i) for i, r in enumerate(rates)
-        }
-    return RolloutPlan(
-        tuple(variants),
-        tuple(lengths),
-        lengths_spec.describe(),
-        repeats,
-        tuple(rates),
-        tuple(serving_lengths),
-        arrivals,
-        seed,
-        slo_ttft_s,
-        slo_tpot_s,
-        {p.variant: round(p.makespan_s, 4) for p in predictions},
-    )
+        arrivals = {f"{r:g}": poisson_arrivals(r, serving_requests, seed + 2 + i)
+                    for i, r in enumerate(rates)}
+    return RolloutPlan(tuple(variants), tuple(lengths), lengths_spec.describe(), repeats, tuple(rates),
+                       tuple(serving_lengths), arrivals, seed, slo_ttft_s, slo_tpot_s,
+                       {p.variant: round(p.makespan_s, 4) for p in predictions})
 
 
 def _plan_doc(plan: RolloutPlan, table_path: str) -> dict[str, Any]:
@@ -248,20 +187,16 @@ def _plan_doc(plan: RolloutPlan, table_path: str) -> dict[str, Any]:
     return {"rollout_plan": "dsdprof.rollout-plan/v1", "table": table_path, **asdict(plan)}
 
 
-def _existing_rows(out: Path, plan_doc: dict[str, Any], resume: bool) -> list[dict[str, Any]]:
+def _existing_rows(out: Path, plan_doc: dict[str, Any], resume: bool) -> list[RolloutRow]:
     plan_path = out / PLAN_FILE
     if not plan_path.exists():
         return []
     if not resume:
-        raise InputError(
-            "--out", str(out), "holds a rollout run; pass --resume to continue it or choose another --out"
-        )
+        raise InputError("--out", str(out), "holds a rollout run; pass --resume to continue it or choose "
+                         "another --out")
     if json.loads(plan_path.read_text()) != json.loads(json.dumps(plan_doc)):
-        raise InputError(
-            "--resume",
-            str(out),
-            "the run there has another plan (table, lengths, rates, variants or seed); start a new --out",
-        )
+        raise InputError("--resume", str(out), "the run there has another plan (table, lengths, rates, "
+                         "variants or seed); start a new --out")
     if not (out / ROLLOUT_FILE).exists():
         return []
     from dsdprof.io.rollouts import read_rollout_rows
@@ -288,8 +223,8 @@ def arrivals_request(plan: RolloutPlan, kind: str, rep: int, rate: float, temper
                            seed=plan.seed, prompt_offset=rep * n_max)
 
 
-def run_one(engine, plan: RolloutPlan, run: tuple, table: Mapping[str, Any], table_path: str,
-            adaptive_k: int | None, temperature: float, warmed: set[str]) -> dict[str, Any]:
+def run_one(engine, plan: RolloutPlan, run: tuple, table: KTable, table_path: str,
+            adaptive_k: int | None, temperature: float, warmed: set[str]) -> RolloutRow:
     """One (kind, repeat, rate, order, variant) run on its engine: its row (failed: a failed row)."""
     from dsdprof.io.store import provenance_dict
     from dsdprof.measure.vllm.arrivals import ArrivalsRequest
@@ -307,16 +242,16 @@ def run_one(engine, plan: RolloutPlan, run: tuple, table: Mapping[str, Any], tab
     except Exception as err:  # noqa: BLE001 - a failed run is a row
         row = failed_row(err, kind, variant, rep, order, rate, table, adaptive_k)
     prov = provenance_dict(engine.provenance())
-    row.update({k: prov.get(k, row.get(k)) for k in PROVENANCE_COLUMNS}, seed=plan.seed,
-               lengths=plan.lengths_spec, table=table_path,
-               created_at=datetime.now(UTC).isoformat(timespec="seconds"))
+    row.update(cast(RolloutRow, {k: prov.get(k, row.get(k)) for k in PROVENANCE_COLUMNS}))
+    row.update({"seed": plan.seed, "lengths": plan.lengths_spec, "table": table_path,
+                "created_at": datetime.now(UTC).isoformat(timespec="seconds")})
     return row
 
 
-def run_rollout(table: Mapping[str, Any], spec, out_dir: str | Path, plan: RolloutPlan, table_path: str = "",
+def run_rollout(table: KTable, spec, out_dir: str | Path, plan: RolloutPlan, table_path: str = "",
                 adaptive_options: dict[str, Any] | None = None, resume: bool = False,
-                on_row: Callable[[dict[str, Any]], None] | None = None,
-                start_worker: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
+                on_row: Callable[[RolloutRow], None] | None = None,
+                start_worker: Callable[..., Any] | None = None) -> list[RolloutRow]:
     """Run ``plan`` on vLLM (see the module docstring); returns every row of the run."""
     from dsdprof.io.rollouts import write_rollout_rows
     from dsdprof.io.runlock import RunLock

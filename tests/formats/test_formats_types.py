@@ -26,6 +26,16 @@ def test_measurement_row_has_every_column_with_its_type():
         assert str(hints[c.name]).replace("typing.", "") == f"{PYTHON_TYPES[c.arrow_type]} | None", c.name
 
 
+def test_rollout_row_has_every_column_with_its_type():
+    from dsdprof.formats.rollouts import ROLLOUT_COLUMNS, RolloutRow, empty_rollout_row
+
+    hints = typing.get_type_hints(RolloutRow)
+    assert list(hints) == [c.name for c in ROLLOUT_COLUMNS] == list(empty_rollout_row())
+    for c in ROLLOUT_COLUMNS:
+        assert str(hints[c.name]).replace("typing.", "") in (PYTHON_TYPES[c.arrow_type],
+                                                             f"<class '{PYTHON_TYPES[c.arrow_type]}'>"), c.name
+
+
 def _check_keys(doc: dict, td: type, where: str) -> None:
     unknown = set(doc) - _keys(td)
     assert not unknown, f"{where}: keys {sorted(unknown)} not in {td.__name__}"
