@@ -87,6 +87,16 @@ def pages(runs, tmp_path_factory) -> dict[str, Path]:
     return written
 
 
+@pytest.fixture(scope="module")
+def exported(runs) -> dict:
+    """What ``dsdprof export`` makes of the runs that have a table (``--allow-partial`` for the
+    partial one): the expected answer of their pages."""
+    from dsdprof.export.api import export_document
+
+    return {name: export_document(runs[name], "table", allow_partial=name == "partial")
+            for name in ("sweep", "partial", "single")}
+
+
 def served_ranges(html: str) -> list[list[int]]:
     """The K per range of the page's served table (what the browser test reads from the DOM)."""
     m = re.search(r'<table class="served" id="served-table".*?</table>', html, re.S)
@@ -100,11 +110,9 @@ def panels(html: str) -> list[str]:
     return re.findall(r'<section class="panel[^"]*" id="([^"]+)" data-panel=', html)
 
 
-def test_the_page_opens_with_exports_table_and_draws_every_panel(pages, runs):
-    from dsdprof.export.api import export_document
-
+def test_the_page_opens_with_exports_table_and_draws_every_panel(pages, exported):
     html = pages["sweep"].read_text()
-    exported = export_document(runs["sweep"], "table")
+    exported = exported["sweep"]
     assert served_ranges(html) == exported.doc["ranges"]
     assert panels(html) == ["answer", "kstar", "speedup", "heatmap", "steptime", "acceptance", "coverage",
                             "rows"]
@@ -168,12 +176,10 @@ def test_the_page_agrees_with_analyze_json(pages, runs):
     assert decided.count(">not decided<") == sum(not o["decided"] for o in optimal)
 
 
-def test_a_partial_run_says_what_is_missing(pages, runs):
-    from dsdprof.export.api import export_document
-
+def test_a_partial_run_says_what_is_missing(pages, exported):
     html = pages["partial"].read_text()
     assert "export refuses this run:" in html and "--allow-partial" in html
-    assert served_ranges(html) == export_document(runs["partial"], "table", allow_partial=True).doc["ranges"]
+    assert served_ranges(html) == exported["partial"].doc["ranges"]
     assert "missing: gaps: no ok cell at batch size 64; missing BS 16 K=4" in html
     assert html.count("MemoryError: KV cache full") >= 7  # each failed cell listed with its error
     assert "partial run: no ok cell at batch size 64" in html  # export's own warning
@@ -239,11 +245,9 @@ def browser():
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not found: `apt-get install -y chromium` "
                     "(Debian; `make test` tries it) or set DSDPROF_CHROMIUM to a Chromium binary")
-@pytest.mark.slow  # a browser start (~1 s) and seven pages (~0.5 s each); the reports are built once (~10 s)
+@pytest.mark.slow  # a browser start and seven pages: ~16 s at load 11 on 2 cores (docs/lab/html-report-*)
 @pytest.mark.parametrize("name", ["sweep", "partial", "single", "broken", "validate", "rollout", "ctx"])
-def test_the_report_in_headless_chromium(browser, pages, runs, name, tmp_path):
-    from dsdprof.export.api import export_document
-
+def test_the_report_in_headless_chromium(browser, pages, exported, name, tmp_path):
     shots = Path(ARTEFACTS) if ARTEFACTS else tmp_path
     shots.mkdir(parents=True, exist_ok=True)
     st = open_report(browser, pages[name], shots / f"report-{name}.png")
@@ -259,8 +263,7 @@ def test_the_report_in_headless_chromium(browser, pages, runs, name, tmp_path):
         assert all(n > 0 for n in p["tables"]), p
         assert p["charts"] or p["tables"] or p["missing"] or p["id"] in ("answer", "coverage"), p
     if name in ("sweep", "single", "partial"):  # the table's K per range, as export writes it
-        doc = export_document(runs[name], "table", allow_partial=name == "partial").doc
-        assert st["ranges"] == doc["ranges"]
+        assert st["ranges"] == exported[name].doc["ranges"]
         assert [p["id"] for p in st["panels"]][:6] == ["answer", "kstar", "speedup", "heatmap", "steptime",
                                                        "acceptance"]
     if name == "broken":
