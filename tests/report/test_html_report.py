@@ -209,6 +209,13 @@ def test_validate_rollout_and_context_runs_get_their_own_panels(pages):
     comp = compare(read_measurements(SAMPLE_VALIDATE))
     for r in comp.itertuples():  # DSD's tokens/s per user as validate-report prints them
         assert f"DSD: {float(r.tops_dsd):.3g} tok/s per user" in validate
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    printed = CliRunner().invoke(app, ["validate-report", str(SAMPLE_VALIDATE)]).stdout
+    verdict = next(line for line in printed.splitlines() if line.startswith("max regret vs best fixed K"))
+    assert f'<ul class="headline"><li>{verdict}</li>' in validate  # validate-report's verdict, first
     rollout = pages["rollout"].read_text()
     assert {"rollout", "serving"} <= set(panels(rollout))
     ctx = pages["ctx"].read_text()

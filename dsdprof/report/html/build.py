@@ -176,11 +176,14 @@ def _validate(report: Report, run: Any, prov: dict[str, Any]) -> Report:
     from dsdprof.report.html.panels import validate_panels
 
     report.kind = "validate"
-    report.answer = Answer(provenance=provenance_items(prov),
-                           missing=["a validate run serves a table; it holds no K grid to export (the "
-                                    "comparison below is `dsdprof validate-report`'s)"])
+    report.answer = Answer(heading="The answer: the table served, against vanilla and the best fixed K",
+                           provenance=provenance_items(prov),
+                           missing=["a validate run serves a table and holds no K grid to export; the table "
+                                    "it served is named in its provenance (what `dsdprof validate-report` "
+                                    "prints, below)"])
     try:
-        report.panels += validate_panels(run.rows, DEFAULT_CONFIDENCE)
+        panels, report.answer.headline = validate_panels(run.rows, DEFAULT_CONFIDENCE)
+        report.panels += panels
     except (InputError, KeyError, ValueError) as err:
         report.panels.append(_missing_panel("validate", "Validate",
                                             f"the comparison could not be made: {err}"))
@@ -190,11 +193,13 @@ def _validate(report: Report, run: Any, prov: dict[str, Any]) -> Report:
 
 def _rollout(report: Report, p: Path) -> Report:
     from dsdprof.io.rollouts import read_rollout_rows
-    from dsdprof.report.html.panels import rollout_panels
+    from dsdprof.report.html.panels import rollout_headline, rollout_panels
 
     report.kind = "rollout"
     df = read_rollout_rows(p)
-    report.answer = Answer(missing=["a rollout run serves a table; it holds no K grid to export (the tables "
+    report.answer = Answer(heading="The answer: the table in a rollout, against vanilla and fixed K",
+                           headline=rollout_headline(df),
+                           missing=["a rollout run serves a table and holds no K grid to export (the tables "
                                     "below are `dsdprof rollout-report`'s)"])
     report.title = "rollout run"
     report.panels += rollout_panels(df)

@@ -52,6 +52,8 @@ class Panel:
 class Answer:
     """The page's opening: the table as ``export`` serves it, its provenance, export's warnings."""
 
+    heading: str = "The answer: the table as served"
+    headline: list[str] = field(default_factory=list)  # the command's own verdict lines (validate, rollout)
     ranges: list[tuple[int, int, int]] = field(default_factory=list)
     cap: int | None = None
     schema: str = ""

@@ -17,9 +17,27 @@ def _ci(r: Any, col: str) -> str:
     return f"{num(r.get(col))} {interval(r.get(col + '_lo'), r.get(col + '_hi'))}"
 
 
-def validate_panels(rows: Any, confidence: float) -> list[Panel]:
+def validate_headline(comp: Any) -> list[str]:
+    """The verdict ``validate-report`` prints under its tables: the worst regret against the best
+    fixed K, DSD's speedup range over vanilla, the adaptive plugin's worst regret, the flags."""
+    from dsdprof.report.compare import below_vanilla_ranges
+
+    worst = comp.loc[comp["regret"].idxmax()]
+    speedup = comp["speedup_vs_vanilla"]
+    lines = [f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS {int(worst['batch_size'])}; "
+             f"DSD vs vanilla: {speedup.min():.2f}x .. {speedup.max():.2f}x"]
+    if "adaptive_regret" in comp.columns and comp["adaptive_regret"].notna().any():
+        aw = comp.loc[comp["adaptive_regret"].idxmax()]
+        lines.append(f"adaptive: max regret vs best fixed K {aw['adaptive_regret'] * 100:+.1f}% at BS "
+                     f"{int(aw['batch_size'])} (static table there: {aw['regret'] * 100:+.1f}%)")
+    lines += [f"flag {r.label()}" for r in below_vanilla_ranges(comp)]
+    return lines
+
+
+def validate_panels(rows: Any, confidence: float) -> tuple[list[Panel], list[str]]:
     """``validate-report``'s comparison: tokens/s per user of vanilla, each fixed K, the table's DSD
-    (and the adaptive plugin), then regret against the best fixed K and speedup over vanilla."""
+    (and the adaptive plugin), then regret against the best fixed K and speedup over vanilla; and
+    its verdict lines (:func:`validate_headline`)."""
     from dsdprof.report.compare import compare, fixed_k_columns
     from dsdprof.report.vanilla import validate_vanilla, validate_vanilla_line
 
@@ -65,10 +83,21 @@ def validate_panels(rows: Any, confidence: float) -> list[Panel]:
     p.tables.append(TableData("DSD against the best fixed K (regret in %, * below vanilla beyond the noise)",
                               ["BS", "DSD K", "best fixed K", "regret", "interval", "speedup", "repeats"],
                               dec, "validate-decision"))
+    headline = validate_headline(comp)
     line = validate_vanilla_line(validate_vanilla(rows, confidence), confidence)
     if line:
         p.notes.append(line)
-    return [p]
+        headline.append(line)
+    return [p], headline
+
+
+def rollout_headline(df: Any) -> list[str]:
+    """Each variant's rollout makespan against vanilla's and the best fixed K's (paired by repeat)."""
+    from dsdprof.report.rollout import rollout_summary
+
+    return [f"{x['variant']}: makespan {num(x['makespan_s'])} s, {_ci(x, 'vs_vanilla')} of vanilla's, "
+            f"{_ci(x, 'vs_best')} of the best fixed K's"
+            for x in rollout_summary(df).to_dict(orient="records") if x["variant"] != "vanilla"]
 
 
 def rollout_panels(df: Any) -> list[Panel]:
