@@ -25,7 +25,8 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import display
 
-from dsdprof.decide.analysis import analyze, read_measurements, read_provenance, validate_measurements
+from dsdprof.decide.analysis import analyze
+from dsdprof.io.readers import read_measurements, read_provenance, validate_measurements
 from dsdprof.report import plots
 
 

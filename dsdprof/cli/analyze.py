@@ -8,7 +8,8 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-from dsdprof.cli.common import fmt_number
+from dsdprof.decide.decision import BatchDecision
+from dsdprof.report.text import fmt_number
 
 
 def _interval(point: float, lo: float, hi: float) -> str:
@@ -83,16 +84,20 @@ def shape_line(result) -> str:
     }.get(result.shape, "K* vs BS is monotonic non-increasing (dense-like)")
 
 
-def _runner_up(r) -> str:
+def _runner_up(d: BatchDecision) -> str:
     """``K=3 +1.9% [+0.4,+3.1]``: the runner-up and how much better the chosen K is (goodput ratio)."""
-    if r["runner_up"] is None or str(r["runner_up"]) in ("<NA>", "nan"):
+    if d.runner_up is None:
         return "-"
-    txt = f"K={int(r['runner_up'])} {fmt_pct(r['margin'] - 1)}"
-    lo, hi = r["ci_low"], r["ci_high"]
-    if not r["interval_known"] or lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+    txt = f"K={d.runner_up} {fmt_pct(d.margin - 1)}"
+    lo, hi = d.interval
+    if not d.interval_known or math.isnan(lo) or math.isnan(hi):
         return txt + " [?]"
     lo_txt, hi_txt = fmt_pct(lo - 1, sign=True, unit=""), fmt_pct(hi - 1, sign=True, unit="")
     return txt if lo_txt == hi_txt else f"{txt} [{lo_txt},{hi_txt}]"
+
+
+def _decided(d: BatchDecision) -> str:
+    return "yes" if d.decided else ("?" if not d.interval_known else "no")
 
 
 def fmt_pct(x: float, sign: bool = True, unit: str = "%") -> str:
@@ -123,12 +128,10 @@ def compact_table(result) -> Table:
     t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
     for col in ("BS", "K*", "decided", f"runner-up, margin [{conf}]", "AL", "ITL ms", "tok/s", "vs no-SD"):
         t.add_column(col, justify="right", no_wrap=True)
-    for _, r in result.optimal.iterrows():
-        decided = "yes" if r["decided"] else ("?" if not r["interval_known"] else "no")
-        t.add_row(str(int(r["batch_size"])), str(int(r["k"])), decided, _runner_up(r),
-                  fmt_number(r["acceptance_length"]), fmt_number(r["itl_s"] * 1e3),
-                  fmt_number(r["goodput"], 1),
-                  fmt_number(r["speedup_vs_baseline"]) + "x")
+    for d in result.decisions:
+        t.add_row(str(d.batch_size), str(d.k), _decided(d), _runner_up(d),
+                  fmt_number(d.acceptance_length), fmt_number(d.itl_s * 1e3), fmt_number(d.goodput, 1),
+                  fmt_number(d.speedup_vs_baseline) + "x")
     return t
 
 
@@ -165,15 +168,12 @@ def _wide_table(result) -> Table:
     ks = result.candidate_ks
     for k in ks:
         t.add_column(f"vs K={k}", justify="right")
-    for _, r in result.optimal.iterrows():
-        decided = "yes" if r["decided"] else ("?" if not r["interval_known"] else "no")
-        runner = "-" if r["runner_up"] is None or str(r["runner_up"]) == "<NA>" else str(int(r["runner_up"]))
-        t.add_row(str(int(r["batch_size"])), str(int(r["k"])), decided, runner,
-                  _interval(r["margin"], r["ci_low"], r["ci_high"]), fmt_number(r["acceptance_length"]),
-                  fmt_number(r["itl_s"] * 1e3), fmt_number(r["goodput"], 1),
-                  _interval(r["speedup_vs_baseline"], r.get("speedup_low", math.nan),
-                            r.get("speedup_high", math.nan)),
-                  *[fmt_number(r[f"speedup_vs_k{k}"]) + "x" for k in ks])
+    for d in result.decisions:
+        t.add_row(str(d.batch_size), str(d.k), _decided(d), "-" if d.runner_up is None else str(d.runner_up),
+                  _interval(d.margin, *d.interval), fmt_number(d.acceptance_length),
+                  fmt_number(d.itl_s * 1e3), fmt_number(d.goodput, 1),
+                  _interval(d.speedup_vs_baseline, d.speedup_low, d.speedup_high),
+                  *[fmt_number(d.speedup_vs_k.get(k, math.nan)) + "x" for k in ks])
     return t
 
 
@@ -184,7 +184,7 @@ def _vs_best_table(result) -> Table:
     v.add_column("BS", justify="right")
     for k in ks:
         v.add_column(f"K={k}", justify="right")
-    chosen = dict(zip(result.optimal["batch_size"].astype(int), result.optimal["k"].astype(int)))
+    chosen = dict(result.points)
     for b, group in result.cells.groupby("batch_size", sort=True):
         by_k = {int(r.num_spec_tokens): r for r in group.itertuples()}
         row = []
@@ -222,20 +222,20 @@ def _footer(result, console: Console, err_console: Console, conf: str) -> None:
         console.print(line, style="red", markup=False, highlight=False)
     for warning in result.warnings:
         err_console.print(f"[yellow]{warning}[/]")
-    open_bs = [b for b in result.undecided if b not in set(opt.loc[~opt["interval_known"], "batch_size"])]
+    unknown = {d.batch_size for d in result.decisions if not d.interval_known}
+    open_bs = [b for b in result.undecided if b not in unknown]
     if open_bs:
-        still = (dict(zip(opt["batch_size"].astype(int), opt["contenders"]))
-                 if "contenders" in opt.columns else {})
+        still = {d.batch_size: d.contenders for d in result.decisions}
         together = f" over all {result.family} batch sizes" if getattr(result, "family", 1) > 1 else ""
         console.print(f"not decided at {conf} confidence{together}: " + ", ".join(
             f"BS {b}"
             + (f" (K {','.join(map(str, still[b]))} still possible)" if len(still.get(b) or []) > 1 else "")
             for b in open_bs) + "; more repeats, or `dsdprof sweep --budget`, would separate them",
             markup=False, highlight=False)
-    changed = opt[opt["k"] != opt["k_rule"]]
-    if len(changed):
+    changed = [d for d in result.decisions if d.k != d.k_rule]
+    if changed:
         console.print("kept non-increasing where undecided: " + ", ".join(
-            f"BS {int(r.batch_size)} K {int(r.k_rule)} -> {int(r.k)}" for r in changed.itertuples()))
+            f"BS {d.batch_size} K {d.k_rule} -> {d.k}" for d in changed))
     if result.acceptance == "chain":
         console.print("acceptance: AL of every K from the largest K's per-position acceptance (chain "
                       "drafter; measured AL agrees within its interval; at batch sizes where the largest K "

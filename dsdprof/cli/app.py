@@ -16,9 +16,11 @@ from dsdprof import __version__
 from dsdprof.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
+    AllowMixed,
+    Force,
     Terminated,
+    Tolerance,
     fail,
-    fmt_number,
     guarded,
     handle_sigterm,
     interrupted,
@@ -26,6 +28,7 @@ from dsdprof.cli.common import (
     plain_flags_in_help,
 )
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
+from dsdprof.report.text import fmt_number
 
 plain_flags_in_help()
 
@@ -175,18 +178,13 @@ def _warn_below_baseline(optimal) -> None:
 @guarded
 def analyze(
     measurements: Path = typer.Argument(..., help="Sweep directory or Parquet file."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
-                                    help="A smaller K replaces the best when its goodput is within this "
-                                         "(relative) of the best, at --confidence."),
+    tolerance: Tolerance = DEFAULT_TOLERANCE,
     json_out: bool = typer.Option(False, "--json", help="Print the per-BS result as JSON instead of tables."),
     csv_out: bool = typer.Option(False, "--csv", help="Print the per-BS result as CSV instead of tables."),
     wide: bool = typer.Option(False, "--wide",
                               help="Also show every K: speedup of K* vs each K, and each K's goodput vs the "
                                    "best with intervals."),
-    allow_mixed: bool = typer.Option(False, "--allow-mixed",
-                                     help="Pool rows of different provenance (hardware, model, draft, "
-                                          "method, dtype, engine version) or runs of different specs "
-                                          "(workload, grid); the result records what it pooled."),
+    allow_mixed: AllowMixed = False,
     confidence: float = typer.Option(0.9, "--confidence",
                                      help="Confidence of the bootstrap intervals the decisions use (central "
                                           "interval)."),
@@ -202,13 +200,12 @@ def analyze(
     from dsdprof.cli.analyze import analysis_csv, analysis_json, render_analysis
     from dsdprof.decide.analysis import analyze_path
     from dsdprof.decide.context import analyze_contexts_path
-    from dsdprof.io.checked import check_analyze_run
+    from dsdprof.io.runs import open_run
 
     if json_out and csv_out:
         raise fail("--csv: give --json or --csv, not both")
-    options: dict[str, Any] = dict(tolerance=tolerance, allow_mixed=allow_mixed, confidence=confidence,
-                                   acceptance=acceptance)
-    run = check_analyze_run(measurements, allow_mixed)  # every file read once, checked once
+    options: dict[str, Any] = dict(tolerance=tolerance, confidence=confidence, acceptance=acceptance)
+    run = open_run(measurements, "analyze", allow_mixed)  # every file read once, checked once
     by_context = analyze_contexts_path(run, **options)
     if by_context is not None:  # a context sweep: the same analysis per context
         if json_out:
@@ -241,12 +238,9 @@ def export(
                             help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON), "
                                  "vllm-compilation (--compilation-config JSON: the measured CUDA-graph "
                                  "settings) or trtllm (speculative_config with draft_len_schedule)."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
-                                    help="Relative goodput tolerance for choosing K."),
-    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
-    allow_mixed: bool = typer.Option(False, "--allow-mixed",
-                                     help="Pool rows of different provenance (hardware, model, draft, "
-                                          "method, dtype, engine version) or runs of different specs."),
+    tolerance: Tolerance = DEFAULT_TOLERANCE,
+    force: Force = False,
+    allow_mixed: AllowMixed = False,
     allow_partial: bool = typer.Option(False, "--allow-partial",
                                        help="Export a run whose grid has batch sizes or Ks with no ok cell "
                                             "(failed or not yet run), a context sweep's failed slices "
@@ -266,11 +260,10 @@ def export(
     draft: str | None = typer.Option(None, "--draft", help="With --mix: the draft whose table to write."),
 ) -> None:
     """Write the portable K table, or an engine's native config serving it (vLLM, TensorRT-LLM)."""
-    from dsdprof.export.api import EXPORT_FORMATS, export_document
+    from dsdprof.export.api import export_document, export_format
     from dsdprof.io.atomic import check_output_path, write_json_atomic
 
-    if fmt not in EXPORT_FORMATS:
-        raise fail(f"--format={fmt!r}: must be one of {', '.join(EXPORT_FORMATS)}")
+    export_format(fmt)  # an unknown --format refused first, by the registry
     if output is not None:
         check_output_path(output, force, field="--output")
     if mix is not None or draft is not None:  # one draft of a compare-drafts directory, for a mix

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import functools
-import math
 import os
 import shlex
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Annotated, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -19,6 +18,18 @@ from dsdprof.errors import InputError
 from dsdprof.formats.ktable import TableError
 
 F = TypeVar("F", bound=Callable)
+
+# Options several commands take, declared once (typer reads the Annotated metadata; each command
+# gives the default).
+Tolerance = Annotated[float, typer.Option(
+    "--tolerance", help="Relative goodput tolerance for choosing K: a smaller K replaces the best when its "
+                        "goodput is within this fraction of the best (at --confidence where intervals are "
+                        "known).")]
+Force = Annotated[bool, typer.Option("--force", help="Replace existing output files.")]
+AllowMixed = Annotated[bool, typer.Option(
+    "--allow-mixed", help="Pool rows of different provenance (hardware, model, draft, method, dtype, engine "
+                          "version) or runs of different specs (workload, grid); the result records what "
+                          "it pooled.")]
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
@@ -151,15 +162,3 @@ def guarded(fn: F) -> F:
             raise interrupted() from None
 
     return cast(F, wrapper)  # functools.wraps: fn's signature
-
-
-def fmt_number(x: Any, digits: int = 2) -> str:
-    """``x`` with ``digits`` decimals; ``-`` for None or NaN, ``str(x)`` for anything not a number."""
-    if x is None:
-        return "-"
-    try:
-        if math.isnan(float(x)):
-            return "-"
-    except (TypeError, ValueError):
-        return str(x)
-    return f"{float(x):.{digits}f}"

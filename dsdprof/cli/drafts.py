@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from dsdprof.cli.common import guarded, make_console
+from dsdprof.cli.common import Force, guarded, make_console
 
 
 def _compare_drafts(
@@ -70,7 +70,7 @@ def _drafts_report(
                                         help="With --table: the draft whose table to write."),
     table: Path | None = typer.Option(None, "--table",
                                          help="Write --draft's dsdprof.ktable/v2 for the mix."),
-    force: bool = typer.Option(False, "--force", help="Replace existing output files."),
+    force: Force = False,
 ) -> None:
     """Rank the drafts of a compare-drafts directory for a traffic mix; print the 80-column report
     (or write it, and the Markdown one)."""

@@ -8,7 +8,7 @@ from typing import cast
 
 import typer
 
-from dsdprof.cli.common import fail, guarded, make_console
+from dsdprof.cli.common import Tolerance, fail, guarded, make_console
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 
 
@@ -80,8 +80,7 @@ def _print_report(report) -> None:
 def _fleet_export(
     fleet_out: str = typer.Argument(..., metavar="FLEET_OUT",
                                     help="A fleet's output: a directory or a pyarrow URL."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
-                                    help="Relative goodput tolerance for choosing K."),
+    tolerance: Tolerance = DEFAULT_TOLERANCE,
     staging: str | None = typer.Option(None, "--staging",
                                        help="Local directory for a URL's tables (default: a temp dir)."),
 ) -> None:

@@ -10,15 +10,13 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from dsdprof.cli.common import fail, fmt_number, guarded, interrupted, make_console
+from dsdprof.cli.common import Force, Tolerance, fail, guarded, interrupted, make_console
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
+from dsdprof.config.run import Run
+from dsdprof.report.text import fmt_number
 
 console = make_console()
 err_console = make_console(stderr=True)
-
-
-def _f(x: float, digits: int = 1) -> str:
-    return fmt_number(x, digits)
 
 
 def render_comparison(comparison, title: str = "") -> list[Table]:
@@ -63,13 +61,14 @@ def render_comparison(comparison, title: str = "") -> list[Table]:
         if r["below_vanilla"]:
             sp_txt = f"[red]{sp_txt}*[/]"
         bs = str(int(r["batch_size"]))
-        speeds.add_row(bs, _f(r["tops_vanilla"]), *[_f(r[f"tops_k{k}"]) for k in ks], _f(r["tops_dsd"]),
-                       *([_f(r["tops_adaptive"])] if adaptive else []))
+        tops = [r["tops_vanilla"], *[r[f"tops_k{k}"] for k in ks], r["tops_dsd"],
+                *([r["tops_adaptive"]] if adaptive else [])]
+        speeds.add_row(bs, *[fmt_number(t, 1) for t in tops])
         cells = [bs, k_txt, str(int(r["best_fixed_k"])),
                  _regret(r["regret"], r.get("regret_lo"), r.get("regret_hi")),
                  sp_txt]
         if adaptive:
-            cells += [_f(r.get("adaptive_k_observed"), 2),
+            cells += [fmt_number(r.get("adaptive_k_observed"), 2),
                       _regret(r["adaptive_regret"], r.get("adaptive_regret_lo"), r.get("adaptive_regret_hi"))]
         decision.add_row(*cells)
     return [speeds, decision]
@@ -114,12 +113,13 @@ _MAX_REGRET_HELP = ("Exit 1 when DSD's regret vs the best fixed K exceeds this f
 _FAIL_ON_REGRET_HELP = "Deprecated (a percentage): use --max-regret PCT/100."
 
 
-def report(results: Path, noise: float, max_regret: float | None, title: str) -> None:
-    """Print the comparison of a validate run; ``typer.Exit(1)`` when regret exceeds the limit."""
-    from dsdprof.io.readers import read_measurements
+def report(run: Run, noise: float, max_regret: float | None, title: str,
+           guidellm: list[str] | None = None) -> None:
+    """Print the comparison of a validate run (and, with ``guidellm``, guidellm's reports beside its
+    step-trace figures); ``typer.Exit(1)`` when regret exceeds the limit."""
     from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
 
-    rows = read_measurements(results)
+    rows = run.rows
     comparison = compare(rows, noise_floor=noise)
     for table in render_comparison(comparison, title):
         console.print(table)
@@ -141,6 +141,11 @@ def report(results: Path, noise: float, max_regret: float | None, title: str) ->
     if (line := validate_vanilla_line(validate_vanilla(rows, DEFAULT_CONFIDENCE),
                                       DEFAULT_CONFIDENCE)) is not None:
         console.print(line, style="red", markup=False, highlight=False)
+    if guidellm:
+        from dsdprof.report.guidellm_compare import client_beside_steps, client_lines, load_client
+
+        for line in client_lines(client_beside_steps(rows, load_client(guidellm))):
+            console.print(line, markup=False, highlight=False)
     if max_regret is not None:
         over = regret_exceeds(comparison, max_regret * 100.0)
         if over:
@@ -226,6 +231,11 @@ def _validate(
                                     "wave (drift cancels); steps: every variant but vanilla in one engine's "
                                     "waves, switched per step (finest pairing; --fixed-k up to the table's "
                                     "largest K); cells: each cell's waves back to back."),
+    guidellm: list[str] | None = typer.Option(None, "--guidellm", metavar="VARIANT=REPORT.json",
+                                              help="A guidellm JSON report (concurrent profile) measured on "
+                                                   "the server of VARIANT (vanilla, fixed-K, dsd, adaptive); "
+                                                   "repeatable, one per repeat: shown beside the step trace, "
+                                                   "disagreements beyond the intervals flagged."),
 ) -> None:
     """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report tokens/s per user,
     regret, speedup."""
@@ -265,7 +275,9 @@ def _validate(
     for w in (w for w in summary.warnings if w not in early):
         err_console.print(f"[yellow]warning:[/] {w}")
     console.print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped -> {summary.out}")
-    report(out, noise, limit, _title(table.get("provenance", {})))
+    from dsdprof.io.runs import open_run
+
+    report(open_run(out, "validate-report"), noise, limit, _title(table.get("provenance", {})), guidellm)
 
 def _validate_report(
     results: Path = typer.Argument(..., metavar="RESULTS",
@@ -274,20 +286,25 @@ def _validate_report(
     fail_on_regret: float | None = typer.Option(None, "--fail-on-regret", metavar="PCT", hidden=True,
                                                 help=_FAIL_ON_REGRET_HELP),
     noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag."),
+    guidellm: list[str] | None = typer.Option(None, "--guidellm", metavar="VARIANT=REPORT.json",
+                                              help="A guidellm JSON report (concurrent profile) measured on "
+                                                   "the server of VARIANT (vanilla, fixed-K, dsd, adaptive); "
+                                                   "repeatable, one per repeat: shown beside the step trace, "
+                                                   "disagreements beyond the intervals flagged."),
 ) -> None:
     """Print the vanilla / fixed K / DSD comparison of a finished validate run (no vLLM)."""
-    from dsdprof.io.readers import read_provenance
+    from dsdprof.io.runs import open_run
 
     limit = _check_report_options(max_regret, fail_on_regret, noise)
-    report(results, noise, limit, _title(read_provenance(results)))
+    run = open_run(results, "validate-report")  # read once: rows and provenance
+    report(run, noise, limit, _title(run.stored_provenance), guidellm)
 
 def _plot(
     results: Path = typer.Argument(..., metavar="RESULTS",
                                    help="Sweep or validate output (directory or Parquet file)."),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the PNG files."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
-                                    help="Relative goodput tolerance for choosing K (sweeps)."),
-    force: bool = typer.Option(False, "--force", help="Replace existing PNGs of the same names."),
+    tolerance: Tolerance = DEFAULT_TOLERANCE,
+    force: Force = False,
 ) -> None:
     """Draw PNGs: optimal K vs BS, goodput heatmap, tokens/s per user (validate runs), acceptance per
     position."""

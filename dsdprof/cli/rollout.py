@@ -14,8 +14,9 @@ import typer
 from rich import box
 from rich.table import Table
 
-from dsdprof.cli.common import fmt_number, guarded, make_console
+from dsdprof.cli.common import Force, guarded, make_console
 from dsdprof.errors import InputError
+from dsdprof.report.text import fmt_number
 
 console = make_console()
 
@@ -222,7 +223,7 @@ def _rollout_report(
     ),
     plots: Path | None = typer.Option(None, "--plots", help="Also write PNGs into this directory."),
     prefix: str = typer.Option("rollout", "--prefix", help="PNG file name prefix."),
-    force: bool = typer.Option(False, "--force", help="Replace existing PNGs."),
+    force: Force = False,
     slo_ttft_ms: float | None = typer.Option(None, "--slo-ttft-ms", help="Goodput at this TTFT SLO "
                                              "(recomputed from the rows; default: the run's)."),
     slo_tpot_ms: float | None = typer.Option(None, "--slo-tpot-ms", help="Goodput at this TPOT SLO."),
@@ -270,7 +271,7 @@ def _replay(
     runs: int = typer.Option(200, "--runs", min=1, help="Monte Carlo replays per prediction."),
     plot: Path | None = typer.Option(None, "--plot", help="A run: also draw predicted against measured "
                                      "makespan into this PNG."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing --plot PNG."),
+    force: Force = False,
 ) -> None:
     """Predict a rollout's makespan per variant from a table's step-time grid or, with --fit, from
     another measured run (no engine); on a measured run, check every prediction against it."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from dsdprof.cli.common import guarded, make_console
+from dsdprof.cli.common import Force, Tolerance, guarded, make_console
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 
 
@@ -37,9 +37,8 @@ def _calibrate(
                                                 "output_len/2 from the sweep's _sweep.json, else 1024."),
     routing_correlation: float = typer.Option(0.0, "--routing-correlation", min=0.0, max=0.999,
                                               help="MoE routing correlation rho."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
-                                    help="Relative goodput tolerance for the optimal-K comparison."),
-    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+    tolerance: Tolerance = DEFAULT_TOLERANCE,
+    force: Force = False,
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Fit bandwidth/compute efficiency and per-step overheads to a measured sweep (bounded least
@@ -104,7 +103,7 @@ def _probe_hardware(
     matmul_n: int | None = typer.Option(None, "--matmul-n", min=16,
                                         help="Square matmul size (default 8192 GPU, 2048 CPU)."),
     repeats: int = typer.Option(5, "--repeats", min=1, help="Timed repeats; the best is kept."),
-    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+    force: Force = False,
 ) -> None:
     """Measure memory bandwidth and matmul throughput with torch and write a hardware profile."""
     from dsdprof.errors import InputError

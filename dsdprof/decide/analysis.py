@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED, DEFAULT_TOLERANCE
+from dsdprof.config.run import Coverage, Run, validate_measurements
 from dsdprof.decide.bootstrap import batch_replicates, check_confidence
 from dsdprof.decide.chain import (
     CHAIN_METHODS,
@@ -33,6 +33,7 @@ from dsdprof.decide.chain import (
     share_replicates,
     with_chain_acceptance,
 )
+from dsdprof.decide.decision import BatchDecision, decisions_frame
 from dsdprof.decide.rule import (
     SHAPE_DENSE,
     SHAPE_MOE,
@@ -46,13 +47,7 @@ from dsdprof.decide.rule import (
 from dsdprof.decide.speedup import speedup_estimate
 from dsdprof.decide.vanilla import vanilla_columns, vanilla_records  # vanilla_gain*, vanilla_faster
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import choose_k  # noqa: F401 - the K rule, re-exported
 from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
-from dsdprof.io.checked import CheckedRun, check_run
-from dsdprof.io.readers import read_measurements as read_measurements  # re-exported: the notebook
-from dsdprof.io.readers import read_provenance as read_provenance  # (notebooks/) imports them
-from dsdprof.io.readers import validate_measurements
-from dsdprof.io.runs import Coverage, Run, open_run
 
 
 @dataclass(frozen=True)
@@ -64,20 +59,16 @@ class Analysis:
     (mean AL / mean ITL over repeats), samples (repeats), ratio_to_best with its interval
     ratio_low/ratio_high (NaN when unknown) and, when rows carry it, acceptance_per_pos (median per
     position). ``baseline``: per batch size, the baseline (vanilla, else K=0) goodput.
-    ``optimal``: per batch size, the chosen k with its goodput, acceptance_length, itl_s,
-    ``speedup_vs_baseline`` and one ``speedup_vs_k<K>`` column per candidate K, then ``decided``,
-    ``runner_up``, ``margin`` (goodput of k / runner-up) with ``ci_low``/``ci_high``, ``best_k``
-    (highest point goodput), ``k_rule`` (the rule's K before the non-increasing constraint),
-    ``admissible`` (the K* the data still allow), ``interval_known``, ``regret_bound`` (upper
-    bound of the chosen K's shortfall against the best K, at the decision level), ``contenders``
-    (the Ks more data could still make the answer) and ``speedup_low``/``speedup_high`` with
-    ``speedup_interval`` (paired | independent | "" unknown): the interval of ``speedup_vs_baseline``
-    (plain means of the K and the baseline: :mod:`dsdprof.decide.speedup`).
+    ``decisions``: per batch size, one :class:`dsdprof.decide.decision.BatchDecision` -- K*, its
+    goodput, AL and ITL, the speedup over the baseline and over each candidate K, whether the data
+    decided it, the runner-up with the margin's interval, the Ks still admissible, the speedup's
+    interval and whether vanilla beat every K. ``optimal`` (:meth:`to_frame`): the same as a
+    DataFrame, one column per field (``speedup_vs_k<K>`` per candidate K), what ``--json`` prints.
     """
 
     cells: pd.DataFrame
     baseline: pd.DataFrame
-    optimal: pd.DataFrame
+    decisions: tuple[BatchDecision, ...]
     tolerance: float
     monotonic: bool
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -90,26 +81,29 @@ class Analysis:
     family: int = 1  # batch sizes decided together: each at 1 - (1 - confidence) / family (Bonferroni)
     truth: pd.DataFrame | None = None  # synthetic acceptance: measured AL vs the rates' (decide/truth.py)
     # derived when made (plain data: a reader such as export calls nothing back here)
+    optimal: pd.DataFrame = field(init=False)  # the decisions as a DataFrame (:meth:`to_frame`)
     shape: str = field(init=False)  # moe-like (K* rises beyond its intervals) | flat | dense-like
     candidate_ks: list[int] = field(init=False)
     undecided: list[int] = field(init=False)  # batch sizes whose K the data do not separate
     intervals_known: bool = field(init=False)
-    points: list[tuple[int, int]] = field(init=False)  # (batch size, K served) per row of optimal
+    points: list[tuple[int, int]] = field(init=False)  # (batch size, K served) per decision
     vanilla_faster: list[dict[str, Any]] = field(init=False)  # the table's records (decide/vanilla.py)
 
     def __post_init__(self) -> None:
-        opt = self.optimal
-        derived: dict[str, Any] = {"shape": self.curve or (SHAPE_DENSE if self.monotonic else SHAPE_MOE)}
+        optimal = decisions_frame(self.decisions)
+        derived: dict[str, Any] = {"optimal": optimal,
+                                   "shape": self.curve or (SHAPE_DENSE if self.monotonic else SHAPE_MOE)}
         derived["candidate_ks"] = sorted(int(k) for k in self.cells["num_spec_tokens"].unique())
-        derived["undecided"] = ([int(b) for b, d in zip(opt["batch_size"], opt["decided"]) if not d]
-                                if "decided" in opt.columns else [])
-        derived["intervals_known"] = "interval_known" in opt.columns and bool(opt["interval_known"].all())
-        derived["points"] = ([(int(b), int(k)) for b, k in zip(opt["batch_size"], opt["k"])]
-                             if "k" in opt.columns else [])
-        derived["vanilla_faster"] = vanilla_records(opt)
+        derived["undecided"] = [d.batch_size for d in self.decisions if not d.decided]
+        derived["intervals_known"] = all(d.interval_known for d in self.decisions)
+        derived["points"] = [(d.batch_size, d.k) for d in self.decisions]
+        derived["vanilla_faster"] = vanilla_records(optimal)
         for name, value in derived.items():
             object.__setattr__(self, name, value)
 
+    def to_frame(self) -> pd.DataFrame:
+        """The per-batch-size decisions as a DataFrame (a copy of :attr:`optimal`)."""
+        return self.optimal.copy()
 
 
 def _per_pos_median(lists: list[Any]) -> list[float]:
@@ -263,12 +257,12 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     batch sizes where the largest K has >= 2 rows to resample its per-position shares over; else
     measured). Each batch size is decided at ``1 - (1 - confidence) / family`` with ``family``
     the batch sizes with known intervals (Bonferroni, ``Analysis.family``). ``valid``: the rows
-    validated already, or the error validating them raised (:mod:`dsdprof.io.checked`)."""
+    validated already, or the error validating them raised (:attr:`dsdprof.config.run.Run.valid`)."""
     confidence = _check_options(tolerance, confidence, acceptance, replicates)
     prov = dict(provenance or {})
     _one_context(df)
     check_baseline(df)
-    if isinstance(valid, InputError):  # validating the rows failed (io.checked): raised in this order
+    if isinstance(valid, InputError):  # validating the rows failed (Run.valid): raised in this order
         raise valid
     df = validate_measurements(df) if valid is None else valid
     baseline_rows, candidate_rows = split_baseline_candidates(df)
@@ -318,9 +312,9 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     optimal = pd.DataFrame.from_records(records)
     optimal = _speedup_intervals(optimal, candidate_rows, baseline_rows, replicates, seed, confidence)
     optimal = vanilla_columns(optimal, cells, candidate_rows, baseline_rows, replicates, seed, confidence)
-    optimal["runner_up"] = optimal["runner_up"].astype("Int64")
+    answers = tuple(BatchDecision.from_record(r) for r in optimal.to_dict("records"))
     return Analysis(
-        cells=cells, baseline=baseline, optimal=optimal, tolerance=tolerance,
+        cells=cells, baseline=baseline, decisions=answers, tolerance=tolerance,
         monotonic=shape != SHAPE_MOE, provenance=prov, confidence=confidence, curve=shape,
         acceptance="chain" if use_chain else "measured", chain_check=check,
         warnings=_unknown_warning(decisions), family=family,
@@ -369,20 +363,14 @@ def _unknown_warning(decisions: list[Any]) -> tuple[str, ...]:
             "points, which noise alone can bend. Use repeats >= 2 or schema-v2 rows.",)
 
 
-def analyze_path(path: str | Path | Run | CheckedRun, tolerance: float = DEFAULT_TOLERANCE,
-                 allow_mixed: bool = False, **options: Any) -> Analysis:
-    """:func:`analyze` on a run (a :class:`dsdprof.io.runs.Run`, or the sweep directory / Parquet
-    file to open, or a run checked already: :class:`dsdprof.io.checked.CheckedRun`), with its
-    stored provenance.
-
-    Inputs of mixed provenance, or runs of different specs, are refused unless ``allow_mixed``;
-    then the provenance names every value of a mixed field (``"A100 | H100"``) and the runs pooled.
-    A validate run is refused (it is no sweep). ``coverage`` names the grid cells with no number.
+def analyze_path(run: Run, tolerance: float = DEFAULT_TOLERANCE, **options: Any) -> Analysis:
+    """:func:`analyze` on a run opened and checked by :func:`dsdprof.io.runs.open_run` (with the
+    ``analyze`` or ``export`` command: a validate run, mixed provenance and runs of different specs
+    refused there unless allowed), with its provenance (every value of a mixed field, ``"A100 |
+    H100"``, and the runs pooled) and its ``coverage`` (the grid cells with no number).
     ``options`` go to :func:`analyze`."""
     from dsdprof.decide.truth import truth_rows  # synthetic acceptance: the rates' AL beside the measured
 
-    run = path if isinstance(path, CheckedRun) else check_run(
-        path if isinstance(path, Run) else open_run(path), "analyze", allow_mixed, by_context=False)
     result = analyze(run.rows, tolerance=tolerance, provenance=run.provenance, valid=run.valid, **options)
     rates = run.synthetic_rates
     truth = truth_rows(run.rows, rates) if rates is not None and not run.rows.empty else None

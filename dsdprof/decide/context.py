@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
+from dsdprof.config.run import Coverage, Run, context_slices
 from dsdprof.decide.analysis import Analysis, analyze
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import CONTEXT_COLUMN, STATUS_OK
-from dsdprof.io.checked import CheckedRun, check_run
-from dsdprof.io.runs import Coverage, Run, open_run
-from dsdprof.io.runs import context_slices as context_slices  # re-exported
-from dsdprof.io.runs import has_contexts as has_contexts
 
 CONTEXT = CONTEXT_COLUMN.name
 
@@ -86,16 +82,14 @@ def _analyze_slices(slices: dict[int, pd.DataFrame] | None, tolerance: float,
     return ContextAnalysis(out, skipped)
 
 
-def analyze_contexts_path(path: str | Path | Run | CheckedRun, tolerance: float = DEFAULT_TOLERANCE,
-                          allow_mixed: bool = False, **options: Any) -> ContextAnalysis | None:
-    """:func:`analyze_contexts` on a run (a :class:`dsdprof.io.runs.Run`, or the run directory /
-    Parquet file to open, or one checked already: :func:`dsdprof.io.checked.check_run`); None when
-    it has no context axis."""
-    run = path if isinstance(path, CheckedRun) else check_run(
-        path if isinstance(path, Run) else open_run(path), "", allow_mixed)
+def analyze_contexts_path(run: Run, tolerance: float = DEFAULT_TOLERANCE,
+                          **options: Any) -> ContextAnalysis | None:
+    """:func:`analyze` on every context slice of a run (opened by
+    :func:`dsdprof.io.runs.open_run`), each slice with its coverage; None when the run has no
+    context axis."""
     if run.contexts is None:
         return None
-    result = _analyze_slices(run.contexts, tolerance, run.provenance, run.context_valid, **options)
+    result = _analyze_slices(run.contexts, tolerance, run.provenance, run.context_valid or None, **options)
     cov = run.context_coverage
     slices = {c: dataclasses.replace(a, coverage=cov[c]) for c, a in result.slices.items()}
     return ContextAnalysis(slices, result.skipped, cov)

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from dsdprof.config.run import Run, validate_measurements
 
 GRID_COLUMNS = ["category", "batch_size", "num_spec_tokens", "acceptance_length", "itl_s",
                 "acceptance_per_pos", "speedup", "speedup_low", "speedup_high", "vanilla_goodput",
@@ -49,7 +50,6 @@ def grid_from_rows(rows: pd.DataFrame, category: str, confidence: float | None =
     from dsdprof.config.defaults import DEFAULT_CONFIDENCE
     from dsdprof.decide.analysis import split_baseline_candidates
     from dsdprof.decide.speedup import speedup_estimate
-    from dsdprof.io.readers import validate_measurements
 
     conf = DEFAULT_CONFIDENCE if confidence is None else confidence
     base, cand = split_baseline_candidates(validate_measurements(rows))
@@ -73,12 +73,10 @@ def grid_from_rows(rows: pd.DataFrame, category: str, confidence: float | None =
     return pd.DataFrame(out, columns=GRID_COLUMNS)
 
 
-def category_grid(run_dirs: Mapping[str, str | Path]) -> pd.DataFrame:
-    """The grids of several categories' runs (``{category: run directory}``), one frame with a
-    ``category`` column."""
-    from dsdprof.io.runs import open_run
-
-    frames = [grid_from_rows(open_run(path).rows, cat) for cat, path in run_dirs.items()]
+def category_grid(runs: Mapping[str, Run]) -> pd.DataFrame:
+    """The grids of several categories' runs (``{category: run}``, each opened by
+    :func:`dsdprof.io.runs.open_run`), one frame with a ``category`` column."""
+    frames = [grid_from_rows(run.rows, cat) for cat, run in runs.items()]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=GRID_COLUMNS)
 
 

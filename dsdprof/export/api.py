@@ -1,22 +1,35 @@
 """``dsdprof export`` as one library call: a run (or a table) in, the document of one format out.
 
-Formats (:data:`EXPORT_FORMATS`): ``table`` (the portable ``dsdprof.ktable/v2``), ``vllm``
-(vLLM's ``--speculative-config`` with ``num_speculative_tokens_per_batch_size``), ``vllm-compilation``
-(vLLM's ``--compilation-config``: the CUDA-graph settings the measurement ran under) and ``trtllm``
-(TensorRT-LLM's ``speculative_config`` with ``draft_len_schedule``). Each document comes with the
-validator :func:`dsdprof.io.atomic.write_json_atomic` runs on it before it replaces a file. The CLI
+Formats, resolved from one registry (:data:`FORMATS`: name, writer, validator, reader, and one
+refusal of an unknown name in :func:`export_format`): ``table`` (the portable
+``dsdprof.ktable/v2``), ``vllm`` (vLLM's ``--speculative-config`` with
+``num_speculative_tokens_per_batch_size``), ``vllm-compilation`` (vLLM's ``--compilation-config``:
+the CUDA-graph settings the measurement ran under) and ``trtllm`` (TensorRT-LLM's
+``speculative_config`` with ``draft_len_schedule``). Each document comes with the validator
+:func:`dsdprof.io.atomic.write_json_atomic` runs on it before it replaces a file; ``dsdprof show``
+reads the engines' documents back with the format's reader. The CLI
 and the fleet export both call :func:`table_from_source` / :func:`export_document`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
+from dsdprof.config.run import Run
 from dsdprof.errors import InputError
+from dsdprof.export.table import (
+    check_vllm_compilation_config,
+    check_vllm_config,
+    read_vllm_config,
+    vanilla_warning,
+    vllm_compilation_config,
+    vllm_config_document,
+)
+from dsdprof.export.trtllm import check_trtllm_config, read_trtllm_config, trtllm_config_document
 from dsdprof.formats.ktable import (
     TableError,
     context_buckets,
@@ -26,9 +39,50 @@ from dsdprof.formats.ktable import (
 )
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.provenance import is_synthetic
-from dsdprof.io.runs import Run
 
-EXPORT_FORMATS = ("table", "vllm", "vllm-compilation", "trtllm")
+
+def _portable(table: Mapping[str, Any]) -> dict[str, Any]:
+    return cast(dict[str, Any], table)
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One ``--format``: ``write`` builds its document from a table validated elsewhere (plain
+    data), ``check`` validates a document before it replaces a file, ``read`` reads dsdprof's own
+    document back as a v1 table (None: not this format's; ``label`` names it in ``dsdprof show``).
+    ``engine``: the server named in the vanilla warning ("" for none: the document does not
+    speculate); ``validate_first``: a table given to :func:`format_table` is validated before it
+    is written; ``check_written``: the document is checked right after it is built."""
+
+    name: str
+    write: Callable[[Mapping[str, Any]], dict[str, Any]]
+    check: Callable[[Any], Any]
+    engine: str = "vLLM"
+    validate_first: bool = True
+    check_written: bool = False
+    read: Callable[[dict[str, Any]], KTable | None] | None = None
+    label: str = ""
+
+
+FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
+    ExportFormat("table", _portable, validate_table, validate_first=False),
+    ExportFormat("vllm", vllm_config_document, check_vllm_config, read=read_vllm_config,
+                 label="vLLM --speculative-config"),
+    # the graphs the measurement captured, for the server of the "vllm" export
+    ExportFormat("vllm-compilation", vllm_compilation_config, check_vllm_compilation_config, engine="",
+                 validate_first=False),
+    ExportFormat("trtllm", trtllm_config_document, check_trtllm_config, engine="TensorRT-LLM",
+                 check_written=True, read=read_trtllm_config, label="TensorRT-LLM speculative_config"),
+)}
+EXPORT_FORMATS = tuple(FORMATS)
+
+
+def export_format(name: str) -> ExportFormat:
+    """The format called ``name``; the one refusal of an unknown ``--format``."""
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise InputError("--format", name, f"must be one of {', '.join(FORMATS)}") from None
 
 
 @dataclass(frozen=True)
@@ -64,7 +118,7 @@ def partial_run_error(coverage: Any, source: str | Path) -> InputError | None:
 
 def synthetic_warning(provenance: dict[str, Any], synthetic: bool | None = None) -> str:
     """A run with synthetic acceptance ([engine] synthetic_acceptance_rates) says so ("" otherwise).
-    ``synthetic``: whether it has (:attr:`dsdprof.io.checked.CheckedRun.synthetic`; else read from
+    ``synthetic``: whether it has (:attr:`dsdprof.config.run.Run.synthetic`; else read from
     ``provenance``)."""
     if synthetic is None:
         synthetic = is_synthetic(provenance)
@@ -78,11 +132,11 @@ def synthetic_warning(provenance: dict[str, Any], synthetic: bool | None = None)
 def table_from_source(source: str | Path | Run, tolerance: float = DEFAULT_TOLERANCE,
                       allow_mixed: bool = False, label: str | None = None,
                       allow_partial: bool = False) -> tuple[KTable, list[str]]:
-    """The K table of a run (a :class:`dsdprof.io.runs.Run`, or the run directory / Parquet file
-    to open; analysed here), or a table JSON as loaded. ``label``: the source the table's
-    provenance names (default: the run's path). A run whose grid (from its manifest) has batch
-    sizes or Ks with no ok cell is refused unless ``allow_partial``; then the table's provenance
-    records the gaps (``partial``)."""
+    """The K table of a run (a :class:`dsdprof.config.run.Run` opened for ``export``, or the run
+    directory / Parquet file to open; analysed here), or a table JSON as loaded. ``label``: the
+    source the table's provenance names (default: the run's path). A run whose grid (from its
+    manifest) has batch sizes or Ks with no ok cell is refused unless ``allow_partial``; then the
+    table's provenance records the gaps (``partial``)."""
     table, warnings = _table(source, tolerance, allow_mixed, label, allow_partial)
     return validate_table(table), warnings
 
@@ -96,28 +150,27 @@ def _table(source: str | Path | Run, tolerance: float, allow_mixed: bool, label:
     from dsdprof.decide.context import analyze_contexts_path
     from dsdprof.export.context import end_at_last_measured
     from dsdprof.export.table import load_table, table_document
-    from dsdprof.io.checked import check_run
     from dsdprof.io.runs import open_run
 
     if not isinstance(source, Run) and Path(source).suffix == ".json" and Path(source).is_file():
         return load_table(Path(source)), []
-    run = open_run(source)
+    # every refusal and read before the analysis (a Run given is one opened for "export" already)
+    run = source if isinstance(source, Run) else open_run(source, "export", allow_mixed)
     source = run.path
-    checked = check_run(run, "export", allow_mixed)  # every refusal and read before the analysis
-    if checked.contexts is not None:  # a context sweep: a dsdprof.ktable/v3 table
-        by_context = analyze_contexts_path(checked, tolerance=tolerance)
+    if run.contexts is not None:  # a context sweep: a dsdprof.ktable/v3 table
+        by_context = analyze_contexts_path(run, tolerance=tolerance)
         assert by_context is not None  # the checked run has a context axis
         by_slice: dict[int, list[list[int]]] = {}
         for c in by_context.contexts:  # a loop, not a comprehension: formats only, right after decide
             by_slice[c] = ranges_from_points(by_context.slices[c].points)
         edges = context_buckets(by_context.contexts)
         return _context_table(by_context, by_slice, edges, run, label, allow_partial)
-    result = analyze_path(checked, tolerance=tolerance)
+    result = analyze_path(run, tolerance=tolerance)
     ranges = ranges_from_points(result.points)  # the table's K ranges (formats), before building it
     warnings = [w for w in [below_baseline_warning(result.optimal),
-                            synthetic_warning(result.provenance, checked.synthetic)] if w]
-    cov = checked.coverage
-    assert cov is not None  # check_run computes it on the batch-size path of a command
+                            synthetic_warning(result.provenance, run.synthetic)] if w]
+    cov = run.coverage
+    assert cov is not None  # open_run computes it without a context axis
     if not cov.complete:  # the refusal built only when raised: the path calls back nowhere
         if not allow_partial:
             err = partial_run_error(cov, source)
@@ -180,22 +233,16 @@ def _context_table(by_context: Any, ranges: dict[int, list[list[int]]], edges: l
 
 
 def format_table(table: KTable, fmt: str) -> ExportDocument:
-    """``table`` in format ``fmt`` (InputError naming ``--format`` on an unknown one)."""
-    from dsdprof.export.table import check_vllm_config, vanilla_warning, vllm_speculative_config
-    from dsdprof.export.trtllm import check_trtllm_config, trtllm_speculative_config
-
-    vanilla = [w for w in [vanilla_warning(table, {"trtllm": "TensorRT-LLM"}.get(fmt, "vLLM"))] if w]
-    if fmt == "vllm":
-        return ExportDocument(vllm_speculative_config(table), check_vllm_config, vanilla)
-    if fmt == "vllm-compilation":  # the graphs the measurement captured, for the server of the "vllm" export
-        from dsdprof.export.table import check_vllm_compilation_config, vllm_compilation_config
-
-        return ExportDocument(vllm_compilation_config(table), check_vllm_compilation_config)
-    if fmt == "trtllm":
-        return ExportDocument(trtllm_speculative_config(table), check_trtllm_config, vanilla)
-    if fmt == "table":
-        return ExportDocument(cast(dict[str, Any], table), validate_table, vanilla)
-    raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
+    """``table`` in format ``fmt`` (InputError naming ``--format`` on an unknown one): validated
+    first (engine configs), written, and checked (TensorRT-LLM's)."""
+    f = export_format(fmt)
+    vanilla = [w for w in [vanilla_warning(table, f.engine or "vLLM")] if w]
+    if f.validate_first:
+        validate_table(table)
+    doc = f.write(table)
+    if f.check_written:
+        f.check(doc)
+    return ExportDocument(doc, f.check, vanilla if f.engine else [])
 
 
 def export_document(source: str | Path | Run, fmt: str = "table", tolerance: float = DEFAULT_TOLERANCE,
@@ -211,8 +258,7 @@ def export_document(source: str | Path | Run, fmt: str = "table", tolerance: flo
     it as plain data, then the table (and the served slice) validated last. A refusal met while
     cutting (a bad ``--context``, K = 0 everywhere, a schedule the engine rejects) is raised after
     that validation, so an invalid table is refused first, as it always was."""
-    if fmt not in EXPORT_FORMATS:
-        raise InputError("--format", fmt, f"must be one of {', '.join(EXPORT_FORMATS)}")
+    export_format(fmt)
     from dsdprof.export.context import check_context, default_context
 
     table, warnings = _table(source, tolerance, allow_mixed, None, allow_partial)
@@ -248,28 +294,18 @@ def _engine_document(table: KTable, fmt: str, context: int | None, served: int |
                      warnings: list[str]) -> ExportDocument:
     """An engine's config (``fmt``: vllm, vllm-compilation, trtllm) serving ``table``'s slice at
     ``served`` (the whole table when None), from plain data: the caller validates the table last.
-    TensorRT-LLM's config is checked against its rules here, after the document is made."""
+    A format that checks what it wrote (TensorRT-LLM's rules) does so here, after the document is made."""
     from dsdprof.export.context import context_notice, served_view
-    from dsdprof.export.table import (
-        check_vllm_compilation_config,
-        check_vllm_config,
-        vanilla_warning,
-        vllm_compilation_config,
-        vllm_config_document,
-    )
-    from dsdprof.export.trtllm import check_trtllm_config, trtllm_config_document
 
+    f = export_format(fmt)
     if table.get("contexts"):
         warnings = warnings + [w for w in [context_notice(table, context)] if w]
     warnings = [w for w in warnings if "per-position" not in w]  # a note on the portable table only
     view = served_view(table, served)
-    vanilla = [w for w in [vanilla_warning(view, {"trtllm": "TensorRT-LLM"}.get(fmt, "vLLM"))] if w]
-    if fmt == "vllm":
-        return ExportDocument(vllm_config_document(view), check_vllm_config, warnings + vanilla)
-    if fmt == "vllm-compilation":  # the graphs the measurement captured, for the server of the "vllm" export
-        return ExportDocument(vllm_compilation_config(view), check_vllm_compilation_config, warnings)
-    document = ExportDocument(trtllm_config_document(view), check_trtllm_config, warnings + vanilla)
-    check_trtllm_config(document.doc)
+    vanilla = [w for w in [vanilla_warning(view, f.engine or "vLLM")] if w]
+    document = ExportDocument(f.write(view), f.check, warnings + (vanilla if f.engine else []))
+    if f.check_written:
+        f.check(document.doc)
     return document
 
 
@@ -279,7 +315,6 @@ def _portable_document(source: str | Path | Run, table: KTable, warnings: list[s
     notice and the vanilla warning read from the slice as plain data first (a malformed table
     refused by the validation, not by them), then the table validated and sliced by formats last."""
     from dsdprof.export.context import check_context, context_notice, served_view
-    from dsdprof.export.table import vanilla_warning
 
     if context is None:
         out = format_table(table, "table")
@@ -308,13 +343,12 @@ def optional_vllm_config(table: KTable) -> dict[str, Any] | None:
 
 
 def load_any_table(path: str | Path) -> tuple[KTable, str]:
-    """(table, what it was) for ``dsdprof show``: a dsdprof K table, or dsdprof's own vLLM
-    (``--speculative-config``) or TensorRT-LLM (``speculative_config``) export read back as a v1
-    table of the same K per batch size. Anything else fails as :func:`load_table` does."""
+    """(table, what it was) for ``dsdprof show``: a dsdprof K table, or an engine's document
+    dsdprof exported, read back by its format's reader as a v1 table of the same K per batch size
+    (the format's ``label`` says which). Anything else fails as :func:`load_table` does."""
     import json
 
     from dsdprof.export.table import load_table
-    from dsdprof.formats.ktable import LAST_RANGE_END
 
     p = Path(path)
     try:
@@ -323,25 +357,8 @@ def load_any_table(path: str | Path) -> tuple[KTable, str]:
         return load_table(p), ""
     if not isinstance(doc, dict) or "schema" in doc:
         return load_table(p), ""
-    if "num_speculative_tokens_per_batch_size" in doc:
-        ranges = [list(r) for r in doc["num_speculative_tokens_per_batch_size"]]
-        prov = {k: doc[k] for k in ("method", "model") if doc.get(k)}
-        table = {"schema": "dsdprof.ktable/v1", "ranges": ranges, "provenance": prov}
-        if doc.get("num_speculative_tokens") is not None:
-            table["num_speculative_tokens"] = doc["num_speculative_tokens"]
-        return validate_table(table), "vLLM --speculative-config"
-    cfg = doc.get("speculative_config")
-    if isinstance(cfg, dict) and isinstance(cfg.get("draft_len_schedule"), dict):
-        from dsdprof.export.trtllm import check_trtllm_config
-
-        check_trtllm_config(doc)
-        ranges, start = [], 1
-        for key, k in sorted((int(a), int(b)) for a, b in cfg["draft_len_schedule"].items()):
-            ranges.append([start, key, k])
-            start = key + 1
-        if start <= LAST_RANGE_END:  # above the largest key TensorRT-LLM runs K=0
-            ranges.append([start, LAST_RANGE_END, 0])
-        prov = {k: cfg[k] for k in ("decoding_type", "speculative_model") if cfg.get(k)}
-        return validate_table({"schema": "dsdprof.ktable/v1", "ranges": ranges, "provenance": prov}), \
-            "TensorRT-LLM speculative_config"
+    for f in FORMATS.values():
+        table = f.read(doc) if f.read is not None else None
+        if table is not None:
+            return validate_table(table), f.label
     return load_table(p), ""

@@ -70,7 +70,7 @@ def gap_line(cov: Any) -> str:
 def end_at_last_measured(table: KTable, cov: Any) -> KTable:
     """``table`` (a v2 table or slice, in place) with its last range ending at its last measured
     batch size when larger batch sizes of the grid produced no number (``cov``: the
-    :class:`dsdprof.io.runs.Coverage`): a K is never extended over batch sizes that failed. (A
+    :class:`dsdprof.config.run.Coverage`): a K is never extended over batch sizes that failed. (A
     reader carries the last K forward past the end, as vLLM does; the table no longer claims it.)"""
     measured = [int(p["batch_size"]) for p in table.get("points") or []]
     if cov is None or not measured or not any(b > max(measured) for b in cov.missing_batch_sizes):

@@ -38,10 +38,6 @@ from dsdprof.formats.ktable import (
 from dsdprof.formats.ktable_types import KTable, TableCell
 from dsdprof.formats.versions import TABLE_SCHEMA
 
-# Optional per-point columns of Analysis.optimal copied into the table when present.
-OPTIONAL_POINT_FIELDS = ("decided", "runner_up", "margin", "ci_low", "ci_high")
-
-
 # ----------------------------------------------------------------------------- building
 
 def _plain(v: Any) -> Any:
@@ -109,38 +105,35 @@ def profiled_acceptance(per_cell: dict[tuple[int, int], list[float]]) -> list[fl
     return out
 
 
-def build_table(analysis: Any, source: str = "", rows: Any = None) -> KTable:
+def build_table(analysis: Any, source: str = "", rows: Any = None, decided: bool = True) -> KTable:
     """``dsdprof.ktable/v2`` document from an :class:`dsdprof.decide.analysis.Analysis`, validated.
 
     Per-position acceptance comes from ``analysis.cells["acceptance_per_pos"]`` when the analysis
     has it, else from the raw measurement ``rows`` (a DataFrame) when given; without either the
     table has no ``acceptance_per_pos`` (it still serves statically, but not adaptively).
     """
-    points = [(int(b), int(k)) for b, k in zip(analysis.optimal["batch_size"], analysis.optimal["k"])]
-    return validate_table(table_document(analysis, ranges_from_points(points), source, rows))
+    return validate_table(table_document(analysis, ranges_from_points(analysis.points), source, rows,
+                                         decided=decided))
 
 
-def table_document(analysis: Any, ranges: list[list[int]], source: str = "", rows: Any = None) -> KTable:
+def table_document(analysis: Any, ranges: list[list[int]], source: str = "", rows: Any = None,
+                   decided: bool = True) -> KTable:
     """:func:`build_table` before its validation, ``ranges`` given (``ranges_from_points`` of the
     analysis' points): the export path builds the document from plain data, calling nothing back,
-    and validates it last."""
-    opt = analysis.optimal
-    speedup_cols = [c for c in opt.columns if c.startswith("speedup_vs_k")]
-    optional = [c for c in OPTIONAL_POINT_FIELDS if c in opt.columns]
+    and validates it last. Its points are the analysis' decisions
+    (:class:`dsdprof.decide.decision.BatchDecision`: K*, goodput, the speedups) with, when
+    ``decided``, how sure the data are (decided, the runner-up, the margin and its interval)."""
     points = []
-    for _, row in opt.iterrows():
+    for d in analysis.decisions:
         point = {
-            "batch_size": int(row["batch_size"]), "k": int(row["k"]),
-            "goodput": float(row["goodput"]), "acceptance_length": float(row["acceptance_length"]),
-            "itl_s": float(row["itl_s"]),
-            "speedup_vs_baseline": _plain(row["speedup_vs_baseline"]),
-            "speedup_vs_fixed_k": {c.removeprefix("speedup_vs_k"): float(row[c])
-                                   for c in speedup_cols if not math.isnan(row[c])},
+            "batch_size": d.batch_size, "k": d.k, "goodput": float(d.goodput),
+            "acceptance_length": float(d.acceptance_length), "itl_s": float(d.itl_s),
+            "speedup_vs_baseline": _plain(d.speedup_vs_baseline),
+            "speedup_vs_fixed_k": {str(k): float(v) for k, v in d.speedup_vs_k.items() if not math.isnan(v)},
         }
-        for c in optional:
-            v = _plain(row[c])
-            point[c] = (bool(v) if c == "decided" else int(v) if c == "runner_up" else float(v)) \
-                if v is not None else None
+        if decided:
+            point.update(decided=bool(d.decided), runner_up=d.runner_up, margin=_plain(d.margin),
+                         ci_low=_plain(d.ci_low), ci_high=_plain(d.ci_high))
         points.append(point)
 
     cells_df = analysis.cells
@@ -310,3 +303,16 @@ def check_vllm_compilation_config(cfg: Any) -> None:
     if top is not None and sizes is not None and top != max(sizes):
         raise TableError(f"compilation_config.max_cudagraph_capture_size={top!r}: must be the largest "
                          "capture size")
+
+
+def read_vllm_config(doc: dict[str, Any]) -> KTable | None:
+    """dsdprof's own vLLM ``--speculative-config`` export read back as a v1 table of the same K
+    per batch size (not validated yet); None when ``doc`` is no such export."""
+    if "num_speculative_tokens_per_batch_size" not in doc:
+        return None
+    ranges = [list(r) for r in doc["num_speculative_tokens_per_batch_size"]]
+    prov = {k: doc[k] for k in ("method", "model") if doc.get(k)}
+    table: dict[str, Any] = {"schema": "dsdprof.ktable/v1", "ranges": ranges, "provenance": prov}
+    if doc.get("num_speculative_tokens") is not None:
+        table["num_speculative_tokens"] = doc["num_speculative_tokens"]
+    return cast(KTable, table)

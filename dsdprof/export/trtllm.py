@@ -31,13 +31,12 @@ length of 0 costs nothing on TensorRT-LLM is not measured here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import LAST_RANGE_END, validate_table
-
-# TensorRT-LLM's rules for a written config (the format's home), re-exported for its readers
-from dsdprof.formats.ktable_engines import check_trtllm_config, check_trtllm_schedule  # noqa: F401
+from dsdprof.formats.ktable_engines import check_trtllm_config
+from dsdprof.formats.ktable_types import KTable
 
 # vLLM / dsdprof method name -> TensorRT-LLM speculative config ``decoding_type``.
 DECODING_TYPES = {"eagle3": "Eagle3", "eagle": "Eagle", "mtp": "MTP", "ngram": "NGram",
@@ -109,3 +108,20 @@ def trtllm_config_document(table: Mapping[str, Any]) -> dict[str, Any]:
         cfg["speculative_model"] = prov["draft_model"]
     cfg["draft_len_schedule"] = {str(k): v for k, v in schedule.items()}
     return {"speculative_config": cfg}
+
+
+def read_trtllm_config(doc: dict[str, Any]) -> KTable | None:
+    """dsdprof's own TensorRT-LLM ``speculative_config`` export (checked by its rules) read back as
+    a v1 table of the same K per batch size (not validated yet); None when ``doc`` is no such export."""
+    cfg = doc.get("speculative_config")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("draft_len_schedule"), dict):
+        return None
+    check_trtllm_config(doc)
+    ranges, start = [], 1
+    for key, k in sorted((int(a), int(b)) for a, b in cfg["draft_len_schedule"].items()):
+        ranges.append([start, key, k])
+        start = key + 1
+    if start <= LAST_RANGE_END:  # above the largest key TensorRT-LLM runs K=0
+        ranges.append([start, LAST_RANGE_END, 0])
+    prov = {k: cfg[k] for k in ("decoding_type", "speculative_model") if cfg.get(k)}
+    return cast(KTable, {"schema": "dsdprof.ktable/v1", "ranges": ranges, "provenance": prov})

@@ -62,7 +62,7 @@ def _run_dir(store: FleetStore, run: str, scratch: Path) -> Path:
 
 def _table_for(run_dir: Path, source: str, tolerance: float) -> KTable:
     """The table of the run in ``run_dir`` (opened once: :func:`dsdprof.io.runs.open_run`)."""
-    return table_from_source(open_run(run_dir), tolerance, label=source)[0]
+    return table_from_source(open_run(run_dir, "export"), tolerance, label=source)[0]
 
 
 def _vllm_config(table: KTable) -> dict[str, Any] | None:

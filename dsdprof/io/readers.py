@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from dsdprof.config.run import check_mixed, mixed_provenance, validate_measurements
 from dsdprof.errors import InputError
-from dsdprof.formats.measurements import CONTRACT_COLUMNS, MODE_VANILLA, MODES, STATUS_OK
+from dsdprof.formats.measurements import STATUS_OK
 from dsdprof.formats.versions import PARQUET_METADATA_KEY, READABLE_MEASUREMENT_VERSIONS
-
-MIXABLE_PROVENANCE = ("hardware", "model", "draft_model", "method", "dtype", "engine", "engine_version")
 
 
 def _parquet_files(path: Path) -> list[Path]:
@@ -81,19 +79,6 @@ def read_columns(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def mixed_provenance(df: pd.DataFrame, versions: set[str] | None = None) -> dict[str, list[str]]:
-    """Provenance fields with more than one value in ``df`` (and more than one schema version)."""
-    mixed: dict[str, list[str]] = {}
-    for name in MIXABLE_PROVENANCE:
-        if name in df.columns:
-            values = sorted({str(v) for v in df[name].dropna().unique()})
-            if len(values) > 1:
-                mixed[name] = values
-    if versions and len(versions) > 1:
-        mixed["schema_version"] = sorted(versions)
-    return mixed
-
-
 def read_measurements(path: str | Path, allow_mixed: bool = False) -> pd.DataFrame:
     """All rows of a sweep directory or Parquet file, unvalidated.
 
@@ -105,14 +90,6 @@ def read_measurements(path: str | Path, allow_mixed: bool = False) -> pd.DataFra
     if not allow_mixed:
         check_mixed(path, mixed_provenance(df, {f.meta["schema_version"] for f in files if f.meta}))
     return df
-
-
-def check_mixed(path: str | Path, mixed: dict[str, list[str]]) -> None:
-    """Refuse rows of different provenance (``mixed``: :func:`mixed_provenance` of them)."""
-    if mixed:
-        name, values = next(iter(mixed.items()))
-        raise InputError(name, values, f"rows of different provenance under {path}; analyze one run "
-                         "at a time, or pass --allow-mixed to pool them")
 
 
 @dataclass(frozen=True)
@@ -180,57 +157,6 @@ def _stored_twice(run: Path, cell: str, first: Path, second: Path) -> InputError
     return InputError("cell_id", cell, f"stored twice in run {run} ({where}); one run holds each cell once "
                       "(a fleet resubmitted with other shards?): remove the extra part files, or re-run "
                       "into a new --out")
-
-
-def _check_int_column(df: pd.DataFrame, name: str, minimum: int) -> pd.Series:
-    col = df[name]
-    values = pd.to_numeric(col, errors="coerce")
-    bad = values.isna() | (values != np.floor(values.fillna(0))) | (values < minimum)
-    if bad.any():
-        raise InputError(name, col[bad].iloc[0], f"must be an integer >= {minimum}")
-    return values.astype("int64")
-
-
-def _check_float_column(df: pd.DataFrame, name: str, minimum: float, strict: bool) -> pd.Series:
-    col = df[name]
-    values = pd.to_numeric(col, errors="coerce").astype("float64")
-    bad = ~np.isfinite(values) | ((values <= minimum) if strict else (values < minimum))
-    if bad.any():
-        op = ">" if strict else ">="
-        raise InputError(name, col[bad].iloc[0], f"must be a finite number {op} {minimum}")
-    return values
-
-
-def validate_measurements(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep ok rows and check the contract columns; raises InputError naming column and value."""
-    missing = [c for c in CONTRACT_COLUMNS if c not in df.columns]
-    if missing:
-        raise InputError("columns", missing, f"measurements need {list(CONTRACT_COLUMNS)}")
-    if "status" in df.columns:
-        df = df[df["status"].astype(str) == STATUS_OK]
-    if df.empty:
-        raise InputError("rows", 0, "no measurement rows with status 'ok'")
-    df = df.copy()
-    df["batch_size"] = _check_int_column(df, "batch_size", 1)
-    df["num_spec_tokens"] = _check_int_column(df, "num_spec_tokens", 0)
-    df["acceptance_length"] = _check_float_column(df, "acceptance_length", 1.0 - 1e-9, strict=False)
-    df["itl_s"] = _check_float_column(df, "itl_s", 0.0, strict=True)
-    too_long = df["acceptance_length"] > df["num_spec_tokens"] + 1 + 1e-6
-    if too_long.any():
-        row = df[too_long].iloc[0]
-        raise InputError("acceptance_length", float(row["acceptance_length"]),
-                         f"exceeds K+1={int(row['num_spec_tokens']) + 1}")
-    if "mode" in df.columns:
-        modes = df["mode"].astype(str)
-        bad = ~modes.isin(MODES)
-        if bad.any():
-            raise InputError("mode", modes[bad].iloc[0], f"must be one of {', '.join(MODES)}")
-        df["mode"] = modes
-        spec_vanilla = (modes == MODE_VANILLA) & (df["num_spec_tokens"] != 0)
-        if spec_vanilla.any():
-            raise InputError("num_spec_tokens", int(df[spec_vanilla]["num_spec_tokens"].iloc[0]),
-                             "vanilla rows must have K=0")
-    return df
 
 
 def load_measurements(path: str | Path) -> pd.DataFrame:

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
+from dsdprof.config.run import Run, validate_measurements
 from dsdprof.decide.analysis import analyze
 from dsdprof.errors import InputError
-from dsdprof.io.readers import load_measurements, read_provenance
+from dsdprof.io.runs import open_run
 from dsdprof.measure.sim.calibrate import (
     CalibrationTarget,
     calibrated_hardware,
@@ -25,7 +26,6 @@ from dsdprof.measure.sim.calibrate import (
     fit_efficiency,
     mape,
     predict,
-    read_sweep_context,
 )
 from dsdprof.measure.sim.catalog import derived_draft, resolve_model, shadowed_catalog_name
 from dsdprof.measure.sim.fit import LABELS, fit
@@ -151,8 +151,15 @@ class CalibrationResult:
         return out
 
 
-def _target(req: CalibrationRequest, df: Any,
-            prov: dict[str, Any]) -> tuple[CalibrationTarget, str, list[str]]:
+def _sweep_context(run: Run) -> int | None:
+    """Mean decode context of a sweep directory: input_len + output_len / 2 from its spec."""
+    spec = next((m.spec for m in run.manifests if m.directory == run.path), None)
+    return None if spec is None else spec.workload.input_len + spec.sweep.output_len // 2
+
+
+def _target(req: CalibrationRequest, df: Any, run: Run) -> tuple[CalibrationTarget, str, list[str]]:
+    prov = run.stored_provenance
+
     def first(col: str) -> str:
         return str(df[col].dropna().iloc[0]) if col in df.columns and not df[col].dropna().empty else ""
     pick = lambda given, key: given or prov.get(key) or first(key)  # noqa: E731
@@ -177,8 +184,7 @@ def _target(req: CalibrationRequest, df: Any,
         if shadowed:
             notices.append(f"notice: {flag}={name!r} is a local config.json path; using it, not the "
                            f"catalog model {shadowed!r}")
-    measured = Path(req.measured)
-    ctx = req.context_len or (read_sweep_context(measured) if measured.is_dir() else None) or 1024
+    ctx = req.context_len or _sweep_context(run) or 1024
     ct = CalibrationTarget(base, target, draft, pick(req.dtype, "dtype") or "auto", req.tp, ctx,
                            req.routing_correlation,
                            method)
@@ -191,8 +197,9 @@ def run_calibration(req: CalibrationRequest) -> CalibrationResult:
         raise InputError("--out", str(req.out), "exists; pass --force to replace it")
     if not (0.0 <= req.tolerance < 1.0):
         raise InputError("--tolerance", req.tolerance, "must be in [0, 1)")
-    df = load_measurements(req.measured)
-    ct, method, notices = _target(req, df, read_provenance(req.measured))
+    run = open_run(req.measured, "calibrate")  # read once: rows, provenance, manifest
+    df = validate_measurements(run.rows)
+    ct, method, notices = _target(req, df, run)
     report = holdout(ct, df, req.tolerance) if df["batch_size"].nunique() >= 2 else None
     fitted = fit(design_for(ct, df), df["itl_s"].to_numpy(), ct.hardware.efficiency)
     eff = fitted.efficiency

@@ -20,9 +20,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dsdprof.decide.decision import BatchDecision
 from dsdprof.decide.domains import category_grid, category_regret, mix_table, mixed_grid, per_position
 from dsdprof.decide.drafts import VANILLA_TOLERANCE, comparison_memory, rank_drafts, recommend
 from dsdprof.errors import InputError
+from dsdprof.report.text import fmt_finite, fmt_interval
 
 
 @dataclass(frozen=True)
@@ -47,15 +49,14 @@ def load_comparison(out: str | Path) -> Comparison:
     prov: dict[str, Any] = {}
     spec: dict[str, Any] = {}
     for d in plan["drafts"]:
-        runs = {c: root / d["name"] / c for c in plan["categories"]  # started runs with rows only
+        runs = {c: open_run(root / d["name"] / c) for c in plan["categories"]  # started runs with rows only
                 if any((root / d["name"] / c).glob("*.parquet"))}
         if runs:
             grids[d["name"]] = category_grid(runs)
             if not prov:
-                run = open_run(next(iter(runs.values())))
-                prov = run.run_provenance()
-                spec_file = next(iter(runs.values())) / "_sweep.json"
-                spec = json.loads(spec_file.read_text()).get("spec", {}) if spec_file.is_file() else {}
+                first = next(iter(runs.values()))
+                prov = first.provenance
+                spec = first.manifests[0].spec_dump if first.manifests else {}
     if not grids:
         raise InputError("drafts", str(root), "no draft has a finished run yet")
     return Comparison(root, plan, grids, prov, spec)
@@ -67,21 +68,14 @@ def default_mix(comp: Comparison) -> dict[str, float]:
     return counts if sum(counts.values()) > 0 else {c: 1.0 for c in counts}
 
 
-def _f(x: Any, nd: int = 2) -> str:
-    return f"{float(x):.{nd}f}" if x is not None and math.isfinite(float(x)) else "?"
-
-
-def _ci(r: Any) -> str:
-    return f"{_f(r['speedup'])} [{_f(r['speedup_low'])}, {_f(r['speedup_high'])}]"
-
-
 def _memory_rows(comp: Comparison) -> list[str]:
     bmax, kmax, memory = comparison_memory(comp.spec, comp.plan["drafts"])
     lines = [f"| draft | method | weights MiB | KV KiB/token | KV MiB at BS {bmax}, K {kmax} |",
              "|---|---|---:|---:|---:|"]
     for d, m in memory:
-        lines.append(f"| {d['name']} | {d['method']} | {_f(m['weights_bytes'] / 2**20, 1)} | "
-                     f"{_f(m['kv_bytes_per_token'] / 2**10, 1)} | {_f(m['kv_bytes'] / 2**20, 1)} |")
+        mib = [fmt_finite(m["weights_bytes"] / 2**20, 1), fmt_finite(m["kv_bytes_per_token"] / 2**10, 1),
+               fmt_finite(m["kv_bytes"] / 2**20, 1)]
+        lines.append(f"| {d['name']} | {d['method']} | {' | '.join(mib)} |")
     return lines
 
 
@@ -96,10 +90,11 @@ def _per_category_rows(comp: Comparison) -> list[str]:
             for _, r in best.iterrows():
                 al = g[(g["batch_size"] == r["batch_size"]) & (g["num_spec_tokens"] == r["k"])]
                 pos = pp.loc[(c, int(r["batch_size"])), "acceptance_per_pos"]
-                pos_s = " ".join(_f(p) for p in pos) if pos is not None else "?"
+                pos_s = " ".join(fmt_finite(p) for p in pos) if pos is not None else "?"
                 drafted = al["drafted_per_step"].iloc[0] if "drafted_per_step" in al else math.nan
-                lines.append(f"| {name} | {c} | {int(r['batch_size'])} | {int(r['k'])} | {_ci(r)} | "
-                             f"{_f(al['acceptance_length'].iloc[0])} | {_f(drafted)} | {pos_s} |")
+                al_s = fmt_finite(al["acceptance_length"].iloc[0])
+                lines.append(f"| {name} | {c} | {int(r['batch_size'])} | {int(r['k'])} | {fmt_interval(r)} | "
+                             f"{al_s} | {fmt_finite(drafted)} | {pos_s} |")
     return lines
 
 
@@ -110,8 +105,8 @@ def _regret_rows(comp: Comparison, weights: dict[str, float]) -> list[str]:
         table = {int(b): int(k) for b, k in zip(*(mix_table(grid, weights)[c] for c in ("batch_size", "k")))}
         for _, r in category_regret(grid, table).iterrows():
             lines.append(f"| {name} | {r['category']} | {r['batch_size']} | {r['table_k']} | {r['own_k']} | "
-                         f"{_f(r['speedup_at_table_k'])} | {_f(r['own_speedup'])} | "
-                         f"{_f(100 * r['regret'], 1)} % |")
+                         f"{fmt_finite(r['speedup_at_table_k'])} | {fmt_finite(r['own_speedup'])} | "
+                         f"{fmt_finite(100 * r['regret'], 1)} % |")
     return lines
 
 
@@ -125,7 +120,7 @@ def _vanilla_rows(comp: Comparison) -> list[str]:
         for g in comp.grids.values():
             for c in sorted(g["category"].unique()):
                 v = g[(g["category"] == c) & (g["batch_size"] == b)]["vanilla_goodput"]
-                vals.append(_f(v.iloc[0] * b, 1) if len(v) else "?")
+                vals.append(fmt_finite(v.iloc[0] * b, 1) if len(v) else "?")
         lines.append(f"| {b} | " + " | ".join(vals) + " |")
     return lines
 
@@ -150,7 +145,7 @@ def drafts_markdown(comp: Comparison, weights: dict[str, float], title: str = ""
            f"{VANILLA_TOLERANCE:.0%} apart there, machine drift the intervals do not hold: re-measure.", "",
            "| BS | rank | draft | K | speedup [interval] | verdict |", "|---:|---:|---|---:|---|---|"]
     for _, r in ranking.iterrows():
-        out.append(f"| {r['batch_size']} | {r['rank']} | {r['draft']} | {r['k']} | {_ci(r)} | "
+        out.append(f"| {r['batch_size']} | {r['rank']} | {r['draft']} | {r['k']} | {fmt_interval(r)} | "
                    f"{r['verdict']} |")
     out += ["", "## Draft memory (weights + draft KV; the target's KV is the same for all)", "",
             *_memory_rows(comp), "", "## Each draft's table for the mix", ""]
@@ -185,10 +180,15 @@ def mix_ktable(comp: Comparison, draft: str, weights: dict[str, float]) -> dict[
     total = sum(weights.values())
     prov = dict(comp.provenance)
     prov.update(draft=draft, mix=",".join(f"{c}={w / total:.4g}" for c, w in weights.items()))
-    analysis = SimpleNamespace(optimal=opt, cells=cells, provenance=prov, tolerance=0.0,
+    # the K of the highest mixed speedup per batch size: a K* with its speedup, no decision rule's
+    answers = [BatchDecision(int(r["batch_size"]), int(r["k"]), float(r["goodput"]),
+                             float(r["acceptance_length"]), float(r["itl_s"]), math.nan,
+                             float(r["speedup_vs_baseline"])) for r in opt.to_dict("records")]
+    analysis = SimpleNamespace(decisions=answers, points=[(d.batch_size, d.k) for d in answers], cells=cells,
+                               provenance=prov, tolerance=0.0,
                                shape="dense-like" if list(opt["k"]) == sorted(opt["k"], reverse=True)
                                else "moe-like")
-    return dict(build_table(analysis, source=str(comp.out / draft)))
+    return dict(build_table(analysis, source=str(comp.out / draft), decided=False))
 
 
 def drafts_figure(comp: Comparison):  # -> matplotlib Figure

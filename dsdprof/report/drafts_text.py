@@ -17,16 +17,9 @@ from typing import Any
 
 from dsdprof.decide.domains import mix_table
 from dsdprof.decide.drafts import VANILLA_TOLERANCE, comparison_memory, rank_drafts, recommend
+from dsdprof.report.text import fmt_finite, fmt_interval
 
 WIDTH = 80
-
-
-def _f(x: Any, nd: int = 2) -> str:
-    return f"{float(x):.{nd}f}" if x is not None and math.isfinite(float(x)) else "?"
-
-
-def _ci(r: Any) -> str:
-    return f"{_f(r['speedup'])} [{_f(r['speedup_low'])}, {_f(r['speedup_high'])}]"
 
 
 def _wrap(text: str, indent: str = "") -> list[str]:
@@ -43,8 +36,10 @@ def _memory(comp: Any) -> list[str]:
     out = [f"  {'draft':<16} {'method':<12} {'weights MiB':>11} {'KV KiB/tok':>10} "
            f"{f'KV MiB BS{bmax} K{kmax}':>16}"]
     for d, m in memory:
-        out.append(f"  {d['name'][:16]:<16} {d['method'][:12]:<12} {_f(m['weights_bytes'] / 2**20, 1):>11} "
-                   f"{_f(m['kv_bytes_per_token'] / 2**10, 1):>10} {_f(m['kv_bytes'] / 2**20, 1):>16}")
+        weights = fmt_finite(m["weights_bytes"] / 2**20, 1)
+        per_token = fmt_finite(m["kv_bytes_per_token"] / 2**10, 1)
+        out.append(f"  {d['name'][:16]:<16} {d['method'][:12]:<12} {weights:>11} "
+                   f"{per_token:>10} {fmt_finite(m['kv_bytes'] / 2**20, 1):>16}")
     return out
 
 
@@ -58,7 +53,8 @@ def _per_category(comp: Any) -> list[str]:
                 row = g[(g["batch_size"] == r["batch_size"]) & (g["num_spec_tokens"] == r["k"])].iloc[0]
                 drafted = row["drafted_per_step"] if "drafted_per_step" in row else math.nan
                 out.append(f"  {name[:14]:<14} {c[:9]:<9} {int(r['batch_size']):>3} {int(r['k']):>2} "
-                           f"{_ci(r):<20} {_f(row['acceptance_length']):>5} {_f(drafted):>7}")
+                           f"{fmt_interval(r):<20} {fmt_finite(row['acceptance_length']):>5} "
+                           f"{fmt_finite(drafted):>7}")
     return out
 
 
@@ -70,7 +66,7 @@ def _vanillas(comp: Any) -> list[str]:
             vals = []
             for b in sizes:
                 v = grid[(grid["category"] == c) & (grid["batch_size"] == b)]["vanilla_goodput"]
-                vals.append(_f(v.iloc[0] * b, 1) if len(v) else "?")
+                vals.append(fmt_finite(v.iloc[0] * b, 1) if len(v) else "?")
             out.append(f"  {f'{name}/{c}'[:24]:<24}" + "".join(f"{x:>9}" for x in vals))
     return out
 
@@ -93,7 +89,7 @@ def drafts_text(comp: Any, weights: dict[str, float], title: str = "") -> str:
             f"  {'BS':>4} {'rank':>4}  {'draft':<16} {'K':>2}  {'speedup [interval]':<20} verdict"]
     for _, r in ranking.iterrows():
         out.append(f"  {int(r['batch_size']):>4} {int(r['rank']):>4}  {str(r['draft'])[:16]:<16} "
-                   f"{int(r['k']):>2}  {_ci(r):<20} {r['verdict']}")
+                   f"{int(r['k']):>2}  {fmt_interval(r):<20} {r['verdict']}")
     out += ["", "Draft memory (weights + draft KV; the target's KV is the same for all):", "",
             *_memory(comp), "", "Each draft's table for the mix:", ""]
     for name, grid in comp.grids.items():

@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
+from dsdprof.config.run import RUN_KIND_VALIDATE, Run
 from dsdprof.errors import InputError
 from dsdprof.io.atomic import write_bytes_atomic
-from dsdprof.io.runs import RUN_KIND_VALIDATE, Run, open_run
+from dsdprof.io.runs import open_run
 
 # tokens_per_s_per_user: vLLM's name (output tokens/s per user); *_by_context: report.context_plots
 PNG_NAMES = {"optimal_k": "optimal_k.png", "goodput_heatmap": "goodput_heatmap.png",
@@ -344,9 +345,8 @@ def plot_results(results: str | Path | Run, out_dir: str | Path, tolerance: floa
     from dsdprof.io.readers import validate_measurements
 
     require_matplotlib()
-    run = open_run(results)
-    run.check_mixed(False)
-    df, prov = run.rows, run.provenance
+    run = results if isinstance(results, Run) else open_run(results, "plot")
+    df, prov = run.rows, run.stored_provenance
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError("--out", str(out), "exists and is not a directory")

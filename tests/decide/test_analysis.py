@@ -2,8 +2,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsdprof.decide.analysis import analyze, choose_k, fixed_k_summary
+from dsdprof.decide.analysis import analyze, fixed_k_summary
 from dsdprof.errors import InputError
+from dsdprof.formats.ktable import choose_k
 from dsdprof.io.readers import load_measurements, validate_measurements
 from tests.conftest import make_rows
 
@@ -37,12 +38,14 @@ def test_tolerance_prefers_smaller_k():
 
 def _repeats(itl, al, n=3, spread=0.01, **kw):
     """``n`` repeats of the same cells with a small known spread (so intervals are known)."""
-    return pd.concat([make_rows({key: t * (1 + spread * (r - (n - 1) / 2)) for key, t in itl.items()}, al, repeat=r, **kw)
+    return pd.concat([make_rows({key: t * (1 + spread * (r - (n - 1) / 2)) for key, t in itl.items()}, al,
+                                repeat=r, **kw)
                       for r in range(n)], ignore_index=True)
 
 
 def test_non_monotonic_curve_is_moe_like_when_the_rise_exceeds_its_intervals():
-    itl = {(1, 0): 1.0, (1, 2): 1.0, (4, 0): 1.0, (4, 2): 3.5, (16, 0): 1.0, (16, 2): 1.0, (64, 0): 1.0, (64, 2): 4.0}
+    itl = {(1, 0): 1.0, (1, 2): 1.0, (4, 0): 1.0, (4, 2): 3.5, (16, 0): 1.0, (16, 2): 1.0,
+           (64, 0): 1.0, (64, 2): 4.0}
     al = {key: (3.0 if key[1] == 2 else 1.0) for key in itl}
     res = analyze(_repeats(itl, al))
     assert res.optimal.k.tolist() == [2, 0, 2, 0]
@@ -51,7 +54,8 @@ def test_non_monotonic_curve_is_moe_like_when_the_rise_exceeds_its_intervals():
 
 
 def test_one_sample_per_cell_exports_the_points_with_a_warning():
-    itl = {(1, 0): 1.0, (1, 2): 1.0, (4, 0): 1.0, (4, 2): 3.5, (16, 0): 1.0, (16, 2): 1.0, (64, 0): 1.0, (64, 2): 4.0}
+    itl = {(1, 0): 1.0, (1, 2): 1.0, (4, 0): 1.0, (4, 2): 3.5, (16, 0): 1.0, (16, 2): 1.0,
+           (64, 0): 1.0, (64, 2): 4.0}
     al = {key: (3.0 if key[1] == 2 else 1.0) for key in itl}
     res = analyze(make_rows(itl, al))
     opt = res.optimal
@@ -166,7 +170,8 @@ def test_failed_baseline_is_an_error_not_a_switch_to_k0(dense_like_frame):
     from dsdprof.errors import InputError
 
     dsd = dense_like_frame.assign(mode="dsd", status="ok", error="")
-    van = dense_like_frame[dense_like_frame["num_spec_tokens"] == 0].assign(mode="vanilla", status="ok", error="")
+    van = dense_like_frame[dense_like_frame["num_spec_tokens"] == 0].assign(mode="vanilla", status="ok",
+                                                                            error="")
     analyze(pd.concat([dsd, van], ignore_index=True))
     van_failed = van.assign(status="failed", error="EngineFailure: out of memory")
     van_failed.loc[van_failed["batch_size"] != 8, "status"] = "ok"

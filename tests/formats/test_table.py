@@ -104,7 +104,8 @@ def test_per_position_acceptance_from_raw_rows():
     rows = _frame_with_acceptance(alpha=0.8, noise=0.05)
     analysis = analyze(rows)
     # an Analysis without the per-position column (older analysis): fall back to the raw rows
-    analysis = dataclasses.replace(analysis, cells=analysis.cells.drop(columns=["acceptance_per_pos"], errors="ignore"))
+    analysis = dataclasses.replace(analysis,
+                                   cells=analysis.cells.drop(columns=["acceptance_per_pos"], errors="ignore"))
     doc = build_table(analysis, rows=rows)
     assert doc["acceptance_per_pos"] == pytest.approx([0.8**i for i in range(1, 6)], rel=0.06)
     cell = next(c for c in doc["cells"] if c["batch_size"] == 4 and c["k"] == 2)
@@ -123,11 +124,11 @@ def test_per_position_acceptance_from_analysis_cells():
 
 def test_optional_point_fields_are_copied(dense_like_frame):
     analysis = analyze(dense_like_frame)
-    opt = analysis.optimal.copy()
-    opt["decided"] = [True] * (len(opt) - 1) + [False]
-    opt["runner_up"] = [float("nan")] + [2.0] * (len(opt) - 1)
-    opt["margin"], opt["ci_low"], opt["ci_high"] = 0.05, 0.01, float("nan")
-    doc = build_table(dataclasses.replace(analysis, optimal=opt))
+    n = len(analysis.decisions)
+    decisions = tuple(dataclasses.replace(d, decided=i < n - 1, runner_up=None if i == 0 else 2, margin=0.05,
+                                          ci_low=0.01, ci_high=float("nan"))
+                      for i, d in enumerate(analysis.decisions))
+    doc = build_table(dataclasses.replace(analysis, decisions=decisions))
     p0, p_last = doc["points"][0], doc["points"][-1]
     assert p0["decided"] is True and p0["runner_up"] is None and p_last["decided"] is False
     assert p_last["runner_up"] == 2 and p0["margin"] == 0.05 and p0["ci_high"] is None
@@ -228,7 +229,8 @@ def test_write_refuses_under_a_file_and_leaves_nothing(tmp_path):
 def test_write_validates_before_rename(tmp_path):
     target = tmp_path / "new" / "t.json"
     with pytest.raises(TableError):
-        write_json_atomic(target, {"schema": "dsdprof.ktable/v2", "ranges": [[1, 2, 1]]}, check=validate_table)
+        write_json_atomic(target, {"schema": "dsdprof.ktable/v2", "ranges": [[1, 2, 1]]},
+                          check=validate_table)
     assert not target.exists() and not (tmp_path / "new").exists()  # the directory it made is gone too
     keep = tmp_path / "keep.json"
     keep.write_text("old")
@@ -298,7 +300,8 @@ def test_export_output_problems_are_one_line(tmp_path, measured, monkeypatch):
 @pytest.mark.parametrize("cap", [-1, 129, True, "3", 2.5])
 def test_one_validator_for_num_speculative_tokens(tmp_path, cap):
     p = tmp_path / "t.json"
-    p.write_text(json.dumps({"schema": "dsdprof.ktable/v1", "ranges": [[1, 4, 2]], "num_speculative_tokens": cap}))
+    p.write_text(json.dumps({"schema": "dsdprof.ktable/v1", "ranges": [[1, 4, 2]],
+                             "num_speculative_tokens": cap}))
     with pytest.raises(TableError) as e:
         KSelector.from_file(p)
     message = str(e.value)

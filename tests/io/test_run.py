@@ -106,7 +106,7 @@ def test_export_reads_each_file_of_the_run_once(runs, monkeypatch, name):
 @pytest.mark.parametrize("name", ["sweep", "ctx"])
 def test_a_run_exports_as_its_path_does(runs, name):
     by_path = export_document(runs / name, "table").doc
-    by_run = export_document(open_run(runs / name), "table").doc
+    by_run = export_document(open_run(runs / name, "export"), "table").doc
     for doc in (by_path, by_run):
         doc["provenance"].pop("created_at")
     assert json.dumps(by_run, sort_keys=True) == json.dumps(by_path, sort_keys=True)
@@ -114,11 +114,16 @@ def test_a_run_exports_as_its_path_does(runs, name):
 
 
 def test_run_kind_coverage_and_contexts_agree_with_the_path_readers(runs):
-    from dsdprof.io.runs import coverage
+    from dsdprof.config.run import coverage
+    from dsdprof.config.spec import SweepSpec
+    from dsdprof.io.runs import manifests_under
 
     run = open_run(runs / "sweep")
     assert run.kind == RUN_KIND_SWEEP == run_kind(runs / "sweep") and run.contexts is None
-    assert run.coverage == coverage(runs / "sweep", run.rows) and run.coverage.complete
+    assert run.coverage == coverage(run.rows, manifests_under(runs / "sweep")) and run.coverage.complete
+    # the manifest typed: the SweepSpec that ran, its grid the coverage's
+    assert isinstance(run.spec, SweepSpec) and run.spec.sweep.batch_sizes == [1, 4]
+    assert run.coverage.batch_sizes == (1, 4) and run.coverage.grid_from == "manifest"
     ctx = open_run(runs / "ctx")
     assert sorted(ctx.contexts) == [1024, 4096] and sorted(ctx.context_coverage) == [1024, 4096]
 
@@ -131,7 +136,10 @@ def test_a_validate_manifest_makes_the_run_a_validate_run(runs, tmp_path):
     doc = json.loads((run_dir / MANIFEST_NAME).read_text())
     doc["spec"][RUN_KIND_VALIDATE] = {"table": "t.json"}
     (run_dir / MANIFEST_NAME).write_text(json.dumps(doc))
-    run = open_run(run_dir)
-    assert run.kind == RUN_KIND_VALIDATE == run_kind(run_dir)
+    run = open_run(run_dir)  # read as it is (validate-report's way): no refusal
+    assert run.kind == RUN_KIND_VALIDATE == run_kind(run_dir) and run.spec is None
+    for command in ("export", "analyze"):  # refused first, whatever else the run holds
+        with pytest.raises(InputError, match="is a validate run, not a sweep \\(its manifest says so\\)"):
+            open_run(run_dir, command)
     with pytest.raises(InputError, match="is a validate run, not a sweep \\(its manifest says so\\)"):
-        export_document(run, "table")
+        export_document(run_dir, "table")
