@@ -43,7 +43,7 @@ from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
 from dsdprof.decide.analysis import analyze
 from dsdprof.decide.chain import CHAIN_METHODS
 from dsdprof.errors import InputError
-from dsdprof.formats.measurements import MODE_DSD, STATUS_OK
+from dsdprof.formats.measurements import MODE_DSD, STATUS_OK, MeasurementRow
 from dsdprof.io.store import provenance_dict
 from dsdprof.jobs.budget_plan import (
     DEFAULT_MIN_REPEATS,
@@ -113,7 +113,7 @@ def acceptance_note(analysis: Any) -> str:
     return "AL measured per K"
 
 
-def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def _frame(rows: list[MeasurementRow]) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame(columns=["cell_id", "mode", "batch_size", "num_spec_tokens", "repeat", "status",
                                      "wall_s"])
@@ -151,7 +151,7 @@ class BudgetPlanner:
             self.min_repeats = 1  # drift is shared by every K of a wave: one group's intervals carry it
         return self.mode
 
-    def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool:
+    def admit(self, cell: Cell, rows: list[MeasurementRow]) -> bool:
         if Ledger(_frame(rows), self.waves).fits(cell, self.budget):
             return True
         self.exhausted = True
@@ -160,7 +160,7 @@ class BudgetPlanner:
     def describe(self, cells: list[Cell], mode: str) -> str:
         return f"pass {self.passes}: {len(cells)} cells (speculation mode {mode}, budget {self.budget})"
 
-    def plan(self, rows: list[dict[str, Any]]) -> list[Cell]:
+    def plan(self, rows: list[MeasurementRow]) -> list[Cell]:
         if self.passes == 0 and not self.exhausted:
             self.passes = 1
             cells = plan_cells(self.batch_sizes, self.ks, 1, self.mode, paired=self.paired)
@@ -174,14 +174,14 @@ class BudgetPlanner:
         self.passes += 1
         return cells
 
-    def finish(self, rows: list[dict[str, Any]]) -> None:
+    def finish(self, rows: list[MeasurementRow]) -> None:
         """After the last pass (or the cell the budget refused): status, reason and spending."""
         if self.exhausted:
             self.reason = self._stop_reason(self._next_pass(rows))
         final = Ledger(_frame(rows), self.waves)
         self.spent_s, self.spent_waves = final.spent_s, final.spent_waves
 
-    def _next_pass(self, rows: list[dict[str, Any]]) -> list[Cell]:
+    def _next_pass(self, rows: list[MeasurementRow]) -> list[Cell]:
         frame = _frame(rows)
         if (frame["status"].astype(str) == STATUS_OK).any() and self.ks:
             prov = provenance_dict(self.engine.provenance()) if self.engine is not None else {}

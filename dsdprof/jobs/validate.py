@@ -46,7 +46,7 @@ from typing import Any
 from dsdprof.errors import InputError
 from dsdprof.export.table import vllm_speculative_config
 from dsdprof.formats.ktable import TableError, k_for_batch_size
-from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
+from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, MeasurementRow
 from dsdprof.io.atomic import write_json_atomic
 from dsdprof.io.manifest import normalised_spec_dump
 from dsdprof.io.runs import RUN_KIND_VALIDATE
@@ -252,19 +252,19 @@ class ValidatePlanner:
                 pass
         return VALIDATE_KEY
 
-    def plan(self, rows: list[dict[str, Any]]) -> list[Cell]:
+    def plan(self, rows: list[MeasurementRow]) -> list[Cell]:
         if self._planned:
             return []
         self._planned = True
         return self._cells
 
-    def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool:
+    def admit(self, cell: Cell, rows: list[MeasurementRow]) -> bool:
         return True
 
     def describe(self, cells: list[Cell], mode: str) -> str:
         return f"{len(cells)} cells: {self._variants}"
 
-    def finish(self, rows: list[dict[str, Any]]) -> None:
+    def finish(self, rows: list[MeasurementRow]) -> None:
         pass
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from dsdprof import __version__
 from dsdprof.config.spec import SweepSpec
@@ -93,13 +93,13 @@ class Planner(Protocol):
 
     def start(self, engine: Engine, done: set[str]) -> str: ...
 
-    def plan(self, rows: list[dict[str, Any]]) -> list[Cell]: ...
+    def plan(self, rows: list[MeasurementRow]) -> list[Cell]: ...
 
-    def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool: ...
+    def admit(self, cell: Cell, rows: list[MeasurementRow]) -> bool: ...
 
     def describe(self, cells: list[Cell], mode: str) -> str: ...
 
-    def finish(self, rows: list[dict[str, Any]]) -> None: ...
+    def finish(self, rows: list[MeasurementRow]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def incomplete_units(cells: list[Cell], done: set[str]) -> set[tuple]:
     return {c.unit for c in cells if c.unit is not None and c.cell_id not in done}
 
 
-def _read_rows(out: Path) -> list[dict[str, Any]]:
+def _read_rows(out: Path) -> list[MeasurementRow]:
     from dsdprof.io.readers import read_measurements
 
     if not any(out.glob("part-*.parquet")):
@@ -141,7 +141,7 @@ def _read_rows(out: Path) -> list[dict[str, Any]]:
 def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
              make_engine: Callable[[], Engine], *, resume: bool = False,
              on_progress: ProgressCallback | None = None,
-             batching: dict[str, Any] | None = None) -> RunResult:
+             batching: Batching | None = None) -> RunResult:
     """The one cell loop behind ``sweep``, ``sweep --budget`` and ``validate``.
 
     Locks ``out_dir`` and refuses to overwrite it, to resume a run of another ``spec_dump`` or to
@@ -177,7 +177,7 @@ def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
                     notify(SweepProgress("start", i, len(cells), cell))
                     row = _measure_one(cell, engine, prov)
                     writer.write_row(row)
-                    rows.append(dict(row))
+                    rows.append(row.copy())
                     total += 1
                     ok, failed = (ok + 1, failed) if row["status"] == STATUS_OK else (ok, failed + 1)
                     notify(SweepProgress("done", i + 1, len(cells), cell, status=row["status"] or "",
@@ -244,20 +244,20 @@ class GridPlanner:
     def cells(self, mode: str, paired: bool = False) -> GridCells:
         return GridCells(self.spec.sweep, mode, paired)
 
-    def plan(self, rows: list[dict[str, Any]]) -> Any:
+    def plan(self, rows: list[MeasurementRow]) -> Any:
         if self._planned:
             return []
         self._planned = True
         return self.cells(self._mode, self._paired)
 
-    def admit(self, cell: Cell, rows: list[dict[str, Any]]) -> bool:
+    def admit(self, cell: Cell, rows: list[MeasurementRow]) -> bool:
         return True
 
     def describe(self, cells: Any, mode: str) -> str:
         design = "paired (every K in the same waves)" if self._paired else "cell by cell"
         return f"{len(cells):,} cells, speculation mode {mode}, design {design}"
 
-    def finish(self, rows: list[dict[str, Any]]) -> None:
+    def finish(self, rows: list[MeasurementRow]) -> None:
         pass
 
 
@@ -330,10 +330,18 @@ SIM_FLUSH_ROWS = 2000
 SIM_FLUSH_INTERVAL_S = 1.0
 
 
-def batching_for(spec: SweepSpec) -> dict[str, Any]:
+class Batching(TypedDict, total=False):
+    """Row buffering (:class:`~dsdprof.io.store.SweepWriter`'s keywords)."""
+
+    flush_rows: int
+    flush_interval_s: float
+
+
+def batching_for(spec: SweepSpec) -> Batching:
     """Row buffering for ``spec``'s engine (the analytic engine's rows are buffered)."""
-    return {"flush_rows": SIM_FLUSH_ROWS,
-            "flush_interval_s": SIM_FLUSH_INTERVAL_S} if spec.engine.name == "sim" else {}
+    if spec.engine.name == "sim":
+        return Batching(flush_rows=SIM_FLUSH_ROWS, flush_interval_s=SIM_FLUSH_INTERVAL_S)
+    return Batching()
 
 
 def default_engine(spec: SweepSpec, out_dir: str | Path,
