@@ -131,6 +131,10 @@ def _sweep(report: Report, path: Path, run: Any, tolerance: float, allow_mixed: 
         report.panels.append(_missing_panel("analysis", "Analysis", f"analyze refuses these rows: {err}"))
         report.panels.append(coverage_panel(_coverage(run), run.rows))
         return report
+    from dsdprof.report.html.sweep import sweep_headline
+
+    report.answer.headline = sweep_headline(frame(analysis.optimal).to_dict(orient="records"),
+                                            report.answer.ranges)
     ks = ", ".join(map(str, analysis.candidate_ks))
     report.subtitle = (f"{len(analysis.points)} batch size(s), K {ks}; "
                        f"tolerance {analysis.tolerance:g}, confidence {analysis.confidence:.0%}; "

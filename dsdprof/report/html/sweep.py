@@ -67,6 +67,34 @@ def answer_from_export(path: Any, tolerance: float, allow_mixed: bool = False) -
     return ans
 
 
+def sweep_headline(opt: list[dict[str, Any]], ranges: list[tuple[int, int, int]]) -> list[str]:
+    """The page's first lines for a sweep: the K per range in words, the speedup over vanilla from
+    the smallest to the largest batch size, where speculation loses, what the data did not decide."""
+    if not opt:
+        return []
+    lines = []
+    if ranges:
+        from dsdprof.formats.ktable import LAST_RANGE_END
+
+        def span(a: int, b: int) -> str:
+            return f"{a}+" if b >= LAST_RANGE_END else str(a) if a == b else f"{a}-{b}"
+
+        served = [f"K={k} at batch size {span(a, b)}" for a, b, k in ranges]
+        lines.append("the table serves " + ", ".join(served))
+    first, last = opt[0], opt[-1]
+    sp = [f"{num(r.get('speedup_vs_baseline'))}x {interval(r.get('speedup_low'), r.get('speedup_high'))} at "
+          f"BS {r['batch_size']}" for r in ((first, last) if len(opt) > 1 else (first,))]
+    lines.append("K* over vanilla: " + " .. ".join(sp))
+    losing = [str(r["batch_size"]) for r in opt if finite(r.get("speedup_vs_baseline"))
+              and float(r["speedup_vs_baseline"]) < 1]
+    if losing:
+        lines.append(f"speculation loses to vanilla at batch size {', '.join(losing)}")
+    undecided = [str(r["batch_size"]) for r in opt if not r.get("decided")]
+    lines.append(f"not decided at batch size {', '.join(undecided)} (the data still allow more than one K)"
+                 if undecided else "every batch size decided")
+    return lines
+
+
 # ----------------------------------------------------------------------------- panels
 
 def _bs_labels(bss: list[int]) -> list[str]:
