@@ -220,7 +220,8 @@ def test_validate_rollout_and_context_runs_get_their_own_panels(pages):
     assert {"rollout", "serving"} <= set(panels(rollout))
     ctx = pages["ctx"].read_text()
     assert {"contexts", "heatmap-ctx1024", "heatmap-ctx4096"} <= set(panels(ctx))
-    assert 'data-context="context &lt;= ' in ctx  # one served table per context slice
+    assert re.findall(r'data-context="([^"]+)"', ctx) == ["context 1-2048 (profiled at 1024)",
+                                                         "context 2049+ (profiled at 4096)"]
 
 
 def test_the_command_writes_the_page_and_refuses_bad_input_in_one_line(runs, tmp_path):

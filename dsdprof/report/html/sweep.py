@@ -59,10 +59,12 @@ def answer_from_export(path: Any, tolerance: float, allow_mixed: bool = False) -
     ans.cap = doc.get("num_speculative_tokens")
     ans.ranges = [(int(a), int(b), int(k)) for a, b, k in doc.get("ranges", [])]
     ans.warnings = list(exported.warnings)
-    for sl in doc.get("contexts") or []:
-        ans.contexts.append((f"context <= {sl.get('max_context', '?')} (profiled at "
-                             f"{sl.get('context_len', '?')})", [(int(a), int(b), int(k))
-                                                                for a, b, k in sl["ranges"]]))
+    lo, slices = 1, doc.get("contexts") or []
+    for i, sl in enumerate(slices):  # as `dsdprof show` names them: the contexts each slice serves
+        span = f"{lo}+" if i == len(slices) - 1 else f"{lo}-{sl.get('max_context', '?')}"
+        ans.contexts.append((f"context {span} (profiled at {sl.get('context_len', '?')})",
+                             [(int(a), int(b), int(k)) for a, b, k in sl["ranges"]]))
+        lo = int(sl.get("max_context", lo)) + 1
     ans.provenance = provenance_items(doc.get("provenance") or {})
     return ans
 
