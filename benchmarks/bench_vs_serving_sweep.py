@@ -51,6 +51,14 @@ GUIDELLM = ROOT / ".venv-guidellm" / "bin" / "guidellm"
 MAX_BS = 1048576
 
 
+def engine_env() -> dict[str, str]:
+    """Every engine's environment, servers and the sweep alike: an explicit CPU KV cache (1 GiB
+    unless VLLM_CPU_KVCACHE_SPACE is set; it also skips vLLM's free-memory check, which fails with
+    several servers alive) and no hub access (the toy models are local)."""
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S', time.gmtime())}] {msg}", flush=True)
 
@@ -95,7 +103,7 @@ class Server:
     def start(self) -> None:
         self.t_start = time.time()
         self.proc = subprocess.Popen(self.argv, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=ROOT)
+                                     start_new_session=True, cwd=ROOT, env=engine_env())
 
     def wait_ready(self, timeout: float = 900.0) -> None:
         assert self.proc is not None
@@ -190,22 +198,22 @@ def _point_dict(p: ClientPoint) -> dict[str, Any]:
 
 def measure_round(servers: list[Server], phase: str, repeats: int, batch_sizes: list[int],
                   min_requests: dict[int, int], spec: dict[str, Any], out: Path,
-                  results: dict[str, Any]) -> None:
+                  results: dict[str, Any], group: int = 0) -> None:
     """``repeats`` guidellm repeats over every server, the order rotated each repeat."""
     rows = results.setdefault(phase, [])
-    done = {(r["variant"], r["repeat"]) for r in rows}
+    done = {(r.get("group", 0), r["variant"], r["repeat"]) for r in rows}
     for r in range(repeats):
         order = servers[r % len(servers):] + servers[:r % len(servers)]
         for s in order:
-            if (s.name, r) in done:
+            if (group, s.name, r) in done:
                 continue
-            path = out / "guidellm" / f"{phase}-{s.name}-r{r}.json"
+            path = out / "guidellm" / f"{phase}-g{group}-{s.name}-r{r}.json"
             t0 = time.time()
             points = run_guidellm(s, batch_sizes, min_requests, spec, path)
-            rows.append({"variant": s.name, "repeat": r, "t0": t0, "wall_s": time.time() - t0,
+            rows.append({"variant": s.name, "group": group, "repeat": r, "t0": t0, "wall_s": time.time() - t0,
                          "points": [_point_dict(p) for p in points]})
-            _log(f"{phase} r{r} {s.name}: " + "  ".join(f"BS{p.concurrency} {p.output_tok_s:.1f} tok/s "
-                                                     f"ITL {p.itl_ms:.0f} ms" for p in points))
+            _log(f"{phase} g{group} r{r} {s.name}: " + "  ".join(
+                f"BS{p.concurrency} {p.output_tok_s:.1f} tok/s ITL {p.itl_ms:.0f} ms" for p in points))
             save(out, results)
 
 
@@ -215,16 +223,20 @@ def save(out: Path, results: dict[str, Any]) -> None:
     tmp.replace(out / "results.json")
 
 
-def start_all(servers: list[Server]) -> None:
-    """Start the servers two at a time (a 2-core host), each timed from its own start."""
+def start_all(servers: list[Server], at_once: int = 3) -> float:
+    """Start the servers ``at_once`` at a time, each timed from its own start; returns the wall
+    seconds of starting them all (what the starts cost: servers started side by side share the CPU,
+    so a server's own start time overstates its share)."""
+    t0 = time.time()
     pending = list(servers)
     while pending:
-        batch, pending = pending[:2], pending[2:]
+        batch, pending = pending[:at_once], pending[at_once:]
         for s in batch:
             s.start()
         for s in batch:
             s.wait_ready()
             _log(f"server {s.name} ready on :{s.port} after {s.start_s:.0f} s")
+    return time.time() - t0
 
 
 def dsdprof_phase(spec_path: Path, out: Path, results: dict[str, Any]) -> dict[str, Any]:
@@ -236,7 +248,7 @@ def dsdprof_phase(spec_path: Path, out: Path, results: dict[str, Any]) -> dict[s
         t0 = time.time()
         with (out / "logs" / "dsdprof-sweep.log").open("w") as log:
             rc = subprocess.run([*DSDPROF, "sweep", str(spec_path), "--out", str(run), "--resume"],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=engine_env()).returncode
         t1 = time.time()
         if rc != 0:
             raise RuntimeError(f"dsdprof sweep exited {rc}: see {out / 'logs' / 'dsdprof-sweep.log'}")
@@ -261,63 +273,125 @@ def _cells_wall(run: Path) -> float:
         return float("nan")
 
 
+def tune(results: dict[str, Any], bss: list[int], ks: list[int], repeats: Any = None) -> dict[int, int]:
+    """PR 49163's pick per batch size from the fixed-K servers' guidellm tok/s (``repeats``: only those)."""
+    picks = {}
+    for b in bss:
+        samples = {k: [p["output_tok_s"] for r in results["baseline"] if r["variant"] == f"fixed-{k}"
+                       and (repeats is None or r["repeat"] in repeats)
+                       for p in r["points"] if p["concurrency"] == b] for k in ks}
+        picks[b] = tuner_pick({k: v for k, v in samples.items() if v})
+    return picks
+
+
 def k_at(table: dict[str, Any], b: int) -> int:
     return next(int(r[2]) for r in table["ranges"] if r[0] <= b <= r[1])
 
 
+def speedups(results: dict[str, Any], b: int) -> dict[str, dict[int, float]]:
+    """variant -> repeat -> output tok/s over the same group's vanilla in the same repeat (vanilla
+    itself: 1 for each repeat of the first group)."""
+    tok: dict[tuple[int, str, int], float] = {}
+    for r in results.get("baseline", []):
+        for p in r["points"]:
+            if p["concurrency"] == b:
+                tok[(r["group"], r["variant"], r["repeat"])] = p["output_tok_s"]
+    out: dict[str, dict[int, float]] = {}
+    for (g, v, rep), x in tok.items():
+        van = tok.get((g, "vanilla", rep))
+        if van is None or (v == "vanilla" and g != 0):
+            continue
+        out.setdefault(v, {})[rep] = x / van
+    return out
+
+
+def _ci(xs: list[float]) -> str:
+    m, lo, hi = mean_interval(xs)
+    return f"{m:5.2f} [{lo:5.2f},{hi:5.2f}]" if len(xs) > 1 else f"{m:5.2f} (n=1)     "
+
+
+def regret_of(sp: dict[str, dict[int, float]], variant: str, reps: list[int] | None = None
+              ) -> tuple[float, float, float, str]:
+    """Regret of ``variant`` against the best variant by mean speedup (over ``reps``), mean and 90 %
+    interval over the repeats of 1 - speedup(variant) / speedup(best), and the best's name."""
+    def keep(d: dict[int, float]) -> dict[int, float]:
+        return {r: x for r, x in d.items() if reps is None or r in reps}
+    means = {v: statistics.fmean(keep(d).values()) for v, d in sp.items() if keep(d)}
+    best = max(means, key=lambda v: means[v])
+    common = sorted(set(keep(sp[variant])) & set(keep(sp[best])))
+    m, lo, hi = mean_interval([1 - sp[variant][r] / sp[best][r] for r in common])
+    return m, lo, hi, best
+
+
 def report(results: dict[str, Any]) -> str:
-    """The three tables of the lab note, as plain text (80 columns)."""
+    """Cost, tables and the guidellm judgement, as plain text (80 columns)."""
     lines = []
     bss = results["batch_sizes"]
-    # (a) cost
     d = results.get("dsdprof", {})
-    base = results.get("baseline_servers", {})
-    b_engine = sum(v["start_s"] + v["measured_s"] for v in base.values())
-    b_busy = sum(v["start_s"] + v["busy_s"] for v in base.values())
+    groups = results.get("groups", {})
+    # (a) cost: each baseline server once (vanilla's first group), its share of its group's start wall
+    seen: set[str] = set()
+    b_start = b_meas = b_busy = 0.0
+    for g in groups.values():
+        share = g["starts_wall_s"] / len(g["names"])
+        for name, v in g["servers"].items():
+            if name.startswith("table-") or name in seen:
+                continue
+            seen.add(name)
+            b_start += share
+            b_meas += v["measured_s"]
+            b_busy += v["busy_s"]
     lines.append("(a) cost to reach a table")
     if d:
-        lines.append(f"  dsdprof : sweep wall {d['sweep_wall_s']:7.0f} s (engine starts included), "
-                     f"export {d['export_wall_s']:.0f} s; cells' measured s {d['cells_wall_s']:.0f}")
-    if base:
-        starts = sum(v["start_s"] for v in base.values())
-        meas = sum(v["measured_s"] for v in base.values())
-        lines.append(f"  baseline: {len(base)} servers, starts {starts:.0f} s + guidellm measured "
-                     f"{meas:.0f} s = engine {b_engine:.0f} s; with guidellm's own start-up {b_busy:.0f} s")
-    if d and base:
         dw = d["sweep_wall_s"] + d["export_wall_s"]
-        lines.append(f"  dsdprof / baseline: {dw / b_engine * 100:.0f} % of engine s "
-                     f"({dw / b_busy * 100:.0f} % of the baseline's wall incl. client start-up)")
-    # (b) tables
+        lines.append(f"  dsdprof : sweep {d['sweep_wall_s']:.0f} s (its 2 engine starts included) + export "
+                     f"{d['export_wall_s']:.0f} s = {dw:.0f} s")
+    if seen:
+        lines.append(f"  baseline: {len(seen)} servers: starts {b_start:.0f} s + guidellm measured "
+                     f"{b_meas:.0f} s = {b_start + b_meas:.0f} s")
+        lines.append(f"            with guidellm's own start-up (server held, idle): "
+                     f"{b_start + b_busy:.0f} s")
+        if d:
+            lines.append(f"  dsdprof / baseline: {dw / (b_start + b_meas) * 100:.0f} % "
+                         f"({dw / (b_start + b_busy) * 100:.0f} % of the wall incl. client start-up)")
     tabs = results.get("tables", {})
     if tabs:
         lines.append("(b) the tables: K at BS " + ", ".join(map(str, bss)))
         for name, t in tabs.items():
             lines.append(f"  {name:9s}: " + ", ".join(str(k_at(t, b)) for b in bss))
-    for phase in ("baseline", "judge"):
-        rows = results.get(phase)
-        if not rows:
+        if results.get("baseline_picks_heldout"):
+            held = results["baseline_picks_heldout"]
+            lines.append("  baseline from all repeats but the last: "
+                         + ", ".join(str(held[str(b)]) for b in bss))
+    if not results.get("baseline"):
+        return "\n".join(lines)
+    reps = sorted({r["repeat"] for r in results["baseline"]})
+    lines.append("(c) guidellm: output tok/s over the group's vanilla, mean [90 % CI] over repeats")
+    for b in bss:
+        sp = speedups(results, b)
+        if not sp:
             continue
-        lines.append(f"({'c' if phase == 'judge' else 'b'}) {phase}: output tok/s, mean [90 % CI] over "
-                     f"repeats; ITL ms")
-        for b in bss:
-            per: dict[str, list[ClientPoint | dict]] = {}
-            for r in rows:
-                for p in r["points"]:
-                    if p["concurrency"] == b:
-                        per.setdefault(r["variant"], []).append(p)
-            means = {v: mean_interval([p["output_tok_s"] for p in ps]) for v, ps in per.items()}
-            best = max(means.items(), key=lambda kv: kv[1][0])
-            van = means.get("vanilla")
-            lines.append(f"  BS {b}: best {best[0]} {best[1][0]:.2f}")
-            for v in per:
-                m, lo, hi = means[v]
-                itl = statistics.fmean(p["itl_ms"] for p in per[v])
-                regret = 1 - m / best[1][0]
-                sp = f" x{m / van[0]:.2f} vs vanilla" if van else ""
-                lines.append(f"    {v:10s} {m:7.2f} [{lo:6.2f}, {hi:6.2f}] ITL {itl:6.0f}  regret "
-                             f"{regret * 100:5.1f} %{sp}  (n={len(per[v])})")
+        itl = {r["variant"]: p["itl_ms"] for r in results["baseline"] for p in r["points"]
+               if p["concurrency"] == b and r["group"] == 0 and r["repeat"] == reps[0]}
+        van_tok = [p["output_tok_s"] for r in results["baseline"] for p in r["points"]
+                   if p["concurrency"] == b and r["variant"] == "vanilla" and r["group"] == 0]
+        lines.append(f"  BS {b} (vanilla {statistics.fmean(van_tok):.1f} tok/s)")
+        for v in sorted(sp, key=lambda v: (v != "vanilla", v)):
+            lines.append(f"    {v:14s} x{_ci(list(sp[v].values()))}" +
+                         (f"  ITL {itl[v]:.0f} ms (r{reps[0]})" if v in itl else ""))
+        dk = f"fixed-{k_at(tabs['dsdprof'], b)}" if "dsdprof" in tabs else ""
+        bk = f"fixed-{k_at(tabs['baseline'], b)}" if "baseline" in tabs else ""
+        for name, variant in (("dsdprof", "table-dsdprof"), ("dsdprof", dk), ("baseline", bk)):
+            if variant in sp:
+                m, lo, hi, best = regret_of(sp, variant)
+                lines.append(f"    regret {name:8s} ({variant:13s}): {m * 100:5.1f} % [{lo * 100:5.1f}, "
+                             f"{hi * 100:5.1f}] vs {best}")
+        held = results.get("baseline_picks_heldout", {}).get(str(b))
+        if held is not None and len(reps) > 2:
+            m, _, _, best = regret_of(sp, f"fixed-{held}", reps=[reps[-1]])
+            lines.append(f"    held out: baseline picked on r0..r{reps[-2]} (fixed-{held}), judged on "
+                         f"r{reps[-1]}: {m * 100:.1f} % vs {best}")
     return "\n".join(lines)
-
 
 # --- part 4: both methods' cost projected to a GPU ------------------------------------------------
 
@@ -412,6 +486,36 @@ def projection_text(p: dict[str, Any]) -> str:
     ])
 
 
+def steps_vs_client(out: Path, results: dict[str, Any], phase: str = "baseline") -> list[str]:
+    """Part 3: does the client agree with step goodput on which K is best? dsdprof's sweep rows (each K
+    an arm of the paired design, its tokens/s per user from the step trace) beside guidellm's fixed-K
+    servers of ``phase``: each K's speedup over vanilla on both sides, flagged where the intervals
+    do not overlap (:mod:`dsdprof.report.guidellm_compare`), and the best K by each."""
+    import pandas as pd
+
+    from dsdprof.report.guidellm_compare import client_beside_steps, client_lines
+
+    run = out / "dsdprof-run"
+    files = sorted(run.rglob("*.parquet"))
+    if not files or not results.get(phase):
+        return []
+    rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    rows.loc[rows["mode"] == "dsd", "mode"] = "fixed"  # a sweep's K arm stands for a server held at K
+    client: dict[str, list[list[ClientPoint]]] = {}
+    for r in results[phase]:
+        if (r["variant"] == "vanilla" and r.get("group", 0) == 0) or r["variant"].startswith("fixed-"):
+            client.setdefault(r["variant"], []).append([ClientPoint(**p) for p in r["points"]])
+    cmp = client_beside_steps(rows, client)
+    lines = ["step trace (dsdprof's sweep, K arms) vs guidellm (fixed-K servers, " + phase + ")"]
+    lines += client_lines(cmp)
+    for b in sorted({c.batch_size for c in cmp}):
+        at = [c for c in cmp if c.batch_size == b and c.variant != "vanilla"]
+        bs = max(at, key=lambda c: c.steps_tops)
+        bc = max(at, key=lambda c: c.client_tok_s)
+        lines.append(f"  BS {b}: best by step goodput {bs.variant}, by guidellm tok/s {bc.variant}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", type=Path, default=ROOT / "sweeps" / "toy-dense-cpu.toml")
@@ -420,7 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ks", default="0,1,2,3,4")
     ap.add_argument("--waves", type=int, default=10, help="dsdprof sweep: paired waves per batch size")
     ap.add_argument("--repeats", type=int, default=3, help="baseline: guidellm repeats per server")
-    ap.add_argument("--judge-repeats", type=int, default=2)
+    ap.add_argument("--groups", default="vanilla,fixed-1,fixed-2,fixed-0;"
+                                        "vanilla,fixed-3,fixed-4,table-dsdprof",
+                    help="servers alive together, ';' between groups (memory: ~4.3 GB per toy server)")
     ap.add_argument("--requests", default="4,8,16", help="guidellm min_requests per batch size")
     ap.add_argument("--port", type=int, default=8101)
     ap.add_argument("--report", action="store_true", help="print the tables of OUT/results.json and exit")
@@ -436,7 +542,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--out is required")
     out = a.out.resolve()
     if a.report:
-        print(report(json.loads((out / "results.json").read_text())))
+        res = json.loads((out / "results.json").read_text())
+        print(report(res))
+        print("\n".join(steps_vs_client(out, res)))
         return 0
     bss = [int(x) for x in a.batch_sizes.split(",")]
     ks = [int(x) for x in a.ks.split(",")]
@@ -460,39 +568,46 @@ def main(argv: list[str] | None = None) -> int:
         tables["dsdprof"] = dsdprof_phase(spec_path, out, results)
         _log(f"dsdprof table K at {bss}: {[k_at(tables['dsdprof'], b) for b in bss]}; "
              f"sweep {results['dsdprof']['sweep_wall_s']:.0f} s")
-    # 2. baseline
-    servers: list[Server] = []
+    # 2. baseline (+ the judge's dsdprof table server), in groups of servers alive together: a
+    # server here holds ~4.3 GB (API process, engine core, worker with a 1 GiB KV cache), so a
+    # 24 GB host holds four; vanilla in every group anchors the speedups (drift cancels within a
+    # group, where the repeats interleave)
+    groups = [g.split(",") for g in a.groups.split(";")]
     port = a.port
+    servers: list[Server] = []
     try:
-        servers.append(make_server("vanilla", None, spec, port, out))
-        for k in ks:
-            port += 1
-            table = fixed_table(k, model, draft, method, max(bss))
-            servers.append(make_server(f"fixed-{k}", table, spec, port, out))
-        _log("phase 2: baseline servers " + ", ".join(s.name for s in servers))
-        start_all(servers)
-        measure_round(servers, "baseline", a.repeats, bss, reqs, spec, out, results)
-        results["baseline_servers"] = {s.name: {"start_s": s.start_s, "busy_s": s.busy_s,
-                                                "measured_s": s.measured_s} for s in servers}
-        picks = {}
-        for b in bss:
-            samples = {k: [p["output_tok_s"] for r in results["baseline"] if r["variant"] == f"fixed-{k}"
-                           for p in r["points"] if p["concurrency"] == b] for k in ks}
-            picks[b] = tuner_pick(samples)
-        tables["baseline"] = table_from_picks(picks, model, draft, method)
-        _log(f"baseline table (PR 49163 tuner) K at {bss}: {[picks[b] for b in bss]}")
-        save(out, results)
-        # 3. judge
-        judged = []
-        for name in ("dsdprof", "baseline"):
-            if name in tables:
+        for gi, names in enumerate(groups):
+            servers = []
+            for name in names:
                 port += 1
-                judged.append(make_server(f"table-{name}", tables[name], spec, port, out))
-        start_all(judged)
-        results["judge_servers"] = {s.name: {"start_s": s.start_s} for s in judged}
-        servers += judged
-        _log("phase 3: judge " + ", ".join(s.name for s in servers))
-        measure_round(servers, "judge", a.judge_repeats, bss, reqs, spec, out, results)
+                if name == "vanilla":
+                    table = None
+                elif name.startswith("fixed-"):
+                    table = fixed_table(int(name.removeprefix("fixed-")), model, draft, method, max(bss))
+                else:
+                    table = tables[name.removeprefix("table-")]
+                servers.append(make_server(name, table, spec, port, out))
+            if all((gi, s.name, r) in {(x.get("group", 0), x["variant"], x["repeat"])
+                                       for x in results.get("baseline", [])}
+                   for s in servers for r in range(a.repeats)):
+                continue
+            _log(f"phase 2, group {gi}: " + ", ".join(names))
+            wall = start_all(servers, at_once=len(servers))
+            measure_round(servers, "baseline", a.repeats, bss, reqs, spec, out, results, group=gi)
+            for s in servers:
+                s.stop()
+            results.setdefault("groups", {})[str(gi)] = {
+                "names": names, "starts_wall_s": wall,
+                "servers": {s.name: {"start_s": s.start_s, "busy_s": s.busy_s, "measured_s": s.measured_s}
+                            for s in servers}}
+            save(out, results)
+        picks = tune(results, bss, ks)
+        held = tune(results, bss, ks, repeats=range(a.repeats - 1)) if a.repeats > 2 else picks
+        tables["baseline"] = table_from_picks(picks, model, draft, method)
+        results["baseline_picks"] = {str(b): k for b, k in picks.items()}
+        results["baseline_picks_heldout"] = {str(b): k for b, k in held.items()}
+        _log(f"baseline table (PR 49163 tuner) K at {bss}: {[picks[b] for b in bss]}; "
+             f"from repeats 0..{a.repeats - 2}: {[held[b] for b in bss]}")
     finally:
         for s in servers:
             s.stop()

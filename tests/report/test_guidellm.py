@@ -178,3 +178,92 @@ def test_gpu_projection_matches_the_noise_note():
     slow_start = b.project_gpu(start_s=300.0)
     assert slow_start["ratio_tuner"] > p["ratio_tuner"] * 0.9  # starts weigh on both sides
     assert copy.deepcopy(p) == p
+
+
+def _report_scaled(tmp_path: Path, name: str, factor: float) -> Path:
+    """The real fixture with its throughput scaled (a variant measured ``factor`` times as fast)."""
+    doc = _doc()
+    doc["benchmarks"][0]["metrics"]["output_tokens_per_second"]["total"]["mean"] *= factor
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _validate_run(tmp_path: Path) -> Path:
+    from dsdprof.formats.measurements import empty_row
+    from dsdprof.io.store import SweepWriter
+
+    run = tmp_path / "validate-run"
+    doc = {"engine": {}, "sweep": {}, "validate": {"table": "t.json", "fixed_ks": [3]}}
+    with SweepWriter(run, doc) as w:
+        w.start({"engine": "vllm", "hardware": "cpu"})
+        for r, jitter in enumerate((1.0, 1.02, 0.98)):
+            for mode, k, al, itl in (("vanilla", 0, 1.0, 0.10), ("fixed", 3, 2.8, 0.14),
+                                     ("dsd", 3, 2.8, 0.14)):
+                row = empty_row()
+                row.update(cell_id=f"{mode}-bs4-k{k}-r{r}", mode=mode, batch_size=4, num_spec_tokens=k,
+                           repeat=r, status="ok", acceptance_length=al, itl_s=itl * jitter,
+                           tokens_per_s_per_user=al / (itl * jitter))
+                w.write_row(row)
+    return run
+
+
+@pytest.mark.slow  # ~3 s
+def test_validate_report_shows_guidellm_beside_the_step_trace(tmp_path):
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    run = _validate_run(tmp_path)
+    args = ["validate-report", str(run)]
+    for r, f in enumerate((1.0, 1.01, 0.99)):
+        args += ["--guidellm", f"vanilla={_report_scaled(tmp_path, f'v{r}', f)}",
+                 "--guidellm", f"fixed-3={_report_scaled(tmp_path, f'k{r}', 2.0 * f)}",  # the steps say 2x
+                 "--guidellm", f"dsd={_report_scaled(tmp_path, f'd{r}', 1.2 * f)}"]  # guidellm: only 1.2x
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "guidellm beside the step trace" in res.output
+    assert "flag: BS 4 dsd" in res.output
+    assert "flag: BS 4 fixed-3" not in res.output
+    bad = CliRunner().invoke(app, ["validate-report", str(run), "--guidellm", "fixed=x.json"])
+    assert bad.exit_code == 2
+    assert bad.stderr.strip().count("\n") == 0 and "--guidellm" in bad.stderr
+
+
+def test_bench_report_speedups_regret_and_cost():
+    """The bench's judgement from guidellm rows: speedups over the same group's vanilla, regret of a
+    table against the best variant, the baseline's cost counted once per server."""
+    b = _bench()
+
+    def row(group, variant, rep, tok):
+        return {"group": group, "variant": variant, "repeat": rep,
+                "points": [{"concurrency": 4, "output_tok_s": tok, "itl_ms": 100.0}]}
+
+    base = []
+    for rep in range(3):
+        drift = 1 + 0.1 * rep  # every server of a repeat drifts alike: the speedups do not
+        base += [row(0, "vanilla", rep, 10 * drift), row(0, "fixed-2", rep, 20 * drift),
+                 row(1, "vanilla", rep, 12 * drift), row(1, "fixed-3", rep, 18 * drift),
+                 row(1, "table-dsdprof", rep, 24 * drift)]
+    tables = {"dsdprof": b.fixed_table(2, "m", "d", "draft_model", 16),
+              "baseline": b.fixed_table(3, "m", "d", "draft_model", 16)}
+    res = {"batch_sizes": [4], "baseline": base, "tables": tables,
+           "dsdprof": {"sweep_wall_s": 100.0, "export_wall_s": 10.0},
+           "groups": {"0": {"names": ["vanilla", "fixed-2"], "starts_wall_s": 100.0,
+                            "servers": {"vanilla": {"measured_s": 50.0, "busy_s": 80.0},
+                                        "fixed-2": {"measured_s": 50.0, "busy_s": 80.0}}},
+                      "1": {"names": ["vanilla", "fixed-3", "table-dsdprof"], "starts_wall_s": 150.0,
+                            "servers": {"vanilla": {"measured_s": 50.0, "busy_s": 80.0},
+                                        "fixed-3": {"measured_s": 50.0, "busy_s": 80.0},
+                                        "table-dsdprof": {"measured_s": 50.0, "busy_s": 80.0}}}}}
+    sp = b.speedups(res, 4)
+    assert sp["fixed-2"] == pytest.approx({0: 2.0, 1: 2.0, 2: 2.0})
+    assert sp["fixed-3"] == pytest.approx({0: 1.5, 1: 1.5, 2: 1.5})
+    m, lo, hi, best = b.regret_of(sp, "fixed-3")
+    assert best == "fixed-2" and m == pytest.approx(0.25) and lo == pytest.approx(0.25)
+    text = b.report(res)
+    # baseline: vanilla once + fixed-2 (group 0: 2 x 50 s of starts) + fixed-3 (150 / 3) + 3 x 50 measured
+    assert "starts 150 s + guidellm measured 150 s = 300 s" in text
+    assert "dsdprof / baseline: 37 %" in text
+    assert "regret baseline (fixed-3" in text and "25.0 %" in text
+    assert all(len(line) <= 80 for line in text.splitlines())
