@@ -22,7 +22,8 @@ CHROMIUM = next((p for p in (os.environ.get("DSDPROF_CHROMIUM"), shutil.which("c
 # goes nowhere: whatever the page asked for beyond itself would fail, and is counted below
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
+         "--disable-extensions", "--disable-dev-shm-usage", "--disable-default-apps", "--mute-audio",
+         "--hide-scrollbars",
          "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>", "--remote-debugging-pipe")
 
 

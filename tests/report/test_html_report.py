@@ -2,8 +2,8 @@
 notebook's vLLM sweep and validate run, a lab rollout, analytic-engine sweeps) and from runs made
 broken or partial from them; then each page opened in headless Chromium with the network blocked
 (tests/report/html_browser.py): no console error, every panel drawn and not blank, the served
-table's K per range equal to ``export``'s, a screenshot saved (``$DSDPROF_ARTEFACTS``, else the
-test's tmp dir). Without Chromium the browser test skips, saying how to install it."""
+table's K per range equal to ``export``'s, a screenshot saved (``$DSDPROF_ARTEFACTS``, else
+``build/report-screenshots/``). Without Chromium the browser test skips, saying how to install it."""
 
 from __future__ import annotations
 
@@ -239,7 +239,8 @@ def test_the_command_writes_the_page_and_refuses_bad_input_in_one_line(runs, tmp
         assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output, res.output
         assert res.stderr.strip().count("\n") == 0
 
-ARTEFACTS = os.environ.get("DSDPROF_ARTEFACTS")  # where the screenshots go (CI keeps them)
+# where the screenshots go, kept after the run: $DSDPROF_ARTEFACTS, else build/report-screenshots (git-ignored)
+ARTEFACTS = Path(os.environ.get("DSDPROF_ARTEFACTS") or ROOT / "build" / "report-screenshots")
 
 
 @pytest.fixture(scope="module")
@@ -255,8 +256,8 @@ def browser():
                     "(Debian; `make test` tries it) or set DSDPROF_CHROMIUM to a Chromium binary")
 @pytest.mark.slow  # a browser start and seven pages: ~16 s at load 11 on 2 cores (docs/lab/html-report-*)
 @pytest.mark.parametrize("name", ["sweep", "partial", "single", "broken", "validate", "rollout", "ctx"])
-def test_the_report_in_headless_chromium(browser, pages, exported, name, tmp_path):
-    shots = Path(ARTEFACTS) if ARTEFACTS else tmp_path
+def test_the_report_in_headless_chromium(browser, pages, exported, name):
+    shots = ARTEFACTS
     shots.mkdir(parents=True, exist_ok=True)
     st = open_report(browser, pages[name], shots / f"report-{name}.png")
     assert st["errors"] == [], st["errors"]  # no console error, no exception
