@@ -239,7 +239,7 @@ def test_the_command_writes_the_page_and_refuses_bad_input_in_one_line(runs, tmp
         assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output, res.output
         assert res.stderr.strip().count("\n") == 0
 
-# where the screenshots go, kept after the run: $DSDPROF_ARTEFACTS, else build/report-screenshots (git-ignored)
+# where the screenshots go (kept): $DSDPROF_ARTEFACTS, else build/report-screenshots (git-ignored)
 ARTEFACTS = Path(os.environ.get("DSDPROF_ARTEFACTS") or ROOT / "build" / "report-screenshots")
 
 
