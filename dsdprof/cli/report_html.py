@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from dsdprof.cli.common import guarded, make_console
+from dsdprof.cli.common import fail, guarded, make_console
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 
 console = make_console()
@@ -32,7 +32,11 @@ def _report(
     from dsdprof.io.atomic import check_output_path, write_bytes_atomic
     from dsdprof.report.html import build_report, render_html
 
+    if not 0 <= tolerance < 1:  # bad input is one line before any work, as analyze and export say it
+        raise fail(f"--tolerance={tolerance!r}: must be in [0, 1)")
     check_output_path(output, force, field="--output")
+    if not output.resolve().parent.is_dir():
+        raise fail(f"--output={str(output)!r}: no directory {str(output.resolve().parent)!r} to write it in")
     page = render_html(build_report(run, tolerance=tolerance, allow_mixed=allow_mixed))
     write_bytes_atomic(output, page.encode("utf-8"))
     console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)

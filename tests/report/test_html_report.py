@@ -234,7 +234,10 @@ def test_the_command_writes_the_page_and_refuses_bad_input_in_one_line(runs, tmp
     assert res.exit_code == 0 and f"wrote {out}" in res.stdout
     assert out.read_text().startswith("<!DOCTYPE html>")
     for args, words in (([str(runs["single"]), "-o", str(out)], "exists"),
-                        ([str(tmp_path / "nope"), "-o", str(tmp_path / "x.html")], "no such file")):
+                        ([str(tmp_path / "nope"), "-o", str(tmp_path / "x.html")], "no such file"),
+                        ([str(runs["single"]), "-o", str(tmp_path / "no" / "x.html")], "no directory"),
+                        ([str(runs["single"]), "-o", str(tmp_path / "x.html"), "--tolerance", "2"],
+                         "--tolerance=2.0: must be in [0, 1)")):
         res = CliRunner().invoke(app, ["report", *args])
         assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output, res.output
         assert res.stderr.strip().count("\n") == 0
