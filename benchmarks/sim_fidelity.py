@@ -18,11 +18,14 @@ unscored points with the reason. The numbers are quoted in docs/sim.md.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from dsdprof.measure.sim import fidelity as fid
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+
 from dsdprof.measure.sim.hardware import HARDWARE, OVERLAP_STEP_OVERHEAD_S
+from tests.support import fidelity as fid
 
 
 def main(path: str) -> None:

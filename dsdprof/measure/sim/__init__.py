@@ -8,8 +8,8 @@ Modules: :mod:`~dsdprof.measure.sim.catalog` (models), :mod:`~dsdprof.measure.si
 (the step model, one function per term), :mod:`~dsdprof.measure.sim.acceptance`,
 :mod:`~dsdprof.measure.sim.config` (the ``[sim]`` section), :mod:`~dsdprof.measure.sim.engine`
 (``SimEngine``), :mod:`~dsdprof.measure.sim.calibrate` (+ :mod:`~dsdprof.measure.sim.fit`, the
-bounded fit) and :mod:`~dsdprof.measure.sim.probe`; :mod:`~dsdprof.measure.sim.fidelity` fits the
-priors to published GPU step times (``benchmarks/fidelity_points.toml``) and measures the
-whole-source-held-out and leave-one-out errors. Importing this package imports nothing heavy (no
-pandas, scipy, torch, typer).
+bounded fit) and :mod:`~dsdprof.measure.sim.probe`; ``tests/support/fidelity.py`` (used by
+``benchmarks/sim_fidelity.py`` and its test) fits the priors to published GPU step times
+(``benchmarks/fidelity_points.toml``) and measures the whole-source-held-out and leave-one-out
+errors. Importing this package imports nothing heavy (no pandas, scipy, torch, typer).
 """

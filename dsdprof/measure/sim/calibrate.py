@@ -8,9 +8,7 @@ pandas is imported by callers only (this module takes numpy arrays and DataFrame
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -100,18 +98,6 @@ def _speculative(df: Any) -> np.ndarray:
 
 def design_for(ct: CalibrationTarget, df: Any) -> Design:
     return design(ct, df["batch_size"].to_numpy(), df["num_spec_tokens"].to_numpy(), _speculative(df))
-
-
-def read_sweep_context(path: str | Path) -> int | None:
-    """Mean decode context of a sweep directory: input_len + output_len / 2 from ``_sweep.json``."""
-    meta = Path(path) / "_sweep.json"
-    if not meta.is_file():
-        return None
-    try:
-        spec = json.loads(meta.read_text()).get("spec", {})
-        return int(spec["workload"]["input_len"]) + int(spec["sweep"]["output_len"]) // 2
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def calibrated_hardware(base: Hardware, eff: Efficiency, name: str | None = None) -> Hardware:

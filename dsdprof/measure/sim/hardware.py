@@ -112,7 +112,7 @@ class Hardware:
 # the published points of benchmarks/fidelity_points.toml (python benchmarks/sim_fidelity.py): the
 # fixed costs are shared by all GPUs (Efficiency() defaults, allreduce_latency_s); the bandwidth
 # efficiency is per GPU where the suite has points (a log multiplier on the shared value, pulled
-# towards it; dsdprof/measure/sim/fidelity.py): H100 SXM (22 scored points: Llama-3.1-8B incl. two EAGLE
+# towards it; tests/support/fidelity.py): H100 SXM (22 scored points: Llama-3.1-8B incl. two EAGLE
 # sweeps, Llama-3.3-70B FP8 TP 2, Llama-3-70B TP 4, Mixtral TP 2, Qwen3-30B-A3B TP 2, gpt-oss-20b),
 # MI300X (16: Llama-3.1-70B/405B FP8 TP 8, BS 1-128), H200 SXM (10: DeepSeek-V3/R1 FP8 TP 8, vLLM nightly),
 # A100 80GB (3), A100 40GB (1), H20 (1). The per-GPU compute efficiency multipliers the fit also

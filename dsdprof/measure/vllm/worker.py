@@ -220,14 +220,6 @@ class CellRun:
                        **blocks(trace))
 
 
-def run_cell(llm, pool: list[list[int]], req: CellRequest, output_lens: list[int] | None = None,
-             run_token: str = "", trace_dir: str = ""):
-    """A whole cell at once: :class:`CellRun` over every measured wave."""
-    run = CellRun(llm, pool, req, output_lens, run_token, trace_dir)
-    run.run_waves(0, req.waves)
-    return run.finish()
-
-
 def serve_request(llm, pool: list[list[int]], req: CellRequest, open_run: CellRun | None,
                   output_lens: list[int] | None, run_token: str, trace_dir: str):
     """(result, the run left open): ``req.span`` (start, stop) runs those measured waves of a cell

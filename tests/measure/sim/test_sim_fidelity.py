@@ -11,11 +11,11 @@ import pytest
 
 from dsdprof.config.spec import parse_spec
 from dsdprof.errors import InputError
-from dsdprof.measure.sim import fidelity as fid
 from dsdprof.measure.sim.catalog import MODELS
 from dsdprof.measure.sim.config import resolve
 from dsdprof.measure.sim.hardware import HARDWARE, OVERLAP_STEP_OVERHEAD_S, PRIOR_FROM
 from dsdprof.measure.sim.model import METHOD_OVERHEAD, arch_features
+from tests.support import fidelity as fid
 
 # Achieved (53 points, 17 sources): leave-one-source-out 9.4 %, leave-one-out 6.2 %. Issue 36's goal
 # for the whole-source figure is 10 %; each bound is what the model reaches plus ~0.5 point (within

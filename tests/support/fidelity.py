@@ -51,7 +51,7 @@ from dsdprof.measure.sim.model import (
     step_parts,
 )
 
-POINTS_FILE = Path(__file__).resolve().parents[3] / "benchmarks" / "fidelity_points.toml"
+POINTS_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity_points.toml"
 PARAMS = ("bandwidth", "layer_overhead_s", "moe_layer_overhead_s", "expert_overhead_s", "allreduce_latency_s",
           "step_overhead_s", "dsd_overhead_s", "draft_step_overhead_s", "mla_layer_overhead_s",
           "token_overhead_s")
