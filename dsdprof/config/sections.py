@@ -36,6 +36,16 @@ VLLM_DATASET_NAMES = {"random": "synthetic", "sonnet": None, "burstgpt": None, "
                       "prefix_repetition": None, "random-mm": None, "random-rerank": None}
 
 
+def _sorted_distinct(v: list[int], lo: int, hi: int, label: str, plural: str) -> list[int]:
+    """``v`` sorted, once each, every value in ``lo..hi``; else the ValueError naming it (``label``)."""
+    for x in v:
+        if not lo <= x <= hi:
+            raise ValueError(f"{label.format(x)} must be in {lo}..{hi}")
+    if len(set(v)) != len(v):
+        raise ValueError(f"duplicate {plural}")
+    return sorted(v)
+
+
 def _without_unset(model: Any, data: dict[str, Any], name: str) -> dict[str, Any]:
     """``data`` (a model's dump) without ``name`` when the model leaves it None: an optional key added
     later then dumps (and hashes) a spec without it as before."""
@@ -177,36 +187,21 @@ class SweepGrid(_Strict):
             raise ValueError("must not be empty (leave it out to measure at workload.input_len)")
         if len(v) > MAX_CONTEXTS:
             raise ValueError(f"{len(v)} contexts; at most {MAX_CONTEXTS}")
-        for c in v:
-            if not 1 <= c <= MAX_CONTEXT_LEN:
-                raise ValueError(f"context {c} must be in 1..{MAX_CONTEXT_LEN}")
-        if len(set(v)) != len(v):
-            raise ValueError("duplicate contexts")
-        return sorted(v)
+        return _sorted_distinct(v, 1, MAX_CONTEXT_LEN, "context {}", "contexts")
 
     @field_validator("batch_sizes")
     @classmethod
     def _bs(cls, v: list[int]) -> list[int]:
         if not v:
             raise ValueError("must not be empty")
-        for b in v:
-            if not 1 <= b <= MAX_SWEEP_BATCH_SIZE:
-                raise ValueError(f"batch size {b} must be in 1..{MAX_SWEEP_BATCH_SIZE}")
-        if len(set(v)) != len(v):
-            raise ValueError("duplicate batch sizes")
-        return sorted(v)
+        return _sorted_distinct(v, 1, MAX_SWEEP_BATCH_SIZE, "batch size {}", "batch sizes")
 
     @field_validator("num_spec_tokens")
     @classmethod
     def _ks(cls, v: list[int]) -> list[int]:
         if not v:
             raise ValueError("must not be empty")
-        for k in v:
-            if k < 0 or k > MAX_SPEC_TOKENS:
-                raise ValueError(f"K={k} must be in 0..{MAX_SPEC_TOKENS}")
-        if len(set(v)) != len(v):
-            raise ValueError("duplicate K values")
-        return sorted(v)
+        return _sorted_distinct(v, 0, MAX_SPEC_TOKENS, "K={}", "K values")
 
     @model_validator(mode="after")
     def _fits(self) -> SweepGrid:
