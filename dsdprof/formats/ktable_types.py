@@ -69,20 +69,25 @@ class VanillaRecord(_VanillaKeys, total=False):
     k: int
 
 
+class _Served(TypedDict, total=False):
+    """What a table and each of its context slices both hold (besides ``ranges``)."""
+
+    num_speculative_tokens: int
+    points: list[TablePoint]
+    cells: list[TableCell]  # v2, v3
+    acceptance_per_pos: list[float] | None  # v2, v3
+    vanilla_faster: list[VanillaRecord]
+
+
 class _SliceKeys(TypedDict):
     max_context: int
     ranges: list[list[int]]
 
 
-class ContextSlice(_SliceKeys, total=False):
+class ContextSlice(_SliceKeys, _Served, total=False):
     """``contexts[i]`` (v3): the v2 keys of the table profiled at ``context_len``."""
 
     context_len: int
-    num_speculative_tokens: int
-    points: list[TablePoint]
-    cells: list[TableCell]
-    acceptance_per_pos: list[float]
-    vanilla_faster: list[VanillaRecord]
     partial: str
 
 
@@ -91,18 +96,13 @@ class _TableKeys(TypedDict):
     ranges: list[list[int]]
 
 
-class KTable(_TableKeys, total=False):
+class KTable(_TableKeys, _Served, total=False):
     """A K table, any version (``schema``)."""
 
-    num_speculative_tokens: int
     interpolation: str
     tolerance: float
     shape: str
-    points: list[TablePoint]
-    cells: list[TableCell]  # v2, v3
-    acceptance_per_pos: list[float] | None  # v2, v3
     provenance: dict[str, Any]
-    vanilla_faster: list[VanillaRecord]
     default_context: int  # v3
     context_interpolation: str  # v3
     contexts: list[ContextSlice]  # v3
