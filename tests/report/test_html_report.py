@@ -136,12 +136,11 @@ def test_every_number_is_traceable_to_its_row(pages, runs):
     """Each heatmap cell prints its goodput, carries interval and samples on hover, and links to its
     row in the cells table, whose numbers are the analysis' own."""
     from dsdprof.config.defaults import DEFAULT_TOLERANCE
-    from dsdprof.report.html.build import analysis_of, open_once
+    from dsdprof.report.html.build import analysis_of
     from dsdprof.report.html.model import num
-    from dsdprof.report.html.sweep import frame
 
     html = pages["sweep"].read_text()
-    cells = frame(analysis_of(runs["sweep"], open_once(runs["sweep"]), DEFAULT_TOLERANCE, False).cells)
+    cells = analysis_of(runs["sweep"], DEFAULT_TOLERANCE, False).cells
     hm = re.findall(r'<td class="hm[^"]*" title="([^"]+)" style="[^"]+" data-bs="(\d+)" data-k="(\w+)" '
                     r'data-goodput="([^"]+)"><a href="#(cell-b\d+-k\w+)">([^<]+)</a>', html)
     assert len(hm) == len(cells) + cells["batch_size"].nunique()  # every K and vanilla at each batch size

@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
+from dsdprof.config.run import Run
+from dsdprof.decide.analysis import Analysis
+from dsdprof.decide.context import ContextAnalysis
 from dsdprof.errors import InputError
 from dsdprof.report.html.model import Answer, Panel, Report, provenance_items
 from dsdprof.report.html.sweep import (
     answer_from_export,
     coverage_panel,
-    frame,
+    records,
     rows_panel,
     sweep_panels,
 )
@@ -30,40 +33,29 @@ def _title(prov: dict[str, Any]) -> str:
     return provenance_line(prov) or "dsdprof run"
 
 
-def _opener() -> tuple[Any, bool]:
-    """:func:`dsdprof.io.runs.open_run`, and whether it checks a run for a command when opening it
-    (else ``analyze_path`` and ``export_document`` check the run they are given)."""
-    import inspect
-
+def open_once(path: Path) -> Run:
+    """The run at ``path`` as it is (:func:`dsdprof.io.runs.open_run` for no command): nothing
+    refused but unreadable files, so a mixed or validate run still gets a page."""
     from dsdprof.io.runs import open_run
 
-    return open_run, "command" in inspect.signature(open_run).parameters
+    return open_run(path)
 
 
-def open_once(path: Path) -> Any:
-    """The run at ``path`` as it is (:func:`dsdprof.io.runs.open_run`): nothing refused but
-    unreadable files, so a mixed or validate run still gets a page."""
-    open_run, checks = _opener()
-    return open_run(path, "") if checks else open_run(path)
-
-
-def analysis_of(path: Path, run: Any, tolerance: float, allow_mixed: bool, by_context: bool = False) -> Any:
-    """``analyze``'s analysis of the run at ``path`` (``run``: it opened as it is), with ``analyze``'s
-    own refusals (a validate run, mixed provenance or specs unless ``allow_mixed``): InputError."""
+def analysis_of(path: Path, tolerance: float, allow_mixed: bool) -> Analysis:
+    """``analyze``'s analysis of the run at ``path``, opened as ``dsdprof analyze`` opens it, with its
+    refusals (a validate run, mixed provenance or specs unless ``allow_mixed``): InputError."""
     from dsdprof.decide.analysis import analyze_path
+    from dsdprof.io.runs import open_run
+
+    return analyze_path(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
+
+
+def context_analysis_of(path: Path, tolerance: float, allow_mixed: bool) -> ContextAnalysis | None:
+    """:func:`analysis_of` for a context sweep: one analysis per context slice."""
     from dsdprof.decide.context import analyze_contexts_path
+    from dsdprof.io.runs import open_run
 
-    analyse = analyze_contexts_path if by_context else analyze_path
-    open_run, checks = _opener()
-    if checks:  # opened again as `dsdprof analyze` opens it
-        return analyse(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
-    return analyse(run, tolerance=tolerance, allow_mixed=allow_mixed)
-
-
-def run_provenance(run: Any) -> dict[str, Any]:
-    """The provenance an analysis of ``run`` records (stored, else the rows', mixed as ``A | B``)."""
-    legacy = getattr(run, "run_provenance", None)
-    return dict(legacy() if callable(legacy) else run.provenance)
+    return analyze_contexts_path(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
 
 
 def _rollout_file(path: Path) -> bool:
@@ -105,7 +97,7 @@ def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_m
         report.kind = "unreadable"
         report.answer = Answer(missing=[f"the run could not be read: {err}"])
         return report
-    prov = run_provenance(run)
+    prov = dict(run.provenance)
     report.title = _title(prov)
     if run.kind == "validate":
         return _validate(report, run, prov)
@@ -116,25 +108,19 @@ def _missing_panel(pid: str, title: str, why: str) -> Panel:
     return Panel(pid, title, missing=[why])
 
 
-def _sweep(report: Report, path: Path, run: Any, tolerance: float, allow_mixed: bool) -> Report:
+def _sweep(report: Report, path: Path, run: Run, tolerance: float, allow_mixed: bool) -> Report:
     report.answer = answer_from_export(path, tolerance, allow_mixed)
-    try:
-        contexts = run.contexts
-    except InputError as err:
-        report.panels.append(_missing_panel("analysis", "Analysis", f"the rows could not be analysed: {err}"))
-        return report
-    if contexts is not None:
+    if run.contexts is not None:
         return _contexts(report, path, run, tolerance, allow_mixed)
     try:
-        analysis = analysis_of(path, run, tolerance, allow_mixed)
+        analysis = analysis_of(path, tolerance, allow_mixed)
     except InputError as err:
         report.panels.append(_missing_panel("analysis", "Analysis", f"analyze refuses these rows: {err}"))
-        report.panels.append(coverage_panel(_coverage(run), run.rows))
+        report.panels.append(coverage_panel(run.coverage, run.rows))
         return report
     from dsdprof.report.html.sweep import sweep_headline
 
-    report.answer.headline = sweep_headline(frame(analysis.optimal).to_dict(orient="records"),
-                                            report.answer.ranges)
+    report.answer.headline = sweep_headline(analysis.decisions, report.answer.ranges)
     ks = ", ".join(map(str, analysis.candidate_ks))
     report.subtitle = (f"{len(analysis.points)} batch size(s), K {ks}; "
                        f"tolerance {analysis.tolerance:g}, confidence {analysis.confidence:.0%}; "
@@ -143,23 +129,15 @@ def _sweep(report: Report, path: Path, run: Any, tolerance: float, allow_mixed: 
     if len(analysis.points) == 1:
         report.panels[0].missing.append("one batch size only: the table serves its K at every batch size; "
                                         "nothing says where K should change")
-    report.panels.append(coverage_panel(analysis.coverage or _coverage(run), run.rows))
-    report.panels.append(rows_panel(frame(analysis.cells).to_dict(orient="records"),
-                                    frame(analysis.baseline).to_dict(orient="records")))
+    report.panels.append(coverage_panel(analysis.coverage or run.coverage, run.rows))
+    report.panels.append(rows_panel(records(analysis.cells), records(analysis.baseline)))
     return report
 
 
-def _coverage(run: Any) -> Any:
-    try:
-        return run.coverage
-    except Exception:  # noqa: BLE001 - rows too broken for a coverage: the page says so elsewhere
-        return None
-
-
-def _contexts(report: Report, path: Path, run: Any, tolerance: float, allow_mixed: bool) -> Report:
+def _contexts(report: Report, path: Path, run: Run, tolerance: float, allow_mixed: bool) -> Report:
     report.kind = "context sweep"
     try:
-        by_context = analysis_of(path, run, tolerance, allow_mixed, by_context=True)
+        by_context = context_analysis_of(path, tolerance, allow_mixed)
     except InputError as err:
         report.panels.append(_missing_panel("contexts", "Context slices",
                                             f"analyze refuses these rows: {err}"))
@@ -172,11 +150,11 @@ def _contexts(report: Report, path: Path, run: Any, tolerance: float, allow_mixe
         return report
     report.subtitle = f"context sweep: contexts {', '.join(map(str, by_context.contexts))}"
     report.panels += context_panels(by_context)
-    report.panels.append(coverage_panel(_coverage(run), run.rows))
+    report.panels.append(coverage_panel(run.coverage, run.rows))
     return report
 
 
-def _validate(report: Report, run: Any, prov: dict[str, Any]) -> Report:
+def _validate(report: Report, run: Run, prov: dict[str, Any]) -> Report:
     from dsdprof.report.html.panels import validate_panels
 
     report.kind = "validate"

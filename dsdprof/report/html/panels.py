@@ -10,7 +10,7 @@ from typing import Any
 
 from dsdprof.report.html.model import Cell, Panel, TableData, finite, interval, num
 from dsdprof.report.html.svg import Mark, Series, xy_chart
-from dsdprof.report.html.sweep import frame, heatmap_panel
+from dsdprof.report.html.sweep import heatmap_panel, records
 
 
 def _ci(r: Any, col: str) -> str:
@@ -201,16 +201,15 @@ def context_panels(by_context: Any) -> list[Panel]:
     """A context sweep: K* against batch size per context, and a goodput heatmap per context."""
     p = Panel("contexts", "K* against batch size, per context",
               "One line per context (prompt tokens) the sweep measured; hollow: not decided.")
-    opts = {c: frame(a.optimal).to_dict(orient="records") for c, a in by_context.slices.items()}
-    bss = sorted({int(r["batch_size"]) for o in opts.values() for r in o})
+    opts = {c: a.decisions for c, a in by_context.slices.items()}
+    bss = sorted({r.batch_size for o in opts.values() for r in o})
     series = []
     for c, o in opts.items():
         s = Series(f"ctx {c}")
         for r in o:
-            s.marks.append(Mark(bss.index(int(r["batch_size"])), float(r["k"]),
-                                f"context {c}, BS {r['batch_size']}: K*={r['k']} "
-                                f"({'decided' if r.get('decided') else 'not decided'})",
-                                filled=bool(r.get("decided"))))
+            s.marks.append(Mark(bss.index(r.batch_size), float(r.k),
+                                f"context {c}, BS {r.batch_size}: K*={r.k} "
+                                f"({'decided' if r.decided else 'not decided'})", filled=r.decided))
         series.append(s)
     p.charts.append(xy_chart(series, [str(b) for b in bss], x_title="batch size", y_title="K*", y_min=-0.3,
                              integer_y=True, chart_id="chart-contexts"))
@@ -220,8 +219,7 @@ def context_panels(by_context: Any) -> list[Panel]:
         p.missing.append(f"context {c}: {cov.gap_summary}")
     out = [p]
     for c, a in by_context.slices.items():
-        h = heatmap_panel(frame(a.cells).to_dict(orient="records"),
-                          frame(a.baseline).to_dict(orient="records"), opts[c])
+        h = heatmap_panel(records(a.cells), records(a.baseline), opts[c])
         h.id, h.title = f"heatmap-ctx{c}", f"Goodput at context {c}: batch size x K, with vanilla"
         for t in h.tables:
             t.id = f"heatmap-ctx{c}"

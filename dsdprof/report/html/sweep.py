@@ -6,8 +6,13 @@ opened once (:func:`dsdprof.io.runs.open_run`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
+from dsdprof.decide.analysis import Analysis
+from dsdprof.decide.decision import BatchDecision
 from dsdprof.errors import InputError
 from dsdprof.report.html.model import (
     Answer,
@@ -22,14 +27,9 @@ from dsdprof.report.html.model import (
 from dsdprof.report.html.svg import Mark, Series, step_line, xy_chart
 
 
-def frame(x: Any) -> Any:
-    """A DataFrame of an analysis field, whether the analysis holds frames or typed records with a
-    ``to_frame()`` view."""
-    return x.to_frame() if hasattr(x, "to_frame") and not hasattr(x, "columns") else x
-
-
-def _records(df: Any) -> list[dict[str, Any]]:
-    return [] if df is None else [dict(r) for r in frame(df).to_dict(orient="records")]
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows of an analysis table (``Analysis.cells``, ``.baseline``) as plain dicts."""
+    return [{str(k): v for k, v in r.items()} for r in df.to_dict(orient="records")]
 
 
 def cell_id(b: int, k: int | str) -> str:
@@ -69,7 +69,7 @@ def answer_from_export(path: Any, tolerance: float, allow_mixed: bool = False) -
     return ans
 
 
-def sweep_headline(opt: list[dict[str, Any]], ranges: list[tuple[int, int, int]]) -> list[str]:
+def sweep_headline(opt: Sequence[BatchDecision], ranges: list[tuple[int, int, int]]) -> list[str]:
     """The page's first lines for a sweep: the K per range in words, the speedup over vanilla from
     the smallest to the largest batch size, where speculation loses, what the data did not decide."""
     if not opt:
@@ -84,14 +84,13 @@ def sweep_headline(opt: list[dict[str, Any]], ranges: list[tuple[int, int, int]]
         served = [f"K={k} at batch size {span(a, b)}" for a, b, k in ranges]
         lines.append("the table serves " + ", ".join(served))
     first, last = opt[0], opt[-1]
-    sp = [f"{num(r.get('speedup_vs_baseline'))}x {interval(r.get('speedup_low'), r.get('speedup_high'))} at "
-          f"BS {r['batch_size']}" for r in ((first, last) if len(opt) > 1 else (first,))]
+    sp = [f"{num(r.speedup_vs_baseline)}x {interval(r.speedup_low, r.speedup_high)} at BS {r.batch_size}"
+          for r in ((first, last) if len(opt) > 1 else (first,))]
     lines.append("K* over vanilla: " + " .. ".join(sp))
-    losing = [str(r["batch_size"]) for r in opt if finite(r.get("speedup_vs_baseline"))
-              and float(r["speedup_vs_baseline"]) < 1]
+    losing = [str(r.batch_size) for r in opt if finite(r.speedup_vs_baseline) and r.speedup_vs_baseline < 1]
     if losing:
         lines.append(f"speculation loses to vanilla at batch size {', '.join(losing)}")
-    undecided = [str(r["batch_size"]) for r in opt if not r.get("decided")]
+    undecided = [str(r.batch_size) for r in opt if not r.decided]
     lines.append(f"not decided at batch size {', '.join(undecided)} (the data still allow more than one K)"
                  if undecided else "every batch size decided")
     return lines
@@ -103,30 +102,31 @@ def _bs_labels(bss: list[int]) -> list[str]:
     return [str(b) for b in bss]
 
 
-def kstar_panel(opt: list[dict[str, Any]], ranges: list[tuple[int, int, int]], confidence: float) -> Panel:
+def kstar_panel(opt: Sequence[BatchDecision], ranges: list[tuple[int, int, int]], confidence: float) -> Panel:
     p = Panel("kstar", "K* against batch size",
               "The K the data pick at each profiled batch size: filled when the data decided it, hollow "
               f"when not; the whisker spans the Ks the data still allow at {confidence:.0%} confidence.")
-    bss = [int(r["batch_size"]) for r in opt]
+    bss = [r.batch_size for r in opt]
     chosen = Series("K*", line=False)
     rows, attrs = [], []
     for i, r in enumerate(opt):
-        adm = [int(k) for k in (r.get("admissible") or [])]
-        decided = bool(r.get("decided"))
+        adm = [int(k) for k in r.admissible]
+        decided = r.decided
         lo, hi = (min(adm), max(adm)) if adm else (math.nan, math.nan)
-        margin = f"{num(r.get('margin'))} {interval(r.get('ci_low'), r.get('ci_high'))}"
-        title = (f"BS {r['batch_size']}: K*={r['k']} ({'decided' if decided else 'not decided'}); "
+        margin = f"{num(r.margin)} {interval(r.ci_low, r.ci_high)}"
+        runner_up = "-" if r.runner_up is None else str(r.runner_up)
+        title = (f"BS {r.batch_size}: K*={r.k} ({'decided' if decided else 'not decided'}); "
                  f"K the data allow: {', '.join(map(str, adm)) or '?'}; "
-                 f"runner-up K={r.get('runner_up', '-')}, goodput K*/runner-up {margin}")
-        chosen.marks.append(Mark(i, float(r["k"]), title, lo, hi, decided, label=str(r["k"])))
-        rows.append([Cell(str(r["batch_size"])),
-                     Cell(str(r["k"]), href=f"#{cell_id(r['batch_size'], r['k'])}", title=title),
+                 f"runner-up K={runner_up}, goodput K*/runner-up {margin}")
+        chosen.marks.append(Mark(i, float(r.k), title, lo, hi, decided, label=str(r.k)))
+        rows.append([Cell(str(r.batch_size)),
+                     Cell(str(r.k), href=f"#{cell_id(r.batch_size, r.k)}", title=title),
                      Cell("decided" if decided else "not decided", cls="" if decided else "warn"),
-                     Cell(", ".join(map(str, adm)) or "-"), Cell(str(r.get("runner_up", "-"))),
+                     Cell(", ".join(map(str, adm)) or "-"), Cell(runner_up),
                      Cell(margin, title="goodput of K* / the runner-up's, with its interval"),
-                     Cell(num(r.get("regret_bound"), 2),
+                     Cell(num(r.regret_bound, 2),
                           title="upper bound of K*'s shortfall vs the best K")])
-        attrs.append({"data-bs": str(r["batch_size"]), "data-k": str(r["k"])})
+        attrs.append({"data-bs": str(r.batch_size), "data-k": str(r.k)})
     served = Series("table", step_line(ranges, bss), step=True)
     p.charts.append(xy_chart([served, chosen], _bs_labels(bss), x_title="batch size", y_title="K",
                              y_min=-0.3, y_max=max([r[2] for r in ranges] + [float(m.hi) for m in chosen.marks
@@ -135,52 +135,46 @@ def kstar_panel(opt: list[dict[str, Any]], ranges: list[tuple[int, int, int]], c
     p.tables.append(TableData("K* per batch size", ["BS", "K*", "decision", "K allowed", "runner-up",
                                                      "K*/runner-up [CI]", "regret bound"],
                               rows, "kstar-table", attrs))
-    undecided = [r["batch_size"] for r in opt if not r.get("decided")]
+    undecided = [r.batch_size for r in opt if not r.decided]
     if undecided:
         p.notes.append(f"not decided at batch size {', '.join(map(str, undecided))}: more repeats or waves "
                        "there would separate the Ks (`dsdprof sweep --budget`).")
     return p
 
 
-def speedup_panel(opt: list[dict[str, Any]], baseline_name: str) -> Panel:
+def speedup_panel(opt: Sequence[BatchDecision], baseline_name: str) -> Panel:
     p = Panel("speedup", "Speedup over vanilla",
               f"Goodput of K* over {baseline_name} at each batch size, with its interval; below 1 "
               "speculation loses.")
-    bss = [int(r["batch_size"]) for r in opt]
+    bss = [r.batch_size for r in opt]
     s = Series("K* / vanilla")
     rows = []
     for i, r in enumerate(opt):
-        how = r.get("speedup_interval") or "unknown"
-        title = (f"BS {r['batch_size']}, K={r['k']}: {num(r.get('speedup_vs_baseline'))}x "
-                 f"{interval(r.get('speedup_low'), r.get('speedup_high'))} ({how} interval); goodput "
-                 f"{num(r.get('goodput'))} vs {num(r.get('baseline_goodput'))} tok/s per user")
-        s.marks.append(Mark(i, float(r.get("speedup_vs_baseline", math.nan)), title,
-                            float(r.get("speedup_low", math.nan)), float(r.get("speedup_high", math.nan)),
-                            label=f"{num(r.get('speedup_vs_baseline'))}x"))
-        gain = r.get("vanilla_gain")
-        rows.append([Cell(str(r["batch_size"])), Cell(str(r["k"])),
-                     Cell(f"{num(r.get('speedup_vs_baseline'))}x", title=title),
-                     Cell(interval(r.get("speedup_low"), r.get("speedup_high"))), Cell(how),
-                     Cell(num(r.get("goodput")), href=f"#{cell_id(r['batch_size'], r['k'])}"),
-                     Cell(num(r.get("baseline_goodput")), href=f"#{cell_id(r['batch_size'], 'vanilla')}"),
-                     Cell("yes" if r.get("vanilla_faster") else "no",
-                          cls="warn" if r.get("vanilla_faster") else "",
-                          title=f"vanilla / best K - 1: {num(gain)} "
-                                f"{interval(r.get('vanilla_gain_low'), r.get('vanilla_gain_high'))}")])
+        how = r.speedup_interval or "unknown"
+        sp = f"{num(r.speedup_vs_baseline)}x"
+        title = (f"BS {r.batch_size}, K={r.k}: {sp} {interval(r.speedup_low, r.speedup_high)} ({how} "
+                 f"interval); goodput {num(r.goodput)} vs {num(r.baseline_goodput)} tok/s per user")
+        s.marks.append(Mark(i, r.speedup_vs_baseline, title, r.speedup_low, r.speedup_high, label=sp))
+        rows.append([Cell(str(r.batch_size)), Cell(str(r.k)), Cell(sp, title=title),
+                     Cell(interval(r.speedup_low, r.speedup_high)), Cell(how),
+                     Cell(num(r.goodput), href=f"#{cell_id(r.batch_size, r.k)}"),
+                     Cell(num(r.baseline_goodput), href=f"#{cell_id(r.batch_size, 'vanilla')}"),
+                     Cell("yes" if r.vanilla_faster else "no", cls="warn" if r.vanilla_faster else "",
+                          title=f"vanilla / best K - 1: {num(r.vanilla_gain)} "
+                                f"{interval(r.vanilla_gain_low, r.vanilla_gain_high)}")])
     p.charts.append(xy_chart([s], _bs_labels(bss), x_title="batch size", y_title="speedup (x vanilla)",
                              ref_y=1.0, ref_label="vanilla", chart_id="chart-speedup"))
     p.tables.append(TableData("speedup of K* over vanilla", ["BS", "K*", "speedup", "interval", "how",
                                                                "goodput", "vanilla", "vanilla faster"],
                               rows, "speedup-table"))
-    losing = [r["batch_size"] for r in opt if finite(r.get("speedup_vs_baseline"))
-              and float(r["speedup_vs_baseline"]) < 1]
+    losing = [r.batch_size for r in opt if finite(r.speedup_vs_baseline) and r.speedup_vs_baseline < 1]
     if losing:
         p.notes.append(f"speculation loses to vanilla at batch size {', '.join(map(str, losing))}.")
     return p
 
 
 def heatmap_panel(cells: list[dict[str, Any]], base: list[dict[str, Any]],
-                  opt: list[dict[str, Any]]) -> Panel:
+                  opt: Sequence[BatchDecision]) -> Panel:
     p = Panel("heatmap", "Goodput: batch size x K, with vanilla",
               "Tokens/s per user in every cell; the shade is the cell's goodput relative to the best at its "
               "batch size, the boxed cell (*) is K*. Hover a cell for its interval and sample count; "
@@ -189,7 +183,7 @@ def heatmap_panel(cells: list[dict[str, Any]], base: list[dict[str, Any]],
     ks = sorted({int(c["num_spec_tokens"]) for c in cells})
     by = {(int(c["batch_size"]), int(c["num_spec_tokens"])): c for c in cells}
     van = {int(b["batch_size"]): b for b in base}
-    kstar = {int(r["batch_size"]): int(r["k"]) for r in opt}
+    kstar = {r.batch_size: r.k for r in opt}
     best = {}
     for b in bss:  # the best goodput at b, vanilla included: the shade's 1.0
         at_b = [float(c["goodput"]) for (bb, _), c in by.items() if bb == b and finite(c["goodput"])]
@@ -371,12 +365,12 @@ def rows_panel(cells: list[dict[str, Any]], base: list[dict[str, Any]]) -> Panel
     return p
 
 
-def sweep_panels(analysis: Any, ranges: list[tuple[int, int, int]]) -> list[Panel]:
+def sweep_panels(analysis: Analysis, ranges: list[tuple[int, int, int]]) -> list[Panel]:
     """The panels of one analysis (a sweep, or one context slice); ``ranges``: the table's K
     ranges as exported (the K* chart draws them as the served line)."""
-    opt = _records(analysis.optimal)
-    cells = _records(analysis.cells)
-    base = _records(analysis.baseline)
+    opt = analysis.decisions
+    cells = records(analysis.cells)
+    base = records(analysis.baseline)
     panels = [kstar_panel(opt, ranges, float(analysis.confidence)),
               speedup_panel(opt, "vanilla" if base else "K=0"),
               heatmap_panel(cells, base, opt), step_time_panel(cells, base), acceptance_panel(cells, None)]
