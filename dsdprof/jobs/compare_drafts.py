@@ -36,7 +36,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from dsdprof.config.spec import SweepSpec, parse_spec, read_spec_toml
 from dsdprof.errors import InputError
@@ -50,19 +50,33 @@ _DRAFT_KEYS = ("name", "method", "draft_model", "speculative_extra", "dsd_mode")
 FIXED_K_METHODS = frozenset({"suffix"})
 
 
+class _DraftName(TypedDict):
+    name: str
+    method: str
+    draft_model: str | None
+    speculative_extra: dict[str, Any]  # vLLM's speculative_config keys, passed through
+
+
+class Draft(_DraftName, total=False):
+    """One ``[[drafts]]`` entry, defaults filled; ``design`` is set by :func:`plan_drafts`."""
+
+    dsd_mode: str
+    design: str
+
+
 @dataclass(frozen=True)
 class DraftPlan:
     spec_path: str
-    drafts: list[dict[str, Any]]  # name, method, draft_model, speculative_extra, design
+    drafts: list[Draft]
     categories: dict[str, int]  # category -> prompts in the workload ({"all": n} without categories)
     specs: dict[tuple[str, str], SweepSpec]  # (draft, category) -> the spec of its sweep
 
 
-def _drafts(raw: Any) -> list[dict[str, Any]]:
+def _drafts(raw: Any) -> list[Draft]:
     if not isinstance(raw, list) or not raw:
         raise InputError("drafts", raw, "needs a [[drafts]] list with at least one draft")
     seen: set[str] = set()
-    out = []
+    out: list[Draft] = []
     for i, d in enumerate(raw):
         if not isinstance(d, dict) or not isinstance(d.get("name"), str) or not d["name"]:
             raise InputError(f"drafts[{i}].name", d, "each draft needs a name")
@@ -73,10 +87,11 @@ def _drafts(raw: Any) -> list[dict[str, Any]]:
         if d["name"] in seen or d["name"].startswith("_") or "/" in d["name"]:
             raise InputError(f"drafts[{i}].name", d["name"], "must be unique, not start with '_', no '/'")
         seen.add(d["name"])
-        out.append({"name": d["name"], "method": d.get("method", "draft_model"),
-                    "draft_model": d.get("draft_model"),
-                    "speculative_extra": d.get("speculative_extra", {}),
-                    **({"dsd_mode": d["dsd_mode"]} if "dsd_mode" in d else {})})
+        draft = Draft(name=d["name"], method=d.get("method", "draft_model"), draft_model=d.get("draft_model"),
+                      speculative_extra=d.get("speculative_extra", {}))
+        if "dsd_mode" in d:
+            draft["dsd_mode"] = d["dsd_mode"]
+        out.append(draft)
     return out
 
 
