@@ -32,8 +32,8 @@ def test_rollout_row_has_every_column_with_its_type():
     hints = typing.get_type_hints(RolloutRow)
     assert list(hints) == [c.name for c in ROLLOUT_COLUMNS] == list(empty_rollout_row())
     for c in ROLLOUT_COLUMNS:
-        assert str(hints[c.name]).replace("typing.", "") in (PYTHON_TYPES[c.arrow_type],
-                                                             f"<class '{PYTHON_TYPES[c.arrow_type]}'>"), c.name
+        want = PYTHON_TYPES[c.arrow_type]
+        assert str(hints[c.name]).replace("typing.", "") in (want, f"<class '{want}'>"), c.name
 
 
 def _check_keys(doc: dict, td: type, where: str) -> None:
