@@ -10,7 +10,8 @@ random order every step, ``--seed``), each on its own copy of the same requests:
 
 * **plain**: vLLM's ``Scheduler`` in dynamic-SD mode (``num_speculative_tokens_per_batch_size``);
   **plain-2**, a second copy of it, shows the noise floor;
-* **serving**: ``dsdprof.plugins.vllm_adaptive``'s ``AdaptiveScheduler`` (the serving plugin) on
+* **serving**: ``dsdprof.plugins.vllm_adaptive``'s ``AdaptiveScheduler`` (the serving plugin:
+  ``dsdprof.plugins.serving.ServingScheduler`` holding the adaptive K part) on
   a v2 table whose K is the engine's maximum at every batch size, so it serves the same K as plain
   (checked: the run stops if any step's K differs, except the plugin's exploration steps -- 2 in
   256 at a neighbouring K, run but not compared: ``explore()``'s per-step tick is in every compared
@@ -54,11 +55,12 @@ Goal (issue 30): <= 20 us per step for the profiling scheduler, sync and async, 
 never here, where nothing finishes.)
 
 ``--only NAMES`` builds only those schedulers (comma-separated; plain and plain-a, the references,
-always). ``--before REV`` adds **before**, **before-a** and **before+m**: the profiling schedulers
-(``TracingScheduler``, ``TracingAsyncScheduler``) and the serving plugin with metrics on
-(``AdaptiveScheduler``) of git revision REV, loaded from ``git show REV:dsdprof/plugins/...``
-beside today's, so a change is compared side by side in one run (interleaved step by step like the
-others; ``--only profiling,profiling-a --before HEAD``, ``--only serving+m --before HEAD``).
+always). ``--before REV`` adds **before**, **before-a**, **before-s** and **before+m**: the profiling
+schedulers (``TracingScheduler``, ``TracingAsyncScheduler``) and the serving plugin with metrics
+off and on (``AdaptiveScheduler``) of git revision REV, loaded from ``git show
+REV:dsdprof/plugins/...`` (the modules of ``BEFORE_MODULES`` REV has) beside today's, so a change
+is compared side by side in one run (interleaved step by step like the others; ``--only
+profiling,profiling-a --before HEAD``, ``--only serving,serving+m --before HEAD``).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ PROMPT = 16
 GOAL_US = 50.0
 GOAL_ITL_US = 20.0  # the profiling scheduler's own work left inside its trace's step time
 SERVING_M = ("serving+m", "before+m")  # the serving plugin with metrics on (today's, --before REV's)
+SERVING = ("serving", "before-s", *SERVING_M)  # every copy of the serving plugin
 
 
 def accept(req_id: str, step: int, drafted: int) -> int:
@@ -151,7 +154,7 @@ def timed_base(base=None):
 
 
 BEFORE_MODULES = ("profiling_keys", "profiling_records", "vllm_profiling", "spec_count", "metrics",
-                  "vllm_adaptive")  # dsdprof/plugins/*.py
+                  "serving", "vllm_adaptive")  # dsdprof/plugins/*.py (serving: since issue 44)
 
 
 def before_module(rev: str, tmp: str):
@@ -167,6 +170,8 @@ def before_module(rev: str, tmp: str):
             text = subprocess.run(["git", "show", f"{rev}:dsdprof/plugins/{mod}.py"], cwd=root, check=True,
                                   capture_output=True, text=True).stdout
         except subprocess.CalledProcessError as e:
+            if mod == "serving" and ("does not exist" in e.stderr or "but not in" in e.stderr):
+                continue  # a revision before the serving scheduler's own module
             raise SystemExit(f"--before {rev}: {e.stderr.strip()}") from None
         for other in BEFORE_MODULES:
             text = text.replace(f"dsdprof.plugins.{other}", f"_before_{other}")
@@ -198,6 +203,7 @@ def classes(only: str = "", before=None) -> dict[str, type]:
     if before is not None:
         rows += [("before", before[0].TracingScheduler, Scheduler, timed),
                  ("before-a", before[0].TracingAsyncScheduler, AsyncScheduler, timed_async),
+                 ("before-s", before[1].AdaptiveScheduler, Scheduler, timed),
                  ("before+m", before[1].AdaptiveScheduler, Scheduler, timed)]
     wanted = {n.strip() for n in only.split(",") if n.strip()}
     unknown = wanted - {r[0] for r in rows} - set(out)
@@ -207,7 +213,8 @@ def classes(only: str = "", before=None) -> dict[str, type]:
     if wanted:
         if "plain-2" not in wanted:
             del out["plain-2"]
-        rows = [r for r in rows if r[0] in wanted or r[0] in ("plain-a", "before", "before-a", "before+m")]
+        rows = [r for r in rows if r[0] in wanted or r[0] in ("plain-a", "before", "before-a", "before-s",
+                                                               "before+m")]
     for name, real, vllm, base in rows:
         if real is None:
             out[name] = base
@@ -216,7 +223,8 @@ def classes(only: str = "", before=None) -> dict[str, type]:
         if real.__mro__[1 + len(mixins)] is not vllm:
             raise SystemExit(f"{real.__name__}: MRO {real.__mro__} is not dsdprof mixins over "
                              f"{vllm.__name__}")
-        own = {k: v for k, v in vars(real).items() if k.startswith("_dsdprof")}  # e.g. the async settings
+        # the class's own settings (the async ones, the serving mode and K part), not its machinery
+        own = {k: v for k, v in vars(real).items() if not k.startswith("__") and k != "_abc_impl"}
         if name == "per-step-a":  # the async scheduler's records built in every step, as before
             own["_dsdprof_defer"] = False
         out[name] = type(f"Timed{real.__name__}", mixins + (base,), own)
@@ -259,7 +267,7 @@ def build(args, log_stats: bool, tmp: str) -> dict:
     # same K as plain (the selector's arithmetic still runs)
     scheds = {}
     for name, cls in classes(args.only, args.before_module).items():
-        profiled = name.startswith(("profiling", "per-step", "before")) and name not in SERVING_M
+        profiled = name.startswith(("profiling", "per-step", "before")) and name not in SERVING
         if profiled:  # an engine a dsdprof run started: the run's secret and trace directory
             os.environ.update({"DSDPROF_RUN_TOKEN": TOKEN, "DSDPROF_TRACE_DIR": tmp})
         own = copy.copy(config)  # metrics on for serving+m only
@@ -269,7 +277,7 @@ def build(args, log_stats: bool, tmp: str) -> dict:
         finally:
             os.environ.pop("DSDPROF_RUN_TOKEN", None), os.environ.pop("DSDPROF_TRACE_DIR", None)
         time_callback(sched, log_stats)
-        if name.startswith("serving") or name in SERVING_M:
+        if name in SERVING:
             sched.bench_clock = functools.partial(next, itertools.count(0.0, 0.02))
         if name in SERVING_M:
             time_flushes(sched)
@@ -358,7 +366,7 @@ def measure(args, log_stats: bool) -> dict:
                 c, o, ks[n], out = step(*scheds[n])
                 costs[n] = (c, o, o - out)
             if len(set(ks.values())) != 1:
-                others = {v for n, v in ks.items() if not n.startswith("serving") and n not in SERVING_M}
+                others = {v for n, v in ks.items() if n not in SERVING}
                 probes += 1
                 # each serving copy explores 2 in 256
                 if len(others) != 1 or probes > max(8, args.steps // 25):
@@ -453,7 +461,8 @@ def report(label: str, res: dict) -> tuple[float, float, float, float]:
     if profiling_a is not None and per_step_a is not None:
         print(f"async, own code in the step: profiling-a {profiling_a:.1f} us, per-step-a "
               f"{per_step_a:.1f} us (ratio {profiling_a / per_step_a if per_step_a else float('nan'):.3f})")
-    for now, was in (("profiling", "before"), ("profiling-a", "before-a"), ("serving+m", "before+m")):
+    for now, was in (("profiling", "before"), ("profiling-a", "before-a"), ("serving", "before-s"),
+                     ("serving+m", "before+m")):
         if now in itl_meds and was in itl_meds:
             side = [(a - b) / 1e3 for a, b in zip(itl[now], itl[was])]
             print(f"{now} - {was} (in ITL, same steps): median {statistics.median(side):.1f} us, mean90 "

@@ -166,7 +166,7 @@ def adaptive_max_k(table: Mapping[str, Any], options: Mapping[str, Any] | None) 
         raise InputError("table.cells", f"K={sorted(set(ks))}",
                          "--adaptive needs a v2 table with a measured K >= 1")
     try:
-        AdaptiveKSelector(table, max_k=max(ks), **dict(settings.options))
+        AdaptiveKSelector.from_doc(table, max_k=max(ks), **dict(settings.options))
     except TableError as err:
         raise InputError("table", table.get("schema"), f"--adaptive: {err}") from None
     except (TypeError, ValueError) as err:

@@ -1,16 +1,18 @@
 """dsdprof's Prometheus metrics, from inside vLLM's engine core, on vLLM's own ``/metrics``.
 
-:class:`MetricsMixin` sits first in the MRO of the static scheduler
-(:mod:`dsdprof.plugins.vllm_static`) and of the adaptive plugin
-(:mod:`dsdprof.plugins.vllm_adaptive`). The metrics reach the API server's ``/metrics`` through
+:class:`StepMetrics` is a part that dsdprof's serving scheduler
+(:class:`dsdprof.plugins.serving.ServingScheduler`: the static schedule,
+:mod:`dsdprof.plugins.vllm_static`, and the adaptive plugin, :mod:`dsdprof.plugins.vllm_adaptive`)
+holds and calls from its vLLM methods (:class:`dsdprof.plugins.serving.MetricsPart`). The metrics
+reach the API server's ``/metrics`` through
 prometheus_client's **multiprocess mode**, the mechanism vLLM itself uses for ``--api-server-count
 > 1``: when ``PROMETHEUS_MULTIPROC_DIR`` is set before the server starts (``dsdprof serve`` sets a
 fresh directory), vLLM's ``/metrics`` serves a ``MultiProcessCollector`` over that directory, and
 the metrics the engine-core process writes there appear beside vLLM's. Without it, the engine core
 serves them on a side port when ``DSDPROF_METRICS_PORT`` is set, else logs once how to see them.
 ``DSDPROF_METRICS=0`` or ``additional_config={"dsdprof_metrics": false}`` turns them off (the
-mixin then binds vLLM's methods on the instance: no own code per step). docs/observability.md
-lists every metric.
+scheduler then holds no metrics part: no own code per step but its test of ``None``).
+docs/observability.md lists every metric.
 
 **Hot path**: per step an increment of a list slot (steps by batch-size bucket and K), an append
 of vLLM's ``SpecDecodingStats`` of the step (summed and checked for over-verified positions at the
@@ -26,13 +28,16 @@ prometheus_client and sets the gauges (the adaptive selector's ratios:
 
 from __future__ import annotations
 
-import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm.logger import init_logger
 
 from dsdprof.serve.observe import selector_rows, shift_alarms
+
+if TYPE_CHECKING:
+    from dsdprof.serve.adaptive import AdaptiveKSelector
 
 logger = init_logger("vllm.dsdprof.metrics")
 _clock = time.perf_counter
@@ -83,7 +88,21 @@ def bucket_label(lo: int, hi: int) -> str:
     return str(hi) if lo == hi else f"{lo}-{hi}"
 
 
-def enabled(additional_config, environ) -> bool:
+class KSource(Protocol):
+    """What the metrics read of the part that chooses K (the adaptive plugin's
+    :class:`~dsdprof.plugins.vllm_adaptive.AdaptiveK`): the schedule it serves unforced, a version
+    that moves when it changes, and its selectors (the batch-size one first, then one per context
+    slice)."""
+
+    version: int
+
+    @property
+    def lookup(self) -> list[int]: ...
+
+    def selectors(self) -> list[AdaptiveKSelector]: ...
+
+
+def enabled(additional_config: object, environ: Mapping[str, str]) -> bool:
     cfg = (additional_config or {}).get(CONFIG_KEY, True) if isinstance(additional_config, dict) else True
     return cfg is not False and environ.get(METRICS_ENV, "1") != "0"
 
@@ -91,10 +110,13 @@ def enabled(additional_config, environ) -> bool:
 class StepMetrics:
     """The counters one scheduler keeps (plain lists and ints) and their Prometheus twins."""
 
-    def __init__(self, sched, mode: str, table: str, environ) -> None:
+    def __init__(self, sched: Any, k: KSource | None, mode: str, table: str,
+                 environ: Mapping[str, str]) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
-        cfg = sched.vllm_config
+        cfg = sched.vllm_config  # vLLM's scheduler (its config and its state): Any to the type checker
+        self.kpart = k  # None: vLLM's (static) schedule
+        self.k_version = k.version if k is not None else 0  # the K part's version at the last step
         self.max_k = max_k = sched.num_spec_tokens
         self.max_bs = max_bs = cfg.scheduler_config.max_num_seqs
         self.width = max_k + 1
@@ -105,7 +127,7 @@ class StepMetrics:
                 self.bucket_of[n] = i * self.width
         self.steps = [0] * (len(self.buckets) * self.width)
         self.spec = [0, 0, 0]  # drafts, draft tokens, accepted tokens
-        self.pending: list = []  # the steps' SpecDecodingStats since the last flush
+        self.pending: list[Any] = []  # the steps' SpecDecodingStats (vLLM's) since the last flush
         self.drafted_pos, self.accepted_pos = [0] * max_k, [0] * max_k
         self.alarms = [0, 0, 0, 0]  # k_switches, shift_alarms, silent_noop_steps, ignored_requests
         self.k = 0  # the K scheduled by the step whose drafts come back next (silent no-op alarm)
@@ -126,7 +148,7 @@ class StepMetrics:
         steps = make["dsdprof:steps"]
         self._k_now = [make["dsdprof:num_speculative_tokens"].labels(*lv, bucket_label(lo, hi))
                        for lo, hi in self.buckets]
-        self._ratio: dict[tuple, object] = {}  # (metric, batch size, bound) -> its gauge child
+        self._ratio: dict[tuple[str, int, str], Any] = {}  # (metric, batch size, bound) -> its gauge child
         self._k_sent: list[int] = []
         self._steps = [steps.labels(*lv, bucket_label(lo, hi), str(k)) for lo, hi in self.buckets
                        for k in range(self.width)]
@@ -142,11 +164,11 @@ class StepMetrics:
         make["dsdprof:info"].labels(*lv, mode, table).set(1)
         self._table_ks = self._schedule(sched)
         gauge = make["dsdprof:table_num_speculative_tokens"]
-        for (lo, hi), k in zip(self.buckets, self._table_ks):
-            gauge.labels(*lv, bucket_label(lo, hi)).set(k)
+        for (lo, hi), top_k in zip(self.buckets, self._table_ks):
+            gauge.labels(*lv, bucket_label(lo, hi)).set(top_k)
         self._expose(environ)
 
-    def _expose(self, environ) -> None:
+    def _expose(self, environ: Mapping[str, str]) -> None:
         if environ.get("PROMETHEUS_MULTIPROC_DIR"):
             logger.info("dsdprof metrics: on vLLM's /metrics (PROMETHEUS_MULTIPROC_DIR)")
             return
@@ -160,24 +182,22 @@ class StepMetrics:
         logger.warning("dsdprof metrics: not exposed: start the server with PROMETHEUS_MULTIPROC_DIR "
                        "set (dsdprof serve does) or set %s", PORT_ENV)
 
-    def _schedule(self, sched) -> list[int]:
-        """K at each bucket's top from the lookup served now (the plugin's, unforced)."""
-        lookup = getattr(sched, "_dsdprof_table_lookup", None)
-        if lookup is None:
-            lookup = sched.dynamic_sd_lookup
+    def _schedule(self, sched: Any) -> list[int]:
+        """K at each bucket's top from the lookup served now (the K part's, unforced; else vLLM's)."""
+        lookup = self.kpart.lookup if self.kpart is not None else sched.dynamic_sd_lookup
         if lookup is None:
             return [self.max_k] * len(self.buckets)
         raw = list(lookup)  # a context lookup's list view (its __getitem__ reads the batch)
         return [raw[min(hi, len(raw) - 1)] for _, hi in self.buckets]
 
-    def _push(self, key: str, values: list[int], children: list) -> None:
+    def _push(self, key: str, values: list[int], children: list[Any]) -> None:
         sent = self._sent.setdefault(key, [0] * len(values))
         for i, v in enumerate(values):
             if v != sent[i]:
                 children[i].inc(v - sent[i])
                 sent[i] = v
 
-    def flush(self, sched, now: float) -> None:
+    def flush(self, sched: Any, now: float) -> None:
         """Push every delta and set every gauge; called about every ``FLUSH_S`` seconds. Never
         raises: metrics must not stop the engine (a failure is logged once; the next flush
         retries)."""
@@ -189,16 +209,17 @@ class StepMetrics:
                 logger.exception("dsdprof metrics: flush failed (the engine goes on)")
             self.failed += 1
 
-    def _flush(self, sched) -> None:
+    def _flush(self, sched: Any) -> None:
         pending, self.pending = self.pending, []
         for sd in pending:
             self.add_spec(sd)
-        sel = getattr(sched, "dsdprof_selector", None)
-        if sel is not None:
+        sel = None
+        if self.kpart is not None:
             try:
-                ctx = getattr(sched, "_adaptive_ctx", ())
-                self.alarms[1] = shift_alarms(sel) + sum(shift_alarms(s) for _, s in ctx)
-            except (AttributeError, TypeError, ValueError):  # not a selector: no ratios either
+                selectors = self.kpart.selectors()
+                self.alarms[1] = sum(shift_alarms(s) for s in selectors)
+                sel = selectors[0]
+            except (AttributeError, TypeError, ValueError, IndexError):  # not a selector: no ratios either
                 sel = None
         self._push("steps", self.steps, self._steps)
         self._push("spec", self.spec, self._spec)
@@ -216,14 +237,14 @@ class StepMetrics:
                     self._gauge("dsdprof:acceptance_length_ratio", row.batch_size, bound).set(a)
                     self._gauge("dsdprof:step_time_ratio", row.batch_size, bound).set(s)
 
-    def _gauge(self, name: str, batch_size: int, bound: str):
+    def _gauge(self, name: str, batch_size: int, bound: str) -> Any:
         key = (name, batch_size, bound)
         child = self._ratio.get(key)
         if child is None:
             child = self._ratio[key] = self.metric[name].labels(*self.labels, str(batch_size), bound)
         return child
 
-    def add_spec(self, sd) -> None:
+    def add_spec(self, sd: Any) -> None:
         """One step's ``SpecDecodingStats`` (O(K)), at the flush."""
         spec = self.spec
         spec[0] += sd.num_drafts
@@ -238,7 +259,7 @@ class StepMetrics:
         if sd.num_accepted_tokens > sd.num_draft_tokens or any(a > d for a, d in zip(accepted, drafted)):
             self.alarms[2] += 1  # a position accepted more drafts than were scheduled there
 
-    def check_drafts(self, ids) -> None:
+    def check_drafts(self, ids: list[list[int]]) -> None:
         """The drafts the engine hands back for the step whose output was just processed, against
         the K that step scheduled (``k``): a first or last draft longer than K, or both empty while
         K > 0 for a drafter that always drafts K (``exact``), is a silent no-op step. O(1): a
@@ -249,71 +270,32 @@ class StepMetrics:
             if longest != self.k and (longest > self.k or self.exact):
                 self.alarms[2] += 1
 
-
-class MetricsMixin:
-    """See the module docstring. First in the MRO of dsdprof's serving schedulers."""
-
-    if TYPE_CHECKING:  # vLLM's Scheduler (v1/core/sched/scheduler.py), which this mixin is combined with
-        vllm_config: Any
-        running: list[Any]
-
-    dsdprof_mode = "static"
-    dsdprof_metrics: StepMetrics | None = None  # None: not set up (the methods then pass through)
-    _adaptive_version: Any = None  # the adaptive plugin's lookup version (its own, on the instance)
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)  # vLLM's Scheduler.__init__
-        self._metrics_setup()
-
-    def _metrics_setup(self, environ=None) -> None:
-        env = os.environ if environ is None else environ
-        base: Any = super()  # vLLM's Scheduler's methods (the class this mixin is combined with)
-        self._metrics_update = base.update_from_output
-        self._metrics_draft = base.update_draft_token_ids
-        self._metrics_add = base.add_request
-        if not getattr(self, "_dsdprof_token", None):  # no dsdprof run: vLLM's add_request, no frame between
-            for c in type(self).__mro__:
-                if c.__module__.startswith("vllm.") and "add_request" in vars(c):
-                    self._metrics_add = vars(c)["add_request"].__get__(self)
-                    break
-        self.dsdprof_metrics = None
-        config = self.vllm_config
-        if not enabled(config.additional_config, env):
-            # vLLM's (or the plugin's) own methods on the instance: no frame of ours
-            self.update_from_output = self._metrics_update  # type: ignore[method-assign]  # vLLM's own
-            self.update_draft_token_ids = self._metrics_draft  # type: ignore[method-assign]  # vLLM's own
-            self.update_draft_token_ids_in_output = (  # type: ignore[method-assign]  # vLLM's own
-                base.update_draft_token_ids_in_output)
-            self.add_request = self._metrics_add  # type: ignore[method-assign]  # vLLM's own
-            logger.info("dsdprof metrics: off")
-            return
-        table = ((config.additional_config or {}).get("dsdprof_adaptive") or {}).get("table", "") \
-            if self.dsdprof_mode == "adaptive" else ""
-        self.dsdprof_metrics = StepMetrics(self, self.dsdprof_mode, str(table), env)
-        self._metrics_version = self._adaptive_version
-
-    def update_from_output(self, scheduler_output, model_runner_output):
-        m = self.dsdprof_metrics
-        if m is None:  # built without _metrics_setup
-            return super().update_from_output(scheduler_output, model_runner_output)
-        # The step's first or last request got more tokens than the drafts scheduled for it in this
-        # very step + vLLM's num_sampled_tokens_per_step: the runner verified drafts never scheduled
-        # (O(1); read before vLLM trims a stopped request's tokens). Counted for steps without
-        # vLLM's SpecDecodingStats (log_stats off, or no draft scheduled), else checked at the flush.
-        over = False
+    # ------------------------------------------------------------------ the scheduler's calls, per step
+    def before_update(self, scheduler_output: Any, model_runner_output: Any) -> bool:
+        """Before vLLM's ``update_from_output`` (which trims a stopped request's tokens): whether the
+        step's first or last request got more tokens than the drafts scheduled for it in this very
+        step + vLLM's ``num_sampled_tokens_per_step`` -- the runner verified drafts never scheduled
+        (O(1)). Read for steps without vLLM's ``SpecDecodingStats`` (log_stats off, or no draft
+        scheduled); with them the flush checks it exactly."""
         spec = scheduler_output.scheduled_spec_decode_tokens
-        if not (m.log_stats and spec):
-            tokens = model_runner_output.sampled_token_ids
-            if tokens:
-                ids, top = model_runner_output.req_ids, m.sampled
-                over = (len(tokens[0]) > len(spec.get(ids[0], ())) + top
-                        or len(tokens[-1]) > len(spec.get(ids[-1], ())) + top)
-        result = self._metrics_update(scheduler_output, model_runner_output)
+        if self.log_stats and spec:
+            return False
+        tokens = model_runner_output.sampled_token_ids
+        if not tokens:
+            return False
+        ids, top = model_runner_output.req_ids, self.sampled
+        return (len(tokens[0]) > len(spec.get(ids[0], ())) + top
+                or len(tokens[-1]) > len(spec.get(ids[-1], ())) + top)
+
+    def after_update(self, sched: Any, scheduler_output: Any, result: Any, over: bool) -> None:
+        """After vLLM's update (and the K part's): count the step by batch-size bucket and K, queue
+        vLLM's ``SpecDecodingStats`` of the step for the flush (else count ``over``), count a K
+        switch, and flush every ``FLUSH_S`` seconds or when no request is left running."""
         n = len(scheduler_output.num_scheduled_tokens)
-        k = m.k = scheduler_output.num_spec_tokens_to_schedule  # K of the drafts handed back next
+        k = self.k = scheduler_output.num_spec_tokens_to_schedule  # K of the drafts handed back next
         if n:
             try:
-                m.steps[m.bucket_of[n if n <= m.max_bs else m.max_bs] + k] += 1
+                self.steps[self.bucket_of[n if n <= self.max_bs else self.max_bs] + k] += 1
             except (IndexError, TypeError):  # a K beyond the engine's: not counted, never raised
                 pass
             sd = None
@@ -323,50 +305,22 @@ class MetricsMixin:
                     sd = stats.spec_decoding_stats
                     break
             if sd is not None:  # over-verified positions checked at the flush (exact, off the hot path)
-                m.pending.append(sd)
+                self.pending.append(sd)
             elif over:
-                m.alarms[2] += 1
-        version = self._adaptive_version
-        if version is not self._metrics_version:
-            self._metrics_version = version
-            m.alarms[0] += 1
+                self.alarms[2] += 1
+        kpart = self.kpart
+        if kpart is not None and kpart.version != self.k_version:
+            self.k_version = kpart.version
+            self.alarms[0] += 1
         now = _clock()
-        if now >= m.next_flush or not self.running:
-            m.flush(self, now)
-        return result
+        if now >= self.next_flush or not sched.running:
+            self.flush(sched, now)
 
-    def update_draft_token_ids(self, draft_token_ids) -> None:
-        """Sync scheduling hands each step's drafts to the scheduler right after that step's
-        output (:meth:`update_from_output` set ``m.k``, the K that step scheduled):
-        :meth:`StepMetrics.check_drafts`."""
-        m = self.dsdprof_metrics
-        if m is None:
-            return super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]  # vLLM's method
-        ids = draft_token_ids.draft_token_ids
-        if ids:  # StepMetrics.check_drafts, inlined (a frame less per step)
-            a, b = len(ids[0]), len(ids[-1])
-            longest = a if a > b else b
-            if longest != m.k and (longest > m.k or m.exact):
-                m.alarms[2] += 1
-        self._metrics_draft(draft_token_ids)
-
-    def update_draft_token_ids_in_output(self, draft_token_ids, scheduler_output) -> None:
-        """Async scheduling with structured outputs hands the drafts of the step whose output was
-        just processed to the scheduler (to validate them for the next step): the same check."""
-        m = self.dsdprof_metrics
-        if m is not None:
-            m.check_drafts(draft_token_ids.draft_token_ids)
-        super().update_draft_token_ids_in_output(  # type: ignore[misc]  # vLLM's method
-            draft_token_ids, scheduler_output)
-
-    def add_request(self, request) -> None:
-        """vLLM's; a request carrying ``dsdprof_*`` extra_args keys the engine did not act on (no
-        dsdprof run's secret) is counted as ignored."""
-        if self.dsdprof_metrics is None:
-            return super().add_request(request)  # type: ignore[misc]  # vLLM's method
-        self._metrics_add(request)
+    def count_request(self, request: Any, profiled: Mapping[str, object]) -> None:
+        """A request added carrying ``dsdprof_*`` extra_args keys the engine did not act on (not
+        one of a dsdprof run's ``profiled`` requests) is counted as ignored."""
         params = request.sampling_params
         extra = params.extra_args if params is not None else None
         if extra and type(extra) is dict and any(type(k) is str and k.startswith("dsdprof_") for k in extra):
-            if request.request_id not in getattr(self, "_dsdprof_reqs", ()):
-                self.dsdprof_metrics.alarms[3] += 1
+            if request.request_id not in profiled:
+                self.alarms[3] += 1

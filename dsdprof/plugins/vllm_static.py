@@ -4,34 +4,35 @@
 "dsdprof.engines.vllm_static.make_scheduler"``: vLLM's ``Scheduler`` (or ``AsyncScheduler``, by
 the ``async_scheduling`` vLLM resolved) in dynamic-SD mode on the table's
 ``num_speculative_tokens_per_batch_size`` -- K is vLLM's own lookup, nothing of dsdprof decides it
--- plus :class:`~dsdprof.plugins.metrics.MetricsMixin`: the K served per batch-size bucket, steps
-at K=0, acceptance per position, ignored ``dsdprof_*`` request keys and the silent no-op alarm on
-vLLM's ``/metrics`` (docs/observability.md). With metrics off (``DSDPROF_METRICS=0``) it is vLLM's
-scheduler with vLLM's methods bound on the instance.
+-- as :class:`dsdprof.plugins.serving.ServingScheduler` with no K part and its metrics part
+(:class:`~dsdprof.plugins.metrics.StepMetrics`): the K served per batch-size bucket, steps at K=0,
+acceptance per position, ignored ``dsdprof_*`` request keys and the silent no-op alarm on vLLM's
+``/metrics`` (docs/observability.md). Every dsdprof key of a request is ignored (and counted), even
+in an engine a dsdprof run started. With metrics off (``DSDPROF_METRICS=0``) each of its methods
+calls vLLM's straight away.
 """
 
 from __future__ import annotations
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
+from typing import Any
 
-from dsdprof.plugins.metrics import MetricsMixin
+from dsdprof.plugins.serving import ServingAsyncScheduler, ServingScheduler
 from dsdprof.plugins.vllm_profiling import build_for_config, class_for_config
 
 
-class StaticScheduler(MetricsMixin, Scheduler):
+class StaticScheduler(ServingScheduler):
     """vLLM's synchronous scheduler + dsdprof's metrics."""
 
 
-class StaticAsyncScheduler(MetricsMixin, AsyncScheduler):
+class StaticAsyncScheduler(ServingAsyncScheduler):
     """vLLM's async scheduler + dsdprof's metrics."""
 
 
-def scheduler_class_for(scheduler_config) -> type:
+def scheduler_class_for(scheduler_config: Any) -> type:
     """The class :func:`make_scheduler` builds for vLLM's resolved scheduler config."""
     return class_for_config(scheduler_config, StaticScheduler, StaticAsyncScheduler)
 
 
-def make_scheduler(*args, **kwargs):
+def make_scheduler(*args: Any, **kwargs: Any) -> Any:
     """``scheduler_cls`` for vLLM: the static scheduler with metrics, matching vLLM's async choice."""
     return build_for_config(StaticScheduler, StaticAsyncScheduler, args, kwargs)

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ from dsdprof.formats.ktable import (
     validate_ranges,
     validate_table,
 )
+from dsdprof.formats.ktable_types import KTable, TableCell
 from dsdprof.formats.versions import TABLE_SCHEMA_V2, TABLE_SCHEMA_V3
 from dsdprof.serve.profile import ProfiledCell, conditional
 from dsdprof.serve.runtime import build_lookup, lookup_list
@@ -103,11 +104,11 @@ class AdaptiveKSelector:
                  "_pooled_q0", "_acc", "_itl", "_pending", "_hot", "_last_bucket", "_tick", "_probe",
                  "_probe_up", "_since", "_left", "_steps")
 
-    def __init__(self, table: Mapping[str, Any], *, margin: float = 0.02, prior_weight: float = 16.0,
+    def __init__(self, table: KTable, *, margin: float = 0.02, prior_weight: float = 16.0,
                  half_life: float = 2048.0, rebuild_every: int = 32, max_k: int | None = None,
                  allowed_ks: Iterable[int] | None = None, explore_every: int = 256,
                  itl_half_life: float = 256.0) -> None:
-        validate_table(table)
+        table = validate_table(table)  # JSON reaches here through read_table_file / validate_table
         if table["schema"] not in (TABLE_SCHEMA_V2, TABLE_SCHEMA_V3):  # v3: its batch-size-only answer
             raise TableError(f"schema={table['schema']!r}: adaptive K needs a {TABLE_SCHEMA_V2} table "
                              "(measured step time per batch size and K); re-export it: `dsdprof export RUN`")
@@ -142,10 +143,10 @@ class AdaptiveKSelector:
         self._swap()
         self.version = 0
 
-    def _build_grid(self, table: Mapping[str, Any], allowed: set[int] | None) -> None:
-        pooled = conditional(table["acceptance_per_pos"])
-        grid: dict[int, dict[int, dict[str, Any]]] = {}
-        for c in table["cells"]:
+    def _build_grid(self, table: KTable, allowed: set[int] | None) -> None:
+        pooled = conditional(table.get("acceptance_per_pos") or [])
+        grid: dict[int, dict[int, TableCell]] = {}
+        for c in table.get("cells") or ():
             k = c["k"]
             if k <= self.max_k and (allowed is None or k in allowed):
                 grid.setdefault(c["batch_size"], {})[k] = c
@@ -191,8 +192,15 @@ class AdaptiveKSelector:
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: Any) -> AdaptiveKSelector:
-        """Load a v2 table file; any unusable file (or a v1 table) is a :class:`TableError`."""
+        """Load a v2 table file (the typed edge: read, parsed and validated into a
+        :class:`~dsdprof.formats.ktable_types.KTable`); any unusable file (or a v1 table) is a
+        :class:`TableError`. ``kwargs``: the constructor's options."""
         return cls(read_table_file(path), **kwargs)
+
+    @classmethod
+    def from_doc(cls, doc: object, **kwargs: Any) -> AdaptiveKSelector:
+        """A parsed JSON document (``json.loads``'s): validated into a ``KTable`` first."""
+        return cls(validate_table(doc), **kwargs)
 
     # ------------------------------------------------------------------ live input
 

@@ -15,7 +15,10 @@ Per profiled batch size ``b`` and the K served there now:
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from dsdprof.serve.adaptive import AdaptiveKSelector
 
 __all__ = ["Row", "selector_rows", "shift_alarms"]
 
@@ -34,7 +37,7 @@ class Row(NamedTuple):
     step_hi: float
 
 
-def selector_rows(sel: Any, z: float = 1.96) -> list[Row]:
+def selector_rows(sel: AdaptiveKSelector, z: float = 1.96) -> list[Row]:
     """One :class:`Row` per profiled batch size of an :class:`~dsdprof.serve.adaptive.AdaptiveKSelector`."""
     acc = sel._acc
     ratios = acc.ratios()
@@ -58,6 +61,6 @@ def selector_rows(sel: Any, z: float = 1.96) -> list[Row]:
     return rows
 
 
-def shift_alarms(sel: Any) -> int:
+def shift_alarms(sel: AdaptiveKSelector) -> int:
     """Shifts of acceptance the selector detected so far (its CUSUM resets)."""
     return int(sel._acc.resets)

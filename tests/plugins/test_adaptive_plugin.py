@@ -68,7 +68,8 @@ def test_settings_from_additional_config_then_environment(tmp_path):
         adaptive_additional_config("/t.json", {"allowed_ks": 3})
     path = tmp_path / "t.json"
     path.write_text(json.dumps(shifted_table()))
-    settings = resolve_settings(adaptive_additional_config(str(path), {"margin": 0.05, "probe_every": 7}), environ={})
+    settings = resolve_settings(adaptive_additional_config(str(path), {"margin": 0.05, "probe_every": 7}),
+                                environ={})
     assert settings.probe_every == 7 and dict(settings.options) == {"margin": 0.05}
     assert resolve_settings(adaptive_additional_config(str(path)), environ={}).probe_every == 1024
     sel = settings.selector(max_k=2)
@@ -90,6 +91,7 @@ if HAS_VLLM:
 
     from dsdprof.plugins import vllm_adaptive as va
     from dsdprof.plugins import vllm_profiling as vs
+    from dsdprof.plugins.serving import ServingScheduler, counting_class
 
 MAX_BS = 8
 
@@ -101,18 +103,29 @@ def test_qualname_resolves_to_the_factory_which_follows_async_scheduling(monkeyp
     assert va.scheduler_class_for(NS(async_scheduling=False)) is va.AdaptiveScheduler
     assert issubclass(va.AdaptiveAsyncScheduler, vs.TracingAsyncScheduler)
     assert issubclass(va.AdaptiveAsyncScheduler, AsyncScheduler)
-    assert issubclass(va.AdaptiveScheduler, vs.TracingScheduler) and not issubclass(va.AdaptiveScheduler, AsyncScheduler)
+    assert issubclass(va.AdaptiveScheduler,
+                      vs.TracingScheduler) and not issubclass(va.AdaptiveScheduler, AsyncScheduler)
     for cls in (va.AdaptiveScheduler, va.AdaptiveAsyncScheduler):
-        assert cls.update_from_output.__qualname__.startswith("MetricsMixin")  # dsdprof's metrics first
-        assert super(va.MetricsMixin, cls).update_from_output.__qualname__.startswith("_AdaptiveMixin")
-        assert cls.schedule.__qualname__.startswith("_DsdprofMixin")  # K forcing, gate and trace kept
-        assert cls.has_requests.__qualname__.startswith("_DsdprofMixin")
+        # every vLLM method dsdprof's serving engines override: in one class, which calls its parts
+        for name in ("has_requests", "add_request", "schedule", "update_from_output",
+                     "update_draft_token_ids", "update_draft_token_ids_in_output"):
+            assert getattr(cls, name).__qualname__ == f"ServingScheduler.{name}"
+        assert "make_spec_decoding_stats" not in vars(ServingScheduler)  # vLLM's, unless the K part counts
+        assert cls.k_part is va.AdaptiveK
     built = []
     monkeypatch.setattr(va.AdaptiveAsyncScheduler, "__init__", lambda self, *a, **k: built.append(type(self)))
     monkeypatch.setattr(va.AdaptiveScheduler, "__init__", lambda self, *a, **k: built.append(type(self)))
     va.make_scheduler(vllm_config=NS(scheduler_config=NS(async_scheduling=True)))
     va.make_scheduler(NS(scheduler_config=NS(async_scheduling=False)))
     assert built == [va.AdaptiveAsyncScheduler, va.AdaptiveScheduler]
+
+
+def serving_setup(s, additional_config):
+    """The tracer's state and the serving scheduler's parts (metrics off) on a scheduler built
+    without vLLM's __init__ (its state set by the caller)."""
+    s._dsdprof_init(environ={})
+    s._serving_setup(additional_config, environ={"DSDPROF_METRICS": "0"})
+    return s
 
 
 def fake_scheduler(tmp_path, num_spec_tokens=4, options=None, cls=None, static_k=3):
@@ -126,8 +139,7 @@ def fake_scheduler(tmp_path, num_spec_tokens=4, options=None, cls=None, static_k
     s.running, s.waiting, s.requests = [], [], {}
     opts = {"prior_weight": 4, "half_life": 64, "rebuild_every": 1}
     opts.update(options or {})
-    s._adaptive_setup(adaptive_additional_config(str(path), opts), environ={})
-    return s
+    return serving_setup(s, adaptive_additional_config(str(path), opts))
 
 
 def step(drafted: dict[str, int], sampled: dict[str, int], num_spec_tokens: int = 4):
@@ -145,14 +157,14 @@ def step(drafted: dict[str, int], sampled: dict[str, int], num_spec_tokens: int 
 
 def spy(sched):
     calls = []
-    real = sched.dsdprof_selector.observe
+    real = sched.dsdprof_k.selector.observe
 
     def observe(n, acc, drafted=None, batch_size=None):
         calls.append((n, list(acc), None if drafted is None else list(drafted)))
         return real(n, acc, drafted, batch_size=batch_size)
 
-    sel = sched.dsdprof_selector
-    sched.dsdprof_selector = NS(observe=observe, version=sel.version, real=sel,
+    sel = sched.dsdprof_k.selector
+    sched.dsdprof_k.selector = NS(observe=observe, version=sel.version, real=sel,
                                 observe_step=sel.observe_step, explore=sel.explore)
     return calls
 
@@ -166,7 +178,7 @@ def force(sched, k):
 @needs_vllm
 def test_setup_serves_the_table_lookup_with_vllm_semantics(tmp_path):
     s = fake_scheduler(tmp_path)
-    sel = s.dsdprof_selector
+    sel = s.dsdprof_k.selector
     assert sel.max_k == 4 and sel.ks == {1: 3, 2: 3, 4: 2}
     assert s.dynamic_sd_lookup == [0, 3, 3, 2, 2, 2, 2, 2, 2]
     assert s._dsdprof_table_lookup is s.dynamic_sd_lookup  # the tracing mixin's unforced schedule
@@ -174,11 +186,11 @@ def test_setup_serves_the_table_lookup_with_vllm_semantics(tmp_path):
     ranges = [list(r) for r in sel.ranges]
     assert s.dynamic_sd_lookup == build_dynamic_sd_schedule_lookup(ranges, MAX_BS, 4)
     capped = fake_scheduler(tmp_path, num_spec_tokens=2)
-    assert capped.dsdprof_selector.max_k == 2 and max(capped.dynamic_sd_lookup) == 2
+    assert capped.dsdprof_k.selector.max_k == 2 and max(capped.dynamic_sd_lookup) == 2
     with pytest.raises(AdaptiveSettingError, match="dynamic-SD"):
         s2 = va.AdaptiveScheduler.__new__(va.AdaptiveScheduler)
         s2.num_spec_tokens, s2.dynamic_sd_lookup = 3, None
-        s2._adaptive_setup(adaptive_additional_config(str(tmp_path / "table.json")), environ={})
+        serving_setup(s2, adaptive_additional_config(str(tmp_path / "table.json")))
 
 
 @needs_vllm
@@ -186,18 +198,18 @@ def test_observe_aggregates_requests_per_position(tmp_path):
     s = fake_scheduler(tmp_path, options={"rebuild_every": 1000})
     calls = spy(s)
     # 4 requests drafting 3: accepted 0, 1, 3, 2 (sampled = accepted + bonus)
-    assert not s._adaptive_observe(step({"a": 3, "b": 3, "c": 3, "d": 3}, {"a": 1, "b": 2, "c": 4, "d": 3}))
+    assert not s.dsdprof_k.observe(step({"a": 3, "b": 3, "c": 3, "d": 3}, {"a": 1, "b": 2, "c": 4, "d": 3}))
     assert calls[-1] == (4, [3, 2, 1], None)
     # mixed draft lengths (3 and 1): drafted per position goes along; a prefilling request
     # (no draft) and one missing from the output are skipped
-    s._adaptive_observe(step({"a": 3, "b": 1, "z": 2}, {"a": 4, "b": 2, "p": 1}))
+    s.dsdprof_k.observe(step({"a": 3, "b": 1, "z": 2}, {"a": 4, "b": 2, "p": 1}))
     assert calls[-1] == (2, [2, 1, 1], [2, 1, 1])
     # nothing sampled for a drafted request (dropped this step): not a draft
-    s._adaptive_observe(step({"a": 2, "b": 2}, {"a": 0, "b": 3}))
+    s.dsdprof_k.observe(step({"a": 2, "b": 2}, {"a": 0, "b": 3}))
     assert calls[-1] == (1, [1, 1], None)
     n = len(calls)
-    assert not s._adaptive_observe(step({}, {"a": 1}))  # no drafts scheduled: no call
-    assert not s._adaptive_observe(step({"a": 1}, {}))
+    assert not s.dsdprof_k.observe(step({}, {"a": 1}))  # no drafts scheduled: no call
+    assert not s.dsdprof_k.observe(step({"a": 1}, {}))
     assert len(calls) == n
 
 
@@ -214,17 +226,18 @@ def test_without_stats_logging_the_histogram_rebuilds_vllms_own_stats(tmp_path):
     s.running, s.waiting, s.requests = [], [], {}
     path = tmp_path / "table.json"
     path.write_text(json.dumps(shifted_table()))
-    s._adaptive_setup(adaptive_additional_config(str(path)), environ={})
-    calls = [("a", 3, 0, None), ("b", 3, 3, None), ("c", 1, 1, None), ("d", 0, 0, None), ("e", 4, 2, {"e": 2}),
+    serving_setup(s, adaptive_additional_config(str(path)))
+    calls = [("a", 3, 0, None), ("b", 3, 3, None), ("c", 1, 1, None), ("d", 0, 0, None),
+             ("e", 4, 2, {"e": 2}),
              ("f", 2, 1, {"x": 1}), ("g", 4, 4, None), ("h", 9, 0, None)]  # h: beyond K, never raised
     want = SpecDecodingStats.new(4)
-    assert s.make_spec_decoding_stats is s._adaptive_count.counter
+    assert s.make_spec_decoding_stats is s.dsdprof_k.count.counter
     for r, d, a, invalid in calls:
         assert s.make_spec_decoding_stats(None, num_draft_tokens=d, num_accepted_tokens=a,
                                           num_invalid_spec_tokens=invalid, request_id=r) is None
         if d and d < 9:
             want.observe_draft(num_draft_tokens=d - (invalid or {}).get(r, 0), num_accepted_tokens=a)
-    assert s._adaptive_count.stats(0, len(s._adaptive_keys)) == want
+    assert s.dsdprof_k.count.stats(0, len(s.dsdprof_k.keys)) == want
 
 
 def _plugin_config(tmp_path, options):
@@ -265,7 +278,8 @@ def test_with_or_without_stats_logging_the_selector_sees_the_same_steps(tmp_path
 
     seen = {}
     for log_stats in (True, False):
-        s = make_scheduler(va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler, config, log_stats)
+        s = make_scheduler(va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler,
+                           config, log_stats)
         calls = spy(s)
         for i in range(MAX_BS + 3):
             s.add_request(make_request(f"r{i}", 20 + i, 25 + 7 * i))
@@ -294,10 +308,10 @@ def test_queued_steps_serve_the_k_that_feeding_every_step_would(tmp_path, mode, 
     served = {}
     for every in (None, 1):
         ticks = itertools.count()
-        monkeypatch.setattr(va, "_clock", lambda: 0.05 * next(ticks))
+        monkeypatch.setattr(va, "_clock", lambda ticks=ticks: 0.05 * next(ticks))
         s = make_scheduler(va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler, config)
         if every:
-            s._adaptive_every = every
+            s.dsdprof_k.every = every
         ks, schedule = [], s.schedule
 
         def spy_schedule(*a, schedule=schedule, ks=ks):
@@ -309,56 +323,59 @@ def test_queued_steps_serve_the_k_that_feeding_every_step_would(tmp_path, mode, 
         for i in range(MAX_BS):
             s.add_request(make_request(f"r{i}", 20 + i, 60 + 9 * i))
         drive(s, FakeRunner(accept), mode, True)
-        served[every] = (ks, s.dsdprof_selector.version)
+        served[every] = (ks, s.dsdprof_k.selector.version)
     assert served[None] == served[1]
     assert served[1][1] >= 1 and len(set(served[1][0])) > 1  # the lookup did move
 
 
 @needs_vllm
 def test_without_a_run_secret_vllms_own_methods_are_called_directly(tmp_path, monkeypatch):
-    # The tracing mixin cannot act without a run's secret: its frames are skipped on the hot path,
-    # unless an override above it is in force.
+    # The tracer cannot act without a run's secret: each serving method calls vLLM's own directly
+    # (bound once at start, in private attributes); nothing is rebound on the instance.
     import copy
 
+    from dsdprof.plugins.vllm_static import StaticScheduler
     from tests.vllm_fakes import make_scheduler, vllm_config
 
     path = tmp_path / "table.json"
     path.write_text(json.dumps(shifted_table()))
     config = copy.copy(vllm_config(4, MAX_BS, max_model_len=512))
     config.additional_config = adaptive_additional_config(str(path))
-    s = make_scheduler(va.AdaptiveScheduler, config)
-    assert s.has_requests.__func__ is Scheduler.has_requests and s._metrics_add.__func__ is Scheduler.add_request
-    assert s.add_request.__func__ is va.MetricsMixin.add_request  # counts ignored dsdprof keys, then vLLM's
-    monkeypatch.setenv("DSDPROF_METRICS", "0")
-    assert make_scheduler(va.AdaptiveScheduler, config).add_request.__func__ is Scheduler.add_request
-    monkeypatch.delenv("DSDPROF_METRICS")
-    assert s._adaptive_update.__func__ is Scheduler.update_from_output and "schedule" in vars(s)
-
-    class Above(va.AdaptiveScheduler):
-        def schedule(self, *args, **kwargs):
-            return super().schedule(*args, **kwargs)
-
-    assert "schedule" not in vars(make_scheduler(Above, config))
+    vllm_methods = {"has_requests", "add_request", "schedule", "update_from_output", "update_draft_token_ids",
+                    "update_draft_token_ids_in_output", "make_spec_decoding_stats"}
+    s = make_scheduler(va.AdaptiveScheduler, config, log_stats=False)
+    assert not vllm_methods & set(vars(s))
+    for bound, vllm_method in ((s._has, Scheduler.has_requests), (s._add, Scheduler.add_request),
+                               (s._schedule, Scheduler.schedule), (s._update, Scheduler.update_from_output)):
+        assert bound.__func__ is vllm_method
+    assert s.make_spec_decoding_stats is s.dsdprof_k.count.counter  # log_stats off: the K part counts
+    assert type(s) is counting_class(va.AdaptiveScheduler) and type(s).__mro__[1] is va.AdaptiveScheduler
+    assert make_scheduler(va.AdaptiveScheduler, config).make_spec_decoding_stats.__func__ is (
+        Scheduler.make_spec_decoding_stats)
     monkeypatch.setenv("DSDPROF_RUN_TOKEN", "t" * 32)
     run = make_scheduler(va.AdaptiveScheduler, config)
-    assert not {"has_requests", "add_request", "schedule"} & set(vars(run))
-    assert run._adaptive_update.__func__ is vs._DsdprofMixin.update_from_output
+    assert not vllm_methods & set(vars(run))
+    assert run._update.__func__ is vs._DsdprofMixin.update_from_output
+    assert run._schedule.__func__ is vs._DsdprofMixin.schedule
+    assert run._has.__func__ is vs._DsdprofMixin.has_requests
+    static = make_scheduler(StaticScheduler, config)  # the static schedule never traces, secret or not
+    assert static._update.__func__ is Scheduler.update_from_output and not static._dsdprof_token
 
 
 @needs_vllm
 def test_lookup_follows_live_acceptance_and_is_swapped_only_on_change(tmp_path):
     s = fake_scheduler(tmp_path)
-    sel = s.dsdprof_selector
+    sel = s.dsdprof_k.selector
     start = s.dynamic_sd_lookup
     ids = [f"r{i}" for i in range(100)]
     # acceptance as profiled (of 100 drafts of 3: positions 1-3 accepted 99, 98, 97): nothing moves
     profiled = {r: 4 if i < 97 else 4 - (i - 96) for i, r in enumerate(ids)}
     for _ in range(20):
-        assert not s._adaptive_observe(step({r: 3 for r in ids}, profiled))
+        assert not s.dsdprof_k.observe(step({r: 3 for r in ids}, profiled))
     assert s.dynamic_sd_lookup is start and sel.version == 0
     # live acceptance far below the profile: a chain at 0.6 (accepted 0, 1, 2, 3 in 40/24/14/22 of 100)
     low = {r: 1 + (0 if i < 40 else 1 if i < 64 else 2 if i < 78 else 3) for i, r in enumerate(ids)}
-    changed = [s._adaptive_observe(step({r: 3 for r in ids}, low)) for _ in range(30)]
+    changed = [s.dsdprof_k.observe(step({r: 3 for r in ids}, low)) for _ in range(30)]
     assert any(changed) and sel.version >= 1
     assert sel.ks == {1: 1, 2: 1, 4: 1}
     assert s.dynamic_sd_lookup == sel.lookup_list(MAX_BS)
@@ -376,41 +393,41 @@ def test_forced_k_requests_keep_their_k_while_the_lookup_moves(tmp_path):
     s._dsdprof_apply_k()  # what schedule() does first
     assert s.dynamic_sd_lookup == [2] * (MAX_BS + 1)
     for _ in range(30):  # nothing accepted while forced: the adaptive lookup moves underneath
-        s._adaptive_observe(step({f"r{i}": 2 for i in range(10)}, {f"r{i}": 1 for i in range(10)}))
-    assert s.dsdprof_selector.version >= 1
+        s.dsdprof_k.observe(step({f"r{i}": 2 for i in range(10)}, {f"r{i}": 1 for i in range(10)}))
+    assert s.dsdprof_k.selector.version >= 1
     assert s.dynamic_sd_lookup == [2] * (MAX_BS + 1)  # this step stays forced
     s._dsdprof_apply_k()
     assert s.dynamic_sd_lookup == [2] * (MAX_BS + 1)  # and so does the next while the request runs
     s._dsdprof_reqs = {}
     s._dsdprof_apply_k()
-    assert s.dynamic_sd_lookup == s.dsdprof_selector.lookup_list(MAX_BS) and s.dynamic_sd_lookup[1] < 3
+    assert s.dynamic_sd_lookup == s.dsdprof_k.selector.lookup_list(MAX_BS) and s.dynamic_sd_lookup[1] < 3
 
 
 @needs_vllm
 def test_a_k0_everywhere_engine_probes_k1_to_keep_learning(tmp_path):
     s = fake_scheduler(tmp_path, options={"probe_every": 3})
     for _ in range(30):  # nothing accepted: K=0 wherever the table was measured
-        s._adaptive_observe(step({f"r{i}": 3 for i in range(10)}, {f"r{i}": 1 for i in range(10)}))
+        s.dsdprof_k.observe(step({f"r{i}": 3 for i in range(10)}, {f"r{i}": 1 for i in range(10)}))
     table_lookup = s._dsdprof_table_lookup
     assert table_lookup == [0] * (MAX_BS + 1)
     for _ in range(3):
         s._dsdprof_apply_k()
         assert s.dynamic_sd_lookup is table_lookup
-        s._adaptive_observe(step({}, {"r0": 1}))  # steps without a draft
+        s.dsdprof_k.observe(step({}, {"r0": 1}))  # steps without a draft
     s._dsdprof_apply_k()
     assert s.dynamic_sd_lookup == [1] * (MAX_BS + 1)  # one probe step at K=1
     s._dsdprof_apply_k()
     assert s.dynamic_sd_lookup is table_lookup  # then back to the table
     # the probe's draft (scheduled the step after) is observed and resets the count
-    s._adaptive_observe(step({"r0": 1}, {"r0": 2}))
-    assert s._adaptive_idle == 0
+    s.dsdprof_k.observe(step({"r0": 1}, {"r0": 2}))
+    assert s.dsdprof_k.idle == 0
     # a forced K is never replaced by a probe; probe_every = 0 never probes
-    s._adaptive_idle = 99
+    s.dsdprof_k.idle = 99
     force(s, 0)
     s._dsdprof_apply_k()
     assert s.dynamic_sd_lookup == [0] * (MAX_BS + 1) and s.dynamic_sd_lookup is not table_lookup
     never = fake_scheduler(tmp_path, options={"probe_every": 0})
-    never._adaptive_idle = 10**6
+    never.dsdprof_k.idle = 10**6
     never._dsdprof_apply_k()
     assert never.dynamic_sd_lookup is never._dsdprof_table_lookup
 
@@ -429,7 +446,7 @@ def test_update_from_output_runs_vllm_then_observes(tmp_path, monkeypatch, cls):
     assert seen == ["vllm"] and calls == [(1, [1, 0], None)]
 
 
-# ---------------------------------------------------------------- validate --adaptive (fake engines) and its report
+# ---------------------------------------------------------- validate --adaptive (fake engines) and its report
 
 def _spec(tmp_path, batch_sizes=(1, 2), repeats=1):
     from dsdprof.config.spec import parse_spec
@@ -437,7 +454,8 @@ def _spec(tmp_path, batch_sizes=(1, 2), repeats=1):
     for name in ("tgt", "drf"):
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / "config.json").write_text("{}")
-    return parse_spec({"engine": {"name": "vllm", "model": str(tmp_path / "tgt"), "draft_model": str(tmp_path / "drf"),
+    return parse_spec({"engine": {"name": "vllm", "model": str(tmp_path / "tgt"),
+                                  "draft_model": str(tmp_path / "drf"),
                                   "method": "draft_model", "extra": {"additional_config": {"other": 1}}},
                        "sweep": {"batch_sizes": list(batch_sizes), "num_spec_tokens": [0, 3], "waves": 3,
                                  "output_len": 8, "repeats": repeats}})
@@ -483,8 +501,8 @@ class FakeWorker:
         a, t = sum(al) / 3, sum(itl) / 3
         return CellMeasurement(
             acceptance_length=a, acceptance_per_pos=(), num_drafts=30 if k else 0, num_draft_tokens=30 * k,
-            num_accepted_tokens=int(30 * (a - 1)), itl_s=t, itl_p50_s=t, itl_p90_s=t, itl_p99_s=t, tpot_s=t / a,
-            tpot_p50_s=t / a, tpot_p90_s=t / a, tpot_p99_s=t / a, tokens_per_s_per_user=a / t,
+            num_accepted_tokens=int(30 * (a - 1)), itl_s=t, itl_p50_s=t, itl_p90_s=t, itl_p99_s=t,
+            tpot_s=t / a, tpot_p50_s=t / a, tpot_p90_s=t / a, tpot_p99_s=t / a, tokens_per_s_per_user=a / t,
             tokens_per_s_total=req.batch_size * a / t, num_requests=3 * req.batch_size, num_output_tokens=24,
             wall_s=1.0, drafted_per_draft=float(k), steady_steps=6, sample_acceptance_length=tuple(al),
             sample_itl_s=tuple(itl))
@@ -533,7 +551,8 @@ def test_validate_adaptive_serves_the_plugin_and_reports_both_regrets(tmp_path):
     assert cfg["num_speculative_tokens_per_batch_size"] == table["ranges"]
     assert cfg["model"] == str(tmp_path / "drf") and cfg["method"] == "draft_model"
     assert ad.kwargs["additional_config"]["other"] == 1  # the spec's own additional_config is kept
-    assert ad.kwargs["additional_config"]["dsdprof_adaptive"]["table"] == str((out / ADAPTIVE_TABLE_FILE).resolve())
+    served_table = ad.kwargs["additional_config"]["dsdprof_adaptive"]["table"]
+    assert served_table == str((out / ADAPTIVE_TABLE_FILE).resolve())
     assert json.loads((out / ADAPTIVE_TABLE_FILE).read_text()) == table
     assert ad.selector.half_life == 64 and ad.selector.ks == {1: 3, 2: 3, 4: 2}
     assert engines["dsd"].kwargs["scheduler_cls"] != ad.kwargs["scheduler_cls"]
@@ -569,9 +588,11 @@ def test_validate_adaptive_bad_input_is_one_line_and_writes_nothing(tmp_path):
     with pytest.raises(InputError, match="table.cells"):
         run_validation(v1, spec, tmp_path / "a", [1], start_worker=FakeWorker, adaptive={})
     with pytest.raises(InputError, match=r"--adaptive-config.*halflife"):
-        run_validation(shifted_table(), spec, tmp_path / "b", [1], start_worker=FakeWorker, adaptive={"halflife": 1})
+        run_validation(shifted_table(), spec, tmp_path / "b", [1], start_worker=FakeWorker,
+                       adaptive={"halflife": 1})
     with pytest.raises(InputError, match=r"--adaptive-config.*margin"):
-        run_validation(shifted_table(), spec, tmp_path / "c", [1], start_worker=FakeWorker, adaptive={"margin": 2})
+        run_validation(shifted_table(), spec, tmp_path / "c", [1], start_worker=FakeWorker,
+                       adaptive={"margin": 2})
     assert not any((tmp_path / d).exists() for d in "abc")
     (tmp_path / "t.json").write_text(json.dumps(shifted_table()))
     (tmp_path / "s.toml").write_text("[engine]\nmodel = 'x'\n")

@@ -10,6 +10,7 @@ import pytest
 
 from dsdprof.serve.adaptive import PROBE_STEPS
 from dsdprof.serve.settings import adaptive_additional_config
+from tests.plugins.test_adaptive_plugin import serving_setup
 from tests.support.simulate import synthetic_table
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
@@ -26,8 +27,7 @@ def scheduler(tmp_path, options=None):
     s.num_spec_tokens = 4
     s.dynamic_sd_lookup = [0] + [4] * MAX_BS
     s.running, s.waiting, s.requests = [], [], {}
-    s._adaptive_setup(adaptive_additional_config(str(path), options or {}), environ={})
-    return s
+    return serving_setup(s, adaptive_additional_config(str(path), options or {}))
 
 
 def output(n: int, k: int, prefill: int = 0):
@@ -43,20 +43,20 @@ def test_pure_steps_carry_their_duration_and_others_none(tmp_path, monkeypatch):
     s = scheduler(tmp_path)
     clock = iter([10.0, 10.2, 10.5, 11.0, 11.4, 20.0, 20.1])
     monkeypatch.setattr(va, "_clock", lambda: next(clock))
-    got = [s._adaptive_step_time(output(4, 2)),  # the first step: no interval yet
-           s._adaptive_step_time(output(4, 2)),  # pure: 0.2 s at (4, 2)
-           s._adaptive_step_time(output(4, 2, prefill=37)),  # a prefill rides along: no time
-           s._adaptive_step_time(output(3, 1)),  # pure: 0.5 s at (3, 1)
-           s._adaptive_step_time(output(0, 0)),  # nothing scheduled: the next interval is not a step
-           s._adaptive_step_time(output(2, 3)),
-           s._adaptive_step_time(output(2, 3))]  # pure: 0.1 s at (2, 3)
+    got = [s.dsdprof_k.step_time(output(4, 2)),  # the first step: no interval yet
+           s.dsdprof_k.step_time(output(4, 2)),  # pure: 0.2 s at (4, 2)
+           s.dsdprof_k.step_time(output(4, 2, prefill=37)),  # a prefill rides along: no time
+           s.dsdprof_k.step_time(output(3, 1)),  # pure: 0.5 s at (3, 1)
+           s.dsdprof_k.step_time(output(0, 0)),  # nothing scheduled: the next interval is not a step
+           s.dsdprof_k.step_time(output(2, 3)),
+           s.dsdprof_k.step_time(output(2, 3))]  # pure: 0.1 s at (2, 3)
     assert got == [(4, 2, None), (4, 2, pytest.approx(0.2)), (4, 2, None), (3, 1, pytest.approx(0.5)),
                    (0, None, None), (2, 3, None), (2, 3, pytest.approx(0.1))]
 
 
 def engine_step(s, out):
     """``update_from_output`` of a step whose outputs carry no stats (vLLM's part stubbed)."""
-    s._adaptive_update = lambda so, mro: {}
+    s._update = lambda so, mro: {}
     return s.update_from_output(out, None)
 
 
@@ -64,7 +64,7 @@ def test_step_times_are_queued_and_fed_in_order_every_rebuild_every_steps(tmp_pa
     from dsdprof.plugins import vllm_adaptive as va
 
     s = scheduler(tmp_path, {"explore_every": 0})
-    sel = s.dsdprof_selector
+    sel = s.dsdprof_k.selector
     calls = []
     real = sel.observe_step
     monkeypatch.setattr(type(sel), "observe_step", lambda self, *a: calls.append(a) or real(*a))
@@ -79,10 +79,10 @@ def test_step_times_are_queued_and_fed_in_order_every_rebuild_every_steps(tmp_pa
     engine_step(s, output(4, 2))  # no interval yet: nothing queued
     for i in range(every - 1):
         engine_step(s, output(4, 2) if i % 2 else output(2, 0))
-    assert calls == [] and len(s._adaptive_queue) == every - 1  # nothing fed yet: an append per step
+    assert calls == [] and len(s.dsdprof_k.queue) == every - 1  # nothing fed yet: an append per step
     engine_step(s, output(4, 2, prefill=3))  # no time, no drafts: not queued
     engine_step(s, output(1, 1))  # pure on its own (one request, K=1): timed; the queue is full: fed
-    assert len(calls) == every and s._adaptive_queue == []
+    assert len(calls) == every and s.dsdprof_k.queue == []
     assert [c[:2] for c in calls] == [(2, 0) if i % 2 == 0 else (4, 2) for i in range(every - 1)] + [(1, 1)]
     assert all(c[2] == pytest.approx(0.05) for c in calls) and sel.rejected == 0
 
@@ -100,9 +100,9 @@ def test_live_step_times_reach_the_estimate(tmp_path, monkeypatch):
     monkeypatch.setattr(va, "_clock", tick)
     for _ in range(300):
         engine_step(s, output(4, s.dynamic_sd_lookup[4]))
-    s.dsdprof_selector.rebuild()
-    k = s.dsdprof_selector.ks[4]
-    assert s.dsdprof_selector.step_time(4, k) == pytest.approx(0.09, rel=0.02)
+    s.dsdprof_k.selector.rebuild()
+    k = s.dsdprof_k.selector.ks[4]
+    assert s.dsdprof_k.selector.step_time(4, k) == pytest.approx(0.09, rel=0.02)
 
 
 def test_exploration_probes_unforced_steps_only(tmp_path):
@@ -132,7 +132,7 @@ def test_a_k_change_from_step_times_alone_is_served_at_the_feed(tmp_path, monkey
     """A step without drafts (K=0 served) never reaches the acceptance path; when its step time
     moves K, the new lookup is served once the queue is fed."""
     s = scheduler(tmp_path)
-    sel = s.dsdprof_selector
+    sel = s.dsdprof_k.selector
     before = list(s.dynamic_sd_lookup)
 
     def observe_step(self, n, k, seconds):  # as if this step's time tipped a rebuild
@@ -141,9 +141,9 @@ def test_a_k_change_from_step_times_alone_is_served_at_the_feed(tmp_path, monkey
         return True
 
     monkeypatch.setattr(type(sel), "observe_step", observe_step)
-    s._adaptive_queue.append((None, 4, 0, 0.03, 0))
-    assert s._adaptive_feed() is True
-    assert s._adaptive_version == s._adaptive_versions() and s.dynamic_sd_lookup == [0] * (MAX_BS + 1) != before
+    s.dsdprof_k.queue.append((None, 4, 0, 0.03, 0))
+    assert s.dsdprof_k.feed() is True
+    assert s.dsdprof_k.version == 1 and s.dynamic_sd_lookup == [0] * (MAX_BS + 1) != before
     assert s._dsdprof_table_lookup is s.dynamic_sd_lookup
 
 
@@ -166,7 +166,7 @@ def _serve_steps(s, monkeypatch, steps, slow, seed=0):
             alive = sum(rng.random() < 0.8 for _ in range(alive))
             accepted.append(alive)
         stats = NS(num_drafts=4, num_draft_tokens_per_pos=[4] * k, num_accepted_tokens_per_pos=accepted)
-        s._adaptive_update = lambda so, mro, st=stats: {0: NS(scheduler_stats=NS(spec_decoding_stats=st))}
+        s._update = lambda so, mro, st=stats: {0: NS(scheduler_stats=NS(spec_decoding_stats=st))}
         s.update_from_output(output(4, k), None)
         served.append(s._dsdprof_table_lookup[4])
     return served
@@ -177,7 +177,7 @@ def test_a_slowdown_common_to_every_k_moves_no_k_but_a_k_specific_one_does(tmp_p
     (probes to the neighbouring Ks included) changes no K at BS 4, where K=3 (the table's) leads
     K=4 by under 1 %; the same 1.5x on K=3 alone moves it."""
     s = scheduler(tmp_path)
-    kt = s.dsdprof_selector.ks[4]
+    kt = s.dsdprof_k.selector.ks[4]
     served = _serve_steps(s, monkeypatch, 2500, lambda i, k: 1.5 if 700 <= i < 1700 else 1.0)
     assert set(served) == {kt}, sorted(set(served))
     s = scheduler(tmp_path)

@@ -1,7 +1,8 @@
 """dsdprof's metrics (dsdprof.plugins.metrics) on vLLM's real schedulers driven by a fake runner:
 the counters agree with the runner's own record of what it drafted and accepted, the silent no-op
 alarm fires when the drafter ignores K (and only then), hostile request keys are counted and change
-nothing, metrics off leaves no frame of ours, and the dashboard names only metrics that exist."""
+nothing, metrics off leaves vLLM's methods called straight away, and the dashboard names only
+metrics that exist."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm")
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
 from dsdprof.plugins import metrics as pm  # noqa: E402
 from dsdprof.plugins import vllm_adaptive as va  # noqa: E402
@@ -27,7 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def value(s, name: str, **labels) -> float:
     m = s.dsdprof_metrics
-    return m.registry.get_sample_value(name, {"model_name": m.labels[0], "engine": m.labels[1], **labels}) or 0.0
+    return m.registry.get_sample_value(name,
+                                       {"model_name": m.labels[0], "engine": m.labels[1], **labels}) or 0.0
 
 
 def accept(req_id, n, d):  # chain acceptance ~0.7 per position
@@ -81,13 +86,15 @@ def test_counters_agree_with_what_the_runner_drafted_and_accepted(tmp_path, kind
             sum(d > pos for d, _ in drafted)
         assert value(s, "dsdprof:spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)) == \
             sum(a > pos for _, a in drafted)
-    steps = sum(value(s, "dsdprof:steps_total", batch_size_bucket=pm.bucket_label(lo, hi), num_speculative_tokens=str(k))
+    steps = sum(value(s, "dsdprof:steps_total", batch_size_bucket=pm.bucket_label(lo, hi),
+                      num_speculative_tokens=str(k))
                 for lo, hi in pm.buckets(MAX_BS) for k in range(5))
     assert steps == runner.steps_run > 40  # every step that scheduled a request, once
     assert value(s, "dsdprof:silent_noop_steps_total") == 0  # the fake drafter drafts the K scheduled
-    assert value(s, "dsdprof:info", mode=kind, table=str(tmp_path / "table.json") if kind == "adaptive" else "") == 1
+    assert value(s, "dsdprof:info", mode=kind,
+                 table=str(tmp_path / "table.json") if kind == "adaptive" else "") == 1
     if kind == "adaptive":
-        sizes = s.dsdprof_selector._sizes
+        sizes = s.dsdprof_k.selector._sizes
         for b in sizes:
             lo, est, hi = (value(s, "dsdprof:acceptance_length_ratio", batch_size=str(b), bound=x)
                            for x in ("lower", "estimate", "upper"))
@@ -188,7 +195,8 @@ def _varying(mode: str, log_stats: bool, kind: str, tmp_path):
 
 @pytest.mark.parametrize("mode,log_stats,kind", [
     ("sync", True, "static"), ("sync", False, "static"), ("async", True, "static"),
-    ("async", False, "static"), ("sync", True, "adaptive"), ("async", True, "adaptive"), ("async", False, "adaptive")])
+    ("async", False, "static"), ("sync", True, "adaptive"), ("async", True, "adaptive"),
+    ("async", False, "adaptive")])
 def test_the_silent_noop_alarm_under_sync_and_async_scheduling(tmp_path, mode, log_stats, kind):
     """An honest runner (drafts the K each step scheduled) raises no alarm while K changes from
     step to step; a runner whose drafter ignores K raises it: under sync at every step whose drafts
@@ -235,7 +243,8 @@ def test_drafts_handed_back_under_async_with_structured_outputs_are_checked_too(
         assert s.dsdprof_metrics.alarms[2] == alarms and so.num_invalid_spec_tokens == {}
     monkeypatch.setenv(pm.METRICS_ENV, "0")
     off = make_scheduler(vs.StaticAsyncScheduler, config)
-    assert off.update_draft_token_ids_in_output.__func__ is vs.AsyncScheduler.update_draft_token_ids_in_output
+    assert off.dsdprof_metrics is None
+    assert off._draft_out.__func__ is AsyncScheduler.update_draft_token_ids_in_output
 
 
 # the profiling scheduler's own keys (dsdprof.plugins.names; K_SEQ_ARG was misspelt "dsdprof_k_seq" here)
@@ -260,7 +269,8 @@ def test_hostile_request_keys_are_counted_and_change_nothing(tmp_path, kind, mon
         drive(s, FakeRunner(accept), "sync", True)
         seen[hostile] = {n: value(s, n) for n in ("dsdprof:spec_decode_num_drafts_total",
                                                   "dsdprof:spec_decode_num_accepted_tokens_total",
-                                                  "dsdprof:k_switches_total", "dsdprof:silent_noop_steps_total")}
+                                                  "dsdprof:k_switches_total",
+                                                  "dsdprof:silent_noop_steps_total")}
         seen[hostile]["ignored"] = value(s, "dsdprof:ignored_requests_total")
     assert seen[False].pop("ignored") == 0 and seen[True].pop("ignored") == MAX_BS + 3
     assert seen[True] == seen[False]
@@ -270,8 +280,8 @@ def test_metrics_off_leaves_vllms_methods_and_no_metrics(tmp_path, monkeypatch):
     monkeypatch.setenv(pm.METRICS_ENV, "0")
     s = _static()
     assert s.dsdprof_metrics is None
-    assert s.update_from_output.__func__ is vs.Scheduler.update_from_output
-    assert s.add_request.__func__ is vs.Scheduler.add_request
+    assert s._update.__func__ is Scheduler.update_from_output  # what each of its methods calls: vLLM's
+    assert s._add.__func__ is Scheduler.add_request and s._draft.__func__ is Scheduler.update_draft_token_ids
     _load(s, 3)
     drive(s, FakeRunner(accept), "sync", True)
     monkeypatch.delenv(pm.METRICS_ENV)
@@ -295,7 +305,8 @@ def test_dashboard_and_docs_name_only_metrics_that_exist():
     dash = (REPO / "docs" / "grafana" / "dsdprof.json").read_text()
     used = set(re.findall(r"dsdprof:[a-z_]+", dash))
     assert used and used <= exported, used - exported
-    assert {"dsdprof:steps_total", "dsdprof:silent_noop_steps_total", "dsdprof:num_speculative_tokens"} <= used
+    assert {"dsdprof:steps_total", "dsdprof:silent_noop_steps_total",
+            "dsdprof:num_speculative_tokens"} <= used
     doc = (REPO / "docs" / "observability.md").read_text()
     documented = set(re.findall(r"dsdprof:[a-z_]+", doc))
     assert exported <= documented, exported - documented
@@ -323,7 +334,8 @@ def test_watch_parses_what_prometheus_client_writes_and_warns_an_operator(tmp_pa
     assert any("differ" in w for w in snap["warnings"]) and not snap["agree"]  # vLLM's 3 drafts vs ours
     assert [r["bucket"] for r in snap["schedule"]] == ["1", "2", "3-4", "5-8"]
     assert sum(r["steps"].get("2", 0) for r in snap["schedule"]) > 0 and snap["steps_k0"] == 0
-    assert summarize([])["warnings"] == ["no dsdprof metrics here: serve with `dsdprof serve` (docs/observability.md)"]
+    assert summarize([])["warnings"] == ["no dsdprof metrics here: serve with `dsdprof serve` "
+                                         "(docs/observability.md)"]
 
 
 def test_watch_bad_url_is_one_line_and_exit_2():

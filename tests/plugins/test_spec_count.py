@@ -73,12 +73,12 @@ def _run(sched, mode: str, reset: tuple[int, ...], ragged: bool) -> tuple[list, 
     """Run the plugin; every queued step as ``(requests, K, drafts, drafted, accepted, drafted per
     position, accepted per position)``, in order (step times come from a ticking clock)."""
     seen: list = []
-    feed = sched._adaptive_feed
+    feed = sched.dsdprof_k.feed
     events = {"preempted": 0, "dropped": 0}
     preempt = sched._preempt_request
 
     def record():  # the steps' stats before the feed counts and clears their keys
-        seen.extend(_stats(sched, sched._adaptive_queue))
+        seen.extend(_stats(sched, sched.dsdprof_k.queue))
         return feed()
 
     def spy_preempt(request, *args, **kwargs):
@@ -86,12 +86,12 @@ def _run(sched, mode: str, reset: tuple[int, ...], ragged: bool) -> tuple[list, 
         events["preempted"] += 1
         events["dropped"] += request.drop_stale_output and request.num_stale_output_tokens > 0
 
-    sched._adaptive_feed, sched._preempt_request = record, spy_preempt
+    sched.dsdprof_k.feed, sched._preempt_request = record, spy_preempt
     for i in range(MAX_BS + 5):
         sched.add_request(make_request(f"r{i}", 20 + i, 25 + 7 * i))
     runner = Events(sched, {6: 2, 11: 1, 19: 2, 23: 1}, reset, ragged)
     drive(sched, runner, mode, True)
-    seen.extend(_stats(sched, sched._adaptive_queue))
+    seen.extend(_stats(sched, sched.dsdprof_k.queue))
     out = []
     for stats, n, k in seen:
         out.append((n, k) + ((stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
@@ -102,7 +102,7 @@ def _run(sched, mode: str, reset: tuple[int, ...], ragged: bool) -> tuple[list, 
 
 def _stats(sched, queue) -> list:
     """``(stats, requests, K)`` of queued steps; a step's slice of the keys (log_stats off) counted."""
-    return [(sched._adaptive_count.stats(*stats) if type(stats) is tuple else stats, n, k)
+    return [(sched.dsdprof_k.count.stats(*stats) if type(stats) is tuple else stats, n, k)
             for stats, n, k, _, _ in queue]
 
 
@@ -117,9 +117,9 @@ def _three(tmp_path, monkeypatch, mode: str, blocks: int, reset: tuple[int, ...]
         monkeypatch.setattr(va, "_clock", lambda ticks=ticks: 0.05 * next(ticks))
         s = scheds[name] = make_scheduler(cls, _config(tmp_path, blocks), log_stats)
         if name == "per_request":  # every request straight into the histograms
-            s.make_spec_decoding_stats = s._adaptive_count.per_request
+            s.make_spec_decoding_stats = s.dsdprof_k.count.per_request
         elif name == "bulk" and mutate is not None:
-            mutate(s._adaptive_count)
+            mutate(s.dsdprof_k.count)
         runs[name] = _run(s, mode, reset, ragged)
     return runs, scheds
 
@@ -132,8 +132,8 @@ def _three(tmp_path, monkeypatch, mode: str, blocks: int, reset: tuple[int, ...]
 def test_the_count_equals_per_request_and_vllms_stats_step_by_step(tmp_path, monkeypatch, mode, blocks,
                                                                       reset, ragged):
     runs, scheds = _three(tmp_path, monkeypatch, mode, blocks, reset, ragged=ragged)
-    assert scheds["vllm"]._adaptive_keys is None  # vLLM's own SpecDecodingStats
-    assert scheds["bulk"].make_spec_decoding_stats is scheds["bulk"]._adaptive_count.counter
+    assert scheds["vllm"].dsdprof_k.keys is None  # vLLM's own SpecDecodingStats
+    assert scheds["bulk"].make_spec_decoding_stats is scheds["bulk"].dsdprof_k.count.counter
     steps, runner, events = runs["bulk"]
     assert runner.aborted >= 4
     assert steps == runs["per_request"][0] == runs["vllm"][0]
@@ -166,7 +166,7 @@ def test_grammar_invalidated_and_out_of_range_drafts_count_by_vllms_rules(tmp_pa
     from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
     s = make_scheduler(va.AdaptiveScheduler, _config(tmp_path, 4096), False)
-    count = s._adaptive_count
+    count = s.dsdprof_k.count
     calls = [("a", 3, 1, {"a": 2}), ("b", 4, 4, {"a": 2}), ("c", 2, 0, None), ("d", 4, 2, {"d": 4}),
              ("e", 5, 0, None), ("f", 0, 0, {"f": 1}), ("g", 1, 5, None)]  # e, g: beyond K=4; f: no draft
     want = SpecDecodingStats.new(4)

@@ -32,8 +32,10 @@ def test_plan_puts_every_variant_in_one_group_of_arms():
     assert {c.group for c in cells} == {(ARM_ENGINE, ARM_TABLE, 1, 3)}
     assert {worker_key(c) for c in cells} == {"vanilla", "adaptive"}  # no fixed-K or dsd engine to start
     plain = plan_validation([1], [1, 2], TABLE["ranges"], 1, design="steps")
-    assert {c.group for c in plain} == {(ARM_TABLE, 1, 2)} and {worker_key(c) for c in plain} == {"vanilla", "dsd"}
-    with pytest.raises(InputError, match="--fixed-k=3: above K=2"):  # the table's largest K, no adaptive engine
+    assert {c.group
+            for c in plain} == {(ARM_TABLE, 1, 2)} and {worker_key(c) for c in plain} == {"vanilla", "dsd"}
+    with pytest.raises(InputError,
+                       match="--fixed-k=3: above K=2"):  # the table's largest K, no adaptive engine
         plan_validation([1], [3], TABLE["ranges"], 1, design="steps")
     with pytest.raises(InputError, match="K=0 at every batch size"):
         plan_validation([1], [1], [[1, 1 << 20, 0]], 1, design="steps")
@@ -89,8 +91,8 @@ def _run(tmp_path, design: str, seed: int = 0, name: str = "out", waves: int = 1
     StepsWorker.machine, SpanWorker.log = Machine(seed, walk=0.01, own=0.01), []
     table = dict(shifted_table(provenance={"model": str(tmp_path / "tgt")}))
     table["ranges"] = [[1, 1 << 20, 2]]  # the table serves K=2 (the dsd truth) at every batch size
-    summary = run_validation(table, _spec(tmp_path, waves=waves), tmp_path / name, [1, 2, 3], start_worker=StepsWorker,
-                             design=design, adaptive={"half_life": 64})
+    summary = run_validation(table, _spec(tmp_path, waves=waves), tmp_path / name, [1, 2, 3],
+                             start_worker=StepsWorker, design=design, adaptive={"half_life": 64})
     return summary, pd.read_parquet(tmp_path / name)
 
 
@@ -130,7 +132,8 @@ def test_steps_intervals_are_narrower_than_interleaved_waves_when_engines_differ
             widths[design] += (c["adaptive_regret_hi"] - c["adaptive_regret_lo"]).tolist()
             errors[design] += (c["adaptive_regret"] - truth).abs().tolist()
             if design == "steps":
-                assert ((c["adaptive_regret_lo"] <= truth + 0.005) & (truth - 0.005 <= c["adaptive_regret_hi"])).all()
+                assert ((c["adaptive_regret_lo"] <= truth
+                         + 0.005) & (truth - 0.005 <= c["adaptive_regret_hi"])).all()
     assert np.median(widths["steps"]) * 2.5 < np.median(widths["paired"]), widths
     assert max(errors["steps"]) < 0.01 and np.mean(errors["steps"]) * 3 < np.mean(errors["paired"]), errors
 
@@ -197,7 +200,8 @@ def test_arm_values_are_bounded_and_need_the_run_secret(run_env):
     assert not bad and p.k_seq == (ARM_ENGINE, ARM_TABLE, 0, 4)
     p, bad = parse_keys({"dsdprof_run": TOKEN, "dsdprof_k_sequence": [-3, 1]}, TOKEN, str(run_env), 4, 8)
     assert bad and p.k_seq == ()
-    p, _ = parse_keys({"dsdprof_run": "x" * 32, "dsdprof_k_sequence": [ARM_ENGINE]}, TOKEN, str(run_env), 4, 8)
+    p, _ = parse_keys({"dsdprof_run": "x" * 32, "dsdprof_k_sequence": [ARM_ENGINE]}, TOKEN,
+                      str(run_env), 4, 8)
     assert p is None
 
 
@@ -212,17 +216,17 @@ def test_the_adaptive_plugin_learns_only_from_its_own_steps(run_env, mode):
     sched = make_scheduler(va.AdaptiveAsyncScheduler if mode == "async" else va.AdaptiveScheduler, config)
     calls = spy(sched)
     timed = []
-    real_step = sched.dsdprof_selector.observe_step
+    real_step = sched.dsdprof_k.selector.observe_step
 
     def observe_step(n, k, seconds):
         timed.append((n, k))
         return real_step(n, k, seconds)
 
-    sched.dsdprof_selector.observe_step = observe_step
+    sched.dsdprof_k.selector.observe_step = observe_step
     arms = (ARM_ENGINE, ARM_TABLE, 1, 4)
-    run_arms(sched, mode, 2, arms, lambda r, n, d: _hashed_chain(r, n, d, lambda a, h: (h >> (4 * a)) & 15 < 11),
-             waves=6)
-    sched._adaptive_feed()
+    run_arms(sched, mode, 2, arms, lambda r, n,
+             d: _hashed_chain(r, n, d, lambda a, h: (h >> (4 * a)) & 15 < 11), waves=6)
+    sched.dsdprof_k.feed()
     steps = read_trace(run_env / "g.jsonl")
     prev: dict = {}
     last = None

@@ -56,9 +56,12 @@ def test_spec_without_context_lens_hashes_as_before():
                     "sweep": {"batch_sizes": [1, 8], "num_spec_tokens": [0, 2]},
                     "sim": {"hardware": "H100 SXM", "acceptance_alpha": 0.8}})
     assert "context_lens" not in normalised_spec_dump(a)["sweep"]
-    assert spec_hash(normalised_spec_dump(a)) == "sha256:a3098ea3444386baf583b662de52e3b044376e7f68827adbd5abe92e9dd38f65"
-    assert spec_hash(normalised_spec_dump(b)) == "sha256:898bbd850f5f1737be317b937b63dd3c1b8bc2f52dfc596fb66c2b829d87b3a8"
-    with_ctx = parse_spec({"engine": {"model": "m", "method": "ngram"}, "sweep": {"context_lens": [4096, 512]}})
+    assert spec_hash(normalised_spec_dump(a)) == (
+        "sha256:a3098ea3444386baf583b662de52e3b044376e7f68827adbd5abe92e9dd38f65")
+    assert spec_hash(normalised_spec_dump(b)) == (
+        "sha256:898bbd850f5f1737be317b937b63dd3c1b8bc2f52dfc596fb66c2b829d87b3a8")
+    with_ctx = parse_spec({"engine": {"model": "m", "method": "ngram"},
+                           "sweep": {"context_lens": [4096, 512]}})
     assert normalised_spec_dump(with_ctx)["sweep"]["context_lens"] == [512, 4096]
     assert spec_hash(normalised_spec_dump(with_ctx)) != spec_hash(normalised_spec_dump(a))
 
@@ -93,8 +96,10 @@ def test_cell_ids_unchanged_without_contexts_and_suffixed_with():
         ids = [c.cell_id for c in cells]
         assert len(ids) == len(set(ids)) == 2 * 2 * 3 * 2
         for c in (100, 1000):  # every context holds the full grid of every repeat
-            assert sorted((x.repeat, x.batch_size, x.mode, x.num_spec_tokens) for x in cells if x.context_len == c) \
-                == sorted((x.repeat, x.batch_size, x.mode, x.num_spec_tokens) for x in plan_cells([1, 2], [1, 2], 2, mode))
+            assert sorted((x.repeat, x.batch_size, x.mode, x.num_spec_tokens) for x in cells
+                          if x.context_len == c) \
+                == sorted((x.repeat, x.batch_size, x.mode, x.num_spec_tokens)
+                          for x in plan_cells([1, 2], [1, 2], 2, mode))
 
 
 # ----------------------------------------------------------------------------- rows
@@ -167,7 +172,8 @@ def test_v2_tables_still_serve_with_a_context(tmp_path):
     doc = export_document(tmp_path / "r").doc
     assert doc["schema"] == "dsdprof.ktable/v2"
     sel = KSelector.from_dict(doc)
-    assert [sel.select(b, c) for b in (1, 8) for c in (None, 1, 10**6)] == [sel.select(b) for b in (1, 8) for _ in range(3)]
+    assert [sel.select(b, c) for b in (1, 8)
+            for c in (None, 1, 10**6)] == [sel.select(b) for b in (1, 8) for _ in range(3)]
     v1 = {"schema": "dsdprof.ktable/v1", "ranges": [[1, 3, 4], [4, 100, 1]]}
     assert KSelector.from_dict(v1).select(2, 99999) == 4
     assert sel.lookup_list(8, 12345) == sel.lookup_list(8)
@@ -233,11 +239,13 @@ def test_a_mixed_batch_costs_what_its_mean_context_costs_not_its_max():
         t = k + 1.0
         tm, tf = (sum(x) for x in zip(*[attention_term(tgt, hw, 1, t, c) for c in per_request]))
         dm, df = (k * sum(x) for x in zip(*[attention_term(drf, hw, 1, 1.0, c) for c in per_request]))
-        return max(tm / hw.eff_bandwidth, tf / hw.eff_compute) + max(dm / hw.eff_bandwidth, df / hw.eff_compute)
+        return max(tm / hw.eff_bandwidth,
+                   tf / hw.eff_compute) + max(dm / hw.eff_bandwidth, df / hw.eff_compute)
 
     def summed(k):  # every other term from the model at a short context, attention request by request
         short = [2_000] * b
-        return float(step_time(hw, tgt, drf, b, k, 2_000).total_s) - attention_s(k, short) + attention_s(k, contexts)
+        return float(step_time(hw, tgt, drf, b, k,
+                               2_000).total_s) - attention_s(k, short) + attention_s(k, contexts)
 
     true = np.array([summed(k) for k in ks])
     at = lambda c: np.array([float(step_time(hw, tgt, drf, b, k, c).total_s) for k in ks])  # noqa: E731
@@ -275,8 +283,10 @@ def _v3_doc(tmp_path):
         c["itl_s"] = 0.5 + c["itl_s"] * 0.01
         c["goodput"] = c["acceptance_length"] / c["itl_s"]
     long["ranges"], long["points"] = [[1, 1 << 20, 3]], [{"batch_size": b, "k": 3} for b in (1, 2, 4)]
-    slices = [{"max_context": 1000, "context_len": 500, **{k: short[k] for k in ("ranges", "points", "cells", "acceptance_per_pos")}},
-              {"max_context": 1 << 24, "context_len": 32000, **{k: long[k] for k in ("ranges", "points", "cells", "acceptance_per_pos")}}]
+    slices = [{"max_context": 1000, "context_len": 500,
+               **{k: short[k] for k in ("ranges", "points", "cells", "acceptance_per_pos")}},
+              {"max_context": 1 << 24, "context_len": 32000,
+               **{k: long[k] for k in ("ranges", "points", "cells", "acceptance_per_pos")}}]
     doc = {**short, "schema": "dsdprof.ktable/v3", "default_context": 500, "contexts": slices}
     path = tmp_path / "table.json"
     path.write_text(json.dumps(validate_table(doc)))
@@ -289,13 +299,14 @@ def test_adaptive_plugin_keys_each_step_on_the_batch_mean_context(tmp_path):
 
     import dsdprof.plugins.vllm_adaptive as va
     from dsdprof.serve.settings import adaptive_additional_config
+    from tests.plugins.test_adaptive_plugin import serving_setup
 
     _v3_doc(tmp_path)
     s = va.AdaptiveScheduler.__new__(va.AdaptiveScheduler)
     s.num_spec_tokens, s.dynamic_sd_lookup = 4, [0] + [3] * 8
     s.running, s.waiting, s.requests = [], [], {}
-    s._adaptive_setup(adaptive_additional_config(str(tmp_path / "table.json"), {"rebuild_every": 1}), environ={})
-    short_lookup, long_lookup = s._adaptive_ctx_lookups
+    serving_setup(s, adaptive_additional_config(str(tmp_path / "table.json"), {"rebuild_every": 1}))
+    short_lookup, long_lookup = s.dsdprof_k.ctx_lookups
     assert short_lookup != long_lookup and long_lookup[1:] == [3] * 8
     for contexts, want in (([100] * 4, short_lookup), ([40_000] * 4, long_lookup),
                            ([3_000] + [100] * 3, short_lookup)):  # mean 825: the max (3000) would say long
@@ -310,7 +321,7 @@ def test_adaptive_plugin_keys_each_step_on_the_batch_mean_context(tmp_path):
     s._dsdprof_apply_k()
     lookup = s.dynamic_sd_lookup
     s.running = [NS(num_tokens=40_000) for _ in range(4)]  # admitted by vLLM's schedule()
-    assert lookup[4] == long_lookup[4] and s._adaptive_ctx_i == 1
+    assert lookup[4] == long_lookup[4] and s.dsdprof_k.ctx_i == 1
 
 
 # ----------------------------------------------------------------------------- plots and show
@@ -358,8 +369,10 @@ def test_vllm_engine_builds_the_pool_at_the_longest_context_and_cuts_per_cell():
     eng = VllmEngine(spec, start_worker=lambda *a, **k: None)
     assert eng.pool._workload.input_len == 8000 and spec.workload.input_len == 7
     assert eng.cell_request(Cell(0, 2, "dsd", 1, 100), 1).context_len == 100
-    plain = VllmEngine(parse_spec({"engine": {"model": "m", "method": "ngram"}}), start_worker=lambda *a, **k: None)
-    assert plain.pool._workload.input_len == 128 and plain.cell_request(Cell(0, 2, "dsd", 1), 1).context_len == 0
+    plain = VllmEngine(parse_spec({"engine": {"model": "m", "method": "ngram"}}),
+                       start_worker=lambda *a, **k: None)
+    assert plain.pool._workload.input_len == 128
+    assert plain.cell_request(Cell(0, 2, "dsd", 1), 1).context_len == 0
 
 
 # ----------------------------------------------------------------------------- failed slices (issue 31)
@@ -407,7 +420,8 @@ def test_context_export_refuses_failed_slices_in_one_line(tmp_path):
         export_document(run)
     assert err.value.field == "contexts" and err.value.value == {8192: [64, 128], 65536: [16, 32, 64, 128]}
     for fmt in ("table", "vllm"):
-        r = CliRunner().invoke(app, ["export", str(run), "--format", fmt, "-o", str(tmp_path / f"{fmt}.json")])
+        r = CliRunner().invoke(app,
+                               ["export", str(run), "--format", fmt, "-o", str(tmp_path / f"{fmt}.json")])
         err_line = r.stderr.strip()
         assert r.exit_code == 2 and err_line.count("\n") == 0 and "Traceback" not in r.output, r.output
         for words in ("contexts={8192: [64, 128], 65536: [16, 32, 64, 128]}", "context 8192: no ok cell at "
@@ -434,7 +448,8 @@ def test_context_export_with_allow_partial_never_extends_a_k_over_failed_batch_s
     assert any(w.startswith("partial context sweep: context 8192") for w in out.warnings)
     vllm = export_document(run, "vllm", allow_partial=True, context=65536).doc
     assert vllm["num_speculative_tokens_per_batch_size"][-1][1] == 8
-    assert k_for_batch_size(slice_for_context(doc, 65536)["ranges"], 128) == doc["contexts"][2]["points"][-1]["k"]
+    assert k_for_batch_size(slice_for_context(doc, 65536)["ranges"],
+                            128) == doc["contexts"][2]["points"][-1]["k"]
 
 
 def test_complete_context_sweep_exports_as_before(tmp_path):
@@ -451,7 +466,8 @@ def test_a_context_whose_every_cell_failed_is_refused_then_skipped(tmp_path):
     with pytest.raises(InputError, match=r"contexts=\{65536: \[1, 2, 4, 8, 16, 32, 64, 128\]\}"):
         export_document(run)
     doc = export_document(run, allow_partial=True).doc
-    assert [sl["context_len"] for sl in doc["contexts"]] == [1024, 8192] and "65536" in doc["contexts_skipped"]
+    assert [sl["context_len"]
+            for sl in doc["contexts"]] == [1024, 8192] and "65536" in doc["contexts_skipped"]
 
 
 def test_plain_partial_export_ends_at_its_last_measured_batch_size(tmp_path):
@@ -467,11 +483,13 @@ def test_plain_partial_export_ends_at_its_last_measured_batch_size(tmp_path):
         for b in GRID_BS:
             for mode, k in (("vanilla", 0), ("dsd", 0), ("dsd", 2)):
                 row = empty_row()
-                row.update(cell_id=Cell(0, b, mode, k).cell_id, mode=mode, batch_size=b, num_spec_tokens=k, repeat=0)
+                row.update(cell_id=Cell(0, b, mode, k).cell_id, mode=mode, batch_size=b,
+                           num_spec_tokens=k, repeat=0)
                 if b in (4, 64, 128):
                     row.update(status="failed", error="MemoryError")
                 else:
-                    row.update(status="ok", acceptance_length=1 + 0.8 * k / 2, itl_s=0.01 + 0.0001 * b * (k + 1))
+                    row.update(status="ok", acceptance_length=1 + 0.8 * k / 2,
+                               itl_s=0.01 + 0.0001 * b * (k + 1))
                 w.write_row(row)
     with pytest.raises(InputError, match=r"batch_sizes=\[4, 64, 128\]"):
         export_document(run)
