@@ -71,6 +71,20 @@ VARIATIONS = (
     Scenario("hold4", drift=0.05, rho=0.5, outliers=0.01, step_sd=0.04, hold=4, settle=1, steps=72),
 )
 
+# GPU-like (issue 45): quiet steps (1-1.5 % noise, <= 1 % drift), rare slow steps (0.5 % at 3x or
+# 5x) and waves that are not a whole number of K cycles (56 or 50 steps, cycles of 12): a K times a
+# different number of steps in different waves, so a wave's mean and the row's step mean weigh a
+# slow step differently
+GPU_LIKE = (
+    Scenario("gpu3", step_sd=0.012, drift=0.01, outliers=0.005, outlier_factor=3.0, steps=56),
+    Scenario("gpu5", step_sd=0.012, drift=0.01, outliers=0.005, outlier_factor=5.0, steps=56),
+    Scenario("gpu15", step_sd=0.015, drift=0.005, outliers=0.005, outlier_factor=3.0, steps=50),
+    Scenario("gpuhold4", step_sd=0.01, drift=0.01, outliers=0.005, outlier_factor=5.0, hold=4, settle=1,
+             steps=60),
+    Scenario("out56", outliers=0.01, step_sd=0.03, steps=56),  # ``outliers`` on 56-step waves
+    Scenario("out56low", outliers=0.01, step_sd=0.012, drift=0.01, steps=56),  # ... with low noise
+)
+
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # batch sizes where gpu_itl puts a K within 0.5 % of the 2 % tolerance (0.975-0.985 of the best):
 # the hardest decisions, where a wrong one is most likely
@@ -116,7 +130,8 @@ def _sequence(ks: tuple[int, ...], wave: int, hold: int, steps: int) -> np.ndarr
 
 def _step_noise(rng: np.random.Generator, sc: Scenario, n: int) -> np.ndarray:
     if sc.t_df > 0:
-        e = rng.standard_t(sc.t_df, n) * sc.step_sd * math.sqrt((sc.t_df - 2) / sc.t_df if sc.t_df > 2 else 1.0)
+        scale = math.sqrt((sc.t_df - 2) / sc.t_df if sc.t_df > 2 else 1.0)
+        e = rng.standard_t(sc.t_df, n) * sc.step_sd * scale
     else:
         e = rng.normal(0.0, sc.step_sd, n)
     u = np.empty(n)
@@ -235,7 +250,8 @@ def score(result, goodput: dict[int, dict[int, float]], tolerance: float = 0.02,
     ``*s``: intervals holding the truth / intervals known; ``vanilla_wrong``: batch sizes flagged
     ``vanilla_faster`` where the truth has a K at least as fast."""
     want = truth_k(goodput, tolerance)
-    out: dict[str, Any] = {f"{n}{s}": 0 for n in ("", "margin_", "speedup_", "vanilla_") for s in ("covered", "s")}
+    out: dict[str, Any] = {f"{n}{s}": 0 for n in ("", "margin_", "speedup_", "vanilla_")
+                           for s in ("covered", "s")}
     out.update(covered=0, intervals=0)
 
     def add(name: str, hit: bool | None) -> None:
@@ -254,7 +270,8 @@ def score(result, goodput: dict[int, dict[int, float]], tolerance: float = 0.02,
         base = vanilla[b] if vanilla else g[0]
         add("speedup_", _covers(o.speedup_low, o.speedup_high, g[int(o.k)] / base))
         if vanilla and hasattr(o, "vanilla_gain") and not math.isnan(o.vanilla_gain):
-            add("vanilla_", _covers(o.vanilla_gain_low, o.vanilla_gain_high, vanilla[b] / g[int(o.best_k)] - 1.0))
+            gain = vanilla[b] / g[int(o.best_k)] - 1.0
+            add("vanilla_", _covers(o.vanilla_gain_low, o.vanilla_gain_high, gain))
             if bool(o.vanilla_faster) and vanilla[b] <= max(g.values()):
                 vanilla_wrong.append(b)
         if o.decided:

@@ -24,6 +24,7 @@ from dsdprof.decide.speedup import speedup_estimate
 from tests.coverage_sets import (
     BATCH_SIZES,
     BOUNDARY_BATCH_SIZES,
+    GPU_LIKE,
     KS,
     SCENARIOS,
     VARIATIONS,
@@ -34,7 +35,7 @@ from tests.coverage_sets import (
     truth_vanilla,
 )
 
-SC = {s.name: s for s in (*SCENARIOS, *VARIATIONS)}
+SC = {s.name: s for s in (*SCENARIOS, *VARIATIONS, *GPU_LIKE)}
 
 
 def _paired_cells(x: np.ndarray) -> list:
@@ -70,7 +71,8 @@ def test_clipped_waves_widen_their_cell_by_the_unclipped_share(monkeypatch):
     rep = bootstrap_batch(1, raw, paired=True)
     monkeypatch.setattr(bootstrap, "huber_factor", lambda raw, robust, j: np.ones(len(raw)))
     bare = bootstrap_batch(1, raw, paired=True)  # the same seeded draw, clipped values resampled alone
-    spread = np.std(np.log(rep.itl / rep.point_itl), axis=0) / np.std(np.log(bare.itl / bare.point_itl), axis=0)
+    spread = np.std(np.log(rep.itl / rep.point_itl),
+                    axis=0) / np.std(np.log(bare.itl / bare.point_itl), axis=0)
     assert spread.tolist() == pytest.approx([1.0, 20 / 19, 1.0, 1.0])
 
 
@@ -194,6 +196,22 @@ def test_held_out_heavier_outliers_are_covered():
     before, 85 % with plain means alone; docs/decisions.md)."""
     cov, _, wrong = _run(SC["heavy"], BOUNDARY_BATCH_SIZES, 60, seed0=5000)
     assert min(cov.values()) >= 0.87, cov
+    assert max(wrong.values()) <= 1, wrong
+
+
+@pytest.mark.slow  # ~8 s each idle
+@pytest.mark.parametrize("name", ["gpu3", "gpu5"])
+def test_gpu_like_quiet_steps_with_rare_slow_ones_are_covered(name):
+    """Issue 45: GPU-like step noise (1.2 %, 1 % drift), 0.5 % of steps 3x or 5x slow, 56-step
+    waves (not a whole number of 12-step K cycles). The 90 % ratio and margin intervals hold the
+    truth >= 88 % and no batch size is decided wrongly in more than 1 of 40 datasets. With the
+    point from the row's step mean (rescaled by its clipped wave mean, not its samples' estimator):
+    83.2 / 71.5 % ratio coverage, one batch size wrong in 3 / 18 % of 100 datasets; now 91.3 %,
+    2 % (benchmarks/bench_coverage.py, docs/decisions.md)."""
+    cov, decided, wrong = _run(SC[name], BOUNDARY_BATCH_SIZES, 40, seed0=7000)
+    assert decided > 0
+    assert min(cov["ratio"], cov["margin"]) >= 0.88, cov
+    assert min(cov["speedup"], cov["vanilla"]) >= 0.85, cov  # not the point's estimator: 88 % on 100
     assert max(wrong.values()) <= 1, wrong
 
 
