@@ -147,7 +147,8 @@ def test_sweep_rows_are_not_taken_for_validate_rows(tmp_path, mode):
     from typer.testing import CliRunner
 
     from dsdprof.cli.app import app
-    from dsdprof.io.runs import RUN_KIND_SWEEP, run_kind, validate_rows
+    from dsdprof.config.run import validate_rows
+    from dsdprof.io.runs import RUN_KIND_SWEEP, run_kind
 
     path = _with_sweep_metadata(_sweep_rows(mode), tmp_path / "s.parquet")
     assert run_kind(path) == RUN_KIND_SWEEP
@@ -163,8 +164,8 @@ def test_committed_validate_files_carry_their_metadata_and_are_refused():
     from typer.testing import CliRunner
 
     from dsdprof.cli.app import app
+    from dsdprof.config.run import validate_rows
     from dsdprof.io.readers import read_measurements, read_provenance
-    from dsdprof.io.runs import validate_rows
 
     data = Path(__file__).resolve().parents[2] / "docs" / "lab" / "data"
     files = sorted(glob.glob(str(data / "validate-*.parquet")))
