@@ -30,13 +30,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from vllm.logger import init_logger
 
 from dsdprof.serve.observe import selector_rows, shift_alarms
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # vLLM's types are Any to the type checker, which does not follow vLLM (pyproject.toml)
+    from prometheus_client import Counter, Gauge
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
     from dsdprof.serve.adaptive import AdaptiveKSelector
 
 logger = init_logger("vllm.dsdprof.metrics")
@@ -110,11 +118,11 @@ def enabled(additional_config: object, environ: Mapping[str, str]) -> bool:
 class StepMetrics:
     """The counters one scheduler keeps (plain lists and ints) and their Prometheus twins."""
 
-    def __init__(self, sched: Any, k: KSource | None, mode: str, table: str,
+    def __init__(self, sched: Scheduler, k: KSource | None, mode: str, table: str,
                  environ: Mapping[str, str]) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
-        cfg = sched.vllm_config  # vLLM's scheduler (its config and its state): Any to the type checker
+        cfg = sched.vllm_config
         self.kpart = k  # None: vLLM's (static) schedule
         self.k_version = k.version if k is not None else 0  # the K part's version at the last step
         self.max_k = max_k = sched.num_spec_tokens
@@ -127,7 +135,7 @@ class StepMetrics:
                 self.bucket_of[n] = i * self.width
         self.steps = [0] * (len(self.buckets) * self.width)
         self.spec = [0, 0, 0]  # drafts, draft tokens, accepted tokens
-        self.pending: list[Any] = []  # the steps' SpecDecodingStats (vLLM's) since the last flush
+        self.pending: list[SpecDecodingStats] = []  # the steps' (vLLM's) since the last flush
         self.drafted_pos, self.accepted_pos = [0] * max_k, [0] * max_k
         self.alarms = [0, 0, 0, 0]  # k_switches, shift_alarms, silent_noop_steps, ignored_requests
         self.k = 0  # the K scheduled by the step whose drafts come back next (silent no-op alarm)
@@ -139,16 +147,17 @@ class StepMetrics:
         self.failed = 0  # flushes that raised
         self.registry = CollectorRegistry()  # exposition without multiprocess mode (side port, tests)
         lv = (str(cfg.model_config.served_model_name), str(cfg.parallel_config.data_parallel_rank))
-        make: dict[str, Any] = {n: Counter(n, h, LABELS + extra, registry=self.registry)
-                for n, (extra, h) in COUNTERS.items()}
-        make.update({n: Gauge(n, h, LABELS + extra, registry=self.registry, multiprocess_mode="mostrecent")
-                     for n, (extra, h) in GAUGES.items()})
-        self.metric = make
+        make: dict[str, Counter] = {n: Counter(n, h, LABELS + extra, registry=self.registry)
+                                    for n, (extra, h) in COUNTERS.items()}
+        gauges: dict[str, Gauge] = {
+            n: Gauge(n, h, LABELS + extra, registry=self.registry, multiprocess_mode="mostrecent")
+            for n, (extra, h) in GAUGES.items()}
+        self.gauges = gauges
         self.labels = lv
         steps = make["dsdprof:steps"]
-        self._k_now = [make["dsdprof:num_speculative_tokens"].labels(*lv, bucket_label(lo, hi))
+        self._k_now = [gauges["dsdprof:num_speculative_tokens"].labels(*lv, bucket_label(lo, hi))
                        for lo, hi in self.buckets]
-        self._ratio: dict[tuple[str, int, str], Any] = {}  # (metric, batch size, bound) -> its gauge child
+        self._ratio: dict[tuple[str, int, str], Gauge] = {}  # (metric, batch size, bound) -> its gauge child
         self._k_sent: list[int] = []
         self._steps = [steps.labels(*lv, bucket_label(lo, hi), str(k)) for lo, hi in self.buckets
                        for k in range(self.width)]
@@ -161,9 +170,9 @@ class StepMetrics:
             "dsdprof:k_switches", "dsdprof:shift_alarms", "dsdprof:silent_noop_steps",
             "dsdprof:ignored_requests")]
         self._sent: dict[str, list[int]] = {}
-        make["dsdprof:info"].labels(*lv, mode, table).set(1)
+        gauges["dsdprof:info"].labels(*lv, mode, table).set(1)
         self._table_ks = self._schedule(sched)
-        gauge = make["dsdprof:table_num_speculative_tokens"]
+        gauge = gauges["dsdprof:table_num_speculative_tokens"]
         for (lo, hi), top_k in zip(self.buckets, self._table_ks):
             gauge.labels(*lv, bucket_label(lo, hi)).set(top_k)
         self._expose(environ)
@@ -182,7 +191,7 @@ class StepMetrics:
         logger.warning("dsdprof metrics: not exposed: start the server with PROMETHEUS_MULTIPROC_DIR "
                        "set (dsdprof serve does) or set %s", PORT_ENV)
 
-    def _schedule(self, sched: Any) -> list[int]:
+    def _schedule(self, sched: Scheduler) -> list[int]:
         """K at each bucket's top from the lookup served now (the K part's, unforced; else vLLM's)."""
         lookup = self.kpart.lookup if self.kpart is not None else sched.dynamic_sd_lookup
         if lookup is None:
@@ -190,14 +199,14 @@ class StepMetrics:
         raw = list(lookup)  # a context lookup's list view (its __getitem__ reads the batch)
         return [raw[min(hi, len(raw) - 1)] for _, hi in self.buckets]
 
-    def _push(self, key: str, values: list[int], children: list[Any]) -> None:
+    def _push(self, key: str, values: list[int], children: list[Counter]) -> None:
         sent = self._sent.setdefault(key, [0] * len(values))
         for i, v in enumerate(values):
             if v != sent[i]:
                 children[i].inc(v - sent[i])
                 sent[i] = v
 
-    def flush(self, sched: Any, now: float) -> None:
+    def flush(self, sched: Scheduler, now: float) -> None:
         """Push every delta and set every gauge; called about every ``FLUSH_S`` seconds. Never
         raises: metrics must not stop the engine (a failure is logged once; the next flush
         retries)."""
@@ -209,7 +218,7 @@ class StepMetrics:
                 logger.exception("dsdprof metrics: flush failed (the engine goes on)")
             self.failed += 1
 
-    def _flush(self, sched: Any) -> None:
+    def _flush(self, sched: Scheduler) -> None:
         pending, self.pending = self.pending, []
         for sd in pending:
             self.add_spec(sd)
@@ -237,14 +246,14 @@ class StepMetrics:
                     self._gauge("dsdprof:acceptance_length_ratio", row.batch_size, bound).set(a)
                     self._gauge("dsdprof:step_time_ratio", row.batch_size, bound).set(s)
 
-    def _gauge(self, name: str, batch_size: int, bound: str) -> Any:
+    def _gauge(self, name: str, batch_size: int, bound: str) -> Gauge:
         key = (name, batch_size, bound)
         child = self._ratio.get(key)
         if child is None:
-            child = self._ratio[key] = self.metric[name].labels(*self.labels, str(batch_size), bound)
+            child = self._ratio[key] = self.gauges[name].labels(*self.labels, str(batch_size), bound)
         return child
 
-    def add_spec(self, sd: Any) -> None:
+    def add_spec(self, sd: SpecDecodingStats) -> None:
         """One step's ``SpecDecodingStats`` (O(K)), at the flush."""
         spec = self.spec
         spec[0] += sd.num_drafts
@@ -271,7 +280,8 @@ class StepMetrics:
                 self.alarms[2] += 1
 
     # ------------------------------------------------------------------ the scheduler's calls, per step
-    def before_update(self, scheduler_output: Any, model_runner_output: Any) -> bool:
+    def before_update(self, scheduler_output: SchedulerOutput,
+                      model_runner_output: ModelRunnerOutput) -> bool:
         """Before vLLM's ``update_from_output`` (which trims a stopped request's tokens): whether the
         step's first or last request got more tokens than the drafts scheduled for it in this very
         step + vLLM's ``num_sampled_tokens_per_step`` -- the runner verified drafts never scheduled
@@ -287,7 +297,8 @@ class StepMetrics:
         return (len(tokens[0]) > len(spec.get(ids[0], ())) + top
                 or len(tokens[-1]) > len(spec.get(ids[-1], ())) + top)
 
-    def after_update(self, sched: Any, scheduler_output: Any, result: Any, over: bool) -> None:
+    def after_update(self, sched: Scheduler, scheduler_output: SchedulerOutput,
+                     result: dict[int, EngineCoreOutputs], over: bool) -> None:
         """After vLLM's update (and the K part's): count the step by batch-size bucket and K, queue
         vLLM's ``SpecDecodingStats`` of the step for the flush (else count ``over``), count a K
         switch, and flush every ``FLUSH_S`` seconds or when no request is left running."""
@@ -316,7 +327,7 @@ class StepMetrics:
         if now >= self.next_flush or not sched.running:
             self.flush(sched, now)
 
-    def count_request(self, request: Any, profiled: Mapping[str, object]) -> None:
+    def count_request(self, request: Request, profiled: Mapping[str, object]) -> None:
         """A request added carrying ``dsdprof_*`` extra_args keys the engine did not act on (not
         one of a dsdprof run's ``profiled`` requests) is counted as ignored."""
         params = request.sampling_params

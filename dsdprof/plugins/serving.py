@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from vllm.logger import init_logger
 
@@ -43,12 +43,20 @@ from dsdprof.plugins.vllm_profiling import (
 )
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+    from vllm.v1.request import Request
+
     from dsdprof.plugins.spec_count import SpecCount
     from dsdprof.serve.adaptive import AdaptiveKSelector
 
 logger = init_logger("vllm.dsdprof.metrics")
 
 Lookup = list[int]  # vLLM's dynamic_sd_lookup: K by the number of requests scheduled in the step
+Arms = tuple[int | None, int | None]  # the tracer's arms of the previous and of this step
+Outputs: TypeAlias = "dict[int, EngineCoreOutputs]"  # what vLLM's update_from_output returns
 
 
 class KPart(Protocol):
@@ -66,7 +74,7 @@ class KPart(Protocol):
         exploration lookup instead of :attr:`lookup`, now and then)."""
         ...
 
-    def learn(self, scheduler_output: Any, result: Any, arms: tuple[int | None, int | None]) -> None:
+    def learn(self, scheduler_output: SchedulerOutput, result: Outputs, arms: Arms) -> None:
         """After vLLM's update: what the step tells (its time, its acceptance)."""
         ...
 
@@ -76,19 +84,22 @@ class KPart(Protocol):
 class MetricsPart(Protocol):
     """The metrics part: :class:`dsdprof.plugins.metrics.StepMetrics`."""
 
-    def before_update(self, scheduler_output: Any, model_runner_output: Any) -> bool: ...
+    def before_update(self, scheduler_output: SchedulerOutput,
+                      model_runner_output: ModelRunnerOutput) -> bool: ...
 
-    def after_update(self, sched: Any, scheduler_output: Any, result: Any, over: bool) -> None: ...
+    def after_update(self, sched: ServingScheduler, scheduler_output: SchedulerOutput, result: Outputs,
+                     over: bool) -> None: ...
 
     def check_drafts(self, ids: list[list[int]]) -> None: ...
 
-    def count_request(self, request: Any, profiled: Mapping[str, object]) -> None: ...
+    def count_request(self, request: Request, profiled: Mapping[str, object]) -> None: ...
 
 
-KPartFactory = Callable[[Any, object, Mapping[str, str], Callable[[Lookup], None]], KPart]
+# (the scheduler, vLLM's additional_config, the environment, the scheduler's serve callback) -> the part
+KPartFactory = Callable[["ServingScheduler", object, Mapping[str, str], Callable[[Lookup], None]], KPart]
 
 
-def _set_spec_stats(sched: Any, fn: Callable[..., Any]) -> None:
+def _set_spec_stats(sched: ServingScheduler, fn: Callable[..., object]) -> None:
     sched._dsdprof_spec_stats = fn
 
 
@@ -112,15 +123,16 @@ class ServingScheduler(TracingScheduler):
     """vLLM's synchronous scheduler + dsdprof's K part, metrics part and tracer (module docstring)."""
 
     if TYPE_CHECKING:  # vLLM's Scheduler state this class reads
-        vllm_config: Any
+        vllm_config: VllmConfig
         log_stats: bool
+        _dsdprof_spec_stats: Callable[..., object]
 
     dsdprof_mode = "static"  # the metrics' mode label; "adaptive" with a K part
     k_part: KPartFactory | None = None  # builds the K part (a subclass's staticmethod); None: vLLM's K
     dsdprof_k: KPart | None = None
     dsdprof_metrics: StepMetrics | None = None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # vLLM's Scheduler.__init__, then the tracer's state
         self._serving_setup(self.vllm_config.additional_config)
 
@@ -167,13 +179,13 @@ class ServingScheduler(TracingScheduler):
     def has_requests(self) -> bool:
         return self._has()
 
-    def add_request(self, request: Any) -> None:
+    def add_request(self, request: Request) -> None:
         self._add(request)
         m = self.dsdprof_metrics
         if m is not None:
             m.count_request(request, self._dsdprof_reqs)
 
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+    def schedule(self, *args: object, **kwargs: object) -> SchedulerOutput:
         k = self.dsdprof_k
         if k is not None and not self._dsdprof_traced:  # traced: the tracer calls _dsdprof_apply_k
             self.dynamic_sd_lookup = k.pick(k.lookup)
@@ -193,7 +205,8 @@ class ServingScheduler(TracingScheduler):
         if lookup is not None:  # never None once a K part serves
             self.dynamic_sd_lookup = k.pick(lookup)
 
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> Outputs:
         m = self.dsdprof_metrics
         over = m.before_update(scheduler_output, model_runner_output) if m is not None else False
         result = self._update(scheduler_output, model_runner_output)
@@ -204,7 +217,7 @@ class ServingScheduler(TracingScheduler):
             m.after_update(self, scheduler_output, result, over)
         return result
 
-    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         """Sync scheduling hands each step's drafts right after that step's output: checked against
         the K that step scheduled (:meth:`StepMetrics.check_drafts`), then vLLM's."""
         m = self.dsdprof_metrics
@@ -212,7 +225,8 @@ class ServingScheduler(TracingScheduler):
             m.check_drafts(draft_token_ids.draft_token_ids)
         self._draft(draft_token_ids)
 
-    def update_draft_token_ids_in_output(self, draft_token_ids: Any, scheduler_output: Any) -> None:
+    def update_draft_token_ids_in_output(self, draft_token_ids: DraftTokenIds,
+                                         scheduler_output: SchedulerOutput) -> None:
         """Async scheduling with structured outputs hands the drafts of the step just processed
         here (to validate them for the next step): the same check, then vLLM's."""
         m = self.dsdprof_metrics

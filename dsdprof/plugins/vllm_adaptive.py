@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from vllm.logger import init_logger
 
@@ -80,12 +80,19 @@ from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import batch_context
 from dsdprof.serve.settings import AdaptiveSettingError, AdaptiveSettings, resolve_settings
 
+if TYPE_CHECKING:  # vLLM's types (Any to the type checker, which does not follow vLLM: pyproject.toml)
+    from vllm.config import SchedulerConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.request import Request
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
 logger = init_logger("vllm.dsdprof.adaptive")  # vLLM's handler and level (VLLM_LOGGING_LEVEL)
 _clock = time.perf_counter  # the step clock (a module global: tests drive it)
 
 # a queued step: (acceptance: vLLM's SpecDecodingStats, or a (start, end) slice of SpecCount.keys,
 # or None; requests; K; seconds or None; the context slice that served it)
-Step = tuple[Any, int, "int | None", "float | None", int]
+Step = tuple["SpecDecodingStats | tuple[int, int] | None", int, "int | None", "float | None", int]
 
 
 class Host(Protocol):
@@ -93,7 +100,7 @@ class Host(Protocol):
 
     num_spec_tokens: int
     dynamic_sd_lookup: list[int] | None
-    running: list[Any]
+    running: list[Request]
 
 
 class ContextLookup(list[int]):
@@ -211,7 +218,8 @@ class AdaptiveK:
         return lookup
 
     # ------------------------------------------------------------------ after vLLM's update
-    def learn(self, scheduler_output: Any, result: Any, arms: tuple[int | None, int | None]) -> None:
+    def learn(self, scheduler_output: SchedulerOutput, result: dict[int, EngineCoreOutputs],
+              arms: tuple[int | None, int | None]) -> None:
         """Queue what the step tells the selector: its duration when it was pure
         (:meth:`step_time`) and its acceptance counts -- vLLM's own, by vLLM's rules
         (grammar-invalidated drafts excluded, ``num_sampled_tokens_per_step`` subtracted, stale
@@ -229,14 +237,15 @@ class AdaptiveK:
                 return
             if arm != ARM_ENGINE:  # verified the plugin's drafts, drafted another arm's K: acceptance only
                 seconds = None
-        stats: Any
+        stats: SpecDecodingStats | tuple[int, int] | None
         if keys is None:
-            stats = None
+            sd = None
             for eco in (result or {}).values():
                 if eco.scheduler_stats is not None:
-                    stats = eco.scheduler_stats.spec_decoding_stats
+                    sd = eco.scheduler_stats.spec_decoding_stats
                     break
-            drafted = stats is not None and stats.num_drafts
+            drafted = sd is not None and sd.num_drafts
+            stats = sd
         else:  # the step's slice of keys, counted when fed
             start, end = self.mark, len(keys)
             drafted = end > start
@@ -283,7 +292,7 @@ class AdaptiveK:
             changed = True
         return changed
 
-    def step_time(self, scheduler_output: Any) -> tuple[int, int | None, float | None]:
+    def step_time(self, scheduler_output: SchedulerOutput) -> tuple[int, int | None, float | None]:
         """``(requests, K, seconds)`` of the step: ``seconds`` since the previous step's output when
         every scheduled request verified and drafted the same K (no prefill, no K change) -- a step
         of the table's kind -- else None."""
@@ -298,14 +307,14 @@ class AdaptiveK:
             return n, k, now - last
         return n, k, None
 
-    def observe(self, stats: Any, batch_size: int | None = None) -> bool:
+    def observe(self, stats: SpecDecodingStats | None, batch_size: int | None = None) -> bool:
         """Feed one step's acceptance (vLLM's ``SpecDecodingStats``: its own, or the one
         :meth:`.SpecCount.stats` built from the step's counted drafts) to the selector now; True when
         the served lookup changed. O(K) per step, whatever the number of requests."""
-        drafts = stats.num_drafts if stats is not None else 0
-        if not drafts:
+        if stats is None or not stats.num_drafts:
             self.idle += 1
             return False
+        drafts = stats.num_drafts
         self.idle = 0
         per_pos = stats.num_draft_tokens_per_pos
         hi = len(per_pos)
@@ -339,11 +348,11 @@ class AdaptiveAsyncScheduler(ServingAsyncScheduler):
     k_part = staticmethod(AdaptiveK)
 
 
-def scheduler_class_for(scheduler_config: Any) -> type:
+def scheduler_class_for(scheduler_config: SchedulerConfig) -> type:
     """The class :func:`make_scheduler` builds for vLLM's resolved scheduler config."""
     return class_for_config(scheduler_config, AdaptiveScheduler, AdaptiveAsyncScheduler)
 
 
-def make_scheduler(*args: Any, **kwargs: Any) -> Any:
+def make_scheduler(*args: object, **kwargs: object) -> ServingScheduler:
     """``scheduler_cls`` for vLLM: the adaptive scheduler matching vLLM's own async choice."""
     return build_for_config(AdaptiveScheduler, AdaptiveAsyncScheduler, args, kwargs)

@@ -14,10 +14,13 @@ calls vLLM's straight away.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dsdprof.plugins.serving import ServingAsyncScheduler, ServingScheduler
 from dsdprof.plugins.vllm_profiling import build_for_config, class_for_config
+
+if TYPE_CHECKING:
+    from vllm.config import SchedulerConfig
 
 
 class StaticScheduler(ServingScheduler):
@@ -28,11 +31,11 @@ class StaticAsyncScheduler(ServingAsyncScheduler):
     """vLLM's async scheduler + dsdprof's metrics."""
 
 
-def scheduler_class_for(scheduler_config: Any) -> type:
+def scheduler_class_for(scheduler_config: SchedulerConfig) -> type:
     """The class :func:`make_scheduler` builds for vLLM's resolved scheduler config."""
     return class_for_config(scheduler_config, StaticScheduler, StaticAsyncScheduler)
 
 
-def make_scheduler(*args: Any, **kwargs: Any) -> Any:
+def make_scheduler(*args: object, **kwargs: object) -> ServingScheduler:
     """``scheduler_cls`` for vLLM: the static scheduler with metrics, matching vLLM's async choice."""
     return build_for_config(StaticScheduler, StaticAsyncScheduler, args, kwargs)
