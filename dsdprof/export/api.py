@@ -144,8 +144,8 @@ def table_from_source(source: str | Path | Run, tolerance: float = DEFAULT_TOLER
 def _table(source: str | Path | Run, tolerance: float, allow_mixed: bool, label: str | None,
            allow_partial: bool) -> tuple[KTable, list[str]]:
     """:func:`table_from_source`, a run's table not validated yet. The path runs one way: the run
-    opened and checked (``io``), analysed (``decide``), its K ranges (``formats``), then the
-    document built here from plain data; the caller validates it last."""
+    read (``io``) and checked (``config.run``), analysed (``decide``), its K ranges (``formats``),
+    then the document built here from plain data; the caller validates it last."""
     from dsdprof.decide.analysis import analyze_path
     from dsdprof.decide.context import analyze_contexts_path
     from dsdprof.export.context import end_at_last_measured
