@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack, cast
 
 from dsdprof.errors import InputError
 from dsdprof.fleet.plan import (
@@ -78,12 +78,50 @@ class FleetReport:
 Notify = Callable[[FleetEvent], None]
 
 
-def run_record(run: RunPlan, state: str, **extra: Any) -> dict[str, Any]:
+class WorkerRecord(TypedDict):
+    shard: int
+    host: str
+    pid: int
+    measured: int
+    skipped: int
+    wall_s: float
+
+
+class RunState(TypedDict, total=False):
+    """What a run's record says beyond its name: when it ran and how it ended."""
+
+    started_at: str
+    finished_at: str
+    error: str
+    cells: int
+    ok: int
+    failed: int
+    speculation_mode: str
+    workers: list[WorkerRecord]
+
+
+class RunRecord(RunState, total=False):
+    """``_fleet/runs/<run>.json``: the run, its spec's hash and engine, and its :class:`RunState`."""
+
+    schema: str
+    run: str
+    state: str
+    spec_hash: str
+    engine: str
+    model: str
+    draft_model: str
+    method: str
+    hardware: str
+    tensor_parallel_size: int
+    shards: int
+
+
+def run_record(run: RunPlan, state: str, **extra: Unpack[RunState]) -> RunRecord:
     e = run.spec.engine
-    return {"schema": RUN_RECORD_SCHEMA, "run": run.name, "state": state, "spec_hash": run.spec_hash,
-            "engine": e.name, "model": e.model, "draft_model": e.draft_model or "", "method": e.method,
-            "hardware": run.hardware, "tensor_parallel_size": e.tensor_parallel_size, "shards": run.shards,
-            **extra}
+    return RunRecord(schema=RUN_RECORD_SCHEMA, run=run.name, state=state, spec_hash=run.spec_hash,
+                     engine=e.name, model=e.model, draft_model=e.draft_model or "", method=e.method,
+                     hardware=run.hardware, tensor_parallel_size=e.tensor_parallel_size, shards=run.shards,
+                     **extra)
 
 
 def shard_tasks(run: RunPlan, settings: FleetSettings, cwd: str) -> list[ShardTask]:
@@ -106,13 +144,13 @@ def ray_task_options(task: ShardTask, hardware: str, settings: FleetSettings) ->
     return opts
 
 
-def _check_records(plan: FleetPlan, store: FleetStore) -> dict[str, dict[str, Any] | None]:
+def _check_records(plan: FleetPlan, store: FleetStore) -> dict[str, RunRecord | None]:
     """Each run's stored record; a run whose spec changed, or an unfinished run resubmitted with
     other ``shards`` (its finished cells are stored per shard: new shards would measure and store
     them again), is refused before anything is written."""
-    records = {}
+    records: dict[str, RunRecord | None] = {}
     for run in plan.runs:
-        rec = store.read_json(run_record_rel(run.name))
+        rec = cast("RunRecord | None", store.read_json(run_record_rel(run.name)))
         if rec is not None and rec.get("spec_hash") != run.spec_hash:
             raise InputError(f"{run.where}", run.name,
                              f"its spec differs from the run already in {store.describe(run.name)}; "
