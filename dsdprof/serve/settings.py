@@ -48,7 +48,8 @@ class AdaptiveSettingError(ValueError):
 @dataclass(frozen=True)
 class AdaptiveSettings:
     table_path: str
-    options: tuple[tuple[str, Any], ...] = ()  # AdaptiveKSelector keyword arguments
+    # AdaptiveKSelector keyword arguments, as JSON gave them (its constructor checks each: the edge)
+    options: tuple[tuple[str, Any], ...] = ()
     source: str = ""  # where the setting came from, for the engine log
     probe_every: int = DEFAULT_PROBE_EVERY
 
@@ -63,14 +64,15 @@ class AdaptiveSettings:
         return AdaptiveKSelector.from_file(self.table_path, max_k=max_k, **dict(self.options))
 
 
-def adaptive_additional_config(table_path: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def adaptive_additional_config(table_path: str,
+                               options: Mapping[str, object] | None = None) -> dict[str, dict[str, object]]:
     """The ``additional_config`` entry that points the adaptive scheduler at ``table_path``."""
-    doc: dict[str, Any] = {"table": str(table_path)}
+    doc: dict[str, object] = {"table": str(table_path)}
     doc.update(_check_options(dict(options or {}), f"additional_config.{ADAPTIVE_CONFIG_KEY}"))
     return {ADAPTIVE_CONFIG_KEY: doc}
 
 
-def _check_options(options: dict[str, Any], where: str) -> dict[str, Any]:
+def _check_options(options: dict[str, object], where: str) -> dict[str, object]:
     for key, value in options.items():
         if key not in SELECTOR_OPTIONS + PLUGIN_OPTIONS:
             raise AdaptiveSettingError(f"{where}.{key}={value!r}: unknown option "
@@ -79,12 +81,13 @@ def _check_options(options: dict[str, Any], where: str) -> dict[str, Any]:
             raise AdaptiveSettingError(f"{where}.{key}={value!r}: must be a list of K")
         if key == "probe_every" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise AdaptiveSettingError(f"{where}.{key}={value!r}: must be an integer >= 0 (0: never probe)")
-    if isinstance(options.get("allowed_ks"), tuple):
-        options["allowed_ks"] = list(options["allowed_ks"])
+    allowed = options.get("allowed_ks")
+    if isinstance(allowed, tuple):
+        options["allowed_ks"] = list(allowed)
     return options
 
 
-def resolve_settings(additional_config: Any, environ: Mapping[str, str] | None = None) -> AdaptiveSettings:
+def resolve_settings(additional_config: object, environ: Mapping[str, str] | None = None) -> AdaptiveSettings:
     """The setting from vLLM's ``additional_config`` or, failing that, the environment (module doc)."""
     env = os.environ if environ is None else environ
     where = f"additional_config.{ADAPTIVE_CONFIG_KEY}"
@@ -98,7 +101,8 @@ def resolve_settings(additional_config: Any, environ: Mapping[str, str] | None =
             raise AdaptiveSettingError(f"{where}.table={path!r}: must be the path of a "
                                        "dsdprof.ktable/v2 file")
         options = _check_options(doc, where)
-        probe_every = options.pop("probe_every", DEFAULT_PROBE_EVERY)
+        probe = options.pop("probe_every", DEFAULT_PROBE_EVERY)
+        probe_every = probe if isinstance(probe, int) else DEFAULT_PROBE_EVERY  # an int: _check_options
         return AdaptiveSettings(path, tuple(sorted(options.items())), where, probe_every)
     path = env.get(ADAPTIVE_TABLE_ENV, "")
     if path:
