@@ -1,0 +1,56 @@
+"""The paired design's replayed AL across seeds, on correlated acceptance held out from its model.
+
+:mod:`tests.replay_sets` simulates paired runs (16 waves x BS 8 x 300 tokens, the sweep's K
+sequence) over a three-state hidden chain along each request's positions; the truth is a server
+held at K over the same requests. One seed can land anywhere in the error's spread (the 0.27 % once
+claimed rested on one); these tests read the spread and the mean over seeds.
+``benchmarks/bench_replay_seeds.py`` has 20 seeds of every case (docs/lab/precision-replay.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.replay_sets import CASES, SYNTHETIC, paired_run, replay_errors
+
+BY_NAME = {c.name: c for c in CASES}
+
+
+def test_the_truth_is_a_fixed_k_server_and_the_trace_is_untrimmed():
+    """A paired run's records give every request its full length, the last step untrimmed (a
+    trimmed last step read as a rejection at the request's end and biased the AL low by ~0.2 %);
+    the truth at K is 1 + the rates' sum for independent positions."""
+    run = paired_run(SYNTHETIC, 0, waves=4, batch_size=8, length=400)
+    assert all(r.length == 400 and len(r.x) >= 400 for r in run.reqs)
+    cond = np.cumprod(SYNTHETIC.depth_rates)
+    for k in (1, 2, 3, 4):
+        assert run.truth[k] == pytest.approx(1 + cond[:k].sum(), rel=0.02)
+    assert abs(run.lag1) < 0.05
+
+
+def _errors(name: str) -> np.ndarray:
+    return replay_errors(BY_NAME[name], range(100, 110))[0]
+
+
+@pytest.mark.slow  # ~15 s idle (10 replays)
+def test_replay_is_centred_over_seeds_with_one_rate_at_every_depth():
+    """Lag-1 0.4, one rate at every depth, 10 seeds: the mean error within +-0.1 % at every K 1-4
+    (issue 45's bar; the benchmark's 20 seeds: -0.04 to +0.01 %). A trimmed last step read as a
+    rejection (-0.2 % at every K) fails it. The spread is a guard, not the issue's bar: 95th
+    percentile <= 1 % (0.18-0.85 % here; 0.23-0.51 % on seeds 0-19; issue 45 asks 0.5 %, not met:
+    docs/lab/precision-replay.md)."""
+    errs = _errors("long")
+    assert (np.abs(errs.mean(axis=0)) <= 0.001).all(), errs.mean(axis=0)
+    assert (np.quantile(np.abs(errs), 0.95, axis=0) <= 0.01).all(), np.quantile(np.abs(errs), 0.95, axis=0)
+
+
+@pytest.mark.slow  # ~10 s idle (10 replays)
+def test_replay_reads_at_most_a_little_low_with_rates_falling_by_depth():
+    """Lag-1 0.3, rates falling 15 % per depth, 10 seeds: the mean error within +-0.25 % at every K
+    1-4 and the 95th percentile of |error| <= 1 %. A guard on the state issue 45 left open: the
+    benchmark's seeds 0-19 read -0.14 to -0.19 % on average (the issue asks +-0.1 %); seeds
+    100-109 are within +-0.1 %."""
+    errs = _errors("sticky-depth")
+    assert (np.abs(errs.mean(axis=0)) <= 0.0025).all(), errs.mean(axis=0)
+    assert (np.quantile(np.abs(errs), 0.95, axis=0) <= 0.01).all(), np.quantile(np.abs(errs), 0.95, axis=0)
