@@ -166,8 +166,9 @@ def make_plan(table: KTable, spec, lengths_spec, num_requests: int, repeats: int
     for k in ks:
         if k < 1:
             raise InputError("--fixed-k", k, "must be >= 1 (K=0 is the vanilla engine)")
-    variants = ["vanilla", *[f"fixed-{k}" for k in sorted(set(ks))], MODE_DSD] + ([MODE_ADAPTIVE] if adaptive
-                                                                                   else [])
+    variants = ["vanilla", *[f"fixed-{k}" for k in sorted(set(ks))], MODE_DSD]
+    if adaptive:
+        variants.append(MODE_ADAPTIVE)
     serving_lengths: list[int] = []
     arrivals: dict[str, list[float]] = {}
     if rates:
