@@ -11,10 +11,11 @@ wave); a row without them (v1, or any Parquet with just the contract columns) is
 samples (winsorized, below), not the row's ``itl_s``: a trace's ``itl_s`` is the mean over its timed
 steps, and where waves time different numbers of steps of a K (waves that are not a whole number of
 K cycles) a slow step weighs differently in the two, so a slow wave clipped in the samples stayed
-in the point and every replicate carried it (90 % intervals covered 75-87 % with 0.5 % of steps
-3-5x slow, GPU-like 1.2 % step noise and 56-step waves; 4-8 % of datasets decided a batch size
-wrongly). A row's AL stays the row's (pooled or replayed over the group: the samples carry its
-noise, not its estimator; slow steps do not touch it).
+in the point and every replicate carried it (on the GPU-like sets of
+``benchmarks/bench_coverage.py``, 0.5 % of steps 3-5x slow, 1.2 % step noise, 56-step waves: 90 %
+ratio intervals covered 71.5-83.2 % and a batch size was decided wrongly in 3-18 % of datasets;
+now 91.3 % and 2 %, docs/decisions.md). A row's AL stays the row's (pooled or replayed over the
+group: the samples carry its noise, not its estimator; slow steps do not touch it).
 
 **Bootstrap** (ratio of means). The point estimate of a cell is mean AL / mean ITL over its
 repeats. Each replicate resamples, per cell, with replacement, at the level the data support:
