@@ -19,6 +19,7 @@ from dsdprof.export.context import build_context_table, slice_for_context
 from dsdprof.formats.ktable import TableError, context_buckets, validate_table
 from dsdprof.formats.measurements import COLUMN_NAMES, arrow_schema
 from dsdprof.io.manifest import normalised_spec_dump, spec_hash
+from dsdprof.io.runs import open_run
 from dsdprof.measure.engine import Cell, plan_cells
 from dsdprof.measure.runner import run_sweep
 from dsdprof.serve.adaptive import AdaptiveKSelector
@@ -142,7 +143,7 @@ def test_each_context_is_analysed_by_the_same_rule(ctx_run):
 
 
 def test_long_context_does_not_lower_k_where_attention_dominates(ctx_run):
-    res = analyze_contexts_path(ctx_run)
+    res = analyze_contexts_path(open_run(ctx_run, "analyze"))
     k = {c: dict(zip(a.optimal["batch_size"], a.optimal["k"])) for c, a in res.slices.items()}
     for b in k[65536]:
         assert k[65536][b] >= k[16384][b] >= k[1024][b]
@@ -205,7 +206,7 @@ def test_bad_v3_tables_name_the_field(ctx_run, mutate, words):
 
 
 def test_build_context_table_without_rows_matches(ctx_run):
-    res = analyze_contexts_path(ctx_run)
+    res = analyze_contexts_path(open_run(ctx_run, "analyze"))
     doc = build_context_table(res, source="x")
     assert [sl["context_len"] for sl in doc["contexts"]] == CONTEXTS
 
@@ -337,7 +338,7 @@ def test_plot_draws_a_heatmap_per_context(ctx_run, tmp_path):
     from dsdprof.decide.context import analyze_contexts_path
     from dsdprof.report.context_plots import context_heatmaps_figure
 
-    fig = context_heatmaps_figure(analyze_contexts_path(ctx_run))
+    fig = context_heatmaps_figure(analyze_contexts_path(open_run(ctx_run, "analyze")))
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles == ["context 1k", "context 16k", "context 64k"]
 
