@@ -244,12 +244,13 @@ def gpu_spec(waves: int, ks):
 
 def one(truth: Truth, noise: Noise, waves: int, seed: int, ks) -> dict:
     from dsdprof.decide.analysis import analyze_path
+    from dsdprof.io.runs import open_run
     from dsdprof.measure.runner import run_sweep
 
     spec = gpu_spec(waves, ks)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-noise-") as out:
         run_sweep(spec, out, engine=GpuNoiseEngine(truth, noise, waves, spec.sweep.output_len, seed))
-        res = analyze_path(out)
+        res = analyze_path(open_run(out, "analyze"))
     want, g = truth.k_star(), truth.goodput()
     opt = res.optimal
     vanilla_wrong = [int(b) for b, f in zip(opt["batch_size"], opt["vanilla_faster"])

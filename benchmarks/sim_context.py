@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dsdprof.config.spec import parse_spec
 from dsdprof.decide.context import analyze_contexts_path
+from dsdprof.io.runs import open_run
 from dsdprof.measure.runner import run_sweep
 from dsdprof.measure.sim.catalog import MODELS
 from dsdprof.measure.sim.context import free_draft_length
@@ -43,7 +44,7 @@ def run_case(name: str, case: dict, out_dir: Path, work: Path) -> None:
                        "sim": {"hardware": case["hardware"], "acceptance_alpha": case.get("alpha", 0.8)}})
     run = work / name
     run_sweep(spec, run)
-    res = analyze_contexts_path(run)
+    res = analyze_contexts_path(open_run(run, "analyze"))
     prov = res.slices[res.default_context].provenance
     write_png(out_dir / f"context-{name}.png", render_png(context_heatmaps_figure(res, prov)))
     write_png(out_dir / f"context-{name}-k.png", render_png(context_k_figure(res, prov)))

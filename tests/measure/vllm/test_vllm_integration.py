@@ -13,6 +13,7 @@ pytest.importorskip("vllm")
 
 from dsdprof.config.spec import parse_spec  # noqa: E402
 from dsdprof.decide.analysis import analyze_path  # noqa: E402
+from dsdprof.io.runs import open_run  # noqa: E402
 from dsdprof.measure.runner import run_sweep  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -98,7 +99,7 @@ def test_paired_design_runs_every_k_in_the_same_waves(toy, tmp_path):
     traces = sorted(p.name for p in (tmp_path / "run" / "_traces").glob("*.jsonl"))
     assert traces == ["dsd-bs1-paired-r0.jsonl", "dsd-bs2-paired-r0.jsonl", "vanilla-bs1-k0-r0.jsonl",
                       "vanilla-bs2-k0-r0.jsonl"]
-    res = analyze_path(tmp_path / "run")
+    res = analyze_path(open_run(tmp_path / "run", "analyze"))
     assert res.intervals_known
 
 
@@ -111,7 +112,7 @@ def test_toy_pair_optimal_k_falls_with_batch_size(toy_dense, tmp_path):
     df = pd.read_parquet(tmp_path / "run")
     dsd4 = df[(df["mode"] == "dsd") & (df["num_spec_tokens"] == 4)]
     assert (dsd4["acceptance_length"] < 4.9).all() and (dsd4["acceptance_length"] > 1.5).all()  # realistic
-    res = analyze_path(tmp_path / "run")
+    res = analyze_path(open_run(tmp_path / "run", "analyze"))
     k = dict(zip(res.optimal["batch_size"], res.optimal["k"]))
     assert k[1] >= k[16], res.optimal
     assert k[1] >= 1
@@ -163,4 +164,4 @@ def test_fixed_mode_runs_one_engine_per_k(toy, tmp_path):
     assert fixed["num_spec_tokens"] == 2
     assert fixed["num_draft_tokens"] / fixed["num_drafts"] == pytest.approx(2)
     assert fixed["acceptance_length"] == pytest.approx(3.0, rel=0.01)
-    assert analyze_path(tmp_path / "run").optimal.iloc[0]["k"] in (0, 2)
+    assert analyze_path(open_run(tmp_path / "run", "analyze")).optimal.iloc[0]["k"] in (0, 2)
