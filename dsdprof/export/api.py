@@ -29,7 +29,7 @@ from dsdprof.export.table import (
     vllm_compilation_config,
     vllm_config_document,
 )
-from dsdprof.export.trtllm import check_trtllm_config, read_trtllm_config, trtllm_config_document
+from dsdprof.export.trtllm import read_trtllm_config, trtllm_config_document
 from dsdprof.formats.ktable import (
     TableError,
     context_buckets,
@@ -37,6 +37,7 @@ from dsdprof.formats.ktable import (
     ranges_from_points,
     validate_table,
 )
+from dsdprof.formats.ktable_engines import check_trtllm_config
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.provenance import is_synthetic
 
