@@ -11,7 +11,7 @@ from typing import Any, TypeGuard, cast
 
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable_types import KTable, VanillaRecord
-from dsdprof.formats.versions import TABLE_SCHEMA_V1, TABLE_SCHEMA_V2, TABLE_SCHEMA_V3, TABLE_SCHEMAS  # noqa: F401
+from dsdprof.formats.versions import TABLE_SCHEMA_V1, TABLE_SCHEMA_V2, TABLE_SCHEMA_V3, TABLE_SCHEMAS
 
 # What each version holds, key by key: dsdprof.formats.ktable_types (KTable and its parts).
 
