@@ -224,8 +224,8 @@ def test_the_adaptive_plugin_learns_only_from_its_own_steps(run_env, mode):
 
     sched.dsdprof_k.selector.observe_step = observe_step
     arms = (ARM_ENGINE, ARM_TABLE, 1, 4)
-    run_arms(sched, mode, 2, arms, lambda r, n,
-             d: _hashed_chain(r, n, d, lambda a, h: (h >> (4 * a)) & 15 < 11), waves=6)
+    run_arms(sched, mode, 2, arms,
+             lambda r, n, d: _hashed_chain(r, n, d, lambda a, h: (h >> (4 * a)) & 15 < 11), waves=6)
     sched.dsdprof_k.feed()
     steps = read_trace(run_env / "g.jsonl")
     prev: dict = {}

@@ -53,8 +53,8 @@ def test_no_graph_settings_on_cpu_eager_or_user_compilation_config(tmp_path, mon
     eager = _spec(tmp_path, engine={"extra": {"enforce_eager": True}})
     assert "compilation_config" not in VllmEngine(eager, start_worker=lambda c, t: None).base_kwargs()
     mine = _spec(tmp_path, engine={"extra": {"compilation_config": {"cudagraph_mode": "FULL"}}})
-    assert VllmEngine(mine, start_worker=lambda c,
-                      t: None).base_kwargs()["compilation_config"] == {"cudagraph_mode": "FULL"}
+    user = VllmEngine(mine, start_worker=lambda c, t: None)
+    assert user.base_kwargs()["compilation_config"] == {"cudagraph_mode": "FULL"}
 
 
 def test_lengths_and_datasets_fail_before_any_engine(tmp_path):
@@ -68,8 +68,8 @@ def test_lengths_and_datasets_fail_before_any_engine(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"prompt": "x"}\n')
     check_workload_for_engine(_spec(tmp_path, workload={"dataset": str(tmp_path / "d.jsonl")}))
     started = []
-    engine = VllmEngine(_spec(tmp_path, engine={"max_model_len": 100}), start_worker=lambda c,
-                        t: started.append(c))
+    engine = VllmEngine(_spec(tmp_path, engine={"max_model_len": 100}),
+                        start_worker=lambda c, t: started.append(c))
     with pytest.raises(InputError, match="engine.max_model_len"):
         _ = engine.speculation_mode
     assert started == []  # no engine was started
