@@ -56,7 +56,8 @@ def test_points_say_whether_they_were_decided():
         assert r.decided == (list(r.admissible) == [r.k])
         assert r.runner_up != r.k
     truth_ks = truth_k(t)
-    assert all(r.k == truth_ks[r.batch_size] for r in opt.itertuples() if r.decided)  # decided points are right
+    # decided points are right
+    assert all(r.k == truth_ks[r.batch_size] for r in opt.itertuples() if r.decided)
     assert max(regret(_chosen(res), truth_goodput(t)).values()) <= 0.02
 
 
@@ -114,7 +115,8 @@ def _rep(point, spread, n=4000, seed=0):
     rng = np.random.default_rng(seed)
     point = np.asarray(point, float)
     itl = np.ones((n, point.size)) * (1 + rng.normal(0, spread, (n, point.size)))
-    return BatchReplicates(8, np.arange(point.size), point, np.ones(point.size), point[None, :] / itl * 0 + point, itl)
+    return BatchReplicates(8, np.arange(point.size), point, np.ones(point.size),
+                           point[None, :] / itl * 0 + point, itl)
 
 
 def test_smaller_k_replaces_best_only_when_confidently_within_tolerance():
@@ -150,7 +152,8 @@ def test_fewest_rises_path():
 
 def test_bootstrap_is_seeded_and_centred():
     waves = [np.array([1.0, 1.2, 0.8, 1.1]), np.array([0.0095, 0.0115, 0.0105, 0.0085])]  # mean 0.010
-    cells = [(0, [(1.0, 0.010, np.ones(4), waves[1])]), (2, [(2.5, 0.02, 2.5 * waves[0] / waves[0].mean(), 2 * waves[1])])]
+    cells = [(0, [(1.0, 0.010, np.ones(4), waves[1])]),
+             (2, [(2.5, 0.02, 2.5 * waves[0] / waves[0].mean(), 2 * waves[1])])]
     a = bootstrap_batch(4, cells, replicates=500, seed=3)
     b = bootstrap_batch(4, cells, replicates=500, seed=3)
     assert np.array_equal(a.goodput, b.goodput)
@@ -173,7 +176,8 @@ def test_chain_acceptance_used_only_when_the_drafter_is_a_chain():
     odd = df.copy()
     k2 = odd.num_spec_tokens == 2
     odd.loc[k2, "acceptance_length"] *= 0.85
-    odd.loc[k2, "sample_acceptance_length"] = odd.loc[k2, "sample_acceptance_length"].apply(lambda s: [x * 0.85 for x in s])
+    col = "sample_acceptance_length"
+    odd.loc[k2, col] = odd.loc[k2, col].apply(lambda s: [x * 0.85 for x in s])
     res = analyze(odd, acceptance="auto")
     assert res.acceptance == "measured" and not res.chain_check.consistent.all()
     assert analyze(df.assign(method="ngram"), acceptance="auto").acceptance == "measured"
