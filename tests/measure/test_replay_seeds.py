@@ -33,7 +33,7 @@ def _errors(name: str) -> np.ndarray:
     return replay_errors(BY_NAME[name], range(100, 110))[0]
 
 
-@pytest.mark.slow  # ~15 s idle (10 replays)
+@pytest.mark.slow  # 22 s at load ~5 (10 replays)
 def test_replay_is_centred_over_seeds_with_one_rate_at_every_depth():
     """Lag-1 0.4, one rate at every depth, 10 seeds: the mean error within +-0.1 % at every K 1-4
     (issue 45's bar; the benchmark's 20 seeds: -0.04 to +0.01 %). A trimmed last step read as a
@@ -45,7 +45,7 @@ def test_replay_is_centred_over_seeds_with_one_rate_at_every_depth():
     assert (np.quantile(np.abs(errs), 0.95, axis=0) <= 0.01).all(), np.quantile(np.abs(errs), 0.95, axis=0)
 
 
-@pytest.mark.slow  # ~10 s idle (10 replays)
+@pytest.mark.slow  # 26 s at load ~5 (10 replays)
 def test_replay_reads_at_most_a_little_low_with_rates_falling_by_depth():
     """Lag-1 0.3, rates falling 15 % per depth, 10 seeds: the mean error within +-0.25 % at every K
     1-4 and the 95th percentile of |error| <= 1 %. A guard on the state issue 45 left open: the
