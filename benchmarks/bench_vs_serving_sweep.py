@@ -525,8 +525,9 @@ def steps_vs_client(out: Path, results: dict[str, Any], phase: str = "baseline")
     rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
     rows.loc[rows["mode"] == "dsd", "mode"] = "fixed"  # a sweep's K arm stands for a server held at K
     client: dict[str, list[list[ClientPoint]]] = {}
+    g0 = min(r.get("group", 0) for r in results[phase])
     for r in results[phase]:
-        if (r["variant"] == "vanilla" and r.get("group", 0) == 0) or r["variant"].startswith("fixed-"):
+        if (r["variant"] == "vanilla" and r.get("group", 0) == g0) or r["variant"].startswith("fixed-"):
             client.setdefault(r["variant"], []).append([ClientPoint(**p) for p in r["points"]])
     cmp = client_beside_steps(rows, client)
     lines = ["step trace (dsdprof's sweep, K arms) vs guidellm (fixed-K servers, " + phase + ")"]
