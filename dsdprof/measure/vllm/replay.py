@@ -53,6 +53,10 @@ class RequestMatches:
     depth: np.ndarray | None = None  # int8: where a known position sat in its step's chain (1 = first)
 
 
+# the requests the chain is fitted on (spread over the cell's); None fits every request
+FIT_ROWS: int | None = 256
+
+
 def request_matches(records: list[tuple[str, tuple[int, int, int]]], delivered: dict[str, int],
                     waves: dict[str, int]) -> list[RequestMatches]:
     """Per request, its match sequence from its decode steps in order. ``records``: (request id,
@@ -133,11 +137,12 @@ def _em(x: np.ndarray, depth: np.ndarray, kmax: int, by_depth: bool, iterations:
 
 
 def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 100,
-              start: tuple | None = None, fit_rows: int | None = None) -> tuple:
+              start: tuple | None = None, fit_rows: int | None = FIT_ROWS) -> tuple:
     """(pi, a, e[state, depth]) of a two-state hidden chain along the position (easy and hard
     stretches) fitted by EM to the known positions of ``x`` ([requests, positions]; UNKNOWN where
-    not observed, else observed at ``depth``), on every request (``fit_rows``: on at most that many
-    spread over them; 256 before issue 45, which held the fit's noise at 256 requests' worth).
+    not observed, else observed at ``depth``), on at most ``fit_rows`` requests spread over them
+    (None: every request; tried as the default on 2026-12-06 and reverted: 2.9x the CPU, no
+    measured gain across seeds, docs/lab/precision-replay.md).
     Each state has one match rate, or one per depth when that fits better by AIC (an EAGLE/MTP head
     drafts deeper positions from its own hidden states; vLLM's synthetic acceptance fixes a rate per
     depth). Not BIC: with rates that fall by depth, its log(n) penalty kept one rate per state in 8 of
@@ -260,7 +265,7 @@ def _replay_all(x, depth, chain, lengths, active, imputations) -> tuple[dict, di
 
 def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: dict[int, int],
                       imputations: int = IMPUTATIONS, jackknife: bool = True,
-                      fit_rows: int | None = None) -> Replayed:
+                      fit_rows: int | None = FIT_ROWS) -> Replayed:
     """AL(K) for every K of ``ks`` replayed over ``reqs`` (see the module docstring); per block of
     ``block`` (wave -> block; requests of other waves are left out).
 
@@ -272,8 +277,8 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: di
     AL replayed over the other blocks with the same random numbers; ``by_block`` are then the
     row's AL plus each block's pseudo-value deviation, ``AL + (n - 1) (mean_c AL_-c - AL_-b)``,
     whose standard error of the mean is the jackknife's and whose mean is the row's AL. The chain
-    is fitted on every request (``fit_rows``: at most that many, :func:`fit_chain`), the refits on
-    those of them outside the block."""
+    is fitted on at most ``fit_rows`` requests (:func:`fit_chain`), the refits on those of them
+    outside the block."""
     reqs = [r for r in reqs if r.wave in block]
     kmax = max(max(ks), 0)
     width = max((max(len(r.x), r.length) for r in reqs), default=1) + kmax + 1
