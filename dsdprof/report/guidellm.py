@@ -164,6 +164,12 @@ def tuner_pick(samples: Mapping[int, Sequence[float]], tie: float = TUNER_TIE,
     return min(k for k, s in score.items() if s >= best * (1.0 - tie))
 
 
+def t90(n: int) -> float:
+    """The two-sided 90 % Student t quantile for the mean of ``n >= 2`` values (n - 1 degrees of
+    freedom; the normal's 1.645 beyond 31)."""
+    return _T90[n - 2] if n - 1 <= len(_T90) else 1.645
+
+
 def mean_interval(xs: Sequence[float]) -> tuple[float, float, float]:
     """(mean, low, high): the mean with its two-sided 90 % t interval (low = high = mean for one value)."""
     if not xs:
@@ -171,6 +177,5 @@ def mean_interval(xs: Sequence[float]) -> tuple[float, float, float]:
     m = statistics.fmean(xs)
     if len(xs) < 2:
         return m, m, m
-    t = _T90[len(xs) - 2] if len(xs) - 1 <= len(_T90) else 1.645
-    h = t * statistics.stdev(xs) / math.sqrt(len(xs))
+    h = t90(len(xs)) * statistics.stdev(xs) / math.sqrt(len(xs))
     return m, m - h, m + h

@@ -32,12 +32,11 @@ import pandas as pd
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.report.compare import _clean
-from dsdprof.report.guidellm import ClientPoint, read_guidellm
+from dsdprof.report.guidellm import ClientPoint, read_guidellm, t90
 
 __all__ = ["ClientRow", "parse_labels", "load_client", "client_beside_steps", "client_lines"]
 
 _VARIANT = re.compile(r"^(vanilla|dsd|adaptive|fixed-(\d+))$")
-_T90 = {2: 6.314, 3: 2.920, 4: 2.353, 5: 2.132, 6: 2.015, 7: 1.943, 8: 1.895}
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,7 @@ def _ratio(v: tuple[float, float, int], base: tuple[float, float, int]) -> tuple
     if n < 2:
         return r, r, r
     rel = math.hypot(v[1] / v[0], base[1] / base[0])
-    t = _T90.get(n, 1.645 if n > 30 else 1.86)
+    t = t90(n)
     return r, r * (1 - t * rel), r * (1 + t * rel)
 
 
