@@ -66,6 +66,8 @@ def _drafts_report(
                                              help="Write the ranking PNG here: speedup over vanilla per "
                                                   "batch size per draft at its mix K, with intervals."),
     title: str = typer.Option("", "--title", help="The report's heading."),
+    as_json: bool = typer.Option(False, "--json", help="Print the ranking, each category's vanilla check "
+                                 "and the recommendation as JSON instead of the text report."),
     draft: str | None = typer.Option(None, "--draft",
                                         help="With --table: the draft whose table to write."),
     table: Path | None = typer.Option(None, "--table",
@@ -89,7 +91,13 @@ def _drafts_report(
         write_bytes_atomic(md if force else _new(md), drafts_markdown(comp, weights, title).encode())
     if text_out:
         write_bytes_atomic(text_out if force else _new(text_out), text.encode())
-    if not md and not text_out:
+    if as_json:
+        import json
+
+        from dsdprof.report.drafts import drafts_json
+
+        print(json.dumps(drafts_json(comp, weights), indent=1))
+    elif not md and not text_out:
         print(text)
     figures = ((plot, lambda: drafts_figure(comp)), (ranking_plot, lambda: ranking_figure(comp, weights)))
     for path, fig in figures:

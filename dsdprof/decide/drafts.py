@@ -6,7 +6,9 @@ mix. Per batch size each draft is taken at its own best K for the mix
 leader **wins** a batch size when its interval's lower end is above every other draft's upper end;
 otherwise the drafts whose intervals reach the leader's point are **tied** with it (more waves
 could reorder them). Where the drafts' own vanillas (the same configuration) disagree by more
-than ``VANILLA_TOLERANCE``, the machine drifted between sweeps and no verdict is given there.
+than ``VANILLA_TOLERANCE`` in any category the mix includes, checked per category before any
+weighting, the machine drifted between sweeps and no verdict is given there: a mix inherits its
+worst category (one category's 28 % drift is not averaged with another's 1 % into "tied").
 The recommendation is one draft when it leads every batch size, else the
 batch-size ranges each draft leads (ties named).
 
@@ -86,6 +88,39 @@ def mix_vanilla(grid: pd.DataFrame, weights: Mapping[str, float]) -> dict[int, f
     return out
 
 
+def vanilla_spreads(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float]) -> pd.DataFrame:
+    """Per (batch size, category of positive weight): how far the drafts' own vanillas disagree,
+    ``spread`` = largest / smallest - 1 (NaN with fewer than two drafts measured there), before any
+    weighting: a category's drift is not averaged away by another category that agrees."""
+    rows: list[dict[str, object]] = []
+    for name, grid in grids.items():
+        if "vanilla_goodput" not in grid.columns:
+            continue
+        for (b, c), g in grid.groupby(["batch_size", "category"]):
+            v = float(g["vanilla_goodput"].mean())
+            if float(weights.get(str(c), 0.0)) > 0 and v == v:
+                rows.append({"batch_size": int(b), "category": str(c), "draft": name, "vanilla": v})
+    cols = ["batch_size", "category", "drafts", "spread"]
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    out = []
+    for (b, c), g in pd.DataFrame(rows).groupby(["batch_size", "category"]):
+        lo, hi = float(g["vanilla"].min()), float(g["vanilla"].max())
+        spread = hi / lo - 1 if len(g) > 1 and lo > 0 else math.nan
+        out.append({"batch_size": b, "category": c, "drafts": len(g), "spread": spread})
+    return pd.DataFrame(out)[cols]
+
+
+def worst_spread(spreads: pd.DataFrame) -> dict[int, tuple[float, str]]:
+    """Per batch size, the widest category spread of :func:`vanilla_spreads` and its category: what
+    a mix of those categories inherits."""
+    out: dict[int, tuple[float, str]] = {}
+    for b, g in spreads.dropna(subset=["spread"]).groupby("batch_size"):
+        r = g.loc[g["spread"].astype(float).idxmax()]
+        out[int(b)] = (float(r["spread"]), str(r["category"]))
+    return out
+
+
 def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float],
                 vanilla_tolerance: float = VANILLA_TOLERANCE) -> pd.DataFrame:
     """Per (batch size, draft): its mix K and speedup with interval, ``rank`` (1 = highest speedup)
@@ -93,10 +128,13 @@ def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float],
     interval`` (some draft's interval at that batch size is unknown) | ``vanillas disagree``.
 
     Each draft's speedup is over its own sweep's vanilla, the same configuration on the same
-    prompts: their goodputs must agree. Where the largest is more than ``vanilla_tolerance`` above
-    the smallest (``vanilla_spread``), the machine drifted between the sweeps (a cells-design
+    prompts: their goodputs must agree. The check runs per category before any weighting
+    (:func:`vanilla_spreads`): where, in any category the mix includes, the drafts' largest vanilla
+    is more than ``vanilla_tolerance`` above the smallest (``vanilla_spread``, the worst category's,
+    named in ``vanilla_category``), the machine drifted between the sweeps (a cells-design
     draft's vanilla runs minutes from its K cells), the speedups' intervals do not hold that drift,
-    and no verdict is given at that batch size: re-measure it."""
+    and no verdict is given at that batch size: re-measure it. ``vanilla_goodput`` is the draft's
+    mix-weighted vanilla, for display."""
     tables = []
     for name, grid in grids.items():
         t = mix_table(grid, weights)
@@ -105,19 +143,19 @@ def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float],
         t["vanilla_goodput"] = [van.get(int(b), math.nan) for b in t["batch_size"]]
         tables.append(t)
     front = ["batch_size", "draft", "k", "speedup", "speedup_low", "speedup_high", "rank", "verdict",
-             "vanilla_goodput", "vanilla_spread"]
+             "vanilla_goodput", "vanilla_spread", "vanilla_category"]
     if not tables:
         return pd.DataFrame(columns=front)
+    worst = worst_spread(vanilla_spreads(grids, weights))
     df = pd.concat(tables, ignore_index=True)
     out = []
-    for _, g in df.groupby("batch_size"):
+    for b, g in df.groupby("batch_size"):
         g = g.sort_values(["speedup", "draft"], ascending=[False, True]).reset_index(drop=True)
         lead = g.iloc[0]
         others_high = g["speedup_high"].iloc[1:]
         clear = bool(len(g) == 1 or (others_high < lead["speedup_low"]).all())
         known = bool(g[["speedup_low", "speedup_high"]].notna().all().all())
-        van = g["vanilla_goodput"].dropna()
-        spread = float(van.max() / van.min() - 1) if len(van) > 1 and van.min() > 0 else math.nan
+        spread, category = worst.get(int(b), (math.nan, ""))
         for i, r in g.iterrows():
             if spread > vanilla_tolerance:
                 verdict = "vanillas disagree"
@@ -127,8 +165,27 @@ def rank_drafts(grids: Mapping[str, pd.DataFrame], weights: Mapping[str, float],
                 verdict = "wins" if clear else "tied"
             else:
                 verdict = "tied" if not r["speedup_high"] < lead["speedup"] else "behind"
-            out.append({**r.to_dict(), "rank": i + 1, "verdict": verdict, "vanilla_spread": spread})
+            out.append({**r.to_dict(), "rank": i + 1, "verdict": verdict, "vanilla_spread": spread,
+                        "vanilla_category": category})
     return pd.DataFrame(out)[front]
+
+
+def unsettled(ranking: pd.DataFrame) -> dict[int, tuple[float, str]]:
+    """The batch sizes ``rank_drafts`` gave no verdict (the drafts' vanillas disagree): their worst
+    category's spread and name, for every renderer to mark them the same way."""
+    bad = ranking[ranking["verdict"] == "vanillas disagree"]
+    return {int(b): (float(g["vanilla_spread"].iloc[0]), str(g["vanilla_category"].iloc[0]))
+            for b, g in bad.groupby("batch_size")}
+
+
+def unsettled_note(ranking: pd.DataFrame) -> str:
+    """One sentence naming the unsettled batch sizes, their worst category and spread ("" if none)."""
+    bad = unsettled(ranking)
+    if not bad:
+        return ""
+    return ("not settled at " + ", ".join(f"BS {b} ({c}: vanillas {100 * s:.0f} % apart)"
+                                          for b, (s, c) in bad.items())
+            + ": the drafts' own vanillas disagree (machine drift), re-measure there")
 
 
 def recommend(ranking: pd.DataFrame) -> dict[str, Any]:
@@ -141,16 +198,16 @@ def recommend(ranking: pd.DataFrame) -> dict[str, Any]:
         leaders.append((int(b), str(lead["draft"]), tied, str(lead["verdict"])))
     if not leaders:
         return {"text": "no measured batch size"}
-    unsettled = [b for b, _, _, v in leaders if v == "vanillas disagree"]
-    caveat = (f"; not settled at BS {', '.join(map(str, unsettled))}: the drafts' own vanillas "
-              "disagree (machine drift), re-measure there") if unsettled else ""
+    unsettled_bs = sorted(unsettled(ranking))
+    note = unsettled_note(ranking)
+    caveat = f"; {note}" if note else ""
     names = {d for _, d, _, _ in leaders}
     if len(names) == 1:
         (name,) = names
         ties = sorted({t for _, _, ts, _ in leaders for t in ts})
-        note = f" (tied within intervals with {', '.join(ties)} at some batch sizes)" if ties else ""
-        return {"draft": name, "text": f"{name} at every measured batch size{note}{caveat}",
-                "unsettled": unsettled}
+        tie = f" (tied within intervals with {', '.join(ties)} at some batch sizes)" if ties else ""
+        return {"draft": name, "text": f"{name} at every measured batch size{tie}{caveat}",
+                "unsettled": unsettled_bs}
     ranges: list[list[Any]] = []
     for b, d, tied, _ in leaders:
         if ranges and ranges[-1][2] == d:
@@ -163,4 +220,4 @@ def recommend(ranking: pd.DataFrame) -> dict[str, Any]:
     ranges[-1][1] = None
     parts = [f"BS {lo}{'+' if hi is None else ('' if hi == lo else f'-{hi}')}: {d}"
              + (f" (tied: {', '.join(t)})" if t else "") for lo, hi, d, t in ranges]
-    return {"ranges": ranges, "text": "; ".join(parts) + caveat, "unsettled": unsettled}
+    return {"ranges": ranges, "text": "; ".join(parts) + caveat, "unsettled": unsettled_bs}

@@ -15,14 +15,21 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
 
 from dsdprof.decide.decision import BatchDecision
 from dsdprof.decide.domains import category_grid, category_regret, mix_table, mixed_grid, per_position
-from dsdprof.decide.drafts import VANILLA_TOLERANCE, comparison_memory, rank_drafts, recommend
+from dsdprof.decide.drafts import (
+    VANILLA_TOLERANCE,
+    comparison_memory,
+    rank_drafts,
+    recommend,
+    unsettled,
+    vanilla_spreads,
+)
 from dsdprof.errors import InputError
 from dsdprof.report.text import fmt_finite, fmt_interval
 
@@ -147,6 +154,11 @@ def drafts_markdown(comp: Comparison, weights: dict[str, float], title: str = ""
     for _, r in ranking.iterrows():
         out.append(f"| {r['batch_size']} | {r['rank']} | {r['draft']} | {r['k']} | {fmt_interval(r)} | "
                    f"{r['verdict']} |")
+    bad = unsettled(ranking)
+    if bad:
+        out += ["", "Vanillas disagree (checked per category, before the mix; a mix takes its worst "
+                "category): " + "; ".join(f"BS {b}: {c} {100 * s:.0f} % apart" for b, (s, c) in bad.items())
+                + "."]
     out += ["", "## Draft memory (weights + draft KV; the target's KV is the same for all)", "",
             *_memory_rows(comp), "", "## Each draft's table for the mix", ""]
     for name, grid in comp.grids.items():
@@ -161,6 +173,38 @@ def drafts_markdown(comp: Comparison, weights: dict[str, float], title: str = ""
             f"(more than {VANILLA_TOLERANCE:.0%} apart leaves a batch size unsettled).",
             "", *_vanilla_rows(comp), ""]
     return "\n".join(out)
+
+
+class DraftsJSON(TypedDict):
+    """``drafts-report --json``: the mix, the ranking rows (``rank_drafts``'s columns), each
+    category's vanilla check before the mix, the unsettled batch sizes and the recommendation."""
+
+    mix: dict[str, float]
+    ranking: list[dict[str, object]]
+    vanilla_by_category: list[dict[str, object]]
+    unsettled: list[dict[str, object]]
+    recommendation: dict[str, object]
+
+
+def _plain(v: object) -> object:
+    """A JSON value: numpy scalars as Python numbers, NaN as null."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def drafts_json(comp: Comparison, weights: dict[str, float]) -> DraftsJSON:
+    """The ranking as data (:class:`DraftsJSON`): what the text and Markdown reports render."""
+    ranking = rank_drafts(comp.grids, weights)
+    total = sum(weights.values())
+    rows = [{k: _plain(v) for k, v in r.items()} for r in ranking.to_dict("records")]
+    spreads = [{k: _plain(v) for k, v in r.items()}
+               for r in vanilla_spreads(comp.grids, weights).to_dict("records")]
+    bad: list[dict[str, object]] = [{"batch_size": b, "category": c, "vanilla_spread": s}
+                                    for b, (s, c) in unsettled(ranking).items()]
+    return {"mix": {c: w / total for c, w in weights.items()}, "ranking": rows,
+            "vanilla_by_category": spreads, "unsettled": bad,
+            "recommendation": {k: _plain(v) for k, v in recommend(ranking).items()}}
 
 
 def mix_ktable(comp: Comparison, draft: str, weights: dict[str, float]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ and, per category, its own best K with the acceptance length and the draft token
 request-step (its effective K: below K for a drafter that proposes 0..K, n-gram), and each
 sweep's own vanilla side by side. Plain text,
 no line over 80 columns. :func:`ranking_figure`: speedup over vanilla against batch size, a
-point per draft at its mix K with the interval, labelled with that K.
+point per draft at its mix K with the interval, labelled with that K; a batch size left without a
+verdict (the drafts' vanillas disagree) is shaded, its points hollow, and labelled so.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import textwrap
 from typing import Any
 
 from dsdprof.decide.domains import mix_table
-from dsdprof.decide.drafts import VANILLA_TOLERANCE, comparison_memory, rank_drafts, recommend
+from dsdprof.decide.drafts import VANILLA_TOLERANCE, comparison_memory, rank_drafts, recommend, unsettled
 from dsdprof.report.text import fmt_finite, fmt_interval
 
 WIDTH = 80
@@ -90,6 +91,12 @@ def drafts_text(comp: Any, weights: dict[str, float], title: str = "") -> str:
     for _, r in ranking.iterrows():
         out.append(f"  {int(r['batch_size']):>4} {int(r['rank']):>4}  {str(r['draft'])[:16]:<16} "
                    f"{int(r['k']):>2}  {fmt_interval(r):<20} {r['verdict']}")
+    bad = unsettled(ranking)
+    if bad:
+        out += [""] + _wrap("Vanillas disagree (checked per category, before the mix; a mix takes "
+                            "its worst category): " + "; ".join(
+                                f"BS {b}: {c} {100 * s:.0f} % apart" for b, (s, c) in bad.items())
+                            + f" (over {VANILLA_TOLERANCE:.0%}): no verdict there, re-measure.")
     out += ["", "Draft memory (weights + draft KV; the target's KV is the same for all):", "",
             *_memory(comp), "", "Each draft's table for the mix:", ""]
     for name, grid in comp.grids.items():
@@ -111,6 +118,7 @@ def ranking_figure(comp: Any, weights: dict[str, float]):  # -> matplotlib Figur
     from matplotlib.figure import Figure
 
     ranking = rank_drafts(comp.grids, weights)
+    bad = unsettled(ranking)
     sizes = sorted({int(b) for b in ranking["batch_size"]})
     drafts = list(comp.grids)
     fig = Figure(figsize=(max(4.0, 1.6 * len(sizes) + 2), 3.4), dpi=110)
@@ -122,9 +130,18 @@ def ranking_figure(comp: Any, weights: dict[str, float]):  # -> matplotlib Figur
         s = r["speedup"].to_numpy(float)
         err = np.vstack([s - r["speedup_low"].to_numpy(float), r["speedup_high"].to_numpy(float) - s])
         ax.errorbar(x, s, yerr=np.nan_to_num(err), fmt="o", color=f"C{i}", capsize=3, label=name)
+        off = np.array([int(b) in bad for b in r["batch_size"]], dtype=bool)
+        if off.any():  # unsettled: hollow, as the text gives no verdict there
+            ax.plot(x[off], s[off], "o", color="white", markeredgecolor=f"C{i}", markersize=6, zorder=3)
         for xi, si, k in zip(x, s, r["k"]):
             ax.annotate(f"K{int(k)}", (xi, si), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.axhline(1.0, color="grey", linewidth=0.8)
+    for b, (spread, cat) in bad.items():  # the batch sizes the text leaves without a verdict
+        j = sizes.index(b)
+        ax.axvspan(j - 0.45, j + 0.45, color="0.85", zorder=0)
+        ax.annotate(f"vanillas disagree\n({cat} {100 * spread:.0f} %)", (j, 1),
+                    xycoords=("data", "axes fraction"), xytext=(0, -3), textcoords="offset points",
+                    ha="center", va="top", fontsize=7)
     ax.set_xticks(range(len(sizes)), [str(b) for b in sizes])
     ax.set_xlabel("batch size")
     ax.set_ylabel("speedup over vanilla (mix K)")

@@ -164,6 +164,7 @@ def rollout_panels(df: Any) -> list[Panel]:
 
 def drafts_panels(comp: Any) -> list[Panel]:
     """``drafts-report``'s ranking for the workload's own mix, as its 80-column text."""
+    from dsdprof.decide.drafts import rank_drafts, unsettled
     from dsdprof.report.drafts import default_mix
     from dsdprof.report.drafts_text import drafts_text
 
@@ -171,6 +172,7 @@ def drafts_panels(comp: Any) -> list[Panel]:
     p = Panel("drafts", "Drafts: ranking per batch size for the workload's mix",
               "What `dsdprof drafts-report` prints for the workload's own mix of prompt categories.")
     sizes = sorted({int(b) for g in comp.grids.values() for b in g["batch_size"]})
+    bad = unsettled(rank_drafts(comp.grids, weights))  # no verdict there: hollow marks, as the text says
     series = []
     for name, grid in comp.grids.items():  # per (draft, category): the best K's speedup at each batch size
         for cat in sorted(grid["category"].unique()):
@@ -183,13 +185,18 @@ def drafts_panels(comp: Any) -> list[Panel]:
                     s.marks.append(Mark(i, float(r["speedup"]), f"{name} on {cat}, BS {b}: best K="
                                         f"{int(r['num_spec_tokens'])}, speedup {num(r['speedup'])}x "
                                         f"{interval(r['speedup_low'], r['speedup_high'])}, AL "
-                                        f"{num(r['acceptance_length'])}", float(r["speedup_low"]),
-                                        float(r["speedup_high"])))
+                                        f"{num(r['acceptance_length'])}"
+                                        + ("; vanillas disagree: not settled" if b in bad else ""),
+                                        float(r["speedup_low"]), float(r["speedup_high"]),
+                                        filled=b not in bad))
             series.append(s)
     if series:
         p.charts.append(xy_chart(series, [str(b) for b in sizes], x_title="batch size",
                                  y_title="best speedup over vanilla", ref_y=1.0, ref_label="vanilla",
                                  chart_id="chart-drafts"))
+    if bad:
+        p.notes.append("Hollow: vanillas disagree, no verdict (" + "; ".join(
+            f"BS {b}: {c} {100 * s:.0f} % apart" for b, (s, c) in bad.items()) + ").")
     p.notes.append("pre:" + drafts_text(comp, weights))
     missing = [d["name"] for d in comp.plan.get("drafts", []) if d["name"] not in comp.grids]
     if missing:
