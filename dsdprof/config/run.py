@@ -11,9 +11,10 @@ slices, coverage, validated rows) without reading anything. These live below ``i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 
 from dsdprof.config.spec import SweepSpec
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import JSON, JSONObject, ProvenanceRecord, json_object
 from dsdprof.formats.measurements import (
     CONTEXT_COLUMN,
     CONTRACT_COLUMNS,
@@ -51,7 +53,7 @@ class Manifest:
     spec, or one this version no longer parses)."""
 
     directory: Path
-    spec_dump: dict[str, Any]
+    spec_dump: JSONObject
     spec_hash: str = ""
     spec: SweepSpec | None = None
 
@@ -64,9 +66,13 @@ class Manifest:
         """(batch sizes, Ks) the spec planned ([] where it names none)."""
         if self.spec is not None:
             return list(self.spec.sweep.batch_sizes), list(self.spec.sweep.num_spec_tokens)
-        sweep = self.spec_dump.get("sweep") or {}
-        return ([int(b) for b in sweep.get("batch_sizes") or []],
-                [int(k) for k in sweep.get("num_spec_tokens") or []])
+        sweep = json_object(self.spec_dump.get("sweep"))
+        return _ints(sweep.get("batch_sizes")), _ints(sweep.get("num_spec_tokens"))
+
+
+def _ints(values: JSON) -> list[int]:
+    """A stored spec's list of integers ([] where it names none)."""
+    return [int(cast(int, v)) for v in values] if isinstance(values, list) else []
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ class Coverage:
         object.__setattr__(self, "summary", self._describe(self.first_error))
         object.__setattr__(self, "gap_summary", self._describe(""))
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, object]:
         """The fields it was made of (what ``analyze --json`` writes; the others derive from them)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
@@ -149,11 +155,11 @@ class Run:
 
     path: Path
     rows: pd.DataFrame
-    stored_provenance: dict[str, Any] = field(default_factory=dict)
+    stored_provenance: ProvenanceRecord = field(default_factory=dict)
     manifests: tuple[Manifest, ...] = ()
     mixed: dict[str, list[str]] = field(default_factory=dict)
     kind_evidence: str = ""
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: ProvenanceRecord = field(default_factory=dict)
     coverage: Coverage | None = None
     contexts: dict[int, pd.DataFrame] | None = None
     context_coverage: dict[int, Coverage] = field(default_factory=dict)
@@ -268,7 +274,7 @@ def check_mixed(path: str | Path, mixed: dict[str, list[str]]) -> None:
                          "at a time, or pass --allow-mixed to pool them")
 
 
-def validate_rows(rows: Any) -> str:
+def validate_rows(rows: pd.DataFrame | None) -> str:
     """Why ``rows`` (a DataFrame) are a validate run's, from the rows alone; "" when they may be a
     sweep's. A sweep runs in one speculation mode (``dsd``: vanilla + every K of the grid per batch
     size; ``fixed``: vanilla + one engine per K) and never writes ``adaptive`` rows. ``dsdprof
@@ -284,7 +290,7 @@ def validate_rows(rows: Any) -> str:
         return ""
     keys = [c for c in ("batch_size", "repeat", CONTEXT_COLUMN.name) if c in rows.columns]
 
-    def units(part: Any) -> list[tuple]:  # (batch size, repeat, context) of each row, as plain values
+    def units(part: pd.DataFrame) -> list[tuple]:  # (batch size, repeat, context) of each row, plain values
         return [tuple(str(v) for v in u) for u in part[keys].itertuples(index=False, name=None)]
 
     dsd_ks: dict[tuple, set] = {}
@@ -295,7 +301,8 @@ def validate_rows(rows: Any) -> str:
     return ""
 
 
-def kind_evidence(manifests: tuple[Manifest, ...], provenance: dict[str, Any], rows: Any) -> str:
+def kind_evidence(manifests: tuple[Manifest, ...], provenance: ProvenanceRecord,
+                  rows: pd.DataFrame | Callable[[], pd.DataFrame | None] | None) -> str:
     """Why a run of these manifests, provenance and rows (a DataFrame, or a callable returning
     it, read only when needed) is a validate run ("" when it is a sweep): the one test."""
     if any(m.validate for m in manifests):
@@ -351,7 +358,7 @@ def coverage(rows: pd.DataFrame, manifests: tuple[Manifest, ...]) -> Coverage:
     return Coverage(tuple(sorted(bss)), tuple(sorted(ks)), missing_bs, missing_cells, grid_from, first_error)
 
 
-def _provenance(rows: pd.DataFrame, stored: dict[str, Any]) -> dict[str, Any]:
+def _provenance(rows: pd.DataFrame, stored: ProvenanceRecord) -> ProvenanceRecord:
     """The stored provenance (else the rows' own), mixed row fields as ``"A | B"``."""
     prov = dict(stored)
     if not prov:
@@ -371,9 +378,9 @@ def _validated(rows: pd.DataFrame) -> pd.DataFrame | InputError:
         return err
 
 
-def parse_manifest(directory: Path, doc: dict[str, Any]) -> Manifest:
+def parse_manifest(directory: Path, doc: JSONObject) -> Manifest:
     """A run directory's manifest as read (``doc``, with a ``spec`` object), its spec typed."""
-    dump = doc["spec"]
+    dump = json_object(doc["spec"])  # a dict: the readers keep only manifests with a spec object
     try:
         spec = None if RUN_KIND_VALIDATE in dump else SweepSpec.model_validate(dump)
     except ValidationError:  # a spec this version no longer parses: its stored form still counts
@@ -389,9 +396,9 @@ class ReadRun:
 
     path: Path
     rows: pd.DataFrame
-    stored_provenance: dict[str, Any]
+    stored_provenance: ProvenanceRecord
     versions: set[str]
-    manifests: tuple[tuple[Path, dict[str, Any]], ...]
+    manifests: tuple[tuple[Path, JSONObject], ...]
     pooled: PooledRuns
 
 

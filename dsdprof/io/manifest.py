@@ -16,16 +16,20 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from dsdprof import __version__
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import JSONObject, ManifestDoc, ProvenanceRecord, json_object
 from dsdprof.formats.versions import (
     MANIFEST_VERSION,
     MEASUREMENT_SCHEMA_VERSION,
     READABLE_MANIFEST_VERSIONS,
     SIM_MODEL_VERSION,
 )
+
+if TYPE_CHECKING:
+    from dsdprof.config.spec import SweepSpec
 
 MANIFEST_NAME = "_sweep.json"
 
@@ -35,20 +39,20 @@ INFORMATIONAL_PROVENANCE = frozenset({"extra_fallback_reason"})
 _ABSENT = "<absent>"
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: object) -> str:
     """The one serialisation that is hashed: sorted keys, no whitespace, UTF-8 safe."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def spec_hash(spec_dump: dict[str, Any]) -> str:
+def spec_hash(spec_dump: JSONObject) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(spec_dump).encode()).hexdigest()
 
 
-def normalised_spec_dump(spec: Any) -> dict[str, Any]:
+def normalised_spec_dump(spec: SweepSpec) -> JSONObject:
     """``spec`` (a :class:`~dsdprof.config.spec.SweepSpec`) as JSON with every default filled in
     (the ``[sim]`` section too: it is a :class:`~dsdprof.config.sim.SimConfig`, so an explicit
     default and an omitted key hash alike)."""
-    dump: dict[str, Any] = spec.model_dump(mode="json")
+    dump: JSONObject = spec.model_dump(mode="json")
     return dump
 
 
@@ -61,10 +65,10 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def measurement_versions(spec_dump: dict[str, Any]) -> dict[str, str]:
+def measurement_versions(spec_dump: JSONObject) -> dict[str, str]:
     """Versions that change what a row of this run means (read from package metadata, no imports)."""
     versions = {"dsdprof": __version__, "measurements": MEASUREMENT_SCHEMA_VERSION}
-    engine = (spec_dump.get("engine") or {}).get("name", "vllm")
+    engine = json_object(spec_dump.get("engine")).get("name", "vllm")
     if engine == "sim":
         versions["sim_model"] = SIM_MODEL_VERSION
     else:
@@ -75,12 +79,12 @@ def measurement_versions(spec_dump: dict[str, Any]) -> dict[str, str]:
     return versions
 
 
-def build_manifest(spec_dump: dict[str, Any], versions: dict[str, str],
-                   provenance: dict[str, Any] | None, started_at: str,
-                   resumed_at: str | None = None) -> dict[str, Any]:
+def build_manifest(spec_dump: JSONObject, versions: dict[str, str],
+                   provenance: ProvenanceRecord | None, started_at: str,
+                   resumed_at: str | None = None) -> ManifestDoc:
     """The manifest document. ``provenance`` is None until the engine has reported it (a run
     directory is claimed by its manifest before the engine starts)."""
-    doc = {
+    doc: ManifestDoc = {
         "manifest": MANIFEST_VERSION,
         "schema_version": MEASUREMENT_SCHEMA_VERSION,  # kept at the top for older readers
         "spec_hash": spec_hash(spec_dump),
@@ -94,7 +98,7 @@ def build_manifest(spec_dump: dict[str, Any], versions: dict[str, str],
     return doc
 
 
-def parse_manifest(text: str, where: str) -> dict[str, Any]:
+def parse_manifest(text: str, where: str) -> ManifestDoc:
     """A stored manifest, checked: a JSON object of a known version whose hash matches its spec."""
     try:
         doc = json.loads(text)
@@ -118,10 +122,10 @@ def parse_manifest(text: str, where: str) -> dict[str, Any]:
     if spec_hash(doc["spec"]) != doc["spec_hash"]:
         raise InputError(f"{MANIFEST_NAME}.spec_hash", doc["spec_hash"],
                          f"does not match the spec stored in {where} (edited by hand?); start a new --out")
-    return doc
+    return cast(ManifestDoc, doc)  # checked above: the keys readers use, of their types
 
 
-def first_difference(old: Any, new: Any, path: str) -> tuple[str, Any, Any] | None:
+def first_difference(old: object, new: object, path: str) -> tuple[str, object, object] | None:
     """(dotted path, old value, new value) of the first leaf where ``old`` and ``new`` differ."""
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new), key=str):
@@ -140,13 +144,13 @@ def first_difference(old: Any, new: Any, path: str) -> tuple[str, Any, Any] | No
     return path, old, new
 
 
-def _refuse(diff: tuple[str, Any, Any], out: Path) -> InputError:
+def _refuse(diff: tuple[str, object, object], out: Path) -> InputError:
     path, old, new = diff
     return InputError(path, new, f"differs from the run being resumed in {out} (was {old!r}); "
                                  "start a new --out to run it")
 
 
-def check_same_run(stored: dict[str, Any], spec_dump: dict[str, Any], versions: dict[str, str],
+def check_same_run(stored: ManifestDoc, spec_dump: JSONObject, versions: dict[str, str],
                    out: Path) -> None:
     """Refuse a resume whose spec or versions differ from the stored run (first difference named)."""
     if stored["spec_hash"] != spec_hash(spec_dump):
@@ -157,11 +161,11 @@ def check_same_run(stored: dict[str, Any], spec_dump: dict[str, Any], versions: 
         raise _refuse(diff, out)
 
 
-def check_same_provenance(stored: dict[str, Any], provenance: dict[str, Any], out: Path) -> None:
+def check_same_provenance(stored: ManifestDoc, provenance: ProvenanceRecord, out: Path) -> None:
     """Refuse a resume whose engine reports other provenance (another GPU, engine build, mode...)."""
     if stored.get("provenance") is None:
         return  # the stored run never got as far as its engine: it has no rows yet
-    old = {k: v for k, v in stored["provenance"].items() if k not in INFORMATIONAL_PROVENANCE}
+    old = {k: v for k, v in (stored["provenance"] or {}).items() if k not in INFORMATIONAL_PROVENANCE}
     new = {k: v for k, v in provenance.items() if k not in INFORMATIONAL_PROVENANCE}
     diff = first_difference(old, new, "provenance")
     if diff is not None:

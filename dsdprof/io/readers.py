@@ -11,14 +11,18 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from dsdprof.config.run import check_mixed, mixed_provenance, validate_measurements
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import ProvenanceRecord
 from dsdprof.formats.measurements import STATUS_OK
 from dsdprof.formats.versions import PARQUET_METADATA_KEY, READABLE_MEASUREMENT_VERSIONS
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def _parquet_files(path: Path) -> list[Path]:
@@ -34,7 +38,7 @@ def _parquet_files(path: Path) -> list[Path]:
     raise InputError("measurements", str(path), "no such file or directory")
 
 
-def _file_metadata(f: Path, source: Any = None) -> dict[str, Any] | None:
+def _file_metadata(f: Path, source: pa.BufferReader | None = None) -> ProvenanceRecord | None:
     """The dsdprof key-value metadata of one Parquet file (None for files dsdprof did not write);
     ``source``: the file's bytes when the caller has read them."""
     import pyarrow.parquet as pq
@@ -55,7 +59,7 @@ def _file_metadata(f: Path, source: Any = None) -> dict[str, Any] | None:
     return meta
 
 
-def read_provenance(path: str | Path) -> dict[str, Any]:
+def read_provenance(path: str | Path) -> ProvenanceRecord:
     """Provenance stored in the first dsdprof Parquet file under ``path`` (empty if none)."""
     for f in _parquet_files(Path(path)):
         try:
@@ -88,7 +92,7 @@ def read_measurements(path: str | Path, allow_mixed: bool = False) -> pd.DataFra
     files = read_files(path)
     df = pd.concat([f.rows for f in files], ignore_index=True) if len(files) > 1 else files[0].rows
     if not allow_mixed:
-        check_mixed(path, mixed_provenance(df, {f.meta["schema_version"] for f in files if f.meta}))
+        check_mixed(path, mixed_provenance(df, {str(f.meta["schema_version"]) for f in files if f.meta}))
     return df
 
 
@@ -98,7 +102,7 @@ class PartFile:
     dsdprof) and rows."""
 
     path: Path
-    meta: dict[str, Any] | None
+    meta: ProvenanceRecord | None
     rows: pd.DataFrame
 
 

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from dsdprof.errors import InputError
 from dsdprof.io.atomic import write_bytes_atomic
@@ -23,7 +23,16 @@ HOLDER_NAME = "_dsdprof.holder.json"
 LOCK_FILES = (LOCK_NAME, HOLDER_NAME)
 
 
-def _holder_info(started_at: str) -> dict[str, Any]:
+class _Holder(TypedDict):
+    """The holder file: who holds a run directory's lock."""
+
+    pid: int
+    host: str
+    command: str
+    started_at: str
+
+
+def _holder_info(started_at: str) -> _Holder:
     prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
     if prog in ("cli.py", "__main__.py"):  # python -m dsdprof.cli.app
         prog = "dsdprof"

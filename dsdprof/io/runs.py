@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -31,6 +30,7 @@ from dsdprof.config.run import (
     parse_manifest,
 )
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import JSONObject
 from dsdprof.formats.measurements import CONTEXT_COLUMN
 from dsdprof.io.manifest import MANIFEST_NAME, first_difference
 from dsdprof.io.readers import read_columns, read_files, read_provenance
@@ -38,7 +38,7 @@ from dsdprof.io.readers import read_columns, read_files, read_provenance
 __all__ = ["RUN_KIND_SWEEP", "RUN_KIND_VALIDATE", "open_run", "run_kind"]
 
 
-def _manifest_doc(run_dir: Path) -> dict[str, Any] | None:
+def _manifest_doc(run_dir: Path) -> JSONObject | None:
     try:
         doc = json.loads((run_dir / MANIFEST_NAME).read_text())
     except (OSError, ValueError):
@@ -46,12 +46,12 @@ def _manifest_doc(run_dir: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("spec"), dict) else None
 
 
-def manifest_docs(path: str | Path) -> tuple[tuple[Path, dict[str, Any]], ...]:
+def manifest_docs(path: str | Path) -> tuple[tuple[Path, JSONObject], ...]:
     """(run directory, manifest document) of the run at ``path`` (or the one holding a Parquet
     file) and of every run below it."""
     path = Path(path)
     base = path if path.is_dir() else path.parent
-    found: list[tuple[Path, dict[str, Any]]] = []
+    found: list[tuple[Path, JSONObject]] = []
     if (doc := _manifest_doc(base)) is not None:
         found.append((base, doc))
     if path.is_dir():
@@ -68,7 +68,7 @@ def manifests_under(path: str | Path) -> tuple[Manifest, ...]:
     return tuple(parse_manifest(d, doc) for d, doc in manifest_docs(path))
 
 
-def pooled_runs(docs: tuple[tuple[Path, dict[str, Any]], ...]) -> PooledRuns:
+def pooled_runs(docs: tuple[tuple[Path, JSONObject], ...]) -> PooledRuns:
     """The runs of these manifests, and the first spec field where each differs from the first."""
     runs = tuple((str(d), str(doc.get("spec_hash", ""))) for d, doc in docs)
     diffs: dict[str, list[str]] = {}
@@ -80,7 +80,7 @@ def pooled_runs(docs: tuple[tuple[Path, dict[str, Any]], ...]) -> PooledRuns:
     return PooledRuns(runs, tuple((f, " | ".join(dict.fromkeys(v))) for f, v in diffs.items()))
 
 
-def _kind_columns(path: str | Path) -> Any:
+def _kind_columns(path: str | Path) -> pd.DataFrame | None:
     """The columns :func:`dsdprof.config.run.validate_rows` reads, of every Parquet file under
     ``path`` (None if unreadable)."""
     try:
@@ -89,7 +89,7 @@ def _kind_columns(path: str | Path) -> Any:
         return None
 
 
-def validate_evidence(path: str | Path, rows: Any = None) -> str:
+def validate_evidence(path: str | Path, rows: pd.DataFrame | None = None) -> str:
     """Why ``path`` holds a validate run ("" when it is a sweep): a manifest written by ``dsdprof
     validate``, the rows' provenance, or the rows themselves (``rows``: all rows when the caller
     has read them), whatever the files' metadata says."""
@@ -101,7 +101,7 @@ def validate_evidence(path: str | Path, rows: Any = None) -> str:
                          lambda: rows if rows is not None else _kind_columns(path))
 
 
-def run_kind(path: str | Path, rows: Any = None) -> str:
+def run_kind(path: str | Path, rows: pd.DataFrame | None = None) -> str:
     """``validate`` when ``path`` (a run directory, a Parquet file or a directory of runs) holds a
     validate run (:func:`validate_evidence`), else ``sweep``. The one test of a run's kind."""
     return RUN_KIND_VALIDATE if validate_evidence(path, rows) else RUN_KIND_SWEEP
@@ -117,5 +117,5 @@ def open_run(path: str | Path, command: str = "", allow_mixed: bool = False) -> 
     rows = pd.concat([f.rows for f in files], ignore_index=True) if len(files) > 1 else files[0].rows
     docs = manifest_docs(path)
     read = ReadRun(Path(path), rows, next((dict(f.meta) for f in files if f.meta), {}),
-                   {f.meta["schema_version"] for f in files if f.meta}, docs, pooled_runs(docs))
+                   {str(f.meta["schema_version"]) for f in files if f.meta}, docs, pooled_runs(docs))
     return checked_run(read, command, allow_mixed)

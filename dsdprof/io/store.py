@@ -37,9 +37,9 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import JSONObject, ManifestDoc, ProvenanceRecord
 from dsdprof.formats.measurements import (
     COLUMN_NAMES,
     CONTEXT_COLUMN,
@@ -60,6 +60,7 @@ from dsdprof.io.manifest import (
 from dsdprof.io.runlock import LOCK_FILES, LOCK_NAME, RunLock
 
 SWEEP_META = MANIFEST_NAME
+ParquetRow = dict[str, object]  # column -> value, checked by the arrow schema when written
 ATTEMPTS_DIR = "_attempts"
 _PART_RE = re.compile(r"^part-(\d+)-.+\.parquet$")
 
@@ -80,22 +81,22 @@ class SweepWriter:
     released on exit, also on ``KeyboardInterrupt``.
     """
 
-    def __init__(self, out_dir: str | Path, spec_dump: dict[str, Any], resume: bool = False, *,
+    def __init__(self, out_dir: str | Path, spec_dump: JSONObject, resume: bool = False, *,
                  flush_rows: int = 1, flush_interval_s: float | None = None) -> None:
         self.out = Path(out_dir)
         self.spec_dump = spec_dump
         self.versions = measurement_versions(spec_dump)
         self.done: set[str] = set()
-        self.provenance: dict[str, Any] = {}
+        self.provenance: ProvenanceRecord = {}
         self.flush_rows = max(1, int(flush_rows))
         self.flush_interval_s = flush_interval_s
-        self._buffer: dict[str, dict[str, Any]] = {}  # cell_id -> row, in arrival order
+        self._buffer: dict[str, ParquetRow] = {}  # cell_id -> row, in arrival order
         self._last_flush = time.monotonic()
         self._visible: dict[str, str] = {}  # cell_id -> name of the part file holding its row
         self._torn: list[Path] = []
         self._duplicates: dict[str, set[int]] = {}  # part name -> row positions to drop
         self._next_index = 0
-        self._stored: dict[str, Any] | None = None
+        self._stored: ManifestDoc | None = None
         self._started = False
         self._claimed_at = utc_now()
         self._claimed = False  # this writer wrote a provenance-less manifest into an empty OUT
@@ -193,7 +194,7 @@ class SweepWriter:
 
     # ------------------------------------------------------------------ starting
 
-    def start(self, provenance: dict[str, Any]) -> None:
+    def start(self, provenance: ProvenanceRecord) -> None:
         """Write the manifest (after checking a resumed run's provenance); repair leftovers."""
         if self._stored is not None:
             check_same_provenance(self._stored, provenance, self.out)
@@ -213,27 +214,28 @@ class SweepWriter:
         self._write_manifest(doc)
         self._started = True
 
-    def _write_manifest(self, doc: dict[str, Any]) -> None:
+    def _write_manifest(self, doc: ManifestDoc) -> None:
         self._claimed_at = doc["started_at"]
         self._guard_io(SWEEP_META, lambda: write_bytes_atomic(
             self.out / SWEEP_META, json.dumps(doc, indent=2, default=str).encode()))
 
     # ------------------------------------------------------------------ writing
 
-    def write_row(self, row: Mapping[str, Any]) -> None:
+    def write_row(self, row: Mapping[str, object]) -> None:
         """Record one cell's row; durable now (``flush_rows == 1``) or at the next flush."""
         unknown = set(row) - set(COLUMN_NAMES) - set(OPTIONAL_COLUMN_NAMES)
         if unknown:
             raise ValueError(f"unknown measurement columns {sorted(unknown)}")
         if not self._started:
             raise RuntimeError("SweepWriter.start() must be called before write_row()")
-        self._buffer.pop(row["cell_id"], None)
-        self._buffer[row["cell_id"]] = {c: row.get(c) for c in COLUMN_NAMES + tuple(
+        cell_id = str(row["cell_id"])
+        self._buffer.pop(cell_id, None)
+        self._buffer[cell_id] = {c: row.get(c) for c in COLUMN_NAMES + tuple(
             c for c in OPTIONAL_COLUMN_NAMES if c in row)}
         if row.get("status") == STATUS_OK:
-            self.done.add(row["cell_id"])
+            self.done.add(cell_id)
         else:
-            self.done.discard(row["cell_id"])
+            self.done.discard(cell_id)
         due = (self.flush_interval_s is not None
                and time.monotonic() - self._last_flush >= self.flush_interval_s)
         if len(self._buffer) >= self.flush_rows or due:
@@ -246,27 +248,27 @@ class SweepWriter:
             self._flush()
 
     def _flush(self) -> None:
-        rows, self._buffer = list(self._buffer.values()), {}
+        rows, self._buffer = list(self._buffer.items()), {}
         self._last_flush = time.monotonic()
         if not rows:
             return
-        fresh = [r for r in rows if r["cell_id"] not in self._visible]
-        retried: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
-        for r in rows:
-            if r["cell_id"] in self._visible:
-                retried[self._visible[r["cell_id"]]][r["cell_id"]] = r
+        fresh = [(cid, r) for cid, r in rows if cid not in self._visible]
+        retried: dict[str, dict[str, ParquetRow]] = defaultdict(dict)
+        for cid, r in rows:
+            if cid in self._visible:
+                retried[self._visible[cid]][cid] = r
         if fresh:
-            first = fresh[0]["cell_id"]
+            first = fresh[0][0]
             more = f"+{len(fresh) - 1}" if len(fresh) > 1 else ""
             name = f"part-{self._next_index:05d}-{first}{more}.parquet"
             self._next_index += 1
-            self._write_table(name, fresh)
-            self._visible.update({r["cell_id"]: name for r in fresh})
+            self._write_table(name, [r for _, r in fresh])
+            self._visible.update({cid: name for cid, _ in fresh})
         for name, replace in retried.items():
             self._rewrite(name, replace)
         fsync_dir(self.out)
 
-    def _rewrite(self, name: str, replace: dict[str, dict[str, Any]],
+    def _rewrite(self, name: str, replace: dict[str, ParquetRow],
                  drop: frozenset[int] | set[int] = frozenset()) -> None:
         """Swap rows of part file ``name`` (archived under ``_attempts/`` first) in one rename."""
         import pyarrow.parquet as pq
@@ -300,11 +302,11 @@ class SweepWriter:
 
         self._guard_io(f"{ATTEMPTS_DIR}/{dest.name}", archive)
 
-    def _write_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+    def _write_table(self, name: str, rows: list[ParquetRow]) -> None:
         tmp = self._write_tmp(name, rows)
         self._guard_io(name, lambda: os.replace(tmp, self.out / name))
 
-    def _write_tmp(self, name: str, rows: list[dict[str, Any]]) -> Path:
+    def _write_tmp(self, name: str, rows: list[ParquetRow]) -> Path:
         """``rows`` as a complete, fsynced Parquet file under a hidden temp name (or nothing)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -383,7 +385,7 @@ class SweepWriter:
         self._created = []
 
 
-def file_metadata(provenance: dict[str, Any],
+def file_metadata(provenance: ProvenanceRecord,
                   version: str = MEASUREMENT_SCHEMA_VERSION) -> dict[bytes, bytes]:
     """The Parquet key-value metadata of a measurement file: its schema version and the run's
     provenance (what :func:`dsdprof.io.readers.read_provenance` reads back)."""
@@ -391,7 +393,7 @@ def file_metadata(provenance: dict[str, Any],
     return {PARQUET_METADATA_KEY: json.dumps(meta, default=str).encode()}
 
 
-def provenance_dict(prov) -> dict[str, Any]:
+def provenance_dict(prov) -> ProvenanceRecord:
     d = asdict(prov)
     extra = d.pop("extra", {}) or {}
     d.update({f"extra_{k}": v for k, v in extra.items()})

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
+import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.config.run import Run, validate_measurements
@@ -43,15 +44,25 @@ class HoldoutReport:
     heldout_mape: float
     k_match_share: float  # predicted optimal K == measured optimal K, AL per K taken from the fit half
     k_match_share_measured_al: float  # same with each held-out cell's own measured AL
-    per_batch: list[dict[str, Any]]
+    per_batch: list[HeldOutBatch]
 
 
-def _optimal_k(df: Any, tolerance: float) -> dict[int, int]:
+class HeldOutBatch(TypedDict):
+    """One held-out batch size: the optimal K measured and predicted, and the ITL error (%)."""
+
+    batch_size: int
+    measured_k: int | None
+    predicted_k: int | None
+    predicted_k_measured_al: int | None
+    itl_mape: float
+
+
+def _optimal_k(df: pd.DataFrame, tolerance: float) -> dict[int, int]:
     opt = analyze(df, tolerance=tolerance).optimal
     return dict(zip(opt["batch_size"].astype(int), opt["k"].astype(int)))
 
 
-def holdout(ct: CalibrationTarget, df: Any, tolerance: float = DEFAULT_TOLERANCE) -> HoldoutReport:
+def holdout(ct: CalibrationTarget, df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE) -> HoldoutReport:
     """Fit on every other batch size (1st, 3rd, ...), predict the rest: ITL MAPE on held-out cells
     and the share of held-out batch sizes whose optimal K (``dsdprof.decide.analysis.analyze``) matches."""
     sizes = sorted(int(b) for b in df["batch_size"].unique())
@@ -73,7 +84,7 @@ def holdout(ct: CalibrationTarget, df: Any, tolerance: float = DEFAULT_TOLERANCE
     al_fit = key.map(al_by_key).fillna(held["acceptance_length"]).to_numpy()
     pred_fit = pred_own.assign(acceptance_length=al_fit)
     k_own, k_fit = _optimal_k(pred_own, tolerance), _optimal_k(pred_fit, tolerance)
-    per_batch = []
+    per_batch: list[HeldOutBatch] = []
     for b in held_bs:
         rows = held["batch_size"] == b
         per_batch.append({"batch_size": b, "measured_k": measured_k.get(b), "predicted_k": k_fit.get(b),
@@ -157,12 +168,14 @@ def _sweep_context(run: Run) -> int | None:
     return None if spec is None else spec.workload.input_len + spec.sweep.output_len // 2
 
 
-def _target(req: CalibrationRequest, df: Any, run: Run) -> tuple[CalibrationTarget, str, list[str]]:
+def _target(req: CalibrationRequest, df: pd.DataFrame, run: Run) -> tuple[CalibrationTarget, str, list[str]]:
     prov = run.stored_provenance
 
     def first(col: str) -> str:
         return str(df[col].dropna().iloc[0]) if col in df.columns and not df[col].dropna().empty else ""
-    pick = lambda given, key: given or prov.get(key) or first(key)  # noqa: E731
+
+    def pick(given: str | None, key: str) -> str:
+        return given or str(prov.get(key) or "") or first(key)
     hw_name = pick(req.hardware, "hardware")
     if not hw_name:
         raise InputError("--hardware", None, "measurements carry no hardware; pass a catalog name or profile")
