@@ -68,8 +68,8 @@ def sweep(
                                 help="Continue the run in OUT (same spec, overrides and versions): skip "
                                      "finished cells, retry failed ones."),
     verbose: bool = typer.Option(False, "--verbose", "-v",
-                                 help="Stream vLLM's own output to the console instead of "
-                                      "OUT/_logs/engine-*.log."),
+                                 help="Stream vLLM's own output to the console, not to the log "
+                                      "files OUT/_logs/engine-*.log."),
     budget: str | None = typer.Option(None, "--budget",
                                       help="Engine seconds (3600, 90m, 2h) or measured waves (400w): after "
                                            "one pass over the grid, run further repeats only of the Ks that "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+import re
 import shlex
 import signal
 import sys
@@ -87,10 +89,12 @@ class WrappingConsole(Console):
 
 
 def plain_flags_in_help() -> None:
-    """Show on/off flags (``--resume``, ``--force``, ``--help``) without a value in ``--help``.
+    """Show on/off flags (``--resume``, ``--force``, ``--help``) without a value in ``--help``,
+    and a number's range compactly (``<int> [2..64]``, not ``<int range> [2<=x<=64]``).
 
     This typer shows ``<bool>`` after every flag, which reads as if ``--resume true`` were the
-    syntax (it is refused). A flag takes no value: show none."""
+    syntax (it is refused). A flag takes no value: show none. The type column is as wide as its
+    widest entry and the help column gets what is left at 80 columns: keep it narrow."""
     try:
         from typer.core import TyperOption
     except ImportError:  # pragma: no cover - typer without its core module
@@ -101,10 +105,23 @@ def plain_flags_in_help() -> None:
 
     def display_type_rich(self, ctx):
         plain_flag = getattr(self, "is_flag", False) and not getattr(self, "count", False)
-        return None if plain_flag else original(self, ctx)
+        if plain_flag:
+            return None
+        shown = original(self, ctx)  # "<int range>": the range follows it anyway, as [>=1]
+        return shown.replace(" range>", ">") if isinstance(shown, str) else shown
+
+    def range_help(self):  # "[2<=x<=64]" as "[2..64]", "[x>=1]" as "[>=1]": a narrower type column
+        shown = range_original(self)
+        if not shown:
+            return shown
+        lo_hi = re.fullmatch(r"(\S+?)<=x<=(\S+)", shown)
+        return f"{lo_hi[1]}..{lo_hi[2]}" if lo_hi else shown.replace("x", "", 1)
 
     display_type_rich._dsdprof_plain_flags = True  # type: ignore[attr-defined]  # our marker: patched once
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]  # typer's class, patched
+    range_original = getattr(TyperOption, "_get_number_range_help_str", None)
+    if range_original is not None:
+        TyperOption._get_number_range_help_str = range_help  # type: ignore[method-assign]  # typer's class
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -142,9 +159,21 @@ def quiet_broken_pipe() -> typer.Exit:
     return typer.Exit(0)
 
 
+def help_paragraphs(doc: str | None) -> str | None:
+    """A docstring as ``--help`` text: each paragraph on one line, for rich to wrap at the
+    terminal's width (this typer keeps a docstring's line breaks, which render as half-empty
+    lines). A paragraph that starts with ``\\b`` keeps its lines."""
+    if doc is None:
+        return None
+    paras = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(ln.strip() for ln in p.splitlines())
+                       for p in paras)
+
+
 def guarded(fn: F) -> F:
     """Turn InputError/TableError/OSError into one line on stderr and exit code 2; Ctrl-C into
-    one line and exit code 130; a closed stdout (``| head``) into a quiet exit 0."""
+    one line and exit code 130; a closed stdout (``| head``) into a quiet exit 0. The command's
+    help is its docstring, reflowed (:func:`help_paragraphs`)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -161,4 +190,5 @@ def guarded(fn: F) -> F:
         except KeyboardInterrupt:
             raise interrupted() from None
 
+    wrapper.__doc__ = help_paragraphs(fn.__doc__)
     return cast(F, wrapper)  # functools.wraps: fn's signature

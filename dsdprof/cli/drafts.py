@@ -16,7 +16,8 @@ from dsdprof.cli.common import Force, guarded, make_console
 def _compare_drafts(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="A sweep spec with a \\[\\[drafts]] list "
                                      "(and optionally \\[domains] categories)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Directory: OUT/<draft>/<category>/ per sweep."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run directory: one sweep per draft and "
+                                     "category, in OUT/<draft>/<category>/."),
     resume: bool = typer.Option(False, "--resume", help="Continue the runs already started in OUT."),
     only: str | None = typer.Option(None, "--only", metavar="DRAFT[/CATEGORY],...",
                                        help="Run only these drafts or draft/category runs."),

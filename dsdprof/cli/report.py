@@ -208,7 +208,8 @@ def _validate(
     fixed_k: list[int] | None = typer.Option(None, "--fixed-k",
                                              help="Fixed K to compare against (repeatable; default 3)."),
     out: Path | None = typer.Option(None, "--out", "-o",
-                                    help="Output directory for Parquet rows (default runs/validate-<time>)."),
+                                    help="Output directory for the Parquet rows; default: a new "
+                                         "runs/validate-<time>."),
     max_regret: float | None = typer.Option(None, "--max-regret", metavar="FRACTION", help=_MAX_REGRET_HELP),
     fail_on_regret: float | None = typer.Option(None, "--fail-on-regret", metavar="PCT", hidden=True,
                                                 help=_FAIL_ON_REGRET_HELP),

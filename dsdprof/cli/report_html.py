@@ -26,9 +26,11 @@ def _report(
                                      help="Pool rows of different provenance or runs of different specs, as "
                                           "analyze and export do."),
 ) -> None:
-    """Write one self-contained HTML page (no network needed) of a run: the table as export serves
-    it, with provenance and warnings, then K* against batch size, speedup over vanilla, the goodput
-    heatmap, step time, acceptance, coverage gaps and failed cells."""
+    """Write one self-contained HTML page of a run (no network needed).
+
+    The page opens with the table as export serves it, with provenance and warnings, then K*
+    against batch size, speedup over vanilla, the goodput heatmap, step time, acceptance,
+    coverage gaps and failed cells."""
     from dsdprof.io.atomic import check_output_path, write_bytes_atomic
     from dsdprof.report.html import build_report, render_html
 

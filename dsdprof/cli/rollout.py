@@ -151,8 +151,11 @@ def _rollout(
     lengths: str = typer.Option(
         "lognormal:median=12,sigma=0.9",
         "--lengths",
-        help="Output lengths: lognormal:median=M,sigma=S | pareto:alpha=A,min=M | "
-        "fixed:len=L | a .json/.jsonl file of lengths.",
+        metavar="DIST|FILE",
+        show_default=False,
+        help="Output lengths: KIND:KEY=V,... with KIND lognormal (keys median, sigma), pareto "
+        "(alpha, min) or fixed (len); or a .json/.jsonl file of lengths. Default: lognormal, "
+        "median 12, sigma 0.9.",
     ),
     rates: list[str] | None = typer.Option(
         None, "--rate", help="Serving: Poisson rate (req/s); repeatable or a comma list (2,4,8)."

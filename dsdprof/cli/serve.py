@@ -47,10 +47,11 @@ def _serve(
                                  "--no-metrics: vLLM's own scheduler for a static table."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the server's command line and exit."),
 ) -> None:
-    """Start vLLM's OpenAI-compatible server (python -m vllm.entrypoints.openai.api_server) with
-    the table's speculative config (vLLM's dynamic-SD schedule) and, with --adaptive, the adaptive
-    plugin. A local model or draft path is passed absolute; a local tokenizer without a chat
-    template gets a plain one. Exit codes: the server's; 2 bad input."""
+    """Start vLLM's OpenAI-compatible server on a K table (--adaptive: the adaptive plugin).
+
+    The server (python -m vllm.entrypoints.openai.api_server) gets the table's speculative config
+    (vLLM's dynamic-SD schedule). A local model or draft path is passed absolute; a local
+    tokenizer without a chat template gets a plain one. Exit codes: the server's; 2 bad input."""
     from dsdprof.jobs.serve import exec_server, serve_argv
 
     argv = serve_argv(table, model=model, adaptive=adaptive, adaptive_options=_options(option or []),

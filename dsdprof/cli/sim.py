@@ -36,15 +36,16 @@ def _calibrate(
                                            help="Mean KV positions per sequence. Default: input_len + "
                                                 "output_len/2 from the sweep's _sweep.json, else 1024."),
     routing_correlation: float = typer.Option(0.0, "--routing-correlation", min=0.0, max=0.999,
-                                              help="MoE routing correlation rho."),
+                                              metavar="RHO", help="MoE routing correlation rho."),
     tolerance: Tolerance = DEFAULT_TOLERANCE,
     force: Force = False,
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Fit bandwidth/compute efficiency and per-step overheads to a measured sweep (bounded least
-    squares on ITL), say which the batch sizes given cannot determine (those keep the base
-    profile's prior), report the error on batch sizes held out of a half fit, and write a
-    validated hardware profile."""
+    """Fit a hardware profile to a measured sweep and write it, validated.
+
+    Bandwidth/compute efficiency and per-step overheads are fitted by bounded least squares on
+    ITL; the report says which of them the batch sizes given cannot determine (those keep the
+    base profile's prior) and the error on batch sizes held out of a half fit."""
     from dsdprof.jobs.calibrate import CalibrationRequest, run_calibration
 
     res = run_calibration(CalibrationRequest(

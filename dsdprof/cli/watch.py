@@ -63,10 +63,11 @@ def _watch(
     count: int | None = typer.Option(None, "--count", min=1,
                                      help="Stop after this many refreshes (default: until Ctrl-C)."),
 ) -> None:
-    """Watch dsdprof's metrics on a vLLM server's /metrics (docs/observability.md): K served per
-    batch-size bucket, steps at K=0, acceptance per position against vLLM's own counters, the
-    adaptive plugin's live / table ratios, switches and alarms. Exit codes: 0; 2 bad or
-    unreachable URL."""
+    """Watch dsdprof's metrics on a vLLM server's /metrics, live.
+
+    Shown (docs/observability.md): K served per batch-size bucket, steps at K=0, acceptance per
+    position against vLLM's own counters, the adaptive plugin's live / table ratios, switches
+    and alarms. Exit codes: 0; 2 bad or unreachable URL."""
     from dsdprof.report.watch import interval as rates
     from dsdprof.report.watch import snapshot
 
