@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypedDict
 
 from dsdprof import __version__
 from dsdprof.config.spec import SweepSpec
+from dsdprof.formats.jsontypes import ProvenanceRecord
 from dsdprof.formats.measurements import (
     MODE_DSD,
     MODE_VANILLA,
@@ -57,7 +59,7 @@ class SweepSummary:
 ProgressCallback = Callable[[SweepProgress], None]
 
 
-def measurement_row(cell: Cell, m: CellMeasurement | None, prov: dict[str, Any],
+def measurement_row(cell: Cell, m: CellMeasurement | None, prov: ProvenanceRecord,
                     error: str = "") -> MeasurementRow:
     """One Parquet row for a finished (or failed) cell."""
     row = empty_row()
@@ -88,7 +90,11 @@ class Planner(Protocol):
     cells to run given every row so far (resumed ones included), ``[]`` when the run is over;
     ``admit`` may refuse a cell that has not run yet (a budget), which ends the run; ``finish``
     sees every row once the run is over. A planner may also have ``summary() -> str``: one line
-    about the run, sent as the ``begin`` event before the engine starts (the first line a user sees).
+    about the run, sent as the ``begin`` event before the engine starts (the first line a user sees),
+    and ``one_pass = True`` when its first plan is its only one: the engine may then hand back a
+    measurement still being analysed (a :class:`~concurrent.futures.Future`; the vLLM engine's paired
+    groups, their replay run beside the next unit's waves), and is released before the last ones
+    are awaited.
     """
 
     def start(self, engine: Engine, done: set[str]) -> str: ...
@@ -106,21 +112,31 @@ class Planner(Protocol):
 class RunResult(SweepSummary):
     """What :func:`run_plan` did in this session (``skipped``: cells already on disk)."""
 
-    provenance: dict[str, Any]
+    provenance: ProvenanceRecord
     stopped: bool  # a cell was refused by ``Planner.admit``
 
 
-def _measure_one(cell: Cell, engine: Engine, prov: dict[str, Any]) -> MeasurementRow:
-    """The cell's row; an engine error becomes a failed row with the error (the run goes on)."""
+def _measure_one(cell: Cell, engine: Engine, prov: ProvenanceRecord) -> MeasurementRow | Future:
+    """The cell's row (or its measurement's future, see :class:`Planner`); an engine error becomes a
+    failed row with the error (the run goes on)."""
     t0 = time.perf_counter()
     try:
-        return measurement_row(cell, engine.measure(cell), prov)
+        m = engine.measure(cell)
+        return m if isinstance(m, Future) else measurement_row(cell, m, prov)
     except KeyboardInterrupt:
         raise
     except Exception as err:  # noqa: BLE001 - a failed cell is a row, not a dead sweep
         row = measurement_row(cell, None, prov, error=f"{type(err).__name__}: {err}")
         row["wall_s"] = time.perf_counter() - t0
         return row
+
+
+def _settled_row(cell: Cell, future: Future, prov: ProvenanceRecord) -> MeasurementRow:
+    """The row of a measurement awaited (:func:`_measure_one`): its error, if any, as a failed row."""
+    try:
+        return measurement_row(cell, future.result(), prov)
+    except Exception as err:  # noqa: BLE001 - a failed analysis is a failed row
+        return measurement_row(cell, None, prov, error=f"{type(err).__name__}: {err}")
 
 
 def incomplete_units(cells: list[Cell], done: set[str]) -> set[tuple]:
@@ -162,10 +178,33 @@ def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
             writer.start(prov)
             total = ok = failed = skipped = 0
             stopped = False
+            # measurements still being analysed (one-pass planners only), oldest first
+            one_pass = bool(getattr(planner, "one_pass", False))
+            if hasattr(engine, "defer_analysis"):
+                engine.defer_analysis = one_pass
+            pending: list[tuple[int, int, Cell, Future]] = []
+
+            def record(i: int, n: int, cell: Cell, row: MeasurementRow) -> None:
+                nonlocal total, ok, failed
+                writer.write_row(row)
+                rows.append(row.copy())
+                total += 1
+                ok, failed = (ok + 1, failed) if row["status"] == STATUS_OK else (ok, failed + 1)
+                notify(SweepProgress("done", i + 1, n, cell, status=row["status"] or "",
+                                     message=row["error"] or "",
+                                     acceptance_length=row["acceptance_length"] or math.nan,
+                                     itl_s=row["itl_s"] or math.nan))
+
+            def settle(wait: bool) -> None:  # write the awaited rows that are ready (all: ``wait``)
+                while pending and (wait or pending[0][3].done()):
+                    i, n, cell, fut = pending.pop(0)
+                    record(i, n, cell, _settled_row(cell, fut, prov))
+
             while not stopped and (cells := planner.plan(rows)):
                 notify(SweepProgress("plan", 0, len(cells), message=planner.describe(cells, mode)))
                 redo = incomplete_units(cells, writer.done) if writer.done else set()
                 for i, cell in enumerate(cells):
+                    settle(wait=False)
                     if cell.cell_id in writer.done and cell.unit not in redo:
                         skipped += 1
                         total += 1
@@ -176,14 +215,13 @@ def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
                         break
                     notify(SweepProgress("start", i, len(cells), cell))
                     row = _measure_one(cell, engine, prov)
-                    writer.write_row(row)
-                    rows.append(row.copy())
-                    total += 1
-                    ok, failed = (ok + 1, failed) if row["status"] == STATUS_OK else (ok, failed + 1)
-                    notify(SweepProgress("done", i + 1, len(cells), cell, status=row["status"] or "",
-                                         message=row["error"] or "",
-                                         acceptance_length=row["acceptance_length"] or math.nan,
-                                         itl_s=row["itl_s"] or math.nan))
+                    if isinstance(row, Future):
+                        pending.append((i, len(cells), cell, row))
+                    else:
+                        record(i, len(cells), cell, row)
+                if pending and one_pass and (release := getattr(engine, "release", None)) is not None:
+                    release()  # no engine waits on the last analyses
+                settle(wait=True)
             planner.finish(rows)
             return RunResult(out, total, ok, failed, skipped, mode, prov, stopped)
         finally:
@@ -221,6 +259,8 @@ class GridCells:
 
 class GridPlanner:
     """The plain sweep: every cell of the grid once, in :func:`plan_cells` order (:class:`GridCells`)."""
+
+    one_pass = True  # its first plan is its only one (see Planner)
 
     def __init__(self, spec: SweepSpec) -> None:
         self.spec = spec

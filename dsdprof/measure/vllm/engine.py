@@ -20,6 +20,7 @@ import importlib.metadata
 import json
 import os
 import secrets
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,14 @@ from dsdprof.measure.vllm.interleave import STEPS_HOLD, run_interleaved, unit_ro
 from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401
 from dsdprof.measure.vllm.resources import memory_plan, resolve_model_offline
 from dsdprof.measure.vllm.trace import CellFailure
-from dsdprof.measure.vllm.worker import PAIRED_HOLD, VARIABLE_DRAFT_METHODS, CellRequest, detect_hardware
+from dsdprof.measure.vllm.worker import (
+    PAIRED_HOLD,
+    VARIABLE_DRAFT_METHODS,
+    CellRequest,
+    PairedRaw,
+    analyze_paired,
+    detect_hardware,
+)
 from dsdprof.plugins.names import holds_arms
 
 # Words in vLLM's errors when it rejects a dynamic-SD schedule (and only then may auto fall back).
@@ -92,6 +100,10 @@ class VllmEngine:
         # a paired unit interleaves vanilla waves (benchmarks comparing Ks turn it off)
         self.paired_vanilla = True
         self._groups: dict[tuple[Any, ...] | None, dict[tuple[Any, ...], Any]] = {}
+        # set by the sweep loop (run_plan, one-pass planners): a paired group's replay runs in the
+        # background (Analysis) and its cells' measurements come back as futures
+        self.defer_analysis = False
+        self._analysis = Analysis()
         self.pool = EnginePool(self.llm_kwargs, workload, spec.engine.start_timeout_s, log_dir, start_worker,
                                max_output_len=spec.sweep.output_len, run_token=self.run_token,
                                trace_dir=self.trace_dir)
@@ -174,6 +186,12 @@ class VllmEngine:
         if e.draft_model:
             resolve_model_offline("engine.draft_model", e.draft_model)
 
+    def prestart(self, keys: list[str]) -> None:
+        """Spawn these engines side by side now (:meth:`EnginePool.prestart`); on a CPU host only:
+        GPU engines starting together would each profile the other's memory as taken."""
+        if not _cuda_available():
+            self.pool.prestart(keys)
+
     def _start_or_input_error(self, key: str, field: str, value: str) -> None:
         try:
             self.pool.get(key)
@@ -184,12 +202,15 @@ class VllmEngine:
 
     @property
     def speculation_mode(self) -> str:
-        """``dsd`` or ``fixed``. Starts the baseline engine, then the DSD engine, so a target or
-        draft that cannot load stops the sweep here (InputError) before any cell is written."""
+        """``dsd`` or ``fixed``. Starts the baseline engine, then the DSD engine (on a CPU host both
+        spawned side by side, the baseline's failure still reported first), so a target or draft
+        that cannot load stops the sweep here (InputError) before any cell is written."""
         if self._mode is not None:
             return self._mode
         e = self.spec.engine
         self.check_models()
+        if self.max_k > 0 and e.dsd_mode != "fixed":
+            self.prestart([MODE_VANILLA, MODE_DSD])
         self._start_or_input_error(MODE_VANILLA, "engine.model", e.model)
         if self.max_k == 0 or e.dsd_mode == "dsd":
             self._mode = MODE_DSD
@@ -281,6 +302,8 @@ class VllmEngine:
         return f"fixed-{cell.num_spec_tokens}", self.cell_request(cell, None, cell.num_spec_tokens)
 
     def measure(self, cell: Cell) -> CellMeasurement:
+        """The cell's measurement; a paired group's cell, while :attr:`defer_analysis` is set (the
+        sweep loop sets it, :class:`~dsdprof.measure.runner.Planner`), a ``Future`` of it."""
         if cell.interleave or (cell.group and (holds_arms(cell.group) or (
                 cell.mode in (MODE_DSD, MODE_VANILLA) and cell.mode not in self.served))):
             return self.measure_paired(cell)
@@ -330,7 +353,8 @@ class VllmEngine:
             if self.out_dir is not None else ""
         dsd = replace(self.cell_request(dsd_cell, None), group=cell.group, positions=positions, hold=hold,
                       trace_name=name, order_offset=cell.repeat * s.waves,
-                      wave_block=tuple(j for j, r in enumerate(blocks) for _ in r))
+                      wave_block=tuple(j for j, r in enumerate(blocks) for _ in r),
+                      defer_analysis=not steps)
         van_cell = replace(cell, mode=MODE_VANILLA, num_spec_tokens=0)
         van = replace(self.cell_request(van_cell, None, verify_k=0), waves=len(blocks),
                       wave_block=tuple(range(len(blocks))))
@@ -366,10 +390,66 @@ class VllmEngine:
                 except EngineFailure as err:
                     out[mode] = self.failure(mode, err)
         group = out[group_key]
+        if isinstance(group, PairedRaw):  # the replay without the engines (see Analysis)
+            try:
+                group = self._analysis.submit(group) if self.defer_analysis else analyze_paired(group)
+            except Exception as err:  # noqa: BLE001 - the group's rows fail with it (CellFailure)
+                group = err
         rows: dict[tuple, Any] = {(MODE_VANILLA, 0): out[MODE_VANILLA]}
         kind = "arm" if holds_arms(cell.group) else MODE_DSD
         rows.update({(kind, k): group if isinstance(group, Exception) else group[k] for k in cell.group})
         return rows
 
+    def release(self) -> None:
+        """Stop the engines (a later cell starts them again); analyses under way go on."""
+        self.pool.close()
+
     def close(self) -> None:
         self.pool.close()
+        self._analysis.close()
+
+
+class Analysis:
+    """Paired groups' analyses (:func:`~dsdprof.measure.vllm.worker.analyze_paired`: the replay and its
+    jackknife, CPU only) one at a time on a background thread at the lowest CPU priority, so the
+    engines measure the next unit meanwhile (on a GPU host on a spare core; on a CPU engine they take
+    the cores first) and are not held idle for it. :meth:`submit` returns a future per K."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: Any = None
+
+    def submit(self, raw: PairedRaw) -> dict[int, Future]:
+        import threading
+
+        futures: dict[int, Future] = {k: Future() for k in raw.req.group}
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="dsdprof-analysis", daemon=True)
+            self._thread.start()
+        self._jobs.put((raw, futures))
+        return futures
+
+    def _work(self) -> None:
+        import threading
+
+        try:  # Linux: the nice value of this thread alone
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+        while (job := self._jobs.get()) is not None:
+            raw, futures = job
+            try:
+                by_k = analyze_paired(raw)
+            except BaseException as err:  # noqa: BLE001 - every K's row fails with the group's error
+                for f in futures.values():
+                    f.set_exception(err)
+                continue
+            for k, f in futures.items():
+                f.set_result(by_k[k])
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread = None

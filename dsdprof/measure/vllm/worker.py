@@ -14,7 +14,11 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dsdprof.formats.trace import Step
+    from dsdprof.measure.vllm.metrics import MetricSnapshot, RequestTiming
 
 # Set (by ``dsdprof sweep -v``) to stream vLLM's output to the console instead of the engine logs.
 
@@ -59,6 +63,9 @@ class CellRequest:
     wave_block: tuple[int, ...] = ()  # paired design: the wave block of each measured wave (-> sample_block)
     # measured wave w takes the pool's prompts of wave w + prompt_offset (a repeat's own)
     prompt_offset: int = 0
+    # paired design: finish returns the group's raw data (PairedRaw) and the replay runs outside the
+    # worker (analyze_paired), so the engine can measure on, or be released, meanwhile
+    defer_analysis: bool = False
 
 
 def k_sequence(group: tuple[int, ...], wave: int, hold: int) -> list[int]:
@@ -109,6 +116,46 @@ def detect_hardware() -> str:
     except OSError:
         pass
     return f"CPU: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+@dataclass(frozen=True)
+class PairedRaw:
+    """A paired group's measurement before its analysis: what :func:`analyze_paired` needs, taken
+    while the engine was there (metric snapshots, request timings, the measured time) and the step
+    trace (its file when the run keeps it, else its steps). The replay and its jackknife
+    (:func:`~dsdprof.measure.vllm.trace.summarize_paired`) take seconds to minutes of CPU and no
+    engine: the sweep runs them beside the next batch size's waves, or after its engines are gone."""
+
+    req: CellRequest
+    before: MetricSnapshot
+    after: MetricSnapshot
+    timings: list[RequestTiming]
+    wall: float
+    trace_path: str = ""  # the durable trace ("" when the steps travel here)
+    steps: list[Step] | None = None
+
+
+def analyze_paired(raw: PairedRaw) -> dict:
+    """A paired group's measurement per K (arms included) from its raw data: no engine needed."""
+    from dataclasses import replace
+
+    from dsdprof.measure.vllm.metrics import build_measurement
+    from dsdprof.measure.vllm.trace import read_trace, summarize_paired
+
+    req = raw.req
+    steps = raw.steps if raw.steps is not None else read_trace(raw.trace_path)
+    by_k = summarize_paired(steps, req.batch_size, req.group, req.positions)
+    share = raw.wall / len(req.group)  # each row's part of the engine time (the rows sum to the waves' time)
+    return {k: replace(build_measurement(t, raw.before, raw.after, raw.timings,
+                                         k if k >= 0 else req.positions, raw.wall, expected_k=None,
+                                         batch_size=0),
+                       wall_s=share, **_blocks(req, t))
+            for k, t in by_k.items()}  # an arm (k < 0: validate's steps design) keeps every position
+
+
+def _blocks(req: CellRequest, t) -> dict:
+    """Paired design: the wave block each of the summary's samples ran in (``sample_block``)."""
+    return {"sample_block": tuple(req.wave_block[w] for w in t.sample_waves)} if req.wave_block else {}
 
 
 class CellRun:
@@ -186,38 +233,33 @@ class CellRun:
         self.next_wave = stop
 
     def finish(self):
-        """The cell's measurement (a dict K -> measurement for a paired group) over every measured wave."""
+        """The cell's measurement (a dict K -> measurement for a paired group; its
+        :class:`PairedRaw` when ``req.defer_analysis``) over every measured wave."""
         from dataclasses import replace
 
         from dsdprof.measure.vllm.metrics import build_measurement, snapshot_from_metrics
-        from dsdprof.measure.vllm.trace import read_trace, summarize, summarize_paired
+        from dsdprof.measure.vllm.trace import read_trace, summarize
 
         req, wall = self.req, self.wall
         if self.next_wave != req.waves:
             raise ValueError(f"cell finished after {self.next_wave} of {req.waves} measured waves")
         after = snapshot_from_metrics(self.llm.get_metrics())
+        if req.group:  # one measurement per K; the cross-checks are over the shared waves
+            kept = bool(req.trace_name)  # a kept trace is read where it is analysed
+            raw = PairedRaw(req, self.before, after, self.timings, wall, self.trace_path if kept else "",
+                            None if kept else read_trace(self.trace_path))
+            if not kept:
+                os.unlink(self.trace_path)
+            return raw if req.defer_analysis else analyze_paired(raw)
         steps = read_trace(self.trace_path)
         if not req.trace_name:
             os.unlink(self.trace_path)
-
-        def blocks(t) -> dict:  # paired design: the wave block each sample ran in
-            return ({"sample_block": tuple(req.wave_block[w] for w in t.sample_waves)}
-                    if req.wave_block else {})
-
-        if req.group:  # one measurement per K; the cross-checks are over the shared waves
-            by_k = summarize_paired(steps, req.batch_size, req.group, req.positions)
-            # each row's part of the engine time (the rows sum to the waves' time)
-            share = wall / len(req.group)
-            return {k: replace(build_measurement(t, self.before, after, self.timings,
-                                                 k if k >= 0 else req.positions, wall, expected_k=None,
-                                                 batch_size=0), wall_s=share, **blocks(t))
-                    for k, t in by_k.items()}  # an arm (k < 0: validate's steps design) keeps every position
         verify = req.num_spec_tokens if req.verify_k is None else (None if req.verify_k < 0 else req.verify_k)
         trace = summarize(steps, req.batch_size, verify, req.positions, up_to=req.drafts_up_to_k)
         return replace(build_measurement(trace, self.before, after, self.timings, req.positions, wall,
                                          expected_k=verify, batch_size=req.batch_size,
                                          timing_tolerance=req.timing_tolerance, up_to=req.drafts_up_to_k),
-                       **blocks(trace))
+                       **_blocks(req, trace))
 
 
 def serve_request(llm, pool: list[list[int]], req: CellRequest, open_run: CellRun | None,
