@@ -35,7 +35,6 @@ KS = (1, 2, 3, 4)
 SEED = 0  # --seed: the engine's (its global generator draws the greedy uniforms) and the requests'
 MODEL_DIR = ROOT / "toy_models" / "dense"  # --model-dir: a toy pair's directory (target/, draft/)
 TRACE_DIR = ""  # --trace-dir: keep every cell's step trace there (benchmarks/synthetic_trace_look.py)
-TINY = dict(hidden_size=64, num_layers=2, intermediate_size=128, num_heads=2, num_kv_heads=1)  # --build-tiny
 
 
 def spec_for(design: str, waves: int, output_len: int, temperature: float, rates: list[float], bs: int):
@@ -332,7 +331,9 @@ def main() -> int:
                     help="toy pair directory (target/, draft/); acceptance is synthetic, so a tiny pair "
                          "(--build-tiny) measures the same truth much faster")
     ap.add_argument("--build-tiny", type=Path, metavar="DIR",
-                    help="build the tiny dense pair (hidden 64, 2 layers; TINY) into DIR and exit")
+                    help="build the tiny dense pair (hidden 64, 2 layers) into DIR and exit: what `dsdprof "
+                         "toy-models OUT --kind dense --hidden 64 --layers 2` builds in OUT/dense "
+                         "(dsdprof.measure.toy_models.tiny_config)")
     ap.add_argument("--trace-dir", type=Path, default=None,
                     help="keep each cell's step trace in this directory (benchmarks/synthetic_trace_look.py)")
     ap.add_argument("--seed", type=int, default=0,
@@ -345,9 +346,9 @@ def main() -> int:
         TRACE_DIR = str(args.trace_dir.resolve())
     SEED = args.seed
     if args.build_tiny:
-        from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair
+        from dsdprof.measure.toy_models import build_toy_pair, tiny_config
 
-        print(build_toy_pair(args.build_tiny, ToyModelConfig(kind="dense", **TINY)))
+        print(build_toy_pair(args.build_tiny, tiny_config()))
         return 0
     if args.simulate:
         print(simulate(args, args.simulate))

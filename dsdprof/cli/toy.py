@@ -10,34 +10,46 @@ from dsdprof.cli.common import guarded, make_console
 
 
 def _toy_models(
-    out_dir: Path = typer.Argument(..., help="Directory to write <kind>/target and <kind>/draft into."),
+    out_dir: Path = typer.Argument(..., metavar="OUT",
+                                   help="Directory to write <kind>/target and <kind>/draft into."),
     kind: str = typer.Option("both", "--kind", help="dense, moe or both."),
     residual_scale: float | None = typer.Option(None, "--residual-scale",
                                                 help="Scale of later layers' output projections (default "
                                                      "0.016): 0 = draft equals target; larger = lower "
                                                      "acceptance."),
-    seed: int = typer.Option(0, "--seed"),
-    layers: int | None = typer.Option(None, "--layers", min=2, max=64, help="Target decoder layers."),
-    experts: int | None = typer.Option(None, "--experts", min=2, max=512, help="MoE: experts per layer."),
-    top_k: int | None = typer.Option(None, "--top-k", min=1, max=64, help="MoE: experts per token."),
-    expert_ffn: int | None = typer.Option(None, "--expert-ffn", min=8, max=65536,
+    seed: int = typer.Option(0, "--seed", help="Seed of the weights and the tokenizer's corpus."),
+    hidden: int | None = typer.Option(None, "--hidden", metavar="N",
+                                      help="Hidden size, 8..8192 (default 1024; MoE 512). Alone, it "
+                                           "scales the rest: FFN 2N, N/64 heads (at least 2), half as "
+                                           "many KV heads. 64 with --layers 2 is the tiny pair of "
+                                           "benchmarks/bench_synthetic_truth.py."),
+    layers: int | None = typer.Option(None, "--layers", metavar="N",
+                                      help="Target decoder layers, 2..64 (default 12; MoE 8)."),
+    ffn: int | None = typer.Option(None, "--ffn", metavar="N", help="FFN size of a dense layer."),
+    heads: int | None = typer.Option(None, "--heads", metavar="N",
+                                     help="Attention heads; must divide the hidden size."),
+    kv_heads: int | None = typer.Option(None, "--kv-heads", metavar="N",
+                                        help="KV heads; must divide the heads."),
+    experts: int | None = typer.Option(None, "--experts", metavar="N",
+                                       help="MoE: experts per layer, 2..512."),
+    top_k: int | None = typer.Option(None, "--top-k", metavar="N", help="MoE: experts per token, 1..64."),
+    expert_ffn: int | None = typer.Option(None, "--expert-ffn", metavar="N",
                                           help="MoE: each expert's FFN size."),
     dense_first: bool | None = typer.Option(None, "--dense-first",
                                             help="MoE: first layer dense, so the one-layer draft loads no "
                                                  "expert."),
 ) -> None:
-    """Build random-init toy target/draft pairs locally (no download) with realistic acceptance."""
-    from dsdprof.errors import InputError
-    from dsdprof.measure.toy_models import build_toy_pair, toy_config
+    """Build random-init toy target/draft pairs locally (no download) with realistic acceptance.
 
-    kinds = {"both": ["dense", "moe"], "dense": ["dense"], "moe": ["moe"]}.get(kind)
-    if kinds is None:
-        raise InputError("--kind", kind, "must be dense, moe or both")
-    for k in kinds:
-        pair = build_toy_pair(out_dir / k, toy_config(
-            k, residual_scale=residual_scale, seed=seed, num_layers=layers, num_experts=experts,
-            experts_per_token=top_k, moe_intermediate_size=expert_ffn, dense_first=dense_first))
-        make_console().print(f"{k}: target {pair.target}  draft {pair.draft}")
+    Bad values: one line naming the option and the value, exit code 2."""
+    from dsdprof.measure.toy_models import build_toy_models
+
+    pairs = build_toy_models(out_dir, kind, residual_scale=residual_scale, seed=seed, hidden_size=hidden,
+                             num_layers=layers, intermediate_size=ffn, num_heads=heads, num_kv_heads=kv_heads,
+                             num_experts=experts, experts_per_token=top_k, moe_intermediate_size=expert_ffn,
+                             dense_first=dense_first)
+    for pair in pairs:
+        make_console().print(f"{pair.config.kind}: target {pair.target}  draft {pair.draft}")
 
 
 def register(app: typer.Typer) -> None:

@@ -59,16 +59,71 @@ class ToyModelConfig:
 MOE_OVERRIDES = dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536)
 
 
+# The option ``dsdprof toy-models`` gives each field, and the values it accepts (inclusive).
+OPTIONS: dict[str, tuple[str, float, float]] = {
+    "hidden_size": ("--hidden", 8, 8192), "num_layers": ("--layers", 2, 64),
+    "intermediate_size": ("--ffn", 8, 65536), "num_heads": ("--heads", 1, 128),
+    "num_kv_heads": ("--kv-heads", 1, 128), "num_experts": ("--experts", 2, 512),
+    "experts_per_token": ("--top-k", 1, 64), "moe_intermediate_size": ("--expert-ffn", 8, 65536),
+    "residual_scale": ("--residual-scale", 0.0, 10.0),
+}
+
+# The tiny dense pair (hidden 64, 2 layers) of benchmarks/bench_synthetic_truth.py: `dsdprof toy-models
+# OUT --kind dense --hidden 64 --layers 2` builds it (OUT/dense), :func:`tiny_config` is its config.
+TINY_HIDDEN, TINY_LAYERS = 64, 2
+
+
+def scaled_shape(hidden_size: int) -> dict[str, int]:
+    """The shape a ``hidden_size`` given alone gets: FFN 2 x hidden, a head per 64 of hidden (at least
+    2), two query heads per KV head. Hidden 64 is the synthetic-truth benchmark's tiny pair (2 heads,
+    1 KV head, FFN 128), 256 the vLLM tests' (4, 2, 512)."""
+    heads = max(2, hidden_size // 64)
+    return {"intermediate_size": 2 * hidden_size, "num_heads": heads, "num_kv_heads": max(1, heads // 2)}
+
+
 def toy_config(kind: str = "dense", **overrides: Any) -> ToyModelConfig:
-    """The default toy config for ``kind`` with ``overrides`` (None values ignored)."""
+    """The default toy config for ``kind`` with ``overrides`` (None values ignored). A
+    ``hidden_size`` given without the FFN or head counts scales them with it (:func:`scaled_shape`).
+    A value out of :data:`OPTIONS`' range, or a shape that does not divide, is an
+    :class:`InputError` naming the option."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for field, value in given.items():
+        if field in OPTIONS:
+            opt, lo, hi = OPTIONS[field]
+            if not lo <= value <= hi:
+                shown = f"{lo:g}..{hi:g}"
+                raise InputError(opt, value, f"must be in {shown}")
     base: dict[str, Any] = dict(MOE_OVERRIDES) if kind == "moe" else {}
-    base.update({k: v for k, v in overrides.items() if v is not None})
+    if "hidden_size" in given:
+        base.update(scaled_shape(int(given["hidden_size"])))
+    base.update(given)
     cfg = ToyModelConfig(kind=kind, **base)
+    if cfg.hidden_size % cfg.num_heads:
+        raise InputError("--heads", cfg.num_heads, f"must divide --hidden ({cfg.hidden_size})")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise InputError("--kv-heads", cfg.num_kv_heads, f"must divide --heads ({cfg.num_heads})")
     if cfg.dense_first and cfg.kind != "moe":
         raise InputError("--dense-first", True, "applies to --kind moe only")
     if cfg.experts_per_token > cfg.num_experts:
         raise InputError("--top-k", cfg.experts_per_token, f"must be <= --experts ({cfg.num_experts})")
     return cfg
+
+
+def tiny_config() -> ToyModelConfig:
+    """The tiny dense pair: what ``dsdprof toy-models OUT --kind dense --hidden 64 --layers 2``
+    builds (hidden 64, 2 layers, 2 heads, 1 KV head, FFN 128)."""
+    return toy_config("dense", hidden_size=TINY_HIDDEN, num_layers=TINY_LAYERS)
+
+
+def build_toy_models(out_dir: str | Path, kind: str = "both", **overrides: Any) -> list[ToyPair]:
+    """``dsdprof toy-models``: one pair per kind (``dense``, ``moe`` or ``both``) in ``OUT/<kind>``,
+    each from :func:`toy_config` (``overrides`` as there). Every config is checked before any
+    model is built."""
+    kinds = {"both": ["dense", "moe"], "dense": ["dense"], "moe": ["moe"]}.get(kind)
+    if kinds is None:
+        raise InputError("--kind", kind, "must be dense, moe or both")
+    configs = {k: toy_config(k, **overrides) for k in kinds}
+    return [build_toy_pair(Path(out_dir) / k, cfg) for k, cfg in configs.items()]
 
 
 @dataclass(frozen=True)
