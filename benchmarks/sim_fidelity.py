@@ -2,6 +2,14 @@
 
     python benchmarks/sim_fidelity.py [benchmarks/fidelity_points.toml]
     python benchmarks/sim_fidelity.py --separate OTHER.toml   # a separate published set (same format)
+    python benchmarks/sim_fidelity.py --band [--flat]   # the band: stated inputs vs defaults only
+
+With --band: the whole-source figure twice, each point predicted as a user would (catalog model and
+GPU, TP, batch, K, context, dtype) with the inputs its publication states, and with defaults only
+(nothing stated; the band widens to the plausible values): MAPE of the point prediction, the share
+of published figures inside the band, the band's width, per category; then the category spreads
+that dsdprof/measure/sim/band.py ships (CATEGORY_ERRORS), as a Python literal. --flat: the band's
+spreads from the one-level leave-one-source-out (what the test checks; faster).
 
 With --separate, priors fitted on every scored point of the suite predict each scored point of
 OTHER.toml (never fitted on), with the error and the MAPE.
@@ -96,8 +104,43 @@ def separate(path: str) -> None:
           f"predicted low at {np.mean(err < 0) * 100:.0f} %")
 
 
+def band(nested: bool) -> None:
+    from dsdprof.measure.sim.band import CATEGORY_ERRORS, MIN_POINTS, QUANTILES
+    from tests.support import fidelity_band as fb
+
+    pts = fid.load_points()
+    checks = fb.band_checks(pts, nested=nested)
+    how = "nested (spreads from a leave-one-source-out of the other sources)" if nested else "flat"
+    print(f"band: {len(pts)} scored points, {len({p.source for p in pts})} sources, each source held out "
+          f"whole; band spreads {how}; quantiles {QUANTILES}, categories with < {MIN_POINTS} points "
+          "take all points'\n")
+    print(f"{'inputs':14s} {'MAPE':>6s} {'covered':>8s} {'width med':>9s} {'width p90':>9s} {'low':>5s}")
+    for c in checks:
+        print(f"{'stated' if c.stated else 'defaults only':14s} {c.mape:5.1f}% {c.coverage * 100:7.1f}% "
+              f"{np.median(c.width) * 100:8.0f}% {np.quantile(c.width, 0.9) * 100:8.0f}% "
+              f"{np.mean(c.errors < 0) * 100:4.0f}%")
+    for c in checks:
+        print(f"\n{'stated inputs' if c.stated else 'defaults only'}, per point (err: nominal vs published):")
+        print(f"{'id':44s} {'published':>9s} {'pred':>8s} {'err':>7s} {'band':>19s}")
+        for p, y, e, lo, hi, ok in zip(c.points, c.published_s, c.errors, c.low_s, c.high_s, c.covered):
+            print(f"{p.id[:44]:44s} {y * 1e3:8.2f}ms {y * (1 + e) * 1e3:7.2f}ms {e * 100:+6.1f}% "
+                  f"[{lo * 1e3:7.2f}, {hi * 1e3:7.2f}]{'' if ok else ' MISS'}")
+    table = fb.shipped_table(pts)
+    print("\ncategory spreads over all sources (published / predicted, whole source out):")
+    for c in table:
+        print(f"  {c.name:15s} n={c.points:3d} sources={c.sources:2d} MAPE {c.mape_pct:5.1f}%  "
+              f"band x{c.low:.3f} .. x{c.high:.3f}")
+    print("\nCATEGORY_ERRORS: tuple[CategoryError, ...] = (")
+    for c in table:
+        print(f"    CategoryError({c.name!r}, {c.points}, {c.sources}, {c.mape_pct}, {c.low}, {c.high}),")
+    print(")")
+    print("shipped table " + ("matches" if table == CATEGORY_ERRORS else "DIFFERS: paste the literal above"))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--separate":
+    if len(sys.argv) > 1 and sys.argv[1] == "--band":
+        band(nested="--flat" not in sys.argv)
+    elif len(sys.argv) > 2 and sys.argv[1] == "--separate":
         separate(sys.argv[2])
     else:
         main(sys.argv[1] if len(sys.argv) > 1 else str(fid.POINTS_FILE))

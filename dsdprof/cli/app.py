@@ -223,6 +223,9 @@ def analyze(
         return
     render_analysis(result, console, err_console, wide=wide)
     _warn_below_baseline(result.optimal)
+    from dsdprof.cli.sim import print_sim_band
+
+    print_sim_band(run, tolerance, console)  # a sim run: its band, K* within it, what was assumed
 
 
 # ----------------------------------------------------------------------------- export / show

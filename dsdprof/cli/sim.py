@@ -59,6 +59,18 @@ def _calibrate(
     _render_calibration(res, make_console())
 
 
+def print_sim_band(run, tolerance: float, console) -> None:
+    """Under ``analyze``'s table of a sim run: the band of each K*'s cell, where K* could change
+    within the model's error and what was assumed (nothing for a measured run)."""
+    from dsdprof.measure.sim.band import run_band
+
+    band = run_band(run, tolerance)
+    if band is None:
+        return
+    for line in [band] if isinstance(band, str) else band.lines():
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def _ms(v: float) -> str:
     return f"{v * 1e3:.3f} ms"
 

@@ -6,9 +6,9 @@ parsed. Resolving it into hardware, architectures and acceptance is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from dsdprof.errors import InputError
 
@@ -18,6 +18,16 @@ KV_CACHE_DTYPES: dict[str, float | None] = {
     "float32": 4.0, "fp32": 4.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_ds_mla": 1.0,
 }
 SIM_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix")
+# The inputs that swing a prediction (dsdprof.measure.sim.inputs): stated, they set it; left out, the
+# band widens to their plausible values. Names as vLLM spells them (VLLM_ATTENTION_BACKEND values).
+ServingEngine = Literal["vllm", "sglang", "tensorrt-llm"]
+Fp8Gemm = Literal["deep_gemm", "cutlass", "marlin"]  # block FP8 (DeepGEMM), per-tensor scaled_mm, W8A16
+AttentionBackend = Literal["FLASH_ATTN", "FLASHINFER", "TRITON_ATTN",
+                           "FLASHMLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "TRITON_MLA"]
+SERVING_ENGINES: tuple[str, ...] = get_args(ServingEngine)
+FP8_GEMMS: tuple[str, ...] = get_args(Fp8Gemm)
+ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
+MLA_BACKENDS = tuple(b for b in ATTENTION_BACKENDS if b.endswith("MLA"))
 _ACCEPTANCE_KEYS = ("acceptance_alpha", "acceptance_per_pos", "acceptance_conditional", "acceptance_from")
 
 
@@ -43,14 +53,30 @@ class SimConfig(BaseModel):
     expert_overhead_s: float | None = Field(None, ge=0.0)
     mla_layer_overhead_s: float | None = Field(None, ge=0.0)
     token_overhead_s: float | None = Field(None, ge=0.0)
-    kv_cache_dtype: str = Field("auto", description="KV-cache element type (vLLM --kv-cache-dtype names)")
+    kv_cache_dtype: str | None = Field(None, description="KV-cache element type (vLLM --kv-cache-dtype "
+                                                         "names); not stated: auto, the band covers fp8")
+    serving_engine: ServingEngine | None = Field(
+        None, description="the engine that will serve; not stated: vLLM, the band covers the others")
+    engine_version: str | None = Field(None, pattern=r"^\d+\.\d+(\.\d+)?",
+                                       description="its release (with serving_engine): the MLA kernel era")
+    fp8_gemm: Fp8Gemm | None = Field(
+        None, description="FP8 GEMM path; not stated: deep_gemm, the band covers the others")
+    attention_backend: AttentionBackend | None = Field(
+        None, description="a VLLM_ATTENTION_BACKEND name; not stated: the default, the band covers others")
     check_memory: bool = Field(True, description="predict OOM cells as failed rows")
 
     @field_validator("kv_cache_dtype", mode="before")
     @classmethod
     def _kv_dtype(cls, v: Any) -> Any:
-        if not isinstance(v, str) or v not in KV_CACHE_DTYPES:
+        if v is not None and (not isinstance(v, str) or v not in KV_CACHE_DTYPES):
             raise ValueError(f"must be one of {', '.join(KV_CACHE_DTYPES)}")
+        return v
+
+    @field_validator("engine_version")
+    @classmethod
+    def _version_needs_engine(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and info.data.get("serving_engine") is None:
+            raise ValueError("needs serving_engine (vllm, sglang or tensorrt-llm)")
         return v
 
     @model_validator(mode="after")

@@ -169,7 +169,8 @@ def _table(source: str | Path | Run, tolerance: float, allow_mixed: bool, label:
     result = analyze_path(run, tolerance=tolerance)
     ranges = ranges_from_points(result.points)  # the table's K ranges (formats), before building it
     warnings = [w for w in [below_baseline_warning(result.optimal),
-                            synthetic_warning(result.provenance, run.synthetic)] if w]
+                            synthetic_warning(result.provenance, run.synthetic),
+                            str(result.provenance.get("extra_prediction_note") or "")] if w]  # sim: band
     cov = run.coverage
     assert cov is not None  # open_run computes it without a context axis
     if not cov.complete:  # the refusal built only when raised: the path calls back nowhere

@@ -30,7 +30,6 @@ a fit that never saw any of its points, the analogue of a new measurement from a
 from __future__ import annotations
 
 import math
-import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,14 @@ import numpy as np
 from dsdprof.errors import InputError
 from dsdprof.measure.sim.catalog import resolve_model
 from dsdprof.measure.sim.hardware import HARDWARE, Hardware, resolve_hardware
+from dsdprof.measure.sim.inputs import (  # noqa: F401 - the suite's names for them (tests use fid.*)
+    LEGACY_MLA_GPUS,
+    Scenario,
+    Stated,
+    kv_cache_dtype_of,
+    legacy_mla,
+    overlaps_cpu,
+)
 from dsdprof.measure.sim.model import (
     METHOD_OVERHEAD,
     NO_DRAFT,
@@ -137,70 +144,32 @@ class Terms:
     overlap: np.ndarray  # 1.0 where an overlap-scheduler engine measured the point, else 0.0
 
 
-def kv_cache_dtype_of(engine: str, dtype: str, kv_cache_dtype: str) -> str:
-    """The KV-cache format a point's engine used: ``kv_cache_dtype`` unless it is ``auto`` on a
-    TensorRT-LLM FP8 point, which stores FP8 KV. TensorRT-LLM's ``KvCacheConfig(dtype="auto")``
-    follows the checkpoint's ``kv_cache_quant_algo``
-    (https://nvidia.github.io/TensorRT-LLM/latest/features/quantization.html; NVIDIA/TensorRT-LLM#16240),
-    and the Model Optimizer PTQ that writes its FP8 checkpoints quantizes the KV cache to FP8 unless
-    told otherwise (``--kv_cache_qformat`` default ``fp8``, NVIDIA/TensorRT-Model-Optimizer
-    examples/llm_ptq/multinode_ptq.py). vLLM and SGLang keep the model dtype under ``auto``
-    (https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/: FP8 KV needs
-    ``kv_cache_dtype="fp8"``)."""
-    trt = "tensorrtllm" in "".join(ch for ch in engine.lower() if ch.isalnum()) or "trtllm" in engine.lower()
-    return "fp8" if (trt and kv_cache_dtype == "auto" and dtype in ("fp8", "float8")) else kv_cache_dtype
-
-
-def _features(pt: Point) -> tuple[Hardware, Any, Any]:
+def _features(pt: Point, sc: Scenario | None = None) -> tuple[Hardware, Any, Any]:
     hw = resolve_hardware(pt.hardware, f"{pt.id}.hardware")
     target = resolve_model(pt.model, f"{pt.id}.model")
     spec = pt.method != "none"
     draft = resolve_model(pt.draft, f"{pt.id}.draft") if (spec and pt.draft) else None
-    kv = kv_cache_dtype_of(pt.engine, pt.dtype, pt.kv_cache_dtype)
+    kv = sc.kv_cache_dtype if sc else kv_cache_dtype_of(pt.engine, pt.dtype, pt.kv_cache_dtype)
     tgt = arch_features(target, pt.dtype, pt.tp, kv)
     drf = arch_features(draft, pt.dtype, pt.tp, kv) if draft else NO_DRAFT
     return hw, (target, tgt), drf
 
 
-def overlaps_cpu(engine: str) -> bool:
-    """SGLang or TensorRT-LLM measured it: an overlap scheduler hides the CPU step work (module doc)."""
-    e = "".join(ch for ch in engine.lower() if ch.isalnum())
-    return "sglang" in e or "tensorrtllm" in e or "trtllm" in e
+_KEEP_FITTED = Stated(step_overhead_given=True, mla_given=True)  # the fit's parameters carry those
 
 
-# MLA decode kernels by engine release (the DeepSeek term, issue 36). Until early 2025 engines ran
-# DeepSeek's multi-head latent attention and block-FP8 GEMMs with Triton kernels (SGLang <= 0.4.2);
-# FlashMLA (https://github.com/deepseek-ai/FlashMLA, Feb 2025: up to 3000 GB/s memory-bound decode on
-# H800) and DeepGEMM (https://github.com/deepseek-ai/DeepGEMM) replaced them (vLLM:
-# https://github.com/vllm-project/vllm/pull/13747; SGLang 0.4.3). SGLang 0.5.7 decodes DeepSeek-R1 FP8
-# at TP 8 on H200 in 10.9 ms per step at BS 4 (SemiAnalysisAI/InferenceX#870) where SGLang 0.4.1
-# took 33 ms at BS 1 (sglang#2643). The fitted ``mla_layer_overhead_s`` is the older kernels' extra
-# per-layer cost; MLA on H20 pays it too, as its MLA kernels were not tuned for it
-# (https://github.com/sgl-project/sglang/issues/4204: "still working on mla optimization on H20").
-# Current kernels on other GPUs pay no MLA term beyond attention's roofline and the per-layer terms.
-LEGACY_MLA_GPUS = ("H20",)
-_MODERN_MLA = {"sglang": (0, 4, 3), "vllm": (0, 7, 3)}  # first releases with FlashMLA-class MLA decode
-
-
-def legacy_mla(engine: str, hardware: str) -> bool:
-    """True where the MLA decode of ``engine`` on ``hardware`` predates FlashMLA-class kernels (above)."""
-    if hardware in LEGACY_MLA_GPUS:
-        return True
-    e = engine.lower()
-    for name, first in _MODERN_MLA.items():
-        m = re.search(name + r"\D*(\d+)\.(\d+)(?:\.(\d+))?", e)
-        if m:
-            return tuple(int(x or 0) for x in m.groups()) < first
-    return False
-
-
-def terms(points: list[Point]) -> Terms:
-    """Evaluate the unit-efficiency terms of every point (see :class:`Terms`)."""
+def terms(points: list[Point], scenarios: list[Scenario] | None = None) -> Terms:
+    """Evaluate the unit-efficiency terms of every point (see :class:`Terms`); with ``scenarios``
+    (one per point), each point as if measured under its scenario (engine family, MLA kernel era,
+    KV-cache dtype, FP8 GEMM path, attention tile: :mod:`dsdprof.measure.sim.inputs`) instead of
+    what its publication states."""
     rows: dict[str, list[Any]] = {f: [] for f in Terms.__dataclass_fields__}
-    for pt in points:
-        hw, (target, tgt), drf = _features(pt)
+    for i, pt in enumerate(points):
+        sc = scenarios[i] if scenarios is not None else None
+        hw, (target, tgt), drf = _features(pt, sc)
         spec = pt.method != "none"
-        hwa = HwArrays.of(hw, resolve_dtype(target, pt.dtype).compute)
+        compute = resolve_dtype(target, pt.dtype).compute
+        hwa = sc.arrays(hw, _KEEP_FITTED, compute) if sc else HwArrays.of(hw, compute)
         b, k = float(pt.batch), float(pt.k)
         parts = step_parts(hwa, tgt, drf, b, k, float(pt.context), 0.0, 1.0 if spec else 0.0)
         link = float(parts.comm_s) - (tgt.comm_count + k * drf.comm_count) * hw.allreduce_latency_s
@@ -214,14 +183,14 @@ def terms(points: list[Point]) -> Terms:
         rows["n_layers"].append(float(tgt.layers + k * drf.layers))
         rows["n_moe_layers"].append(float(tgt.moe_layers + k * drf.moe_layers))
         rows["n_experts"].append(float(tgt.moe_layers * d_t + k * drf.moe_layers * d_d))
-        legacy = legacy_mla(pt.engine, hw.name)
+        legacy = sc.legacy_mla if sc else legacy_mla(pt.engine, hw.name)
         rows["n_mla_layers"].append(float(tgt.mla_layers + k * drf.mla_layers) if legacy else 0.0)
         rows["n_token_units"].append(float(b * (k + 1.0) * tgt.token_units + k * b * drf.token_units))
         rows["spec_step"].append(k * m_step)
         rows["spec_fixed"].append(m_fixed)
         rows["y_s"].append(pt.step_ms / 1e3)
         rows["gpu"].append(GPUS.index(hw.name) if hw.name in GPUS else -1)
-        rows["overlap"].append(1.0 if overlaps_cpu(pt.engine) else 0.0)
+        rows["overlap"].append(1.0 if (sc.family == "overlap" if sc else overlaps_cpu(pt.engine)) else 0.0)
     return Terms(**{f: np.array(v, dtype=int if f == "gpu" else float) for f, v in rows.items()})
 
 

@@ -15,7 +15,12 @@ hardware = "H100 SXM"           # catalog name or a profile TOML (probe-hardware
 context_len = 1024              # default: workload.input_len + sweep.output_len / 2
 routing_correlation = 0.0       # rho in n_eff = B * (K+1)^(1-rho); 0 = uniform routing
 acceptance_alpha = 0.8          # or acceptance_per_pos / acceptance_conditional / acceptance_from
+# Stated inputs (left out: the default, and the band covers the other values; docs/sim.md):
 kv_cache_dtype = "auto"         # auto | bfloat16 | float16 | float32 | fp8 | fp8_e4m3 | fp8_e5m2
+serving_engine = "vllm"         # vllm | sglang | tensorrt-llm
+engine_version = "0.11.1"       # with serving_engine: the MLA kernel era
+fp8_gemm = "deep_gemm"          # deep_gemm | cutlass | marlin (FP8 weights only)
+attention_backend = "FLASH_ATTN"  # a VLLM_ATTENTION_BACKEND name (H20 and MLA models only)
 # bandwidth_efficiency, compute_efficiency, step_overhead_s, draft_step_overhead_s,
 # dsd_overhead_s, layer_overhead_s, moe_layer_overhead_s, expert_overhead_s, mla_layer_overhead_s,
 # token_overhead_s override the hardware profile's values.
@@ -33,8 +38,9 @@ from dsdprof.config.sim import SIM_METHODS, SimConfig, parse_sim_config  # noqa:
 from dsdprof.errors import InputError
 from dsdprof.measure.sim import acceptance as acc
 from dsdprof.measure.sim.catalog import ModelArch, derived_draft, resolve_model, shadowed_catalog_name
-from dsdprof.measure.sim.hardware import Hardware, resolve_hardware, with_efficiency
-from dsdprof.measure.sim.model import resolve_dtype
+from dsdprof.measure.sim.hardware import HARDWARE, Hardware, resolve_hardware, with_efficiency
+from dsdprof.measure.sim.inputs import Scenario, Stated, StatedInputs, resolve_inputs
+from dsdprof.measure.sim.model import HwArrays, resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -52,11 +58,22 @@ class SimSetup:
     acceptance: np.ndarray  # unconditional p_1..p_Kmax
     acceptance_source: str
     check_memory: bool
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # the nominal scenario's
+    stated: Stated = Stated()
+    inputs: StatedInputs | None = None  # None: the catalog's defaults, nothing resolved
+    base_hardware: Hardware | None = None  # before the nominal scenario (the band applies others to it)
 
     @property
     def compute_dtype(self) -> str:
-        return resolve_dtype(self.target, self.dtype).compute
+        c = resolve_dtype(self.target, self.dtype).compute
+        return self.inputs.nominal.compute_dtype(c) if self.inputs else c
+
+    def arrays(self, scenario: Scenario | None = None) -> HwArrays:
+        """The step model's hardware side under ``scenario`` (default: the nominal one)."""
+        if self.inputs is None or self.base_hardware is None:
+            return HwArrays.of(self.hardware, self.compute_dtype)
+        sc = scenario or self.inputs.nominal
+        return sc.arrays(self.base_hardware, self.stated, resolve_dtype(self.target, self.dtype).compute)
 
 
 def _acceptance(cfg: SimConfig, k_max: int) -> tuple[np.ndarray, str]:
@@ -114,9 +131,11 @@ def resolve(spec: Any) -> SimSetup:
         if draft is None and eng.method == "draft_model":
             raise InputError("engine.draft_model", None,
                              "method 'draft_model' needs a draft (catalog name or config.json)")
-    resolve_dtype(target, eng.dtype)  # validates the dtype name
+    storage = resolve_dtype(target, eng.dtype)  # validates the dtype name
+    base = resolve_hardware(cfg.hardware)
+    catalog = HARDWARE.get(base.name) is base  # a profile's overheads were measured on its own engine
     hw = with_efficiency(
-        resolve_hardware(cfg.hardware), bandwidth=cfg.bandwidth_efficiency, compute=cfg.compute_efficiency,
+        base, bandwidth=cfg.bandwidth_efficiency, compute=cfg.compute_efficiency,
         step_overhead_s=cfg.step_overhead_s, draft_step_overhead_s=cfg.draft_step_overhead_s,
         dsd_overhead_s=cfg.dsd_overhead_s, layer_overhead_s=cfg.layer_overhead_s,
         moe_layer_overhead_s=cfg.moe_layer_overhead_s, expert_overhead_s=cfg.expert_overhead_s,
@@ -126,8 +145,14 @@ def resolve(spec: Any) -> SimSetup:
         raise InputError("sim.context_len", context, f"exceeds engine.max_model_len={eng.max_model_len}")
     _check_context_sweep(spec, cfg)
     p, source = _acceptance(cfg, spec.max_k)
-    return SimSetup(hw, target, draft, eng.method, eng.dtype, eng.tensor_parallel_size, int(context),
-                    cfg.routing_correlation, p, source, cfg.check_memory, cfg.kv_cache_dtype)
+    stated = Stated(cfg.serving_engine, cfg.engine_version, cfg.kv_cache_dtype, cfg.fp8_gemm,
+                    cfg.attention_backend, step_overhead_given=cfg.step_overhead_s is not None or not catalog,
+                    mla_given=cfg.mla_layer_overhead_s is not None or not catalog)
+    inputs = resolve_inputs(stated, hw, target, eng.dtype, storage.compute)
+    nominal = inputs.nominal
+    return SimSetup(nominal.hardware(hw, stated), target, draft, eng.method, eng.dtype,
+                    eng.tensor_parallel_size, int(context), cfg.routing_correlation, p, source,
+                    cfg.check_memory, nominal.kv_cache_dtype, stated, inputs, hw)
 
 
 def model_notices(spec: Any) -> list[str]:

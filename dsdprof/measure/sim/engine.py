@@ -20,16 +20,17 @@ from typing import Any
 import numpy as np
 
 from dsdprof import __version__
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.formats.measurements import MODE_DSD, MODE_VANILLA
 from dsdprof.formats.versions import SIM_MODEL_VERSION
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance
 from dsdprof.measure.sim.acceptance import acceptance_length
+from dsdprof.measure.sim.band import sim_band
 from dsdprof.measure.sim.config import SimSetup, resolve
 from dsdprof.measure.sim.context import decode_context
 from dsdprof.measure.sim.model import (
     MEMORY_UTILIZATION,
     NO_DRAFT,
-    HwArrays,
     arch_features,
     memory_bytes,
     step_time,
@@ -46,7 +47,7 @@ class SimEngine:
         self.spec = spec
         self.setup: SimSetup = resolve(spec)
         s = self.setup
-        self._hw = HwArrays.of(s.hardware, s.compute_dtype)
+        self._hw = s.arrays()
         self._target = arch_features(s.target, s.dtype, s.tensor_parallel_size, s.kv_cache_dtype)
         self._draft = (arch_features(s.draft, s.dtype, s.tensor_parallel_size, s.kv_cache_dtype)
                        if s.draft else NO_DRAFT)
@@ -91,8 +92,18 @@ class SimEngine:
                                   f"draft_step={e.draft_step_overhead_s} dsd={e.dsd_overhead_s} "
                                   f"layer={e.layer_overhead_s} moe_layer={e.moe_layer_overhead_s} "
                                   f"expert={e.expert_overhead_s} mla_layer={e.mla_layer_overhead_s} "
-                                  f"token={e.token_overhead_s} allreduce={s.hardware.allreduce_latency_s}")},
+                                  f"token={e.token_overhead_s} allreduce={s.hardware.allreduce_latency_s}"),
+                   **self._band_provenance()},
         )
+
+    def _band_provenance(self) -> dict[str, str]:
+        """The band and K* ranges at the default tolerance (:mod:`dsdprof.measure.sim.band`), which
+        ``export`` carries into the table; ``analyze`` recomputes them at its own tolerance."""
+        sweep = self.spec.sweep
+        if sweep.context_lens:
+            return {"prediction_band": "not computed for a context sweep"}
+        return sim_band(self.setup, list(sweep.batch_sizes), sorted(sweep.num_spec_tokens),
+                        DEFAULT_TOLERANCE).provenance()
 
     def predict_itl(self, batch_size: int, k: int, speculative: bool, context_len: int = 0) -> float:
         """Seconds per engine step (see :func:`dsdprof.measure.sim.model.step_time`) at a cell's

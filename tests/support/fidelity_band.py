@@ -1,0 +1,142 @@
+"""The band of the analytic engine against published step times (:mod:`dsdprof.measure.sim.band`).
+
+Every point is predicted the way a user would: its catalog model and GPU, TP, batch, K, context
+and dtype, plus either **the inputs its publication states** (engine and version, KV-cache dtype)
+or **defaults only** (nothing stated: vLLM, current kernels, ``auto`` KV; the band widens to the
+plausible values of each). Each source is predicted by priors fitted with that whole source held
+out, and its band's spreads come from the other sources only: with ``nested`` (the reported
+figure) from a leave-one-source-out over those other sources, so the held-out source's published
+figures enter neither the fit nor the band.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from dsdprof.measure.sim import band as sb
+from dsdprof.measure.sim.catalog import resolve_model
+from dsdprof.measure.sim.hardware import resolve_hardware
+from dsdprof.measure.sim.inputs import Stated, StatedInputs, engine_family, overlaps_cpu, resolve_inputs
+from dsdprof.measure.sim.model import resolve_dtype
+from tests.support import fidelity as fid
+
+
+def stated_of(pt: fid.Point) -> Stated:
+    """What the publication of ``pt`` states: its engine (and a version when it names one) and
+    KV-cache dtype. Engines other than SGLang / TensorRT-LLM (NIM) are fitted with vLLM's step
+    overhead, so they count as the vLLM family."""
+    e = pt.engine.lower()
+    engine = ("sglang" if "sglang" in e else "tensorrt-llm") if overlaps_cpu(pt.engine) else "vllm"
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?)", e) if ("vllm" in e or "sglang" in e) else None
+    return Stated(serving_engine=engine, engine_version=m.group(1) if m else None,
+                  kv_cache_dtype=pt.kv_cache_dtype)
+
+
+def user_inputs(pt: fid.Point, stated: bool) -> StatedInputs:
+    """The inputs a user predicting ``pt`` would give (``stated``: what the publication states; else
+    nothing), resolved as the engine resolves a spec's."""
+    target = resolve_model(pt.model, pt.id)
+    return resolve_inputs(stated_of(pt) if stated else Stated(), resolve_hardware(pt.hardware), target,
+                          pt.dtype, resolve_dtype(target, pt.dtype).compute)
+
+
+def categories(pt: fid.Point, families: tuple[str, ...]) -> tuple[str, ...]:
+    target = resolve_model(pt.model, pt.id)
+    fp8 = resolve_dtype(target, pt.dtype).compute == "fp8"
+    return sb.categories_of(sb.arch_kind(target), fp8, pt.tp, families)
+
+
+def table_of(points: list[fid.Point], predicted_s: np.ndarray) -> tuple[sb.CategoryError, ...]:
+    """The category spreads of ``points`` whose whole-source predictions are ``predicted_s``."""
+    cats = [categories(p, (engine_family(p.engine),)) for p in points]
+    y = np.array([p.step_ms / 1e3 for p in points])
+    return sb.category_errors(cats, y / predicted_s, [p.source for p in points])
+
+
+def shipped_table(points: list[fid.Point]) -> tuple[sb.CategoryError, ...]:
+    """What :data:`dsdprof.measure.sim.band.CATEGORY_ERRORS` must hold: every source predicted by
+    priors fitted on the others."""
+    return table_of(points, fid.leave_one_source_out(points))
+
+
+@dataclass(frozen=True)
+class BandCheck:
+    """Every point predicted with its whole source held out: nominal, band, published (seconds)."""
+
+    points: list[fid.Point]
+    predicted_s: np.ndarray
+    low_s: np.ndarray
+    high_s: np.ndarray
+    published_s: np.ndarray
+    stated: bool
+
+    @property
+    def errors(self) -> np.ndarray:
+        return self.predicted_s / self.published_s - 1.0
+
+    @property
+    def mape(self) -> float:
+        return float(np.mean(np.abs(self.errors)) * 100)
+
+    @property
+    def covered(self) -> np.ndarray:
+        return (self.low_s <= self.published_s) & (self.published_s <= self.high_s)
+
+    @property
+    def coverage(self) -> float:
+        return float(np.mean(self.covered))
+
+    @property
+    def width(self) -> np.ndarray:
+        """The band's width relative to the nominal prediction."""
+        return (self.high_s - self.low_s) / self.predicted_s
+
+
+def _loso(t: fid.Terms, src: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """Whole-source predictions of the points ``among`` (indices) from fits on the others of ``among``."""
+    pred = np.full(len(src), np.nan)
+    for s in np.unique(src[among]):
+        held = among[src[among] == s]
+        theta = fid.fit_params(t, among[src[among] != s])
+        sub = fid.Terms(**{f: getattr(t, f)[held] for f in fid.Terms.__dataclass_fields__})
+        pred[held] = fid.predict(sub, theta)
+    return pred
+
+
+def band_checks(points: list[fid.Point], nested: bool = True) -> tuple[BandCheck, BandCheck]:
+    """(stated inputs, defaults only), each source held out whole (module doc). Without ``nested``
+    the spreads come from the one-level leave-one-source-out of every other source (whose fits saw
+    the held-out source: faster, slightly optimistic)."""
+    t = fid.terms(points)
+    src = np.array([p.source for p in points])
+    every = np.arange(len(points))
+    flat = None if nested else _loso(t, src, every)
+    out: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
+    order: list[int] = []
+    for s in np.unique(src):
+        held, train = np.flatnonzero(src == s), np.flatnonzero(src != s)
+        theta = fid.fit_params(t, train)
+        inner = _loso(t, src, train) if nested else flat
+        assert inner is not None
+        table = table_of([points[i] for i in train], inner[train])
+        for i in held:
+            order.append(i)
+            for stated in (True, False):
+                inputs = user_inputs(points[i], stated)
+                scenarios = list(inputs.scenarios)
+                pred = fid.predict(fid.terms([points[i]] * len(scenarios), scenarios), theta)
+                band = sb.error_band(categories(points[i], inputs.families), table)
+                out[stated].append((float(pred[0]), float(pred.min() * band.low),
+                                    float(pred.max() * band.high)))
+    idx = np.array(order)
+    y = t.y_s[idx]
+    pts = [points[i] for i in idx]
+
+    def check(stated: bool) -> BandCheck:
+        a = np.array(out[stated])
+        return BandCheck(pts, a[:, 0], a[:, 1], a[:, 2], y, stated)
+
+    return check(True), check(False)
