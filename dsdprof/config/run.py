@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from dsdprof.config.spec import SweepSpec
 from dsdprof.errors import InputError
-from dsdprof.formats.jsontypes import JSON, JSONObject, ProvenanceRecord, json_object
+from dsdprof.formats.jsontypes import JSON, JSONObject, ProvenanceRecord
 from dsdprof.formats.measurements import (
     CONTEXT_COLUMN,
     CONTRACT_COLUMNS,
@@ -66,7 +66,8 @@ class Manifest:
         """(batch sizes, Ks) the spec planned ([] where it names none)."""
         if self.spec is not None:
             return list(self.spec.sweep.batch_sizes), list(self.spec.sweep.num_spec_tokens)
-        sweep = json_object(self.spec_dump.get("sweep"))
+        sweep = self.spec_dump.get("sweep")
+        sweep = sweep if isinstance(sweep, dict) else {}
         return _ints(sweep.get("batch_sizes")), _ints(sweep.get("num_spec_tokens"))
 
 
@@ -380,7 +381,8 @@ def _validated(rows: pd.DataFrame) -> pd.DataFrame | InputError:
 
 def parse_manifest(directory: Path, doc: JSONObject) -> Manifest:
     """A run directory's manifest as read (``doc``, with a ``spec`` object), its spec typed."""
-    dump = json_object(doc["spec"])  # a dict: the readers keep only manifests with a spec object
+    spec_doc = doc["spec"]
+    dump = spec_doc if isinstance(spec_doc, dict) else {}  # a dict: the readers keep only manifests with one
     try:
         spec = None if RUN_KIND_VALIDATE in dump else SweepSpec.model_validate(dump)
     except ValidationError:  # a spec this version no longer parses: its stored form still counts

@@ -47,6 +47,7 @@ from dsdprof.decide.rule import (
 from dsdprof.decide.speedup import speedup_estimate
 from dsdprof.decide.vanilla import vanilla_columns, vanilla_records  # vanilla_gain*, vanilla_faster
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import ProvenanceRecord, ProvenanceView
 from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 
 
@@ -71,7 +72,7 @@ class Analysis:
     decisions: tuple[BatchDecision, ...]
     tolerance: float
     monotonic: bool
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: ProvenanceRecord = field(default_factory=dict)
     confidence: float = DEFAULT_CONFIDENCE
     curve: str = ""  # moe-like | dense-like | flat ("" = derived from monotonic)
     acceptance: str = "measured"  # measured | chain: where each K's AL came from
@@ -189,7 +190,7 @@ def _pooled(rows: pd.DataFrame) -> bool:
     return bool((paired & rows["acceptance_length_own"].notna() & (rows["num_spec_tokens"] > 0)).any())
 
 
-def _method(df: pd.DataFrame, provenance: dict[str, Any]) -> str:
+def _method(df: pd.DataFrame, provenance: ProvenanceView) -> str:
     if provenance.get("method"):
         return str(provenance["method"])
     if "method" in df.columns and not df["method"].dropna().empty:
@@ -245,7 +246,7 @@ def _optimal_record(d: Any, k: int, cells: pd.DataFrame, rep: Any, base_goodput:
 
 
 def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
-            provenance: dict[str, Any] | None = None, confidence: float = DEFAULT_CONFIDENCE,
+            provenance: ProvenanceView | None = None, confidence: float = DEFAULT_CONFIDENCE,
             acceptance: str = "auto", replicates: int = DEFAULT_REPLICATES,
             seed: int = DEFAULT_SEED, valid: Any = None) -> Analysis:
     """Optimal K per batch size from (validated or raw) measurement rows, with intervals.

@@ -22,6 +22,7 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.config.run import Coverage, Run, context_slices
 from dsdprof.decide.analysis import Analysis, analyze
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import ProvenanceView
 from dsdprof.formats.measurements import CONTEXT_COLUMN, STATUS_OK
 
 CONTEXT = CONTEXT_COLUMN.name
@@ -55,13 +56,13 @@ class ContextAnalysis:
 
 
 def analyze_contexts(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
-                     provenance: dict[str, Any] | None = None, **options: Any) -> ContextAnalysis:
+                     provenance: ProvenanceView | None = None, **options: Any) -> ContextAnalysis:
     """:func:`analyze` on every context slice of ``df`` (InputError when it has no context axis)."""
     return _analyze_slices(context_slices(df), tolerance, provenance, **options)
 
 
 def _analyze_slices(slices: dict[int, pd.DataFrame] | None, tolerance: float,
-                    provenance: dict[str, Any] | None, valid: dict[int, Any] | None = None,
+                    provenance: ProvenanceView | None, valid: dict[int, Any] | None = None,
                     **options: Any) -> ContextAnalysis:
     if slices is None:
         raise InputError(CONTEXT, None, "the rows have no context axis (a sweep without [sweep] "

@@ -104,7 +104,7 @@ def served_index(contexts: list[Any], context: int) -> int:
     return next((j for j, sl in enumerate(contexts) if context <= sl["max_context"]), len(contexts) - 1)
 
 
-def served_view(table: Mapping[str, Any], context: int | None) -> Mapping[str, Any]:
+def served_view(table: KTable, context: int | None) -> Mapping[str, Any]:
     """What an engine's config reads of ``table`` (ranges, cap, provenance, ``vanilla_faster``) at
     ``context``'s slice, as plain data: the keys :func:`context_slice` takes from that slice
     (``table`` itself when ``context`` is None). Not validated: the export path validates the
@@ -112,7 +112,7 @@ def served_view(table: Mapping[str, Any], context: int | None) -> Mapping[str, A
     slice's largest K stands in for it here)."""
     if context is None:
         return table
-    chosen = table["contexts"][served_index(table["contexts"], context)]
+    chosen: Mapping[str, Any] = table["contexts"][served_index(table["contexts"], context)]
     cap = chosen.get("num_speculative_tokens")
     view = {k: v for k, v in table.items() if k == "provenance"}
     view.update({k: chosen[k] for k in _SLICE_KEYS if k in chosen})
@@ -120,14 +120,14 @@ def served_view(table: Mapping[str, Any], context: int | None) -> Mapping[str, A
     return view
 
 
-def default_context(table: Mapping[str, Any]) -> int:
+def default_context(table: KTable) -> int:
     """The context a batch-size-only reader is served: ``default_context``, or where a v3 table
     leaves it out (it is optional), its first profiled slice's."""
     first = table["contexts"][0]
     return int(table.get("default_context", first.get("context_len", first["max_context"])))
 
 
-def context_notice(table: Mapping[str, Any], context: int | None) -> str | None:
+def context_notice(table: KTable, context: int | None) -> str | None:
     """One line for stderr when a batch-size-only schedule is cut from a v3 table."""
     contexts = table.get("contexts")
     if not contexts:

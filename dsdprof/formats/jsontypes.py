@@ -9,12 +9,14 @@ K table carry; ``ManifestDoc`` is a run directory's ``_sweep.json``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NotRequired, TypeAlias, TypedDict
 
 Scalar: TypeAlias = str | int | float | bool | None
 JSON: TypeAlias = Scalar | list["JSON"] | dict[str, "JSON"]
 JSONObject: TypeAlias = dict[str, JSON]
 ProvenanceRecord: TypeAlias = dict[str, Scalar]
+ProvenanceView: TypeAlias = Mapping[str, Scalar]  # what a reader of provenance takes
 
 
 def json_object(value: JSON) -> JSONObject:

@@ -17,7 +17,9 @@ known ones are listed here. Stdlib only.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
+
+from dsdprof.formats.jsontypes import ProvenanceRecord
 
 
 class _PointKeys(TypedDict):
@@ -102,7 +104,7 @@ class KTable(_TableKeys, _Served, total=False):
     interpolation: str
     tolerance: float
     shape: str
-    provenance: dict[str, Any]
+    provenance: ProvenanceRecord
     default_context: int  # v3
     context_interpolation: str  # v3
     contexts: list[ContextSlice]  # v3

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+
+from dsdprof.formats.jsontypes import ProvenanceView
 
 ACCEPTANCE_KEY = "acceptance"  # provenance key (stored as ``extra_acceptance``)
 SYNTHETIC_PREFIX = "synthetic"
@@ -22,12 +23,12 @@ def acceptance_provenance(rates: list[float] | None) -> dict[str, str]:
                             "(step times only)"}
 
 
-def is_synthetic(provenance: dict[str, Any]) -> bool:
+def is_synthetic(provenance: ProvenanceView) -> bool:
     """Whether a run's (or table's) provenance says its acceptance was synthetic."""
     return str(provenance.get("extra_" + ACCEPTANCE_KEY, "")).startswith(SYNTHETIC_PREFIX)
 
 
-def rates_from_provenance(provenance: dict[str, Any]) -> list[float] | None:
+def rates_from_provenance(provenance: ProvenanceView) -> list[float] | None:
     """The synthetic rates a run's provenance names (:func:`acceptance_provenance`), else None."""
     if not is_synthetic(provenance):
         return None

@@ -87,10 +87,11 @@ def serve_argv(table_path: str | Path, *, model: str | None = None, adaptive: bo
             raise InputError("vllm_args", arg, "dsdprof serve sets it from the table: use --model, "
                              "--adaptive or --option, or run vLLM's server directly")
     if model is None:
-        model = (table.get("provenance") or {}).get("model")
-        if not model:
+        stored = (table.get("provenance") or {}).get("model")
+        if not stored:
             raise InputError("--model", None,
                              f"the table {str(table_path)!r} records no target model: give --model")
+        model = str(stored)
     model = local_path(model)
     cfg = vllm_speculative_config(table)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", model, "--speculative-config", json.dumps(cfg)]

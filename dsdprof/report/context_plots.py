@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from dsdprof.formats.jsontypes import ProvenanceView
+
 DPI = 130  # as dsdprof.report.plots (which imports this module: no import back)
 
 
@@ -22,7 +24,7 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
-def _title(fig, title: str, prov: dict[str, Any]) -> None:
+def _title(fig, title: str, prov: ProvenanceView) -> None:
     parts = [str(prov.get("model") or ""), str(prov.get("hardware") or ""),
              "sim (predicted)" if prov.get("engine") == "sim" else str(prov.get("engine") or "")]
     sub = "  |  ".join(p for p in parts if p)
@@ -62,7 +64,7 @@ def _heatmap(ax, analysis: Any, bs: list[int], ks: list[int]):
     return im
 
 
-def context_heatmaps_figure(result: Any, provenance: dict[str, Any] | None = None):
+def context_heatmaps_figure(result: Any, provenance: ProvenanceView | None = None):
     """One goodput heatmap per context (a :class:`dsdprof.decide.context.ContextAnalysis`)."""
     contexts = result.contexts
     bs = sorted({int(b) for a in result.slices.values() for b in a.cells["batch_size"].unique()})
@@ -89,7 +91,7 @@ def context_heatmaps_figure(result: Any, provenance: dict[str, Any] | None = Non
     return fig
 
 
-def context_k_figure(result: Any, provenance: dict[str, Any] | None = None):
+def context_k_figure(result: Any, provenance: ProvenanceView | None = None):
     """K* against batch size, one line per context."""
     fig = _figure(7.5, 4.6)
     ax = fig.add_subplot(1, 1, 1)
@@ -113,7 +115,7 @@ def context_k_figure(result: Any, provenance: dict[str, Any] | None = None):
     return fig
 
 
-def context_figures(df: Any, provenance: dict[str, Any], tolerance: float) -> dict[str, Any]:
+def context_figures(df: Any, provenance: ProvenanceView, tolerance: float) -> dict[str, Any]:
     """Both figures of a context sweep's rows (name -> figure)."""
     from dsdprof.decide.context import analyze_contexts
 

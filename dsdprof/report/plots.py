@@ -17,6 +17,7 @@ import pandas as pd
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
 from dsdprof.config.run import RUN_KIND_VALIDATE, Run
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import ProvenanceView
 from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.io.runs import open_run
 
@@ -45,7 +46,7 @@ def _short(name: Any) -> str:
     return "/".join(parts[-2:]) if s.startswith(("/", ".", "~")) and len(parts) > 2 else s
 
 
-def provenance_line(prov: dict[str, Any]) -> str:
+def provenance_line(prov: ProvenanceView) -> str:
     """``model + draft (method) | hardware | engine`` for figure titles."""
     parts = []
     model = _short(prov.get("model"))
@@ -72,7 +73,7 @@ def _figure(width: float = 7.5, height: float = 4.6, rows: int = 1, height_ratio
     return fig, axes
 
 
-def _titles(fig, title: str, prov: dict[str, Any]) -> None:
+def _titles(fig, title: str, prov: ProvenanceView) -> None:
     import textwrap
 
     width = max(40, int(fig.get_figwidth() * 12.5))  # characters that fit at this font size
@@ -225,7 +226,7 @@ def _box(j: int, i: int, color: str = "red", style: str = "-"):
     return Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor=color, lw=2, linestyle=style)
 
 
-def tops_figure(comparison: pd.DataFrame, provenance: dict[str, Any] | None = None,
+def tops_figure(comparison: pd.DataFrame, provenance: ProvenanceView | None = None,
                 vanilla_gaps: pd.DataFrame | None = None):
     """Tokens/s per user vs BS for vanilla, each fixed K and DSD; below, DSD's ratios.
     ``vanilla_gaps`` (:func:`dsdprof.report.vanilla.validate_vanilla`): batch sizes where vanilla
@@ -302,7 +303,7 @@ def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["batch_size", "k", "position", "acceptance"])
 
 
-def acceptance_figure(df: pd.DataFrame, provenance: dict[str, Any] | None = None):
+def acceptance_figure(df: pd.DataFrame, provenance: ProvenanceView | None = None):
     """Acceptance rate per draft position (accepted at position i / drafts), one line per BS."""
     from matplotlib import colormaps
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
 from dsdprof.config.run import Run
 from dsdprof.decide.analysis import Analysis
 from dsdprof.decide.context import ContextAnalysis
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import ProvenanceView
 from dsdprof.report.html.model import Answer, Panel, Report, provenance_items
 from dsdprof.report.html.sweep import (
     answer_from_export,
@@ -27,7 +27,7 @@ from dsdprof.report.html.sweep import (
 )
 
 
-def _title(prov: dict[str, Any]) -> str:
+def _title(prov: ProvenanceView) -> str:
     from dsdprof.report.plots import provenance_line
 
     return provenance_line(prov) or "dsdprof run"
@@ -154,7 +154,7 @@ def _contexts(report: Report, path: Path, run: Run, tolerance: float, allow_mixe
     return report
 
 
-def _validate(report: Report, run: Run, prov: dict[str, Any]) -> Report:
+def _validate(report: Report, run: Run, prov: ProvenanceView) -> Report:
     from dsdprof.report.html.panels import validate_panels
 
     report.kind = "validate"

@@ -6,11 +6,12 @@ run kind without the data still gives a page that says what is absent and why.""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from markupsafe import Markup
+
+from dsdprof.formats.jsontypes import ProvenanceView
 
 
 @dataclass
@@ -103,5 +104,5 @@ def finite(x: Any) -> bool:
         return False
 
 
-def provenance_items(prov: Mapping[str, Any]) -> list[tuple[str, str]]:
+def provenance_items(prov: ProvenanceView) -> list[tuple[str, str]]:
     return [(str(k), str(v)) for k, v in prov.items() if v not in ("", None)]
