@@ -11,13 +11,14 @@ from typing import Any
 import typer
 
 from dsdprof.cli.common import guarded, make_console
+from dsdprof.report.watch import Rates, Snapshot
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def _view(snap: dict[str, Any], rate: dict[str, Any] | None):
+def _view(snap: Snapshot, rate: Rates | None):
     """One screen: schedule, acceptance, ratios and alarms as rich tables (<= 80 columns)."""
     from rich.console import Group
     from rich.table import Table
@@ -46,9 +47,9 @@ def _view(snap: dict[str, Any], rate: dict[str, Any] | None):
         ratio = Table(title="live / table at the K served (95 % interval)", title_justify="left")
         for col in ("batch size", "acceptance length", "step time"):
             ratio.add_column(col, justify="right")
-        for r in snap["ratios"]:
-            a, s = r["acceptance_length"], r["step_time"]
-            ratio.add_row(str(r["batch_size"]), f"{a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}]",
+        for q in snap["ratios"]:
+            a, s = q["acceptance_length"], q["step_time"]
+            ratio.add_row(str(q["batch_size"]), f"{a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}]",
                           f"{s[0]:.3f} [{s[1]:.3f}, {s[2]:.3f}]")
         parts.append(ratio)
     parts.append(Text("  ".join(f"{k} {v}" for k, v in snap["alarms"].items())))

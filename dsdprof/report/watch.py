@@ -17,7 +17,7 @@ import re
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from dsdprof.errors import InputError
 
@@ -62,6 +62,69 @@ def fetch(url: str, timeout: float = 5.0) -> str:
         raise InputError("URL", url, f"cannot read it: {getattr(err, 'reason', err)}") from None
 
 
+class BucketRow(TypedDict):
+    """One batch-size bucket of the schedule: the K served now, the table's K, steps by K."""
+
+    bucket: str
+    k: int | None
+    table_k: int | None
+    steps: dict[str, int]  # K -> steps
+    steps_k0: int
+
+
+class PositionRow(TypedDict):
+    position: int
+    drafted: int
+    accepted: int
+    rate: float | None
+
+
+class SpecCounters(TypedDict):
+    """dsdprof's (or vLLM's) spec-decode counters."""
+
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_pos: list[int]
+    acceptance_length: float | None
+    per_position: NotRequired[list[PositionRow]]  # dsdprof's only
+
+
+class RatioRow(TypedDict):
+    """Live / table ratios at one batch size: (estimate, lower, upper)."""
+
+    batch_size: int
+    acceptance_length: list[float]
+    step_time: list[float]
+
+
+class Snapshot(TypedDict):
+    """One scrape, summarised (``dsdprof watch --json`` prints it)."""
+
+    mode: str | None
+    table: str | None
+    engines: list[str]
+    schedule: list[BucketRow]
+    steps_k0: int
+    acceptance: SpecCounters
+    vllm: SpecCounters
+    agree: bool
+    ratios: list[RatioRow]
+    alarms: dict[str, int]
+    warnings: list[str]
+    url: NotRequired[str]
+    time: NotRequired[float]
+
+
+class Rates(TypedDict):
+    """Rates between two snapshots."""
+
+    seconds: float
+    steps_per_s: float
+    drafts_per_s: float
+    acceptance_length: float | None
+
+
 def _bucket_key(label: str) -> int:
     return int(label.rsplit("-", 1)[-1]) if label.rsplit("-", 1)[-1].isdigit() else 1 << 30
 
@@ -71,7 +134,7 @@ def _labels(key: tuple[Any, ...]) -> dict[str, str]:
     return dict(key[1:])
 
 
-def summarize(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any]:
+def summarize(samples: list[tuple[str, dict[str, str], float]]) -> Snapshot:
     """The JSON-ready summary of one scrape (module docstring)."""
     total: dict[tuple, float] = {}
     gauges: dict[tuple, float] = {}
@@ -87,7 +150,7 @@ def summarize(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any
             gauges.setdefault(key, value)
     ours = any(k[0].startswith("dsdprof:") for k in (*total, *gauges))
     info = next((dict(k[1:]) for k in gauges if k[0] == "dsdprof:info"), {})
-    buckets: dict[str, dict[str, Any]] = {}
+    buckets: dict[str, BucketRow] = {}
     for key, value in (*gauges.items(), *total.items()):
         lab = _labels(key)
         if "batch_size_bucket" not in lab:
@@ -111,12 +174,13 @@ def summarize(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any
         pos = sorted(int(dict(k[1:])["position"]) for k in total if k[0] == name)
         return [count(name, position=str(p)) for p in pos]
 
-    def spec(prefix: str) -> dict[str, Any]:
-        d: dict[str, Any] = {f: count(f"{prefix}:spec_decode_num_{f}_total")
-             for f in ("drafts", "draft_tokens", "accepted_tokens")}
-        d["accepted_per_pos"] = per_pos(f"{prefix}:spec_decode_num_accepted_tokens_per_pos_total")
-        d["acceptance_length"] = 1 + d["accepted_tokens"] / d["drafts"] if d["drafts"] else None
-        return d
+    def spec(prefix: str) -> SpecCounters:
+        drafts = count(f"{prefix}:spec_decode_num_drafts_total")
+        accepted = count(f"{prefix}:spec_decode_num_accepted_tokens_total")
+        return {"drafts": drafts, "draft_tokens": count(f"{prefix}:spec_decode_num_draft_tokens_total"),
+                "accepted_tokens": accepted,
+                "accepted_per_pos": per_pos(f"{prefix}:spec_decode_num_accepted_tokens_per_pos_total"),
+                "acceptance_length": 1 + accepted / drafts if drafts else None}
 
     ours_spec, vllm_spec = spec("dsdprof"), spec("vllm")
     drafted = per_pos("dsdprof:spec_decode_num_draft_tokens_per_pos_total")
@@ -130,8 +194,8 @@ def summarize(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any
             i = ("estimate", "lower", "upper").index(lab["bound"])
             r["acceptance_length" if "acceptance" in key[0] else "step_time"][i] = value
     alarms = {a: count(f"dsdprof:{a}_total") for a in ALARMS}
-    agree = all(ours_spec[f] == vllm_spec[f] for f in ("drafts", "draft_tokens", "accepted_tokens",
-                                                       "accepted_per_pos"))
+    agree = all(ours_spec[f] == vllm_spec[f] for f in (
+        "drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos"))
     warnings = []
     if not ours:
         warnings.append("no dsdprof metrics here: serve with `dsdprof serve` (docs/observability.md)")
@@ -144,18 +208,19 @@ def summarize(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any
     return {"mode": info.get("mode"), "table": info.get("table"), "engines": engines,
             "schedule": schedule, "steps_k0": sum(r["steps_k0"] for r in schedule),
             "acceptance": ours_spec, "vllm": vllm_spec, "agree": agree,
-            "ratios": [{"batch_size": int(b), **ratios[b]} for b in sorted(ratios, key=int)],
+            "ratios": [{"batch_size": int(b), "acceptance_length": ratios[b]["acceptance_length"],
+                        "step_time": ratios[b]["step_time"]} for b in sorted(ratios, key=int)],
             "alarms": alarms, "warnings": warnings}
 
 
-def snapshot(url: str, timeout: float = 5.0) -> dict[str, Any]:
+def snapshot(url: str, timeout: float = 5.0) -> Snapshot:
     """Fetch, parse and summarise ``url``'s metrics, stamped with the time of the scrape."""
     out = summarize(parse_metrics(fetch(url, timeout)))
     out["url"], out["time"] = url, time.time()
     return out
 
 
-def interval(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
+def interval(prev: Snapshot, cur: Snapshot) -> Rates:
     """Rates between two snapshots: steps/s, drafts/s and the acceptance length over the interval."""
     dt = max(cur["time"] - prev["time"], 1e-9)
     steps = sum(sum(r["steps"].values()) for r in cur["schedule"]) - sum(sum(r["steps"].values())
