@@ -104,11 +104,12 @@ def _slow_steps(group: pd.DataFrame, k: int, kr: list[int]) -> list[np.ndarray] 
     """Per repeat in ``kr``: (waves x 3) of K's winsorized ITL waves, and every K's plain and
     winsorized ITL waves summed (:func:`dsdprof.decide.bootstrap.robust_paired` over the group's
     paired rows); None unless every K has one row per repeat with the same waves."""
-    ks = sorted(int(x) for x in group["num_spec_tokens"].unique())
+    units, _, repeats = _units(group)  # once for the group: no frame filtered per K and repeat
+    row_ks = [int(x) for x in group["num_spec_tokens"]]
+    ks = sorted(set(row_ks))
     out = []
     for r in kr:
-        at_r = group[group["repeat"] == r] if "repeat" in group else group
-        cells = [(kk, _units(at_r[at_r["num_spec_tokens"] == kk])[0]) for kk in ks]
+        cells = [(kk, [u for u, uk, ur in zip(units, row_ks, repeats) if uk == kk and ur == r]) for kk in ks]
         if any(len(c) != 1 for _, c in cells) or len({c[0][3].size for _, c in cells}) != 1:
             return None
         robust = robust_paired(cells)
