@@ -286,6 +286,8 @@ def run_rollout(table: KTable, spec, out_dir: str | Path, plan: RolloutPlan, tab
         warmed: set[str] = set()
         try:
             engine.check_models()
+            todo = [r[4] for r in plan.runs() if row_id(r[0], r[4], r[1], r[2]) not in done]
+            engine.prestart([engine_key(v) for v in dict.fromkeys(todo)])  # side by side, on a CPU host
             for run in plan.runs():
                 rid = row_id(run[0], run[4], run[1], run[2])
                 if rid in done:

@@ -246,6 +246,8 @@ class ValidatePlanner:
         todo = [c for c in self._cells if c.cell_id not in done]
         if todo:
             engine.check_models()
+            if (prestart := getattr(engine, "prestart", None)) is not None:  # every engine it needs
+                prestart(list(dict.fromkeys(worker_key(c) for c in todo)))
             try:
                 engine.pool.get(worker_key(todo[0]))  # provenance from a live engine when possible
             except Exception:  # noqa: BLE001 - the failure becomes that cell's row

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,13 +50,23 @@ def root_cause(err: BaseException, log_path: str = "") -> str:
 class EngineWorker:
     """Parent-side handle of one engine process."""
 
-    def __init__(self, config: WorkerConfig, start_timeout_s: float) -> None:
+    def __init__(self, config: WorkerConfig, start_timeout_s: float, wait: bool = True) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=worker_main, args=(child, config), daemon=False)
         self.proc.start()
         child.close()
-        self.info = self._receive(start_timeout_s, "engine start")
+        self._deadline = time.monotonic() + start_timeout_s
+        self.info: Any = None
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> EngineWorker:
+        """Block until the engine reports ready (its ``info``), within the start timeout counted from
+        the spawn; raises :class:`EngineFailure` (the process killed) when it fails or times out."""
+        if self.info is None:
+            self.info = self._receive(max(self._deadline - time.monotonic(), 0.0), "engine start")
+        return self
 
     def _receive(self, timeout_s: float, what: str) -> Any:
         try:
@@ -153,6 +164,7 @@ class EnginePool:
         self._log_dir = log_dir
         self._start = start_worker or EngineWorker
         self._workers: dict[str, Any] = {}
+        self._starting: dict[str, EngineWorker] = {}  # spawned by prestart, not yet waited for
         self.pause_idle = PAUSE_IDLE_ENGINES
         self.start_errors: dict[str, str] = {}
         self.info: dict[str, Any] = {}
@@ -168,16 +180,37 @@ class EnginePool:
             return w
         if w is not None:
             w.kill()
-        config = WorkerConfig(self._kwargs_for(key), self._workload, self.log_path(key), self._max_output_len,
-                              self._run_token, self._trace_dir)
         try:
-            w = self._start(config, self._timeout)
+            starting = self._starting.pop(key, None)
+            if starting is not None:
+                w = starting.wait_started()
+            else:
+                w = self._start(self._config(key), self._timeout)
         except Exception as err:  # noqa: BLE001 - remembered so later cells fail fast
             self.start_errors[key] = root_cause(err, self.log_path(key))
             raise EngineFailure(self.start_errors[key]) from None
         self._workers[key] = w
         self.info.update(w.info)
         return w
+
+    def _config(self, key: str) -> WorkerConfig:
+        return WorkerConfig(self._kwargs_for(key), self._workload, self.log_path(key), self._max_output_len,
+                            self._run_token, self._trace_dir)
+
+    def prestart(self, keys: list[str]) -> None:
+        """Spawn the engines of ``keys`` now, side by side, without waiting: an engine's start is
+        minutes of single-threaded imports and loading (three processes on vLLM's CPU build), so a
+        sweep that needs two engines waits for the slower one instead of both in turn. :meth:`get`
+        waits for each in the order it is asked for, so the first failure reported is the first
+        engine's, as before. Only the default process workers start early (a ``start_worker`` of a
+        test starts on :meth:`get`); never on a GPU, where engines starting together would each
+        read the other's memory as taken (the caller decides: :class:`~.engine.VllmEngine`)."""
+        if self._start is not EngineWorker:
+            return
+        for key in keys:
+            if key in self._workers or key in self._starting or key in self.start_errors:
+                continue
+            self._starting[key] = EngineWorker(self._config(key), self._timeout, wait=False)
 
     @contextmanager
     def exclusive(self, key: str):
@@ -208,5 +241,8 @@ class EnginePool:
         for w in self._workers.values():
             w.stop()
         self._workers.clear()
+        for starting in self._starting.values():  # spawned early, never asked for (a failed sweep)
+            starting.kill()
+        self._starting.clear()
 
 
