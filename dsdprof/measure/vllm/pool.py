@@ -145,6 +145,9 @@ StartWorker = Callable[[WorkerConfig, float], Any]
 # paused engine cannot see its parent die (a worker exits on its pipe's EOF), so a kill -9 of the
 # sweep would leave it stopped, holding its memory. DSDPROF_PAUSE_IDLE_ENGINES=1 turns it on.
 PAUSE_IDLE_ENGINES = os.environ.get("DSDPROF_PAUSE_IDLE_ENGINES", "") == "1"
+# Spawn a run's engines side by side (EnginePool.prestart); DSDPROF_PRESTART_ENGINES=0 starts them in
+# turn, as before (to time the two side by side: benchmarks).
+PRESTART_ENGINES = os.environ.get("DSDPROF_PRESTART_ENGINES", "1") != "0"
 
 
 class EnginePool:
@@ -205,7 +208,7 @@ class EnginePool:
         engine's, as before. Only the default process workers start early (a ``start_worker`` of a
         test starts on :meth:`get`); never on a GPU, where engines starting together would each
         read the other's memory as taken (the caller decides: :class:`~.engine.VllmEngine`)."""
-        if self._start is not EngineWorker:
+        if self._start is not EngineWorker or not PRESTART_ENGINES:
             return
         for key in keys:
             if key in self._workers or key in self._starting or key in self.start_errors:
