@@ -106,14 +106,15 @@ def _loso(t: fid.Terms, src: np.ndarray, among: np.ndarray) -> np.ndarray:
     return pred
 
 
-def band_checks(points: list[fid.Point], nested: bool = True) -> tuple[BandCheck, BandCheck]:
+def band_checks(points: list[fid.Point], nested: bool = True,
+                flat: np.ndarray | None = None) -> tuple[BandCheck, BandCheck]:
     """(stated inputs, defaults only), each source held out whole (module doc). Without ``nested``
-    the spreads come from the one-level leave-one-source-out of every other source (whose fits saw
-    the held-out source: faster, slightly optimistic)."""
+    the spreads come from the one-level leave-one-source-out of every other source, whose fits saw
+    the held-out source (faster; ``flat``: those predictions when already computed)."""
     t = fid.terms(points)
     src = np.array([p.source for p in points])
-    every = np.arange(len(points))
-    flat = None if nested else _loso(t, src, every)
+    if not nested and flat is None:
+        flat = _loso(t, src, np.arange(len(points)))
     out: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
     order: list[int] = []
     for s in np.unique(src):

@@ -11,22 +11,61 @@ import pytest
 
 from dsdprof.config.spec import parse_spec
 from dsdprof.errors import InputError
+from dsdprof.measure.sim.band import CATEGORY_ERRORS
 from dsdprof.measure.sim.catalog import MODELS
 from dsdprof.measure.sim.config import resolve
 from dsdprof.measure.sim.hardware import HARDWARE, OVERLAP_STEP_OVERHEAD_S, PRIOR_FROM
 from dsdprof.measure.sim.model import METHOD_OVERHEAD, arch_features
 from tests.support import fidelity as fid
+from tests.support import fidelity_band as fb
 
 # Achieved (53 points, 17 sources): leave-one-source-out 9.4 %, leave-one-out 6.2 %. Issue 36's goal
 # for the whole-source figure is 10 %; each bound is what the model reaches plus ~0.5 point (within
 # the goal), so a regression of the model or of the data fails it.
 LOSO_MAPE_BOUND = 9.9
 LOO_MAPE_BOUND = 7.0
+# Issue 47's bars, whole source held out, each point described as a user would: with the inputs its
+# publication states <= 10 % MAPE; with defaults only the band covers >= 80 % of published figures.
+# Achieved (flat spreads, what this test runs): 9.4 % and 94 %; nested (the lab note's figure): 9.4 %
+# and 98 %. The widths keep the band honest the other way: a band wide enough to cover anything fails.
+STATED_MAPE_BAR, DEFAULTS_COVERAGE_BAR = 10.0, 0.80
+STATED_WIDTH_BOUND, DEFAULTS_WIDTH_BOUND = 0.40, 0.60  # median (high - low) / prediction
 
 
 @pytest.fixture(scope="module")
 def loo() -> fid.LooResult:
     return fid.leave_one_out(fid.load_points())
+
+
+@pytest.fixture(scope="module")
+def loso(loo) -> np.ndarray:
+    """Every point predicted by priors fitted with its whole source held out."""
+    return fid.leave_one_source_out(loo.points)
+
+
+@pytest.fixture(scope="module")
+def bands(loo, loso) -> tuple[fb.BandCheck, fb.BandCheck]:
+    return fb.band_checks(loo.points, nested=False, flat=loso)
+
+
+def test_band_with_stated_inputs_and_with_defaults_only(bands):
+    """Issue 47 part 3: every source held out whole; stated inputs <= 10 % MAPE, defaults only: the
+    band covers >= 80 % of the published figures; stating the inputs helps; the band stays narrow
+    enough to mean something."""
+    stated, defaults = bands
+    assert len(stated.points) == len(defaults.points) >= 50
+    assert stated.mape <= STATED_MAPE_BAR, stated.mape
+    assert defaults.coverage >= DEFAULTS_COVERAGE_BAR, defaults.coverage
+    assert defaults.mape > stated.mape  # the stated inputs carry information
+    assert stated.coverage >= 0.7, stated.coverage  # the category spread alone is a 10-90 % band
+    assert np.median(stated.width) <= STATED_WIDTH_BOUND, np.median(stated.width)
+    assert np.median(defaults.width) <= DEFAULTS_WIDTH_BOUND, np.median(defaults.width)
+    assert np.all(defaults.width >= stated.width - 1e-9)  # unstated inputs only widen it
+
+
+def test_shipped_category_errors_are_the_suite_s(loo, loso):
+    """band.py ships what the suite computes (python benchmarks/sim_fidelity.py --band prints it)."""
+    assert fb.table_of(loo.points, loso) == CATEGORY_ERRORS
 
 
 def test_leave_one_out_error_and_no_systematic_sign(loo):
@@ -35,9 +74,9 @@ def test_leave_one_out_error_and_no_systematic_sign(loo):
     assert 0.3 < loo.low_share < 0.7, loo.low_share  # fewer than 70 % on one side
 
 
-def test_whole_source_held_out_error(loo):
+def test_whole_source_held_out_error(loo, loso):
     """The headline: each source predicted by a fit that never saw any of its points."""
-    pred = fid.leave_one_source_out(loo.points)
+    pred = loso
     err = pred / loo.published_s - 1.0
     assert len({p.source for p in loo.points}) >= 15
     assert np.mean(np.abs(err)) * 100 <= LOSO_MAPE_BOUND, np.mean(np.abs(err))
@@ -97,7 +136,7 @@ def test_fp8_compute_path_on_hopper():
     assert HARDWARE["H20"].peak_flops("fp8") == pytest.approx(296e12 * ratio, rel=1e-3)
 
 
-def test_mla_kernel_era():
+def test_mla_kernel_era(loso):
     """DeepSeek's MLA term applies to pre-FlashMLA engine releases and to H20 only (fidelity.legacy_mla);
     current kernels on other GPUs pay none, and the catalog ships it on H20 alone."""
     assert fid.legacy_mla("SGLang 0.4.1.post2", "H200 SXM") and fid.legacy_mla("vLLM 0.6.3", "H100 SXM")
@@ -111,7 +150,7 @@ def test_mla_kernel_era():
     pts = fid.load_points()
     held = [i for i, p in enumerate(pts) if "InferenceX" in p.source]
     assert len(held) >= 2
-    pred = fid.leave_one_source_out(pts)[held]
+    pred = loso[held]
     y = np.array([pts[i].step_ms for i in held]) / 1e3
     assert np.all(np.abs(pred / y - 1) < 0.25), pred / y
 
