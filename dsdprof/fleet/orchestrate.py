@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypedDict, Unpack, cast
+from typing import TypedDict, Unpack, cast
 
 from dsdprof.errors import InputError
 from dsdprof.fleet.plan import (
@@ -133,9 +133,20 @@ def shard_tasks(run: RunPlan, settings: FleetSettings, cwd: str) -> list[ShardTa
             for i, bs in enumerate(shard_batch_sizes(run.spec.sweep.batch_sizes, run.shards))]
 
 
-def ray_task_options(task: ShardTask, hardware: str, settings: FleetSettings) -> dict[str, Any]:
+class RayOptions(TypedDict, total=False):
+    """Ray's ``remote.options`` for one task."""
+
+    num_cpus: float
+    max_retries: int
+    retry_exceptions: bool
+    name: str
+    num_gpus: int
+    resources: dict[str, float]
+
+
+def ray_task_options(task: ShardTask, hardware: str, settings: FleetSettings) -> RayOptions:
     """Resources one task asks Ray for (see the module docstring)."""
-    opts: dict[str, Any] = {"num_cpus": settings.cpus_per_run, "max_retries": settings.max_retries,
+    opts: RayOptions = {"num_cpus": settings.cpus_per_run, "max_retries": settings.max_retries,
                             "retry_exceptions": False, "name": f"dsdprof-fleet:{task.label}"}
     if asks_gpus(task.spec, settings):
         opts["num_gpus"] = 0 if task.spans_nodes else task.spec.engine.tensor_parallel_size

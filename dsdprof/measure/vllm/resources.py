@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from dsdprof.errors import InputError
 
@@ -14,8 +14,15 @@ GIB = 1 << 30
 CPU_KV_MAX_GIB = 4  # per engine, when dsdprof sizes a CPU engine's KV cache itself
 
 
+class MemoryKwargs(TypedDict, total=False):
+    """The vllm.LLM kwargs that share a machine's memory between engines."""
+
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int
+
+
 def memory_plan(extra: dict[str, Any], concurrent_engines: int, on_gpu: bool,
-                available_bytes: int | None = None) -> tuple[dict[str, Any], str]:
+                available_bytes: int | None = None) -> tuple[MemoryKwargs, str]:
     """(kwargs to add, provenance note): how concurrent engines share one machine.
 
     vLLM checks at start that ``gpu_memory_utilization`` of the device's memory is free, so engines
@@ -28,7 +35,7 @@ def memory_plan(extra: dict[str, Any], concurrent_engines: int, on_gpu: bool,
     1 and ``CPU_KV_MAX_GIB``."""
     total = float(extra.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
     share = round(total / max(1, concurrent_engines), 4)
-    kwargs: dict[str, Any] = {"gpu_memory_utilization": share}
+    kwargs: MemoryKwargs = {"gpu_memory_utilization": share}
     note = f"{concurrent_engines} engines alive at once, gpu_memory_utilization {share} each (of {total})"
     if on_gpu:
         return kwargs, f"gpu: {note}"

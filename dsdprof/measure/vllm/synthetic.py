@@ -12,7 +12,7 @@ measures step-time physics alone, with acceptance fixed by position.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 # the provenance entry's format (written by acceptance_provenance), re-exported: one home in formats
 from dsdprof.formats.provenance import ACCEPTANCE_KEY as ACCEPTANCE_KEY
@@ -30,14 +30,25 @@ def implied_acceptance_length(rates: list[float], k: int) -> float:
     return 1.0 + sum(rates[:k])
 
 
-def speculative_fields(rates: list[float] | None, k: int) -> dict[str, Any]:
+class SyntheticFields(TypedDict, total=False):
+    """What synthetic acceptance adds to vLLM's speculative config."""
+
+    rejection_sample_method: str
+    synthetic_acceptance_rates: list[float]
+
+
+class SyntheticEngineKwargs(TypedDict, total=False):
+    worker_extension_cls: str
+
+
+def speculative_fields(rates: list[float] | None, k: int) -> SyntheticFields:
     """What a speculative config drafting up to ``k`` tokens adds ({} without rates)."""
     if rates is None:
         return {}
     return {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": list(rates[:k])}
 
 
-def engine_kwargs(rates: list[float] | None, on_gpu: bool) -> dict[str, Any]:
+def engine_kwargs(rates: list[float] | None, on_gpu: bool) -> SyntheticEngineKwargs:
     """vllm.LLM kwargs of a speculative engine with synthetic acceptance: the CPU worker extension."""
     if rates is None or on_gpu:
         return {}
