@@ -30,6 +30,7 @@ from dsdprof.export.table import (
     vllm_config_document,
 )
 from dsdprof.export.trtllm import read_trtllm_config, trtllm_config_document
+from dsdprof.formats.jsontypes import ProvenanceView
 from dsdprof.formats.ktable import (
     TableError,
     context_buckets,
@@ -117,7 +118,7 @@ def partial_run_error(coverage: Any, source: str | Path) -> InputError | None:
                       "whose K there comes from the measured neighbours (recorded in the table)")
 
 
-def synthetic_warning(provenance: dict[str, Any], synthetic: bool | None = None) -> str:
+def synthetic_warning(provenance: ProvenanceView, synthetic: bool | None = None) -> str:
     """A run with synthetic acceptance ([engine] synthetic_acceptance_rates) says so ("" otherwise).
     ``synthetic``: whether it has (:attr:`dsdprof.config.run.Run.synthetic`; else read from
     ``provenance``)."""

@@ -46,6 +46,7 @@ from typing import Any
 from dsdprof.errors import InputError
 from dsdprof.export.table import vllm_speculative_config
 from dsdprof.formats.ktable import TableError, k_for_batch_size
+from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, MeasurementRow
 from dsdprof.io.atomic import write_json_atomic
 from dsdprof.io.manifest import normalised_spec_dump
@@ -130,7 +131,7 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
     return cells
 
 
-def dsd_llm_kwargs(base: dict[str, Any], table: Mapping[str, Any], spec) -> dict[str, Any] | None:
+def dsd_llm_kwargs(base: dict[str, Any], table: KTable, spec) -> dict[str, Any] | None:
     """vllm.LLM kwargs serving ``table`` through vLLM's own per-batch-size schedule.
 
     ``None`` when the table has K=0 everywhere (then DSD is served without speculation). The
@@ -151,7 +152,7 @@ def dsd_llm_kwargs(base: dict[str, Any], table: Mapping[str, Any], spec) -> dict
     return kwargs
 
 
-def adaptive_max_k(table: Mapping[str, Any], options: Mapping[str, Any] | None) -> int:
+def adaptive_max_k(table: KTable, options: Mapping[str, Any] | None) -> int:
     """The adaptive engine's ``num_speculative_tokens`` (largest K the table measured), after
     checking that the plugin accepts the table and ``options``; InputError otherwise."""
     from dsdprof.serve.adaptive import AdaptiveKSelector
@@ -174,7 +175,7 @@ def adaptive_max_k(table: Mapping[str, Any], options: Mapping[str, Any] | None) 
     return max(ks)
 
 
-def adaptive_llm_kwargs(base: dict[str, Any], table: Mapping[str, Any], spec, table_file: str, max_k: int,
+def adaptive_llm_kwargs(base: dict[str, Any], table: KTable, spec, table_file: str, max_k: int,
                         options: dict[str, Any]) -> dict[str, Any]:
     """vllm.LLM kwargs of the adaptive engine: the static table's schedule (vLLM's dynamic-SD mode)
     with ``num_speculative_tokens = max_k``, dsdprof's adaptive scheduler, and the table file."""
@@ -200,7 +201,7 @@ def check_validate_spec(spec) -> None:
         raise InputError("engine.name", spec.engine.name, "validate runs real vLLM: use name = \"vllm\"")
 
 
-def table_warnings(table: Mapping[str, Any], spec) -> list[str]:
+def table_warnings(table: KTable, spec) -> list[str]:
     """Mismatches between the table's provenance and the spec being validated (a spec validate
     cannot run is refused first: errors come before warnings)."""
     check_validate_spec(spec)
@@ -219,7 +220,7 @@ def table_warnings(table: Mapping[str, Any], spec) -> list[str]:
     return out
 
 
-def validation_engine(spec, table: Mapping[str, Any], out: Path, fixed_engines: int = 1,
+def validation_engine(spec, table: KTable, out: Path, fixed_engines: int = 1,
                       adaptive: tuple[str, int, dict[str, Any]] | None = None, table_path: str = "",
                       start_worker: Callable[..., Any] | None = None, steps: bool = False) -> VllmEngine:
     """The vLLM engines of a validate run: vanilla and fixed K as in a sweep, plus ``table`` served
@@ -270,7 +271,7 @@ class ValidatePlanner:
         pass
 
 
-def run_validation(table: Mapping[str, Any], spec, out_dir: str | Path, fixed_ks: list[int],
+def run_validation(table: KTable, spec, out_dir: str | Path, fixed_ks: list[int],
                    table_path: str = "", resume: bool = False,
                    on_progress: Callable[[SweepProgress], None] | None = None,
                    start_worker: Callable[..., Any] | None = None,
