@@ -10,6 +10,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     StrictInt,
     field_validator,
     model_serializer,
@@ -66,8 +67,9 @@ class EngineSpec(_Strict):
     dtype: str = "auto"
     max_model_len: int = Field(2048, ge=16)
     tensor_parallel_size: int = Field(1, ge=1)
-    extra: dict[str, Any] = Field(default_factory=dict, description="passed to the engine (vllm.LLM kwargs)")
-    speculative_extra: dict[str, Any] = Field(
+    extra: dict[str, JsonValue] = Field(default_factory=dict,
+                                        description="passed to the engine (vllm.LLM kwargs)")
+    speculative_extra: dict[str, JsonValue] = Field(
         default_factory=dict, description="merged into vLLM's speculative_config")
     dsd_mode: Literal["auto", "dsd", "fixed"] = Field(
         "auto", description="auto: one DSD engine for all K, falling back to one engine per K "
@@ -89,7 +91,7 @@ class EngineSpec(_Strict):
 
     @field_validator("extra")
     @classmethod
-    def _extra_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _extra_keys(cls, v: dict[str, JsonValue]) -> dict[str, JsonValue]:
         for key in v:
             if key in RESERVED_LLM_KEYS:
                 raise ValueError(f"{key!r} is set by dsdprof (use the [engine]/[sweep] keys); it cannot be "
@@ -100,7 +102,7 @@ class EngineSpec(_Strict):
 
     @field_validator("speculative_extra")
     @classmethod
-    def _speculative_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _speculative_keys(cls, v: dict[str, JsonValue]) -> dict[str, JsonValue]:
         for key in v:
             if key in RESERVED_SPECULATIVE_KEYS:
                 raise ValueError(f"{key!r} is set by dsdprof ([engine] method/draft_model, [sweep] "

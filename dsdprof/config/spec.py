@@ -4,6 +4,7 @@ analytic engine), validated with pydantic; unknown keys are rejected by name."""
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ def _key_hint(loc: tuple, key: str) -> str:
     return ""
 
 
-def _first_error(err: ValidationError, data: dict[str, Any]) -> InputError:
+def _first_error(err: ValidationError, data: Mapping[str, object]) -> InputError:
     e = err.errors()[0]
     if e["loc"][:1] == ("sim",):  # the section's own one-line errors (config.sim)
         return sim_error(e, data.get("sim"), ("sim",))
@@ -73,7 +74,7 @@ def _first_error(err: ValidationError, data: dict[str, Any]) -> InputError:
     return InputError(loc or "spec", value, e["msg"].removeprefix("Value error, "))
 
 
-def parse_spec(data: dict[str, Any]) -> SweepSpec:
+def parse_spec(data: Mapping[str, object]) -> SweepSpec:
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as err:
@@ -162,7 +163,7 @@ def parse_int_list(flag: str, text: str) -> list[int]:
     return values
 
 
-def with_overrides(spec: SweepSpec, overrides: dict[str, Any]) -> SweepSpec:
+def with_overrides(spec: SweepSpec, overrides: Mapping[str, str | None]) -> SweepSpec:
     """``spec`` with command-line overrides (flag -> value, None = not given), validated as a
     spec; a bad value is one InputError naming the flag."""
     given = {flag: v for flag, v in overrides.items() if v is not None}
