@@ -353,8 +353,7 @@ class VllmEngine:
             if self.out_dir is not None else ""
         dsd = replace(self.cell_request(dsd_cell, None), group=cell.group, positions=positions, hold=hold,
                       trace_name=name, order_offset=cell.repeat * s.waves,
-                      wave_block=tuple(j for j, r in enumerate(blocks) for _ in r),
-                      defer_analysis=not steps)
+                      wave_block=tuple(j for j, r in enumerate(blocks) for _ in r))
         van_cell = replace(cell, mode=MODE_VANILLA, num_spec_tokens=0)
         van = replace(self.cell_request(van_cell, None, verify_k=0), waves=len(blocks),
                       wave_block=tuple(range(len(blocks))))
@@ -369,6 +368,8 @@ class VllmEngine:
         between its spans. An engine that fails ends
         its own rows (its error); the other engine's waves go on."""
         dsd, van, blocks = self.unit_requests(cell)
+        # the group's raw data back, analysed here (the steps design's arms at once, in the worker)
+        dsd = replace(dsd, defer_analysis=not holds_arms(cell.group))
         group_key = self.steps_engine()[0] if holds_arms(cell.group) else MODE_DSD
         spans = {group_key: [(r.start, r.stop) for r in blocks],
                  MODE_VANILLA: [(j, j + 1) for j in range(len(blocks))]}
