@@ -233,9 +233,10 @@ def analyze(
 @app.command()
 @guarded
 def export(
-    source: Path = typer.Argument(...,
-                                  help="Sweep directory / Parquet file, or an existing table JSON (v1 or "
-                                       "v2)."),
+    source: Path = typer.Argument(..., metavar="SOURCE",
+                                  help="Sweep directory / Parquet file, an existing table JSON (v1 or "
+                                       "v2), or a compare-drafts directory or one draft's OUT/<draft> in "
+                                       "it (with --mix)."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
     fmt: str = typer.Option("table", "--format", "-f",
                             help="table (dsdprof.ktable/v2), vllm (--speculative-config JSON), "
@@ -269,7 +270,9 @@ def export(
     export_format(fmt)  # an unknown --format refused first, by the registry
     if output is not None:
         check_output_path(output, force, field="--output")
-    if mix is not None or draft is not None:  # one draft of a compare-drafts directory, for a mix
+    from dsdprof.report.drafts import is_comparison
+
+    if mix is not None or draft is not None or is_comparison(source):  # a compare-drafts draft, for a mix
         from dsdprof.cli.drafts import export_mix
 
         exported = export_mix(source, mix, draft, fmt, context)

@@ -82,6 +82,8 @@ def _drafts_report(
     from dsdprof.measure.categories import parse_mix
     from dsdprof.report.drafts import default_mix, drafts_figure, drafts_markdown, load_comparison, mix_ktable
 
+    if table and not draft:  # refused before any report is written
+        raise InputError("--table", str(table), "needs --draft NAME (the draft whose table to write)")
     comp = load_comparison(out)
     cats = list(comp.plan["categories"])
     weights = parse_mix(mix, cats) if mix else default_mix(comp)
@@ -108,9 +110,7 @@ def _drafts_report(
             buf = io.BytesIO()
             fig().savefig(buf, format="png")
             write_bytes_atomic(path if force else _new(path), buf.getvalue())
-    if table:
-        if not draft:
-            raise InputError("--draft", None, "--table needs the draft whose table to write")
+    if table and draft:
         write_json_atomic(table, mix_ktable(comp, draft, weights), force=force)
 
 
@@ -122,6 +122,9 @@ def export_mix(source: Path, mix: str | None, draft: str | None, fmt: str, conte
     from dsdprof.formats.ktable import validate_table
     from dsdprof.report.drafts import mix_export_table
 
+    if mix is None and draft is None:
+        raise InputError("SOURCE", str(source), "a compare-drafts directory: its tables are one draft's "
+                         "for a traffic mix: add --mix CAT=W,... (and --draft NAME)")
     if mix is None:
         raise InputError("--draft", draft, "needs --mix (the traffic mix whose table to write)")
     if context is not None:

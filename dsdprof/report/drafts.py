@@ -50,7 +50,7 @@ def load_comparison(out: str | Path) -> Comparison:
 
     root = Path(out)
     if not (root / PLAN_FILE).is_file():
-        raise InputError("drafts", str(root), f"no {PLAN_FILE}: not a dsdprof compare-drafts directory")
+        raise InputError("directory", str(root), f"no {PLAN_FILE}: not a dsdprof compare-drafts directory")
     plan = json.loads((root / PLAN_FILE).read_text())
     grids: dict[str, pd.DataFrame] = {}
     prov: dict[str, Any] = {}
@@ -65,7 +65,7 @@ def load_comparison(out: str | Path) -> Comparison:
                 prov = first.provenance
                 spec = first.manifests[0].spec_dump if first.manifests else {}
     if not grids:
-        raise InputError("drafts", str(root), "no draft has a finished run yet")
+        raise InputError("directory", str(root), "no draft has a finished run yet")
     return Comparison(root, plan, grids, prov, spec)
 
 
@@ -261,6 +261,14 @@ def drafts_figure(comp: Comparison):  # -> matplotlib Figure
     return fig
 
 
+def is_comparison(source: str | Path) -> bool:
+    """A compare-drafts directory, or one draft's directory in it (what ``export --mix`` reads)."""
+    from dsdprof.jobs.compare_drafts import PLAN_FILE
+
+    src = Path(source)
+    return (src / PLAN_FILE).is_file() or (src.parent / PLAN_FILE).is_file()
+
+
 def mix_export_table(source: str | Path, mix: str, draft: str | None = None) -> dict[str, Any]:
     """``dsdprof export SOURCE --mix CAT=W,... [--draft NAME]``: the ``dsdprof.ktable/v2`` of one
     draft for a traffic mix. ``SOURCE``: a compare-drafts directory (``--draft`` names the draft
@@ -273,8 +281,8 @@ def mix_export_table(source: str | Path, mix: str, draft: str | None = None) -> 
         comp = load_comparison(src)
         if draft is None:
             if len(comp.grids) != 1:
-                raise InputError("--draft", None, f"{src} compares {', '.join(comp.grids)}: name one "
-                                 "with --draft")
+                raise InputError("--mix", mix, f"{src} compares {', '.join(comp.grids)}: name the draft "
+                                 "with --draft NAME")
             draft = next(iter(comp.grids))
     elif (src.parent / PLAN_FILE).is_file():
         comp = load_comparison(src.parent)

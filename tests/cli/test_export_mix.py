@@ -64,7 +64,8 @@ def test_a_draft_directory_names_its_draft_and_formats_follow(comparison):
 
 
 @pytest.mark.parametrize("args, field", [
-    (["--mix", "code=1"], "--draft"),                        # two drafts: which one?
+    (["--mix", "code=1"], "--mix='code=1'"),                 # two drafts: which one? (names --draft)
+    ([], "SOURCE="),                                         # a comparison needs --mix
     (["--mix", "web=1", "--draft", "dm"], "--mix"),          # not a measured category
     (["--mix", "code=x", "--draft", "dm"], "--mix"),         # not a number
     (["--mix", "code=0,text=0", "--draft", "dm"], "--mix"),  # all zero
@@ -75,6 +76,7 @@ def test_bad_mix_input_is_one_line_exit_2(comparison, args, field):
     res = _export(str(comparison), *args)
     assert res.exit_code == 2, res.output
     assert field in res.output and "Traceback" not in res.output
+    assert "None" not in res.output  # what the user typed, not an option they left out
     assert len(res.output.strip().splitlines()) == 1
 
 

@@ -93,3 +93,5 @@ def test_drafts_report_json_marks_it_too(tmp_path, monkeypatch):
     doc = json.loads(res.stdout)
     assert [u["batch_size"] for u in doc["unsettled"]] == [8]
     assert doc["mix"] == {"json": 0.5, "prose": 0.5}
+    res = CliRunner().invoke(app, ["drafts-report", str(tmp_path), "--table", str(tmp_path / "t.json")])
+    assert res.exit_code == 2 and res.output.startswith("error: --table=") and "None" not in res.output
