@@ -85,7 +85,7 @@ def run(lengths: list[int], ranges, seed: int, repeats: int = 3, variants=tuple(
 
 @pytest.fixture(scope="module")
 def table() -> dict:
-    return json.load(open("tables/toy-dense-cpu.json"))
+    return json.load(open("tests/data/toy-dense-cpu-2026-11-29.json"))
 
 
 def test_fitted_model_predicts_held_out_lengths_within_3_percent(table):

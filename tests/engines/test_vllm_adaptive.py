@@ -1,6 +1,6 @@
 """The adaptive scheduler in a real vLLM engine (CPU build, toy pair): one engine start.
 
-The demo's own table (tables/toy-dense-cpu.json: K=4 at BS 1 and 2, measured on the default toy
+The demo table of 2026-11-29 (tests/data/toy-dense-cpu-2026-11-29.json: K=4 at BS 1 and 2, the default toy
 pair) is served on the far-shifted pair (same shapes, so the same step times; residual scale 0.1,
 so acceptance ~0.4 per token instead of ~0.85), where fixed K=1 is the fastest (docs/lab/notebook.md).
 Served through ``dsdprof validate``'s adaptive engine (K <= 4), the scheduler must observe the
@@ -38,7 +38,7 @@ def test_adaptive_engine_moves_k_to_the_live_acceptance(tmp_path):
                   "output_len": 16, "warmup": 1},
         "workload": {"input_len": 16, "num_prompts": 16},
     })
-    table = json.loads((Path(__file__).resolve().parents[2] / "tables" / "toy-dense-cpu.json").read_text())
+    table = json.loads((Path(__file__).parents[1] / "data" / "toy-dense-cpu-2026-11-29.json").read_text())
     table["provenance"] = {"model": str(toy.target), "draft_model": str(toy.draft)}
     table_file = tmp_path / "table.json"
     table_file.write_text(json.dumps(table))

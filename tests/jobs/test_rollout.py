@@ -196,7 +196,7 @@ def test_replay_matches_a_simulated_engine():
 
 
 def test_replay_on_the_toy_table():
-    table = json.load(open("tables/toy-dense-cpu.json"))
+    table = json.load(open("tests/data/toy-dense-cpu-2026-11-29.json"))
     lens = draw_lengths(parse_length_spec("lognormal:median=12,sigma=0.9"), 16, seed=0)
     preds = {p.variant: p for p in predict_all(table, lens, runs=50)}
     assert set(preds) >= {"vanilla", "fixed-1", "fixed-4", "dsd", "adaptive"}
@@ -334,7 +334,7 @@ class FakeArrivalsWorker:
 
 
 def _fake_table() -> dict:
-    table = json.load(open("tables/toy-dense-cpu.json"))
+    table = json.load(open("tests/data/toy-dense-cpu-2026-11-29.json"))
     table["cells"] = [{"batch_size": b, "k": k, "itl_s": _fake_itl(b, k), "acceptance_length": 1.0 + k,
                        "acceptance_per_pos": [1.0] * k} for b in (1, 2, 4, 8, 16) for k in range(5)]
     return table

@@ -301,7 +301,7 @@ def test_a_far_shift_leaves_the_tables_k_early_and_does_not_come_back():
     """Issue 31 follow-up: at BS 1 on low acceptance K left 4 and came back (4 -> 1 -> 4 -> 2 -> 4)
     in 15 of 100 seeds, on acceptance and step-time noise of the first steps after a change. A K
     left in the last SETTLE_STEPS steps now needs a wider band to return to."""
-    table = json.loads((Path(__file__).resolve().parents[2] / "tables" / "toy-dense-cpu.json").read_text())
+    table = json.loads((Path(__file__).parents[1] / "data" / "toy-dense-cpu-2026-11-29.json").read_text())
     bad = []
     for seed in range(100):
         ks = _far_shift_run(table, seed)
