@@ -21,31 +21,67 @@ import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.export.api import optional_vllm_config, table_from_source
-from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore
+from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore, RunRecord
+from dsdprof.formats.jsontypes import JSONObject, Scalar
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import FLEET_INDEX_SCHEMA
 from dsdprof.io.runs import open_run
 
 INDEX_SCHEMA = FLEET_INDEX_SCHEMA
 INDEX_NAME = "index.json"
-KEY_FIELDS = ("model", "draft_model", "method", "hardware", "tensor_parallel_size")
+
+
+class IndexEntry(TypedDict):
+    """One exported run in the index: its key fields, its table and vLLM config files."""
+
+    model: str | None
+    draft_model: str | None
+    method: str | None
+    hardware: str | None
+    tensor_parallel_size: int | None
+    run: str
+    engine: str | None
+    measured_hardware: Scalar
+    table: str
+    vllm_config: str | None
+    num_speculative_tokens: int
+    ranges: list[list[int]]
+    shape: str
+    cells: int | None
+    ok: int | None
+
+
+class Skipped(TypedDict):
+    run: str
+    reason: str
+
+
+class IndexDoc(TypedDict):
+    """``tables/index.json``: every run's table, or why it has none."""
+
+    schema: str
+    fleet: str
+    created_at: str
+    tolerance: float
+    tables: list[IndexEntry]
+    skipped: list[Skipped]
 
 
 @dataclass(frozen=True)
 class FleetIndex:
     path: str  # where the index was written (a local path or the store's URL)
-    doc: dict[str, Any]
+    doc: IndexDoc
 
 
-def _records(store: FleetStore) -> list[dict[str, Any]]:
+def _records(store: FleetStore) -> list[RunRecord]:
     names = [n for n in store.list_dir_names(f"{FLEET_DIR}/runs") if n.endswith(".json")]
     records = [store.read_json(f"{FLEET_DIR}/runs/{n}") for n in names]
-    return [r for r in records if r]
+    return [cast(RunRecord, r) for r in records if r]  # the orchestrator's records (run_record)
 
 
 def _run_dir(store: FleetStore, run: str, scratch: Path) -> Path:
@@ -65,7 +101,7 @@ def _table_for(run_dir: Path, source: str, tolerance: float) -> KTable:
     return table_from_source(open_run(run_dir, "export"), tolerance, label=source)[0]
 
 
-def _vllm_config(table: KTable) -> dict[str, Any] | None:
+def _vllm_config(table: KTable) -> JSONObject | None:
     return optional_vllm_config(table)
 
 
@@ -78,8 +114,8 @@ def export_fleet(out: str, staging: str | None = None, tolerance: float = DEFAUL
     if not records:
         raise InputError("fleet", out, f"holds no fleet runs (no {FLEET_DIR}/runs/*.json)")
     tables_local = store.tables_dir()
-    entries: list[dict[str, Any]] = []
-    skipped: list[dict[str, str]] = []
+    entries: list[IndexEntry] = []
+    skipped: list[Skipped] = []
     written: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="dsdprof-fleet-export-") as scratch:
         for rec in sorted(records, key=lambda r: r["run"]):
@@ -98,14 +134,17 @@ def export_fleet(out: str, staging: str | None = None, tolerance: float = DEFAUL
             cfg = _vllm_config(table)
             if cfg is not None:
                 written.append(write_json_atomic(tables_local / f"{run}.vllm.json", cfg, force=True))
-            entries.append({**{k: rec.get(k) for k in KEY_FIELDS}, "run": run, "engine": rec.get("engine"),
+            entries.append({"model": rec.get("model"), "draft_model": rec.get("draft_model"),
+                            "method": rec.get("method"), "hardware": rec.get("hardware"),
+                            "tensor_parallel_size": rec.get("tensor_parallel_size"),
+                            "run": run, "engine": rec.get("engine"),
                             "measured_hardware": table["provenance"].get("hardware", ""),
                             "table": f"{run}.json", "vllm_config": f"{run}.vllm.json" if cfg else None,
                             "num_speculative_tokens": table["num_speculative_tokens"],
                             "ranges": table["ranges"],
                             "shape": table["shape"], "cells": rec.get("cells"), "ok": rec.get("ok")})
     created = datetime.now(UTC).isoformat(timespec="seconds")
-    doc = {"schema": INDEX_SCHEMA, "fleet": out, "created_at": created,
+    doc: IndexDoc = {"schema": INDEX_SCHEMA, "fleet": out, "created_at": created,
            "tolerance": tolerance, "tables": entries, "skipped": skipped}
     index_path = write_json_atomic(tables_local / INDEX_NAME, doc, force=True)
     if store.remote:
@@ -124,10 +163,12 @@ def current_index(store: FleetStore, tolerance: float, runs: list[str]) -> Fleet
         return None
     if not doc or doc.get("schema") != INDEX_SCHEMA or doc.get("tolerance") != tolerance:
         return None
-    covered = {e.get("run") for e in doc.get("tables", [])} | {s.get("run") for s in doc.get("skipped", [])}
+    index = cast(IndexDoc, doc)  # an index this module wrote (its schema)
+    covered = ({e.get("run") for e in index.get("tables", [])}
+               | {s.get("run") for s in index.get("skipped", [])})
     if not set(runs) <= covered:
         return None
-    return FleetIndex(store.describe(rel) if store.remote else str(store.local_path(rel)), doc)
+    return FleetIndex(store.describe(rel) if store.remote else str(store.local_path(rel)), index)
 
 
 def find_index(path: str | Path) -> Path | None:
@@ -148,7 +189,7 @@ def find_index(path: str | Path) -> Path | None:
     return p if isinstance(doc, dict) and doc.get("schema") == INDEX_SCHEMA else None
 
 
-def load_index(path: str | Path) -> dict[str, Any]:
+def load_index(path: str | Path) -> IndexDoc:
     p = Path(path)
     try:
         doc = json.loads(p.read_text())
@@ -159,4 +200,4 @@ def load_index(path: str | Path) -> dict[str, Any]:
                          f"not a {INDEX_SCHEMA} file")
     if not isinstance(doc.get("tables"), list) or not isinstance(doc.get("skipped"), list):
         raise InputError("index.tables", type(doc.get("tables")).__name__, "must be a list")
-    return doc
+    return cast(IndexDoc, doc)  # checked above: what the readers use

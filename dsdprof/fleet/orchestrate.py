@@ -31,7 +31,14 @@ from dsdprof.fleet.plan import (
     spans_nodes,
 )
 from dsdprof.fleet.runner import ShardResult, ShardTask, execute_shard
-from dsdprof.fleet.store import FLEET_DIR, FleetStore, run_record_rel, shard_rel
+from dsdprof.fleet.store import (
+    FLEET_DIR,
+    FleetStore,
+    RunRecord,
+    RunState,
+    run_record_rel,
+    shard_rel,
+)
 from dsdprof.formats.versions import FLEET_RUN_RECORD_SCHEMA
 
 RUN_RECORD_SCHEMA = FLEET_RUN_RECORD_SCHEMA
@@ -76,44 +83,6 @@ class FleetReport:
 
 
 Notify = Callable[[FleetEvent], None]
-
-
-class WorkerRecord(TypedDict):
-    shard: int
-    host: str
-    pid: int
-    measured: int
-    skipped: int
-    wall_s: float
-
-
-class RunState(TypedDict, total=False):
-    """What a run's record says beyond its name: when it ran and how it ended."""
-
-    started_at: str
-    finished_at: str
-    error: str
-    cells: int
-    ok: int
-    failed: int
-    speculation_mode: str
-    workers: list[WorkerRecord]
-
-
-class RunRecord(RunState, total=False):
-    """``_fleet/runs/<run>.json``: the run, its spec's hash and engine, and its :class:`RunState`."""
-
-    schema: str
-    run: str
-    state: str
-    spec_hash: str
-    engine: str
-    model: str
-    draft_model: str
-    method: str
-    hardware: str
-    tensor_parallel_size: int
-    shards: int
 
 
 def run_record(run: RunPlan, state: str, **extra: Unpack[RunState]) -> RunRecord:

@@ -24,13 +24,51 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from dsdprof.errors import InputError
 from dsdprof.io.atomic import write_bytes_atomic
 
 FLEET_DIR = "_fleet"
 TABLES_DIR = "tables"
+
+
+class WorkerRecord(TypedDict):
+    shard: int
+    host: str
+    pid: int
+    measured: int
+    skipped: int
+    wall_s: float
+
+
+class RunState(TypedDict, total=False):
+    """What a run's record says beyond its name: when it ran and how it ended."""
+
+    started_at: str
+    finished_at: str
+    error: str
+    cells: int
+    ok: int
+    failed: int
+    speculation_mode: str
+    workers: list[WorkerRecord]
+
+
+class RunRecord(RunState, total=False):
+    """``_fleet/runs/<run>.json``: the run, its spec's hash and engine, and its :class:`RunState`."""
+
+    schema: str
+    run: str
+    state: str
+    spec_hash: str
+    engine: str
+    model: str
+    draft_model: str
+    method: str
+    hardware: str
+    tensor_parallel_size: int
+    shards: int
 
 
 def is_url(out: str) -> bool:
