@@ -84,6 +84,11 @@ def _drafts_report(
 
     if table and not draft:  # refused before any report is written
         raise InputError("--table", str(table), "needs --draft NAME (the draft whose table to write)")
+    outputs = {"--md": md, "--text": text_out, "--plot": plot, "--ranking-plot": ranking_plot,
+               "--table": table}
+    for opt, path in outputs.items():  # every output checked before any is written
+        if path is not None and path.exists() and not force:
+            raise InputError(opt, str(path), "exists; pass --force to replace it")
     comp = load_comparison(out)
     cats = list(comp.plan["categories"])
     weights = parse_mix(mix, cats) if mix else default_mix(comp)
@@ -91,9 +96,9 @@ def _drafts_report(
 
     text = drafts_text(comp, weights, title)
     if md:
-        write_bytes_atomic(md if force else _new(md), drafts_markdown(comp, weights, title).encode())
+        write_bytes_atomic(md, drafts_markdown(comp, weights, title).encode())
     if text_out:
-        write_bytes_atomic(text_out if force else _new(text_out), text.encode())
+        write_bytes_atomic(text_out, text.encode())
     if as_json:
         import json
 
@@ -109,7 +114,7 @@ def _drafts_report(
 
             buf = io.BytesIO()
             fig().savefig(buf, format="png")
-            write_bytes_atomic(path if force else _new(path), buf.getvalue())
+            write_bytes_atomic(path, buf.getvalue())
     if table and draft:
         write_json_atomic(table, mix_ktable(comp, draft, weights), force=force)
 
@@ -130,14 +135,6 @@ def export_mix(source: Path, mix: str | None, draft: str | None, fmt: str, conte
     if context is not None:
         raise InputError("--context", context, "not with --mix (a draft comparison has no context axis)")
     return format_table(validate_table(mix_export_table(source, mix, draft)), fmt)
-
-
-def _new(path: Path) -> Path:
-    from dsdprof.errors import InputError
-
-    if path.exists():
-        raise InputError("output", str(path), "exists; pass --force to replace it")
-    return path
 
 
 def register(app: typer.Typer) -> None:

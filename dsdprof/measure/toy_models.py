@@ -214,7 +214,7 @@ def build_toy_pair(out_dir: str | Path, config: ToyModelConfig | None = None) ->
     if config.kind not in ("dense", "moe"):
         raise InputError("kind", config.kind, "must be 'dense' or 'moe'")
     if config.residual_scale < 0:
-        raise InputError("residual_scale", config.residual_scale, "must be >= 0")
+        raise InputError("--residual-scale", config.residual_scale, "must be >= 0")
     out = Path(out_dir)
     target_dir, draft_dir = out / "target", out / "draft"
     for d in (target_dir, draft_dir):

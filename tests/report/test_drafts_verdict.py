@@ -95,3 +95,8 @@ def test_drafts_report_json_marks_it_too(tmp_path, monkeypatch):
     assert doc["mix"] == {"json": 0.5, "prose": 0.5}
     res = CliRunner().invoke(app, ["drafts-report", str(tmp_path), "--table", str(tmp_path / "t.json")])
     assert res.exit_code == 2 and res.output.startswith("error: --table=") and "None" not in res.output
+    (tmp_path / "r.md").write_text("mine")
+    res = CliRunner().invoke(app, ["drafts-report", str(tmp_path), "--text", str(tmp_path / "r.txt"),
+                                   "--md", str(tmp_path / "r.md")])
+    assert res.exit_code == 2 and res.output.startswith("error: --md=") and "--force" in res.output
+    assert not (tmp_path / "r.txt").exists()  # nothing written when one output is refused
