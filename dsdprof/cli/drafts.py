@@ -107,7 +107,8 @@ def _drafts_report(
         print(json.dumps(drafts_json(comp, weights), indent=1))
     elif not md and not text_out:
         print(text)
-    figures = ((plot, lambda: drafts_figure(comp)), (ranking_plot, lambda: ranking_figure(comp, weights)))
+    figures = ((plot, lambda: drafts_figure(comp, weights)),
+               (ranking_plot, lambda: ranking_figure(comp, weights)))
     for path, fig in figures:
         if path:
             import io

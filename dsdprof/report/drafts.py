@@ -235,10 +235,13 @@ def mix_ktable(comp: Comparison, draft: str, weights: dict[str, float]) -> dict[
     return dict(build_table(analysis, source=str(comp.out / draft), decided=False))
 
 
-def drafts_figure(comp: Comparison):  # -> matplotlib Figure
-    """Speedup over vanilla against K, one panel per batch size, a line per (draft, category)."""
+def drafts_figure(comp: Comparison, weights: dict[str, float] | None = None):  # -> matplotlib Figure
+    """Speedup over vanilla against K, one panel per batch size, a line per (draft, category); a
+    batch size the ranking for ``weights`` (default: the workload's mix) leaves unsettled says so
+    in its panel's title."""
     from matplotlib.figure import Figure
 
+    bad = unsettled(rank_drafts(comp.grids, weights or default_mix(comp)))
     sizes = sorted({int(b) for g in comp.grids.values() for b in g["batch_size"]})
     fig = Figure(figsize=(3.2 * len(sizes), 3.2), dpi=110)
     axes = fig.subplots(1, len(sizes), squeeze=False)[0]
@@ -253,7 +256,12 @@ def drafts_figure(comp: Comparison):  # -> matplotlib Figure
                 ax.errorbar(k, s, yerr=np.nan_to_num(err), linestyle=styles[j % len(styles)], marker="o",
                             color=f"C{i}", capsize=2, label=f"{name} / {c}")
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_title(f"BS {b}")
+        if b in bad:
+            spread, cat = bad[b]
+            ax.set_title(f"BS {b}: vanillas disagree\n({cat} {100 * spread:.0f} %, no verdict)", fontsize=8,
+                         color="firebrick")
+        else:
+            ax.set_title(f"BS {b}")
         ax.set_xlabel("K")
     axes[0].set_ylabel("speedup over vanilla")
     axes[-1].legend(fontsize=7)

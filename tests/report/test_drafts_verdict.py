@@ -72,6 +72,11 @@ def test_every_renderer_marks_the_unsettled_batch_size(tmp_path):
                                  "vanilla_spread": pytest.approx(0.283, abs=1e-3)}]
     assert {r["verdict"] for r in doc["ranking"] if r["batch_size"] == 8} == {"vanillas disagree"}
     assert doc["recommendation"]["unsettled"] == [8]
+    from dsdprof.report.drafts import drafts_figure
+
+    titles = [ax.get_title() for ax in drafts_figure(comp, mix).axes]
+    assert titles[0] == "BS 1"
+    assert titles[1].startswith("BS 8: vanillas disagree") and "json 28 %" in titles[1]
     fig = ranking_figure(comp, mix)
     labels = [t.get_text() for t in fig.axes[0].texts]
     assert any(t.startswith("vanillas disagree") and "json 28 %" in t for t in labels), labels
