@@ -105,7 +105,8 @@ def separate(path: str) -> None:
 
 
 def band(nested: bool) -> None:
-    from dsdprof.measure.sim.band import CATEGORY_ERRORS, MIN_POINTS, QUANTILES
+    from dsdprof.measure.sim.band import CATEGORY_ERRORS, CATEGORY_NAMES, MIN_POINTS, QUANTILES
+    from dsdprof.measure.sim.inputs import engine_family
     from tests.support import fidelity_band as fb
 
     pts = fid.load_points()
@@ -119,12 +120,28 @@ def band(nested: bool) -> None:
         print(f"{'stated' if c.stated else 'defaults only':14s} {c.mape:5.1f}% {c.coverage * 100:7.1f}% "
               f"{np.median(c.width) * 100:8.0f}% {np.quantile(c.width, 0.9) * 100:8.0f}% "
               f"{np.mean(c.errors < 0) * 100:4.0f}%")
+    stated, defaults = checks
+    cats = [fb.categories(p, (engine_family(p.engine),)) for p in stated.points]
+    print(f"\nper category{'':7s} {'n':>3s} {'MAPE stated':>11s} "
+          f"{'covered':>7s} {'MAPE defaults':>13s} {'covered':>7s}")
+    for name in CATEGORY_NAMES:
+        sel = np.array([name == "all" or name in c for c in cats])
+        if sel.any():
+            s_mape, d_mape = (np.mean(np.abs(c.errors[sel])) * 100 for c in checks)
+            print(f"  {name:16s} {sel.sum():3d} {s_mape:10.1f}% {np.mean(stated.covered[sel]) * 100:6.0f}% "
+                  f"{d_mape:12.1f}% {np.mean(defaults.covered[sel]) * 100:6.0f}%")
     for c in checks:
         print(f"\n{'stated inputs' if c.stated else 'defaults only'}, per point (err: nominal vs published):")
         print(f"{'id':44s} {'published':>9s} {'pred':>8s} {'err':>7s} {'band':>19s}")
         for p, y, e, lo, hi, ok in zip(c.points, c.published_s, c.errors, c.low_s, c.high_s, c.covered):
             print(f"{p.id[:44]:44s} {y * 1e3:8.2f}ms {y * (1 + e) * 1e3:7.2f}ms {e * 100:+6.1f}% "
                   f"[{lo * 1e3:7.2f}, {hi * 1e3:7.2f}]{'' if ok else ' MISS'}")
+    print("\npublished BS-1 K sweeps, whole source held out (K* by the 2 % rule; one-level spreads):")
+    for stated_inputs in (True, False):
+        for sp in fb.k_sweep_spans(pts, stated_inputs):
+            inside = "inside" if sp.k_low <= sp.best <= sp.k_high else "OUTSIDE"
+            print(f"  {'stated' if stated_inputs else 'defaults'}: {sp.source[:60]}: published K* {sp.best}, "
+                  f"predicted {sp.k} ({sp.k_low}-{sp.k_high}): {inside}")
     table = fb.shipped_table(pts)
     print("\ncategory spreads over all sources (published / predicted, whole source out):")
     for c in table:

@@ -12,10 +12,12 @@ figures enter neither the fit nor the band.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dsdprof.config.defaults import DEFAULT_TOLERANCE
+from dsdprof.formats.ktable import choose_k
 from dsdprof.measure.sim import band as sb
 from dsdprof.measure.sim.catalog import resolve_model
 from dsdprof.measure.sim.hardware import resolve_hardware
@@ -141,3 +143,48 @@ def band_checks(points: list[fid.Point], nested: bool = True,
         return BandCheck(pts, a[:, 0], a[:, 1], a[:, 2], y, stated)
 
     return check(True), check(False)
+
+
+@dataclass(frozen=True)
+class KSpan:
+    """A published BS-1 K sweep: the source's best K (lowest TPOT at its AL) and the K* the engine
+    predicts for it with the source held out whole: nominal, lowest and highest within the band."""
+
+    source: str
+    best: int  # the published K* (dsdprof's rule on the published AL / step)
+    k: int
+    k_low: int
+    k_high: int
+
+
+def k_sweep_spans(points: list[fid.Point], stated: bool, flat: np.ndarray | None = None,
+                  tolerance: float = DEFAULT_TOLERANCE) -> list[KSpan]:
+    """Every source with a BS-1 K sweep (>= 2 speculative points at BS 1), predicted by priors
+    fitted on the other sources, its band's spreads from theirs (one-level: ``flat``, the
+    leave-one-source-out predictions of ``points``, computed when not given). K* on both sides by
+    dsdprof's rule: the smallest K within ``tolerance`` of the best goodput (AL / step)."""
+    t = fid.terms(points)
+    src = np.array([p.source for p in points])
+    if flat is None:
+        flat = _loso(t, src, np.arange(len(points)))
+    out = []
+    for s in sorted(set(src)):
+        sweep = sorted((p for p in points if p.source == s and p.method != "none" and p.batch == 1),
+                       key=lambda p: p.k)
+        if len(sweep) < 2:
+            continue
+        train = np.flatnonzero(src != s)
+        theta = fid.fit_params(t, train)
+        table = table_of([points[i] for i in train], flat[train])
+        inputs = user_inputs(sweep[0], stated)
+        steps, k0 = [], []
+        for sc in inputs.scenarios:
+            steps.append(fid.predict(fid.terms(sweep, [sc] * len(sweep)), theta))
+            k0.append(float(fid.predict(fid.terms([replace(sweep[0], k=0)], [sc]), theta)[0]))
+        band = sb.error_band(categories(sweep[0], inputs.families), table)
+        al = np.array([p.al for p in sweep], dtype=float)
+        y = np.array([p.step_ms for p in sweep])
+        ks = [p.k for p in sweep]
+        k, lo, hi = sb.k_star_span(ks, al, steps, k0, band, tolerance)
+        out.append(KSpan(s, choose_k(dict(zip(ks, al / y)), tolerance), k, lo, hi))
+    return out

@@ -254,20 +254,28 @@ def sim_band(setup: SimSetup, batch_sizes: list[int], ks: list[int], tolerance: 
         cols = [j for j in range(len(ks)) if fits[i, j]]
         if not cols:
             continue
-        nominal = _k_star(ks, cols, al, grids[0][0][i, cols], tolerance)
-        found = [nominal]
-        for steps, k0, _ in grids:
-            t = steps[i, cols]
-            found.append(_k_star(ks, cols, al, t, tolerance))
-            for r in (band.low, band.high):
-                found += [_k_star(ks, cols, al, t + (r - 1.0) * k0[i], tolerance),
-                          _k_star(ks, cols, al, t + (r - 1.0) * (t - k0[i]), tolerance)]
-        ranges.append(KStarRange(int(b), nominal, min(found), max(found)))
+        r = k_star_span([ks[j] for j in cols], al[cols], [g[0][i, cols] for g in grids],
+                        [float(g[1][i]) for g in grids], band, tolerance)
+        ranges.append(KStarRange(int(b), *r))
     return SimBand(band, inputs.assumptions, tuple(cells), tuple(ranges), tolerance, len(inputs.scenarios))
 
 
-def _k_star(ks: list[int], cols: list[int], al: np.ndarray, steps: np.ndarray, tolerance: float) -> int:
-    return choose_k({ks[j]: float(al[j] / t) for j, t in zip(cols, steps)}, tolerance)
+def k_star_span(ks: list[int], al: np.ndarray, steps: list[np.ndarray], k0_steps: list[float],
+                band: ErrorBand, tolerance: float) -> tuple[int, int, int]:
+    """(nominal K*, lowest, highest) at one batch size: ``steps`` per scenario (nominal first), each
+    step per K of ``ks``, ``k0_steps`` the scenario's DSD step at K 0; the band's error placed wholly
+    in the per-step cost or wholly in the cost K adds, at either end (module doc)."""
+    def k_star(t: np.ndarray) -> int:
+        return choose_k({k: float(a / x) for k, a, x in zip(ks, al, t)}, tolerance)
+
+    nominal = k_star(np.asarray(steps[0], dtype=float))
+    found = [nominal]
+    for t, t0 in zip(steps, k0_steps):
+        t = np.asarray(t, dtype=float)
+        found.append(k_star(t))
+        for r in (band.low, band.high):
+            found += [k_star(t + (r - 1.0) * t0), k_star(t + (r - 1.0) * (t - t0))]
+    return nominal, min(found), max(found)
 
 
 def resolve_fp8(setup: SimSetup) -> bool:
