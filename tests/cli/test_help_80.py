@@ -37,7 +37,8 @@ def _segments(text: str) -> list[tuple[int, str]]:
 
 
 def ragged_lines(rendered: str, width: int = WIDTH) -> list[str]:
-    """The lines less than half full that a continuation of the same paragraph follows."""
+    """The lines in the middle of a paragraph (a continuation of it follows) that are less than half
+    full, or that the next word would have fitted on (a hard line break: rich wraps greedily)."""
     lines = rendered.splitlines()
     bad = []
     for i, (line, nxt) in enumerate(zip(lines, lines[1:])):
@@ -63,7 +64,8 @@ def ragged_lines(rendered: str, width: int = WIDTH) -> list[str]:
         if first.startswith("["):  # [default: ...], [required]: typer's own line
             continue
         room = len(inner) - 1 if boxed else width - 1
-        if len(text) < (room - col) / 2:
+        word = first.split()[0]
+        if len(text) < (room - col) / 2 or len(text) + 1 + len(word) <= room - col:
             bad.append(f"line {i + 1}: {line.rstrip()!r} then {nxt.rstrip()!r}")
     return bad
 
