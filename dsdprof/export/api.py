@@ -22,12 +22,14 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.config.run import Run
 from dsdprof.errors import InputError
 from dsdprof.export.table import (
+    VllmSpeculativeConfig,
     check_vllm_compilation_config,
     check_vllm_config,
     read_vllm_config,
     vanilla_warning,
     vllm_compilation_config,
     vllm_config_document,
+    vllm_speculative_config,
 )
 from dsdprof.export.trtllm import read_trtllm_config, trtllm_config_document
 from dsdprof.formats.jsontypes import ProvenanceView
@@ -43,8 +45,8 @@ from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.provenance import is_synthetic
 
 
-def _portable(table: Mapping[str, Any]) -> dict[str, Any]:
-    return cast(dict[str, Any], table)
+def _portable(table: Mapping[str, Any]) -> KTable:
+    return cast(KTable, table)
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class ExportFormat:
     is written; ``check_written``: the document is checked right after it is built."""
 
     name: str
-    write: Callable[[Mapping[str, Any]], dict[str, Any]]
+    write: Callable[[Mapping[str, Any]], Mapping[str, object]]  # a KTable or an engine's config
     check: Callable[[Any], Any]
     engine: str = "vLLM"
     validate_first: bool = True
@@ -91,7 +93,7 @@ def export_format(name: str) -> ExportFormat:
 class ExportDocument:
     """A document to print or write, its validator, and what the user should know about it."""
 
-    doc: dict[str, Any]
+    doc: Mapping[str, object]  # the format's: KTable, VllmSpeculativeConfig, TrtllmDocument, vLLM's JSON
     check: Callable[[Any], Any]
     warnings: list[str] = field(default_factory=list)
 
@@ -331,16 +333,17 @@ def _portable_document(source: str | Path | Run, table: KTable, warnings: list[s
         said = [context_notice(table, context), vanilla_warning(served_view(table, context))]
     except (KeyError, TypeError, IndexError, ValueError, AttributeError):
         said = []  # a malformed table: validate_table below names what is wrong
-    document = ExportDocument({}, validate_table, warnings + [w for w in said if w])
+    sliced: dict[str, object] = {}
+    document = ExportDocument(sliced, validate_table, warnings + [w for w in said if w])
     validate_table(table)
-    document.doc.update(context_slice(table, context))  # the slice, validated: formats last
+    sliced.update(context_slice(table, context))  # the slice, validated: formats last
     return document
 
 
-def optional_vllm_config(table: KTable) -> dict[str, Any] | None:
+def optional_vllm_config(table: KTable) -> VllmSpeculativeConfig | None:
     """vLLM's config serving ``table``; None when K = 0 everywhere (serve without speculation)."""
     try:
-        return format_table(table, "vllm").doc
+        return vllm_speculative_config(table)
     except InputError:
         return None
 

@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from dsdprof import __version__
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import JSONObject
 from dsdprof.formats.ktable import (
     INTERPOLATION,
     TableError,
@@ -213,7 +214,16 @@ def load_table(path: str | Path) -> KTable:
     return read_table_file(p)
 
 
-def vllm_speculative_config(table: Mapping[str, Any]) -> dict[str, Any]:
+class VllmSpeculativeConfig(TypedDict, total=False):
+    """vLLM's ``--speculative-config`` as dsdprof writes it (dynamic-SD mode)."""
+
+    method: str
+    model: str
+    num_speculative_tokens: int
+    num_speculative_tokens_per_batch_size: list[list[int]]
+
+
+def vllm_speculative_config(table: Mapping[str, Any]) -> VllmSpeculativeConfig:
     """vLLM ``--speculative-config`` JSON serving this table in vLLM's dynamic-SD mode.
 
     Same output for v1 and v2 tables. The draft (``model``) is the table's ``provenance.draft_model``,
@@ -225,7 +235,7 @@ def vllm_speculative_config(table: Mapping[str, Any]) -> dict[str, Any]:
     return vllm_config_document(table)
 
 
-def vllm_config_document(table: Mapping[str, Any]) -> dict[str, Any]:
+def vllm_config_document(table: Mapping[str, Any]) -> VllmSpeculativeConfig:
     """:func:`vllm_speculative_config` of a table validated elsewhere (plain data: this calls
     nothing back; the export path validates the table last). InputError when K = 0 everywhere,
     TableError when vLLM rejects the schedule."""
@@ -233,7 +243,7 @@ def vllm_config_document(table: Mapping[str, Any]) -> dict[str, Any]:
     max_k = max(r[2] for r in ranges)
     if max_k <= 0:
         raise InputError("ranges", ranges, "K=0 at every batch size: serve without a speculative config")
-    cfg: dict[str, Any] = {}
+    cfg: VllmSpeculativeConfig = {}
     prov = table.get("provenance", {})
     method = prov.get("method")
     if method:
@@ -272,7 +282,7 @@ def check_vllm_config(cfg: Any) -> None:
 COMPILATION_PROVENANCE = "extra_compilation_config"
 
 
-def vllm_compilation_config(table: Mapping[str, Any]) -> dict[str, Any]:
+def vllm_compilation_config(table: Mapping[str, Any]) -> JSONObject:
     """vLLM ``--compilation-config`` JSON with the CUDA-graph settings the table's measurement ran
     under, so that a server of :func:`vllm_speculative_config` captures the graphs that were timed.
 

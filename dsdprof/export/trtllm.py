@@ -31,7 +31,7 @@ length of 0 costs nothing on TensorRT-LLM is not measured here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import LAST_RANGE_END, validate_table
@@ -81,7 +81,22 @@ def draft_len_schedule(table: Mapping[str, Any]) -> tuple[int, dict[int, int]]:
     return first_k, {end: k for _, end, k in merged}
 
 
-def trtllm_speculative_config(table: Mapping[str, Any]) -> dict[str, Any]:
+class TrtllmSpeculativeConfig(TypedDict, total=False):
+    """TensorRT-LLM's ``speculative_config`` as dsdprof writes it."""
+
+    decoding_type: str
+    max_draft_len: int
+    speculative_model: str
+    draft_len_schedule: dict[str, int]
+
+
+class TrtllmDocument(TypedDict):
+    """``--extra_llm_api_options``: the speculative config."""
+
+    speculative_config: TrtllmSpeculativeConfig
+
+
+def trtllm_speculative_config(table: Mapping[str, Any]) -> TrtllmDocument:
     """``{"speculative_config": {...}}`` for ``trtllm-serve --extra_llm_api_options`` (JSON is YAML).
 
     ``decoding_type`` and ``speculative_model`` come from the table's provenance when the method
@@ -94,13 +109,13 @@ def trtllm_speculative_config(table: Mapping[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def trtllm_config_document(table: Mapping[str, Any]) -> dict[str, Any]:
+def trtllm_config_document(table: Mapping[str, Any]) -> TrtllmDocument:
     """:func:`trtllm_speculative_config` of a table validated elsewhere, not checked yet (plain
     data: the export path checks it, and validates the table, last)."""
     max_draft_len, schedule = draft_len_schedule(table)
     prov = table.get("provenance", {}) or {}
     method = str(prov.get("method") or "")
-    cfg: dict[str, Any] = {}
+    cfg: TrtllmSpeculativeConfig = {}
     if method in DECODING_TYPES:
         cfg["decoding_type"] = DECODING_TYPES[method]
     cfg["max_draft_len"] = max_draft_len

@@ -26,8 +26,9 @@ from typing import TypedDict, cast
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.export.api import optional_vllm_config, table_from_source
+from dsdprof.export.table import VllmSpeculativeConfig
 from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore, RunRecord
-from dsdprof.formats.jsontypes import JSONObject, Scalar
+from dsdprof.formats.jsontypes import Scalar
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import FLEET_INDEX_SCHEMA
 from dsdprof.io.runs import open_run
@@ -101,7 +102,7 @@ def _table_for(run_dir: Path, source: str, tolerance: float) -> KTable:
     return table_from_source(open_run(run_dir, "export"), tolerance, label=source)[0]
 
 
-def _vllm_config(table: KTable) -> JSONObject | None:
+def _vllm_config(table: KTable) -> VllmSpeculativeConfig | None:
     return optional_vllm_config(table)
 
 

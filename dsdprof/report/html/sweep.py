@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
 from dsdprof.decide.analysis import Analysis
 from dsdprof.decide.decision import BatchDecision
 from dsdprof.errors import InputError
+from dsdprof.formats.ktable_types import KTable
 from dsdprof.report.html.model import (
     Answer,
     Cell,
@@ -54,7 +55,7 @@ def answer_from_export(path: Any, tolerance: float, allow_mixed: bool = False) -
         except InputError as err2:
             ans.missing.append(f"no table: export refuses this run even with --allow-partial ({err2})")
             return ans
-    doc = exported.doc
+    doc = cast(KTable, exported.doc)  # format "table"
     ans.schema = str(doc.get("schema", ""))
     ans.cap = doc.get("num_speculative_tokens")
     ans.ranges = [(int(a), int(b), int(k)) for a, b, k in doc.get("ranges", [])]
