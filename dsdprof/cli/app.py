@@ -106,9 +106,10 @@ def sweep(
     if spec.engine.name == "sim":
         from dsdprof.measure.sim.config import model_notices, resolve
 
-        resolve(spec)  # bad [sim] input or model config.json fails here, before any output
+        setup = resolve(spec)  # bad [sim] input or model config.json fails here, before any output
         # Notices wait until the run directory is ours: a refused --out stays a one-line error.
-        notices = [*model_notices(spec), "engine 'sim': rows are analytic predictions, not measurements"]
+        notices = [*model_notices(spec), "engine 'sim': rows are analytic predictions, not measurements",
+                   *setup.assumption_notices()]
     if dry_run:
         if spec.engine.name != "sim":
             from dsdprof.config.spec import check_workload_for_engine
@@ -218,7 +219,10 @@ def analyze(
         return
     result = analyze_path(run, **options)
     if json_out or csv_out:
-        sys.stdout.write((analysis_json(result) + "\n") if json_out else analysis_csv(result))
+        from dsdprof.cli.sim import with_sim_band
+
+        doc = with_sim_band(analysis_json(result), run, tolerance)  # a sim run: "prediction_band" added
+        sys.stdout.write((doc + "\n") if json_out else analysis_csv(result))
         sys.stdout.flush()
         return
     render_analysis(result, console, err_console, wide=wide)

@@ -23,7 +23,7 @@ found.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -105,7 +105,6 @@ class ErrorBand:
     categories: tuple[str, ...]
     low: float
     high: float
-    points: int  # scored points behind the widest category
 
     def text(self) -> str:
         return f"{(self.low - 1) * 100:+.0f} % to {(self.high - 1) * 100:+.0f} %"
@@ -117,8 +116,7 @@ def error_band(categories: tuple[str, ...],
     if "all" not in by:
         raise InputError("sim band", None, "no whole-source error table (CATEGORY_ERRORS is empty)")
     used = [by[c] if c in by and by[c].points >= MIN_POINTS else by["all"] for c in categories] or [by["all"]]
-    return ErrorBand(categories, min(c.low for c in used), max(c.high for c in used),
-                     sum(c.points for c in used if c.name != "all") or by["all"].points)
+    return ErrorBand(categories, min(c.low for c in used), max(c.high for c in used))
 
 
 @dataclass(frozen=True)
@@ -172,6 +170,10 @@ class SimBand:
         out += [f"  assumed: {a.text()}" for a in self.assumptions if not a.stated]
         out += [f"  stated: {a.key} {a.value}" for a in self.assumptions if a.stated]
         return out
+
+    def record(self) -> dict[str, object]:
+        """Plain JSON data (``analyze --json``'s ``prediction_band``)."""
+        return asdict(self)
 
     def provenance(self) -> dict[str, str]:
         """String fields a sim run's provenance records (``extra_prediction_*`` in the run, then in

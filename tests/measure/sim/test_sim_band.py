@@ -84,7 +84,9 @@ def test_k_star_range_matches_analyze_and_export(tmp_path):
                     'output_len = 64\nwaves = 1\n'
                     '[sim]\nhardware = "H100"\nacceptance_alpha = 0.75\ncontext_len = 1024\n')
     out = tmp_path / "run"
-    assert runner.invoke(app, ["sweep", str(path), "--out", str(out)]).exit_code == 0
+    sweep = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
+    assert sweep.exit_code == 0 and "sim: assumed (state them in [sim] to narrow the band): " \
+        "serving_engine vllm" in sweep.stderr
     r = runner.invoke(app, ["analyze", str(out)])
     assert r.exit_code == 0, r.output
     b = band()
@@ -93,6 +95,9 @@ def test_k_star_range_matches_analyze_and_export(tmp_path):
     assert "assumed: serving_engine vllm (band covers sglang, tensorrt-llm)" in r.stdout
     j = json.loads(runner.invoke(app, ["analyze", str(out), "--json"]).stdout)
     assert [o["k"] for o in j["optimal"]] == [k.k for k in b.k_star]  # nominal K* = the analysis's
+    assert j["prediction_band"]["k_star"] == [
+        {"batch_size": k.batch_size, "k": k.k, "k_low": k.k_low, "k_high": k.k_high} for k in b.k_star]
+    assert len(j["prediction_band"]["cells"]) == len(BS) * (len(KS) + 1)
     e = runner.invoke(app, ["export", str(out), "-o", str(tmp_path / "t.json")])
     assert e.exit_code == 0 and "K* could change" in e.stderr
     prov = json.loads((tmp_path / "t.json").read_text())["provenance"]
