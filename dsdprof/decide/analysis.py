@@ -48,6 +48,7 @@ from dsdprof.decide.speedup import speedup_estimate
 from dsdprof.decide.vanilla import vanilla_columns, vanilla_records  # vanilla_gain*, vanilla_faster
 from dsdprof.errors import InputError
 from dsdprof.formats.jsontypes import ProvenanceRecord, ProvenanceView
+from dsdprof.formats.ktable_types import VanillaRecord
 from dsdprof.formats.measurements import CONTEXT_COLUMN, MODE_DSD, MODE_FIXED, MODE_VANILLA, STATUS_OK
 
 
@@ -88,11 +89,11 @@ class Analysis:
     undecided: list[int] = field(init=False)  # batch sizes whose K the data do not separate
     intervals_known: bool = field(init=False)
     points: list[tuple[int, int]] = field(init=False)  # (batch size, K served) per decision
-    vanilla_faster: list[dict[str, Any]] = field(init=False)  # the table's records (decide/vanilla.py)
+    vanilla_faster: list[VanillaRecord] = field(init=False)  # the table's records (decide/vanilla.py)
 
     def __post_init__(self) -> None:
         optimal = decisions_frame(self.decisions)
-        derived: dict[str, Any] = {"optimal": optimal,
+        derived: dict[str, object] = {"optimal": optimal,
                                    "shape": self.curve or (SHAPE_DENSE if self.monotonic else SHAPE_MOE)}
         derived["candidate_ks"] = sorted(int(k) for k in self.cells["num_spec_tokens"].unique())
         derived["undecided"] = [d.batch_size for d in self.decisions if not d.decided]
@@ -223,21 +224,22 @@ def _per_pos_table(candidate_rows: pd.DataFrame) -> pd.DataFrame:
 
 def _optimal_record(d: Any, k: int, cells: pd.DataFrame, rep: Any, base_goodput: dict[Any, float],
                     ks: list[int],
-                    tolerance: float, confidence: float, family: int = 1) -> dict[str, Any]:
+                    tolerance: float, confidence: float, family: int = 1) -> dict[str, object]:
     """One row of ``Analysis.optimal``: the K served at ``d.batch_size`` and how sure it is."""
     b = d.batch_size
     group = cells[cells["batch_size"] == b]
     by_k = dict(zip(group["num_spec_tokens"].astype(int), group["goodput"]))
     row = group[group["num_spec_tokens"] == k].iloc[0]
     runner_up, m, m_lo, m_hi = margin(rep, k, confidence)
-    rec: dict[str, Any] = {
-        "batch_size": int(b), "k": int(k), "goodput": float(row["goodput"]),
+    goodput, base = float(row["goodput"]), float(base_goodput.get(b, np.nan))
+    rec: dict[str, object] = {
+        "batch_size": int(b), "k": int(k), "goodput": goodput,
         "acceptance_length": float(row["acceptance_length"]), "itl_s": float(row["itl_s"]),
-        "baseline_goodput": float(base_goodput.get(b, np.nan)),
+        "baseline_goodput": base,
     }
-    rec["speedup_vs_baseline"] = rec["goodput"] / rec["baseline_goodput"]
+    rec["speedup_vs_baseline"] = goodput / base
     for kk in ks:
-        rec[f"speedup_vs_k{kk}"] = rec["goodput"] / by_k[kk] if kk in by_k else np.nan
+        rec[f"speedup_vs_k{kk}"] = goodput / by_k[kk] if kk in by_k else np.nan
     rec.update(decided=bool(d.decided and k == d.k), runner_up=runner_up, margin=m, ci_low=m_lo, ci_high=m_hi,
                best_k=d.best_k, k_rule=d.k, admissible=list(d.admissible), interval_known=d.known,
                regret_bound=regret_bound(rep, k, confidence, family),

@@ -68,10 +68,10 @@ class BatchDecision:
         """The interval of K*'s margin over the runner-up (NaN, NaN when unknown)."""
         return self.ci_low, self.ci_high
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, object]:
         """The flat columns of :func:`decisions_frame`: ``speedup_vs_k{K}`` spread out after
         ``speedup_vs_baseline``."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for f in fields(self):
             if f.name == "speedup_vs_k":
                 out.update({f"speedup_vs_k{k}": v for k, v in self.speedup_vs_k.items()})

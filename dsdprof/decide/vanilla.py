@@ -25,13 +25,13 @@ variants), :func:`dsdprof.export.table.vanilla_warning` for an export, both with
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dsdprof.decide.speedup import speedup_estimate
 from dsdprof.formats.ktable import LAST_RANGE_END
+from dsdprof.formats.ktable_types import VanillaRecord
 from dsdprof.formats.measurements import MODE_VANILLA
 
 VANILLA_COLUMNS = ("vanilla_gain", "vanilla_gain_low", "vanilla_gain_high", "vanilla_faster")
@@ -95,7 +95,7 @@ def _edges(sizes: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def vanilla_records(optimal: pd.DataFrame) -> list[dict[str, Any]]:
+def vanilla_records(optimal: pd.DataFrame) -> list[VanillaRecord]:
     """The table's ``vanilla_faster`` records: one per profiled batch size where vanilla beat every
     K beyond its interval, ``{"start", "end", "batch_size", "gain", "ci_low", "ci_high", "k"}``
     (``start..end``: the batch sizes that profiled batch size serves in the table's ranges)."""
@@ -103,7 +103,7 @@ def vanilla_records(optimal: pd.DataFrame) -> list[dict[str, Any]]:
         return []
     opt = optimal.sort_values("batch_size")
     sizes = [int(b) for b in opt["batch_size"]]
-    out = []
+    out: list[VanillaRecord] = []
     for (start, end), (_, row) in zip(_edges(sizes), opt.iterrows()):
         if bool(row["vanilla_faster"]):
             out.append({"start": start, "end": end, "batch_size": int(row["batch_size"]),
@@ -114,5 +114,5 @@ def vanilla_records(optimal: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def _round(x: Any) -> float | None:
+def _round(x: float | None) -> float | None:
     return round(float(x), 6) if x is not None and math.isfinite(float(x)) else None
