@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -111,6 +112,11 @@ def _check_report_options(max_regret: float | None, fail_on_regret: float | None
 _MAX_REGRET_HELP = ("Exit 1 when DSD's regret vs the best fixed K exceeds this fraction (0.03 = 3%) at any "
                     "batch size. A fraction, like --tolerance and --noise.")
 _FAIL_ON_REGRET_HELP = "Deprecated (a percentage): use --max-regret PCT/100."
+Guidellm = Annotated[list[str] | None, typer.Option(
+    "--guidellm", metavar="VARIANT=REPORT.json",
+    help="A guidellm JSON report (concurrent profile) measured on the server of VARIANT (vanilla, fixed-K, "
+         "dsd, adaptive); repeatable, one per repeat: shown beside the step trace, disagreements beyond the "
+         "intervals flagged.")]
 
 
 def report(run: Run, noise: float, max_regret: float | None, title: str,
@@ -232,11 +238,7 @@ def _validate(
                                     "wave (drift cancels); steps: every variant but vanilla in one engine's "
                                     "waves, switched per step (finest pairing; --fixed-k up to the table's "
                                     "largest K); cells: each cell's waves back to back."),
-    guidellm: list[str] | None = typer.Option(None, "--guidellm", metavar="VARIANT=REPORT.json",
-                                              help="A guidellm JSON report (concurrent profile) measured on "
-                                                   "the server of VARIANT (vanilla, fixed-K, dsd, adaptive); "
-                                                   "repeatable, one per repeat: shown beside the step trace, "
-                                                   "disagreements beyond the intervals flagged."),
+    guidellm: Guidellm = None,
 ) -> None:
     """Serve TABLE on real vLLM next to vanilla and fixed K (and --adaptive); report tokens/s per user,
     regret, speedup."""
@@ -287,11 +289,7 @@ def _validate_report(
     fail_on_regret: float | None = typer.Option(None, "--fail-on-regret", metavar="PCT", hidden=True,
                                                 help=_FAIL_ON_REGRET_HELP),
     noise: float = typer.Option(0.05, "--noise", help="Relative noise floor for the below-vanilla flag."),
-    guidellm: list[str] | None = typer.Option(None, "--guidellm", metavar="VARIANT=REPORT.json",
-                                              help="A guidellm JSON report (concurrent profile) measured on "
-                                                   "the server of VARIANT (vanilla, fixed-K, dsd, adaptive); "
-                                                   "repeatable, one per repeat: shown beside the step trace, "
-                                                   "disagreements beyond the intervals flagged."),
+    guidellm: Guidellm = None,
 ) -> None:
     """Print the vanilla / fixed K / DSD comparison of a finished validate run (no vLLM)."""
     from dsdprof.io.runs import open_run

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from dsdprof.cli.common import fail, guarded, make_console
+from dsdprof.cli.common import AllowMixed, Force, Tolerance, fail, guarded, make_console
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 
 console = make_console()
@@ -18,13 +18,9 @@ def _report(
                                help="A sweep or validate run (directory or Parquet file), a context sweep, a "
                                     "rollout run or a compare-drafts directory."),
     output: Path = typer.Option(..., "--output", "-o", help="The HTML file to write."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance",
-                                    help="Relative goodput tolerance for choosing K (as analyze and "
-                                         "export)."),
-    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
-    allow_mixed: bool = typer.Option(False, "--allow-mixed",
-                                     help="Pool rows of different provenance or runs of different specs, as "
-                                          "analyze and export do."),
+    tolerance: Tolerance = DEFAULT_TOLERANCE,
+    force: Force = False,
+    allow_mixed: AllowMixed = False,
 ) -> None:
     """Write one self-contained HTML page of a run (no network needed).
 

@@ -12,6 +12,7 @@ from pydantic import (
     Field,
     JsonValue,
     StrictInt,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -191,18 +192,13 @@ class SweepGrid(_Strict):
             raise ValueError(f"{len(v)} contexts; at most {MAX_CONTEXTS}")
         return _sorted_distinct(v, 1, MAX_CONTEXT_LEN, "context {}", "contexts")
 
-    @field_validator("batch_sizes")
+    @field_validator("batch_sizes", "num_spec_tokens")
     @classmethod
-    def _bs(cls, v: list[int]) -> list[int]:
+    def _grid_axis(cls, v: list[int], info: ValidationInfo) -> list[int]:
         if not v:
             raise ValueError("must not be empty")
-        return _sorted_distinct(v, 1, MAX_SWEEP_BATCH_SIZE, "batch size {}", "batch sizes")
-
-    @field_validator("num_spec_tokens")
-    @classmethod
-    def _ks(cls, v: list[int]) -> list[int]:
-        if not v:
-            raise ValueError("must not be empty")
+        if info.field_name == "batch_sizes":
+            return _sorted_distinct(v, 1, MAX_SWEEP_BATCH_SIZE, "batch size {}", "batch sizes")
         return _sorted_distinct(v, 0, MAX_SPEC_TOKENS, "K={}", "K values")
 
     @model_validator(mode="after")

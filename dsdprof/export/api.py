@@ -177,10 +177,7 @@ def _table(source: str | Path | Run, tolerance: float, allow_mixed: bool, label:
     cov = run.coverage
     assert cov is not None  # open_run computes it without a context axis
     if not cov.complete:  # the refusal built only when raised: the path calls back nowhere
-        if not allow_partial:
-            err = partial_run_error(cov, source)
-            assert err is not None
-            raise err
+        _refuse_unless(allow_partial, lambda: partial_run_error(cov, source))
         warnings.append(f"partial run: {cov.summary}; K there comes from the measured "
                         "neighbours (the table's provenance.partial says so)")
         result.provenance["partial"] = cov.summary
@@ -190,6 +187,14 @@ def _table(source: str | Path | Run, tolerance: float, allow_mixed: bool, label:
         warnings.append("the measurements have no per-position acceptance: the table serves statically but "
                         "AdaptiveKSelector cannot use it")
     return table, warnings
+
+
+def _refuse_unless(allowed: bool, refusal: Callable[[], InputError | None]) -> None:
+    """Raise the refusal (built only then) unless the gap is ``allowed`` (``--allow-partial``)."""
+    if not allowed:
+        err = refusal()
+        assert err is not None
+        raise err
 
 
 def partial_context_error(by_context: Any, source: str | Path) -> InputError | None:
@@ -224,10 +229,7 @@ def _context_table(by_context: Any, ranges: dict[int, list[list[int]]], edges: l
                 if (w := below_baseline_warning(a.optimal))]
     gaps = "; ".join(f"context {c}: {gap_line(cov)}" for c, cov in by_context.gaps.items())
     if by_context.gaps:
-        if not allow_partial:
-            err = partial_context_error(by_context, source)
-            assert err is not None
-            raise err
+        _refuse_unless(allow_partial, lambda: partial_context_error(by_context, source))
         warnings.append(f"partial context sweep: {gaps}; each slice ends at its last measured batch size "
                         "(contexts[i].partial and provenance.partial record the gaps)")
     warnings += [f"context {c}: no slice ({why})" for c, why in sorted(by_context.skipped.items())]

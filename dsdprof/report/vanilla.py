@@ -57,13 +57,17 @@ def validate_vanilla_line(gaps: pd.DataFrame, confidence: float) -> str | None:
     """One line for the validate report (None when vanilla led nowhere beyond the intervals)."""
     if not len(gaps):
         return None
-    parts = [f"BS {int(r['batch_size'])} {gap_text(r['gain'], r['gain_low'], r['gain_high'])} over "
-             f"{r['variant']}"
-             for _, r in gaps.iterrows()]
     return (f"vanilla beats every speculative variant beyond its {confidence:.0%} interval at "
-            f"{'; '.join(parts)} "
+            f"{_gaps_at(gaps, 'gain', over='variant')} "
             "(goodput of vanilla / the fastest variant - 1): serve these batch sizes without speculation "
             "(docs/ktable.md#vanilla)")
+
+
+def _gaps_at(rows: pd.DataFrame, gain: str, over: str = "") -> str:
+    """``BS b +g % [lo, hi]`` (``over`` the row's ``over`` column) per row, ``; ``-joined; ``gain``
+    names the gain column, its interval in ``{gain}_low`` / ``{gain}_high``."""
+    return "; ".join(f"BS {int(r['batch_size'])} {gap_text(r[gain], r[gain + '_low'], r[gain + '_high'])}"
+                     + (f" over {r[over]}" if over else "") for _, r in rows.iterrows())
 
 
 def vanilla_line(optimal: pd.DataFrame, confidence: float) -> str | None:
@@ -73,9 +77,6 @@ def vanilla_line(optimal: pd.DataFrame, confidence: float) -> str | None:
     hits = optimal[optimal["vanilla_faster"].astype(bool)]
     if not len(hits):
         return None
-    parts = [f"BS {int(r['batch_size'])} "
-             f"{gap_text(r['vanilla_gain'], r['vanilla_gain_low'], r['vanilla_gain_high'])}"
-             for _, r in hits.iterrows()]
     return (f"vanilla (no speculative config) beats every K beyond its {confidence:.0%} interval at "
-            f"{'; '.join(parts)} (vanilla goodput / best K's - 1). vLLM's K=0 still runs the drafter: "
-            "serve these batch sizes without speculation (docs/ktable.md#vanilla)")
+            f"{_gaps_at(hits, 'vanilla_gain')} (vanilla goodput / best K's - 1). vLLM's K=0 still runs the "
+            "drafter: serve these batch sizes without speculation (docs/ktable.md#vanilla)")
