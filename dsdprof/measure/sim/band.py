@@ -16,9 +16,9 @@ serving engine is not stated.
 the error splits between the cost every step pays and the cost K adds. So K\\* is recomputed (the
 same rule: the smallest K within ``tolerance`` of the best goodput) under every plausible value of
 the unstated inputs and, for each, with the band's error placed wholly in the per-step cost
-(T + (r - 1) T(B, 0)) or wholly in the cost K adds (T + (r - 1) (T - T(B, 0))), r at either end
-of the band: every such step stays inside its cell's band. The range is the lowest and highest K\\*
-found.
+(T + (r - 1) T(B, 0)) or wholly in the cost K adds (T + (r - 1) T(B, K_max) (T - T(B, 0)) /
+(T(B, K_max) - T(B, 0))), r at either end of the band: each is the largest such error that keeps
+every cell of the grid inside its band. The range is the lowest and highest K\\* found.
 """
 
 from __future__ import annotations
@@ -275,8 +275,13 @@ def k_star_span(ks: list[int], al: np.ndarray, steps: list[np.ndarray], k0_steps
     for t, t0 in zip(steps, k0_steps):
         t = np.asarray(t, dtype=float)
         found.append(k_star(t))
+        added = t - t0
+        span = max(float(added.max()), 1e-12)
         for r in (band.low, band.high):
-            found += [k_star(t + (r - 1.0) * t0), k_star(t + (r - 1.0) * (t - t0))]
+            # wholly per step: (r - 1) T(B, 0) on every K (the most that keeps K 0's cell in its band);
+            # wholly in what K adds: scaled so the largest K's cell reaches its band's edge (every
+            # smaller K's cell stays inside, as its added cost is a smaller share of it)
+            found += [k_star(t + (r - 1.0) * t0), k_star(t + (r - 1.0) * float(t.max()) * added / span)]
     return nominal, min(found), max(found)
 
 

@@ -65,16 +65,15 @@ def test_band_with_stated_inputs_and_with_defaults_only(bands):
 
 def test_k_star_within_the_band_against_published_k_sweeps(loo, loso):
     """The two published BS-1 K sweeps, each predicted with its whole source held out, K* by dsdprof's
-    rule (2 %) on both sides. vLLM V1 EAGLE-1 (K 2, 4): best 2, predicted 2 (2-2). The vLLM EAGLE
-    K 2-7 sweep: best 3, predicted 4 (4-5): held out, the per-draft-step cost rests on the other
-    sweep alone and comes out ~40 % low, beyond what the band puts on the cost K adds (a miss the
-    lab note records). Fails if a span drifts further, or either figure changes."""
+    rule (2 %) on both sides: the published K* lies in the band's K* range. vLLM V1 EAGLE-1 (K 2, 4):
+    published 2, predicted 2 (2-2). The vLLM EAGLE K 2-7 sweep: published 3, predicted 4 (3-5): held
+    out, its per-draft-step cost rests on the other sweep alone and comes out ~30 % low; only the
+    band's error placed wholly in the cost K adds (at the grid's largest K) reaches 3."""
     for stated in (True, False):
-        spans = {s.source: s for s in fb.k_sweep_spans(loo.points, stated, loso)}
+        spans = fb.k_sweep_spans(loo.points, stated, loso)
         assert len(spans) == 2
-        inside = [s for s in spans.values() if s.k_low <= s.best <= s.k_high]
-        assert len(inside) >= 1
-        assert all(min(abs(s.best - s.k_low), abs(s.best - s.k_high)) <= 1 for s in spans.values())
+        assert all(s.k_low <= s.best <= s.k_high for s in spans), spans
+        assert all(s.k_high - s.k_low <= 2 for s in spans), spans  # and the range stays narrow
 
 
 def test_shipped_category_errors_are_the_suite_s(loo, loso):
