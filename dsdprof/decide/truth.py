@@ -63,12 +63,6 @@ def step_variance(rates: list[float], k: int) -> float:
     return max(0.0, sum((2 * i + 1) * p for i, p in enumerate(u)) - sum(u) ** 2)
 
 
-def request_steps_needed(rates: list[float], k: int, tolerance: float = TOLERANCE, z: float = Z) -> int:
-    """Independent request-steps that bring AL(k)'s standard error to ``tolerance / z`` of AL(k)."""
-    rel = tolerance / z
-    return math.ceil(step_variance(rates, k) / (rel * implied_acceptance_length(rates, k)) ** 2)
-
-
 def _sample_se(samples: Any) -> float:
     vals = [float(v) for v in (samples if samples is not None else []) if not math.isnan(float(v))]
     if len(vals) < 2:

@@ -14,7 +14,6 @@ from typing import Any, cast
 
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import SLICE_KEYS as _SLICE_KEYS
-from dsdprof.formats.ktable import context_buckets, context_slice, ranges_from_points, validate_table
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import TABLE_SCHEMA_V3
 
@@ -22,18 +21,12 @@ from dsdprof.formats.versions import TABLE_SCHEMA_V3
 CONTEXT_INTERPOLATION = "nearest-log"
 
 
-def build_context_table(result: Any, source: str = "", rows: Any = None) -> KTable:
-    """``dsdprof.ktable/v3`` from a :class:`dsdprof.decide.context.ContextAnalysis` (``rows``: the
-    run's rows, for per-position acceptance when the analyses lack it), validated."""
-    ranges = {c: ranges_from_points(result.slices[c].points) for c in result.contexts}
-    return validate_table(context_document(result, ranges, context_buckets(result.contexts), source, rows))
-
-
 def context_document(result: Any, ranges: dict[int, list[list[int]]], edges: list[int], source: str = "",
                      rows: Any = None) -> KTable:
-    """:func:`build_context_table` before its validation, each slice's ``ranges`` and the buckets'
-    ``edges`` (:func:`context_buckets`) given: the export path builds the document from plain
-    data, calling nothing back, and validates it last."""
+    """``dsdprof.ktable/v3`` from a :class:`dsdprof.decide.context.ContextAnalysis` (``rows``: the
+    run's rows, for per-position acceptance when the analyses lack it), not validated yet, each
+    slice's ``ranges`` and the buckets' ``edges`` (``formats.ktable.context_buckets``) given: the
+    export path builds the document from plain data, calling nothing back, and validates it last."""
     from dsdprof.export.table import table_document
 
     contexts = result.contexts
@@ -87,14 +80,6 @@ def check_context(context: object) -> int:
     if not isinstance(context, int) or isinstance(context, bool) or context < 1:
         raise InputError("--context", context, "must be an integer >= 1 (prompt tokens)")
     return context
-
-
-def slice_for_context(table: KTable, context: int) -> KTable:
-    """The slice of a v3 ``table`` serving ``context`` as a v2-shaped table (:func:`context_slice`)."""
-    check_context(context)
-    if not table.get("contexts"):
-        raise InputError("--context", context, f"the table ({table.get('schema')}) has no context axis")
-    return context_slice(table, context)
 
 
 def served_index(contexts: list[Any], context: int) -> int:

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
 from dsdprof.errors import InputError
-from dsdprof.formats.ktable import LAST_RANGE_END, validate_table
+from dsdprof.formats.ktable import LAST_RANGE_END
 from dsdprof.formats.ktable_engines import check_trtllm_config
 from dsdprof.formats.ktable_types import KTable
 
@@ -44,16 +44,10 @@ DECODING_TYPES = {"eagle3": "Eagle3", "eagle": "Eagle", "mtp": "MTP", "ngram": "
 _DRAFT_MODEL_METHODS = ("eagle3", "eagle", "draft_model")
 
 
-def trtllm_draft_len_schedule(table: Mapping[str, Any]) -> tuple[int, dict[int, int]]:
-    """``(max_draft_len, {batch_size_threshold: draft_len})`` serving a table, validated first."""
-    validate_table(table)
-    return draft_len_schedule(table)
-
-
 def draft_len_schedule(table: Mapping[str, Any]) -> tuple[int, dict[int, int]]:
-    """:func:`trtllm_draft_len_schedule` of a table validated elsewhere (plain data: this calls
-    nothing back; the export path validates the table last). InputError where TensorRT-LLM
-    cannot serve it (K=0 everywhere, a K above batch size 1's)."""
+    """``(max_draft_len, {batch_size_threshold: draft_len})`` serving a table validated elsewhere
+    (plain data: this calls nothing back; the export path validates the table last). InputError
+    where TensorRT-LLM cannot serve it (K=0 everywhere, a K above batch size 1's)."""
     ranges = [(a, b, k) for a, b, k in table["ranges"]]
     cap = table.get("num_speculative_tokens")
     cap = max(k for _, _, k in ranges) if cap is None else cap
@@ -96,22 +90,12 @@ class TrtllmDocument(TypedDict):
     speculative_config: TrtllmSpeculativeConfig
 
 
-def trtllm_speculative_config(table: Mapping[str, Any]) -> TrtllmDocument:
-    """``{"speculative_config": {...}}`` for ``trtllm-serve --extra_llm_api_options`` (JSON is YAML).
-
-    ``decoding_type`` and ``speculative_model`` come from the table's provenance when the method
-    maps onto TensorRT-LLM's; otherwise add them yourself. The table is validated first, the
-    config checked by :func:`check_trtllm_config` last.
-    """
-    validate_table(table)
-    doc = trtllm_config_document(table)
-    check_trtllm_config(doc)
-    return doc
-
-
 def trtllm_config_document(table: Mapping[str, Any]) -> TrtllmDocument:
-    """:func:`trtllm_speculative_config` of a table validated elsewhere, not checked yet (plain
-    data: the export path checks it, and validates the table, last)."""
+    """``{"speculative_config": {...}}`` for ``trtllm-serve --extra_llm_api_options`` (JSON is YAML)
+    serving a table validated elsewhere, not checked yet (plain data: the export path checks it by
+    :func:`~dsdprof.formats.ktable_engines.check_trtllm_config`, and validates the table, last).
+    ``decoding_type`` and ``speculative_model`` come from the table's provenance when the method
+    maps onto TensorRT-LLM's; otherwise add them yourself."""
     max_draft_len, schedule = draft_len_schedule(table)
     prov = table.get("provenance", {}) or {}
     method = str(prov.get("method") or "")

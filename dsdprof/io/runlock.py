@@ -96,11 +96,3 @@ class RunLock:
         finally:
             lock, self._lock = self._lock, None
             lock.release(force=True)
-
-
-def holder_pid(out: Path) -> int | None:
-    """The pid the holder file names (tests and diagnostics)."""
-    try:
-        return int(json.loads((out / HOLDER_NAME).read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None

@@ -9,10 +9,10 @@ from typer.testing import CliRunner
 
 from dsdprof.cli.app import app
 from dsdprof.errors import InputError
-from dsdprof.export.trtllm import trtllm_draft_len_schedule, trtllm_speculative_config
 from dsdprof.formats.ktable import LAST_RANGE_END, TableError, ranges_from_points
 from dsdprof.formats.ktable_engines import check_trtllm_config, check_trtllm_schedule
 from dsdprof.runtime import KSelector
+from tests.support.tables import trtllm_draft_len_schedule, trtllm_speculative_config
 
 
 def trtllm_draft_len(schedule, batch_size, max_draft_len):

@@ -23,8 +23,17 @@ import pytest
 
 from dsdprof.config.spec import load_spec
 from dsdprof.io.manifest import parse_manifest
-from dsdprof.io.runlock import holder_pid
+from dsdprof.io.runlock import HOLDER_NAME
 from dsdprof.measure.engine import plan_cells
+
+
+def holder_pid(out: Path) -> int | None:
+    """The pid the holder file names."""
+    try:
+        return int(json.loads((out / HOLDER_NAME).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
 
 # The largest batch sizes do not fit an 80 GB card at this context (predicted out of memory), so
 # every resume retries (and supersedes) failed cells as well as finishing the rest.

@@ -224,7 +224,7 @@ def _row(design: str, b: int, k: int, m) -> dict:
 
 
 # Waves per batch size: (paired, cells at K 1, 2, 3). At BS 64 the cells row at K 1 gets the
-# request-steps for a standard error under 1/3 of BOUND (18,000: truth.request_steps_needed), the
+# request-steps for a standard error under 1/3 of BOUND (18,000: the truth test's request_steps_needed), the
 # paired rows 8 wave blocks (MIN_SAMPLES; the replay uses every position of the group: AL(1)'s error
 # is then about 0.12 %). K 2 and 3 would need 40,000 and 63,000 request-steps a row: the lab run's.
 WAVES = {1: (4, (2, 2, 2)), 4: (4, (2, 2, 2)), BULK_BS: (8, (5, 2, 2))}
@@ -422,7 +422,10 @@ def test_truth_rows_hold_the_rates_and_refuse_a_wrong_one():
     needs); the same rows against a truth 0.02 off at position 1 (1.1 % of AL(1)) are refused far
     beyond 4 standard errors at K=1, and rows whose waves drew alike (each wave one value repeated) show it in
     their dispersion."""
-    from dsdprof.decide.truth import TOLERANCE, Z, request_steps_needed, truth_rows
+    from dsdprof.decide.truth import TOLERANCE, Z, implied_acceptance_length, step_variance, truth_rows
+
+    def request_steps_needed(rates: list[float], k: int) -> int:  # AL(k)'s SE at TOLERANCE / Z of AL(k)
+        return math.ceil(step_variance(rates, k) / (TOLERANCE / Z * implied_acceptance_length(rates, k)) ** 2)
 
     rates = [0.8, 0.6, 0.45, 0.3]
     df = _simulated_cells_rows(rates, 1000, 40)

@@ -15,7 +15,6 @@ from dsdprof.decide.analysis import analyze
 from dsdprof.decide.context import analyze_contexts, analyze_contexts_path
 from dsdprof.errors import InputError
 from dsdprof.export.api import export_document
-from dsdprof.export.context import build_context_table, slice_for_context
 from dsdprof.formats.ktable import TableError, context_buckets, validate_table
 from dsdprof.formats.measurements import COLUMN_NAMES, arrow_schema
 from dsdprof.io.manifest import normalised_spec_dump, spec_hash
@@ -24,6 +23,7 @@ from dsdprof.measure.engine import Cell, plan_cells
 from dsdprof.measure.runner import run_sweep
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import KSelector
+from tests.support.tables import build_context_table, slice_for_context
 
 CONTEXTS = [1024, 16384, 65536]  # the held-out check's three contexts
 
