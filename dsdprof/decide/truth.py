@@ -41,8 +41,6 @@ from typing import Any
 
 import pandas as pd
 
-from dsdprof.formats.jsontypes import ProvenanceView
-
 MIN_SAMPLES = 8  # a paired row's standard error from its samples' spread from this many on
 PAIRED_OVER_OWN = 0.5  # a paired row's error over the model's on its own request-steps (simulated, at most)
 TOLERANCE = 0.005  # |AL / truth - 1| the truth check is sized for
@@ -115,13 +113,3 @@ def truth_rows(df: pd.DataFrame, rates: list[float], tolerance: float = TOLERANC
             "waves_needed": math.ceil(waves * (rel * z / tolerance) ** 2) if waves and rel == rel else 0,
         })
     return pd.DataFrame(out, columns=list(COLUMNS))
-
-
-def synthetic_truth(df: pd.DataFrame, provenance: ProvenanceView) -> pd.DataFrame | None:
-    """:func:`truth_rows` for a run whose provenance carries synthetic rates; None otherwise."""
-    from dsdprof.measure.vllm.synthetic import rates_from_provenance
-
-    rates = rates_from_provenance(provenance)
-    if rates is None or df.empty:
-        return None
-    return truth_rows(df, rates)
