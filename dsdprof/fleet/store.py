@@ -172,7 +172,7 @@ class FleetStore:
             raise InputError(rel, self.describe(rel), f"unreadable JSON ({err})") from None
         return doc if isinstance(doc, dict) else None
 
-    def write_json(self, rel: str, doc: Mapping[str, Any]) -> None:
+    def write_json(self, rel: str, doc: Mapping[str, object]) -> None:
         self.write_bytes(rel, (json.dumps(doc, indent=2, default=str) + "\n").encode())
 
     def list_files(self, rel: str) -> dict[str, tuple[int, int]]:

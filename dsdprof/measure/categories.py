@@ -20,23 +20,23 @@ import json
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from dsdprof.errors import InputError
+from dsdprof.formats.jsontypes import JSONObject
 from dsdprof.measure.workload import read_json_records
 
 CATEGORY_KEY = "category"
 
 
-def read_records(dataset: str | Path) -> list[dict[str, Any]]:
+def read_records(dataset: str | Path) -> list[JSONObject]:
     """The dict records of a .jsonl/.json workload file."""
     records = read_json_records(dataset, "a category workload must be a .jsonl/.json file")
     return [r for r in records if isinstance(r, dict)]
 
 
-def category_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+def category_counts(records: list[JSONObject]) -> dict[str, int]:
     """Records per category (records without a string ``category`` are left out)."""
-    counts = Counter(r[CATEGORY_KEY] for r in records if isinstance(r.get(CATEGORY_KEY), str))
+    counts = Counter(c for r in records if isinstance(c := r.get(CATEGORY_KEY), str))
     return dict(sorted(counts.items()))
 
 
@@ -119,7 +119,7 @@ def _text_prompt(rng: random.Random) -> str:
     return " ".join(out)
 
 
-def toy_category_prompts(n_per_category: int = 64, seed: int = 0) -> list[dict[str, Any]]:
+def toy_category_prompts(n_per_category: int = 64, seed: int = 0) -> list[dict[str, str]]:
     """The shipped toy set: ``n_per_category`` ``code`` and ``text`` records, reproducible."""
     rng = random.Random(seed)
     records = []

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypedDict
 
 from dsdprof import __version__
 from dsdprof.config.spec import SweepSpec
-from dsdprof.formats.jsontypes import ProvenanceRecord
+from dsdprof.formats.jsontypes import JSONObject, ProvenanceRecord
 from dsdprof.formats.measurements import (
     MODE_DSD,
     MODE_VANILLA,
@@ -154,7 +154,7 @@ def _read_rows(out: Path) -> list[MeasurementRow]:
     return read_measurements(out, allow_mixed=True).to_dict("records")
 
 
-def run_plan(planner: Planner, spec_dump: dict[str, Any], out_dir: str | Path,
+def run_plan(planner: Planner, spec_dump: JSONObject, out_dir: str | Path,
              make_engine: Callable[[], Engine], *, resume: bool = False,
              on_progress: ProgressCallback | None = None,
              batching: Batching | None = None) -> RunResult:

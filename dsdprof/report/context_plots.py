@@ -9,11 +9,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dsdprof.formats.jsontypes import ProvenanceView
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DPI = 130  # as dsdprof.report.plots (which imports this module: no import back)
 
@@ -115,7 +118,7 @@ def context_k_figure(result: Any, provenance: ProvenanceView | None = None):
     return fig
 
 
-def context_figures(df: Any, provenance: ProvenanceView, tolerance: float) -> dict[str, Any]:
+def context_figures(df: Any, provenance: ProvenanceView, tolerance: float) -> dict[str, Figure]:
     """Both figures of a context sweep's rows (name -> figure)."""
     from dsdprof.decide.context import analyze_contexts
 

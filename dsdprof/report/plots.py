@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,9 @@ from dsdprof.errors import InputError
 from dsdprof.formats.jsontypes import ProvenanceView
 from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.io.runs import open_run
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # tokens_per_s_per_user: vLLM's name (output tokens/s per user); *_by_context: report.context_plots
 PNG_NAMES = {"optimal_k": "optimal_k.png", "goodput_heatmap": "goodput_heatmap.png",
@@ -351,7 +354,7 @@ def plot_results(results: str | Path | Run, out_dir: str | Path, tolerance: floa
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError("--out", str(out), "exists and is not a directory")
-    figures: dict[str, Any] = {}
+    figures: dict[str, Figure] = {}
     if run.kind == RUN_KIND_VALIDATE:
         from dsdprof.report.compare import compare
         from dsdprof.report.vanilla import validate_vanilla
