@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import pandas as pd
 
@@ -28,9 +28,24 @@ from dsdprof.report.html.model import (
 from dsdprof.report.html.svg import Mark, Series, step_line, xy_chart
 
 
-def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """The rows of an analysis table (``Analysis.cells``, ``.baseline``) as plain dicts."""
-    return [{str(k): v for k, v in r.items()} for r in df.to_dict(orient="records")]
+class CellRecord(TypedDict, total=False):
+    """A row of ``Analysis.cells`` (or ``.baseline``) as the panels read it (NaN where unknown)."""
+
+    batch_size: int
+    num_spec_tokens: int
+    acceptance_length: float
+    itl_s: float
+    goodput: float
+    samples: int
+    ratio_to_best: float
+    ratio_low: float
+    ratio_high: float
+    acceptance_per_pos: Sequence[float] | None  # an array per row
+
+
+def records(df: pd.DataFrame) -> list[CellRecord]:
+    """The rows of an analysis table (``Analysis.cells``, ``.baseline``), typed once here."""
+    return [cast(CellRecord, {str(k): v for k, v in r.items()}) for r in df.to_dict(orient="records")]
 
 
 def cell_id(b: int, k: int | str) -> str:
@@ -174,7 +189,7 @@ def speedup_panel(opt: Sequence[BatchDecision], baseline_name: str) -> Panel:
     return p
 
 
-def heatmap_panel(cells: list[dict[str, Any]], base: list[dict[str, Any]],
+def heatmap_panel(cells: list[CellRecord], base: list[CellRecord],
                   opt: Sequence[BatchDecision]) -> Panel:
     p = Panel("heatmap", "Goodput: batch size x K, with vanilla",
               "Tokens/s per user in every cell; the shade is the cell's goodput relative to the best at its "
@@ -223,7 +238,7 @@ def heatmap_panel(cells: list[dict[str, Any]], base: list[dict[str, Any]],
     return p
 
 
-def step_time_panel(cells: list[dict[str, Any]], base: list[dict[str, Any]]) -> Panel:
+def step_time_panel(cells: list[CellRecord], base: list[CellRecord]) -> Panel:
     p = Panel("steptime", "Step time against K, per batch size",
               "ITL (seconds per engine step: draft + verify) against K; where the lines steepen with K the "
               "step has turned compute-bound. V: vanilla's step.")
@@ -268,7 +283,7 @@ def step_time_panel(cells: list[dict[str, Any]], base: list[dict[str, Any]]) -> 
     return p
 
 
-def acceptance_panel(cells: list[dict[str, Any]], per_pos_table: list[float] | None) -> Panel:
+def acceptance_panel(cells: list[CellRecord], per_pos_table: list[float] | None) -> Panel:
     p = Panel("acceptance", "Acceptance: AL per K and acceptance per position",
               "AL (tokens a request gains per step) against K per batch size, and the acceptance rate at "
               "each draft position (accepted at i / drafted at i) of the largest K.")
@@ -289,12 +304,12 @@ def acceptance_panel(cells: list[dict[str, Any]], per_pos_table: list[float] | N
                              y_min=0, chart_id="chart-al"))
     pos_series, width = [], 0
     for b in bss:
-        at_b = [c for c in cells if int(c["batch_size"]) == b and c.get("acceptance_per_pos") is not None
-                and len(c["acceptance_per_pos"]) > 0]
+        at_b = [(c, pos) for c in cells if int(c["batch_size"]) == b
+                and (pos := c.get("acceptance_per_pos")) is not None and len(pos) > 0]
         if not at_b:
             continue
-        c = max(at_b, key=lambda c: int(c["num_spec_tokens"]))
-        vals = [float(v) for v in c["acceptance_per_pos"]]
+        c, pos = max(at_b, key=lambda cp: int(cp[0]["num_spec_tokens"]))
+        vals = [float(v) for v in pos]
         width = max(width, len(vals))
         pos_series.append(Series(f"BS {b}", [Mark(i, v, f"BS {b}, K={c['num_spec_tokens']}: position {i + 1} "
                                               f"accepted {num(v)}", label="") for i, v in enumerate(vals)]))
@@ -343,7 +358,7 @@ def coverage_panel(coverage: Any, rows: Any) -> Panel:
     return p
 
 
-def rows_panel(cells: list[dict[str, Any]], base: list[dict[str, Any]]) -> Panel:
+def rows_panel(cells: list[CellRecord], base: list[CellRecord]) -> Panel:
     p = Panel("rows", "Every cell, as analysed",
               "One row per (batch size, K): the numbers every chart above is drawn from. Goodput = AL / ITL; "
               "'vs best' is the cell's goodput over the best K's at its batch size, with its interval.")
