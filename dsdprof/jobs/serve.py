@@ -32,9 +32,8 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from dsdprof.errors import InputError
 from dsdprof.export.table import (
@@ -76,7 +75,7 @@ def needs_chat_template(model: str) -> bool:
 
 
 def serve_argv(table_path: str | Path, *, model: str | None = None, adaptive: bool = False,
-               adaptive_options: dict[str, Any] | None = None,
+               adaptive_options: Mapping[str, object] | None = None,
                extra: Sequence[str] = (), metrics: bool = True) -> list[str]:
     """The server's command line (``sys.executable -m SERVER_MODULE ...``) for this table."""
     table_path = Path(table_path)
@@ -101,7 +100,7 @@ def serve_argv(table_path: str | Path, *, model: str | None = None, adaptive: bo
     if adaptive:
         settings = {"table": str(table_path.resolve()), **(adaptive_options or {})}
         _check_adaptive(settings, cfg["num_speculative_tokens"])
-        additional: dict[str, Any] = {"dsdprof_adaptive": settings}
+        additional: dict[str, object] = {"dsdprof_adaptive": settings}
         if not metrics:
             additional["dsdprof_metrics"] = False
         argv += ["--scheduler-cls", ADAPTIVE_SCHEDULER_QUALNAME,
@@ -115,7 +114,7 @@ def serve_argv(table_path: str | Path, *, model: str | None = None, adaptive: bo
     return argv + list(extra)
 
 
-def _check_adaptive(settings: dict[str, Any], max_k: int) -> None:
+def _check_adaptive(settings: Mapping[str, object], max_k: int) -> None:
     """The plugin's settings, resolved as the engine core will (a bad one fails here, in one line)."""
     from dsdprof.formats.ktable import TableError
     from dsdprof.serve.settings import resolve_settings

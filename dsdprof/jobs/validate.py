@@ -152,7 +152,7 @@ def dsd_llm_kwargs(base: dict[str, Any], table: KTable, spec) -> dict[str, Any] 
     return kwargs
 
 
-def adaptive_max_k(table: KTable, options: Mapping[str, Any] | None) -> int:
+def adaptive_max_k(table: KTable, options: Mapping[str, object] | None) -> int:
     """The adaptive engine's ``num_speculative_tokens`` (largest K the table measured), after
     checking that the plugin accepts the table and ``options``; InputError otherwise."""
     from dsdprof.serve.adaptive import AdaptiveKSelector
@@ -176,7 +176,7 @@ def adaptive_max_k(table: KTable, options: Mapping[str, Any] | None) -> int:
 
 
 def adaptive_llm_kwargs(base: dict[str, Any], table: KTable, spec, table_file: str, max_k: int,
-                        options: dict[str, Any]) -> dict[str, Any]:
+                        options: Mapping[str, object]) -> dict[str, Any]:
     """vllm.LLM kwargs of the adaptive engine: the static table's schedule (vLLM's dynamic-SD mode)
     with ``num_speculative_tokens = max_k``, dsdprof's adaptive scheduler, and the table file."""
     from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME, adaptive_additional_config
@@ -221,7 +221,7 @@ def table_warnings(table: KTable, spec) -> list[str]:
 
 
 def validation_engine(spec, table: KTable, out: Path, fixed_engines: int = 1,
-                      adaptive: tuple[str, int, dict[str, Any]] | None = None, table_path: str = "",
+                      adaptive: tuple[str, int, Mapping[str, object]] | None = None, table_path: str = "",
                       start_worker: Callable[..., Any] | None = None, steps: bool = False) -> VllmEngine:
     """The vLLM engines of a validate run: vanilla and fixed K as in a sweep, plus ``table`` served
     on the ``dsd`` engine through vLLM's own schedule and, with ``adaptive = (table file, max K,
@@ -275,7 +275,7 @@ def run_validation(table: KTable, spec, out_dir: str | Path, fixed_ks: list[int]
                    table_path: str = "", resume: bool = False,
                    on_progress: Callable[[SweepProgress], None] | None = None,
                    start_worker: Callable[..., Any] | None = None,
-                   adaptive: dict[str, Any] | None = None, design: str = "paired") -> ValidateSummary:
+                   adaptive: Mapping[str, object] | None = None, design: str = "paired") -> ValidateSummary:
     """Run vanilla / fixed K / DSD (/ adaptive) cells of ``spec``'s workload into ``out_dir``.
 
     ``adaptive``: None, or the selector options (``{}`` for defaults) of an ``adaptive`` variant.
