@@ -41,7 +41,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dsdprof.errors import InputError
 from dsdprof.export.table import vllm_speculative_config
@@ -54,6 +54,7 @@ from dsdprof.io.runs import RUN_KIND_VALIDATE
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.runner import SweepProgress, run_plan
 from dsdprof.measure.vllm.engine import VllmEngine
+from dsdprof.measure.vllm.resources import LLMKwargs
 from dsdprof.plugins.names import Arm, holds_arms
 
 VALIDATE_KEY = RUN_KIND_VALIDATE  # key in _sweep.json marking a validate run
@@ -131,7 +132,7 @@ def plan_validation(batch_sizes: list[int], fixed_ks: list[int], ranges: list[li
     return cells
 
 
-def dsd_llm_kwargs(base: dict[str, Any], table: KTable, spec) -> dict[str, Any] | None:
+def dsd_llm_kwargs(base: LLMKwargs, table: KTable, spec) -> LLMKwargs | None:
     """vllm.LLM kwargs serving ``table`` through vLLM's own per-batch-size schedule.
 
     ``None`` when the table has K=0 everywhere (then DSD is served without speculation). The
@@ -175,14 +176,14 @@ def adaptive_max_k(table: KTable, options: Mapping[str, object] | None) -> int:
     return max(ks)
 
 
-def adaptive_llm_kwargs(base: dict[str, Any], table: KTable, spec, table_file: str, max_k: int,
-                        options: Mapping[str, object]) -> dict[str, Any]:
+def adaptive_llm_kwargs(base: LLMKwargs, table: KTable, spec, table_file: str, max_k: int,
+                        options: Mapping[str, object]) -> LLMKwargs:
     """vllm.LLM kwargs of the adaptive engine: the static table's schedule (vLLM's dynamic-SD mode)
     with ``num_speculative_tokens = max_k``, dsdprof's adaptive scheduler, and the table file."""
     from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME, adaptive_additional_config
 
     e = spec.engine
-    cfg: dict[str, Any] = {"method": e.method, "num_speculative_tokens": max_k,
+    cfg: LLMKwargs = {"method": e.method, "num_speculative_tokens": max_k,
                            "num_speculative_tokens_per_batch_size": [list(r) for r in table["ranges"]]}
     if e.draft_model:
         cfg["model"] = e.draft_model
@@ -190,7 +191,7 @@ def adaptive_llm_kwargs(base: dict[str, Any], table: KTable, spec, table_file: s
     kwargs = dict(base)
     kwargs["speculative_config"] = cfg
     kwargs["scheduler_cls"] = ADAPTIVE_SCHEDULER_QUALNAME
-    kwargs["additional_config"] = {**(base.get("additional_config") or {}),
+    kwargs["additional_config"] = {**cast("dict[str, object]", base.get("additional_config") or {}),
                                    **adaptive_additional_config(table_file, options)}
     return kwargs
 

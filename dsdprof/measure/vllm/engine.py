@@ -20,10 +20,11 @@ import importlib.metadata
 import json
 import os
 import secrets
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dsdprof import __version__
 from dsdprof.errors import InputError
@@ -34,7 +35,7 @@ from dsdprof.measure.vllm.interleave import STEPS_HOLD, run_interleaved, unit_ro
 
 # re-exported: callers import these from the engine module
 from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401
-from dsdprof.measure.vllm.resources import memory_plan, resolve_model_offline
+from dsdprof.measure.vllm.resources import LLMKwargs, memory_plan, resolve_model_offline
 from dsdprof.measure.vllm.trace import CellFailure
 from dsdprof.measure.vllm.worker import (
     PAIRED_HOLD,
@@ -78,7 +79,7 @@ class VllmEngine:
                  start_worker: StartWorker | None = None, one_fixed_engine: bool = True,
                  stream_engine_log: bool = False) -> None:
         self.spec = spec
-        self.served: dict[str, dict[str, Any] | None] = {}  # see serve()
+        self.served: dict[str, LLMKwargs | None] = {}  # see serve()
         self.served_provenance: dict[str, str] = {}
         self.one_fixed_engine = one_fixed_engine
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -109,12 +110,12 @@ class VllmEngine:
                                trace_dir=self.trace_dir)
 
     # ------------------------------------------------------------------ configuration
-    def base_kwargs(self) -> dict[str, Any]:
+    def base_kwargs(self) -> LLMKwargs:
         """vllm.LLM kwargs every engine of this spec shares (dsdprof's scheduler included)."""
         from dsdprof.plugins.names import SCHEDULER_QUALNAME
 
         e, sweep = self.spec.engine, self.spec.sweep
-        kwargs: dict[str, Any] = {
+        kwargs: LLMKwargs = {
             "model": e.model, "dtype": e.dtype, "max_model_len": e.max_model_len,
             "tensor_parallel_size": e.tensor_parallel_size, "seed": self.spec.workload.seed,
             "max_num_seqs": max(sweep.batch_sizes), "disable_log_stats": False,
@@ -125,7 +126,7 @@ class VllmEngine:
         kwargs.update(self._memory_kwargs)
         return kwargs
 
-    def cudagraph_kwargs(self, on_gpu: bool | None = None) -> dict[str, Any]:
+    def cudagraph_kwargs(self, on_gpu: bool | None = None) -> LLMKwargs:
         """On GPU every engine captures graphs for every decode batch of the grid, ``batch_size *
         (K + 1)`` for each K (vLLM's default list stops at 512 tokens); vLLM picks the graph mode as
         when serving (vanilla: full + piecewise; dynamic SD on the V1 runner: piecewise). ``export
@@ -140,9 +141,9 @@ class VllmEngine:
         return {"compilation_config": {"cudagraph_capture_sizes": sizes,
                                        "max_cudagraph_capture_size": sizes[-1]}}
 
-    def speculative_config(self, k: int, dsd: bool) -> dict[str, Any]:
+    def speculative_config(self, k: int, dsd: bool) -> LLMKwargs:
         e = self.spec.engine
-        cfg: dict[str, Any] = {"method": e.method, "num_speculative_tokens": k}
+        cfg: LLMKwargs = {"method": e.method, "num_speculative_tokens": k}
         if e.draft_model:
             cfg["model"] = e.draft_model
         if dsd:
@@ -151,7 +152,7 @@ class VllmEngine:
         cfg.update(e.speculative_extra, **synthetic.speculative_fields(e.synthetic_acceptance_rates, k))
         return cfg
 
-    def serve(self, kwargs_by_mode: dict[str, dict[str, Any] | None], provenance: dict[str, str]) -> None:
+    def serve(self, kwargs_by_mode: Mapping[str, LLMKwargs | None], provenance: dict[str, str]) -> None:
         """Engines that choose K themselves (``validate``): ``{"dsd": kwargs, "adaptive": kwargs}``.
 
         Their cells are run without a forced K: ``dsd`` cells check that every steady step drafted
@@ -161,7 +162,7 @@ class VllmEngine:
         self.served = dict(kwargs_by_mode)
         self.served_provenance = dict(provenance)
 
-    def llm_kwargs(self, key: str) -> dict[str, Any]:
+    def llm_kwargs(self, key: str) -> LLMKwargs:
         """vllm.LLM kwargs for worker ``key``: ``vanilla``, ``dsd``, ``fixed-<K>`` or a served engine."""
         if key in self.served:
             served = self.served[key]
@@ -243,6 +244,7 @@ class VllmEngine:
         info = self.pool.info
         # what every engine ran (export: vllm-compilation)
         compilation = self.base_kwargs().get("compilation_config")
+        graphs = cast("dict[str, object]", compilation or {})  # cudagraph_kwargs' or [engine] extra's
         return Provenance(
             engine="vllm", engine_version=info.get("engine_version") or _engine_version(),
             model=e.model, draft_model=e.draft_model or "", method=e.method,
@@ -251,7 +253,7 @@ class VllmEngine:
             extra={"speculation_mode": self._mode or "", "fallback_reason": self.fallback_reason,
                    "design": "paired" if self.paired and self._mode == MODE_DSD else "cells",
                    "memory": self.memory_note, "async_scheduling": str(info.get("async_scheduling", "")),
-                   "cudagraph_mode": str((compilation or {}).get("cudagraph_mode", "vLLM default")),
+                   "cudagraph_mode": str(graphs.get("cudagraph_mode", "vLLM default")),
                    **({"compilation_config": json.dumps(compilation, sort_keys=True)} if compilation else {}),
                    "measurement": "engine-core step trace, steady-state steps only",
                    **synthetic.acceptance_provenance(e.synthetic_acceptance_rates),  # synthetic: labelled
@@ -316,7 +318,8 @@ class VllmEngine:
         kwargs = self.served.get(key)
         if kwargs is None:
             raise EngineFailure(f"steps design: no {key} engine with a speculative config to run the arms on")
-        return key, int(kwargs["speculative_config"]["num_speculative_tokens"])
+        speculative = cast("dict[str, int]", kwargs["speculative_config"])  # as dsdprof built it
+        return key, int(speculative["num_speculative_tokens"])
 
     def measure_paired(self, cell: Cell) -> CellMeasurement:
         """Paired design: the first cell of a unit (a batch size's vanilla cell and DSD group of one

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dsdprof.measure.engine import CellMeasurement
+from dsdprof.measure.vllm.resources import LLMKwargs
 from dsdprof.measure.vllm.worker import CellRequest, WorkerConfig, worker_main
 
 
@@ -155,7 +156,7 @@ class EnginePool:
     alive so cells can interleave; a key whose start failed stays failed. Shared by sweep and
     validate. ``start_worker(config, timeout_s)`` defaults to a vLLM child process."""
 
-    def __init__(self, kwargs_for: Callable[[str], dict[str, Any]], workload, start_timeout_s: float,
+    def __init__(self, kwargs_for: Callable[[str], LLMKwargs], workload, start_timeout_s: float,
                  log_dir: Path | None = None, start_worker: StartWorker | None = None,
                  max_output_len: int = 2, run_token: str = "", trace_dir: str = "") -> None:
         self._run_token = run_token

@@ -14,6 +14,11 @@ GIB = 1 << 30
 CPU_KV_MAX_GIB = 4  # per engine, when dsdprof sizes a CPU engine's KV cache itself
 
 
+# vllm.LLM(**kwargs) (and its speculative / compilation configs): vLLM's own names, with
+# ``[engine] extra``'s passed through (vLLM is untyped here); a value dsdprof reads back is narrowed there.
+LLMKwargs = dict[str, object]
+
+
 class MemoryKwargs(TypedDict, total=False):
     """The vllm.LLM kwargs that share a machine's memory between engines."""
 
