@@ -108,8 +108,8 @@ def sweep(
 
         setup = resolve(spec)  # bad [sim] input or model config.json fails here, before any output
         # Notices wait until the run directory is ours: a refused --out stays a one-line error.
-        notices = [*model_notices(spec), "engine 'sim': rows are analytic predictions, not measurements",
-                   *setup.assumption_notices()]
+        notices = [*model_notices(spec), "engine 'sim': rows are analytic predictions, not measurements"
+                   + setup.assumption_note()]
     if dry_run:
         if spec.engine.name != "sim":
             from dsdprof.config.spec import check_workload_for_engine

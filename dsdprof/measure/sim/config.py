@@ -68,11 +68,11 @@ class SimSetup:
         c = resolve_dtype(self.target, self.dtype).compute
         return self.inputs.nominal.compute_dtype(c) if self.inputs else c
 
-    def assumption_notices(self) -> list[str]:
-        """One line naming the inputs the spec left out (the band covers their plausible values)."""
+    def assumption_note(self) -> str:
+        """``; assumed ...``: the inputs the spec left out (the band covers their plausible values)."""
         assumed = self.inputs.assumed if self.inputs else ()
-        return [("sim: assumed (state them in [sim] to narrow the band): "
-                 + "; ".join(a.text() for a in assumed))] if assumed else []
+        return ("; assumed (state them in [sim] to narrow the band): "
+                + "; ".join(a.text() for a in assumed)) if assumed else ""
 
     def arrays(self, scenario: Scenario | None = None) -> HwArrays:
         """The step model's hardware side under ``scenario`` (default: the nominal one)."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from dsdprof.config.sim import ATTENTION_BACKENDS, FP8_GEMMS, MLA_BACKENDS, SERVING_ENGINES
 from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.context import ATTENTION_TILE_ROWS, FULL_TILE_GPUS
-from dsdprof.measure.sim.hardware import _LEGACY_MLA_S, OVERLAP_STEP_OVERHEAD_S, Hardware
+from dsdprof.measure.sim.hardware import _FP8_HOPPER, _LEGACY_MLA_S, OVERLAP_STEP_OVERHEAD_S, Hardware
 from dsdprof.measure.sim.model import HwArrays
 
 __all__ = ["ATTENTION_BACKENDS", "FP8_GEMMS", "SERVING_ENGINES", "Assumption", "Scenario", "Stated",
@@ -130,7 +130,7 @@ class Scenario:
             e = replace(e, mla_layer_overhead_s=LEGACY_MLA_S if self.legacy_mla else 0.0)
         ratio = hw.fp8_compute_ratio
         if self.fp8_gemm == "cutlass":
-            ratio = ratio * CUTLASS_FP8_RATIO / 0.980 if ratio < 1.0 else CUTLASS_FP8_RATIO
+            ratio = ratio * CUTLASS_FP8_RATIO / _FP8_HOPPER if ratio < 1.0 else CUTLASS_FP8_RATIO
         return replace(hw, efficiency=e, fp8_compute_ratio=min(ratio, 1.0))
 
     def compute_dtype(self, compute_dtype: str) -> str:

@@ -85,7 +85,7 @@ def test_k_star_range_matches_analyze_and_export(tmp_path):
                     '[sim]\nhardware = "H100"\nacceptance_alpha = 0.75\ncontext_len = 1024\n')
     out = tmp_path / "run"
     sweep = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
-    assert sweep.exit_code == 0 and "sim: assumed (state them in [sim] to narrow the band): " \
+    assert sweep.exit_code == 0 and "not measurements; assumed (state them in [sim] to narrow the band): " \
         "serving_engine vllm" in sweep.stderr
     r = runner.invoke(app, ["analyze", str(out)])
     assert r.exit_code == 0, r.output
