@@ -419,7 +419,7 @@ def _pct(x: float) -> str:
 def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: Path | None,
                 force: bool, fit_spread=None) -> None:
     from dsdprof.io.rollouts import read_rollout_rows
-    from dsdprof.report.rollout import replay_check, replay_summary, trust_note
+    from dsdprof.report.rollout import band_pct, replay_check, replay_summary, trust_note
 
     chk = replay_check(read_rollout_rows(source), table, runs, model=model, fit_spread=fit_spread)
     kinds = ["raw", "cal"] + (["fit", "fitcal"] if model is not None else [])
@@ -446,9 +446,9 @@ def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: 
     s = Table(title="replay vs measured: mean over repeats", box=box.SIMPLE_HEAD, padding=(0, 1),
               pad_edge=False, caption="err %: the mean prediction against the mean measured makespan; "
               "max: the largest single rollout's |err|"
-              + ("; band: the mean fit's 90% band (both runs' repeat-to-repeat spread, "
-                 f"+-{_pct(math.expm1(chk.band_half))}); in: it holds the measured mean" if model else ""))
-    for col in ("variant", "measured s", *(f"{k} %" for k in kinds), f"max {kinds[-1]} %",
+              + f" ({kinds[-1]})" + ("; band: the mean fit's 90% band (both runs' repeat-to-repeat "
+                 f"spread, {band_pct(chk.band_half)}); in: it holds the measured mean" if model else ""))
+    for col in ("variant", "meas. s", *(f"{k} %" for k in kinds), "max %",
                 *(["band s", "in"] if model else [])):
         s.add_column(col, justify="right", no_wrap=True)
     for _, x in replay_summary(chk.rows, chk.band_half).iterrows():

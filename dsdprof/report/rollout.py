@@ -372,7 +372,7 @@ def trust_note(chk: ReplayCheck) -> str:
     if max(fit, run) < QUIET_SPREAD:
         head = f"{pair}, both < 5 %: read fit, the point (within 5 % of the mean on quiet pairs)"
     else:
-        head = (f"{pair}: the machine moved, so read fit's band (+-{_pct(math.expm1(chk.band_half))}), "
+        head = (f"{pair}: the machine moved, so read fit's band ({band_pct(chk.band_half)}), "
                 "not its point; the point is within 5 % only when both spread < 5 %")
     return (head + ". fitcal only across machines of different speed (it carries each repeat's "
             "vanilla noise into every variant); raw and cal are the table's grid, not the engines'")
@@ -380,6 +380,13 @@ def trust_note(chk: ReplayCheck) -> str:
 
 def _pct(x: float) -> str:
     return "-" if math.isnan(x) else f"{x * 100:.1f} %"
+
+
+def band_pct(half: float) -> str:
+    """A band's log half-width as its two sides in percent: ``-13/+15 %``."""
+    if math.isnan(half):
+        return "-"
+    return f"-{-math.expm1(-half) * 100:.0f}/+{math.expm1(half) * 100:.0f} %"
 
 
 def replay_summary(rows: pd.DataFrame, half: float = math.nan) -> pd.DataFrame:
