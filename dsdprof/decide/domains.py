@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -156,7 +155,7 @@ def category_regret(grid: pd.DataFrame, table: Mapping[int, int]) -> pd.DataFram
 def per_position(grid: pd.DataFrame) -> pd.DataFrame:
     """AL per position per category: the per-position acceptance at each (category, batch size)'s
     largest K (the rows' ``acceptance_per_pos``: accepted at position i / drafted at i)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for (c, b), g in grid.groupby(["category", "batch_size"]):
         r = g.sort_values("num_spec_tokens").iloc[-1]
         rows.append({"category": c, "batch_size": int(b), "k": int(r["num_spec_tokens"]),

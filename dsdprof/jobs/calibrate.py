@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -141,12 +141,12 @@ class CalibrationResult:
     itl_mape_pct: float
     batch_sizes: list[int]
     unidentified: list[Unidentified]
-    uncertainty: dict[str, Any]
+    uncertainty: dict[str, float]  # the fit's marginal standard deviation per parameter
     holdout: HoldoutReport | None
     notices: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
-        out = {"profile": str(self.profile), "efficiency": self.efficiency.__dict__,
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"profile": str(self.profile), "efficiency": self.efficiency.__dict__,
                "fit_all": {"cells": self.cells, "itl_mape_pct": self.itl_mape_pct},
                "batch_sizes": self.batch_sizes,
                "not_identifiable": {u.name: u.reason for u in self.unidentified},

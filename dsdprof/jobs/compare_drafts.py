@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from pydantic import JsonValue
+
 from dsdprof.config.spec import SweepSpec, parse_spec, read_spec_toml
 from dsdprof.errors import InputError
 from dsdprof.measure.categories import category_counts, read_records, split_by_category
@@ -54,7 +56,7 @@ class _DraftName(TypedDict):
     name: str
     method: str
     draft_model: str | None
-    speculative_extra: dict[str, Any]  # vLLM's speculative_config keys, passed through
+    speculative_extra: dict[str, JsonValue]  # vLLM's speculative_config keys, passed through
 
 
 class Draft(_DraftName, total=False):
