@@ -44,8 +44,25 @@ def canonical_json(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+# [sim] inputs a user may state (dsdprof.config.sim: the prediction band's inputs), added after runs
+# were made without them: left out (None) they hash as before they existed, kv_cache_dtype as the
+# "auto" it then defaulted to, so such a spec resumes and pools with those runs. The manifest keeps
+# them as written: the run's band (its provenance) still reads "not stated".
+_SIM_INPUTS_ADDED = ("serving_engine", "engine_version", "fp8_gemm", "attention_backend")
+
+
+def _hashed_view(spec_dump: JSONObject) -> JSONObject:
+    sim = spec_dump.get("sim")
+    if not isinstance(sim, dict):
+        return spec_dump
+    view = {k: v for k, v in sim.items() if not (k in _SIM_INPUTS_ADDED and v is None)}
+    if "kv_cache_dtype" in view and view["kv_cache_dtype"] is None:
+        view["kv_cache_dtype"] = "auto"
+    return {**spec_dump, "sim": view}
+
+
 def spec_hash(spec_dump: JSONObject) -> str:
-    return "sha256:" + hashlib.sha256(canonical_json(spec_dump).encode()).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical_json(_hashed_view(spec_dump)).encode()).hexdigest()
 
 
 def normalised_spec_dump(spec: SweepSpec) -> JSONObject:

@@ -114,11 +114,14 @@ def test_sim_section_is_typed_once_and_hashes_as_before():
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "sweeps" / "sim-llama8b-eagle3-h100.toml")
     assert isinstance(spec.sim, SimConfig) and spec.sim.hardware == "H100 SXM"
-    # the hash the code gave before [sim] had a type (free-form dict, normalised through SimConfig);
-    # changed once since, on purpose: the stated inputs of issue 47 (serving_engine, engine_version,
-    # fp8_gemm, attention_backend; kv_cache_dtype unstated = None) are [sim] keys (was ...e8a7bd8b)
-    assert spec_hash(normalised_spec_dump(spec)) == \
-        "sha256:1b76272efbf67d0278ce30d858bdd0acdaecca1eb08bada35248411a5b1d764b"
+    # the hash the code gave before [sim] had a type (free-form dict, normalised through SimConfig),
+    # and before the band's stated inputs (serving_engine, engine_version, fp8_gemm,
+    # attention_backend; kv_cache_dtype unstated = None) were [sim] keys: left out, they hash as before
+    dump = normalised_spec_dump(spec)
+    assert dump["sim"]["kv_cache_dtype"] is None and dump["sim"]["serving_engine"] is None  # as written
+    assert spec_hash(dump) == "sha256:e8a7bd8b26a08eb1d37b89cf43727dc26816a736900875639c088292ce5ea8f5"
+    stated = {**dump, "sim": {**dump["sim"], "serving_engine": "vllm"}}  # stating one is another run
+    assert spec_hash(stated) != spec_hash(dump)
     base = {"engine": {"name": "sim", "model": "Llama-3.1-8B", "method": "eagle3"}}
     with pytest.raises(InputError) as err:
         parse_spec({**base, "sim": {"hardware": "H100 SXM", "acceptence_alpha": 0.9}})

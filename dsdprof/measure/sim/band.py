@@ -33,7 +33,14 @@ from dsdprof.formats.ktable import choose_k
 from dsdprof.measure.sim.acceptance import acceptance_length
 from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.inputs import Assumption, Scenario
-from dsdprof.measure.sim.model import MEMORY_UTILIZATION, NO_DRAFT, arch_features, memory_bytes, step_time
+from dsdprof.measure.sim.model import (
+    MEMORY_UTILIZATION,
+    NO_DRAFT,
+    ArchFeatures,
+    arch_features,
+    memory_bytes,
+    step_time,
+)
 
 if TYPE_CHECKING:
     from dsdprof.config.run import Run
@@ -207,7 +214,7 @@ def _groups(ranges: list[KStarRange] | tuple[KStarRange, ...]) -> list[tuple[str
     return [(f"{b[0]}" if len(b) == 1 else f"{b[0]}-{b[-1]}", t) for b, t in out]
 
 
-def _features(setup: SimSetup, sc: Scenario) -> tuple[object, object]:
+def _features(setup: SimSetup, sc: Scenario) -> tuple[ArchFeatures, ArchFeatures]:
     tp = setup.tensor_parallel_size
     tgt = arch_features(setup.target, setup.dtype, tp, sc.kv_cache_dtype)
     drf = arch_features(setup.draft, setup.dtype, tp, sc.kv_cache_dtype) if setup.draft else NO_DRAFT
@@ -221,9 +228,9 @@ def _grids(setup: SimSetup, sc: Scenario, bs: np.ndarray, ks: np.ndarray,
     tgt, drf = _features(setup, sc)
     rho, m = setup.routing_correlation, setup.method
     b = bs[:, None]
-    dsd = step_time(hw, tgt, drf, b, ks[None, :], context, rho, 1.0, m).total_s  # type: ignore[arg-type]
-    k0 = step_time(hw, tgt, drf, bs, 0.0, context, rho, 1.0, m).total_s  # type: ignore[arg-type]
-    van = step_time(hw, tgt, NO_DRAFT, bs, 0.0, context, rho, 0.0, m).total_s  # type: ignore[arg-type]
+    dsd = step_time(hw, tgt, drf, b, ks[None, :], context, rho, 1.0, m).total_s
+    k0 = step_time(hw, tgt, drf, bs, 0.0, context, rho, 1.0, m).total_s
+    van = step_time(hw, tgt, NO_DRAFT, bs, 0.0, context, rho, 0.0, m).total_s
     return np.asarray(dsd, float), np.asarray(k0, float), np.asarray(van, float)
 
 
@@ -244,7 +251,7 @@ def sim_band(setup: SimSetup, batch_sizes: list[int], ks: list[int], tolerance: 
     fits = np.ones((len(bs), len(ks)), dtype=bool)
     if setup.check_memory:
         have = setup.hardware.memory_gb * 1e9 * MEMORY_UTILIZATION
-        need = memory_bytes(tgt, drf, bs[:, None], kk[None, :], setup.context_len)  # type: ignore[arg-type]
+        need = memory_bytes(tgt, drf, bs[:, None], kk[None, :], setup.context_len)
         fits = np.asarray(need, float) <= have
     cells = [CellBand(int(b), int(k), True, float(dsd[0, i, j]), float(dsd[:, i, j].min() * band.low),
                       float(dsd[:, i, j].max() * band.high))
