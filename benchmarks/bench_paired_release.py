@@ -41,6 +41,7 @@ def engine_env(tree: Path) -> dict[str, str]:
     return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "DSDPROF_PRESTART_ENGINES": os.environ.get("DSDPROF_PRESTART_ENGINES", "0"),
+            "PYTHONSAFEPATH": "1",  # no working directory on sys.path (this one's dsdprof): PYTHONPATH's
             "PYTHONPATH": str(tree) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH")
                                        else "")}
 
