@@ -250,7 +250,7 @@ def _optimal_record(d: Any, k: int, cells: pd.DataFrame, rep: Any, base_goodput:
 def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
             provenance: ProvenanceView | None = None, confidence: float = DEFAULT_CONFIDENCE,
             acceptance: str = "auto", replicates: int = DEFAULT_REPLICATES,
-            seed: int = DEFAULT_SEED, valid: Any = None) -> Analysis:
+            seed: int = DEFAULT_SEED, valid: pd.DataFrame | InputError | None = None) -> Analysis:
     """Optimal K per batch size from (validated or raw) measurement rows, with intervals.
 
     ``acceptance``: ``measured`` (each cell's own AL), ``chain`` (AL of every K from the largest

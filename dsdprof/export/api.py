@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.config.run import Run
@@ -43,6 +43,12 @@ from dsdprof.formats.ktable import (
 from dsdprof.formats.ktable_engines import check_trtllm_config
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.provenance import is_synthetic
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dsdprof.config.run import Coverage
+    from dsdprof.decide.context import ContextAnalysis
 
 
 def _portable(table: Mapping[str, Any]) -> KTable:
@@ -98,7 +104,7 @@ class ExportDocument:
     warnings: list[str] = field(default_factory=list)
 
 
-def below_baseline_warning(optimal: Any) -> str | None:
+def below_baseline_warning(optimal: pd.DataFrame) -> str | None:
     """Batch sizes where even the best speculative K is slower than the vanilla baseline."""
     below = optimal[optimal["speedup_vs_baseline"] < 1.0]
     if not len(below):
@@ -108,12 +114,13 @@ def below_baseline_warning(optimal: Any) -> str | None:
             "drafter, vLLM issue 49548); serving those sizes without a speculative config is faster")
 
 
-def partial_run_error(coverage: Any, source: str | Path) -> InputError | None:
+def partial_run_error(coverage: Coverage | None, source: str | Path) -> InputError | None:
     """The refusal of a table over a grid with gaps (None when every grid cell has a number)."""
     if coverage is None or coverage.complete:
         return None
     field = "batch_sizes" if coverage.missing_batch_sizes else "cells"
-    value = list(coverage.missing_batch_sizes) or [list(c) for c in coverage.missing_cells[:8]]
+    value: list[int] | list[list[int]] = (list(coverage.missing_batch_sizes)
+                                          or [list(c) for c in coverage.missing_cells[:8]])
     return InputError(field, value, f"{source} is a partial run ({coverage.summary}); retry the "
                       "failed or missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass "
                       "--allow-partial to export a table "
@@ -197,7 +204,7 @@ def _refuse_unless(allowed: bool, refusal: Callable[[], InputError | None]) -> N
         raise err
 
 
-def partial_context_error(by_context: Any, source: str | Path) -> InputError | None:
+def partial_context_error(by_context: ContextAnalysis, source: str | Path) -> InputError | None:
     """The refusal of a context sweep whose slices have gaps (None when every context's grid has
     a number): one line naming each context and its batch sizes (or cells) with no ok row."""
     from dsdprof.export.context import gap_line
@@ -205,8 +212,9 @@ def partial_context_error(by_context: Any, source: str | Path) -> InputError | N
     gaps = by_context.gaps
     if not gaps:
         return None
-    value = {c: list(cov.missing_batch_sizes) or [list(x) for x in cov.missing_cells[:8]]
-             for c, cov in gaps.items()}
+    value: dict[int, list[int] | list[list[int]]] = {
+        c: list(cov.missing_batch_sizes) or [list(x) for x in cov.missing_cells[:8]]
+        for c, cov in gaps.items()}
     first = next((cov.first_error for cov in gaps.values() if cov.first_error), "")
     what = "; ".join(f"context {c}: {gap_line(cov)}" for c, cov in gaps.items())
     what += f"; first error: {' '.join(first.split())[:120]}" if first else ""
@@ -217,8 +225,8 @@ def partial_context_error(by_context: Any, source: str | Path) -> InputError | N
                       "records the gaps)")
 
 
-def _context_table(by_context: Any, ranges: dict[int, list[list[int]]], edges: list[int], run: Run,
-                   label: str | None, allow_partial: bool = False) -> tuple[KTable, list[str]]:
+def _context_table(by_context: ContextAnalysis, ranges: dict[int, list[list[int]]], edges: list[int],
+                   run: Run, label: str | None, allow_partial: bool = False) -> tuple[KTable, list[str]]:
     """The v3 table of a context sweep, not validated yet (``ranges`` per slice and the buckets'
     ``edges``: :func:`dsdprof.export.context.context_document`)."""
     from dsdprof.export.context import context_document, gap_line

@@ -10,19 +10,24 @@ answer. ``num_speculative_tokens`` is the largest K of any slice (the cap must n
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import SLICE_KEYS as _SLICE_KEYS
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import TABLE_SCHEMA_V3
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dsdprof.decide.context import ContextAnalysis
+
 # a request context takes the slice of the nearest profiled one (log scale)
 CONTEXT_INTERPOLATION = "nearest-log"
 
 
-def context_document(result: Any, ranges: dict[int, list[list[int]]], edges: list[int], source: str = "",
-                     rows: Any = None) -> KTable:
+def context_document(result: ContextAnalysis, ranges: dict[int, list[list[int]]], edges: list[int],
+                     source: str = "", rows: pd.DataFrame | None = None) -> KTable:
     """``dsdprof.ktable/v3`` from a :class:`dsdprof.decide.context.ContextAnalysis` (``rows``: the
     run's rows, for per-position acceptance when the analyses lack it), not validated yet, each
     slice's ``ranges`` and the buckets' ``edges`` (``formats.ktable.context_buckets``) given: the

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
-from typing import Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from dsdprof import __version__
 from dsdprof.errors import InputError
@@ -38,6 +38,10 @@ from dsdprof.formats.ktable import (
 )
 from dsdprof.formats.ktable_types import KTable, TableCell
 from dsdprof.formats.versions import TABLE_SCHEMA
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 # ----------------------------------------------------------------------------- building
 
@@ -106,7 +110,8 @@ def profiled_acceptance(per_cell: dict[tuple[int, int], list[float]]) -> list[fl
     return out
 
 
-def build_table(analysis: Any, source: str = "", rows: Any = None, decided: bool = True) -> KTable:
+def build_table(analysis: Any, source: str = "", rows: pd.DataFrame | None = None,
+                decided: bool = True) -> KTable:
     """``dsdprof.ktable/v2`` document from an :class:`dsdprof.decide.analysis.Analysis`, validated.
 
     Per-position acceptance comes from ``analysis.cells["acceptance_per_pos"]`` when the analysis
@@ -117,7 +122,7 @@ def build_table(analysis: Any, source: str = "", rows: Any = None, decided: bool
                                          decided=decided))
 
 
-def table_document(analysis: Any, ranges: list[list[int]], source: str = "", rows: Any = None,
+def table_document(analysis: Any, ranges: list[list[int]], source: str = "", rows: pd.DataFrame | None = None,
                    decided: bool = True) -> KTable:
     """:func:`build_table` before its validation, ``ranges`` given (``ranges_from_points`` of the
     analysis' points): the export path builds the document from plain data, calling nothing back,

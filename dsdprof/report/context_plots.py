@@ -16,7 +16,10 @@ import numpy as np
 from dsdprof.formats.jsontypes import ProvenanceView
 
 if TYPE_CHECKING:
+    import pandas as pd
     from matplotlib.figure import Figure
+
+    from dsdprof.decide.context import ContextAnalysis
 
 DPI = 130  # as dsdprof.report.plots (which imports this module: no import back)
 
@@ -67,7 +70,7 @@ def _heatmap(ax, analysis: Any, bs: list[int], ks: list[int]):
     return im
 
 
-def context_heatmaps_figure(result: Any, provenance: ProvenanceView | None = None):
+def context_heatmaps_figure(result: ContextAnalysis, provenance: ProvenanceView | None = None):
     """One goodput heatmap per context (a :class:`dsdprof.decide.context.ContextAnalysis`)."""
     contexts = result.contexts
     bs = sorted({int(b) for a in result.slices.values() for b in a.cells["batch_size"].unique()})
@@ -94,7 +97,7 @@ def context_heatmaps_figure(result: Any, provenance: ProvenanceView | None = Non
     return fig
 
 
-def context_k_figure(result: Any, provenance: ProvenanceView | None = None):
+def context_k_figure(result: ContextAnalysis, provenance: ProvenanceView | None = None):
     """K* against batch size, one line per context."""
     fig = _figure(7.5, 4.6)
     ax = fig.add_subplot(1, 1, 1)
@@ -118,7 +121,7 @@ def context_k_figure(result: Any, provenance: ProvenanceView | None = None):
     return fig
 
 
-def context_figures(df: Any, provenance: ProvenanceView, tolerance: float) -> dict[str, Figure]:
+def context_figures(df: pd.DataFrame, provenance: ProvenanceView, tolerance: float) -> dict[str, Figure]:
     """Both figures of a context sweep's rows (name -> figure)."""
     from dsdprof.decide.context import analyze_contexts
 

@@ -6,11 +6,16 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsdprof.report.html.model import Cell, Panel, TableData, finite, interval, num
 from dsdprof.report.html.svg import Mark, Series, xy_chart
 from dsdprof.report.html.sweep import heatmap_panel, records
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dsdprof.decide.context import ContextAnalysis
 
 
 def _ci(r: Any, col: str) -> str:
@@ -34,7 +39,7 @@ def validate_headline(comp: Any) -> list[str]:
     return lines
 
 
-def validate_panels(rows: Any, confidence: float) -> tuple[list[Panel], list[str]]:
+def validate_panels(rows: pd.DataFrame, confidence: float) -> tuple[list[Panel], list[str]]:
     """``validate-report``'s comparison: tokens/s per user of vanilla, each fixed K, the table's DSD
     (and the adaptive plugin), then regret against the best fixed K and speedup over vanilla; and
     its verdict lines (:func:`validate_headline`)."""
@@ -204,7 +209,7 @@ def drafts_panels(comp: Any) -> list[Panel]:
     return [p]
 
 
-def context_panels(by_context: Any) -> list[Panel]:
+def context_panels(by_context: ContextAnalysis) -> list[Panel]:
     """A context sweep: K* against batch size per context, and a goodput heatmap per context."""
     p = Panel("contexts", "K* against batch size, per context",
               "One line per context (prompt tokens) the sweep measured; hollow: not decided.")

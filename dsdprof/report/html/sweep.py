@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import pandas as pd
 
@@ -26,6 +26,9 @@ from dsdprof.report.html.model import (
     provenance_items,
 )
 from dsdprof.report.html.svg import Mark, Series, step_line, xy_chart
+
+if TYPE_CHECKING:
+    from dsdprof.config.run import Coverage
 
 
 class CellRecord(TypedDict, total=False):
@@ -330,7 +333,7 @@ def acceptance_panel(cells: list[CellRecord], per_pos_table: list[float] | None)
     return p
 
 
-def coverage_panel(coverage: Any, rows: Any) -> Panel:
+def coverage_panel(coverage: Coverage | None, rows: pd.DataFrame) -> Panel:
     p = Panel("coverage", "Coverage gaps and failed cells",
               "The planned grid against the cells that produced a number; failed cells with their errors.")
     if coverage is not None:
