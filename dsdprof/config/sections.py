@@ -3,6 +3,7 @@ as pydantic models, with the limits and the keys dsdprof reserves."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -56,6 +57,12 @@ def _without_unset(model: Any, data: dict[str, Any], name: str) -> dict[str, Any
     return data
 
 
+def _not_reserved(key: str, reserved: Collection[str], instead: str) -> None:
+    """A key dsdprof sets itself is refused, naming what sets it (``instead``)."""
+    if key in reserved:
+        raise ValueError(f"{key!r} is set by dsdprof ({instead}); it cannot be overridden")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -94,9 +101,7 @@ class EngineSpec(_Strict):
     @classmethod
     def _extra_keys(cls, v: dict[str, JsonValue]) -> dict[str, JsonValue]:
         for key in v:
-            if key in RESERVED_LLM_KEYS:
-                raise ValueError(f"{key!r} is set by dsdprof (use the [engine]/[sweep] keys); it cannot be "
-                                 f"overridden")
+            _not_reserved(key, RESERVED_LLM_KEYS, "use the [engine]/[sweep] keys")
             if key.startswith("dsdprof_"):
                 raise ValueError(f"{key!r}: dsdprof's timeouts are [engine] start_timeout_s / cell_timeout_s")
         return v
@@ -105,9 +110,8 @@ class EngineSpec(_Strict):
     @classmethod
     def _speculative_keys(cls, v: dict[str, JsonValue]) -> dict[str, JsonValue]:
         for key in v:
-            if key in RESERVED_SPECULATIVE_KEYS:
-                raise ValueError(f"{key!r} is set by dsdprof ([engine] method/draft_model, [sweep] "
-                                 "num_spec_tokens); it cannot be overridden")
+            _not_reserved(key, RESERVED_SPECULATIVE_KEYS,
+                          "[engine] method/draft_model, [sweep] num_spec_tokens")
             if key in SYNTHETIC_SPECULATIVE_KEYS or (key == "rejection_sample_method" and v[key]
                                                      == "synthetic"):
                 raise ValueError(f"{key!r}: use engine.synthetic_acceptance_rates (the run is then labelled "
