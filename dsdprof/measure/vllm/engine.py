@@ -19,7 +19,9 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import queue
 import secrets
+import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import replace
@@ -420,14 +422,10 @@ class Analysis:
     the cores first) and are not held idle for it. :meth:`submit` returns a future per K."""
 
     def __init__(self) -> None:
-        import queue
-
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: Any = None
+        self._jobs: queue.SimpleQueue[tuple[PairedRaw, dict[int, Future]] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
 
     def submit(self, raw: PairedRaw) -> dict[int, Future]:
-        import threading
-
         futures: dict[int, Future] = {k: Future() for k in raw.req.group}
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="dsdprof-analysis", daemon=True)
@@ -436,8 +434,6 @@ class Analysis:
         return futures
 
     def _work(self) -> None:
-        import threading
-
         try:  # Linux: the nice value of this thread alone
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):
