@@ -41,7 +41,7 @@ from dsdprof.formats.ktable import (
     validate_table,
 )
 from dsdprof.formats.ktable_engines import check_trtllm_config
-from dsdprof.formats.ktable_types import KTable
+from dsdprof.formats.ktable_types import KTable, ServedTable
 from dsdprof.formats.provenance import is_synthetic
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from dsdprof.decide.context import ContextAnalysis
 
 
-def _portable(table: Mapping[str, Any]) -> KTable:
+def _portable(table: ServedTable) -> KTable:
     return cast(KTable, table)
 
 
@@ -65,7 +65,7 @@ class ExportFormat:
     is written; ``check_written``: the document is checked right after it is built."""
 
     name: str
-    write: Callable[[Mapping[str, Any]], Mapping[str, object]]  # a KTable or an engine's config
+    write: Callable[[ServedTable], Mapping[str, object]]  # a KTable or an engine's config
     check: Callable[[Any], Any]
     engine: str = "vLLM"
     validate_first: bool = True

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import SLICE_KEYS as _SLICE_KEYS
-from dsdprof.formats.ktable_types import KTable
+from dsdprof.formats.ktable_types import KTable, ServedTable
 from dsdprof.formats.versions import TABLE_SCHEMA_V3
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def served_index(contexts: list[Any], context: int) -> int:
     return next((j for j, sl in enumerate(contexts) if context <= sl["max_context"]), len(contexts) - 1)
 
 
-def served_view(table: KTable, context: int | None) -> Mapping[str, Any]:
+def served_view(table: KTable, context: int | None) -> ServedTable:
     """What an engine's config reads of ``table`` (ranges, cap, provenance, ``vanilla_faster``) at
     ``context``'s slice, as plain data: the keys :func:`context_slice` takes from that slice
     (``table`` itself when ``context`` is None). Not validated: the export path validates the
@@ -107,7 +107,7 @@ def served_view(table: KTable, context: int | None) -> Mapping[str, Any]:
     view = {k: v for k, v in table.items() if k == "provenance"}
     view.update({k: chosen[k] for k in _SLICE_KEYS if k in chosen})
     view["num_speculative_tokens"] = cap if type(cap) is int else max(r[2] for r in chosen["ranges"])
-    return view
+    return cast(ServedTable, view)  # the slice's own keys
 
 
 def default_context(table: KTable) -> int:

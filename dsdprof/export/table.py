@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
@@ -36,7 +35,7 @@ from dsdprof.formats.ktable import (
     validate_ranges,
     validate_table,
 )
-from dsdprof.formats.ktable_types import KTable, TableCell
+from dsdprof.formats.ktable_types import KTable, ServedTable, TableCell
 from dsdprof.formats.versions import TABLE_SCHEMA
 
 if TYPE_CHECKING:
@@ -189,7 +188,7 @@ def gap_text(gain: float, lo: Any = None, hi: Any = None) -> str:
     return txt
 
 
-def vanilla_warning(table: Mapping[str, Any], engine: str = "vLLM") -> str | None:
+def vanilla_warning(table: ServedTable, engine: str = "vLLM") -> str | None:
     """What an export of ``table`` must say when the table records that a vanilla engine (no
     speculative config) measured faster than every K (``vanilla_faster``): the batch sizes, the gap
     with its interval, and that the schedule cannot express it (vLLM's K=0 still runs the drafter)."""
@@ -228,7 +227,7 @@ class VllmSpeculativeConfig(TypedDict, total=False):
     num_speculative_tokens_per_batch_size: list[list[int]]
 
 
-def vllm_speculative_config(table: Mapping[str, Any]) -> VllmSpeculativeConfig:
+def vllm_speculative_config(table: ServedTable) -> VllmSpeculativeConfig:
     """vLLM ``--speculative-config`` JSON serving this table in vLLM's dynamic-SD mode.
 
     Same output for v1 and v2 tables. The draft (``model``) is the table's ``provenance.draft_model``,
@@ -240,7 +239,7 @@ def vllm_speculative_config(table: Mapping[str, Any]) -> VllmSpeculativeConfig:
     return vllm_config_document(table)
 
 
-def vllm_config_document(table: Mapping[str, Any]) -> VllmSpeculativeConfig:
+def vllm_config_document(table: ServedTable) -> VllmSpeculativeConfig:
     """:func:`vllm_speculative_config` of a table validated elsewhere (plain data: this calls
     nothing back; the export path validates the table last). InputError when K = 0 everywhere,
     TableError when vLLM rejects the schedule."""
@@ -252,14 +251,14 @@ def vllm_config_document(table: Mapping[str, Any]) -> VllmSpeculativeConfig:
     prov = table.get("provenance", {})
     method = prov.get("method")
     if method:
-        cfg["method"] = method
+        cfg["method"] = cast(str, method)  # provenance values are strings (not checked here: plain data)
     draft = prov.get("draft_model")
     if draft and method not in ("ngram", "suffix", "mtp", None):
         # a draft directory that exists here is written absolute (the config then serves from any
         # directory); anything else as the sweep named it: a Hugging Face id, or a path relative to
         # the directory the sweep ran in (provenance.source is the run, relative to the same)
         local = Path(str(draft)).expanduser()
-        cfg["model"] = str(local.resolve()) if local.is_dir() else draft
+        cfg["model"] = str(local.resolve()) if local.is_dir() else cast(str, draft)
     cfg["num_speculative_tokens"] = max_k
     cfg["num_speculative_tokens_per_batch_size"] = ranges
     try:
@@ -287,7 +286,7 @@ def check_vllm_config(cfg: Any) -> None:
 COMPILATION_PROVENANCE = "extra_compilation_config"
 
 
-def vllm_compilation_config(table: Mapping[str, Any]) -> JSONObject:
+def vllm_compilation_config(table: ServedTable) -> JSONObject:
     """vLLM ``--compilation-config`` JSON with the CUDA-graph settings the table's measurement ran
     under, so that a server of :func:`vllm_speculative_config` captures the graphs that were timed.
 
@@ -297,7 +296,7 @@ def vllm_compilation_config(table: Mapping[str, Any]) -> JSONObject:
         raise InputError("--format", "vllm-compilation", "the measurement recorded no compilation_config "
                          "(a CPU engine, enforce_eager or the analytic model): serve as the sweep ran")
     try:
-        cfg = json.loads(raw)
+        cfg = json.loads(cast(str, raw))  # not a string: TypeError, refused below
     except (TypeError, ValueError):
         raise TableError(f"provenance.{COMPILATION_PROVENANCE}={raw!r}: not one run's JSON object "
                          "(tables of runs with different graph settings cannot carry one)") from None

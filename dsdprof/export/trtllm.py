@@ -30,13 +30,12 @@ length of 0 costs nothing on TensorRT-LLM is not measured here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import LAST_RANGE_END
 from dsdprof.formats.ktable_engines import check_trtllm_config
-from dsdprof.formats.ktable_types import KTable
+from dsdprof.formats.ktable_types import KTable, ServedTable
 
 # vLLM / dsdprof method name -> TensorRT-LLM speculative config ``decoding_type``.
 DECODING_TYPES = {"eagle3": "Eagle3", "eagle": "Eagle", "mtp": "MTP", "ngram": "NGram",
@@ -44,7 +43,7 @@ DECODING_TYPES = {"eagle3": "Eagle3", "eagle": "Eagle", "mtp": "MTP", "ngram": "
 _DRAFT_MODEL_METHODS = ("eagle3", "eagle", "draft_model")
 
 
-def draft_len_schedule(table: Mapping[str, Any]) -> tuple[int, dict[int, int]]:
+def draft_len_schedule(table: ServedTable) -> tuple[int, dict[int, int]]:
     """``(max_draft_len, {batch_size_threshold: draft_len})`` serving a table validated elsewhere
     (plain data: this calls nothing back; the export path validates the table last). InputError
     where TensorRT-LLM cannot serve it (K=0 everywhere, a K above batch size 1's)."""
@@ -90,7 +89,7 @@ class TrtllmDocument(TypedDict):
     speculative_config: TrtllmSpeculativeConfig
 
 
-def trtllm_config_document(table: Mapping[str, Any]) -> TrtllmDocument:
+def trtllm_config_document(table: ServedTable) -> TrtllmDocument:
     """``{"speculative_config": {...}}`` for ``trtllm-serve --extra_llm_api_options`` (JSON is YAML)
     serving a table validated elsewhere, not checked yet (plain data: the export path checks it by
     :func:`~dsdprof.formats.ktable_engines.check_trtllm_config`, and validates the table, last).
@@ -104,7 +103,7 @@ def trtllm_config_document(table: Mapping[str, Any]) -> TrtllmDocument:
         cfg["decoding_type"] = DECODING_TYPES[method]
     cfg["max_draft_len"] = max_draft_len
     if method in _DRAFT_MODEL_METHODS and prov.get("draft_model"):
-        cfg["speculative_model"] = prov["draft_model"]
+        cfg["speculative_model"] = cast(str, prov["draft_model"])
     cfg["draft_len_schedule"] = {str(k): v for k, v in schedule.items()}
     return {"speculative_config": cfg}
 

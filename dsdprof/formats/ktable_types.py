@@ -81,6 +81,18 @@ class _Served(TypedDict, total=False):
     vanilla_faster: list[VanillaRecord]
 
 
+class _RangesKey(TypedDict):
+    ranges: list[list[int]]
+
+
+class ServedTable(_RangesKey, _Served, total=False):
+    """What an engine's config reads of a table (a :class:`KTable`, or the view of one context
+    slice that ``dsdprof.export.context.served_view`` cuts): ranges, cap, provenance,
+    ``vanilla_faster``."""
+
+    provenance: ProvenanceRecord
+
+
 class _SliceKeys(TypedDict):
     max_context: int
     ranges: list[list[int]]
