@@ -446,12 +446,13 @@ def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: 
     s = Table(title="replay vs measured: mean over repeats", box=box.SIMPLE_HEAD, padding=(0, 1),
               pad_edge=False, caption="err %: the mean prediction against the mean measured makespan; "
               "max: the largest single rollout's |err|"
-              + f" ({kinds[-1]})" + ("; band: the mean fit's 90% band (both runs' repeat-to-repeat "
-                 f"spread, {band_pct(chk.band_half)}); in: it holds the measured mean" if model else ""))
+              + f" ({kinds[-1]})" + (f"; band: the mean {chk.band_on}'s 90% band (both runs' "
+                 f"repeat-to-repeat spread, {band_pct(chk.band_half)}); in: it holds the measured mean"
+                 if model else ""))
     for col in ("variant", "meas. s", *(f"{k} %" for k in kinds), "max %",
                 *(["band s", "in"] if model else [])):
         s.add_column(col, justify="right", no_wrap=True)
-    for _, x in replay_summary(chk.rows, chk.band_half).iterrows():
+    for _, x in replay_summary(chk.rows, chk.band_half, chk.band_on).iterrows():
         s.add_row(x["variant"], fmt_number(x["measured_s"], 2),
                   *(fmt_number(x[f"{k}_err"] * 100, 1) for k in kinds),
                   fmt_number(x[f"{kinds[-1]}_max_err"] * 100, 1),

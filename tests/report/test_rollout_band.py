@@ -13,6 +13,7 @@ import pytest
 from dsdprof.report.rollout import (
     RepeatSpread,
     band,
+    band_center,
     band_half,
     fit_step_model,
     repeat_spread,
@@ -29,10 +30,10 @@ PAIRS = [("rollout-fit-2026-12-03-1259.parquet", "rollout-heldout-2026-12-03-134
          ("rollout-fit-2026-12-03-1614.parquet", "rollout-heldout-2026-12-03-1619.parquet")]
 
 
-def _check(fit: pd.DataFrame, run: pd.DataFrame):
-    chk = replay_check(run, TABLE, runs=60, model=fit_step_model(fit, TABLE, runs=40),
+def _check(fit: pd.DataFrame, run: pd.DataFrame, table=TABLE):
+    chk = replay_check(run, table, runs=60, model=fit_step_model(fit, table, runs=40),
                        fit_spread=repeat_spread(fit))
-    return chk, replay_summary(chk.rows, chk.band_half)
+    return chk, replay_summary(chk.rows, chk.band_half, chk.band_on)
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=["loaded", "quiet"])
@@ -58,6 +59,29 @@ def test_on_the_quiet_pair_the_fit_point_is_within_5_percent_and_the_band_is_nar
         chk, s = _check(fit, run)
         assert s["fit_err"].abs().max() < 0.055, s[["variant", "fit_err"]]
         assert chk.band_half < 0.15  # the loaded pair's is 0.35
+        assert chk.band_on == "fit"  # vanilla's fit within 5 %: the machine did not move
+
+
+def test_runs_at_different_loads_centre_the_band_on_fitcal_and_it_holds():
+    """2026-12-06: run A at load 9-13, run B at 5-7 (the regenerated table). Fitted on the other
+    run, vanilla misses by +24 % and -31 %, the speculative variants by up to +64 % and -39 %: a
+    load change neither run's repeats (12 % and 7 %) show. The band around fit holds 1 of 5 and
+    0 of 5; around fitcal (vanilla's move taken out per repeat) at least 4 of 5 each way."""
+    table = json.loads((ROOT / "tables" / "toy-dense-cpu.json").read_text())
+    a, b = (pd.read_parquet(DATA / f"rollout-2026-12-06-{x}.parquet") for x in "ab")
+    for fit, run in ((a, b), (b, a)):
+        chk, s = _check(fit, run, table)
+        assert chk.band_on == "fitcal" and abs(chk.vanilla_fit_err) > 0.2
+        assert s["in_band"].mean() >= 0.8, s[["variant", "measured_s", "fitcal_s", "band_lo_s", "band_hi_s"]]
+        # the band around fit would not have held: the check can disagree
+        fit_in = [math.exp(-chk.band_half) <= m / f <= math.exp(chk.band_half)
+                  for m, f in zip(s["measured_s"], s["fit_s"])]
+        assert sum(fit_in) <= 1
+
+
+def test_band_center():
+    assert band_center(0.043) == "fit" and band_center(-0.088) == "fit" and band_center(math.nan) == "fit"
+    assert band_center(0.122) == "fitcal" and band_center(-0.306) == "fitcal"
 
 
 def _rows(makespans: dict[str, list[float]]) -> pd.DataFrame:
