@@ -79,6 +79,7 @@ def _text(case: Case, rng: np.random.Generator, n: int, length: int) -> tuple[np
 def _lag1(match: np.ndarray, length: int, k: int = 4) -> float:
     """Lag-1 correlation of a fixed-K server's accepted drafts, over its steps of every request."""
     xs, ys = [], []
+    k = min(k, match.shape[2])
     for row in match:
         t, acc = 1, []
         while t < length:

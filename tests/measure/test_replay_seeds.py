@@ -54,3 +54,25 @@ def test_replay_reads_at_most_a_little_low_with_rates_falling_by_depth():
     errs = _errors("sticky-depth")
     assert (np.abs(errs.mean(axis=0)) <= 0.0025).all(), errs.mean(axis=0)
     assert (np.quantile(np.abs(errs), 0.95, axis=0) <= 0.01).all(), np.quantile(np.abs(errs), 0.95, axis=0)
+
+
+def test_imputation_is_the_conditional_match_probability_given_the_state_path():
+    """Given a state path a position's match at depth j is P(u < e_j | what was seen there): the
+    replay takes that expectation instead of drawing u. One state's rates 0.8 / 0.6 (both chain
+    states alike, so the path does not matter): seen matched at depth 2, depth 1 matches surely;
+    seen rejected at depth 2, depth 1 matches with (0.8 - 0.6) / 0.4; unseen, with the rates; and
+    the draws of the old imputation average to the same numbers."""
+    from dsdprof.measure.vllm.replay import UNKNOWN, sample_matches
+
+    chain = (np.array([0.5, 0.5]), np.array([[0.9, 0.1], [0.1, 0.9]]), np.array([[0.8, 0.6], [0.8, 0.6]]))
+    x = np.array([[1, 0, UNKNOWN, 1, 0]], dtype=np.int8)
+    depth = np.array([[2, 2, 0, 1, 1]], dtype=np.int8)
+    m = sample_matches(x, depth, chain, np.random.default_rng(0))[0]
+    expect = [[1.0, 1.0], [0.5, 0.0], [0.8, 0.6], [1.0, 0.75], [0.0, 0.0]]
+    assert m.shape == (5, 2) and np.allclose(m, expect, atol=1e-6), m
+    rng = np.random.default_rng(1)  # one uniform per position, conditioned on what was seen, drawn
+    u = rng.random((200_000, 5))
+    obs = np.array([0.6, 0.6, 1.0, 0.8, 0.8])
+    u = np.where(x[0] == 1, u * obs, np.where(x[0] == 0, obs + u * (1 - obs), u))
+    drawn = (u[..., None] < np.array([0.8, 0.6])).mean(axis=0)
+    assert np.allclose(drawn, expect, atol=0.005), drawn

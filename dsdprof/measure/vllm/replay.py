@@ -17,8 +17,9 @@ step that drafted nothing) is the target's own and says nothing about ``d`` ther
 starts at ``t + a + 1``. Unknown positions are imputed from a two-state hidden chain along the
 position (easy and hard stretches; a match rate per state, or per state and depth when that fits
 better) fitted to the cell's known positions by EM (:func:`fit_chain`): ``IMPUTATIONS`` draws of
-the whole sequence from its posterior (:func:`sample_matches`), so that positions of one stretch
-stay correlated. Each fixed K is then replayed over every request and draw (:func:`replay`): a
+the whole sequence from its posterior (:func:`sample_matches`: a state path drawn per request, so
+that positions of one stretch stay correlated; given the path each position's match probability,
+not a drawn match). Each fixed K is then replayed over every request and draw (:func:`replay`): a
 step at ``t`` accepts the run of matches from ``t`` (the draft at ``t + i`` at depth ``i + 1``), up
 to K, and the request ends at its output length, the last step untrimmed as vLLM counts it;
 ``AL(K) = tokens / steps`` summed over requests and draws. Per wave block (bootstrap sample) the
@@ -186,11 +187,14 @@ def _select(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int, one: t
 
 
 def sample_matches(x: np.ndarray, depth: np.ndarray, chain: tuple, rng: np.random.Generator) -> np.ndarray:
-    """One imputation ``m[r, s, j - 1]`` (True: a draft at depth ``j`` matches at position ``s``)
-    from the chain's posterior: a state path per request drawn backward from the filtered states,
-    then one uniform draw ``u`` per position, conditioned on what was observed there (a draft at
-    depth j matches when ``u`` is below the state's rate at j). With one rate per state a known
-    position is the same at every depth."""
+    """One imputation ``m[r, s, j - 1]``: the probability that a draft at depth ``j`` matches at
+    position ``s``, given a state path per request drawn from the chain's posterior (backward from
+    the filtered states) and what was observed there. Given the path, positions are independent: a
+    draft at depth j matches when the position's uniform ``u`` is below the state's rate ``e_j``, so
+    an unknown position matches with ``e_j``, one seen matched at depth d with ``min(e_j, e_d) /
+    e_d`` and one seen rejected with ``max(e_j - e_d, 0) / (1 - e_d)``. (The path is drawn; ``u``
+    is not, its expectation is taken: the same mean as drawing it, less noise.) With one rate per
+    state a known position is the same at every depth."""
     pi, a, e = chain
     kmax = e.shape[1]
     _, _, _, alpha = _forward_backward(_emissions(x, depth, e), pi, a)
@@ -202,11 +206,23 @@ def sample_matches(x: np.ndarray, depth: np.ndarray, chain: tuple, rng: np.rando
             p = alpha[:, s] * a[:, state[:, s + 1]].T
             p /= p.sum(axis=1, keepdims=True)
         state[:, s] = rng.random(r) > p[:, 0]
-    e = np.where(e >= 1 - 1e-6, 1.0, np.where(e <= 1e-6, 0.0, e))  # EM's clipped 0s and 1s: exact
+    e = np.where(e >= 1 - 1e-6, 1.0, np.where(e <= 1e-6, 0.0, e)).astype(np.float32)  # clipped 0s, 1s: exact
     obs = e[state, np.clip(depth, 1, kmax) - 1]  # the rate at the observed depth
-    u = rng.random((r, t))
-    u = np.where(x == 1, u * obs, np.where(x == 0, obs + u * (1.0 - obs), u))
-    return u[..., None] < e[state]
+    m = e[state]  # [r, t, depth]: unknown positions keep the state's rates
+    for seen, cond in ((x == 1, _given_match), (x == 0, _given_reject)):
+        if seen.any():
+            m[seen] = cond(m[seen], obs[seen][:, None])
+    return m
+
+
+def _given_match(rate: np.ndarray, obs: np.ndarray) -> np.ndarray:
+    """P(u < rate | u < obs) for a uniform u (obs 0: u is 0)."""
+    return np.where(obs > 0, np.minimum(rate, obs) / np.maximum(obs, 1e-30), rate > 0)
+
+
+def _given_reject(rate: np.ndarray, obs: np.ndarray) -> np.ndarray:
+    """P(u < rate | u >= obs) for a uniform u (obs 1: u is 1)."""
+    return np.where(obs < 1, np.maximum(rate - obs, 0) / np.maximum(1 - obs, 1e-30), 0)
 
 
 def replay(m: np.ndarray, lengths: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
