@@ -380,8 +380,9 @@ def _replay(
         padding=(0, 1),
         pad_edge=False,
         caption="5-95%: the replays' spread (acceptance luck); adaptive: the table's schedule"
-        + ("" if model is None else "; step times fitted on --fit; band: the 90% band of one rollout "
-           "on that machine (acceptance luck and twice the fitted run's repeat-to-repeat spread)"),
+        if model is None else "step times, prefill, acceptance and the plugin's K fitted on --fit; "
+        "band: the 90% band of one rollout on that machine (acceptance luck and twice the fitted "
+        "run's repeat-to-repeat spread)",
     )
     from dsdprof.report.rollout import band, band_half
 
