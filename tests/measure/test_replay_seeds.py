@@ -36,10 +36,11 @@ def _errors(name: str) -> np.ndarray:
 @pytest.mark.slow  # 22 s at load ~5 (10 replays)
 def test_replay_is_centred_over_seeds_with_one_rate_at_every_depth():
     """Lag-1 0.4, one rate at every depth, 10 seeds: the mean error within +-0.1 % at every K 1-4
-    (issue 45's bar; the benchmark's 20 seeds: -0.04 to +0.01 %). A trimmed last step read as a
-    rejection (-0.2 % at every K) fails it. The spread is a guard, not the issue's bar: 95th
-    percentile <= 1 % (0.18-0.85 % here; 0.23-0.51 % on seeds 0-19; issue 45 asks 0.5 %, not met:
-    docs/lab/precision-replay.md)."""
+    (issue 45's bar; here -0.04 to +0.09 %, the benchmark's 20 seeds -0.01 to +0.03 %). A trimmed
+    last step read as a rejection (-0.2 % at every K) fails it. The spread is a guard, not the
+    issue's bar: 95th percentile <= 1 % (0.18-0.81 % here; 0.20-0.59 % on seeds 0-19). Issue 45's
+    0.5 % cannot hold at K=4 at this size: the truth's own chain, unfitted, leaves 0.58 %; at 512
+    requests it holds (docs/lab/precision-replay.md)."""
     errs = _errors("long")
     assert (np.abs(errs.mean(axis=0)) <= 0.001).all(), errs.mean(axis=0)
     assert (np.quantile(np.abs(errs), 0.95, axis=0) <= 0.01).all(), np.quantile(np.abs(errs), 0.95, axis=0)
@@ -49,8 +50,8 @@ def test_replay_is_centred_over_seeds_with_one_rate_at_every_depth():
 def test_replay_reads_at_most_a_little_low_with_rates_falling_by_depth():
     """Lag-1 0.3, rates falling 15 % per depth, 10 seeds: the mean error within +-0.25 % at every K
     1-4 and the 95th percentile of |error| <= 1 %. A guard on the state issue 45 left open: the
-    benchmark's seeds 0-19 read -0.14 to -0.19 % on average (the issue asks +-0.1 %); seeds
-    100-109 are within +-0.1 %."""
+    benchmark's seeds 0-19 read -0.12 to -0.16 % on average (the issue asks +-0.1 %; the truth's
+    own chain reads -0.03 to -0.13 % there); seeds 100-109 read -0.09 to +0.03 %."""
     errs = _errors("sticky-depth")
     assert (np.abs(errs.mean(axis=0)) <= 0.0025).all(), errs.mean(axis=0)
     assert (np.quantile(np.abs(errs), 0.95, axis=0) <= 0.01).all(), np.quantile(np.abs(errs), 0.95, axis=0)
