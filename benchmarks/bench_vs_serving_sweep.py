@@ -560,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", default="1,4,16")
     ap.add_argument("--ks", default="0,1,2,3,4")
     ap.add_argument("--waves", type=int, default=10, help="dsdprof sweep: paired waves per batch size")
+    ap.add_argument("--output-len", type=int, default=256,
+                    help="output tokens per request, both methods (guidellm's tok/s counts TTFT: at the "
+                         "toy spec's 32 it is most of a request at BS 1, docs/lab)")
     ap.add_argument("--repeats", type=int, default=3, help="baseline: guidellm repeats per server")
     ap.add_argument("--groups", default="vanilla,fixed-1,fixed-2,fixed-0;"
                                         "vanilla,fixed-3,fixed-4,table-dsdprof",
@@ -590,7 +593,10 @@ def main(argv: list[str] | None = None) -> int:
     for sub in ("logs", "guidellm", "tables"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     spec = tomllib.loads(a.spec.read_text())
-    spec["sweep"].update(batch_sizes=bss, num_spec_tokens=ks, waves=a.waves, design="paired")
+    spec["sweep"].update(batch_sizes=bss, num_spec_tokens=ks, waves=a.waves, design="paired",
+                         output_len=a.output_len)
+    need = int(spec["workload"].get("input_len", 32)) + a.output_len + max(ks) + 1
+    spec["engine"]["max_model_len"] = max(int(spec["engine"].get("max_model_len", 512)), need)
     spec_path = out / "spec.toml"
     spec_path.write_text(_toml(spec))
     e = spec["engine"]
