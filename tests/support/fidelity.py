@@ -237,14 +237,12 @@ def fit_params(t: Terms, idx: np.ndarray | None = None) -> np.ndarray:
     return sol.x * scale
 
 
-@dataclass(frozen=True)
-class LooResult:
-    """Leave-one-out: each point predicted by priors fitted on all the others."""
+class PredictionErrors:
+    """``errors`` and ``mape`` of a result holding ``predicted_s`` and ``published_s`` (one home for
+    both: :class:`LooResult` here, ``BandCheck`` in tests/support/fidelity_band.py)."""
 
-    points: list[Point]
     predicted_s: np.ndarray
     published_s: np.ndarray
-    theta_all: np.ndarray  # fitted on every point: the shipped priors
 
     @property
     def errors(self) -> np.ndarray:
@@ -253,6 +251,16 @@ class LooResult:
     @property
     def mape(self) -> float:
         return float(np.mean(np.abs(self.errors)) * 100.0)
+
+
+@dataclass(frozen=True)
+class LooResult(PredictionErrors):
+    """Leave-one-out: each point predicted by priors fitted on all the others."""
+
+    points: list[Point]
+    predicted_s: np.ndarray
+    published_s: np.ndarray
+    theta_all: np.ndarray  # fitted on every point: the shipped priors
 
     @property
     def low_share(self) -> float:

@@ -65,7 +65,7 @@ def shipped_table(points: list[fid.Point]) -> tuple[sb.CategoryError, ...]:
 
 
 @dataclass(frozen=True)
-class BandCheck:
+class BandCheck(fid.PredictionErrors):
     """Every point predicted with its whole source held out: nominal, band, published (seconds)."""
 
     points: list[fid.Point]
@@ -74,14 +74,6 @@ class BandCheck:
     high_s: np.ndarray
     published_s: np.ndarray
     stated: bool
-
-    @property
-    def errors(self) -> np.ndarray:
-        return self.predicted_s / self.published_s - 1.0
-
-    @property
-    def mape(self) -> float:
-        return float(np.mean(np.abs(self.errors)) * 100)
 
     @property
     def covered(self) -> np.ndarray:
