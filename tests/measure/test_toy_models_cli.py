@@ -52,7 +52,11 @@ def test_hidden_and_layers_build_the_benchmarks_tiny_pair(built, tmp_path):
     (["--hidden", "0"], "--hidden=0"), (["--layers", "1"], "--layers=1"), (["--layers", "65"], "--layers=65"),
     (["--hidden", "96", "--heads", "5"], "--heads=5"),
     (["--kind", "dense", "--kv-heads", "3"], "--kv-heads=3"),
-    (["--experts", "1"], "--experts=1"), (["--kind", "big"], "--kind='big'")])
+    (["--experts", "1"], "--experts=1"), (["--kind", "big"], "--kind='big'"),
+    # not a number: the same one line, not typer's multi-line error box
+    (["--hidden", "abc"], "--hidden='abc'"), (["--layers", "2.5"], "--layers='2.5'"),
+    (["--seed", "x"], "--seed='x'"), (["--residual-scale", "big"], "--residual-scale='big'"),
+    (["--top-k", ""], "--top-k=''")])
 def test_bad_values_are_one_line_naming_option_and_value(built, tmp_path, args, shown):
     res = CliRunner().invoke(app, ["toy-models", str(tmp_path), *args])
     assert res.exit_code == 2, res.output
