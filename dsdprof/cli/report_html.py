@@ -28,7 +28,8 @@ def _report(
     against batch size, speedup over vanilla, the goodput heatmap, step time, acceptance,
     coverage gaps and failed cells."""
     from dsdprof.io.atomic import check_output_path, write_bytes_atomic
-    from dsdprof.report.html import build_report, render_html
+    from dsdprof.report.html.build import build_report
+    from dsdprof.report.html.render import render_html
 
     if not 0 <= tolerance < 1:  # bad input is one line before any work, as analyze and export say it
         raise fail(f"--tolerance={tolerance!r}: must be in [0, 1)")

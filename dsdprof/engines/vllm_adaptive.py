@@ -1,7 +1,8 @@
 """Public path of the adaptive serving plugin:
-``scheduler_cls = "dsdprof.engines.vllm_adaptive.make_scheduler"``.
+``scheduler_cls = "dsdprof.engines.vllm_adaptive.make_scheduler"`` (docs/vllm-internals.md).
 
-Re-exports :mod:`dsdprof.plugins.vllm_adaptive`, where the code lives."""
+The code lives in :mod:`dsdprof.plugins.vllm_adaptive`; only the documented name is re-exported."""
 
-from dsdprof.plugins.vllm_adaptive import *  # noqa: F401,F403 - re-exports
-from dsdprof.plugins.vllm_adaptive import make_scheduler  # noqa: F401
+from dsdprof.plugins.vllm_adaptive import make_scheduler
+
+__all__ = ["make_scheduler"]

@@ -1,11 +1,8 @@
 """Public path of the profiling scheduler:
-``scheduler_cls = "dsdprof.engines.vllm_scheduler.make_scheduler"``.
+``scheduler_cls = "dsdprof.engines.vllm_scheduler.make_scheduler"`` (docs/vllm-internals.md).
 
-Re-exports :mod:`dsdprof.plugins.vllm_profiling`, where the code lives."""
+The code lives in :mod:`dsdprof.plugins.vllm_profiling`; only the documented name is re-exported."""
 
-from dsdprof.plugins.vllm_profiling import (  # noqa: F401 - re-exports
-    TracingAsyncScheduler,
-    TracingScheduler,
-    make_scheduler,
-    scheduler_class_for,
-)
+from dsdprof.plugins.vllm_profiling import make_scheduler
+
+__all__ = ["make_scheduler"]

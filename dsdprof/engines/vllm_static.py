@@ -1,11 +1,8 @@
 """Public path of the static scheduler with metrics:
-``scheduler_cls = "dsdprof.engines.vllm_static.make_scheduler"``.
+``scheduler_cls = "dsdprof.engines.vllm_static.make_scheduler"`` (docs/vllm-internals.md).
 
-Re-exports :mod:`dsdprof.plugins.vllm_static`, where the code lives."""
+The code lives in :mod:`dsdprof.plugins.vllm_static`; only the documented name is re-exported."""
 
-from dsdprof.plugins.vllm_static import (  # noqa: F401 - re-exports
-    StaticAsyncScheduler,
-    StaticScheduler,
-    make_scheduler,
-    scheduler_class_for,
-)
+from dsdprof.plugins.vllm_static import make_scheduler
+
+__all__ = ["make_scheduler"]

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dsdprof.measure.engine import Cell, CellMeasurement, Engine, Provenance, plan_cells
+from dsdprof.measure.engine import Engine
 
 if TYPE_CHECKING:
     from dsdprof.config.spec import SweepSpec
-
-__all__ = ["Cell", "CellMeasurement", "Engine", "Provenance", "make_engine", "plan_cells"]
 
 
 def make_engine(spec: SweepSpec, out_dir=None, stream_engine_log: bool = False) -> Engine:

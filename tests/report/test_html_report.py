@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dsdprof.report.html import build_report, render_html
+from dsdprof.report.html.build import build_report
+from dsdprof.report.html.render import render_html
 from tests.report.html_browser import CHROMIUM, Browser, open_report
 
 ROOT = Path(__file__).resolve().parents[2]
