@@ -42,9 +42,7 @@ class TablePoint(_PointKeys, total=False):
     ci_high: float | None
 
 
-class _CellKeys(TypedDict):
-    batch_size: int
-    k: int
+class _CellKeys(_PointKeys):
     itl_s: float
     acceptance_length: float
 
@@ -93,9 +91,8 @@ class ServedTable(_RangesKey, _Served, total=False):
     provenance: ProvenanceRecord
 
 
-class _SliceKeys(TypedDict):
+class _SliceKeys(_RangesKey):
     max_context: int
-    ranges: list[list[int]]
 
 
 class ContextSlice(_SliceKeys, _Served, total=False):
@@ -105,9 +102,8 @@ class ContextSlice(_SliceKeys, _Served, total=False):
     partial: str
 
 
-class _TableKeys(TypedDict):
+class _TableKeys(_RangesKey):
     schema: str
-    ranges: list[list[int]]
 
 
 class KTable(_TableKeys, _Served, total=False):
