@@ -6,7 +6,7 @@ docs/rollouts.md is the reference."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,6 +31,14 @@ def _ci(r: float, lo: float, hi: float) -> str:
     return txt + (f" [{lo:.3f},{hi:.3f}]" if not math.isnan(lo) else "")
 
 
+def _table(title: str, caption: str, columns: Sequence[str]) -> Table:
+    """A rollout or replay table: every column right-aligned and never wrapped."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, caption=caption)
+    for col in columns:
+        t.add_column(col, justify="right", no_wrap=True)
+    return t
+
+
 def render_rollout(df) -> list[Table]:
     """Rich tables of a run: rollout variants (makespan ratios with paired intervals) and serving."""
     from dsdprof.report.rollout import rollout_summary, serving_summary
@@ -38,16 +46,10 @@ def render_rollout(df) -> list[Table]:
     out = []
     r = rollout_summary(df)
     if len(r):
-        t = Table(
-            title="rollout: medians over repeats",
-            box=box.SIMPLE_HEAD,
-            padding=(0, 1),
-            pad_edge=False,
-            caption="ratio = makespan / vanilla's or / the best fixed K's (same repeat), geometric mean, "
-            "95% t interval over repeats; < 1 is faster",
-        )
-        for col in ("variant", "makespan s", "tok/s", "tail s", "K", "vs vanilla", "vs best fixed"):
-            t.add_column(col, justify="right", no_wrap=True)
+        t = _table("rollout: medians over repeats",
+                   "ratio = makespan / vanilla's or / the best fixed K's (same repeat), geometric mean, "
+                   "95% t interval over repeats; < 1 is faster",
+                   ("variant", "makespan s", "tok/s", "tail s", "K", "vs vanilla", "vs best fixed"))
         for _, x in r.iterrows():
             t.add_row(
                 x["variant"],
@@ -61,28 +63,11 @@ def render_rollout(df) -> list[Table]:
         out.append(t)
     s = serving_summary(df)
     if len(s):
-        t = Table(
-            title="serving: medians over repeats",
-            box=box.SIMPLE_HEAD,
-            padding=(0, 1),
-            pad_edge=False,
-            caption="ms; goodput req/s within the SLOs; lookup%: steps whose lookup batch size (prefill "
-            "chunks included) differs from the requests decoding; K%: the table's K differs",
-        )
-        for col in (
-            "rate",
-            "variant",
-            "TTFT50",
-            "TPOT50",
-            "TPOT90",
-            "TPOT99",
-            "ITL99",
-            "good",
-            "K",
-            "lookup%",
-            "K%",
-        ):
-            t.add_column(col, justify="right", no_wrap=True)
+        t = _table("serving: medians over repeats",
+                   "ms; goodput req/s within the SLOs; lookup%: steps whose lookup batch size (prefill "
+                   "chunks included) differs from the requests decoding; K%: the table's K differs",
+                   ("rate", "variant", "TTFT50", "TPOT50", "TPOT90", "TPOT99", "ITL99", "good", "K",
+                    "lookup%", "K%"))
         for _, x in s.iterrows():
             t.add_row(
                 f"{x['rate_per_s']:g}",
@@ -104,11 +89,9 @@ def render_rollout(df) -> list[Table]:
 def _render_serving_ratios(df) -> Table:
     from dsdprof.report.rollout import serving_ratios
 
-    t = Table(title="serving: output tokens/s, paired by repeat", box=box.SIMPLE_HEAD, padding=(0, 1),
-              pad_edge=False, caption="ratio to vanilla's and to the best fixed K's at that rate, "
-              "geometric mean, 95% t interval over repeats; > 1 is faster")
-    for col in ("rate", "variant", "vs vanilla", "vs best fixed", "best"):
-        t.add_column(col, justify="right", no_wrap=True)
+    t = _table("serving: output tokens/s, paired by repeat",
+               "ratio to vanilla's and to the best fixed K's at that rate, geometric mean, 95% t interval "
+               "over repeats; > 1 is faster", ("rate", "variant", "vs vanilla", "vs best fixed", "best"))
     for _, x in serving_ratios(df).iterrows():
         t.add_row(f"{x['rate_per_s']:g}", x["variant"], _ci(x["vs_vanilla"], x["vs_vanilla_lo"],
                   x["vs_vanilla_hi"]), _ci(x["vs_best"], x["vs_best_lo"], x["vs_best_hi"]), x["best_fixed"])
@@ -120,11 +103,9 @@ def render_timeline(df, repeat: int = 0) -> Table:
     steps that scheduled one K (time, batch size first -> last, steps)."""
     from dsdprof.report.rollout import k_segments, k_timeline
 
-    t = Table(title=f"rollout r{repeat}: batch size over time against the K served", box=box.SIMPLE_HEAD,
-              padding=(0, 1), pad_edge=False, caption="batch size = requests scheduled (vLLM's lookup); "
-              "K = what the step scheduled for the next")
-    for col in ("variant", "seconds", "batch size", "steps", "K"):
-        t.add_column(col, justify="right", no_wrap=True)
+    t = _table(f"rollout r{repeat}: batch size over time against the K served",
+               "batch size = requests scheduled (vLLM's lookup); K = what the step scheduled for the next",
+               ("variant", "seconds", "batch size", "steps", "K"))
     for v, steps in k_timeline(df, repeat=repeat).items():
         for i, seg in enumerate(k_segments(steps)):
             t.add_row(v if i == 0 else "", f"{seg['t_start']:.2f}-{seg['t_end']:.2f}",
@@ -424,17 +405,11 @@ def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: 
 
     chk = replay_check(read_rollout_rows(source), table, runs, model=model, fit_spread=fit_spread)
     kinds = ["raw", "cal"] + (["fit", "fitcal"] if model is not None else [])
-    t = Table(
-        title="replay vs measured makespan, per rollout",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        pad_edge=False,
-        caption="err %: predicted / measured - 1. raw: the table's step times; cal.: scaled by the "
-        "repeat's vanilla (" + ", ".join(f"r{r} {s:.3f}" for r, s in chk.scale.items()) + ")"
-        + ("; fit: fitted on --fit; fitcal: fit scaled by the repeat's vanilla" if model else ""),
-    )
-    for col in ("rep", "variant", "measured s", *(f"{k} %" for k in kinds), "steps m/p"):
-        t.add_column(col, justify="right", no_wrap=True)
+    t = _table("replay vs measured makespan, per rollout",
+               "err %: predicted / measured - 1. raw: the table's step times; cal.: scaled by the "
+               "repeat's vanilla (" + ", ".join(f"r{r} {s:.3f}" for r, s in chk.scale.items()) + ")"
+               + ("; fit: fitted on --fit; fitcal: fit scaled by the repeat's vanilla" if model else ""),
+               ("rep", "variant", "measured s", *(f"{k} %" for k in kinds), "steps m/p"))
     for _, x in chk.rows.iterrows():
         t.add_row(
             str(x["repeat"]),
@@ -444,15 +419,13 @@ def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: 
             f"{x['steps_measured']}/{fmt_number(x['steps_predicted'], 1)}",
         )
     console.print(t)
-    s = Table(title="replay vs measured: mean over repeats", box=box.SIMPLE_HEAD, padding=(0, 1),
-              pad_edge=False, caption="err %: the mean prediction against the mean measured makespan; "
-              "max: the largest single rollout's |err|"
-              + f" ({kinds[-1]})" + (f"; band: the mean {chk.band_on}'s 90% band (both runs' "
-                 f"repeat-to-repeat spread, {band_pct(chk.band_half)}); in: it holds the measured mean"
-                 if model else ""))
-    for col in ("variant", "meas. s", *(f"{k} %" for k in kinds), "max %",
-                *(["band s", "in"] if model else [])):
-        s.add_column(col, justify="right", no_wrap=True)
+    s = _table("replay vs measured: mean over repeats",
+               "err %: the mean prediction against the mean measured makespan; max: the largest single "
+               "rollout's |err|" + f" ({kinds[-1]})" + (f"; band: the mean {chk.band_on}'s 90% band (both "
+               f"runs' repeat-to-repeat spread, {band_pct(chk.band_half)}); in: it holds the measured mean"
+               if model else ""),
+               ("variant", "meas. s", *(f"{k} %" for k in kinds), "max %",
+                *(["band s", "in"] if model else [])))
     for _, x in replay_summary(chk.rows, chk.band_half, chk.band_on).iterrows():
         s.add_row(x["variant"], fmt_number(x["measured_s"], 2),
                   *(fmt_number(x[f"{k}_err"] * 100, 1) for k in kinds),
