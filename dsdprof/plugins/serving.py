@@ -20,9 +20,11 @@ Every vLLM method dsdprof's serving engines override is overridden here, once, a
 instance: ``has_requests``, ``add_request``, ``schedule``, ``update_from_output``,
 ``update_draft_token_ids``, ``update_draft_token_ids_in_output``; and ``make_spec_decoding_stats``
 only where the K part counts drafts (vLLM logs no stats): vLLM calls it once per drafted request, so
-an override would cost every engine that logs stats a frame per request; there the scheduler's class
-is :func:`counting_class`'s subclass of its own, whose ``make_spec_decoding_stats`` is the K part's
-counter, read by a C-level property (no frame of ours). The tracer's own list is in
+an override would cost every engine that logs stats a frame per request; there its class is a
+C-level property returning the K part's counter (no frame of ours). At start a scheduler takes
+:func:`serving_class`'s variant of its class: where no part acts in one of the methods above (no
+tracer, no metrics part, no K part), the variant holds vLLM's own function for it, so an engine pays
+a frame of ours per step only for the parts it runs. The tracer's own list is in
 :mod:`dsdprof.plugins.vllm_profiling`; docs/vllm-internals.md lists both.
 """
 
@@ -103,20 +105,33 @@ def _set_spec_stats(sched: ServingScheduler, fn: Callable[..., object]) -> None:
     sched._dsdprof_spec_stats = fn
 
 
-_COUNTING: dict[type, type] = {}
+_VARIANTS: dict[tuple[type, frozenset[str], bool], type] = {}
+
+
+def serving_class(cls: type, direct: frozenset[str] = frozenset(), counting: bool = False) -> type:
+    """The class a serving scheduler of class ``cls`` takes at start: ``cls`` itself, or its subclass
+    (one per combination, made once) in which every method named in ``direct`` is vLLM's own function
+    -- a call costs no frame of ours where no part acts in it -- and, with ``counting``,
+    ``make_spec_decoding_stats`` is the instance's ``_dsdprof_spec_stats`` (the K part's
+    :class:`~dsdprof.plugins.spec_count.SpecCount` counter, when vLLM logs no stats)."""
+    if not direct and not counting:
+        return cls
+    key = (cls, direct, counting)
+    sub = _VARIANTS.get(key)
+    if sub is None:
+        vllm: Any = super(_DsdprofMixin, cls)  # vLLM's scheduler: the classes after the tracer
+        ns: dict[str, object] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                 "__doc__": cls.__doc__, "_dsdprof_serving_base": cls}
+        ns.update((name, getattr(vllm, name)) for name in sorted(direct))
+        if counting:  # vLLM calls it once per drafted request: a C-level attribute read, no frame of ours
+            ns["make_spec_decoding_stats"] = property(attrgetter("_dsdprof_spec_stats"), _set_spec_stats)
+        sub = _VARIANTS[key] = type(cls.__name__, (cls,), ns)
+    return sub
 
 
 def counting_class(cls: type) -> type:
-    """``cls`` whose ``make_spec_decoding_stats`` is the instance's ``_dsdprof_spec_stats`` (the K
-    part's :class:`~dsdprof.plugins.spec_count.SpecCount` counter): the class a serving scheduler
-    takes at start when vLLM logs no stats (one per class, made once)."""
-    sub = _COUNTING.get(cls)
-    if sub is None:
-        sub = _COUNTING[cls] = type(cls.__name__, (cls,), {
-            "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
-            # vLLM calls it once per drafted request: a C-level attribute read, no frame of ours
-            "make_spec_decoding_stats": property(attrgetter("_dsdprof_spec_stats"), _set_spec_stats)})
-    return sub
+    """``cls`` whose ``make_spec_decoding_stats`` is the K part's counter (:func:`serving_class`)."""
+    return serving_class(cls, counting=True)
 
 
 class ServingScheduler(TracingScheduler):
@@ -154,19 +169,37 @@ class ServingScheduler(TracingScheduler):
         self._draft_out = vllm.update_draft_token_ids_in_output
         k = self.dsdprof_k = (None if self.k_part is None
                               else self.k_part(self, additional_config, env, self._dsdprof_serve))
+        counting = False
         if k is not None:
             self._dsdprof_static = list(k.lookup)  # validate's ARM_TABLE: K at start
             if k.count is not None:  # vLLM logs no stats: the K part counts vLLM's drafts
                 self._dsdprof_spec_stats = k.count.counter
-                self.__class__ = counting_class(type(self))
+                counting = True
         self.dsdprof_metrics = None
-        if not enabled(additional_config, env):
+        if enabled(additional_config, env):
+            cfg = additional_config if isinstance(additional_config, dict) else {}
+            table = ((cfg.get("dsdprof_adaptive") or {}).get("table", "")
+                     if self.dsdprof_mode == "adaptive" else "")
+            self.dsdprof_metrics = StepMetrics(self, k, self.dsdprof_mode, str(table), env)
+        else:
             logger.info("dsdprof metrics: off")
-            return
-        cfg = additional_config if isinstance(additional_config, dict) else {}
-        table = ((cfg.get("dsdprof_adaptive") or {}).get("table", "")
-                 if self.dsdprof_mode == "adaptive" else "")
-        self.dsdprof_metrics = StepMetrics(self, k, self.dsdprof_mode, str(table), env)
+        cls = getattr(type(self), "_dsdprof_serving_base", type(self))
+        self.__class__ = serving_class(cls, self._direct(k, self.dsdprof_metrics), counting)
+
+    def _direct(self, k: KPart | None, m: StepMetrics | None) -> frozenset[str]:
+        """The overridden methods in which no part acts here: served by vLLM's own function."""
+        names = set()
+        if m is None:
+            names |= {"update_draft_token_ids", "update_draft_token_ids_in_output"}
+        if not self._dsdprof_traced:
+            names.add("has_requests")
+            if m is None:
+                names.add("add_request")
+            if k is None:
+                names.add("schedule")
+                if m is None:
+                    names.add("update_from_output")
+        return frozenset(names)
 
     def _dsdprof_serve(self, lookup: Lookup) -> None:
         """The K part's new lookup: served from the next step (this one too when no run's request

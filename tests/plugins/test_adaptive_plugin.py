@@ -349,7 +349,26 @@ def test_without_a_run_secret_vllms_own_methods_are_called_directly(tmp_path, mo
                                (s._schedule, Scheduler.schedule), (s._update, Scheduler.update_from_output)):
         assert bound.__func__ is vllm_method
     assert s.make_spec_decoding_stats is s.dsdprof_k.count.counter  # log_stats off: the K part counts
-    assert type(s) is counting_class(va.AdaptiveScheduler) and type(s).__mro__[1] is va.AdaptiveScheduler
+    assert type(s).__mro__[1] is va.AdaptiveScheduler and type(s).__name__ == "AdaptiveScheduler"
+    # untraced, metrics on: has_requests has no part acting in it, so it is vLLM's own function;
+    # the rest are the serving scheduler's (metrics / K part act in them)
+    assert type(s).has_requests is Scheduler.has_requests
+    for name in vllm_methods - {"has_requests", "make_spec_decoding_stats"}:
+        assert getattr(type(s), name).__qualname__ == f"ServingScheduler.{name}", name
+    monkeypatch.setenv("DSDPROF_METRICS", "0")  # metrics off: vLLM's own drafts and add_request too
+    off = make_scheduler(va.AdaptiveScheduler, config, log_stats=False)
+    assert off.dsdprof_metrics is None and type(off) is not type(s)
+    for name in ("has_requests", "add_request", "update_draft_token_ids", "update_draft_token_ids_in_output"):
+        assert getattr(type(off), name) is getattr(Scheduler, name), name
+    for name in ("schedule", "update_from_output"):  # the K part acts in them
+        assert getattr(type(off), name).__qualname__ == f"ServingScheduler.{name}", name
+    static_off = make_scheduler(StaticScheduler, config)  # no part at all: vLLM's own every method
+    assert all(getattr(type(static_off), n) is getattr(Scheduler, n) for n in vllm_methods)
+    assert isinstance(static_off, StaticScheduler)
+    s._serving_setup(config.additional_config)  # set up again: the variant of its own base class
+    assert type(s).__mro__[1] is va.AdaptiveScheduler
+    monkeypatch.delenv("DSDPROF_METRICS")
+    assert counting_class(va.AdaptiveScheduler).has_requests.__qualname__ == "ServingScheduler.has_requests"
     assert make_scheduler(va.AdaptiveScheduler, config).make_spec_decoding_stats.__func__ is (
         Scheduler.make_spec_decoding_stats)
     monkeypatch.setenv("DSDPROF_RUN_TOKEN", "t" * 32)
