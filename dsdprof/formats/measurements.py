@@ -6,9 +6,11 @@ Stdlib only at import time; :func:`arrow_schema` imports pyarrow lazily. The ver
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict, cast
+from types import UnionType
+from typing import Annotated, Any, TypedDict, cast
 
 # Values of the ``mode`` column.
 MODE_VANILLA = "vanilla"  # engine started without any speculative config (the baseline)
@@ -31,178 +33,135 @@ class Column:
     doc: str
 
 
-MEASUREMENT_COLUMNS: tuple[Column, ...] = (
-    Column("cell_id", "string", "stable id of the grid cell: '<mode>-bs<B>-k<K>-r<repeat>'"),
-    Column("mode", "string", "vanilla | dsd | fixed | adaptive (how the engine ran this cell; adaptive: "
-                             "validate only)"),
-    Column("batch_size", "int64", "concurrent requests per wave (held exactly)"),
-    Column("num_spec_tokens", "int64", "K, draft tokens proposed per step (0 = no speculation)"),
-    Column("repeat", "int64", "repeat index of this cell within the sweep"),
-    Column("status", "string", "ok | failed"),
-    Column("error", "string", "error message for failed cells, empty otherwise"),
-    Column("acceptance_length", "float64",
-           "tokens the target produced (accepted drafts + bonus) per request per steady-state step, counted "
-           "before vLLM trims at max_tokens/EOS (v1/v2 files: tokens delivered, after trimming); paired DSD "
-           "rows "
-           "(v7): tokens per step of a server held at K, replayed over every request's match sequence "
-           "(`measure/vllm/replay.py`; v6 rows: 1 + sum over positions j <= K of P(at least j drafts "
-           "accepted), "
-           "each pooled over every request-step of the group that drafted j or more; v4/v5 paired rows: the "
-           "K's "
-           "own steps)"),
-    Column("acceptance_length_own", "float64",
-           "paired DSD rows: tokens per request-step of the steps that verified this K alone, checked "
-           "against "
-           "acceptance_length (check 'acceptance'); cells design and vanilla: = acceptance_length"),
-    Column("acceptance_per_pos", "list<float64>",
-           "acceptance rate of draft position 1..K (accepted at i / drafted at i, steady steps, untrimmed; "
-           "paired DSD rows (v7): AL(i) - AL(i - 1) of servers held at i and i - 1, replayed, so 1 + their "
-           "sum "
-           "to K is the row's acceptance_length; v6: over every step of the group that drafted position i)"),
-    Column("num_drafts", "int64", "request-steps with a draft, over the steady-state steps"),
-    Column("num_draft_tokens", "int64", "draft tokens scheduled in the steady-state steps"),
-    Column("num_accepted_tokens", "int64", "draft tokens accepted in the steady-state steps (before "
-                                           "trimming)"),
-    Column("itl_s", "float64", "mean seconds per steady-state engine step (schedule+draft+verify)"),
-    Column("itl_p50_s", "float64", "median steady-state step"),
-    Column("itl_p90_s", "float64", "90th percentile steady-state step"),
-    Column("itl_p99_s", "float64", "99th percentile steady-state step"),
-    Column("tpot_s", "float64", "request-seconds per produced token over the steady-state steps"),
-    Column("tpot_p50_s", "float64", "median over requests of their steady-state TPOT"),
-    Column("tpot_p90_s", "float64", "90th percentile of the requests' steady-state TPOT"),
-    Column("tpot_p99_s", "float64", "99th percentile of the requests' steady-state TPOT"),
-    Column("tokens_per_s_per_user", "float64", "tokens/s one request gets in steady state (1/tpot_s)"),
-    Column("tokens_per_s_total", "float64", "delivered tokens/s of the whole engine over the measured waves"),
-    Column("consistent", "bool", "every cross-check passed (checks_failed is empty)"),
-    Column("checks_failed", "string",
-           "failed cross-checks, 'name: detail' joined by '; ': tokens (trace vs what the requests "
-           "received), "
-           "drafts (vLLM's counters vs K), counters (trace vs vLLM's spec-decode counters), timing (BS 1: "
-           "AL/ITL vs vLLM's request timestamps, within consistency_tolerance), acceptance (paired: the K's "
-           "own "
-           "steps vs the pooled acceptance_length, beyond 4 standard errors and 2 %)"),
-    Column("num_requests", "int64", "measured requests (waves x batch_size)"),
-    Column("num_output_tokens", "int64", "delivered output tokens of the measured requests"),
-    Column("wall_s", "float64", "wall-clock seconds of the measured waves"),
-    Column("drafted_per_draft", "float64", "draft tokens per draft in the steady steps: the K actually run"),
-    Column("steady_steps", "int64", "steps with exactly batch_size requests decoding, every one at the row's "
-                                    "K"),
-    Column("excluded_steps", "int64", "steps of the measured waves that were not steady (prefill, tails)"),
-    Column("sample_acceptance_length", "list<float64>", "acceptance_length of each measured wave"),
-    Column("sample_itl_s", "list<float64>", "itl_s of each measured wave"),
-    Column("design", "string",
-           "cells (the row's own waves) | paired (every K of the batch size ran inside the same waves, K "
-           "switched "
-           "per step: sample i of every K of a repeat is the same wave; vanilla rows: its waves interleaved "
-           "with "
-           "that group's, wave by wave; validate rows: every variant of the batch size and repeat ran on its "
-           "own "
-           "engine, their waves interleaved one by one, or with --design steps every variant but vanilla "
-           "inside "
-           "the same waves of one engine, switched per step; v1-v3 files: cells)"),
-    Column("sample_block", "list<int64>",
-           "paired design: per wave sample, the wave block of its (batch size, repeat) it ran in; vanilla "
-           "wave j "
-           "ran right beside the DSD waves of block j, so the speedup bootstrap resamples blocks jointly; "
-           "validate "
-           "rows: the wave, paired across variants in the regret bootstrap (empty: cells design, v1-v4 "
-           "files)"),
-    Column("vllm_acceptance_length", "float64", "cross-check: 1 + accepted/drafts from vLLM's counters "
-                                                "(untrimmed)"),
-    Column("vllm_itl_s", "float64", "cross-check: mean of vLLM's ITL histogram over the measured waves"),
-    Column("vllm_tpot_s", "float64", "cross-check: mean TPOT from vLLM's request timestamps"),
-    Column("vllm_drafted_per_draft", "float64", "cross-check: draft tokens per draft from vLLM's counters"),
-    Column("trace_output_tokens", "int64",
-           "cross-check: tokens the step trace saw delivered over the measured waves (= num_output_tokens)"),
-    Column("engine", "string", "vllm | sim (sim rows are predictions)"),
-    Column("engine_version", "string", "engine library version"),
-    Column("model", "string", "target model"),
-    Column("draft_model", "string", "draft model (empty for ngram/suffix)"),
-    Column("method", "string", "speculative method"),
-    Column("hardware", "string", "GPU name or CPU model"),
-    Column("dtype", "string", "weights/activations dtype"),
-    Column("dataset", "string", "workload dataset"),
-    Column("seed", "int64", "workload seed"),
-    Column("dsdprof_version", "string", "dsdprof version that wrote the row"),
-    Column("created_at", "string", "UTC ISO-8601 time the cell finished"),
-)
+# The arrow type of each Python type a row holds (``X | None`` is stored as ``X``, null when None).
+ARROW_TYPES: dict[object, str] = {int: "int64", float: "float64", str: "string", bool: "bool",
+                                  list[float]: "list<float64>", list[int]: "list<int64>"}
 
+
+def row_columns(row: type) -> tuple[Column, ...]:
+    """The columns a row ``TypedDict`` declares, in its key order: each key's name, the arrow type of
+    its Python type and its meaning (the text of the key's ``Annotated``)."""
+    columns = []
+    for name, hint in typing.get_type_hints(row, include_extras=True).items():
+        if typing.get_origin(hint) is not Annotated:
+            raise TypeError(f"{row.__name__}.{name}: declare it as Annotated[type, meaning]")
+        python_type, doc = typing.get_args(hint)
+        if isinstance(python_type, UnionType):  # X | None
+            python_type = next(a for a in typing.get_args(python_type) if a is not type(None))
+        columns.append(Column(name, ARROW_TYPES[python_type], doc))
+    return tuple(columns)
+
+
+class ProvenanceColumns(TypedDict, total=False):
+    """Where a row came from: the same columns, in this order, in measurement and rollout files
+    (an engine reports them as :class:`dsdprof.measure.engine.Provenance`)."""
+
+    engine: Annotated[str, "vllm | sim (sim rows are predictions)"]
+    engine_version: Annotated[str, "engine library version"]
+    model: Annotated[str, "target model"]
+    draft_model: Annotated[str, "draft model (empty for ngram/suffix)"]
+    method: Annotated[str, "speculative method"]
+    hardware: Annotated[str, "GPU name or CPU model"]
+    dtype: Annotated[str, "weights/activations dtype"]
+    dataset: Annotated[str, "workload dataset"]
+    seed: Annotated[int, "workload seed"]
+    dsdprof_version: Annotated[str, "dsdprof version that wrote the row"]
+
+
+class _CellColumns(TypedDict, total=False):
+    cell_id: Annotated[str | None, "stable id of the grid cell: '<mode>-bs<B>-k<K>-r<repeat>'"]
+    mode: Annotated[str | None, "vanilla | dsd | fixed | adaptive (how the engine ran this cell; adaptive: "
+                    "validate only)"]
+    batch_size: Annotated[int | None, "concurrent requests per wave (held exactly)"]
+    num_spec_tokens: Annotated[int | None, "K, draft tokens proposed per step (0 = no speculation)"]
+    repeat: Annotated[int | None, "repeat index of this cell within the sweep"]
+    status: Annotated[str | None, "ok | failed"]
+    error: Annotated[str | None, "error message for failed cells, empty otherwise"]
+    acceptance_length: Annotated[float | None, "tokens the target produced (accepted drafts + bonus) per "
+                                 "request per steady-state step, counted before vLLM trims at max_tokens/EOS "
+                                 "(v1/v2 files: tokens delivered, after trimming); paired DSD rows (v7): "
+                                 "tokens per step of a server held at K, replayed over every request's match "
+                                 "sequence (`measure/vllm/replay.py`; v6 rows: 1 + sum over positions j <= K "
+                                 "of P(at least j drafts accepted), each pooled over every request-step of "
+                                 "the group that drafted j or more; v4/v5 paired rows: the K's own steps)"]
+    acceptance_length_own: Annotated[float | None, "paired DSD rows: tokens per request-step of the steps "
+                                     "that verified this K alone, checked against acceptance_length (check "
+                                     "'acceptance'); cells design and vanilla: = acceptance_length"]
+    acceptance_per_pos: Annotated[list[float] | None, "acceptance rate of draft position 1..K (accepted at i "
+                                  "/ drafted at i, steady steps, untrimmed; paired DSD rows (v7): AL(i) - "
+                                  "AL(i - 1) of servers held at i and i - 1, replayed, so 1 + their sum to K "
+                                  "is the row's acceptance_length; v6: over every step of the group that "
+                                  "drafted position i)"]
+    num_drafts: Annotated[int | None, "request-steps with a draft, over the steady-state steps"]
+    num_draft_tokens: Annotated[int | None, "draft tokens scheduled in the steady-state steps"]
+    num_accepted_tokens: Annotated[int | None, "draft tokens accepted in the steady-state steps (before "
+                                   "trimming)"]
+    itl_s: Annotated[float | None, "mean seconds per steady-state engine step (schedule+draft+verify)"]
+    itl_p50_s: Annotated[float | None, "median steady-state step"]
+    itl_p90_s: Annotated[float | None, "90th percentile steady-state step"]
+    itl_p99_s: Annotated[float | None, "99th percentile steady-state step"]
+    tpot_s: Annotated[float | None, "request-seconds per produced token over the steady-state steps"]
+    tpot_p50_s: Annotated[float | None, "median over requests of their steady-state TPOT"]
+    tpot_p90_s: Annotated[float | None, "90th percentile of the requests' steady-state TPOT"]
+    tpot_p99_s: Annotated[float | None, "99th percentile of the requests' steady-state TPOT"]
+    tokens_per_s_per_user: Annotated[float | None, "tokens/s one request gets in steady state (1/tpot_s)"]
+    tokens_per_s_total: Annotated[float | None, "delivered tokens/s of the whole engine over the measured "
+                                  "waves"]
+    consistent: Annotated[bool | None, "every cross-check passed (checks_failed is empty)"]
+    checks_failed: Annotated[str | None, "failed cross-checks, 'name: detail' joined by '; ': tokens (trace "
+                             "vs what the requests received), drafts (vLLM's counters vs K), counters (trace "
+                             "vs vLLM's spec-decode counters), timing (BS 1: AL/ITL vs vLLM's request "
+                             "timestamps, within consistency_tolerance), acceptance (paired: the K's own "
+                             "steps vs the pooled acceptance_length, beyond 4 standard errors and 2 %)"]
+    num_requests: Annotated[int | None, "measured requests (waves x batch_size)"]
+    num_output_tokens: Annotated[int | None, "delivered output tokens of the measured requests"]
+    wall_s: Annotated[float | None, "wall-clock seconds of the measured waves"]
+    drafted_per_draft: Annotated[float | None, "draft tokens per draft in the steady steps: the K actually "
+                                 "run"]
+    steady_steps: Annotated[int | None, "steps with exactly batch_size requests decoding, every one at the "
+                            "row's K"]
+    excluded_steps: Annotated[int | None, "steps of the measured waves that were not steady (prefill, tails)"]
+    sample_acceptance_length: Annotated[list[float] | None, "acceptance_length of each measured wave"]
+    sample_itl_s: Annotated[list[float] | None, "itl_s of each measured wave"]
+    design: Annotated[str | None, "cells (the row's own waves) | paired (every K of the batch size ran "
+                      "inside the same waves, K switched per step: sample i of every K of a repeat is the "
+                      "same wave; vanilla rows: its waves interleaved with that group's, wave by wave; "
+                      "validate rows: every variant of the batch size and repeat ran on its own engine, "
+                      "their waves interleaved one by one, or with --design steps every variant but vanilla "
+                      "inside the same waves of one engine, switched per step; v1-v3 files: cells)"]
+    sample_block: Annotated[list[int] | None, "paired design: per wave sample, the wave block of its (batch "
+                            "size, repeat) it ran in; vanilla wave j ran right beside the DSD waves of block "
+                            "j, so the speedup bootstrap resamples blocks jointly; validate rows: the wave, "
+                            "paired across variants in the regret bootstrap (empty: cells design, v1-v4 "
+                            "files)"]
+    vllm_acceptance_length: Annotated[float | None, "cross-check: 1 + accepted/drafts from vLLM's counters "
+                                      "(untrimmed)"]
+    vllm_itl_s: Annotated[float | None, "cross-check: mean of vLLM's ITL histogram over the measured waves"]
+    vllm_tpot_s: Annotated[float | None, "cross-check: mean TPOT from vLLM's request timestamps"]
+    vllm_drafted_per_draft: Annotated[float | None, "cross-check: draft tokens per draft from vLLM's "
+                                      "counters"]
+    trace_output_tokens: Annotated[int | None, "cross-check: tokens the step trace saw delivered over the "
+                                   "measured waves (= num_output_tokens)"]
+
+
+class MeasurementRow(_CellColumns, ProvenanceColumns, total=False):
+    """A measurement row as Python holds it before it is written: each key a column of the file, in
+    order, with its Python type (failed cells hold None where they have no number) and its meaning.
+    ``context_len`` is the one optional column: written only by a context sweep (``[sweep]
+    context_lens``), so files of every other sweep keep exactly the other columns; absent (or null)
+    = the spec's ``input_len``."""
+
+    created_at: Annotated[str | None, "UTC ISO-8601 time the cell finished"]
+    context_len: Annotated[int | None, "prompt tokens each request held before its measured decode (context "
+                           "sweeps only; absent = the spec's workload.input_len)"]
+
+
+_ROW_COLUMNS = row_columns(MeasurementRow)
+MEASUREMENT_COLUMNS: tuple[Column, ...] = tuple(c for c in _ROW_COLUMNS if c.name != "context_len")
 COLUMN_NAMES = tuple(c.name for c in MEASUREMENT_COLUMNS)
-
-# The one optional column: written only by a context sweep (``[sweep] context_lens``), so files of
-# every other sweep keep exactly the columns above. Absent (or null) = the spec's ``input_len``.
-CONTEXT_COLUMN = Column("context_len", "int64",
-                        "prompt tokens each request held before its measured decode (context sweeps only; "
-                        "absent = the spec's workload.input_len)")
+CONTEXT_COLUMN = _ROW_COLUMNS[-1]
 OPTIONAL_COLUMN_NAMES = (CONTEXT_COLUMN.name,)
-# One measurement row as Python holds it before it is written (keys: the columns above, in order;
-# ``context_len`` only in a context sweep's files). :data:`PYTHON_TYPES` maps each column's arrow
-# type to the type here (tests check that the two agree).
-PYTHON_TYPES = {"int64": "int", "float64": "float", "string": "str", "bool": "bool",
-                "list<float64>": "list[float]", "list<int64>": "list[int]"}
-
-
-class MeasurementRow(TypedDict, total=False):
-    """A measurement row (failed cells hold None where they have no number)."""
-
-    cell_id: str | None
-    mode: str | None
-    batch_size: int | None
-    num_spec_tokens: int | None
-    repeat: int | None
-    status: str | None
-    error: str | None
-    acceptance_length: float | None
-    acceptance_length_own: float | None
-    acceptance_per_pos: list[float] | None
-    num_drafts: int | None
-    num_draft_tokens: int | None
-    num_accepted_tokens: int | None
-    itl_s: float | None
-    itl_p50_s: float | None
-    itl_p90_s: float | None
-    itl_p99_s: float | None
-    tpot_s: float | None
-    tpot_p50_s: float | None
-    tpot_p90_s: float | None
-    tpot_p99_s: float | None
-    tokens_per_s_per_user: float | None
-    tokens_per_s_total: float | None
-    consistent: bool | None
-    checks_failed: str | None
-    num_requests: int | None
-    num_output_tokens: int | None
-    wall_s: float | None
-    drafted_per_draft: float | None
-    steady_steps: int | None
-    excluded_steps: int | None
-    sample_acceptance_length: list[float] | None
-    sample_itl_s: list[float] | None
-    design: str | None
-    sample_block: list[int] | None
-    vllm_acceptance_length: float | None
-    vllm_itl_s: float | None
-    vllm_tpot_s: float | None
-    vllm_drafted_per_draft: float | None
-    trace_output_tokens: int | None
-    engine: str | None
-    engine_version: str | None
-    model: str | None
-    draft_model: str | None
-    method: str | None
-    hardware: str | None
-    dtype: str | None
-    dataset: str | None
-    seed: int | None
-    dsdprof_version: str | None
-    created_at: str | None
-    context_len: int | None
-
-
-PROVENANCE_FIELDS = (
-    "engine", "engine_version", "model", "draft_model", "method", "hardware", "dtype",
-    "dataset", "seed", "dsdprof_version",
-)
+PROVENANCE_FIELDS = tuple(typing.get_type_hints(ProvenanceColumns))
 
 
 def columns_schema(columns: Sequence[Column]) -> Any:  # a pyarrow.Schema

@@ -8,150 +8,82 @@ replay prediction and the plots can be recomputed from the file alone. Stdlib on
 
 from __future__ import annotations
 
-from typing import Any, TypedDict, cast
+from typing import Annotated, Any, TypedDict, cast
 
-from dsdprof.formats.measurements import PROVENANCE_FIELDS, Column, columns_schema
+from dsdprof.formats.measurements import ProvenanceColumns, columns_schema, row_columns
 
 KIND_ROLLOUT = "rollout"  # every request submitted at t = 0, heavy-tailed output lengths
 KIND_SERVING = "serving"  # Poisson arrivals at rate_per_s
 KINDS = (KIND_ROLLOUT, KIND_SERVING)
 ROLLOUT_FILE = "rollout.parquet"  # the run directory's one row file
 
-ROLLOUT_COLUMNS: tuple[Column, ...] = (
-    Column("row_id", "string", "'<kind>-<variant>-r<repeat>' (serving: '-rate<rate>' appended)"),
-    Column("kind", "string", "rollout (every request at t = 0) | serving (Poisson arrivals at rate_per_s)"),
-    Column("variant", "string",
-           "vanilla | fixed-<K> | dsd (the table on vLLM's schedule) | adaptive (the plugin)"),
-    Column("mode", "string", "vanilla | fixed | dsd | adaptive (as in measurement rows)"),
-    Column("num_spec_tokens", "int64",
-           "fixed K; dsd/adaptive: the engine's num_speculative_tokens; vanilla 0"),
-    Column("repeat", "int64", "repeat index: every variant of a repeat ran the same requests, back to back"),
-    Column("order", "int64", "position of the variant within its repeat (rotated from repeat to repeat)"),
-    Column("rate_per_s", "float64", "serving: requests per second of the Poisson arrivals; rollout: 0"),
-    Column("status", "string", "ok | failed"),
-    Column("error", "string", "error message for failed runs, empty otherwise"),
-    Column("num_requests", "int64", "requests submitted"),
-    Column("output_tokens", "int64", "output tokens delivered"),
-    Column("makespan_s", "float64", "first arrival to the last request's last token"),
-    Column("tokens_per_s", "float64", "output_tokens / makespan_s"),
-    Column("tail_s", "float64",
-           "time spent in the tail: from the finish of the request that completes 90 % of them to the end"),
-    Column("ttft_p50_s", "float64", "time to first token (from the request's arrival), median over requests"),
-    Column("ttft_p90_s", "float64", "TTFT, 90th percentile"),
-    Column("ttft_p99_s", "float64", "TTFT, 99th percentile"),
-    Column("tpot_p50_s", "float64", "per-user TPOT = (last token - first token) / (tokens - 1), median"),
-    Column("tpot_p90_s", "float64", "TPOT, 90th percentile over requests"),
-    Column("tpot_p99_s", "float64", "TPOT, 99th percentile over requests"),
-    Column("itl_p50_s", "float64", "inter-token latency: gaps between a request's streamed chunks (vLLM's "
-           "bench serve definition), median over every gap"),
-    Column("itl_p90_s", "float64", "ITL, 90th percentile"),
-    Column("itl_p99_s", "float64", "ITL, 99th percentile"),
-    Column("e2e_p50_s", "float64", "request latency (arrival to last token), median"),
-    Column("goodput_req_s", "float64",
-           "requests per second that met the SLOs (slo_ttft_s, slo_tpot_s; 0 = none)"),
-    Column("slo_ttft_s", "float64", "TTFT SLO of goodput_req_s (0: none)"),
-    Column("slo_tpot_s", "float64", "TPOT SLO of goodput_req_s (0: none)"),
-    Column("mean_k", "float64", "draft tokens per request-step over the decode steps: the K actually served"),
-    Column("steps", "int64", "engine steps traced"),
-    Column("lookup_differs", "float64",
-           "fraction of steps whose lookup batch size (every scheduled request, prefill chunks included: "
-           "vLLM's dynamic_sd_lookup[len(num_scheduled_tokens)]) differs from the requests decoding"),
-    Column("table_k_differs", "float64",
-           "fraction of steps where the table's K at the lookup batch size differs from its K at the "
-           "decoding batch size (the steady batch size the table was measured at)"),
-    Column("request_arrival_s", "list<float64>", "per request: arrival, seconds after the run's start"),
-    Column("request_first_token_s", "list<float64>", "per request: first token"),
-    Column("request_finish_s", "list<float64>", "per request: last token"),
-    Column("request_output_len", "list<int64>", "per request: output tokens"),
-    Column("itl_samples_s", "list<float64>", "every chunk gap of every request (ITL samples)"),
-    Column("step_t_s", "list<float64>", "per engine step: end time, seconds after the run's start"),
-    Column("step_batch_size", "list<int64>", "per step: lookup batch size (requests scheduled)"),
-    Column("step_decoding", "list<int64>", "per step: requests decoding (no prefill tokens)"),
-    Column("step_prefill_tokens", "list<int64>", "per step: prompt tokens scheduled"),
-    Column("step_k", "list<int64>",
-           "per step: K it scheduled (drafts proposed for the next step; -1 unknown)"),
-    Column("step_drafted", "list<float64>", "per step: mean drafts verified per decoding request"),
-    Column("lengths", "string",
-           "the output-length distribution or file (rollout) / lengths of the serving run"),
-    Column("table", "string", "the K table served (path)"),
-    Column("engine", "string", "vllm"),
-    Column("engine_version", "string", "engine library version"),
-    Column("model", "string", "target model"),
-    Column("draft_model", "string", "draft model"),
-    Column("method", "string", "speculative method"),
-    Column("hardware", "string", "GPU name or CPU model"),
-    Column("dtype", "string", "weights/activations dtype"),
-    Column("dataset", "string", "prompt dataset"),
-    Column("seed", "int64", "seed of lengths, arrivals and prompts"),
-    Column("dsdprof_version", "string", "dsdprof version that wrote the row"),
-    Column("created_at", "string", "UTC ISO-8601 time the run finished"),
-)
+class _RunColumns(TypedDict):
+    row_id: Annotated[str, "'<kind>-<variant>-r<repeat>' (serving: '-rate<rate>' appended)"]
+    kind: Annotated[str, "rollout (every request at t = 0) | serving (Poisson arrivals at rate_per_s)"]
+    variant: Annotated[str, "vanilla | fixed-<K> | dsd (the table on vLLM's schedule) | adaptive (the "
+                       "plugin)"]
+    mode: Annotated[str, "vanilla | fixed | dsd | adaptive (as in measurement rows)"]
+    num_spec_tokens: Annotated[int, "fixed K; dsd/adaptive: the engine's num_speculative_tokens; vanilla 0"]
+    repeat: Annotated[int, "repeat index: every variant of a repeat ran the same requests, back to back"]
+    order: Annotated[int, "position of the variant within its repeat (rotated from repeat to repeat)"]
+    rate_per_s: Annotated[float, "serving: requests per second of the Poisson arrivals; rollout: 0"]
+    status: Annotated[str, "ok | failed"]
+    error: Annotated[str, "error message for failed runs, empty otherwise"]
+    num_requests: Annotated[int, "requests submitted"]
+    output_tokens: Annotated[int, "output tokens delivered"]
+    makespan_s: Annotated[float, "first arrival to the last request's last token"]
+    tokens_per_s: Annotated[float, "output_tokens / makespan_s"]
+    tail_s: Annotated[float, "time spent in the tail: from the finish of the request that completes 90 % of "
+                      "them to the end"]
+    ttft_p50_s: Annotated[float, "time to first token (from the request's arrival), median over requests"]
+    ttft_p90_s: Annotated[float, "TTFT, 90th percentile"]
+    ttft_p99_s: Annotated[float, "TTFT, 99th percentile"]
+    tpot_p50_s: Annotated[float, "per-user TPOT = (last token - first token) / (tokens - 1), median"]
+    tpot_p90_s: Annotated[float, "TPOT, 90th percentile over requests"]
+    tpot_p99_s: Annotated[float, "TPOT, 99th percentile over requests"]
+    itl_p50_s: Annotated[float, "inter-token latency: gaps between a request's streamed chunks (vLLM's bench "
+                         "serve definition), median over every gap"]
+    itl_p90_s: Annotated[float, "ITL, 90th percentile"]
+    itl_p99_s: Annotated[float, "ITL, 99th percentile"]
+    e2e_p50_s: Annotated[float, "request latency (arrival to last token), median"]
+    goodput_req_s: Annotated[float, "requests per second that met the SLOs (slo_ttft_s, slo_tpot_s; 0 = "
+                             "none)"]
+    slo_ttft_s: Annotated[float, "TTFT SLO of goodput_req_s (0: none)"]
+    slo_tpot_s: Annotated[float, "TPOT SLO of goodput_req_s (0: none)"]
+    mean_k: Annotated[float, "draft tokens per request-step over the decode steps: the K actually served"]
+    steps: Annotated[int, "engine steps traced"]
+    lookup_differs: Annotated[float, "fraction of steps whose lookup batch size (every scheduled request, "
+                              "prefill chunks included: vLLM's dynamic_sd_lookup[len(num_scheduled_tokens)]) "
+                              "differs from the requests decoding"]
+    table_k_differs: Annotated[float, "fraction of steps where the table's K at the lookup batch size "
+                               "differs from its K at the decoding batch size (the steady batch size the "
+                               "table was measured at)"]
+    request_arrival_s: Annotated[list[float], "per request: arrival, seconds after the run's start"]
+    request_first_token_s: Annotated[list[float], "per request: first token"]
+    request_finish_s: Annotated[list[float], "per request: last token"]
+    request_output_len: Annotated[list[int], "per request: output tokens"]
+    itl_samples_s: Annotated[list[float], "every chunk gap of every request (ITL samples)"]
+    step_t_s: Annotated[list[float], "per engine step: end time, seconds after the run's start"]
+    step_batch_size: Annotated[list[int], "per step: lookup batch size (requests scheduled)"]
+    step_decoding: Annotated[list[int], "per step: requests decoding (no prefill tokens)"]
+    step_prefill_tokens: Annotated[list[int], "per step: prompt tokens scheduled"]
+    step_k: Annotated[list[int], "per step: K it scheduled (drafts proposed for the next step; -1 unknown)"]
+    step_drafted: Annotated[list[float], "per step: mean drafts verified per decoding request"]
+    lengths: Annotated[str, "the output-length distribution or file (rollout) / lengths of the serving run"]
+    table: Annotated[str, "the K table served (path)"]
+
+
+class RolloutRow(_RunColumns, ProvenanceColumns):
+    """A rollout row as Python holds it before it is written: each key a column of the file, in
+    order, with its Python type and its meaning; the provenance as in measurement rows (the seed
+    draws the lengths, the arrivals and the prompts)."""
+
+    created_at: Annotated[str, "UTC ISO-8601 time the run finished"]
+
+
+
+ROLLOUT_COLUMNS = row_columns(RolloutRow)
 ROLLOUT_COLUMN_NAMES = tuple(c.name for c in ROLLOUT_COLUMNS)
-assert set(PROVENANCE_FIELDS) <= set(ROLLOUT_COLUMN_NAMES)
-
-
-
-
-class RolloutRow(TypedDict):
-    """A rollout row as Python holds it before it is written: :data:`ROLLOUT_COLUMNS`, in order, each
-    with the Python type of its arrow type (:data:`dsdprof.formats.measurements.PYTHON_TYPES`)."""
-
-    row_id: str
-    kind: str
-    variant: str
-    mode: str
-    num_spec_tokens: int
-    repeat: int
-    order: int
-    rate_per_s: float
-    status: str
-    error: str
-    num_requests: int
-    output_tokens: int
-    makespan_s: float
-    tokens_per_s: float
-    tail_s: float
-    ttft_p50_s: float
-    ttft_p90_s: float
-    ttft_p99_s: float
-    tpot_p50_s: float
-    tpot_p90_s: float
-    tpot_p99_s: float
-    itl_p50_s: float
-    itl_p90_s: float
-    itl_p99_s: float
-    e2e_p50_s: float
-    goodput_req_s: float
-    slo_ttft_s: float
-    slo_tpot_s: float
-    mean_k: float
-    steps: int
-    lookup_differs: float
-    table_k_differs: float
-    request_arrival_s: list[float]
-    request_first_token_s: list[float]
-    request_finish_s: list[float]
-    request_output_len: list[int]
-    itl_samples_s: list[float]
-    step_t_s: list[float]
-    step_batch_size: list[int]
-    step_decoding: list[int]
-    step_prefill_tokens: list[int]
-    step_k: list[int]
-    step_drafted: list[float]
-    lengths: str
-    table: str
-    engine: str
-    engine_version: str
-    model: str
-    draft_model: str
-    method: str
-    hardware: str
-    dtype: str
-    dataset: str
-    seed: int
-    dsdprof_version: str
-    created_at: str
 
 
 def rollout_arrow_schema() -> Any:  # a pyarrow.Schema (formats/ imports the stdlib only)

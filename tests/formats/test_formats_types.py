@@ -6,12 +6,23 @@ from __future__ import annotations
 
 import json
 import typing
+from typing import TypedDict
 
 import pytest
 
 from dsdprof.formats import ktable_types
-from dsdprof.formats.measurements import CONTEXT_COLUMN, MEASUREMENT_COLUMNS, PYTHON_TYPES, MeasurementRow
+from dsdprof.formats.measurements import (
+    CONTEXT_COLUMN,
+    MEASUREMENT_COLUMNS,
+    PROVENANCE_FIELDS,
+    MeasurementRow,
+    row_columns,
+)
 from dsdprof.formats.trace import Step, TraceRecord, decode_line, encode_flush, step_record
+
+# The Python type of each arrow type, written out here (the rows' types map to arrow types in formats).
+_PYTHON = {"int64": "int", "float64": "float", "string": "str", "bool": "bool",
+           "list<float64>": "list[float]", "list<int64>": "list[int]"}
 
 
 def _keys(td: type) -> set[str]:
@@ -23,7 +34,9 @@ def test_measurement_row_has_every_column_with_its_type():
     columns = (*MEASUREMENT_COLUMNS, CONTEXT_COLUMN)
     assert list(hints) == [c.name for c in columns]
     for c in columns:
-        assert str(hints[c.name]).replace("typing.", "") == f"{PYTHON_TYPES[c.arrow_type]} | None", c.name
+        want = _PYTHON[c.arrow_type]
+        got = str(hints[c.name]).replace("typing.", "")
+        assert got in (f"{want} | None", want, f"<class '{want}'>"), c.name
 
 
 def test_rollout_row_has_every_column_with_its_type():
@@ -32,8 +45,29 @@ def test_rollout_row_has_every_column_with_its_type():
     hints = typing.get_type_hints(RolloutRow)
     assert list(hints) == [c.name for c in ROLLOUT_COLUMNS] == list(empty_rollout_row())
     for c in ROLLOUT_COLUMNS:
-        want = PYTHON_TYPES[c.arrow_type]
+        want = _PYTHON[c.arrow_type]
         assert str(hints[c.name]).replace("typing.", "") in (want, f"<class '{want}'>"), c.name
+
+
+def test_provenance_columns_are_one_set_in_both_files():
+    """Measurement and rollout files hold the same provenance columns (name, type, meaning), in the
+    same order, right before created_at."""
+    from dsdprof.formats.rollouts import ROLLOUT_COLUMNS
+
+    for columns in (MEASUREMENT_COLUMNS, ROLLOUT_COLUMNS):
+        names = [c.name for c in columns]
+        at = names.index(PROVENANCE_FIELDS[0])
+        assert names[at:at + len(PROVENANCE_FIELDS) + 1] == [*PROVENANCE_FIELDS, "created_at"]
+    assert [c for c in MEASUREMENT_COLUMNS if c.name in PROVENANCE_FIELDS] == \
+        [c for c in ROLLOUT_COLUMNS if c.name in PROVENANCE_FIELDS]
+
+
+def test_a_row_key_without_its_meaning_is_refused():
+    class Bare(TypedDict):
+        x: int
+
+    with pytest.raises(TypeError, match="Bare.x"):
+        row_columns(Bare)
 
 
 def _check_keys(doc: dict, td: type, where: str) -> None:
