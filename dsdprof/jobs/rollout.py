@@ -32,7 +32,7 @@ from typing import Any, cast
 from dsdprof.decide.live_stats import request_times, rotated_orders, summarize_requests, summarize_steps
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable_types import KTable
-from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
+from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, PROVENANCE_FIELDS
 from dsdprof.formats.rollouts import KIND_ROLLOUT, KIND_SERVING, ROLLOUT_FILE, RolloutRow, empty_rollout_row
 from dsdprof.io.atomic import write_json_atomic
 
@@ -206,8 +206,6 @@ def _existing_rows(out: Path, plan_doc: dict[str, Any], resume: bool) -> list[Ro
     return [r for r in df.to_dict("records") if r["status"] == "ok"]
 
 
-PROVENANCE_COLUMNS = ("engine", "engine_version", "model", "draft_model", "method", "hardware", "dtype",
-                      "dataset", "dsdprof_version")
 WARMUP = ((0.0,) * 4, (8,) * 4)  # each engine's unmeasured first requests (its first steps run slow)
 
 
@@ -243,7 +241,7 @@ def run_one(engine, plan: RolloutPlan, run: tuple, table: KTable, table_path: st
     except Exception as err:  # noqa: BLE001 - a failed run is a row
         row = failed_row(err, kind, variant, rep, order, rate, table, adaptive_k)
     prov = provenance_dict(engine.provenance())
-    row.update(cast(RolloutRow, {k: prov.get(k, row.get(k)) for k in PROVENANCE_COLUMNS}))
+    row.update(cast(RolloutRow, {k: prov[k] for k in PROVENANCE_FIELDS}))
     row.update({"seed": plan.seed, "lengths": plan.lengths_spec, "table": table_path,
                 "created_at": datetime.now(UTC).isoformat(timespec="seconds")})
     return row

@@ -4,6 +4,7 @@ what the profiling scheduler writes, the [sim] section with the spec, validate's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import typing
 from typing import TypedDict
@@ -51,7 +52,7 @@ def test_rollout_row_has_every_column_with_its_type():
 
 def test_provenance_columns_are_one_set_in_both_files():
     """Measurement and rollout files hold the same provenance columns (name, type, meaning), in the
-    same order, right before created_at."""
+    same order, right before created_at; an engine's Provenance holds the same fields."""
     from dsdprof.formats.rollouts import ROLLOUT_COLUMNS
 
     for columns in (MEASUREMENT_COLUMNS, ROLLOUT_COLUMNS):
@@ -60,6 +61,9 @@ def test_provenance_columns_are_one_set_in_both_files():
         assert names[at:at + len(PROVENANCE_FIELDS) + 1] == [*PROVENANCE_FIELDS, "created_at"]
     assert [c for c in MEASUREMENT_COLUMNS if c.name in PROVENANCE_FIELDS] == \
         [c for c in ROLLOUT_COLUMNS if c.name in PROVENANCE_FIELDS]
+    from dsdprof.measure.engine import Provenance  # what an engine reports: the same, plus extra
+
+    assert [f.name for f in dataclasses.fields(Provenance)] == [*PROVENANCE_FIELDS, "extra"]
 
 
 def test_a_row_key_without_its_meaning_is_refused():
@@ -181,8 +185,6 @@ def test_every_measured_field_is_a_column_and_an_unknown_one_is_named():
     """The sweep runner builds its rows as a MeasurementRow: a cell's measurement (every field of
     dsdprof.measure.engine.CellMeasurement) goes into columns of the same name, and a field no
     column stores is an error naming it, never dropped."""
-    import dataclasses
-
     import pytest
 
     from dsdprof.formats.measurements import COLUMN_NAMES, row_values
