@@ -139,6 +139,29 @@ class Coverage:
 
 
 @dataclass(frozen=True)
+class Checked:
+    """A run's ok rows, validated once when it was opened (:func:`validate_measurements`).
+    :meth:`rows` returns them, or raises the InputError validating them raised: the analysis calls
+    it where it checks its rows, so a command's refusals keep their order."""
+
+    _rows: pd.DataFrame | None = None
+    _error: InputError | None = None
+
+    @classmethod
+    def of(cls, rows: pd.DataFrame) -> Checked:
+        try:
+            return cls(validate_measurements(rows))
+        except InputError as err:
+            return cls(None, err)
+
+    def rows(self) -> pd.DataFrame:
+        if self._error is not None:
+            raise self._error
+        assert self._rows is not None
+        return self._rows
+
+
+@dataclass(frozen=True)
 class Run:
     """A results path (a run directory, a Parquet file or a directory of runs), read and checked
     once by :func:`dsdprof.io.runs.open_run`.
@@ -151,8 +174,8 @@ class Run:
     runs pooled on the batch-size path); ``coverage``: the grid against the cells with a number
     (None for a context sweep, whose ``context_coverage`` has one per context); ``contexts``: rows
     per context (None without a context axis). ``valid`` / ``context_valid``: the ok rows
-    validated (:func:`validate_measurements`), or the InputError validating them raised, which the
-    analysis raises in its own order (None where the command opened no analysis)."""
+    validated (:class:`Checked`: the rows, or the InputError validating them raised, which the
+    analysis raises in its own order; None where the command opened no analysis)."""
 
     path: Path
     rows: pd.DataFrame
@@ -164,8 +187,8 @@ class Run:
     coverage: Coverage | None = None
     contexts: dict[int, pd.DataFrame] | None = None
     context_coverage: dict[int, Coverage] = field(default_factory=dict)
-    valid: pd.DataFrame | InputError | None = None
-    context_valid: dict[int, pd.DataFrame | InputError] = field(default_factory=dict)
+    valid: Checked | None = None
+    context_valid: dict[int, Checked] = field(default_factory=dict)
     kind: str = field(init=False)  # validate | sweep (derived when made)
     synthetic: bool = field(init=False)  # the provenance says acceptance was synthetic
     synthetic_rates: list[float] | None = field(init=False)  # ... and names these rates
@@ -370,15 +393,6 @@ def _provenance(rows: pd.DataFrame, stored: ProvenanceRecord) -> ProvenanceRecor
     return prov
 
 
-def _validated(rows: pd.DataFrame) -> pd.DataFrame | InputError:
-    """``rows``' ok rows validated, or the InputError validating them raised (raised by the
-    analysis in its own order: :func:`dsdprof.decide.analysis.analyze`)."""
-    try:
-        return validate_measurements(rows)
-    except InputError as err:
-        return err
-
-
 def parse_manifest(directory: Path, doc: JSONObject) -> Manifest:
     """A run directory's manifest as read (``doc``, with a ``spec`` object), its spec typed."""
     spec_doc = doc["spec"]
@@ -428,10 +442,10 @@ def checked_run(read: ReadRun, command: str = "", allow_mixed: bool = False) -> 
     if contexts is not None:
         return Run(path, rows, stored, manifests, mixed, why, provenance, contexts=contexts,
                    context_coverage={c: coverage(part, manifests) for c, part in contexts.items()},
-                   context_valid={c: _validated(part) for c, part in contexts.items()} if analysis else {})
+                   context_valid={c: Checked.of(part) for c, part in contexts.items()} if analysis else {})
     if analysis:
         if not allow_mixed:
             _check_pooled(path, read.pooled)
         provenance.update(read.pooled.provenance())
     return Run(path, rows, stored, manifests, mixed, why, provenance, coverage(rows, manifests),
-               valid=_validated(rows) if analysis else None)
+               valid=Checked.of(rows) if analysis else None)

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED, DEFAULT_TOLERANCE
-from dsdprof.config.run import Coverage, Run, validate_measurements
+from dsdprof.config.run import Checked, Coverage, Run, validate_measurements
 from dsdprof.decide.bootstrap import batch_replicates, check_confidence
 from dsdprof.decide.chain import (
     CHAIN_METHODS,
@@ -250,7 +250,7 @@ def _optimal_record(d: Any, k: int, cells: pd.DataFrame, rep: Any, base_goodput:
 def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
             provenance: ProvenanceView | None = None, confidence: float = DEFAULT_CONFIDENCE,
             acceptance: str = "auto", replicates: int = DEFAULT_REPLICATES,
-            seed: int = DEFAULT_SEED, valid: pd.DataFrame | InputError | None = None) -> Analysis:
+            seed: int = DEFAULT_SEED, valid: Checked | None = None) -> Analysis:
     """Optimal K per batch size from (validated or raw) measurement rows, with intervals.
 
     ``acceptance``: ``measured`` (each cell's own AL), ``chain`` (AL of every K from the largest
@@ -260,14 +260,12 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     batch sizes where the largest K has >= 2 rows to resample its per-position shares over; else
     measured). Each batch size is decided at ``1 - (1 - confidence) / family`` with ``family``
     the batch sizes with known intervals (Bonferroni, ``Analysis.family``). ``valid``: the rows
-    validated already, or the error validating them raised (:attr:`dsdprof.config.run.Run.valid`)."""
+    validated already (:attr:`dsdprof.config.run.Run.valid`), raising here what validating them raised."""
     confidence = _check_options(tolerance, confidence, acceptance, replicates)
     prov = dict(provenance or {})
     _one_context(df)
     check_baseline(df)
-    if isinstance(valid, InputError):  # validating the rows failed (Run.valid): raised in this order
-        raise valid
-    df = validate_measurements(df) if valid is None else valid
+    df = validate_measurements(df) if valid is None else valid.rows()  # Run.valid: raises in this order
     baseline_rows, candidate_rows = split_baseline_candidates(df)
     if candidate_rows.empty:
         raise InputError("rows", 0, "no speculative or K=0 candidate rows")

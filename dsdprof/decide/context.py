@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
-from dsdprof.config.run import Coverage, Run, context_slices
+from dsdprof.config.run import Checked, Coverage, Run, context_slices
 from dsdprof.decide.analysis import Analysis, analyze
 from dsdprof.errors import InputError
 from dsdprof.formats.jsontypes import ProvenanceView
@@ -62,7 +62,7 @@ def analyze_contexts(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
 
 
 def _analyze_slices(slices: dict[int, pd.DataFrame] | None, tolerance: float,
-                    provenance: ProvenanceView | None, valid: dict[int, Any] | None = None,
+                    provenance: ProvenanceView | None, valid: dict[int, Checked] | None = None,
                     **options: Any) -> ContextAnalysis:
     if slices is None:
         raise InputError(CONTEXT, None, "the rows have no context axis (a sweep without [sweep] "
