@@ -16,7 +16,7 @@ position ``t`` that verified ``k`` drafts and accepted ``a`` gives ``d(t..t+a-1)
 step that drafted nothing) is the target's own and says nothing about ``d`` there; the next step
 starts at ``t + a + 1``. Unknown positions are imputed from a two-state hidden chain along the
 position (easy and hard stretches; a match rate per state, or per state and depth when that fits
-better) fitted to the cell's known positions by EM (:func:`fit_chain`): ``IMPUTATIONS`` draws of
+better, by AIC) fitted to the cell's known positions by EM (:mod:`.replay_chain`): ``IMPUTATIONS`` draws of
 the whole sequence from its posterior (:func:`sample_matches`: a state path drawn per request, so
 that positions of one stretch stay correlated; given the path each position's match probability,
 not a drawn match). Each fixed K is then replayed over every request and draw (:func:`replay`): a
@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from dsdprof.measure.vllm.replay_chain import Chain, Fits, Stack, match_probabilities, select
 
 UNKNOWN = -1
 IMPUTATIONS = 8  # imputations of the unknown positions averaged per cell
@@ -83,89 +85,12 @@ def request_matches(records: list[tuple[str, tuple[int, int, int]]], delivered: 
     return out
 
 
-def _emissions(x: np.ndarray, depth: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """[requests, positions, state] likelihood of each position's observation (1 when unknown);
-    ``e[state, j - 1]``: match rate of a draft at depth ``j``."""
-    rate = np.moveaxis(e[:, np.maximum(depth, 1) - 1], 0, -1)
-    return np.where((x == 1)[..., None], rate, np.where((x == 0)[..., None], 1.0 - rate, 1.0))
-
-
-def _forward_backward(b: np.ndarray, pi: np.ndarray, a: np.ndarray):
-    """Scaled forward-backward of the 2-state chain over emissions ``b``: (posterior state
-    probabilities [r, t, 2], expected transitions [2, 2], log-likelihood, filtered states)."""
-    r, t, _ = b.shape
-    alpha = np.empty((r, t, 2))
-    c = np.empty((r, t))
-    f = pi[None, :] * b[:, 0]
-    for s in range(t):
-        if s:
-            f = (alpha[:, s - 1] @ a) * b[:, s]
-        c[:, s] = f.sum(axis=1)
-        alpha[:, s] = f / c[:, s, None]
-    beta = np.ones((r, t, 2))
-    xi = np.zeros((2, 2))
-    for s in range(t - 2, -1, -1):
-        nb = b[:, s + 1] * beta[:, s + 1] / c[:, s + 1, None]
-        beta[:, s] = nb @ a.T
-        xi += a * (alpha[:, s].T @ nb)
-    gamma = alpha * beta
-    gamma /= gamma.sum(axis=2, keepdims=True)
-    return gamma, xi, float(np.log(c).sum()), alpha
-
-
-def _em(x: np.ndarray, depth: np.ndarray, kmax: int, by_depth: bool, iterations: int, start: tuple):
-    """EM of the two-state chain from ``start`` = (pi, a, e); ``by_depth``: a match rate per state
-    and depth, else one per state. Returns (pi, a, e, log-likelihood)."""
-    pi, a, e = (np.array(v, dtype=float) for v in start)
-    known = x >= 0
-    d1 = np.clip(depth, 1, kmax) - 1
-    hit = [(x == 1) & (d1 == j) for j in range(kmax)]
-    seen = [known & (d1 == j) for j in range(kmax)]
-    last = ll = -np.inf
-    for _ in range(iterations):
-        gamma, xi, ll, _ = _forward_backward(_emissions(x, depth, e), pi, a)
-        pi = gamma[:, 0].mean(axis=0)
-        a = xi / xi.sum(axis=1, keepdims=True)
-        h1 = np.array([gamma[hit[j]].sum(axis=0) for j in range(kmax)]).T  # [state, depth]
-        w = np.array([gamma[seen[j]].sum(axis=0) for j in range(kmax)]).T
-        if not by_depth:
-            h1, w = h1.sum(axis=1, keepdims=True), w.sum(axis=1, keepdims=True)
-        e = np.clip(np.where(w > 0, h1 / np.maximum(w, 1e-12), e), 1e-6, 1 - 1e-6) * np.ones((2, kmax))
-        if ll - last < 1e-8 * abs(ll):
-            break
-        last = ll
-    return pi, a, e, _forward_backward(_emissions(x, depth, e), pi, a)[2]
-
-
-def fit_chain(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int = 100,
-              start: tuple | None = None, fit_rows: int | None = FIT_ROWS) -> tuple:
-    """(pi, a, e[state, depth]) of a two-state hidden chain along the position (easy and hard
-    stretches) fitted by EM to the known positions of ``x`` ([requests, positions]; UNKNOWN where
-    not observed, else observed at ``depth``), on at most ``fit_rows`` requests spread over them
-    (None: every request; tried as the default on 2026-12-06 and reverted: 2.9x the CPU, no
-    measured gain across seeds, docs/lab/precision-replay.md).
-    Each state has one match rate, or one per depth when that fits better by AIC (an EAGLE/MTP head
-    drafts deeper positions from its own hidden states; vLLM's synthetic acceptance fixes a rate per
-    depth). Not BIC: with rates that fall by depth, its log(n) penalty kept one rate per state in 8 of
-    12 simulated synthetic runs of 640 requests x 32 tokens (fitted on 256 of them), AL(1) -0.63 %
-    and AL(4) +0.88 % on average; AIC: -0.11 % and +0.07 % (docs/lab/synthetic-truth.md). Two
-    states that fit alike are independent acceptance; rates 0 and 1 are a Markov-1 chain on the
-    match itself. ``start`` = (pi, a, e): start there, one rate per depth (tests: the truth with
-    ``iterations`` 0)."""
-    kmax = max(kmax, int(depth.max(initial=1)), 1)
-    rows = _fit_rows(len(x), fit_rows)
-    x, depth = x[rows], depth[rows]
-    if start is not None:
-        return _em(x, depth, kmax, True, iterations, start)[:3]
-    return _select(x, depth, kmax, iterations, _init(x, kmax), None)[0]
-
-
-def _init(x: np.ndarray, kmax: int) -> tuple:
-    """EM's start: even states, rare switches, rates 0.15 either side of the known match share."""
+def _init(x: np.ndarray, kmax: int) -> Fits:
+    """EM's start (one fit): even states, rare switches, rates 0.15 either side of the known match share."""
     known = x >= 0
     m0 = float((x[known] == 1).mean()) if known.any() else 0.5
-    return ([0.5, 0.5], [[0.95, 0.05], [0.05, 0.95]],
-            np.clip([[m0 + 0.15] * kmax, [m0 - 0.15] * kmax], 0.02, 0.98))
+    return (np.array([[0.5, 0.5]]), np.array([[[0.95, 0.05], [0.05, 0.95]]]),
+            np.clip([[[m0 + 0.15] * kmax, [m0 - 0.15] * kmax]], 0.02, 0.98))
 
 
 def _fit_rows(n: int, fit_rows: int | None) -> np.ndarray:
@@ -175,18 +100,7 @@ def _fit_rows(n: int, fit_rows: int | None) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, fit_rows).astype(int)) if n else np.zeros(0, dtype=int)
 
 
-def _select(x: np.ndarray, depth: np.ndarray, kmax: int, iterations: int, one: tuple,
-            by: tuple | None) -> tuple:
-    """(chosen chain, the one-rate fit, the per-depth fit): EM of one rate per state from ``one``,
-    of a rate per state and depth from ``by`` (None: from the one-rate fit), the latter kept when
-    AIC prefers it: 2 (kmax - 1) more rates (BIC picked one rate too often)."""
-    pi, a, e, ll = _em(x, depth, kmax, False, iterations, one)
-    pd, ad, ed, lld = _em(x, depth, kmax, True, iterations, by if by is not None else (pi, a, e))
-    chosen = (pd, ad, ed) if lld - ll > 2 * (kmax - 1) else (pi, a, e)
-    return chosen, (pi, a, e), (pd, ad, ed)
-
-
-def sample_matches(x: np.ndarray, depth: np.ndarray, chain: tuple, rng: np.random.Generator) -> np.ndarray:
+def sample_matches(x: np.ndarray, depth: np.ndarray, chain: Chain, rng: np.random.Generator) -> np.ndarray:
     """One imputation ``m[r, s, j - 1]``: the probability that a draft at depth ``j`` matches at
     position ``s``, given a state path per request drawn from the chain's posterior (backward from
     the filtered states) and what was observed there. Given the path, positions are independent: a
@@ -195,34 +109,10 @@ def sample_matches(x: np.ndarray, depth: np.ndarray, chain: tuple, rng: np.rando
     e_d`` and one seen rejected with ``max(e_j - e_d, 0) / (1 - e_d)``. (The path is drawn; ``u``
     is not, its expectation is taken: the same mean as drawing it, less noise.) With one rate per
     state a known position is the same at every depth."""
-    pi, a, e = chain
-    kmax = e.shape[1]
-    _, _, _, alpha = _forward_backward(_emissions(x, depth, e), pi, a)
-    r, t = x.shape
-    state = np.empty((r, t), dtype=int)
-    p = alpha[:, -1]
-    for s in range(t - 1, -1, -1):
-        if s < t - 1:
-            p = alpha[:, s] * a[:, state[:, s + 1]].T
-            p /= p.sum(axis=1, keepdims=True)
-        state[:, s] = rng.random(r) > p[:, 0]
-    e = np.where(e >= 1 - 1e-6, 1.0, np.where(e <= 1e-6, 0.0, e)).astype(np.float32)  # clipped 0s, 1s: exact
-    obs = e[state, np.clip(depth, 1, kmax) - 1]  # the rate at the observed depth
-    m = e[state]  # [r, t, depth]: unknown positions keep the state's rates
-    for seen, cond in ((x == 1, _given_match), (x == 0, _given_reject)):
-        if seen.any():
-            m[seen] = cond(m[seen], obs[seen][:, None])
-    return m
-
-
-def _given_match(rate: np.ndarray, obs: np.ndarray) -> np.ndarray:
-    """P(u < rate | u < obs) for a uniform u (obs 0: u is 0)."""
-    return np.where(obs > 0, np.minimum(rate, obs) / np.maximum(obs, 1e-30), rate > 0)
-
-
-def _given_reject(rate: np.ndarray, obs: np.ndarray) -> np.ndarray:
-    """P(u < rate | u >= obs) for a uniform u (obs 1: u is 1)."""
-    return np.where(obs < 1, np.maximum(rate - obs, 0) / np.maximum(1 - obs, 1e-30), 0)
+    kmax = chain[2].shape[1]
+    stack = Stack.of(x, depth, [np.arange(len(x))], kmax)
+    m = match_probabilities(stack, chain, rng.random((1, x.shape[1], len(x))))
+    return np.ascontiguousarray(m.transpose(2, 0, 1))
 
 
 def replay(m: np.ndarray, lengths: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -231,25 +121,36 @@ def replay(m: np.ndarray, lengths: np.ndarray, k: int) -> tuple[np.ndarray, np.n
     each length by at least ``k``); a step at ``t`` accepts the run of matches from ``t`` (the
     draft at ``t + i`` at depth ``i + 1``) up to ``k`` and makes one more token (bonus or
     correction). Positions are taken as independent given the data."""
-    r, width, _ = m.shape
-    steps = np.zeros(r)
-    tokens = np.zeros(r)
-    f = np.zeros((r, width + k + 2))  # probability that a step starts at position t
-    f[:, 1] = 1.0
+    tokens, steps = replay_ks(np.ascontiguousarray(np.transpose(m, (1, 2, 0))), lengths, (k,))
+    return tokens[0], steps[0]
+
+
+def replay_ks(m: np.ndarray, lengths: np.ndarray, ks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`replay` for every K of ``ks`` (> 0) at once, over time-major match probabilities
+    ``m[position, depth - 1, request]``: (expected tokens, expected steps) [K, request]. Where a step
+    starts is carried in a ring of ``max(ks) + 2`` positions."""
+    width, depths, r = m.shape
+    kmax = max(ks)
+    ring = kmax + 2
+    f = np.zeros((ring, len(ks), r))  # probability that a step starts at position t (t mod ring)
+    f[1] = 1.0
+    more = [np.array(ks)[:, None] > i for i in range(kmax + 1)]  # K still drafting at depth i + 1
+    steps = np.zeros((len(ks), r))
+    tokens = np.zeros((len(ks), r))
     for t in range(1, int(lengths.max()) if r else 1):
-        live = f[:, t] * (t < lengths)
+        live = f[t % ring] * (t < lengths)
+        f[t % ring] = 0.0
         if not live.any():
             continue
         steps += live
-        run = live.copy()
-        for i in range(k):
-            qi = m[:, t + i, i] if t + i < width else np.zeros(r)
-            stop = run * (1.0 - qi)  # i accepted, position t + i rejected: i + 1 tokens
-            f[:, t + i + 1] += stop
+        run = live
+        for i in range(kmax + 1):
+            qi = m[t + i, i] if t + i < width and i < min(kmax, depths) else np.zeros(r, dtype=m.dtype)
+            q = qi * more[i]  # 0 at i = K: the run stops there, K + 1 tokens
+            stop = run * (1.0 - q)  # i accepted, position t + i rejected: i + 1 tokens
+            f[(t + i + 1) % ring] += stop
             tokens += stop * (i + 1)
-            run = run * qi
-        f[:, t + k + 1] += run
-        tokens += run * (k + 1)
+            run = run * q
     return tokens, steps
 
 
@@ -264,18 +165,25 @@ class Replayed:
     plain_by_block: dict[int, dict[int, float]] | None = None  # K -> block -> AL of its requests, one fit
 
 
-def _replay_all(x, depth, chain, lengths, active, imputations) -> tuple[dict, dict]:
-    """Per K: (expected tokens, expected steps) per request over ``imputations`` draws of the
-    chain's posterior, from the fixed seed (so that two chains see the same random numbers)."""
+def _replay_all(x, depth, chain: Chain, lengths, active, imputations) -> tuple[np.ndarray, np.ndarray]:
+    """(expected tokens, expected steps) [K of ``active``, request] over ``imputations`` draws of
+    the chain's posterior, from the fixed seed (so that two chains see the same random numbers);
+    as many draws at a time as fit in about 8 M match probabilities."""
     rng = np.random.default_rng(IMPUTATION_SEED)
-    tokens = {k: np.zeros(len(x)) for k in active}
-    steps = {k: np.zeros(len(x)) for k in active}
-    for _ in range(imputations):  # one draw in memory at a time
-        m = sample_matches(x, depth, chain, rng)
-        for k in active:
-            tk, sk = replay(m, lengths, k)
-            tokens[k] += tk
-            steps[k] += sk
+    n, width = x.shape
+    stack = Stack.of(x, depth, [np.arange(n)], chain[2].shape[1])
+    tokens = np.zeros((len(active), n))
+    steps = np.zeros((len(active), n))
+    per = max(1, int(8e6 // max(1, n * width * chain[2].shape[1])))
+    done = 0
+    while done < imputations:
+        draws = min(per, imputations - done)
+        m = match_probabilities(stack, chain, rng.random((draws, width, n)))
+        tk, sk = replay_ks(m, np.tile(lengths, draws), tuple(active))
+        for i in range(draws):  # summed draw by draw, as one draw at a time did
+            tokens += tk[:, i * n:(i + 1) * n]
+            steps += sk[:, i * n:(i + 1) * n]
+        done += draws
     return tokens, steps
 
 
@@ -289,12 +197,14 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: di
     blocks' ALs (``plain_by_block``) and missing from their spread: with short requests that
     spread understated the error 1.4-1.75 times (docs/lab/synthetic-truth.md). With ``jackknife``
     (and at least 2 blocks), a delete-a-block jackknife includes it: the chain is refitted without
-    each block's requests (warm-started from the full fit; the same model choice by AIC) and the
-    AL replayed over the other blocks with the same random numbers; ``by_block`` are then the
-    row's AL plus each block's pseudo-value deviation, ``AL + (n - 1) (mean_c AL_-c - AL_-b)``,
-    whose standard error of the mean is the jackknife's and whose mean is the row's AL. The chain
-    is fitted on at most ``fit_rows`` requests (:func:`fit_chain`), the refits on those of them
-    outside the block."""
+    each block's requests (warm-started from the full fit; the same model choice by AIC; the
+    refits run stacked, :mod:`.replay_chain`) and the AL replayed over the other blocks with the
+    same random numbers; ``by_block`` are then the row's AL plus each block's pseudo-value
+    deviation, ``AL + (n - 1) (mean_c AL_-c - AL_-b)``, whose standard error of the mean is the
+    jackknife's and whose mean is the row's AL. The chain is fitted on at most ``fit_rows``
+    requests spread over them (None: every request; tried as the default on 2026-12-06 and
+    reverted: 2.9x the CPU, no measured gain across seeds, docs/lab/precision-replay.md), the
+    refits on those of them outside the block."""
     reqs = [r for r in reqs if r.wave in block]
     kmax = max(max(ks), 0)
     width = max((max(len(r.x), r.length) for r in reqs), default=1) + kmax + 1
@@ -306,7 +216,8 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: di
             depth[i, :len(r.depth)] = r.depth
     kfit = max(kmax, int(depth.max(initial=1)), 1)
     rows = _fit_rows(len(x), fit_rows)
-    chain, one, by = _select(x[rows], depth[rows], kfit, 100, _init(x[rows], kfit), None)
+    chosen, one, by = select(Stack.of(x, depth, [rows], kfit), 100, _init(x[rows], kfit), None)
+    chain = (chosen[0][0], chosen[1][0], chosen[2][0])
     lengths = np.array([r.length for r in reqs], dtype=float)
     active = [k for k in ks if k > 0]
     tokens, steps = _replay_all(x, depth, chain, lengths, active, imputations)
@@ -320,7 +231,7 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: di
         if k <= 0:
             al[k], plain[k] = 1.0, {b: 1.0 for b in ids}
             continue
-        tk, sk = tokens[k], steps[k]
+        tk, sk = tokens[active.index(k)], steps[active.index(k)]
         al[k] = float(tk.sum() / sk.sum()) if sk.sum() > 0 else float("nan")
         plain[k] = {b: float(tk[blocks == b].sum() / sk[blocks == b].sum()) for b in ids
                     if sk[blocks == b].sum() > 0}
@@ -332,24 +243,32 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: di
     return Replayed(al, by_block, model, unknown / decode if decode else 0.0, plain)
 
 
-def _jackknife(x, depth, rows, blocks, ids, starts, kfit, lengths, active, imputations, al) -> dict:
+def _jackknife(x, depth, rows, blocks, ids, starts: tuple[Fits, Fits], kfit, lengths, active, imputations,
+               al) -> dict:
     """K -> block -> the row's AL plus the block's jackknife pseudo-value deviation
-    (:func:`replay_acceptance`)."""
+    (:func:`replay_acceptance`): the refits without each block stacked, warm-started from the
+    full fit's one-rate and per-depth chains."""
     left: dict[int, dict[int, float]] = {k: {} for k in active}  # K -> block -> AL without it
-    for b in ids:
-        keep = rows[blocks[rows] != b]
-        chain = _select(x[keep], depth[keep], kfit, 100, *starts)[0]
-        tokens, steps = _replay_all(x, depth, chain, lengths, active, imputations)
-        for k in active:
-            sk = steps[k][blocks != b].sum()
+    one, by = (_repeat(fit, len(ids)) for fit in starts)
+    chains = select(Stack.of(x, depth, [rows[blocks[rows] != b] for b in ids], kfit), 100, one, by)[0]
+    for i, b in enumerate(ids):
+        tokens, steps = _replay_all(x, depth, (chains[0][i], chains[1][i], chains[2][i]), lengths, active,
+                                    imputations)
+        for j, k in enumerate(active):
+            sk = steps[j][blocks != b].sum()
             if sk > 0:
-                left[k][b] = float(tokens[k][blocks != b].sum() / sk)
+                left[k][b] = float(tokens[j][blocks != b].sum() / sk)
     out = {}
     for k in active:
         vals = left[k]
         mean = sum(vals.values()) / len(vals) if vals else 0.0
         out[k] = {b: al[k] + (len(vals) - 1) * (mean - v) for b, v in vals.items()}
     return out
+
+
+def _repeat(fit: Fits, n: int) -> Fits:
+    """One fit's parameters as the start of ``n`` fits."""
+    return (np.repeat(fit[0], n, axis=0), np.repeat(fit[1], n, axis=0), np.repeat(fit[2], n, axis=0))
 
 
 def matches_from_steps(steps) -> list[RequestMatches]:
