@@ -165,7 +165,9 @@ class SweepGrid(_Strict):
                              description="waves of exactly batch_size concurrent requests per cell")
     output_len: StrictInt = Field(64, ge=2, le=MAX_OUTPUT_LEN,
                                   description="output tokens per request (ignore_eos)")
-    warmup: StrictInt = Field(1, ge=0, le=MAX_WAVES, description="unmeasured warm-up waves before each cell")
+    warmup: StrictInt = Field(1, ge=0, le=MAX_WAVES,
+                              description="unmeasured warm-up waves before each cell (short: each request "
+                                          "at most 64 output tokens, 16 per K of a paired group)")
     repeats: StrictInt = Field(1, ge=1, le=MAX_REPEATS,
                                description="repeat the whole grid, interleaved, for medians")
     design: Literal["paired", "cells"] = Field(

@@ -36,6 +36,11 @@ class WorkerConfig:
 # vLLM methods whose drafter proposes 0..K tokens a step (no match: none): a K cell is a server at K
 VARIABLE_DRAFT_METHODS = frozenset({"ngram", "suffix"})
 PAIRED_HOLD = 4  # steps per K before switching: step 1 verifies the old K, 2 is the first pure, 3-4 are timed
+# A warm-up wave's requests stop after this many output tokens (fewer if the cell's are fewer): it
+# runs the cell's batch shape and, in a paired group, every K of the sequence once (PAIRED_HOLD steps
+# each, at about 4 tokens a step), not a whole output length of unmeasured decoding
+WARMUP_TOKENS = 64
+WARMUP_TOKENS_PER_K = PAIRED_HOLD * 4
 
 
 @dataclass(frozen=True)
@@ -180,8 +185,9 @@ class CellRun:
             os.unlink(self.trace_path)  # a retried cell starts a fresh trace
         llm.reset_prefix_cache()  # no cell inherits another's cached prompts
         for w in range(req.warmup):
-            # warm-up: prompts outside the measured ones
-            self._wave(-1 - w, req.prompt_offset + req.waves + w)
+            # warm-up: prompts outside the measured ones, at most WARMUP_TOKENS output tokens each
+            self._wave(-1 - w, req.prompt_offset + req.waves + w,
+                       cap=max(WARMUP_TOKENS, WARMUP_TOKENS_PER_K * len(req.group or ())))
         self.before = snapshot_from_metrics(llm.get_metrics())
         self.timings: list = []
         self.wall = 0.0
@@ -204,7 +210,7 @@ class CellRun:
             max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
             temperature=req.temperature, seed=seed if req.temperature > 0 else None, extra_args=extra)
 
-    def _wave(self, w: int, prompt_index: int):
+    def _wave(self, w: int, prompt_index: int, cap: int | None = None):
         from dsdprof.measure.workload import wave_indices
 
         req = self.req
@@ -212,6 +218,8 @@ class CellRun:
         cut = req.context_len or None  # a context sweep's pool holds prompts of its longest context
         prompts = [{"prompt_token_ids": self.pool[i][:cut]} for i in idx]
         lens = [self.output_lens[i] if self.output_lens else req.output_len for i in idx]
+        if cap is not None:
+            lens = [min(n, cap) for n in lens]
         seeds = request_seeds(req.seed, prompt_index, req.batch_size)
         params = [self._params(w, n, r) for n, r in zip(lens, seeds)]
         return self.llm.generate(prompts, params, use_tqdm=False)
