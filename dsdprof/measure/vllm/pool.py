@@ -59,6 +59,7 @@ class EngineWorker:
         child.close()
         self._deadline = time.monotonic() + start_timeout_s
         self.info: Any = None
+        self._stop_sent = False
         if wait:
             self.wait_started()
 
@@ -117,14 +118,21 @@ class EngineWorker:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Ask the engine to shut down, without waiting (:meth:`stop` waits): vLLM's shutdown takes
+        seconds, so a pool's engines shut down side by side (:meth:`EnginePool.close`)."""
         self.resume()  # a paused engine could not read the stop message
-        if self.alive:
+        if self.alive and not self._stop_sent:
             try:
                 self.conn.send(("stop",))
-                self.proc.join(60)
+                self._stop_sent = True
             except (OSError, BrokenPipeError):
                 pass
+
+    def stop(self) -> None:
+        self.request_stop()
+        if self._stop_sent:
+            self.proc.join(60)
         self.kill()
 
     def kill(self) -> None:
@@ -242,6 +250,8 @@ class EnginePool:
         return list(self._workers)
 
     def close(self) -> None:
+        for w in self._workers.values():  # every engine's shutdown at once, then each waited for
+            getattr(w, "request_stop", lambda: None)()  # test fakes may not have it
         for w in self._workers.values():
             w.stop()
         self._workers.clear()
