@@ -212,8 +212,9 @@ class VllmEngine:
             return self._mode
         e = self.spec.engine
         self.check_models()
-        if self.max_k > 0 and e.dsd_mode != "fixed":
-            self.prestart([MODE_VANILLA, MODE_DSD])
+        if self.max_k > 0:  # fixed mode: the engine of the first K it runs (iter_cells' order)
+            first_fixed = f"{MODE_FIXED}-{next(k for k in self.spec.sweep.num_spec_tokens if k)}"
+            self.prestart([MODE_VANILLA, first_fixed if e.dsd_mode == "fixed" else MODE_DSD])
         self._start_or_input_error(MODE_VANILLA, "engine.model", e.model)
         if self.max_k == 0 or e.dsd_mode == "dsd":
             self._mode = MODE_DSD
