@@ -32,7 +32,8 @@ import numpy as np
 from dsdprof.config.spec import load_spec
 from dsdprof.decide.analysis import analyze
 from dsdprof.io.readers import read_measurements
-from dsdprof.jobs.budget import Budget, parse_budget, run_budgeted_sweep
+from dsdprof.jobs.budget import run_budgeted_sweep
+from dsdprof.jobs.budget_plan import Budget, parse_budget
 from dsdprof.measure.runner import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,15 +12,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+
 from dsdprof.config.spec import parse_spec
 from dsdprof.decide.context import analyze_contexts_path
 from dsdprof.io.runs import open_run
 from dsdprof.measure.runner import run_sweep
 from dsdprof.measure.sim.catalog import MODELS
-from dsdprof.measure.sim.context import free_draft_length
 from dsdprof.measure.sim.model import arch_features
 from dsdprof.report.context_plots import context_heatmaps_figure, context_k_figure
 from dsdprof.report.plots import render_png, write_png
+from tests.support.sim_grid import free_draft_length
 
 CONTEXTS = [1024, 4096, 16384, 65536, 128000]
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]

@@ -50,6 +50,15 @@ def truth_goodput(t) -> dict[int, dict[int, float]]:
     return {b: {k: al / itl for k, (al, itl) in by_k.items()} for b, by_k in t.items()}
 
 
+def regret(chosen: dict[int, int], goodput: dict[int, dict[int, float]]) -> dict[int, float]:
+    """Per batch size, 1 - truth goodput of the chosen K / the best truth goodput there."""
+    out = {}
+    for b, k in chosen.items():
+        g = goodput[b]
+        out[b] = 1.0 - g[k] / max(g.values())
+    return out
+
+
 def truth_k(t, tolerance: float = 0.02) -> dict[int, int]:
     """The rule on exact numbers: smallest K within tolerance of the best."""
     out = {}

@@ -99,7 +99,8 @@ def sweep(
                  "--num-spec-tokens": num_spec_tokens}
     spec = with_overrides(load_spec(spec_path), overrides)
     if budget is not None:
-        from dsdprof.jobs.budget import parse_budget, run_budgeted_sweep
+        from dsdprof.jobs.budget import run_budgeted_sweep
+        from dsdprof.jobs.budget_plan import parse_budget
 
         parsed_budget = parse_budget(budget)  # bad --budget fails here, before any output
     notices: list[str] = []

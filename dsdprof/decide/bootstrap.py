@@ -82,8 +82,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# re-exported: callers import the defaults from here too
-from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED  # noqa: F401
+from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, DEFAULT_SEED
 from dsdprof.errors import InputError
 
 SAMPLE_COLUMNS = ("sample_acceptance_length", "sample_itl_s")

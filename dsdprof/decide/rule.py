@@ -238,11 +238,3 @@ def curve(decisions: Sequence[Decision], tolerance: float,
         return (SHAPE_FLAT if len(set(path)) == 1 else SHAPE_DENSE), path
     return SHAPE_MOE, fewest_rises_path(options, rises_first=False)[1]
 
-
-def regret(chosen: dict[int, int], truth_goodput: dict[int, dict[int, float]]) -> dict[int, float]:
-    """Per batch size, 1 - truth goodput of the chosen K / the best truth goodput there."""
-    out = {}
-    for b, k in chosen.items():
-        g = truth_goodput[b]
-        out[b] = 1.0 - g[k] / max(g.values())
-    return out

@@ -35,7 +35,7 @@ from dsdprof.formats.measurements import CONTEXT_COLUMN
 from dsdprof.io.manifest import MANIFEST_NAME, first_difference
 from dsdprof.io.readers import read_columns, read_files, read_provenance
 
-__all__ = ["RUN_KIND_SWEEP", "RUN_KIND_VALIDATE", "open_run", "run_kind"]
+__all__ = ["open_run", "run_kind"]
 
 
 def _manifest_doc(run_dir: Path) -> JSONObject | None:

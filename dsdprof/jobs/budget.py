@@ -52,15 +52,12 @@ from dsdprof.jobs.budget_plan import (
     STATUSES,
     Budget,
     Ledger,
-    batch_status,
-    parse_budget,
     plan_pass,
 )
 from dsdprof.measure.engine import Cell, Engine, plan_cells
 from dsdprof.measure.runner import SweepSummary
 
-__all__ = ["Budget", "BudgetPlanner", "BudgetSummary", "Ledger", "acceptance_note", "batch_status",
-           "parse_budget", "plan_pass", "run_budgeted_sweep"]
+__all__ = ["BudgetPlanner", "BudgetSummary", "acceptance_note", "run_budgeted_sweep"]
 
 # ----------------------------------------------------------------------------- the loop
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
+from dsdprof.config.run import RUN_KIND_VALIDATE
 from dsdprof.errors import InputError
 from dsdprof.export.table import vllm_speculative_config
 from dsdprof.formats.ktable import TableError, k_for_batch_size
@@ -50,7 +51,6 @@ from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA, MeasurementRow
 from dsdprof.io.atomic import write_json_atomic
 from dsdprof.io.manifest import normalised_spec_dump
-from dsdprof.io.runs import RUN_KIND_VALIDATE
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.runner import SweepProgress, run_plan
 from dsdprof.measure.vllm.engine import VllmEngine

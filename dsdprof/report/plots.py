@@ -345,8 +345,8 @@ def acceptance_figure(df: pd.DataFrame, provenance: ProvenanceView | None = None
 def plot_results(results: str | Path | Run, out_dir: str | Path, tolerance: float = DEFAULT_TOLERANCE,
                  force: bool = False) -> list[Path]:
     """Write every figure that ``results`` supports into ``out_dir``; return the paths."""
+    from dsdprof.config.run import validate_measurements
     from dsdprof.decide.analysis import analyze
-    from dsdprof.io.readers import validate_measurements
 
     require_matplotlib()
     run = results if isinstance(results, Run) else open_run(results, "plot")

@@ -2,10 +2,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dsdprof.config.run import validate_measurements
 from dsdprof.decide.analysis import analyze, fixed_k_summary
 from dsdprof.errors import InputError
 from dsdprof.formats.ktable import choose_k
-from dsdprof.io.readers import load_measurements, validate_measurements
+from dsdprof.io.readers import load_measurements
 from tests.conftest import make_rows
 
 

@@ -8,12 +8,12 @@ from typer.testing import CliRunner
 from dsdprof.cli.app import app
 from dsdprof.config.spec import parse_spec
 from dsdprof.decide.analysis import analyze
-from dsdprof.decide.rule import regret
 from dsdprof.errors import InputError
 from dsdprof.io.readers import read_measurements
-from dsdprof.jobs.budget import Budget, Ledger, batch_status, parse_budget, plan_pass, run_budgeted_sweep
+from dsdprof.jobs.budget import run_budgeted_sweep
+from dsdprof.jobs.budget_plan import Budget, Ledger, batch_status, parse_budget, plan_pass
 from dsdprof.measure.engine import plan_cells
-from tests.synthetic import KS, TruthEngine, noisy_rows, truth, truth_goodput
+from tests.synthetic import KS, TruthEngine, noisy_rows, regret, truth, truth_goodput
 
 runner = CliRunner()
 

@@ -7,8 +7,7 @@ import pytest
 from dsdprof.decide import bootstrap
 from dsdprof.decide.analysis import analyze
 from dsdprof.decide.bootstrap import bootstrap_batch, robust_units
-from dsdprof.decide.rule import regret
-from tests.synthetic import noisy_rows, truth, truth_goodput, truth_k
+from tests.synthetic import noisy_rows, regret, truth, truth_goodput, truth_k
 
 KW = dict(repeats=3, waves=20, wave_noise=0.05, repeat_noise=0.01)
 

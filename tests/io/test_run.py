@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from dsdprof.config.run import RUN_KIND_SWEEP, RUN_KIND_VALIDATE
 from dsdprof.config.spec import parse_spec
 from dsdprof.errors import InputError
 from dsdprof.export.api import export_document
 from dsdprof.io.manifest import MANIFEST_NAME
-from dsdprof.io.runs import RUN_KIND_SWEEP, RUN_KIND_VALIDATE, open_run, run_kind
+from dsdprof.io.runs import open_run, run_kind
 from dsdprof.measure.runner import run_sweep
 
 

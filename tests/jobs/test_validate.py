@@ -119,7 +119,8 @@ def test_validate_rows_are_refused_by_export_and_analyze_whatever_their_metadata
     from typer.testing import CliRunner
 
     from dsdprof.cli.app import app
-    from dsdprof.io.runs import RUN_KIND_VALIDATE, run_kind
+    from dsdprof.config.run import RUN_KIND_VALIDATE
+    from dsdprof.io.runs import run_kind
 
     df = _variant_rows(adaptive)
     path = tmp_path / "v.parquet"
@@ -147,8 +148,8 @@ def test_sweep_rows_are_not_taken_for_validate_rows(tmp_path, mode):
     from typer.testing import CliRunner
 
     from dsdprof.cli.app import app
-    from dsdprof.config.run import validate_rows
-    from dsdprof.io.runs import RUN_KIND_SWEEP, run_kind
+    from dsdprof.config.run import RUN_KIND_SWEEP, validate_rows
+    from dsdprof.io.runs import run_kind
 
     path = _with_sweep_metadata(_sweep_rows(mode), tmp_path / "s.parquet")
     assert run_kind(path) == RUN_KIND_SWEEP

@@ -1,6 +1,6 @@
 """An engine that fails to start is reported in one line with vLLM's own root cause (no vLLM needed)."""
 
-from dsdprof.measure.vllm.engine import root_cause
+from dsdprof.measure.vllm.pool import root_cause
 
 _WORKER = "(VllmWorker-0 pid=32184) ERROR 11-29 16:40:30 [multiproc_executor.py:953] "
 LOG = "\n".join([
@@ -33,7 +33,7 @@ def test_specific_errors_and_missing_logs_pass_through(tmp_path):
 
 
 def test_concurrent_engines_split_memory_on_gpu_and_cpu():
-    from dsdprof.measure.vllm.engine import memory_plan
+    from dsdprof.measure.vllm.resources import memory_plan
 
     kw, note = memory_plan({}, 2, on_gpu=True)
     assert kw == {"gpu_memory_utilization": 0.45} and note.startswith("gpu: 2 engines")

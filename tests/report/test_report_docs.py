@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dsdprof.formats.measurements import MEASUREMENT_COLUMNS
-from dsdprof.report.docs import columns_markdown
+from tests.support.column_docs import columns_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,4 +27,4 @@ def test_docs_column_tables_are_current():
         pytest.skip("no generated column table in the docs yet")
     for p in docs:
         assert columns_markdown() in p.read_text(), \
-            f"{p.name}: regenerate with python -m dsdprof.report.docs columns"
+            f"{p.name}: regenerate with python -m tests.support.column_docs columns"

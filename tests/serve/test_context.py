@@ -260,9 +260,10 @@ def test_tile_effect_drafts_up_to_128_over_g_are_free_when_attention_dominates()
     import numpy as np
 
     from dsdprof.measure.sim.catalog import MODELS
-    from dsdprof.measure.sim.context import free_draft_length, query_tokens
+    from dsdprof.measure.sim.context import query_tokens
     from dsdprof.measure.sim.hardware import HARDWARE
     from dsdprof.measure.sim.model import HwArrays, arch_features, attention_term
+    from tests.support.sim_grid import free_draft_length
 
     assert list(query_tokens(4, np.array([1, 32, 33]), 128)) == [1, 32, 64]
     assert list(query_tokens(4, np.array([1, 33]), 1)) == [1, 33]  # no tile on a CPU profile

@@ -39,6 +39,7 @@ import numpy as np
 
 from dsdprof.errors import InputError
 from dsdprof.measure.sim.catalog import resolve_model
+from dsdprof.measure.sim.dtypes import resolve_dtype
 from dsdprof.measure.sim.hardware import HARDWARE, Hardware, resolve_hardware
 from dsdprof.measure.sim.inputs import (  # noqa: F401 - the suite's names for them (tests use fid.*)
     LEGACY_MLA_GPUS,
@@ -54,7 +55,6 @@ from dsdprof.measure.sim.model import (
     HwArrays,
     arch_features,
     distinct_experts,
-    resolve_dtype,
     step_parts,
 )
 

@@ -13,6 +13,8 @@ import numpy as np
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.measure.sim.arch import ModelArch
+from dsdprof.measure.sim.context import ATTENTION_TILE_ROWS
+from dsdprof.measure.sim.dtypes import resolve_dtype
 from dsdprof.measure.sim.hardware import Hardware
 from dsdprof.measure.sim.model import (
     MEMORY_UTILIZATION,
@@ -22,7 +24,6 @@ from dsdprof.measure.sim.model import (
     HwArrays,
     arch_features,
     memory_bytes,
-    resolve_dtype,
     step_time,
 )
 
@@ -105,3 +106,10 @@ def predict_grid(hardwares: Sequence[Hardware], cases: Sequence[ModelCase], batc
     kstar = optimal_k(goodput, np.asarray(ks), tolerance, fits)
     return GridResult(itl, van, al, np.broadcast_to(fits, itl.shape), kstar,
                       np.asarray(batch_sizes), np.asarray(ks))
+
+
+def free_draft_length(group: float | np.ndarray, tile: float = ATTENTION_TILE_ROWS) -> np.ndarray:
+    """The longest draft whose K+1 query tokens share one attention tile: ``floor(tile / G) − 1``
+    (>= 0; :mod:`dsdprof.measure.sim.context`)."""
+    g = np.maximum(np.asarray(group, dtype=float), 1.0)
+    return np.maximum(np.floor(np.asarray(tile, dtype=float) / g) - 1.0, 0.0)

@@ -89,22 +89,6 @@ def categories_of(kind: str, fp8: bool, tp: int, families: tuple[str, ...]) -> t
             *(FAMILY_NAMES[f] for f in families))
 
 
-def category_errors(categories: list[tuple[str, ...]], ratios: np.ndarray,
-                    sources: list[str]) -> tuple[CategoryError, ...]:
-    """Per category (and ``all``): published / predicted ratios of its points at :data:`QUANTILES`."""
-    r = np.asarray(ratios, dtype=float)
-    out = []
-    for name in CATEGORY_NAMES:
-        sel = np.array([name == "all" or name in c for c in categories], dtype=bool)
-        if not sel.any():
-            continue
-        lo, hi = np.quantile(r[sel], QUANTILES)
-        out.append(CategoryError(name, int(sel.sum()), len({s for s, x in zip(sources, sel) if x}),
-                                 round(float(np.mean(np.abs(1.0 / r[sel] - 1.0))) * 100, 1),
-                                 round(float(lo), 3), round(float(hi), 3)))
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class ErrorBand:
     """Multipliers on a prediction: the widest spread of its categories."""
@@ -294,7 +278,7 @@ def k_star_span(ks: list[int], al: np.ndarray, steps: list[np.ndarray], k0_steps
 
 def resolve_fp8(setup: SimSetup) -> bool:
     """FP8 weights (the category): an FP8 compute path or FP8 storage."""
-    from dsdprof.measure.sim.model import resolve_dtype
+    from dsdprof.measure.sim.dtypes import resolve_dtype
 
     return resolve_dtype(setup.target, setup.dtype).compute == "fp8"
 

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from dsdprof.measure.sim.arch import ModelArch
+from dsdprof.measure.sim.dtypes import resolve_dtype
 from dsdprof.measure.sim.hardware import Efficiency, Hardware
 from dsdprof.measure.sim.model import (
     METHOD_OVERHEAD,
     NO_DRAFT,
     HwArrays,
     arch_features,
-    resolve_dtype,
     step_parts,
 )
 

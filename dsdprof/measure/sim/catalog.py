@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dsdprof.errors import InputError, did_you_mean
-from dsdprof.measure.sim.arch import MLA, ModelArch  # noqa: F401 - re-exported
+from dsdprof.measure.sim.arch import MLA, ModelArch
 from dsdprof.measure.sim.hfconfig import load_hf_config as _load
 
 

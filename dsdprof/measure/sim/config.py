@@ -34,13 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from dsdprof.config.sim import SIM_METHODS, SimConfig, parse_sim_config  # noqa: F401 - re-exported
+from dsdprof.config.sim import SIM_METHODS, SimConfig, parse_sim_config
 from dsdprof.errors import InputError
 from dsdprof.measure.sim import acceptance as acc
-from dsdprof.measure.sim.catalog import ModelArch, derived_draft, resolve_model, shadowed_catalog_name
+from dsdprof.measure.sim.arch import ModelArch
+from dsdprof.measure.sim.catalog import derived_draft, resolve_model, shadowed_catalog_name
+from dsdprof.measure.sim.dtypes import resolve_dtype
 from dsdprof.measure.sim.hardware import HARDWARE, Hardware, resolve_hardware, with_efficiency
 from dsdprof.measure.sim.inputs import Scenario, Stated, StatedInputs, resolve_inputs
-from dsdprof.measure.sim.model import HwArrays, resolve_dtype
+from dsdprof.measure.sim.model import HwArrays
 
 
 @dataclass(frozen=True)

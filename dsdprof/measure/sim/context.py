@@ -79,12 +79,6 @@ def attention_min_rows(name: str, tile_m: ArrayLike) -> ArrayLike:
     return float(ATTENTION_TILE_ROWS) if full else 1.0
 
 
-def free_draft_length(group: ArrayLike, tile: ArrayLike = ATTENTION_TILE_ROWS) -> ArrayLike:
-    """The longest draft whose K+1 query tokens share one tile: ``floor(tile / G) − 1`` (>= 0)."""
-    g = np.maximum(np.asarray(group, dtype=float), 1.0)
-    return np.maximum(np.floor(np.asarray(tile, dtype=float) / g) - 1.0, 0.0)
-
-
 def max_batch_size(weights_bytes: ArrayLike, kv_per_seq_bytes: ArrayLike, memory_bytes: ArrayLike,
                    utilization: float) -> ArrayLike:
     """Sequences whose KV cache fits next to the weights: ``floor((M·u − W) / kv)`` (0 if none)."""

@@ -27,15 +27,9 @@ import numpy as np
 
 from dsdprof.config.sim import KV_CACHE_DTYPES
 from dsdprof.errors import InputError
-from dsdprof.measure.sim.catalog import ModelArch
+from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.context import attention_min_rows, attention_tile, query_tokens
-from dsdprof.measure.sim.dtypes import (  # noqa: F401 - re-exported
-    DTYPES,
-    FLOAT_DTYPES,
-    ONLINE_QUANT,
-    Storage,
-    resolve_dtype,
-)
+from dsdprof.measure.sim.dtypes import Storage, resolve_dtype
 from dsdprof.measure.sim.hardware import Hardware
 
 ArrayLike = Any  # float or numpy array (broadcastable)

@@ -34,9 +34,7 @@ from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MO
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, vanilla_waves, wave_blocks
 from dsdprof.measure.vllm import synthetic
 from dsdprof.measure.vllm.interleave import STEPS_HOLD, run_interleaved, unit_row
-
-# re-exported: callers import these from the engine module
-from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause  # noqa: F401
+from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause
 from dsdprof.measure.vllm.resources import LLMKwargs, memory_plan, resolve_model_offline
 from dsdprof.measure.vllm.trace import CellFailure
 from dsdprof.measure.vllm.worker import (

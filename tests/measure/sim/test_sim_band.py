@@ -18,6 +18,7 @@ from dsdprof.measure.sim.config import resolve
 from dsdprof.measure.sim.engine import SimEngine
 from dsdprof.measure.sim.hardware import HARDWARE, OVERLAP_STEP_OVERHEAD_S
 from dsdprof.measure.sim.model import HwArrays, arch_features, step_time
+from tests.support import fidelity_band as fb
 
 runner = CliRunner()
 BS, KS = [1, 8, 64, 256], [0, 1, 2, 3, 4, 5]
@@ -120,7 +121,7 @@ def test_error_band_takes_the_widest_category_and_thin_ones_fall_back():
 def test_category_errors_are_quantiles_of_the_ratios():
     r = np.linspace(0.8, 1.3, 11)
     cats = [("dense", "vLLM")] * 6 + [("moe", "vLLM")] * 5
-    t = {c.name: c for c in sb.category_errors(cats, r, [f"s{i % 3}" for i in range(11)])}
+    t = {c.name: c for c in fb.category_errors(cats, r, [f"s{i % 3}" for i in range(11)])}
     assert t["all"].points == 11 and t["dense"].points == 6 and t["moe"].sources == 3
     assert t["dense"].low == pytest.approx(np.quantile(r[:6], 0.1), abs=1e-3)
     assert t["moe"].high == pytest.approx(np.quantile(r[6:], 0.9), abs=1e-3)

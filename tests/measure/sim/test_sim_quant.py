@@ -13,6 +13,7 @@ from dsdprof.errors import InputError
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.factory import make_engine
 from dsdprof.measure.sim.catalog import MODELS, resolve_model, shadowed_catalog_name
+from dsdprof.measure.sim.dtypes import resolve_dtype
 from dsdprof.measure.sim.hardware import HARDWARE
 from dsdprof.measure.sim.hfconfig import load_hf_config
 from dsdprof.measure.sim.model import (
@@ -20,7 +21,6 @@ from dsdprof.measure.sim.model import (
     HwArrays,
     arch_features,
     memory_bytes,
-    resolve_dtype,
     step_time,
 )
 from dsdprof.measure.sim.quant import parse_quantization

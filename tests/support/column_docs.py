@@ -1,6 +1,7 @@
-"""Generated documentation fragments (kept in sync with the code by tests/report/test_report_docs.py).
+"""The Parquet measurement columns as the Markdown table docs/measurement.md holds (kept in sync
+with the code by tests/report/test_report_docs.py).
 
-    python -m dsdprof.report.docs columns   # Markdown table of the Parquet measurement columns
+    python -m tests.support.column_docs columns   # the table, to paste into the docs
 """
 
 from __future__ import annotations
