@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RATES = [0.8, 0.6, 0.45, 0.3]
 KS = (1, 2, 3, 4)
+PAIRED_OVER_OWN = 0.5  # a paired row's error over the model's on its own request-steps (simulated, at most)
 
 
 SEED = 0  # --seed: the engine's (its global generator draws the greedy uniforms) and the requests'
@@ -101,8 +102,8 @@ def size(rates, bs: int, cal: dict, budget_s: float) -> tuple[int, list[int]]:
     relative standard error as small as can be (every row's equal): one wave of each (``cal``:
     "paired" -> (K -> measurement, s), K -> (measurement, s)) gives its seconds and request-steps;
     a cells row's error per wave is the binomial model's, a paired row's the model's over its own
-    request-steps times PAIRED_OVER_OWN (decide/truth.py: simulated), the largest of its Ks."""
-    from dsdprof.decide.truth import PAIRED_OVER_OWN, implied_acceptance_length, step_variance
+    request-steps times PAIRED_OVER_OWN (simulated), the largest of its Ks."""
+    from dsdprof.decide.truth import implied_acceptance_length, step_variance
 
     def rel(k: int, n: float) -> float:
         return math.sqrt(step_variance(rates, k) / max(n, 1.0)) / implied_acceptance_length(rates, k)

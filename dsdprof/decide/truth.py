@@ -42,7 +42,6 @@ from typing import Any
 import pandas as pd
 
 MIN_SAMPLES = 8  # a paired row's standard error from its samples' spread from this many on
-PAIRED_OVER_OWN = 0.5  # a paired row's error over the model's on its own request-steps (simulated, at most)
 TOLERANCE = 0.005  # |AL / truth - 1| the truth check is sized for
 Z = 3.0  # ... at this many standard errors
 

@@ -84,7 +84,6 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
     ExportFormat("trtllm", trtllm_config_document, check_trtllm_config, engine="TensorRT-LLM",
                  check_written=True, read=read_trtllm_config, label="TensorRT-LLM speculative_config"),
 )}
-EXPORT_FORMATS = tuple(FORMATS)
 
 
 def export_format(name: str) -> ExportFormat:

@@ -14,7 +14,6 @@ from dsdprof.formats.measurements import ProvenanceColumns, columns_schema, row_
 
 KIND_ROLLOUT = "rollout"  # every request submitted at t = 0, heavy-tailed output lengths
 KIND_SERVING = "serving"  # Poisson arrivals at rate_per_s
-KINDS = (KIND_ROLLOUT, KIND_SERVING)
 ROLLOUT_FILE = "rollout.parquet"  # the run directory's one row file
 
 class _RunColumns(TypedDict):
