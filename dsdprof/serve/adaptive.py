@@ -31,8 +31,28 @@ At the profile (r = 1, step times as in the table) G is the table's goodput exac
 whatever its decision rule kept at an undecided point). Another K that beat K_t by h(b, K) =
 G0(b, K) / G0(b, K_t) > 1 at the profile is handicapped by that factor, faded out as the live
 goodputs move away from the profile: score(K) = G(K) / h(K)^rho, rho = max(0, 1 - D / FADE),
-D = max_K |log G(b, K) / G0(b, K)|. So at the profiled acceptance and step times every K_t is
-kept (a rebuild right after load changes nothing), and far from it the plain goodput decides.
+D = max_K |log (G(b, K) / G0(b, K)) / (G(b, K_b) / G0(b, K_b))|. So at the profiled acceptance
+and step times in the table's ratios (at any level) every K_t is kept (a rebuild right after load
+changes nothing), and far from it the plain goodput decides.
+
+**Step-time evidence** (:meth:`AdaptiveKSelector._weigh_step_times`). The table's step times are
+measured; what the selector learns live is how far each K's step time departs from the table's
+*ratio* to the K served: c_K = log(ITL'(K) / ITL(K)) - log(ITL'(K_b) / ITL(K_b)). A level common to
+every K (load) cancels in c_K. A move *away* from the table's K (to a K farther from it than K_b)
+believes c_K only beyond ``STEP_Z`` (2) standard errors: sigma_b * sqrt(1 / (1 + n_K) + 1 /
+(1 + n_b)), sigma_b the step-to-step noise at b (``NOISE_PRIOR`` until measured), n the cells'
+decayed step counts (a K not timed at b: its steps at the other batch sizes, what its K effect rests
+on), K_b's count discounted when K_b was last timed long before K (:meth:`StepTimes.side_by_side`),
+and times ``1 + the distance to the nearest K timed at b`` for a K with fewer than ``TIMED`` (2)
+steps (its estimate is mostly the fit in K, extrapolated). The moves that acceptance drives are
+not damped (AL' carries them); nor is a move back toward the table's K. On 2 loaded cores (rollout
+A, docs/lab/selector-load-2026-12-06.md) a load burst on the K served read, through the fit in K,
+as K=0-1 at half their table time: BS 1 went 4 -> 1 -> 0; with this rule it stays at 4 through
+the burst. The price: a step-time-only gain smaller than the margin plus 2 standard errors of
+thinly probed evidence is not taken (tests/serve/test_adaptive_live.py, the 2x table at BS 16).
+
+The fade of the table's handicap (below) measures D on goodputs relative to the K served (its level
+divided out), so a uniform slowdown is still "at the profile".
 
 **Hysteresis.** K_b changes only when the best score beats K_b's by more than ``margin``, to the
 smallest K within ``margin / 2`` of the best; back to a K left in the last ``SETTLE_STEPS`` steps
@@ -89,6 +109,9 @@ PROBE_STEPS = 2
 SETTLE_STEPS = 64  # a new K's first steps at a batch size are timed against the old K's machine factor
 SETTLE_MARGIN = 0.5  # extra margin to return to a K left, fading to 0 over SETTLE_STEPS steps (no flip-flop)
 FADE = 0.20  # live goodputs this far (log) from the profile: the table's handicap is gone
+STEP_Z = 2.0  # a K's step time departs from the table's ratio only beyond this many standard errors
+TIMED = 2.0  # decayed steps at a batch size from which a K counts as timed there (not extrapolated)
+NOISE_PRIOR = 0.10  # step-to-step log noise assumed before a batch size has its own estimate
 
 
 class AdaptiveKSelector:
@@ -241,6 +264,7 @@ class AdaptiveKSelector:
         no time (a mixed step), only the batch size for the next :meth:`observe`."""
         if seconds is None and type(batch_size) is int and batch_size >= 1:
             self._last_bucket = self._bucket(batch_size)
+            self._itl.tick += 1  # an untimed step: time passes between the cells' timings too
             return False
         if type(batch_size) is not int or type(k) is not int or batch_size < 1 or not check_seconds(seconds):
             self.rejected += 1
@@ -311,21 +335,19 @@ class AdaptiveKSelector:
         return out
 
     def _decide(self, bi: int, current: int | None, r: list[float]) -> int:
-        g = self._goodputs(bi, r)
+        score = self._goodputs(bi, r)
+        if current is not None:  # step times against the table's ratios: believed only beyond their noise
+            self._weigh_step_times(bi, current, score)
         g0, handicap = self._g0[bi], self._handicap[bi]
-        ratios = [v / g0[k] for k, v in g.items()]
-        dist = max(math.log(max(ratios)), -math.log(min(ratios)))
+        ratios = [v / g0[k] for k, v in score.items()]
+        anchor = current if current is not None else self._table_k[self._sizes[bi]]
+        level = 1.0 if anchor is None else score[anchor] / g0[anchor]  # the machine's level: cancels
+        dist = max(math.log(max(ratios) / level), -math.log(min(ratios) / level))
         rho = 1.0 - dist / FADE
-        score = dict(g)
         if rho > 0:  # near the profile: a K that beat the table's K there carries that as a handicap
             for k, h in handicap.items():
                 if h > 1.0:
                     score[k] /= h**rho
-        if current is not None:  # a thinly observed alternative must win by its uncertainty (<= margin / 2)
-            sigma, n, margin = self._itl.noise_sd(bi), self._itl.n[bi], self.margin / 2
-            for k in score:
-                if k != current:
-                    score[k] /= 1.0 + min(margin, sigma / math.sqrt(1.0 + n[k]))
         best = max(score.values())
         if current is not None and best <= (1.0 + self.margin) * score[current]:
             return current
@@ -335,6 +357,31 @@ class AdaptiveKSelector:
         if current is not None and fade > 0 and best <= band * score[current]:
             return current  # back to a K left in the last SETTLE_STEPS steps: a wider band (no flip-flop)
         return new
+
+    def _weigh_step_times(self, bi: int, current: int, score: dict[int, float]) -> None:
+        """Scale each candidate's score for what its step-time estimate is worth (module docstring,
+        "Step-time evidence"). A move away from the table's K: its contrast to the table's ratio,
+        c_K = log(est_K / T_K) - log(est_cur / T_cur), counts only beyond ``STEP_Z`` standard errors.
+        Any other move: a thinly observed K must win by its uncertainty (at most margin / 2)."""
+        itl = self._itl
+        est, table, n = itl.est[bi], itl.table[bi], itl.n[bi]
+        sigma = itl.noise_sd(bi)
+        kt = self._table_k[self._sizes[bi]]
+        away = -1 if kt is None else abs(current - kt)  # candidates farther from the table's K than this
+        timed = [k for k, w in n.items() if w >= TIMED]
+        base = math.log(est[current] / table[current])
+        for k in score:
+            if k == current:
+                continue
+            if kt is None or abs(k - kt) <= away:
+                score[k] /= 1.0 + min(self.margin / 2, sigma / math.sqrt(1.0 + n[k]))
+                continue
+            c = math.log(est[k] / table[k]) - base
+            nk, ncur = itl.side_by_side(bi, k, current)  # K not timed here: its steps at the other sizes
+            lever = 1.0 if nk >= TIMED else 1.0 + min((abs(k - j) for j in timed), default=0)
+            se = (sigma or NOISE_PRIOR) * lever * math.sqrt(1.0 / (1.0 + ncur) + 1.0 / (1.0 + nk))
+            shrink = STEP_Z * se
+            score[k] *= math.exp(shrink if c > shrink else -shrink if c < -shrink else c)
 
     def rebuild(self) -> bool:
         """Re-derive K at every profiled batch size (with hysteresis); swap the lookup if any moved."""

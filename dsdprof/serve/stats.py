@@ -53,6 +53,12 @@ which is the ratio the decision needs. The served K's own steps then carry no ev
 steps against the old K's factor (:data:`dsdprof.serve.adaptive.SETTLE_STEPS`), a same-window
 contrast too. :meth:`AdaptiveKSelector.step_time` reports the estimate times the factor: the
 time on the machine as it runs now.
+
+**Noise and freshness.** The step-to-step noise at a batch size (:meth:`StepTimes.noise_sd`) is the
+decayed spread of each step around its own cell's mean (once the cell holds 4 steps): a table far
+off the machine is not noise. Each cell records the engine step it was last timed at
+(``tick``: every step the selector sees, timed or not), so the selector can tell two Ks timed side by
+side from two timed minutes apart (:meth:`StepTimes.side_by_side`).
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ K_EFFECT_ROUNDS = 6
 MACHINE_HALF_LIFE = 8.0  # served steps: the machine factor follows a common slowdown in ~this many
 MACHINE_MIN_STEPS = 4.0  # a served cell's own mean counts as its level once it holds this many steps
 MACHINE_STEP = 0.5  # one step moves the machine factor by at most this much log residual (a spike)
+SIDE_HALF_LIFE = 32.0  # engine steps between two cells' last timings that halve their contrast's evidence
 
 
 def _count(x: Any) -> int:
@@ -204,7 +211,8 @@ class StepTimes:
     """Live step time per (profiled batch size, K) with the table as prior (module docstring)."""
 
     __slots__ = ("table", "n", "s", "est", "decay", "prior_weight", "slope_weight", "cell_weight", "scales",
-                 "noise", "fits", "pooled", "dirty", "k_effect", "ks", "near", "machine", "machine_rate")
+                 "noise", "fits", "pooled", "dirty", "k_effect", "ks", "near", "machine", "machine_rate",
+                 "tick", "last")
 
     def __init__(self, table: list[dict[int, float]], half_life: float, prior_weight: float = 2.0,
                  slope_weight: float = 0.25, cell_weight: float = 1.0) -> None:
@@ -227,6 +235,8 @@ class StepTimes:
         self.dirty = set(range(len(table)))
         self.machine = 0.0  # log of the machine factor: what every K's steps share right now
         self.machine_rate = 1.0 - 0.5 ** (1.0 / MACHINE_HALF_LIFE)
+        self.tick = 0  # engine steps seen at any batch size (the selector counts the untimed ones too)
+        self.last = [dict.fromkeys(t, 0) for t in table]  # the tick each cell was last timed at
 
     def update(self, bucket: int, k: int, seconds: float, served: bool = True) -> bool:
         """One pure step (verified and drafted ``k``) of ``seconds`` at ``bucket``; False if no such cell.
@@ -243,8 +253,8 @@ class StepTimes:
         seconds = min(max(seconds, est / STEP_CLIP), est * STEP_CLIP)
         d = self.decay
         noise = self.noise[bucket]
-        if n[k] > 4.0:  # the residual against a settled estimate: the step-to-step noise
-            resid = math.log(seconds / est)
+        if n[k] > 4.0:  # the residual against the cell's own mean: the step-to-step noise (against the
+            resid = math.log(seconds * n[k] / s[k])  # estimate, a table far off read as noise)
             noise[0] = noise[0] * d + 1.0
             noise[1] = noise[1] * d + resid * resid
         for kk in n:
@@ -252,8 +262,24 @@ class StepTimes:
             s[kk] *= d
         n[k] += 1.0
         s[k] += seconds
+        self.tick += 1
+        self.last[bucket][k] = self.tick
         self.dirty.add(bucket)
         return True
+
+    def side_by_side(self, bucket: int, k: int, j: int) -> tuple[float, float]:
+        """The decayed step counts of K ``k`` and of the K served, ``j``, as evidence about their
+        contrast at ``bucket``. A ``k`` not timed here counts its steps at the other batch sizes
+        (what its K effect rests on). When ``j`` was last timed before ``k``, ``j``'s count is
+        discounted by the steps between (half-life ``SIDE_HALF_LIFE``): two Ks timed minutes apart
+        on a loaded host ran on two machines, and the K served must be re-timed before it is left."""
+        n, last = self.n[bucket], self.last[bucket]
+        nk, lk = n[k], last[k]
+        if nk < 1.0:
+            nk = sum(cells[k] for cells in self.n if k in cells)
+            lk = max(t[k] for t in self.last if k in t)
+        gap = lk - last[j]
+        return nk, (n[j] * 0.5 ** (gap / SIDE_HALF_LIFE) if gap > 0 else n[j])
 
     def noise_sd(self, bucket: int) -> float:
         """Step-to-step relative noise of the step times seen at this bucket (0 until settled);

@@ -159,13 +159,23 @@ def test_far_shifted_pair_reaches_the_best_fixed_k_or_vanilla_within_2000_steps(
 
 @pytest.mark.parametrize("factor", [2.0, 0.5])
 def test_a_table_whose_speculative_step_times_are_wrong_by_2x(factor):
+    """Within 2 % of the best fixed K; where the table's own K is within 6 % of it, within 2 % of
+    the table's K (never below the table). That is BS 16 at 0.5x: K=4 is 5.6 % better than the
+    table's K=3, and only the probes show it (one timed K=4 step per 512 steps, the evidence
+    decaying at half-life 256: never more than ~1.3 steps). The selector leaves the table's K on
+    step times only beyond 2 standard errors of their contrast (tests/serve/test_selector_load.py);
+    at 3 % step noise that is a gain above ~6 %, and a move on less is the move on noise that took
+    rollout A's BS 1 from K=4 to K=0 on a loaded host. (Before that rule this case reached K=4.)"""
     true = {b: {k: r[0] + factor * (t - r[0]) for k, t in r.items()} for b, r in SPEC.items()}
     table = synthetic_table(SPEC, P0)
     for b in SIZES:
         sel = AdaptiveKSelector(table)
+        kt = sel.ks[b]
         res = simulate(sel, b, [Phase(3000, P0)], true[b], seed=b)
         _, best = best_fixed(P0, true[b])
-        assert served_goodput(res, P0, true[b], 1000, 3000) >= 0.98 * best, b
+        at_table = chain_al(P0, kt) / true[b][kt]
+        floor = best if at_table < 0.94 * best else at_table
+        assert served_goodput(res, P0, true[b], 1000, 3000) >= 0.98 * floor, b
 
 
 def test_exploration_is_bounded_and_probes_neighbours():
