@@ -42,7 +42,7 @@ every K (load) cancels in c_K. A move *away* from the table's K (to a K farther 
 believes c_K only beyond ``STEP_Z`` (2) standard errors: sigma_b * sqrt(1 / (1 + n_K) + 1 /
 (1 + n_b)), sigma_b the step-to-step noise at b (``NOISE_PRIOR`` until measured), n the cells'
 decayed step counts (a K not timed at b: its steps at the other batch sizes, what its K effect rests
-on), K_b's count discounted when K_b was last timed long before K (:meth:`StepTimes.side_by_side`),
+on), K_b's count discounted when K_b was last timed long before K (``SIDE_HALF_LIFE`` steps),
 and times ``1 + the distance to the nearest K timed at b`` for a K with fewer than ``TIMED`` (2)
 steps (its estimate is mostly the fit in K, extrapolated). The moves that acceptance drives are
 not damped (AL' carries them); nor is a move back toward the table's K. On 2 loaded cores (rollout
@@ -94,6 +94,7 @@ from dsdprof.serve.profile import ProfiledCell, conditional
 from dsdprof.serve.runtime import build_lookup, lookup_list
 from dsdprof.serve.stats import (
     Q_FLOOR,
+    SIDE_HALF_LIFE,
     AcceptanceStats,
     StepTimes,
     _check_fraction,
@@ -364,23 +365,30 @@ class AdaptiveKSelector:
         c_K = log(est_K / T_K) - log(est_cur / T_cur), counts only beyond ``STEP_Z`` standard errors.
         Any other move: a thinly observed K must win by its uncertainty (at most margin / 2)."""
         itl = self._itl
-        est, table, n = itl.est[bi], itl.table[bi], itl.n[bi]
+        est, table, n, last = itl.est[bi], itl.table[bi], itl.n[bi], itl.last[bi]
         sigma = itl.noise_sd(bi)
         kt = self._table_k[self._sizes[bi]]
         away = -1 if kt is None else abs(current - kt)  # candidates farther from the table's K than this
-        timed = [k for k, w in n.items() if w >= TIMED]
-        base = math.log(est[current] / table[current])
+        z = STEP_Z * (sigma or NOISE_PRIOR)
+        base = est[current] / table[current]
+        n_cur, t_cur = n[current], last[current]
         for k in score:
             if k == current:
                 continue
             if kt is None or abs(k - kt) <= away:
                 score[k] /= 1.0 + min(self.margin / 2, sigma / math.sqrt(1.0 + n[k]))
                 continue
-            c = math.log(est[k] / table[k]) - base
-            nk, ncur = itl.side_by_side(bi, k, current)  # K not timed here: its steps at the other sizes
-            lever = 1.0 if nk >= TIMED else 1.0 + min((abs(k - j) for j in timed), default=0)
-            se = (sigma or NOISE_PRIOR) * lever * math.sqrt(1.0 / (1.0 + ncur) + 1.0 / (1.0 + nk))
-            shrink = STEP_Z * se
+            nk, tk = n[k], last[k]
+            if nk < 1.0:  # not timed here: its steps at the other batch sizes (its K effect)
+                nk, tk = itl.everywhere()[k]
+            # the K served, last timed before K: discounted by the steps between (not side by side)
+            nc = n_cur * 0.5 ** ((tk - t_cur) / SIDE_HALF_LIFE) if tk > t_cur else n_cur
+            if nk >= TIMED:
+                shrink = z * math.sqrt(1.0 / (1.0 + nc) + 1.0 / (1.0 + nk))
+            else:  # mostly the fit in K: its error grows with the distance to a K timed here
+                lever = 1.0 + min((abs(k - j) for j, w in n.items() if w >= TIMED), default=0)
+                shrink = z * lever * math.sqrt(1.0 / (1.0 + nc) + 1.0 / (1.0 + nk))
+            c = math.log(est[k] / table[k] / base)
             score[k] *= math.exp(shrink if c > shrink else -shrink if c < -shrink else c)
 
     def rebuild(self) -> bool:

@@ -58,7 +58,7 @@ time on the machine as it runs now.
 decayed spread of each step around its own cell's mean (once the cell holds 4 steps): a table far
 off the machine is not noise. Each cell records the engine step it was last timed at
 (``tick``: every step the selector sees, timed or not), so the selector can tell two Ks timed side by
-side from two timed minutes apart (:meth:`StepTimes.side_by_side`).
+side from two timed minutes apart (``AdaptiveKSelector._weigh_step_times``).
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ class StepTimes:
 
     __slots__ = ("table", "n", "s", "est", "decay", "prior_weight", "slope_weight", "cell_weight", "scales",
                  "noise", "fits", "pooled", "dirty", "k_effect", "ks", "near", "machine", "machine_rate",
-                 "tick", "last")
+                 "tick", "last", "seen")
 
     def __init__(self, table: list[dict[int, float]], half_life: float, prior_weight: float = 2.0,
                  slope_weight: float = 0.25, cell_weight: float = 1.0) -> None:
@@ -237,6 +237,7 @@ class StepTimes:
         self.machine_rate = 1.0 - 0.5 ** (1.0 / MACHINE_HALF_LIFE)
         self.tick = 0  # engine steps seen at any batch size (the selector counts the untimed ones too)
         self.last = [dict.fromkeys(t, 0) for t in table]  # the tick each cell was last timed at
+        self.seen: tuple[int, dict[int, tuple[float, int]]] = (-1, {})  # everywhere()'s, at its tick
 
     def update(self, bucket: int, k: int, seconds: float, served: bool = True) -> bool:
         """One pure step (verified and drafted ``k``) of ``seconds`` at ``bucket``; False if no such cell.
@@ -267,19 +268,17 @@ class StepTimes:
         self.dirty.add(bucket)
         return True
 
-    def side_by_side(self, bucket: int, k: int, j: int) -> tuple[float, float]:
-        """The decayed step counts of K ``k`` and of the K served, ``j``, as evidence about their
-        contrast at ``bucket``. A ``k`` not timed here counts its steps at the other batch sizes
-        (what its K effect rests on). When ``j`` was last timed before ``k``, ``j``'s count is
-        discounted by the steps between (half-life ``SIDE_HALF_LIFE``): two Ks timed minutes apart
-        on a loaded host ran on two machines, and the K served must be re-timed before it is left."""
-        n, last = self.n[bucket], self.last[bucket]
-        nk, lk = n[k], last[k]
-        if nk < 1.0:
-            nk = sum(cells[k] for cells in self.n if k in cells)
-            lk = max(t[k] for t in self.last if k in t)
-        gap = lk - last[j]
-        return nk, (n[j] * 0.5 ** (gap / SIDE_HALF_LIFE) if gap > 0 else n[j])
+    def everywhere(self) -> dict[int, tuple[float, int]]:
+        """K -> (its decayed step count summed over the batch sizes, the tick it was last timed at
+        anywhere): the evidence a K effect rests on. Computed once per tick (a rebuild's buckets)."""
+        if self.seen[0] != self.tick:
+            out: dict[int, tuple[float, int]] = {}
+            for n, last in zip(self.n, self.last):
+                for k, w in n.items():
+                    w0, t0 = out.get(k, (0.0, 0))
+                    out[k] = (w0 + w, max(t0, last[k]))
+            self.seen = (self.tick, out)
+        return self.seen[1]
 
     def noise_sd(self, bucket: int) -> float:
         """Step-to-step relative noise of the step times seen at this bucket (0 until settled);
