@@ -113,7 +113,7 @@ def title_line(result) -> str:
     title = " / ".join(str(prov[k]) for k in ("model", "draft_model", "hardware") if prov.get(k))
     if prov.get("engine") == "sim":
         title += "  (sim: predicted)"
-    from dsdprof.measure.vllm.synthetic import is_synthetic
+    from dsdprof.formats.provenance import is_synthetic
 
     if is_synthetic(prov):  # [engine] synthetic_acceptance_rates: AL configured, step times measured
         title += "  (synthetic acceptance)"

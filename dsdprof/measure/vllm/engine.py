@@ -31,6 +31,7 @@ from typing import Any, cast
 from dsdprof import __version__
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
+from dsdprof.formats.provenance import acceptance_provenance
 from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, vanilla_waves, wave_blocks
 from dsdprof.measure.vllm import synthetic
 from dsdprof.measure.vllm.interleave import STEPS_HOLD, run_interleaved, unit_row
@@ -257,7 +258,7 @@ class VllmEngine:
                    "cudagraph_mode": str(graphs.get("cudagraph_mode", "vLLM default")),
                    **({"compilation_config": json.dumps(compilation, sort_keys=True)} if compilation else {}),
                    "measurement": "engine-core step trace, steady-state steps only",
-                   **synthetic.acceptance_provenance(e.synthetic_acceptance_rates),  # synthetic: labelled
+                   **acceptance_provenance(e.synthetic_acceptance_rates),  # synthetic: labelled
                    "ld_preload": os.environ.get("LD_PRELOAD", "")},  # e.g. libiomp5 on CPU: changes timing
         )
 

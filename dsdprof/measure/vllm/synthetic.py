@@ -14,12 +14,9 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-# the provenance entry's format (written by acceptance_provenance), re-exported: one home in formats
-from dsdprof.formats.provenance import ACCEPTANCE_KEY as ACCEPTANCE_KEY
-from dsdprof.formats.provenance import SYNTHETIC_PREFIX as SYNTHETIC_PREFIX
-from dsdprof.formats.provenance import acceptance_provenance as acceptance_provenance
+# the provenance entry's format lives in dsdprof.formats.provenance; is_synthetic stays importable
+# from here for tests/measure/test_synthetic_acceptance.py
 from dsdprof.formats.provenance import is_synthetic as is_synthetic
-from dsdprof.formats.provenance import rates_from_provenance as rates_from_provenance
 
 # dsdprof.plugins.vllm_synthetic_cpu imports torch and vLLM: named here, imported by vLLM's worker.
 EXTENSION_QUALNAME = "dsdprof.plugins.vllm_synthetic_cpu.SyntheticAcceptanceCPU"
