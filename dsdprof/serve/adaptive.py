@@ -388,8 +388,8 @@ class AdaptiveKSelector:
             else:  # mostly the fit in K: its error grows with the distance to a K timed here
                 lever = 1.0 + min((abs(k - j) for j, w in n.items() if w >= TIMED), default=0)
                 shrink = z * lever * math.sqrt(1.0 / (1.0 + nc) + 1.0 / (1.0 + nk))
-            c = math.log(est[k] / table[k] / base)
-            score[k] *= math.exp(shrink if c > shrink else -shrink if c < -shrink else c)
+            ratio, band = est[k] / table[k] / base, math.exp(shrink)  # exp(c_K), exp(the shrink)
+            score[k] *= band if ratio > band else 1.0 / band if ratio * band < 1.0 else ratio
 
     def rebuild(self) -> bool:
         """Re-derive K at every profiled batch size (with hysteresis); swap the lookup if any moved."""
