@@ -140,25 +140,19 @@ class Coverage:
 
 @dataclass(frozen=True)
 class Checked:
-    """A run's ok rows, validated once when it was opened (:func:`validate_measurements`).
-    :meth:`rows` returns them, or raises the InputError validating them raised: the analysis calls
-    it where it checks its rows, so a command's refusals keep their order."""
+    """A run's ok rows, validated once when it was opened (:func:`validate_measurements`): ``rows``,
+    or, where validating them failed, the InputError it raised in ``error`` (``rows`` then empty),
+    which the analysis raises where it checks its rows, so a command's refusals keep their order."""
 
-    _rows: pd.DataFrame | None = None
-    _error: InputError | None = None
+    rows: pd.DataFrame = field(default_factory=pd.DataFrame)
+    error: InputError | None = None
 
     @classmethod
     def of(cls, rows: pd.DataFrame) -> Checked:
         try:
             return cls(validate_measurements(rows))
         except InputError as err:
-            return cls(None, err)
-
-    def rows(self) -> pd.DataFrame:
-        if self._error is not None:
-            raise self._error
-        assert self._rows is not None
-        return self._rows
+            return cls(error=err)
 
 
 @dataclass(frozen=True)

@@ -265,7 +265,9 @@ def analyze(df: pd.DataFrame, tolerance: float = DEFAULT_TOLERANCE,
     prov = dict(provenance or {})
     _one_context(df)
     check_baseline(df)
-    df = validate_measurements(df) if valid is None else valid.rows()  # Run.valid: raises in this order
+    if valid is not None and valid.error is not None:  # Run.valid: validating failed, raised in this order
+        raise valid.error
+    df = validate_measurements(df) if valid is None else valid.rows
     baseline_rows, candidate_rows = split_baseline_candidates(df)
     if candidate_rows.empty:
         raise InputError("rows", 0, "no speculative or K=0 candidate rows")
