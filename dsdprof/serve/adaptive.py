@@ -372,6 +372,7 @@ class AdaptiveKSelector:
         z = STEP_Z * (sigma or NOISE_PRIOR)
         base = est[current] / table[current]
         n_cur, t_cur = n[current], last[current]
+        timed: list[int] | None = None  # the Ks timed here, when a K not timed needs them
         for k in score:
             if k == current:
                 continue
@@ -386,7 +387,9 @@ class AdaptiveKSelector:
             if nk >= TIMED:
                 shrink = z * math.sqrt(1.0 / (1.0 + nc) + 1.0 / (1.0 + nk))
             else:  # mostly the fit in K: its error grows with the distance to a K timed here
-                lever = 1.0 + min((abs(k - j) for j, w in n.items() if w >= TIMED), default=0)
+                if timed is None:
+                    timed = [j for j, w in n.items() if w >= TIMED]
+                lever = 1.0 + min([abs(k - j) for j in timed], default=0)
                 shrink = z * lever * math.sqrt(1.0 / (1.0 + nc) + 1.0 / (1.0 + nk))
             ratio, band = est[k] / table[k] / base, math.exp(shrink)  # exp(c_K), exp(the shrink)
             score[k] *= band if ratio > band else 1.0 / band if ratio * band < 1.0 else ratio

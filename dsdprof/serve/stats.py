@@ -319,25 +319,29 @@ class StepTimes:
             return False
         d = dict(self.k_effect)
         shared, e = 0.0, [0.0] * len(self.table)
+        # the weights per batch size and K are the same every round; the shared term's share of the
+        # batch sizes' sums is subtracted after the pass that also sums it (two passes a round)
+        wsum, w_b, w_k = 0.0, [0.0] * len(e), dict.fromkeys(ks, 0.0)
+        for b, k, w, _ in cells:
+            wsum += w
+            w_b[b] += w
+            w_k[k] += w
         for _ in range(K_EFFECT_ROUNDS):
-            num = den = 0.0
+            num, sum_b = 0.0, [0.0] * len(e)
             for b, k, w, y in cells:
-                num += w * (y - e[b] - d[k])
-                den += w
-            shared = num / (den + lam_a)
-            num_b, den_b = [0.0] * len(e), [lam_e] * len(e)
+                t = w * (y - d[k])
+                num += t - w * e[b]
+                sum_b[b] += t
+            shared = num / (wsum + lam_a)
+            e = [(sb - shared * wb) / (wb + lam_e) for sb, wb in zip(sum_b, w_b)]
+            num_k = dict.fromkeys(ks, 0.0)
             for b, k, w, y in cells:
-                num_b[b] += w * (y - shared - d[k])
-                den_b[b] += w
-            e = [nb / db for nb, db in zip(num_b, den_b)]
-            num_k, den_k = dict.fromkeys(ks, 0.0), dict.fromkeys(ks, lam_d)
-            for b, k, w, y in cells:
-                num_k[k] += w * (y - shared - e[b])
-                den_k[k] += w
+                num_k[k] += w * (y - e[b])
             prev = dict(d)
             for k in ks:
                 near = self.near[k]
-                d[k] = (num_k[k] + lam_s * sum(prev[j] for j in near)) / (den_k[k] + lam_s * len(near))
+                d[k] = ((num_k[k] - shared * w_k[k] + lam_s * sum(prev[j] for j in near))
+                        / (w_k[k] + lam_d + lam_s * len(near)))
         moved = max(abs(d[k] - self.k_effect[k]) for k in ks) > 1e-3
         if moved:
             self.k_effect = d
