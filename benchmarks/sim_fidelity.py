@@ -105,7 +105,7 @@ def separate(path: str) -> None:
 
 
 def band(nested: bool) -> None:
-    from dsdprof.measure.sim.band import CATEGORY_ERRORS, CATEGORY_NAMES, MIN_POINTS, QUANTILES
+    from dsdprof.measure.sim.band import CATEGORY_ERRORS, MIN_POINTS, QUANTILES
     from dsdprof.measure.sim.inputs import engine_family
     from tests.support import fidelity_band as fb
 
@@ -124,7 +124,7 @@ def band(nested: bool) -> None:
     cats = [fb.categories(p, (engine_family(p.engine),)) for p in stated.points]
     print(f"\nper category{'':7s} {'n':>3s} {'MAPE stated':>11s} "
           f"{'covered':>7s} {'MAPE defaults':>13s} {'covered':>7s}")
-    for name in CATEGORY_NAMES:
+    for name in fb.CATEGORY_NAMES:
         sel = np.array([name == "all" or name in c for c in cats])
         if sel.any():
             s_mape, d_mape = (np.mean(np.abs(c.errors[sel])) * 100 for c in checks)

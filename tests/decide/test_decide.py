@@ -9,9 +9,9 @@ import pytest
 from dsdprof.decide.analysis import analyze
 from dsdprof.decide.bootstrap import BatchReplicates, bootstrap_batch
 from dsdprof.decide.chain import chain_fractions
-from dsdprof.decide.rule import curve, decide_batch, fewest_rises_path, regret
+from dsdprof.decide.rule import curve, decide_batch, fewest_rises_path
 from dsdprof.errors import InputError
-from tests.synthetic import noisy_rows, truth, truth_goodput, truth_k
+from tests.synthetic import noisy_rows, regret, truth, truth_goodput, truth_k
 
 SEEDS = range(6)
 

@@ -67,8 +67,7 @@ def test_paired_bootstrap_cancels_drift_every_k_shares():
     blocks gives intervals several times narrower than resampling each K on its own, more points
     decided, and every decided point is the truth's."""
     from dsdprof.decide.analysis import analyze
-    from dsdprof.decide.rule import regret
-    from tests.synthetic import truth, truth_goodput, truth_k
+    from tests.synthetic import regret, truth, truth_goodput, truth_k
 
     t = truth("dense", batch_sizes=(1, 4, 16, 64))
     tk, tg = truth_k(t), truth_goodput(t)

@@ -58,13 +58,17 @@ def table_of(points: list[fid.Point], predicted_s: np.ndarray) -> tuple[sb.Categ
     return category_errors(cats, y / predicted_s, [p.source for p in points])
 
 
+# Every category a point can fall in (:func:`dsdprof.measure.sim.band.categories_of`), and all points.
+CATEGORY_NAMES = (*sb.ARCH_KINDS, "fp8", "tp>1", *sb.FAMILY_NAMES.values(), "all")
+
+
 def category_errors(categories: list[tuple[str, ...]], ratios: np.ndarray,
                     sources: list[str]) -> tuple[sb.CategoryError, ...]:
     """Per category (and ``all``): published / predicted ratios of its points at
     :data:`dsdprof.measure.sim.band.QUANTILES` (the rows of ``CATEGORY_ERRORS``)."""
     r = np.asarray(ratios, dtype=float)
     out = []
-    for name in sb.CATEGORY_NAMES:
+    for name in CATEGORY_NAMES:
         sel = np.array([name == "all" or name in c for c in categories], dtype=bool)
         if not sel.any():
             continue

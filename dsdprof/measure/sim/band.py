@@ -50,7 +50,6 @@ QUANTILES = (0.10, 0.90)  # the band: this central share of the whole-source pub
 MIN_POINTS = 5  # a category with fewer scored points takes the spread of all points
 ARCH_KINDS = ("dense", "moe", "mla")
 FAMILY_NAMES = {"vllm": "vLLM", "overlap": "SGLang/TRT-LLM"}
-CATEGORY_NAMES = (*ARCH_KINDS, "fp8", "tp>1", *FAMILY_NAMES.values(), "all")
 
 
 @dataclass(frozen=True)
