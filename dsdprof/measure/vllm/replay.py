@@ -130,27 +130,35 @@ def replay_ks(m: np.ndarray, lengths: np.ndarray, ks: tuple[int, ...]) -> tuple[
     ``m[position, depth - 1, request]``: (expected tokens, expected steps) [K, request]. Where a step
     starts is carried in a ring of ``max(ks) + 2`` positions."""
     width, depths, r = m.shape
-    kmax = max(ks)
+    order = np.argsort(ks, kind="stable")
+    kk = np.array(ks)[order]  # ascending: the Ks still drafting at depth i + 1 are a tail
+    kmax = int(kk[-1])
     ring = kmax + 2
     f = np.zeros((ring, len(ks), r))  # probability that a step starts at position t (t mod ring)
     f[1] = 1.0
-    more = [np.array(ks)[:, None] > i for i in range(kmax + 1)]  # K still drafting at depth i + 1
+    tail = [int(np.searchsorted(kk, i)) for i in range(kmax + 1)]  # first K >= i
+    more = [(kk[tail[i]:] > i)[:, None] for i in range(kmax + 1)]  # 0 at K = i: K + 1 tokens, stop
     steps = np.zeros((len(ks), r))
     tokens = np.zeros((len(ks), r))
+    run = np.zeros((len(ks), r))
     for t in range(1, int(lengths.max()) if r else 1):
         live = f[t % ring] * (t < lengths)
         f[t % ring] = 0.0
         if not live.any():
             continue
         steps += live
-        run = live
+        run[:] = live
         for i in range(kmax + 1):
+            lo = tail[i]
             qi = m[t + i, i] if t + i < width and i < min(kmax, depths) else np.zeros(r, dtype=m.dtype)
-            q = qi * more[i]  # 0 at i = K: the run stops there, K + 1 tokens
-            stop = run * (1.0 - q)  # i accepted, position t + i rejected: i + 1 tokens
-            f[(t + i + 1) % ring] += stop
-            tokens += stop * (i + 1)
-            run = run * q
+            q = qi * more[i]
+            stop = run[lo:] * (1.0 - q)  # i accepted, position t + i rejected: i + 1 tokens
+            f[(t + i + 1) % ring, lo:] += stop
+            tokens[lo:] += stop * (i + 1)
+            run[lo:] *= q
+    back = np.empty_like(order)
+    back[order] = np.arange(len(ks))
+    tokens, steps = tokens[back], steps[back]
     return tokens, steps
 
 
