@@ -42,9 +42,10 @@ every K (load) cancels in c_K. A move *away* from the table's K (to a K farther 
 believes c_K only beyond ``STEP_Z`` (2) standard errors: sigma_b * sqrt(1 / (1 + n_K) + 1 /
 (1 + n_b)), sigma_b the step-to-step noise at b (``NOISE_PRIOR`` until measured), n the cells'
 decayed step counts (a K not timed at b: its steps at the other batch sizes, what its K effect rests
-on), K_b's count discounted when K_b was last timed long before K (``SIDE_HALF_LIFE`` steps),
-and times ``1 + the distance to the nearest K timed at b`` for a K with fewer than ``TIMED`` (2)
-steps (its estimate is mostly the fit in K, extrapolated). The moves that acceptance drives are
+on, when b's own fit is a pure scale), K_b's count discounted when K_b was last timed long before
+K (``SIDE_HALF_LIFE`` steps), and times ``1 + the distance to the nearest K timed at b`` for a K
+with fewer than ``TIMED`` (2) steps where b's fit has a slope (two Ks run there: the estimate is
+that fit, extrapolated). The moves that acceptance drives are
 not damped (AL' carries them); nor is a move back toward the table's K. On 2 loaded cores (rollout
 A, docs/lab/selector-load-2026-12-06.md) a load burst on the K served read, through the fit in K,
 as K=0-1 at half their table time: BS 1 went 4 -> 1 -> 0; with this rule it stays at 4 through
@@ -372,7 +373,8 @@ class AdaptiveKSelector:
         z = STEP_Z * (sigma or NOISE_PRIOR)
         base = est[current] / table[current]
         n_cur, t_cur = n[current], last[current]
-        timed: list[int] | None = None  # the Ks timed here, when a K not timed needs them
+        timed: list[int] | None = None  # the Ks timed here (and whether b's fit has a slope), once
+        sloped = False
         for k in score:
             if k == current:
                 continue
@@ -380,17 +382,18 @@ class AdaptiveKSelector:
                 score[k] /= 1.0 + min(self.margin / 2, sigma / math.sqrt(1.0 + n[k]))
                 continue
             nk, tk = n[k], last[k]
-            if nk < 1.0:  # not timed here: its steps at the other batch sizes (its K effect)
-                nk, tk = itl.everywhere()[k]
+            if timed is None:
+                timed = [j for j, w in n.items() if w >= TIMED]
+                sloped = sum(1 for w in n.values() if w >= 0.5) >= 2  # b's fit in K has a slope
+            lever = 1.0
+            if nk < TIMED:
+                if sloped:  # its estimate is b's fit, extrapolated: the error grows with the distance
+                    lever += min([abs(k - j) for j in timed], default=0)
+                elif nk < 1.0:  # b's fit is a scale: K is known from the other batch sizes (its K effect)
+                    nk, tk = itl.everywhere()[k]
             # the K served, last timed before K: discounted by the steps between (not side by side)
             nc = n_cur * 0.5 ** ((tk - t_cur) / SIDE_HALF_LIFE) if tk > t_cur else n_cur
-            if nk >= TIMED:
-                shrink = z * math.sqrt(1.0 / (1.0 + nc) + 1.0 / (1.0 + nk))
-            else:  # mostly the fit in K: its error grows with the distance to a K timed here
-                if timed is None:
-                    timed = [j for j, w in n.items() if w >= TIMED]
-                lever = 1.0 + min([abs(k - j) for j in timed], default=0)
-                shrink = z * lever * math.sqrt(1.0 / (1.0 + nc) + 1.0 / (1.0 + nk))
+            shrink = z * lever * math.sqrt(1.0 / (1.0 + nc) + 1.0 / (1.0 + nk))
             ratio, band = est[k] / table[k] / base, math.exp(shrink)  # exp(c_K), exp(the shrink)
             score[k] *= band if ratio > band else 1.0 / band if ratio * band < 1.0 else ratio
 

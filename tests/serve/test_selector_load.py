@@ -16,9 +16,9 @@ from tests.support.simulate import synthetic_table
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def _replay(sel: AdaptiveKSelector, seed: int = 0) -> list[tuple[str, dict[int, int]]]:
-    """Feed rollout A's adaptive steps (acceptance drawn at the engine log's live estimate)."""
-    doc = json.loads((DATA / "selector-burst-2026-12-06a.json").read_text())
+def _replay(sel: AdaptiveKSelector, seed: int = 0, run: str = "a") -> list[tuple[str, dict[int, int]]]:
+    """Feed a rollout's adaptive steps (acceptance drawn at the engine log's live estimate)."""
+    doc = json.loads((DATA / f"selector-burst-2026-12-06{run}.json").read_text())
     accept, rng, out = doc["live_acceptance"], random.Random(seed), []
     for row in doc["rows"]:
         for bs, dec, k, seconds, drafted in row["steps"]:
@@ -81,3 +81,15 @@ def test_step_times_at_the_tables_ratios_at_any_level_are_the_profile():
                     sel.observe(1000, [round(1000 * 0.8**i) for i in range(1, k + 1)], batch_size=b)
                 sel.observe_step(b, k, level * SPEC[b][k] * rng.lognormvariate(0.0, 0.05))
         assert sel.ks == table_ks, level
+
+
+def test_rollout_d_keeps_bs1_at_the_tables_k_as_the_engine_did():
+    """Rollout D (17:41-17:51 UTC, load 12 -> 8) served this selector: its engine log shows no
+    change at BS 1. Its K=4 steps at BS 1 ran 108-241 ms with two K=3 steps beside them; the old
+    selector, replayed on the same steps, went to K=1, and a first version of this rule to K=2: the
+    fit's slope through K=3 and K=4 put K=0-2 at 25-54 ms, and it counted K=2's steps at other
+    batch sizes as evidence for BS 1's extrapolated estimate."""
+    table = json.loads((DATA / "toy-dense-cpu-2026-12-06.json").read_text())
+    for seed in range(3):
+        sel = AdaptiveKSelector(table, max_k=4)
+        assert {ks[1] for _, ks in _replay(sel, seed, "d")} == {4}, seed
