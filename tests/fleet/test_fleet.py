@@ -293,7 +293,8 @@ def ray_cluster(tmp_path_factory):
     fault_dir = tmp_path_factory.mktemp("faults")
     os.environ[FAULT_DIR_ENV] = str(fault_dir)
     env = {FAULT_DIR_ENV: str(fault_dir)}
-    env.update({k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE",) if k in os.environ})
+    env.update({k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS")
+                if k in os.environ})  # tests/conftest.py's
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     yield fault_dir
     ray.shutdown()
