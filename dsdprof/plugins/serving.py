@@ -129,11 +129,6 @@ def serving_class(cls: type, direct: frozenset[str] = frozenset(), counting: boo
     return sub
 
 
-def counting_class(cls: type) -> type:
-    """``cls`` whose ``make_spec_decoding_stats`` is the K part's counter (:func:`serving_class`)."""
-    return serving_class(cls, counting=True)
-
-
 class ServingScheduler(TracingScheduler):
     """vLLM's synchronous scheduler + dsdprof's K part, metrics part and tracer (module docstring)."""
 

@@ -91,7 +91,7 @@ if HAS_VLLM:
 
     from dsdprof.plugins import vllm_adaptive as va
     from dsdprof.plugins import vllm_profiling as vs
-    from dsdprof.plugins.serving import ServingScheduler, counting_class
+    from dsdprof.plugins.serving import ServingScheduler, serving_class
 
 MAX_BS = 8
 
@@ -368,7 +368,8 @@ def test_without_a_run_secret_vllms_own_methods_are_called_directly(tmp_path, mo
     s._serving_setup(config.additional_config)  # set up again: the variant of its own base class
     assert type(s).__mro__[1] is va.AdaptiveScheduler
     monkeypatch.delenv("DSDPROF_METRICS")
-    assert counting_class(va.AdaptiveScheduler).has_requests.__qualname__ == "ServingScheduler.has_requests"
+    counting = serving_class(va.AdaptiveScheduler, counting=True)  # the counter alone: has_requests ours
+    assert counting.has_requests.__qualname__ == "ServingScheduler.has_requests"
     assert make_scheduler(va.AdaptiveScheduler, config).make_spec_decoding_stats.__func__ is (
         Scheduler.make_spec_decoding_stats)
     monkeypatch.setenv("DSDPROF_RUN_TOKEN", "t" * 32)
