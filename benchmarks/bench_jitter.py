@@ -171,32 +171,30 @@ class Bench:
             engine = copy.copy(self.engine)
             engine.spec = self.spec.model_copy(update={"sweep": sweep.model_copy(
                 update={"waves": waves, "output_len": cfg.output_len})})
-        dsd, van, blocks = engine.unit_requests(cell)
+        dsd, van, layout = engine.unit_requests(cell)
         dsd = replace(dsd, hold=cfg.hold, warmup=warmup, trace_name=f"{cfg.name}-r{rnd}")
         van = replace(van, warmup=warmup, trace_name=f"vanilla-{cfg.name}-r{rnd}")
         dkey = f"dsd-{cfg.env}"
         workers = {"dsd": self.pool.get(dkey), "vanilla": self.pool.get("vanilla")}
-        spans = {"dsd": [(r.start, r.stop) for r in blocks],
-                 "vanilla": [(j, j + 1) for j in range(len(blocks))]}
         reqs = {"dsd": dsd, "vanilla": van}
         result, dsd_s, partner_s = None, 0.0, 0.0
-        for j in range(len(blocks)):
-            for mode in (("dsd", "vanilla") if (j + rnd) % 2 == 0 else ("vanilla", "dsd")):
-                other = workers["vanilla" if mode == "dsd" else "dsd"]
-                w = workers[mode]
-                w.resume()
-                if cfg.partner == "live":
-                    other.resume()
-                try:
-                    c0, t0 = group_cpu_s(other.proc.pid), time.perf_counter()
-                    res = w.run(replace(reqs[mode], span=spans[mode][j]), 600)
-                    if mode == "dsd":
-                        dsd_s += time.perf_counter() - t0
-                        partner_s += group_cpu_s(other.proc.pid) - c0
-                        result = res if res is not None else result
-                finally:
-                    w.pause()
-                    other.pause()
+        for is_dsd, start, stop in layout.spans:  # rotated by the cell's repeat (the round)
+            mode = "dsd" if is_dsd else "vanilla"
+            other = workers["vanilla" if mode == "dsd" else "dsd"]
+            w = workers[mode]
+            w.resume()
+            if cfg.partner == "live":
+                other.resume()
+            try:
+                c0, t0 = group_cpu_s(other.proc.pid), time.perf_counter()
+                res = w.run(replace(reqs[mode], span=(start, stop)), 600)
+                if mode == "dsd":
+                    dsd_s += time.perf_counter() - t0
+                    partner_s += group_cpu_s(other.proc.pid) - c0
+                    result = res if res is not None else result
+            finally:
+                w.pause()
+                other.pause()
         return result, dsd_s, partner_s, dsd.waves
 
 

@@ -31,6 +31,7 @@ def analysis_json(result) -> str:
         "coverage": None if result.coverage is None else result.coverage.record(),
         "provenance": {k: str(v) for k, v in result.provenance.items()},
         "synthetic_truth": _truth_records(result),
+        "warnings": list(result.warnings),
     }, indent=2)
 
 

@@ -151,11 +151,17 @@ def balanced_order(m: int, s: int) -> list[int]:
     return row[::-1] if s >= m else row
 
 
+VANILLA_MIN_WAVES = 2  # vanilla's waves bracket the group's: a drift's linear part cancels in its ratio
+
+
 def vanilla_waves(waves: int, group_size: int) -> int:
     """Measured vanilla waves beside a paired group of ``group_size`` Ks sharing ``waves`` waves: one
-    K's share, ``ceil(waves / group_size)``, at least 1 (warm-up waves come on top). Vanilla is one
-    baseline, not one row per K, so it costs the engine time of one K, not of the whole group."""
-    return max(1, math.ceil(waves / max(1, group_size)))
+    K's share, ``ceil(waves / group_size)``, and at least :data:`VANILLA_MIN_WAVES` (warm-up waves come
+    on top). Vanilla is one baseline, not one row per K, so it costs the engine time of one K, not of
+    the whole group; with fewer waves than Ks one K's share would be one wave, run wholly before or
+    after the group's, and a machine's drift over the group's waves would go into vanilla's ratio to
+    every K (:func:`unit_layout`)."""
+    return max(VANILLA_MIN_WAVES, math.ceil(waves / max(1, group_size)))
 
 
 def wave_blocks(waves: int, blocks: int) -> list[range]:
@@ -169,6 +175,43 @@ def wave_blocks(waves: int, blocks: int) -> list[range]:
         out.append(range(start, stop))
         start = stop
     return out
+
+
+@dataclass(frozen=True)
+class UnitLayout:
+    """How a paired unit's two engines take turns: the group's waves cut into ``blocks``, the block of
+    each vanilla wave (``vanilla_block``) and the run order, ``spans``: (the group's turn?, first wave,
+    stop) of the group's waves or of vanilla's."""
+
+    blocks: tuple[range, ...]
+    vanilla_block: tuple[int, ...]
+    spans: tuple[tuple[bool, int, int], ...]
+
+
+def unit_layout(waves: int, group_size: int, rot: int = 0) -> UnitLayout:
+    """The paired unit's layout: :func:`vanilla_waves` blocks of the group's ``waves`` waves, vanilla
+    wave ``j`` right beside block ``j``, the group first in block ``j`` when ``j + rot`` is even, so two
+    consecutive blocks run group-vanilla-vanilla-group (or the reverse) and a drift linear in time
+    lengthens vanilla's waves and the group's alike. Vanilla's two waves (fewer waves than twice the
+    Ks) make the whole unit a palindrome, its waves and the group's centred on the same time: an odd
+    group wave count puts the last wave of block 0 between vanilla's two (group^k, vanilla, group,
+    vanilla, group^k), and a group of one wave (one block) sits between vanilla's waves, both in
+    block 0. What stays: the second engine's warm-up waves run between the two engines' measured
+    waves (half a warm-up of drift, its sign flipping with ``rot``)."""
+    n = vanilla_waves(waves, group_size)
+    blocks = wave_blocks(waves, n)
+    if len(blocks) < n:  # one group wave: vanilla, the group, vanilla
+        return UnitLayout(tuple(blocks), (0,) * n,
+                          ((False, 0, 1), (True, 0, waves), *((False, j, j + 1) for j in range(1, n))))
+    if n == 2 and waves % 2 and rot % 2 == 0:  # group^k, vanilla, group, vanilla, group^k
+        k = waves // 2
+        odd = ((True, 0, k), (False, 0, 1), (True, k, k + 1), (False, 1, 2), (True, k + 1, waves))
+        return UnitLayout(tuple(blocks), (0, 1), tuple(x for x in odd if x[2] > x[1]))
+    spans: list[tuple[bool, int, int]] = []
+    for j, r in enumerate(blocks):
+        pair = [(True, r.start, r.stop), (False, j, j + 1)]
+        spans += pair if (j + rot) % 2 == 0 else pair[::-1]
+    return UnitLayout(tuple(blocks), tuple(range(n)), tuple(spans))
 
 
 def plan_cells(batch_sizes: list[int], ks: list[int], repeats: int, speculation_mode: str,

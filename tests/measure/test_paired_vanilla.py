@@ -18,6 +18,7 @@ from dsdprof.measure.engine import (
     Cell,
     CellMeasurement,
     plan_cells,
+    unit_layout,
     vanilla_waves,
     wave_blocks,
 )
@@ -42,13 +43,13 @@ class Machine:
     """One clock for every engine: the machine's speed drifts (a random walk of its log, ``walk`` per
     wave: a busy machine whose load changes over minutes), and each wave has its own noise (``own``)."""
 
-    def __init__(self, seed: int = 0, walk: float = 0.05, own: float = 0.01) -> None:
-        self.walk, self.own, self.level = walk, own, 0.0
+    def __init__(self, seed: int = 0, walk: float = 0.05, own: float = 0.01, trend: float = 0.0) -> None:
+        self.walk, self.own, self.level, self.trend = walk, own, 0.0, trend  # trend: log speed per wave
         self.rng = np.random.default_rng(seed)
         self.log: list[tuple[str, int, int, int, int]] = []  # (engine, batch size, waves, start, stop)
 
     def wave(self) -> float:
-        self.level += self.rng.normal(0.0, self.walk)
+        self.level += self.rng.normal(0.0, self.walk) + self.trend
         return math.exp(self.level) * self.rng.lognormal(0.0, self.own)
 
 
@@ -111,7 +112,7 @@ def read(out) -> pd.DataFrame:
 
 
 def test_vanilla_gets_one_k_share_of_the_waves():
-    assert [vanilla_waves(w, 5) for w in (25, 24, 26, 1)] == [5, 5, 6, 1]
+    assert [vanilla_waves(w, 5) for w in (25, 24, 26, 10, 4, 1)] == [5, 5, 6, 2, 2, 2]  # never one wave
     assert vanilla_waves(6, 2) == 3 and vanilla_waves(3, 0) == 3
     assert [list(r) for r in wave_blocks(7, 3)] == [[0, 1, 2], [3, 4], [5, 6]]
     assert wave_blocks(2, 5) == [range(0, 1), range(1, 2)]  # never an empty block
@@ -122,6 +123,23 @@ def test_vanilla_gets_one_k_share_of_the_waves():
         units.setdefault(c.unit, []).append(c)
     assert len(units) == 4 and all(len(v) == 4 for v in units.values())
     assert all(c.unit is None for c in plan_cells([1], [0, 1], 1, MODE_DSD))  # cells design unchanged
+
+
+def test_vanilla_brackets_its_group_at_any_wave_count():
+    """Fewer waves than Ks: vanilla still gets two waves, beside two blocks of the group's waves, in
+    the order group-vanilla-vanilla-group (or the reverse): its waves and the group's share their
+    mean time. A group of one wave sits between vanilla's two waves."""
+    four = unit_layout(4, 5, rot=0)
+    assert four.blocks == (range(0, 2), range(2, 4)) and four.vanilla_block == (0, 1)
+    assert four.spans == ((True, 0, 2), (False, 0, 1), (False, 1, 2), (True, 2, 4))
+    assert unit_layout(4, 5, rot=1).spans == ((False, 0, 1), (True, 0, 2), (True, 2, 4), (False, 1, 2))
+    one = unit_layout(1, 5, rot=1)
+    assert one.blocks == (range(0, 1),) and one.vanilla_block == (0, 0)
+    assert one.spans == ((False, 0, 1), (True, 0, 1), (False, 1, 2))
+    # the layout the sweep ran before at >= 2 blocks is unchanged (12 waves, 3 Ks: 4 blocks, alternating)
+    twelve = unit_layout(12, 3, rot=0)
+    assert [s[0] for s in twelve.spans] == [True, False, False, True, True, False, False, True]
+    assert twelve.vanilla_block == (0, 1, 2, 3)
 
 
 def test_dry_run_counts_the_paired_design():
@@ -216,6 +234,35 @@ def test_resume_after_a_kill_mid_unit_remeasures_the_whole_unit(tmp_path):
     assert runs == {1: {1}, 4: {2}}  # every row of the bs-4 unit from the resumed run
 
 
+def _speedup_errors(tmp_path, waves: int, warmup: int, **machine) -> list[float]:
+    from dsdprof.decide.analysis import analyze
+    from dsdprof.measure.runner import run_sweep
+
+    spec, eng = make_engine(tmp_path, Machine(**machine), waves=waves, warmup=warmup)
+    run_sweep(spec, tmp_path / "out", engine=eng)
+    opt = analyze(read(tmp_path / "out"), replicates=200).optimal
+    return [p.speedup_vs_baseline / (AL[p.k] / ITL[p.k] * VANILLA_ITL) - 1.0 for p in opt.itertuples()]
+
+
+@pytest.mark.parametrize("waves", [3, 4])
+def test_a_machine_slowing_down_leaves_vanilla_s_ratio_unbiased(tmp_path, monkeypatch, waves):
+    """Fewer waves than Ks on a machine slowing 4 % a wave (the load rising), no noise: vanilla's
+    two waves and the group's share their centre in time, so the speedup over vanilla holds the
+    truth within 0.6 % (without warm-ups); one vanilla wave wholly before or after the group's (the
+    rule before) is off by 4-10 %. A warm-up wave of the engine that runs second sits between the
+    two: half its drift stays, its sign flipping between batch sizes (the rotation)."""
+    import dsdprof.measure.engine as engine_mod
+
+    flat = dict(walk=0.0, own=0.0, trend=0.04)
+    errors = _speedup_errors(tmp_path / "new", waves, 0, **flat)
+    assert max(abs(e) for e in errors) < 0.006, errors  # exact for a linear drift; exp(trend) is convex
+    warm = _speedup_errors(tmp_path / "warm", waves, 1, **flat)
+    assert max(abs(e) for e in warm) < 0.04 and min(warm) < 0 < max(warm), warm  # BS 1 and 4 opposite
+    monkeypatch.setattr(engine_mod, "vanilla_waves", lambda w, group_size: 1)  # the rule before
+    old = _speedup_errors(tmp_path / "old", waves, 0, **flat)
+    assert min(abs(e) for e in old) > 0.04, old
+
+
 @pytest.mark.slow  # many simulated runs, ~3-10 s
 def test_paired_speedup_interval_cancels_drift_and_covers_the_truth(tmp_path):
     """A drifting machine (log speed a random walk, 2 % per wave, about +-17 % over a run): vanilla
@@ -252,3 +299,31 @@ def test_speedup_interval_is_unknown_with_one_sample_each():
                          for m, k, al in (("vanilla", 0, 1.0), ("dsd", 0, 1.0), ("dsd", 2, 2.0))])
     opt = analyze(rows).optimal
     assert math.isnan(opt["speedup_low"].iloc[0]) and opt["speedup_interval"].iloc[0] == ""
+
+
+def test_analyze_warns_where_vanilla_had_one_block(tmp_path, monkeypatch):
+    """A run measured under the rule before (one vanilla wave beside 3 waves of 3 Ks) gets one
+    line in the text and in --json naming its batch sizes; a run measured now gets none."""
+    import json
+
+    import dsdprof.measure.engine as engine_mod
+    from dsdprof.cli.analyze import analysis_json
+    from dsdprof.decide.analysis import analyze
+    from dsdprof.measure.runner import run_sweep
+
+    def run(name: str):
+        spec, eng = make_engine(tmp_path / name, Machine(), waves=3)
+        run_sweep(spec, tmp_path / name / "out", engine=eng)
+        return analyze(read(tmp_path / name / "out"), replicates=100)
+
+    now = run("now")
+    assert not now.warnings and json.loads(analysis_json(now))["warnings"] == []
+    monkeypatch.setattr(engine_mod, "vanilla_waves", lambda w, group_size: 1)  # the rule before
+    before = run("before")
+    line = "warning: one vanilla block at BS 1, 4: speedups over it carry drift"
+    assert before.warnings == (line,) and json.loads(analysis_json(before))["warnings"] == [line]
+    from dsdprof.decide.analysis import one_block_warning
+
+    many = pd.DataFrame({"mode": "vanilla", "design": "paired", "batch_size": [1, 16, 64, 256],
+                         "sample_block": [[0]] * 4})
+    assert len(one_block_warning(many)[0]) <= 80

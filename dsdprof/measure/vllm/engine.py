@@ -32,7 +32,7 @@ from dsdprof import __version__
 from dsdprof.errors import InputError
 from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MODE_VANILLA
 from dsdprof.formats.provenance import acceptance_provenance
-from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, vanilla_waves, wave_blocks
+from dsdprof.measure.engine import Cell, CellMeasurement, Provenance, UnitLayout, unit_layout
 from dsdprof.measure.vllm import synthetic
 from dsdprof.measure.vllm.interleave import STEPS_HOLD, run_interleaved, unit_row
 from dsdprof.measure.vllm.pool import EngineFailure, EnginePool, StartWorker, root_cause
@@ -344,12 +344,16 @@ class VllmEngine:
                               f"K={cell.num_spec_tokens}")
         return result
 
-    def unit_requests(self, cell: Cell) -> tuple[CellRequest, CellRequest, list[range]]:
-        """(the DSD group's request, the vanilla request, the wave blocks): every K of ``cell.group``
+    def unit_requests(self, cell: Cell) -> tuple[CellRequest, CellRequest, UnitLayout]:
+        """(the DSD group's request, the vanilla request, the unit's layout): every K of ``cell.group``
         inside the same ``waves`` waves (one trace, ``dsd-bs<B>-paired-r<R>``), cut into
-        :func:`~dsdprof.measure.engine.vanilla_waves` blocks; vanilla runs one wave per block."""
+        :func:`~dsdprof.measure.engine.vanilla_waves` blocks, vanilla's waves beside them in the order
+        of :func:`~dsdprof.measure.engine.unit_layout` (rotated by repeat and batch size)."""
         s = self.spec.sweep
-        blocks = wave_blocks(s.waves, vanilla_waves(s.waves, len(cell.group)))
+        b = s.batch_sizes
+        rot = cell.repeat + (b.index(cell.batch_size) if cell.batch_size in b else 0)
+        layout = unit_layout(s.waves, len(cell.group), rot)
+        blocks = layout.blocks
         steps = holds_arms(cell.group)  # validate's steps design: the arms on the served engine, held longer
         key, positions = self.steps_engine() if steps else (MODE_DSD, max(cell.group))
         hold = STEPS_HOLD if steps else PAIRED_HOLD
@@ -360,41 +364,38 @@ class VllmEngine:
                       trace_name=name, order_offset=cell.repeat * s.waves,
                       wave_block=tuple(j for j, r in enumerate(blocks) for _ in r))
         van_cell = replace(cell, mode=MODE_VANILLA, num_spec_tokens=0)
-        van = replace(self.cell_request(van_cell, None, verify_k=0), waves=len(blocks),
-                      wave_block=tuple(range(len(blocks))))
-        return dsd, van, blocks
+        van = replace(self.cell_request(van_cell, None, verify_k=0), waves=len(layout.vanilla_block),
+                      wave_block=layout.vanilla_block)
+        return dsd, van, layout
 
     def run_unit(self, cell: Cell) -> dict[tuple[str, int], Any]:
         """Measure a unit, vanilla interleaved with the DSD group wave block by wave block: block ``j``
         is the group's waves of block ``j`` and vanilla wave ``j``, the DSD engine first in every other
-        block (rotated by repeat and batch size), so drift between blocks hits vanilla and every K alike.
+        block (rotated by repeat and batch size; :func:`~dsdprof.measure.engine.unit_layout`), so
+        drift between blocks hits vanilla and every K alike.
         Both engines stay alive (the idle one paused while the other runs its span with
         ``DSDPROF_PAUSE_IDLE_ENGINES=1``: :meth:`EnginePool.exclusive`); each keeps its cell open
         between its spans. An engine that fails ends
         its own rows (its error); the other engine's waves go on."""
-        dsd, van, blocks = self.unit_requests(cell)
+        dsd, van, layout = self.unit_requests(cell)
         # the group's raw data back, analysed here (the steps design's arms at once, in the worker)
         dsd = replace(dsd, defer_analysis=not holds_arms(cell.group))
         group_key = self.steps_engine()[0] if holds_arms(cell.group) else MODE_DSD
-        spans = {group_key: [(r.start, r.stop) for r in blocks],
-                 MODE_VANILLA: [(j, j + 1) for j in range(len(blocks))]}
         reqs = {group_key: (dsd, self.cell_timeout_s * len(cell.group)),
                 MODE_VANILLA: (van, self.cell_timeout_s)}
         out: dict[str, Any] = {}
-        b = self.spec.sweep.batch_sizes
-        rot = cell.repeat + (b.index(cell.batch_size) if cell.batch_size in b else 0)
         if not self.paired_vanilla:
             out[MODE_VANILLA] = EngineFailure("vanilla is off for this engine (paired_vanilla = False)")
-        for j in range(len(blocks)):
-            for mode in ((group_key, MODE_VANILLA) if (j + rot) % 2 == 0 else (MODE_VANILLA, group_key)):
-                if isinstance(out.get(mode), Exception):
-                    continue
-                req, timeout = reqs[mode]
-                try:
-                    with self.pool.exclusive(mode) as worker:  # the idle engine paused meanwhile, if enabled
-                        out[mode] = worker.run(replace(req, span=spans[mode][j]), timeout)
-                except EngineFailure as err:
-                    out[mode] = self.failure(mode, err)
+        for is_group, start, stop in layout.spans:
+            mode = group_key if is_group else MODE_VANILLA
+            if isinstance(out.get(mode), Exception):
+                continue
+            req, timeout = reqs[mode]
+            try:
+                with self.pool.exclusive(mode) as worker:  # the idle engine paused meanwhile, if enabled
+                    out[mode] = worker.run(replace(req, span=(start, stop)), timeout)
+            except EngineFailure as err:
+                out[mode] = self.failure(mode, err)
         group = out[group_key]
         if isinstance(group, PairedRaw):  # the replay without the engines (see Analysis)
             try:
