@@ -408,7 +408,8 @@ def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: 
     t = _table("replay vs measured makespan, per rollout",
                "err %: predicted / measured - 1. raw: the table's step times; cal.: scaled by the "
                "repeat's vanilla (" + ", ".join(f"r{r} {s:.3f}" for r, s in chk.scale.items()) + ")"
-               + ("; fit: fitted on --fit; fitcal: fit scaled by the repeat's vanilla" if model else ""),
+               + ("; fit: fitted on --fit; fitcal: fit's steps scaled by the repeat's vanilla decode, its "
+                  f"prefill by the run's vanilla prefill (x{chk.prefill_scale:.3f})" if model else ""),
                ("rep", "variant", "measured s", *(f"{k} %" for k in kinds), "steps m/p"))
     for _, x in chk.rows.iterrows():
         t.add_row(

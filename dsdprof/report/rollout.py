@@ -6,6 +6,7 @@ makespan. Pure pandas over the rows of :mod:`dsdprof.formats.rollouts`."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -261,6 +262,7 @@ class ReplayCheck:
     band_half: float = math.nan  # the band's half-width in log makespan (:func:`band_half`)
     band_on: str = "fit"  # the prediction the band is centred on: "fit", or "fitcal" (:func:`band_center`)
     vanilla_fit_err: float = math.nan  # vanilla's mean fit / mean measured - 1: the machine's move
+    prefill_scale: float = math.nan  # fitcal's factor on prefill (:func:`prefill_factor`)
 
 
 MOVED = 0.10  # vanilla's fit off by more than this: the machine's speed moved between the two runs
@@ -285,8 +287,11 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
     * ``fit`` (with ``model``, a :class:`~dsdprof.decide.step_model.StepModel` fitted on *another*
       run): the model's step and prefill seconds, acceptance and (adaptive) K schedule per variant,
       nothing of this run but its lengths;
-    * ``fitcal``: ``fit`` with step and prefill seconds times one factor per repeat: the repeat's
-      vanilla decode seconds (prefill left out: its noise is the largest) over the model's;
+    * ``fitcal``: ``fit`` with step seconds times one factor per repeat, the repeat's vanilla decode
+      seconds over the model's, and prefill seconds times one factor for the run
+      (:func:`prefill_factor`): the machine's move taken out of decode and prefill separately (a
+      loaded CPU slowed prefill more than decode on 2026-12-06: scaled by the decode factor, fitcal
+      missed by 11.5 % on average over 36 replay directions, 7.6 % with its own factor);
     * the band around ``fit`` (``fit_spread``: the fitted run's :class:`RepeatSpread`): the machine's
       repeat-to-repeat noise of both runs (:func:`band_half`), at least the replays' acceptance
       spread; without ``fit_spread``, the acceptance spread alone."""
@@ -301,6 +306,7 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
     out = []
     spread = repeat_spread(d)
     half = band_half(fit_spread, spread) if fit_spread is not None else math.nan
+    pre_scale = prefill_factor(d, model) if model is not None else math.nan
     for rep in sorted(d["repeat"].unique()):
         r = d[d["repeat"] == rep]
         van = r[r["variant"] == "vanilla"]
@@ -320,7 +326,7 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
             sched = scheds.get(row["variant"])
             if sched is not None:
                 out.append(_check_row(row, sched, grid, pre, scale.get(int(rep), math.nan), model,
-                                      fit_scale, runs, seed, half))
+                                      fit_scale, runs, seed, half, pre_scale))
     rows = pd.DataFrame(out)
     van_err, on = math.nan, "fit"
     if model is not None and len(rows) and (rows["variant"] == "vanilla").any():
@@ -333,18 +339,33 @@ def replay_check(df: pd.DataFrame, table: Mapping[str, Any], runs: int = 200,
             b = [band(p, a, z, half) for p, a, z in zip(rows["predicted_fitcal_s"], lo, hi)]
             rows["band_lo_s"], rows["band_hi_s"] = [x[0] for x in b], [x[1] for x in b]
             rows["in_band"] = [bool(a <= m <= z) for m, (a, z) in zip(rows["measured_s"], b)]
-    return ReplayCheck(rows, scale, spread, fit_spread, half, on, van_err)
+    return ReplayCheck(rows, scale, spread, fit_spread, half, on, van_err, pre_scale)
 
 
-def _fitted(model, lens, sched, variant: str, runs: int, seed: int, scale: float = 1.0):
+def prefill_factor(d: pd.DataFrame, model) -> float:
+    """The median over a run's vanilla rollouts of measured prefill seconds over the fitted model's
+    (NaN with none): ``fitcal``'s factor on every variant's prefill. One factor for the run, not
+    per repeat: a burst in one repeat's prefill (12.96 s against 3.1-3.2 s in the others, run C
+    of 2026-12-06) would otherwise carry into every variant of that repeat."""
+    van = _ok(d, KIND_ROLLOUT)
+    van = van[van["variant"] == "vanilla"]
+    r = [prefill_seconds(x) / model.prefill_s("vanilla", len(x["request_output_len"]))
+         for _, x in van.iterrows()]
+    r = [x for x in r if not math.isnan(x) and x > 0]
+    return statistics.median(r) if r else math.nan
+
+
+def _fitted(model, lens, sched, variant: str, runs: int, seed: int, scale: float = 1.0,
+            pre_scale: float = math.nan):
     from dsdprof.decide.makespan import predict
 
+    ps = scale if math.isnan(pre_scale) else pre_scale
     return predict(lens, model.schedule(variant, sched), model.engine(variant),
-                   model.prefill_s(variant, len(lens)) * scale, variant, scale, runs, seed)
+                   model.prefill_s(variant, len(lens)) * ps, variant, scale, runs, seed)
 
 
 def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: float, runs: int,
-               seed: int, half: float = math.nan) -> dict[str, Any]:
+               seed: int, half: float = math.nan, pre_scale: float = math.nan) -> dict[str, Any]:
     """One measured rollout against its predictions (see :func:`replay_check`)."""
     from dsdprof.decide.makespan import predict
 
@@ -354,7 +375,7 @@ def _check_row(row: Any, sched, grid, pre: float, s: float, model, fit_scale: fl
     cal = predict(lens, sched, grid, pre, v, s, runs, seed).makespan_s if not math.isnan(s) else math.nan
     f = _fitted(model, lens, sched, v, runs, seed) if model is not None else None
     fit, lo, hi = (f.makespan_s, f.lo, f.hi) if f else (math.nan, math.nan, math.nan)
-    fitcal = _fitted(model, lens, sched, v, runs, seed, fit_scale).makespan_s if f else math.nan
+    fitcal = _fitted(model, lens, sched, v, runs, seed, fit_scale, pre_scale).makespan_s if f else math.nan
     m = float(row["makespan_s"])
     b_lo, b_hi = band(fit, lo, hi, half) if f else (math.nan, math.nan)
     return {

@@ -25,6 +25,8 @@ from dsdprof.report.rollout_why import plugin_cost, shortfall
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "lab" / "data"
 TABLE = json.loads((ROOT / "tests" / "data" / "toy-dense-cpu-2026-11-29.json").read_text())
+# the table the 2026-12-06 runs served (tables/toy-dense-cpu.json then; `make demo` regenerates that one)
+TABLE_1206 = json.loads((ROOT / "tests" / "data" / "toy-dense-cpu-2026-12-06.json").read_text())
 # (fit run, held-out run): a loaded pair (load 7.7 / 4.1 at their starts) and a quiet one (1.2 / 2.1)
 PAIRS = [("rollout-fit-2026-12-03-1259.parquet", "rollout-heldout-2026-12-03-1348.parquet"),
          ("rollout-fit-2026-12-03-1614.parquet", "rollout-heldout-2026-12-03-1619.parquet")]
@@ -67,7 +69,7 @@ def test_runs_at_different_loads_centre_the_band_on_fitcal_and_it_holds():
     run, vanilla misses by +24 % and -31 %, the speculative variants by up to +64 % and -39 %: a
     load change neither run's repeats (12 % and 7 %) show. The band around fit holds 1 of 5 and
     0 of 5; around fitcal (vanilla's move taken out per repeat) at least 4 of 5 each way."""
-    table = json.loads((ROOT / "tables" / "toy-dense-cpu.json").read_text())
+    table = TABLE_1206
     a, b = (pd.read_parquet(DATA / f"rollout-2026-12-06-{x}.parquet") for x in "ab")
     for fit, run in ((a, b), (b, a)):
         chk, s = _check(fit, run, table)
@@ -125,3 +127,27 @@ def test_the_verdict_says_why_the_table_loses_and_what_the_plugin_costs():
     assert pc is not None and pc.rollout is not None and pc.steps == (16, 16)
     assert pc.other_k_steps == 0 and len(pc.serving) == 3
     assert 0.8 < pc.step_ratio < 1.1
+
+
+def test_fitcal_scales_prefill_by_the_runs_own_vanilla_prefill():
+    """2026-12-06: run A (load 9-13, prefill 55-65 % of the makespan) fitted, run F (load 6-7)
+    checked. Scaled by vanilla's decode factor alone, A's prefill (1.5x F's) stayed in every
+    variant: fitcal +15 to +50 %, the band held 2 of 5. With the run's own prefill factor (the
+    median over its vanilla rollouts) vanilla's fitcal is exact and the band holds every variant.
+    Run C, whose first vanilla prefill took 13 s in a load burst (3.1-3.2 s in the others), keeps
+    its band from A: the median leaves the burst out."""
+    from dsdprof.report.rollout import prefill_factor
+
+    table = TABLE_1206
+    a, c, f = (pd.read_parquet(DATA / f"rollout-2026-12-06-{x}.parquet") for x in "acf")
+    chk, s = _check(a, f, table)
+    assert chk.band_on == "fitcal"
+    assert 0.6 < chk.prefill_scale < 0.8  # F's vanilla prefill ~3.0 s against A's ~4.4 s
+    van = s[s["variant"] == "vanilla"].iloc[0]
+    assert abs(van["fitcal_err"]) < 0.05  # was +15 %
+    assert s["in_band"].mean() >= 0.8, s[["variant", "measured_s", "fitcal_s", "band_lo_s", "band_hi_s"]]
+    assert s["fitcal_err"].max() < 0.3
+    model = fit_step_model(a, table, runs=40)
+    assert prefill_factor(c, model) < 0.9  # the median: C's burst repeat (12.96 s) does not move it
+    chk, s = _check(a, c, table)
+    assert s["in_band"].mean() >= 0.8
