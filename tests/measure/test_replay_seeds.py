@@ -108,3 +108,21 @@ def test_imputation_is_the_conditional_match_probability_given_the_state_path():
     u = np.where(x[0] == 1, u * obs, np.where(x[0] == 0, obs + u * (1 - obs), u))
     drawn = (u[..., None] < np.array([0.8, 0.6])).mean(axis=0)
     assert np.allclose(drawn, expect, atol=0.005), drawn
+
+
+def test_the_chain_is_fitted_on_every_request_of_a_group_past_the_old_cap():
+    """320 requests (past the old cap of 256): the default fit is the fit on every request, not on
+    256 of them (which read sticky-depth 0.01-0.03 % lower at 512 requests; docs/lab/
+    precision-replay.md, fourth pass); a cap of 256 gives other ALs here."""
+    from dsdprof.measure.vllm.replay import FIT_ROWS, replay_acceptance
+
+    run = paired_run(BY_NAME["sticky-depth"], 0, waves=40, batch_size=8, length=40)
+    block = {w: w for w in range(40)}
+
+    def al(**kw) -> list[float]:
+        rep = replay_acceptance(run.reqs, (0, 1, 2, 3, 4), block, imputations=2, jackknife=False, **kw)
+        return [rep.acceptance_length[k] for k in (1, 2, 3, 4)]
+
+    assert len(run.reqs) == 320 and (FIT_ROWS is None or FIT_ROWS >= 512)
+    assert al() == al(fit_rows=None)
+    assert al() != al(fit_rows=256)

@@ -56,10 +56,11 @@ class RequestMatches:
     depth: np.ndarray | None = None  # int8: where a known position sat in its step's chain (1 = first)
 
 
-# the requests the chain is fitted on (spread over the cell's); None fits every request (the default
-# since 2026-12-06's fourth pass: a cap of 256 read sticky-depth 0.01-0.03 % lower at 512 requests,
-# and the vectorized fit costs 1.3-1.6x the CPU there, docs/lab/precision-replay.md)
-FIT_ROWS: int | None = None
+# the requests the chain is fitted on (spread over the cell's); None fits every request. 1024 since
+# 2026-12-06's fourth pass (256 before, which read sticky-depth 0.01-0.03 % lower at 512 requests):
+# every request of a group up to 1024; without a cap the jackknife of a BS-256 x 25-wave group
+# stacks 25 refits of ~6,100 requests each and ran out of memory at 6 GB (docs/lab/precision-replay.md)
+FIT_ROWS: int | None = 1024
 
 
 def request_matches(records: list[tuple[str, tuple[int, int, int]]], delivered: dict[str, int],
@@ -211,9 +212,9 @@ def replay_acceptance(reqs: list[RequestMatches], ks: tuple[int, ...], block: di
     refits run stacked, :mod:`.replay_chain`) and the AL replayed over the other blocks with the
     same random numbers; ``by_block`` are then the row's AL plus each block's pseudo-value
     deviation, ``AL + (n - 1) (mean_c AL_-c - AL_-b)``, whose standard error of the mean is the
-    jackknife's and whose mean is the row's AL. The chain is fitted on every request (``fit_rows``
-    None, the default) or on at most ``fit_rows`` spread over them, the refits on those of them
-    outside the block."""
+    jackknife's and whose mean is the row's AL. The chain is fitted on at most ``fit_rows``
+    requests spread over them (the default :data:`FIT_ROWS`, 1024: every request of most groups;
+    None: every request), the refits on those of them outside the block."""
     reqs = [r for r in reqs if r.wave in block]
     kmax = max(max(ks), 0)
     width = max((max(len(r.x), r.length) for r in reqs), default=1) + kmax + 1
