@@ -71,6 +71,46 @@ def toy_tiny(tmp_path_factory):
     return build_toy_pair(tmp_path_factory.mktemp("toy") / "tiny", toy_config("dense", **TINY))
 
 
+# ----------------------------------------------------------------------------- the vLLM tier's engine layout
+# vLLM runs its engine core in a process of its own, and on CPU its model worker in another (what
+# `vllm serve` and `vllm.LLM` give users, and what dsdprof measures in). VLLM_ENABLE_V1_MULTIPROCESSING=0
+# runs both inside the process that made the LLM (dsdprof's engine worker): the same engine, scheduler,
+# plugin and counters in one process instead of three; a start of ~20 s instead of ~40-65 s on 2 cores,
+# and steps 30-40 % faster, so another timing layout than the served one (docs/lab/test-suite.md,
+# docs/lab/vs-serving-sweep-2026-12-06.md). A test whose claims are counts, drafted K, acceptance against
+# synthetic rates, orchestration or a plugin's behaviour asks for it by the `inproc_engine_core` fixture;
+# a test whose claim is a step time (which K is fastest, the adaptive selector learning step times) or the
+# serving layout (`dsdprof serve`) does not. Nothing outside tests sets it: users get vLLM's default.
+# DSDPROF_TEST_ENGINE_LAYOUT=served runs every test in vLLM's default layout (the tier checked there).
+LAYOUT_ENV = "DSDPROF_TEST_ENGINE_LAYOUT"
+
+
+def inproc_engine_env() -> dict[str, str]:
+    """The environment that puts a vLLM engine's core in its maker's process (none when the tier is
+    asked to run in the served layout), with the OpenMP binding vLLM's CPU executor gives its model
+    worker in the served layout (vllm.utils.ompmultiprocessing: all cores but one, the last, kept for
+    the engine core). In-process vLLM sets none: torch then runs one OpenMP thread per core, unbound,
+    on the core the other test session loads too (seen: the synthetic-acceptance test past 12 min,
+    killed, beside a loaded core 1; 106 s in-process on core 0 alone: docs/lab/test-suite.md)."""
+    if os.environ.get(LAYOUT_ENV) == "served":
+        return {}
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every CPU
+    cpus = sorted(affinity(0)) if affinity else list(range(os.cpu_count() or 1))
+    bound = cpus[:max(1, len(cpus) - 1)]
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(len(bound)),
+            "OMP_PLACES": "{" + ",".join(map(str, bound)) + "}", "OMP_PROC_BIND": "true"}
+
+
+@pytest.fixture
+def inproc_engine_core(monkeypatch):
+    """vLLM engines this test starts (children inherit the environment) run their engine core
+    in-process, unless the tier runs in the served layout: see above. Returns whether they do."""
+    env = inproc_engine_env()
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return bool(env)
+
+
 RUN_TOKEN = "t" * 32  # a dsdprof run's secret, for tests that drive the profiling scheduler
 
 

@@ -101,3 +101,19 @@ def test_tests_mirror_the_package_tree(tmp_path):
         (tmp_path / "tests" / folder).mkdir(parents=True)
         (tmp_path / "tests" / folder / "test_x.py").write_text("")
     assert mirror_mismatches(tmp_path) == ["tests/servve/test_x.py"]
+
+
+def test_only_tests_put_vllms_engine_core_in_process(monkeypatch):
+    """The vLLM tier's switch (tests/conftest.py, ``inproc_engine_core``) is the tests' own: nothing in
+    the package or the Makefile sets VLLM_ENABLE_V1_MULTIPROCESSING, so users' sweeps and servers keep
+    vLLM's layout; and DSDPROF_TEST_ENGINE_LAYOUT=served turns it off for the whole tier."""
+    from tests.conftest import LAYOUT_ENV, inproc_engine_env
+
+    name = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    hits = [p for p in [*(ROOT / "dsdprof").rglob("*.py"), ROOT / "Makefile"] if name in p.read_text()]
+    assert hits == []
+    monkeypatch.delenv(LAYOUT_ENV, raising=False)
+    env = inproc_engine_env()
+    assert env[name] == "0" and int(env["OMP_NUM_THREADS"]) >= 1 and env["OMP_PROC_BIND"] == "true"
+    monkeypatch.setenv(LAYOUT_ENV, "served")
+    assert inproc_engine_env() == {}

@@ -13,7 +13,8 @@ pytest.importorskip("vllm")
 from dsdprof.cli.app import app  # noqa: E402
 from dsdprof.report.compare import compare  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+# counts, drafted K and the rows, not step times: vLLM's engine core in-process (tests/conftest.py)
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("inproc_engine_core")]
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from dsdprof.fleet.plan import parse_fleet, shard_batch_sizes
 from dsdprof.fleet.runner import FAULT_DIR_ENV
 from dsdprof.measure import runner as sweep_mod
 from dsdprof.measure.runner import run_sweep
+from tests.conftest import inproc_engine_env
 
 SIM_FLUSH = getattr(sweep_mod, "SIM_FLUSH_ROWS", 0)  # rows the sweep buffers for the analytic engine
 
@@ -295,6 +296,9 @@ def ray_cluster(tmp_path_factory):
     env = {FAULT_DIR_ENV: str(fault_dir)}
     env.update({k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS")
                 if k in os.environ})  # tests/conftest.py's
+    # the one vLLM sweep here checks cells, status and acceptance, not step times: its engines' core
+    # in-process (tests/conftest.py: inproc_engine_env); no other test on this cluster starts an engine
+    env.update(inproc_engine_env())
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     yield fault_dir
     ray.shutdown()

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from dsdprof.formats.ktable import k_for_batch_size
 
-pytestmark = pytest.mark.vllm
+# tokens and K per step, not step times: vLLM's engine core in-process (tests/conftest.py)
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("inproc_engine_core")]
 
 TABLE = "tables/toy-dense-cpu.json"
 LENGTHS = (2, 3, 4, 6, 9, 14)

@@ -26,7 +26,8 @@ pytest.importorskip("vllm")
 
 from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME, adaptive_additional_config  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+# vLLM's counters of what the plugin drafted, not step times: engine core in-process (tests/conftest.py)
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("inproc_engine_core")]
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT_TOP = 64  # contexts <= 64 tokens: K=3; beyond: K=1

