@@ -349,9 +349,9 @@ def prefill_factor(d: pd.DataFrame, model) -> float:
     of 2026-12-06) would otherwise carry into every variant of that repeat."""
     van = _ok(d, KIND_ROLLOUT)
     van = van[van["variant"] == "vanilla"]
-    r = [prefill_seconds(x) / model.prefill_s("vanilla", len(x["request_output_len"]))
-         for _, x in van.iterrows()]
-    r = [x for x in r if not math.isnan(x) and x > 0]
+    pairs = [(prefill_seconds(x), model.prefill_s("vanilla", len(x["request_output_len"])))
+             for _, x in van.iterrows()]
+    r = [a / b for a, b in pairs if b > 0 and not math.isnan(a) and a > 0]
     return statistics.median(r) if r else math.nan
 
 
