@@ -176,7 +176,8 @@ def _vanilla_row(sc: Scenario, b: int, r: int, n: int, rng: np.random.Generator,
         t.append(float(x.mean()))
     return {"mode": "vanilla", "design": "paired", "method": "eagle3", "batch_size": b, "num_spec_tokens": 0,
             "repeat": r, "status": "ok", "acceptance_length": 1.0, "itl_s": float(np.mean(t)),
-            "sample_acceptance_length": [1.0] * n, "sample_itl_s": t, "sample_block": list(range(n))}
+            "steady_steps": n * sc.steps, "sample_acceptance_length": [1.0] * n, "sample_itl_s": t,
+            "sample_block": list(range(n))}
 
 
 def group_rows(sc: Scenario, b: int, ks: tuple[int, ...], rng: np.random.Generator,
@@ -220,7 +221,7 @@ def group_rows(sc: Scenario, b: int, ks: tuple[int, ...], rng: np.random.Generat
                 "mode": "dsd", "design": "paired", "method": "eagle3", "batch_size": b, "num_spec_tokens": k,
                 "repeat": r, "status": "ok", "acceptance_length": float(1.0 + p_tot[1:k + 1].sum()),
                 "acceptance_length_own": 1.0 + own[k][0] / max(1, own[k][1]),
-                "itl_s": float(np.mean(dur[k])),
+                "itl_s": float(np.mean(dur[k])), "steady_steps": len(dur[k]),
                 "sample_acceptance_length": (1.0 + p_wave[:, 1:k + 1].sum(1)).tolist(),
                 "sample_itl_s": s_itl[k], "sample_block": block if sc.vanilla else list(range(sc.waves)),
                 "acceptance_per_pos": p_tot[1:].tolist(),

@@ -19,7 +19,10 @@ differ from ``goodput`` / ``baseline_goodput`` where waves were winsorized.
 K row per repeat): vanilla wave ``j`` ran beside the group's waves of block ``j``, so each replicate
 resamples the blocks with replacement (every repeat's together), **one draw for vanilla and the
 K**, and drift between blocks cancels in the ratio; the interval is a t interval on the blocks
-(:func:`t_half_width`). ``independent`` otherwise: the K's and the baseline's waves (or repeats'
+(:func:`t_half_width`), its high side at least a normal quantile x the spread of the slow steps
+vanilla's waves drew (:func:`_vanilla_slow_var`: the K side is their expectation, vanilla's a
+rare-event count that is often below its mean and then unseen in its blocks' spread).
+``independent`` otherwise: the K's and the baseline's waves (or repeats'
 rows) are resampled each on its own, deviations widened to a t interval for the number of
 resampled units (:func:`dsdprof.decide.bootstrap.small_sample_factor`), as for the K intervals.
 """
@@ -27,6 +30,7 @@ resampled units (:func:`dsdprof.decide.bootstrap.small_sample_factor`), as for t
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -58,9 +62,11 @@ def _block_sums(unit: tuple[Any, ...], blocks: np.ndarray, keep: list[int]) -> n
 
 
 def _paired(ku: list[Any], kb: list[Any], kr: list[int], bu: list[Any], bb: list[Any], br: list[int],
-            rng: np.random.Generator, replicates: int,
-            confidence: float) -> tuple[float, float, float] | None:
-    """(point, low, high) over the blocks both sides share, or None when fewer than 2."""
+            rng: np.random.Generator, replicates: int, confidence: float,
+            slow_var: float = 0.0) -> tuple[float, float, float] | None:
+    """(point, low, high) over the blocks both sides share, or None when fewer than 2. ``slow_var``:
+    the variance of one vanilla wave's slow-step share (:func:`_vanilla_slow_var`); the high side's
+    spread of the log ratio is at least its share's over vanilla's waves in the shared blocks."""
     sums_k, sums_b, strata = [], [], []
     for r in sorted(set(kr)):
         i, j = kr.index(r), br.index(r)
@@ -85,8 +91,12 @@ def _paired(ku: list[Any], kb: list[Any], kr: list[int], bu: list[Any], bb: list
         return gk / gb
 
     point = float(ratio(np.ones(n)))
-    half = t_half_width(np.log(ratio(weights) / point), n, confidence)
-    return point, float(point * np.exp(-half)), float(point * np.exp(half))
+    dev = np.log(ratio(weights) / point)
+    half = t_half_width(dev, n, confidence)
+    # the slow steps' spread is the group's (its many waves), not the n blocks': a normal quantile
+    high = max(half, NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
+               * math.sqrt(slow_var / max(1.0, float(sb[:, -1].sum()))))
+    return point, float(point * np.exp(-half)), float(point * np.exp(high))
 
 
 def t_half_width(dev: np.ndarray, n: int, confidence: float) -> float:
@@ -98,6 +108,31 @@ def t_half_width(dev: np.ndarray, n: int, confidence: float) -> float:
 
     q = 1.0 - (1.0 - confidence) / 2.0
     return float(t.ppf(q, n - 1) * np.std(dev) * math.sqrt(n / (n - 1)))
+
+
+def _vanilla_slow_var(slow: list[np.ndarray], group: pd.DataFrame, base_rows: pd.DataFrame) -> float:
+    """Variance (in log) of one vanilla wave's share of slow steps, from its group. The K side is the
+    slow steps' expectation (the group's slow-step factor), vanilla's side the slow steps its few
+    waves happened to draw: a rare-event count, often below its mean (none at all in a third of
+    batch sizes for 1.1 expected), when its blocks show no spread and the speedup reads low by the
+    slow steps' share; above its mean, the slow wave shows in the blocks' spread. So only the
+    interval's high side is widened, to at least this spread (:func:`_paired`). A group wave's share
+    is log(every K's plain / winsorized ITL); its variance across the group's waves x (the group's
+    timed steps per wave / vanilla's, ``steady_steps``: a share's variance falls as 1 / steps; 1
+    without them). 0 with fewer than 2 group waves."""
+    plain = np.concatenate([x[:, 1] for x in slow])
+    wins = np.concatenate([x[:, 2] for x in slow])
+    if plain.size < 2:
+        return 0.0
+    share = np.log(plain / wins)
+    steps = 1.0
+    if "steady_steps" in group and "steady_steps" in base_rows:
+        g_steps = pd.to_numeric(group["steady_steps"], errors="coerce").sum()
+        b_steps = pd.to_numeric(base_rows["steady_steps"], errors="coerce").sum()
+        b_waves = sum(np.asarray(s[1]).size for s in row_samples(base_rows))
+        if g_steps > 0 and b_steps > 0 and b_waves > 0:
+            steps = (g_steps / plain.size) / (b_steps / b_waves)
+    return float(np.var(share, ddof=1) * steps)
 
 
 def _slow_steps(group: pd.DataFrame, k: int, kr: list[int]) -> list[np.ndarray] | None:
@@ -135,10 +170,11 @@ def speedup_estimate(k_rows: pd.DataFrame, base_rows: pd.DataFrame, replicates: 
         slow = None
         if group is not None and all(u[3].size >= ROBUST_MIN_WAVES for u in ku):
             slow = _slow_steps(group, int(k_rows["num_spec_tokens"].iloc[0]), kr)
-        paired_ku = ku  # the K winsorized x the group's slow-step factor (module docstring)
-        if slow is not None:  # (waves x 3 columns: only the paired path reads them)
+        paired_ku, slow_var = ku, 0.0  # the K winsorized x the group's slow-step factor (module docstring)
+        if slow is not None and group is not None:  # (waves x 3 columns: only the paired path reads them)
             paired_ku = [(u[0], u[1], u[2], x) for u, x in zip(ku, slow)]
-        got = _paired(paired_ku, kb, kr, bu, bb, br, rng, replicates, confidence)
+            slow_var = _vanilla_slow_var(slow, group, base_rows)
+        got = _paired(paired_ku, kb, kr, bu, bb, br, rng, replicates, confidence, slow_var)
         if got is not None:
             return (*got, "paired")
     devs: list[np.ndarray | None] = []
