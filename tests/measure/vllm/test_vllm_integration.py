@@ -87,10 +87,12 @@ def test_paired_design_runs_every_k_in_the_same_waves(toy, tmp_path):
     df = pd.read_parquet(tmp_path / "run")
     dsd = df[df["mode"] == "dsd"]
     assert len(dsd) == 2 * 3 and (df["design"] == "paired").all()
-    van = df[df["mode"] == "vanilla"]  # one K's share of the 2 waves (1), beside the group's wave block 0
-    assert all(list(b) == [0]
-               for b in van["sample_block"]) and all(list(b) == [0, 0] for b in dsd["sample_block"])
-    assert van["consistent"].all() and (van["num_requests"] == van["batch_size"]).all()
+    # vanilla: one K's share of the 2 waves (1), raised to 2 (measure.engine.vanilla_waves), wave j
+    # beside the group's wave block j (each group wave a block: unit_layout)
+    van = df[df["mode"] == "vanilla"]
+    assert all(list(b) == [0, 1]
+               for b in van["sample_block"]) and all(list(b) == [0, 1] for b in dsd["sample_block"])
+    assert van["consistent"].all() and (van["num_requests"] == 2 * van["batch_size"]).all()
     for row in dsd.itertuples():
         k = row.num_spec_tokens
         assert row.acceptance_length == pytest.approx(k + 1, rel=1e-9), row.cell_id
