@@ -29,30 +29,15 @@ def _compare_drafts(
     console = make_console()
     if dry_run:
         plan = plan_drafts(spec_path, out)
-        _note_one_block(plan, console)
         for (draft, cat), spec in plan.specs.items():
             console.print(f"{draft}/{cat}: method {spec.engine.method}, design {spec.sweep.design}, "
                           f"dataset {spec.workload.dataset}")
         return
-    _note_one_block(plan_drafts(spec_path, out), console)
     wanted = [s.strip() for s in only.split(",") if s.strip()] if only else None
     results = run_compare_drafts(spec_path, out, resume=resume, only=wanted)
     for (draft, cat), summary in results.items():
         console.print(f"{draft}/{cat}: {summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped")
     console.print(f"report: dsdprof drafts-report {out}")
-
-
-def _note_one_block(plan, console) -> None:
-    """A paired draft whose waves make one vanilla block gets speedups without an interval."""
-    from dsdprof.measure.engine import vanilla_waves
-
-    for (draft, _cat), spec in plan.specs.items():
-        s = spec.sweep
-        ks = [k for k in s.num_spec_tokens if k > 0]
-        if s.design == "paired" and ks and vanilla_waves(s.waves, len(ks)) < 2:
-            console.print(f"note: {draft}: paired design, {s.waves} waves for {len(ks)} Ks make one vanilla "
-                          f"block: its speedups get no interval (waves >= {len(ks) + 1} for two)")
-            return
 
 
 def _drafts_report(
