@@ -259,7 +259,10 @@ class VllmEngine:
                    **({"compilation_config": json.dumps(compilation, sort_keys=True)} if compilation else {}),
                    "measurement": "engine-core step trace, steady-state steps only",
                    **acceptance_provenance(e.synthetic_acceptance_rates),  # synthetic: labelled
-                   "ld_preload": os.environ.get("LD_PRELOAD", "")},  # e.g. libiomp5 on CPU: changes timing
+                   "ld_preload": os.environ.get("LD_PRELOAD", ""),  # e.g. libiomp5 on CPU: changes timing
+                   # vLLM's engine core in the worker's process (tests): another layout than vllm serve's
+                   **({"vllm_enable_v1_multiprocessing": mp}
+                      if (mp := os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")) is not None else {})},
         )
 
     # ------------------------------------------------------------------ cells
