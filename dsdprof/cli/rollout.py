@@ -427,6 +427,7 @@ def _replay_run(source: Path, table: Mapping[str, Any], runs: int, model, plot: 
                if model else ""),
                ("variant", "meas. s", *(f"{k} %" for k in kinds), "max %",
                 *(["band s", "in"] if model else [])))
+    s.show_edge = False  # nine columns with the band: 80 wide without the edge's two blanks
     for _, x in replay_summary(chk.rows, chk.band_half, chk.band_on).iterrows():
         s.add_row(x["variant"], fmt_number(x["measured_s"], 2),
                   *(fmt_number(x[f"{k}_err"] * 100, 1) for k in kinds),
