@@ -110,7 +110,13 @@ def test_only_tests_put_vllms_engine_core_in_process(monkeypatch):
     from tests.conftest import LAYOUT_ENV, inproc_engine_env
 
     name = "VLLM_ENABLE_V1_MULTIPROCESSING"
-    hits = [p for p in [*(ROOT / "dsdprof").rglob("*.py"), ROOT / "Makefile"] if name in p.read_text()]
+    # setting it: os.environ[...] = / setdefault / putenv, an env mapping's key, a Makefile assignment
+    # (reading it is allowed: a sweep's provenance records it when set)
+    sets = re.compile(rf"""environ\[\s*["']{name}["']\s*\]\s*=|(setdefault|putenv)\(\s*["']{name}"""
+                      rf"""|["']{name}["']\s*:|\b{name}\s*[:?+]?=""")
+    assert sets.search(f'os.environ["{name}"] = "0"') and sets.search(f"export {name} ?= 0")
+    assert not sets.search(f'os.environ.get("{name}")')
+    hits = [p for p in [*(ROOT / "dsdprof").rglob("*.py"), ROOT / "Makefile"] if sets.search(p.read_text())]
     assert hits == []
     monkeypatch.delenv(LAYOUT_ENV, raising=False)
     env = inproc_engine_env()
