@@ -13,10 +13,11 @@ table on vLLM's schedule, ``num_speculative_tokens_per_batch_size``); ``adaptive
 
 Each repeat runs every variant on the same requests (same lengths, prompts and arrival times),
 back to back, in an order rotated from one repeat to the next (:func:`dsdprof.decide.live_stats.
-rotated_orders`), so drift between repeats cancels in the paired ratios. Each engine first runs an
-unmeasured warm-up. Every run is one row of ``OUT/rollout.parquet`` (:mod:`dsdprof.formats.rollouts`),
-rewritten after each run; ``--resume`` skips the rows already ``ok``. Engine logs and step traces:
-``OUT/_logs``, ``OUT/_traces``; the plan (lengths, arrivals, variants): ``OUT/_rollout.json``.
+rotated_orders`), so drift between repeats cancels in the paired ratios. Every engine has started
+and run an unmeasured warm-up before the first measured run. Every run is one row of
+``OUT/rollout.parquet`` (:mod:`dsdprof.formats.rollouts`), rewritten after each run; ``--resume``
+skips the rows already ``ok``. Engine logs and step traces: ``OUT/_logs``,
+``OUT/_traces``; the plan (lengths, arrivals, variants): ``OUT/_rollout.json``.
 """
 
 from __future__ import annotations
@@ -222,19 +223,26 @@ def arrivals_request(plan: RolloutPlan, kind: str, rep: int, rate: float, temper
                            seed=plan.seed, prompt_offset=rep * n_max)
 
 
+def warm_up(engine, variant: str, plan: RolloutPlan, warmed: set[str]) -> None:
+    """Start ``variant``'s engine if it has not started, and run its unmeasured warm-up once."""
+    from dsdprof.measure.vllm.arrivals import ArrivalsRequest
+
+    if variant not in warmed:
+        with engine.pool.exclusive(engine_key(variant)) as worker:
+            worker.run(ArrivalsRequest(*WARMUP, 4, seed=plan.seed), engine.cell_timeout_s)
+        warmed.add(variant)
+
+
 def run_one(engine, plan: RolloutPlan, run: tuple, table: KTable, table_path: str,
             adaptive_k: int | None, temperature: float, warmed: set[str]) -> RolloutRow:
     """One (kind, repeat, rate, order, variant) run on its engine: its row (failed: a failed row)."""
     from dsdprof.io.store import provenance_dict
-    from dsdprof.measure.vllm.arrivals import ArrivalsRequest
 
     kind, rep, rate, order, variant = run
     rid = row_id(kind, variant, rep, rate)
     try:
+        warm_up(engine, variant, plan, warmed)
         with engine.pool.exclusive(engine_key(variant)) as worker:
-            if variant not in warmed:
-                worker.run(ArrivalsRequest(*WARMUP, 4, seed=plan.seed), engine.cell_timeout_s)
-                warmed.add(variant)
             result = worker.run(arrivals_request(plan, kind, rep, rate, temperature, rid),
                                 engine.cell_timeout_s * 4)
         row = build_row(result, kind, variant, rep, order, rate, plan, table, adaptive_k)
@@ -286,6 +294,13 @@ def run_rollout(table: KTable, spec, out_dir: str | Path, plan: RolloutPlan, tab
             engine.check_models()
             todo = [r[4] for r in plan.runs() if row_id(r[0], r[4], r[1], r[2]) not in done]
             engine.prestart([engine_key(v) for v in dict.fromkeys(todo)])  # side by side, on a CPU host
+            # Every engine started and warm before the first measured run: the first one, measured
+            # while the others still started, ran 1.2-2.4x slower (docs/lab/rollout-2026-12-06.md).
+            for variant in dict.fromkeys(todo):
+                try:
+                    warm_up(engine, variant, plan, warmed)
+                except Exception:  # noqa: BLE001, S112 - its first run retries, and fails as a row
+                    continue
             for run in plan.runs():
                 rid = row_id(run[0], run[4], run[1], run[2])
                 if rid in done:

@@ -302,9 +302,12 @@ class FakeArrivalsWorker:
 
         return k_for_batch_size(self.ranges, b) if self.ranges else self.k_max
 
+    calls: list[str] = []  # every request's trace name, in the order run ("": a warm-up)
+
     def run(self, req, timeout_s):
         from dsdprof.measure.vllm.arrivals import ArrivalsResult, StepRecord
 
+        FakeArrivalsWorker.calls.append(req.trace_name)
         if self.k_max == 3 and not self.ranges:
             raise RuntimeError("fixed-3 engine died")
         n = len(req.output_lens)
@@ -358,9 +361,14 @@ def test_rollout_job_on_fake_engines(tmp_path):
                      [2, 3], adaptive=False, seed=0)
     assert plan.variants == ("vanilla", "fixed-2", "fixed-3", "dsd")
     out = tmp_path / "run"
+    FakeArrivalsWorker.calls.clear()
     rows = run_rollout(table, spec, out, plan, "t.json", None, start_worker=FakeArrivalsWorker)
     df = read_rollout_rows(out)
     assert len(rows) == len(df) == 8
+    # Every engine warm (fixed-3's warm-up failed: retried before its runs) before the first measured
+    # run: measured while the others still started, that run was 1.2-2.4x slow on a CPU host.
+    calls = FakeArrivalsWorker.calls
+    assert calls[:4] == [""] * 4 and calls[4] != ""
     failed = df[df["status"] == "failed"]
     assert set(failed["variant"]) == {"fixed-3"} and "died" in failed["error"].iloc[0]
     ok = df[df["status"] == "ok"]
