@@ -16,7 +16,6 @@ Profile file (``schema = "dsdprof.hwprofile/v1"``)::
 from __future__ import annotations
 
 import math
-import os
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dsdprof.errors import InputError, did_you_mean
 from dsdprof.formats.versions import HWPROFILE_SCHEMA
+from dsdprof.io.atomic import write_bytes_atomic
 
 PROFILE_SCHEMA = HWPROFILE_SCHEMA
 
@@ -325,21 +325,14 @@ def write_profile(path: str | Path, hw: Hardware, meta: dict[str, Any] | None = 
     text = profile_toml(hw, meta)
     if _parse_profile(text, p.name, "--out") != hw:
         raise InputError("--out", str(p), "the profile does not read back as written; not replaced")
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+
+    def reads_back(tmp: Path) -> None:  # what is on disk, before the rename
+        if load_profile(tmp, "--out") != hw:
+            raise InputError("--out", str(p), "the written profile does not read back; not replaced")
+
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if load_profile(tmp, "--out") != hw:  # what is on disk, before the rename
-            raise InputError("--out", str(p), "the written profile does not read back; not replaced")
-        os.replace(tmp, p)
+        write_bytes_atomic(p, text.encode("utf-8"), reads_back)
     except OSError as err:
         raise InputError("--out", str(p), f"cannot write ({err.strerror or err})") from None
-    finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
     return p
