@@ -142,15 +142,17 @@ def dsd_llm_kwargs(base: LLMKwargs, table: KTable, spec) -> LLMKwargs | None:
     if max(r[2] for r in table["ranges"]) == 0:
         return None
     cfg = vllm_speculative_config(table)
-    e = spec.engine
-    cfg["method"] = e.method
-    cfg.pop("model", None)
-    if e.draft_model:
-        cfg["model"] = e.draft_model
-    cfg.update(e.speculative_extra)
-    kwargs = dict(base)
-    kwargs["speculative_config"] = cfg
-    return kwargs
+    cfg["method"] = spec.engine.method
+    return _with_speculative(base, cfg, spec)
+
+
+def _with_speculative(base: LLMKwargs, cfg: Mapping[str, object], spec) -> LLMKwargs:
+    """``base`` serving ``cfg`` with the spec's draft model (not the table's) and speculative extras."""
+    cfg = {k: v for k, v in cfg.items() if k != "model"}
+    if spec.engine.draft_model:
+        cfg["model"] = spec.engine.draft_model
+    cfg.update(spec.engine.speculative_extra)
+    return {**base, "speculative_config": cfg}
 
 
 def adaptive_max_k(table: KTable, options: Mapping[str, object] | None) -> int:
@@ -182,14 +184,9 @@ def adaptive_llm_kwargs(base: LLMKwargs, table: KTable, spec, table_file: str, m
     with ``num_speculative_tokens = max_k``, dsdprof's adaptive scheduler, and the table file."""
     from dsdprof.serve.settings import ADAPTIVE_SCHEDULER_QUALNAME, adaptive_additional_config
 
-    e = spec.engine
-    cfg: LLMKwargs = {"method": e.method, "num_speculative_tokens": max_k,
-                           "num_speculative_tokens_per_batch_size": [list(r) for r in table["ranges"]]}
-    if e.draft_model:
-        cfg["model"] = e.draft_model
-    cfg.update(e.speculative_extra)
-    kwargs = dict(base)
-    kwargs["speculative_config"] = cfg
+    schedule = [list(r) for r in table["ranges"]]
+    kwargs = _with_speculative(base, {"method": spec.engine.method, "num_speculative_tokens": max_k,
+                                      "num_speculative_tokens_per_batch_size": schedule}, spec)
     kwargs["scheduler_cls"] = ADAPTIVE_SCHEDULER_QUALNAME
     kwargs["additional_config"] = {**cast("dict[str, object]", base.get("additional_config") or {}),
                                    **adaptive_additional_config(table_file, options)}
