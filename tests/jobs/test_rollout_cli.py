@@ -142,3 +142,27 @@ def test_serving_ratios_pair_by_repeat_and_pick_the_best_fixed_k_per_rate():
     assert s.loc[(2.0, "dsd"), "vs_best"] == pytest.approx(8.0 / 8.4)  # tokens/s = 100 / makespan
     assert s.loc[(8.0, "dsd"), "vs_vanilla"] == pytest.approx(10.0 / 7.7)
     assert s.loc[(8.0, "dsd"), "vs_best_lo"] == pytest.approx(7.0 / 7.7)  # no spread: a point interval
+
+
+def test_report_and_replay_fit_80_columns(setup, monkeypatch):
+    """Every table of ``rollout-report`` and ``replay`` (intervals, serving, the band) renders
+    within 80 columns at COLUMNS=80: a wider line fails (the rollout table was 91 wide)."""
+    import dsdprof.cli.rollout as cli
+
+    tmp, _ = setup
+    r = runner.invoke(app, _args(tmp, "run", "--lengths", "lognormal:median=10,sigma=1", "-n", "8",
+                                 "--rate", "3", "--serving-requests", "4", "--repeats", "2"))
+    assert r.exit_code == 0, r.output + r.stderr
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(cli, "console", cli.make_console())
+    replay = ["replay", str(tmp / "run"), str(tmp / "table.json"), "--fit", str(tmp / "run"), "--runs", "3"]
+    for cmd in (["rollout-report", str(tmp / "run")], replay):
+        r = runner.invoke(app, cmd)
+        assert r.exit_code == 0, r.output + r.stderr
+        wide = [line for line in r.stdout.splitlines() if len(line) > 80]
+        assert not wide, "\n".join(wide)
+        assert "…" not in r.stdout
+    r = runner.invoke(app, ["rollout-report", str(tmp / "run")])
+    for needle in ("makespan, paired by repeat", "TPOT99", "lookup%", "vs fixed-2 (best)",
+                   "1.000 [1.000,1.000]"):
+        assert needle in r.stdout, r.stdout
