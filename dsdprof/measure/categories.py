@@ -1,4 +1,4 @@
-"""Prompts by category (domain): split a workload file per category, and the shipped toy sets.
+"""Prompts by category (domain): split a workload file per category.
 
 A JSONL/JSON workload may carry a ``category`` per record (MT-Bench's layout: ``{"category":
 "coding", "turns": [...]}``; a SPEED-Bench-like file: ``{"category": ..., "prompt": ...}``).
@@ -8,16 +8,13 @@ their ``acceptance_per_pos``) are that category's. ``dsdprof compare-drafts`` ru
 (draft, category) this way; the category is the run directory's name and becomes a ``category``
 column when the runs are read together (:mod:`dsdprof.decide.domains`), not a Parquet column.
 
-:func:`toy_category_prompts` makes the two shipped sets (``sweeps/prompts/toy-domains.jsonl``):
-``code`` (repetitive code-like lines, where an n-gram match in the context predicts the next
-tokens) and ``text`` (free text drawn word by word, with few repeated n-grams). They are synthetic:
-see docs/drafts.md for how far they are from real traffic.
+The shipped toy sets (``sweeps/prompts/toy-domains.jsonl``) are made by
+``tests/support/toy_domains.py``; docs/drafts.md says how far they are from real traffic.
 """
 
 from __future__ import annotations
 
 import json
-import random
 from collections import Counter
 from pathlib import Path
 
@@ -84,46 +81,3 @@ def parse_mix(text: str, categories: list[str]) -> dict[str, float]:
     if total <= 0:
         raise InputError("--mix", text, "weights must not all be 0")
     return {c: weights.get(c, 0.0) / total for c in categories}
-
-
-_WORDS = (
-    "the a of and to in is it that for on with as was at by this from be are or have an they which "
-    "one you were her all she there would their we him been has when who will more no if out so said "
-    "what up its about into than them can only other new some could time these two may then do first "
-    "any my now such like our over man me even most made after also did many before must through back "
-    "years where much your way well down should because each just those people how too little state "
-    "good very make world still own see men work long get here between both life being under never day "
-    "same another know while last might us great old year off come since against go came right used "
-    "take three river garden window morning letter music market doctor winter forest silver question"
-).split()
-_NAMES = ("x", "y", "total", "count", "item", "value", "row", "col", "key", "buf")
-_OPS = ("+", "-", "*")
-
-
-def _code_prompt(rng: random.Random) -> str:
-    """Code-like lines repeating one template with small changes (an n-gram drafter's case)."""
-    fn = rng.choice(("load", "parse", "check", "update", "scale"))
-    var, op = rng.choice(_NAMES), rng.choice(_OPS)
-    start = rng.randrange(1, 50)
-    lines = [f"def {fn}_{i}({var}):\n    {var} = {var} {op} {i}\n    return {fn}({var}, {i})\n"
-             for i in range(start, start + 10)]
-    return "".join(lines)
-
-
-def _text_prompt(rng: random.Random) -> str:
-    """Free text: words drawn independently, sentences of random length (few repeated n-grams)."""
-    out: list[str] = []
-    while sum(len(s.split()) for s in out) < 80:
-        sentence = [rng.choice(_WORDS) for _ in range(rng.randrange(6, 16))]
-        out.append(sentence[0].capitalize() + " " + " ".join(sentence[1:]) + ".")
-    return " ".join(out)
-
-
-def toy_category_prompts(n_per_category: int = 64, seed: int = 0) -> list[dict[str, str]]:
-    """The shipped toy set: ``n_per_category`` ``code`` and ``text`` records, reproducible."""
-    rng = random.Random(seed)
-    records = []
-    for i in range(n_per_category):
-        records.append({"id": f"code-{i}", CATEGORY_KEY: "code", "prompt": _code_prompt(rng)})
-        records.append({"id": f"text-{i}", CATEGORY_KEY: "text", "prompt": _text_prompt(rng)})
-    return records

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,7 +11,8 @@ import pytest
 from dsdprof.decide.domains import best_k, category_regret, check_weights, mix_table, mixed_grid, per_position
 from dsdprof.decide.drafts import draft_memory, rank_drafts, recommend
 from dsdprof.errors import InputError
-from dsdprof.measure.categories import category_counts, parse_mix, split_by_category, toy_category_prompts
+from dsdprof.measure.categories import category_counts, parse_mix, split_by_category
+from tests.support.toy_domains import toy_category_prompts
 
 
 def _grid(spec: dict[str, dict[tuple[int, int], float]], hw: float = 0.02) -> pd.DataFrame:
@@ -129,6 +131,8 @@ def test_categories_split_and_toy_sets(tmp_path):
     recs = toy_category_prompts(5, seed=1)
     assert category_counts(recs) == {"code": 5, "text": 5}
     assert recs == toy_category_prompts(5, seed=1)
+    shipped = Path(__file__).parents[2] / "sweeps/prompts/toy-domains.jsonl"
+    assert [json.loads(line) for line in shipped.read_text().splitlines()] == toy_category_prompts()
     src = tmp_path / "w.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in recs)
                    + json.dumps({"category": "writing", "turns": ["mt-bench style"]}) + "\n")
