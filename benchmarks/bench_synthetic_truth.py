@@ -334,7 +334,7 @@ def main() -> int:
     ap.add_argument("--build-tiny", type=Path, metavar="DIR",
                     help="build the tiny dense pair (hidden 64, 2 layers) into DIR and exit: what `dsdprof "
                          "toy-models OUT --kind dense --hidden 64 --layers 2` builds in OUT/dense "
-                         "(dsdprof.measure.toy_models.tiny_config)")
+                         "(dsdprof.measure.toy_models.toy_config)")
     ap.add_argument("--trace-dir", type=Path, default=None,
                     help="keep each cell's step trace in this directory (benchmarks/synthetic_trace_look.py)")
     ap.add_argument("--seed", type=int, default=0,
@@ -347,9 +347,9 @@ def main() -> int:
         TRACE_DIR = str(args.trace_dir.resolve())
     SEED = args.seed
     if args.build_tiny:
-        from dsdprof.measure.toy_models import build_toy_pair, tiny_config
+        from dsdprof.measure.toy_models import build_toy_pair, toy_config
 
-        print(build_toy_pair(args.build_tiny, tiny_config()))
+        print(build_toy_pair(args.build_tiny, toy_config("dense", hidden_size=64, num_layers=2)))
         return 0
     if args.simulate:
         print(simulate(args, args.simulate))

@@ -68,11 +68,6 @@ OPTIONS: dict[str, tuple[str, float, float]] = {
     "residual_scale": ("--residual-scale", 0.0, 10.0),
 }
 
-# The tiny dense pair (hidden 64, 2 layers) of benchmarks/bench_synthetic_truth.py: `dsdprof toy-models
-# OUT --kind dense --hidden 64 --layers 2` builds it (OUT/dense), :func:`tiny_config` is its config.
-TINY_HIDDEN, TINY_LAYERS = 64, 2
-
-
 def scaled_shape(hidden_size: int) -> dict[str, int]:
     """The shape a ``hidden_size`` given alone gets: FFN 2 x hidden, a head per 64 of hidden (at least
     2), two query heads per KV head. Hidden 64 is the synthetic-truth benchmark's tiny pair (2 heads,
@@ -107,12 +102,6 @@ def toy_config(kind: str = "dense", **overrides: Any) -> ToyModelConfig:
     if cfg.experts_per_token > cfg.num_experts:
         raise InputError("--top-k", cfg.experts_per_token, f"must be <= --experts ({cfg.num_experts})")
     return cfg
-
-
-def tiny_config() -> ToyModelConfig:
-    """The tiny dense pair: what ``dsdprof toy-models OUT --kind dense --hidden 64 --layers 2``
-    builds (hidden 64, 2 layers, 2 heads, 1 KV head, FFN 128)."""
-    return toy_config("dense", hidden_size=TINY_HIDDEN, num_layers=TINY_LAYERS)
 
 
 def build_toy_models(out_dir: str | Path, kind: str = "both", **overrides: Any) -> list[ToyPair]:

@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from dsdprof.cli.app import app
 from dsdprof.measure import toy_models
-from dsdprof.measure.toy_models import ToyModelConfig, tiny_config, toy_config
+from dsdprof.measure.toy_models import ToyModelConfig, toy_config
 
-# benchmarks/bench_synthetic_truth.py's pair before it called tiny_config (its committed truth)
+# benchmarks/bench_synthetic_truth.py's tiny pair (its committed truth): --build-tiny builds toy_config's
 BENCH_TINY = ToyModelConfig(kind="dense", hidden_size=64, num_layers=2, intermediate_size=128, num_heads=2,
                             num_kv_heads=1)
 # tests/conftest.py's tiny pair for the real-vLLM tests
@@ -35,7 +35,8 @@ def test_hidden_and_layers_build_the_benchmarks_tiny_pair(built, tmp_path):
     res = CliRunner().invoke(app, ["toy-models", str(tmp_path), "--kind", "dense", "--hidden", "64",
                                    "--layers", "2"])
     assert res.exit_code == 0, res.output
-    assert built == [(str(tmp_path / "dense"), BENCH_TINY)] and tiny_config() == BENCH_TINY
+    assert built == [(str(tmp_path / "dense"), BENCH_TINY)]
+    assert toy_config("dense", hidden_size=64, num_layers=2) == BENCH_TINY
     assert toy_config("dense", hidden_size=256, num_layers=2) == TESTS_TINY
     # the defaults are untouched without --hidden; explicit shape options win over the scaled ones
     assert toy_config("dense") == ToyModelConfig()
