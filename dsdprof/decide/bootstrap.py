@@ -1,74 +1,17 @@
 """Decisions with known confidence: bootstrap intervals, the K rule, the curve's shape.
 
 Pure functions over numpy arrays and DataFrames (no I/O). :func:`dsdprof.decide.analysis.analyze` calls
-them; :mod:`dsdprof.jobs.budget` uses them to decide where more waves are worth it.
-
-**Samples.** A candidate cell (one batch size, one K) has one row per repeat. A row's wave samples
-are its ``sample_acceptance_length`` / ``sample_itl_s`` lists (schema v2: one value per measured
-wave); a row without them (v1, or any Parquet with just the contract columns) is one sample.
-
-**One estimator for the point and the samples.** A row's ITL is read as the mean of its ITL wave
-samples (winsorized, below), not the row's ``itl_s``: a trace's ``itl_s`` is the mean over its timed
-steps, and where waves time different numbers of steps of a K (waves that are not a whole number of
-K cycles) a slow step weighs differently in the two, so a slow wave clipped in the samples stayed
-in the point and every replicate carried it (on the GPU-like sets of
-``benchmarks/bench_coverage.py``, 0.5 % of steps 3-5x slow, 1.2 % step noise, 56-step waves: 90 %
-ratio intervals covered 71.5-83.2 % and a batch size was decided wrongly in 3-18 % of datasets;
-now 91.3 % and 2 %, docs/decisions.md). A row's AL stays the row's (pooled or replayed over the
-group: the samples carry its noise, not its estimator; slow steps do not touch it).
-
-**Bootstrap** (ratio of means). The point estimate of a cell is mean AL / mean ITL over its
-repeats. Each replicate resamples, per cell, with replacement, at the level the data support:
-
-* the **waves**, pooled over the cell's repeats, when a one-way F test on the log wave values
-  finds no difference between the repeats beyond their waves' noise (p >= 0.25), or when there is
-  a single repeat (AL and ITL of a wave stay paired);
-* else the **repeats** (their row values; v1 rows and contract-only Parquet always take this path).
-
-A cell's replicate is its point scaled by (resampled mean / sample mean) of AL and of ITL. Resampling
-both levels at once would count the wave noise twice (it is already in the repeats' means), and a
-percentile bootstrap of a few samples is too narrow: each cell's replicate deviations (in log) are
-widened by ``t_{n-1}(q) / z(q) * sqrt(n / (n-1))`` for its ``n`` resampled samples, so that its
-interval is a small-sample t interval (3 repeats: x2.2; 20 waves: x1.08). Random numbers come from
-``numpy.random.default_rng((seed, batch_size))``, so a batch size's intervals do not depend on the
-other batch sizes' data.
-
-**Heavy-tailed waves** are winsorized before anything else, so a few slow waves do not move a
-point or an interval: a wave beyond 3 robust scales from what it should be is clipped to that
-bound. Unpaired cells (:func:`robust_units`): from its row's median. **Paired** cells, whose waves
-are the same waves for every K (:func:`robust_paired`): from the K's median x the wave block's
-factor (the median over the Ks of their wave / median), so drift every K of a wave shares is not
-taken for noise and the bound is set by what differs between the Ks (on the outlier sets of
-``benchmarks/bench_coverage.py`` the ratios' error fell from 1.0 % to 0.65 %). A clipped wave says
-nothing about where its cell's centre lies, so the cell's deviations are widened by waves /
-unclipped waves (:func:`huber_factor`, Huber's sandwich ``E[psi^2] / E[psi']^2``): resampling the
-clipped values alone covered 86-87 % at 90 %.
-
-A cell with a single sample (one repeat, at most one wave) has no interval: the batch size's
-intervals are then *unknown* and nothing there is called decided. Rows from the analytic engine
-(``engine = "sim"``) are deterministic predictions: their intervals are exact (zero width).
-
-**Rule** at one batch size (:func:`dsdprof.decide.rule.decide_batch`), applied inside each
-replicate: ``r_k`` = goodput(K) / goodput(that replicate's best K), ``[lo, hi]`` its central
-``confidence`` interval (``hi`` <= 1). The chosen K is the smallest K up to the best point K with
-``lo_k >= 1 - tolerance`` (else the best point K). Decisions hold over all batch sizes together:
-each batch size is decided at ``level = 1 - (1 - confidence) / family`` (Bonferroni over the
-``family`` batch sizes with known intervals), its replicates re-widened for that level
-(:func:`at_confidence`); in each, the rule picks its K. ``admissible``: the chosen K and, by
-share of replicates, the other picks until those left out hold at most ``(1 - level) / 2``;
-``decided`` when that is the chosen K alone. Where intervals are unknown the point rule applies
-(smallest K within tolerance of the best point goodput) and every K is admissible (for the
-budget); the curve keeps that point K (:func:`dsdprof.decide.rule.curve`).
-
-**Shape.** The curve is ``moe-like`` only when the rise of K* with batch size exceeds its
-intervals: every sequence taking an admissible K at every batch size rises somewhere, or, pairwise,
-for some b1 < b2 with rule K k1 < k2, k1 beats k2 by more than the tolerance at b1 and k2 beats k1
-by more than the tolerance at b2, at the stated confidence. Otherwise the exported K is the
-non-increasing admissible sequence with the least point regret beyond tolerance, then the fewest
-points changed from the rule's choice, then the least point regret, then the smallest K (decided
-points never change): ``flat`` when that is one K, else ``dense-like``. Where a curve's decisions
-are not separable, the exported K does not rise with batch size. A moe-like curve keeps the rule's
-K except where an admissible K removes a rise at no point regret beyond tolerance.
+them; :mod:`dsdprof.jobs.budget` uses them to decide where more waves are worth it. The method, why
+each step is there and how it was measured: docs/decisions.md ("Samples and intervals", "The rule",
+"The curve's shape"). In short: a cell's samples are its rows' waves (schema v2), else its rows;
+heavy-tailed waves are winsorized first (:func:`robust_units`, per wave block for paired rows
+:func:`robust_paired`), a row's ITL is the mean of its wave samples (one estimator for the point
+and the replicates); each replicate resamples a cell's waves (pooled over repeats unless an F test
+says the repeats differ) or its repeats, widened to a small-sample t interval
+(:func:`small_sample_factor`) and by :func:`huber_factor`, with paired waves drawn as blocks.
+Random numbers come from ``numpy.random.default_rng((seed, batch_size))``. A single-sample cell
+has no interval (*unknown*); ``engine = "sim"`` rows are exact. The rule runs inside each
+replicate at a Bonferroni level over the batch sizes with known intervals (:func:`at_confidence`).
 """
 
 from __future__ import annotations
