@@ -1,37 +1,20 @@
 """The step trace: what vLLM's engine core did in each step of a cell, and the cell's numbers from it.
 
-dsdprof's scheduler subclass (:mod:`dsdprof.plugins.vllm_profiling`) runs inside vLLM's engine
-core and appends one record per engine step to the cell's trace file (JSON lines, one list of
-records per wave; the record's keys: :mod:`dsdprof.formats.trace`). A record (:class:`Step`) is
-written when vLLM's ``update_from_output`` for
-that step returns (under async scheduling that is *after* the next step was scheduled; the record
-belongs to the step whose output was processed). It says which wave the step belonged to, when
-its update finished, how many of the wave's requests it ran, how many of them were decoding (no
-prefill tokens) with an output vLLM used (``stale``: outputs vLLM discarded, e.g. a request that
-finished in the previous step under async scheduling), the prefill tokens in the step, and per
-decoding request, counted as vLLM counts them and **before** vLLM trims the output in place:
-
-* ``drafted``: draft tokens verified (scheduled, minus those a grammar invalidated),
-* ``accepted``: drafts accepted (tokens sampled minus vLLM's ``num_sampled_tokens_per_step``),
-* ``generated``: tokens the target sampled (accepted + the bonus token), untrimmed,
-
-and per request of the wave (prefilling ones included) the tokens it was **delivered** in the
-step (its output grew by; after trimming at ``max_tokens``/EOS), and which requests finished.
-
-A cell's numbers come only from **steady-state steps** (:func:`summarize`): steps of a measured
-wave in which exactly ``batch_size`` requests decode, none prefills, none is stale, nothing
-outside the wave shares the step, and the previous record belongs to the same wave (its duration
-is the time between two consecutive updates of the engine loop). Over the steady steps, with
-``n_s`` decoding requests, ``t_s`` seconds and ``g_s`` tokens generated in step ``s``::
+dsdprof's scheduler subclass (:mod:`dsdprof.plugins.vllm_profiling`) appends one record
+(:class:`Step`, keys: :mod:`dsdprof.formats.trace`) per engine step to the cell's trace file when
+vLLM's ``update_from_output`` for that step returns. A cell's numbers come only from
+**steady-state steps** (:func:`steady_steps`): steps of a measured wave in which exactly
+``batch_size`` requests decode, none prefills, none is stale, nothing outside the wave shares the
+step, and the previous record belongs to the same wave. Over them, with ``n_s`` decoding requests,
+``t_s`` seconds and ``g_s`` tokens generated (untrimmed) in step ``s``::
 
     acceptance_length = sum(g_s) / sum(n_s)        tokens the target produced per request per step
     itl_s             = mean(t_s)                  seconds per engine step
     tpot_s            = sum(t_s * n_s) / sum(g_s)  request-seconds per produced token
 
-A request's finishing step counts with its untrimmed tokens: whether a step runs is decided before
-it runs, so no step is selected by its own acceptance and the estimate is unbiased at any output
-length. Every steady request-step must have drafted exactly the row's K. Pure functions over plain
-values: testable without vLLM.
+Every steady request-step must have drafted exactly the row's K. What each record counts, why the
+estimate is unbiased at any output length and how async scheduling is handled: docs/measurement.md
+("The step trace and steady-state steps"). Pure functions over plain values: testable without vLLM.
 """
 
 from __future__ import annotations
@@ -277,8 +260,7 @@ def pool_acceptance(by_k: dict[int, TraceSummary],
     removes that). The K's own steps' value is kept (``acceptance_length_own``) and checked against
     the pooled one, both weighed by the mix's steps: ``acceptance_check`` says when they differ by
     more than 4 standard errors of the K's own mean (over its request-steps) and 2 % (then
-    acceptance did depend on K). On 168 cells of real paired traces (dense and MoE toy pairs,
-    BS 1-16) the largest difference was 2.6 standard errors."""
+    acceptance did depend on K; measured on real traces: docs/measurement.md)."""
     kept = [x for steps in kept_by_k.values() for x in steps]
     blocks = sorted({s.wave for s, _ in kept})
     positions = max((d for s, _ in kept for d in s.drafted), default=0)
