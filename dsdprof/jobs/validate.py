@@ -1,36 +1,14 @@
 """``dsdprof validate``: serve a K table on real vLLM and compare it with vanilla and fixed K.
 
-Three kinds of engine, each in its own worker process, from the same engine pool and cell runner
-as ``sweep``, all kept alive for the whole run so the cells can be interleaved per batch size
-(drift hits every variant alike; the order of the variants rotates from one batch size / repeat to
-the next). In the **paired design** (the default, ``--design paired``) the variants of a batch
-size and repeat run their measured waves interleaved one by one (wave ``j`` of every variant within
-seconds of the others, :mod:`dsdprof.measure.vllm.interleave`), and the regret intervals pair wave
-``j`` of every variant, so drift between variants cancels. In the **steps design** (``--design
-steps``) every variant but vanilla runs inside the same waves of **one** engine (the adaptive one
-with ``--adaptive``, else the ``dsd`` one), switched step by step as in the sweep's paired design:
-each is an arm of the K sequence (fixed K, the table's schedule, the adaptive plugin's own choice;
-the plugin learns only from its own steps), so the seconds-scale noise that wave interleaving
-leaves between engines hits every variant alike; vanilla interleaves block by block on its own
-engine. ``--design cells`` runs each cell's waves back to back:
-
-* ``vanilla``: no speculative config (the baseline);
-* ``fixed-<K>``: ``num_speculative_tokens = K``, no dynamic schedule;
-* ``dsd``: the table served exactly as a user would, through vLLM's own
-  ``num_speculative_tokens_per_batch_size`` (:func:`dsdprof.export.table.vllm_speculative_config`).
-  Requests carry no dsdprof K, so vLLM's lookup picks K by batch size; dsdprof's scheduler only
-  gates waves and traces steps, and each cell checks that its steady steps drafted the table's K.
-  A table with K=0 everywhere is served without a speculative config.
-* ``adaptive`` (``--adaptive``, v2 tables): the same schedule and draft, started with dsdprof's
-  adaptive scheduler (:mod:`dsdprof.plugins.vllm_adaptive`), which re-derives K per batch size from
-  the acceptance the engine sees (``additional_config.dsdprof_adaptive`` names a copy of the
-  table, ``OUT/_adaptive_table.json``). Its ``num_speculative_tokens`` is the largest K the table
-  measured, so K may rise above the static table's; the K it ran is ``num_draft_tokens /
-  num_drafts`` (not checked per cell). Its rows carry no per-position acceptance.
-
-Every cell is one durable Parquet row (:class:`SweepWriter`): ``mode`` is ``vanilla`` | ``fixed`` |
-``dsd`` | ``adaptive``; ``num_spec_tokens`` is the fixed K, for DSD the table's K at that batch
-size, for adaptive the engine's largest K. The comparison itself is
+The variants, each on its own engine from the same engine pool and cell runner as ``sweep``, all
+alive for the whole run: ``vanilla`` (no speculative config), ``fixed-<K>``, ``dsd`` (the table
+served through vLLM's own ``num_speculative_tokens_per_batch_size``, :func:`dsd_llm_kwargs`; each
+cell checks its steady steps drafted the table's K) and, with ``--adaptive``, ``adaptive`` (the
+table served by dsdprof's adaptive scheduler, :func:`adaptive_llm_kwargs`). ``--design``: paired
+(the variants' waves interleaved one by one), steps (every variant but vanilla inside the same
+waves of one engine, switched per step) or cells (:func:`plan_validation`). Every cell is one
+durable Parquet row, ``mode`` = ``vanilla`` | ``fixed`` | ``dsd`` | ``adaptive``. The user's
+account: docs/reference.md ("Check a table before you ship it"); the comparison itself is
 :func:`dsdprof.report.compare.compare`.
 """
 
