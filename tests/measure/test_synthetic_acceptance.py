@@ -346,9 +346,10 @@ def test_speculative_config_and_labels_of_a_synthetic_run(tmp_path):
     from dsdprof.cli.analyze import analysis_json, render_analysis, title_line
     from dsdprof.decide.analysis import analyze_path
     from dsdprof.export.api import table_from_source
+    from dsdprof.formats.provenance import is_synthetic
     from dsdprof.io.readers import read_provenance
     from dsdprof.io.runs import open_run
-    from dsdprof.measure.vllm.synthetic import EXTENSION_QUALNAME, engine_kwargs, is_synthetic
+    from dsdprof.measure.vllm.synthetic import EXTENSION_QUALNAME, engine_kwargs
 
     out, seen = _fake_run(tmp_path / "synthetic", [0.9, 0.7, 0.1])
     spec_cfgs = [k["speculative_config"] for k in seen if "speculative_config" in k]

@@ -14,10 +14,6 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-# the provenance entry's format lives in dsdprof.formats.provenance; is_synthetic stays importable
-# from here for tests/measure/test_synthetic_acceptance.py
-from dsdprof.formats.provenance import is_synthetic as is_synthetic
-
 # dsdprof.plugins.vllm_synthetic_cpu imports torch and vLLM: named here, imported by vLLM's worker.
 EXTENSION_QUALNAME = "dsdprof.plugins.vllm_synthetic_cpu.SyntheticAcceptanceCPU"
 
