@@ -3,28 +3,11 @@
 :func:`speedup_estimate` returns the point and the central ``confidence`` interval of goodput(K) /
 goodput(baseline) at one batch size; ``analyze`` reports it as ``speedup_vs_baseline`` with
 ``speedup_low``/``speedup_high`` and :mod:`dsdprof.decide.vanilla` turns it into vanilla's gain.
-
-**Slow steps weigh alike on both sides.** The K table's goodput is winsorized per wave
-(:mod:`dsdprof.decide.bootstrap`), which a vanilla row cannot be: it has one wave per block
-(``ceil(waves / len(Ks))``), each the mean of a whole wave's steps, so a slow step is part of its
-mean and never a clipped wave. Comparing a winsorized K with a plain vanilla overstates the speedup
-by the slow steps' share of vanilla's time (2 % for 1 % of steps 3x slow). So the K's side is its
-plain mean: without its group, the K's plain waves; with its paired group (``group``), the K's
-winsorized waves x the group's **slow-step factor** (every K's plain ITL / every K's winsorized
-ITL, over the same blocks), which assumes slow steps lengthen every K's steps alike and takes
-their noise from all the group's waves instead of one K's few timed steps per wave. Its point can
-differ from ``goodput`` / ``baseline_goodput`` where waves were winsorized.
-
-**Paired** (the paired design, schema v5: every row carries ``sample_block``, one baseline and one
-K row per repeat): vanilla wave ``j`` ran beside the group's waves of block ``j``, so each replicate
-resamples the blocks with replacement (every repeat's together), **one draw for vanilla and the
-K**, and drift between blocks cancels in the ratio; the interval is a t interval on the blocks
-(:func:`t_half_width`), its high side at least a normal quantile x the spread of the slow steps
-vanilla's waves drew (:func:`_vanilla_slow_var`: the K side is their expectation, vanilla's a
-rare-event count that is often below its mean and then unseen in its blocks' spread).
-``independent`` otherwise: the K's and the baseline's waves (or repeats'
-rows) are resampled each on its own, deviations widened to a t interval for the number of
-resampled units (:func:`dsdprof.decide.bootstrap.small_sample_factor`), as for the K intervals.
+Slow steps weigh alike on both sides: vanilla's waves cannot be winsorized, so the K's side is its
+plain mean (with its paired group: the K's winsorized waves x the group's slow-step factor).
+``paired`` (rows with ``sample_block``): one draw of wave blocks for vanilla and the K, a t
+interval on the blocks (:func:`t_half_width`), its high side widened by :func:`_vanilla_slow_var`;
+``independent`` otherwise. Why, and what it measured: docs/measurement.md ("Speedup interval").
 """
 
 from __future__ import annotations
