@@ -1,25 +1,14 @@
 """Vanilla as a candidate: where an engine without speculation beats every K beyond its interval.
 
-In vLLM's dynamic-SD mode K=0 still runs the drafter (vLLM issue 49548: 4-11 % of a step upstream,
-5-12 % on the toy pair), so a vanilla engine (no speculative config) can be faster than every K a
-DSD schedule can serve, K=0 included. A sweep measures a vanilla row per batch size (``mode`` =
-``vanilla``; in the paired design its waves interleave with its group's). This module compares it
-with every candidate K per batch size:
-
-* ``vanilla_gain``: goodput(vanilla) / goodput(best K) - 1 (> 0: vanilla ahead), the best K being
-  the one with the highest point goodput, slow steps weighed alike on both sides (vanilla's waves
-  cannot be winsorized: :mod:`dsdprof.decide.speedup`);
-* ``vanilla_gain_low``/``vanilla_gain_high``: its interval, from the best K's speedup interval
-  (:func:`dsdprof.decide.speedup.speedup_estimate`: paired blocks where the design pairs them);
-* ``vanilla_faster``: vanilla ahead of **every** K beyond its interval (each K's speedup over
-  vanilla has its upper bound below 1). Never true without vanilla rows (a K=0 baseline is no
-  vanilla engine) or without intervals.
-
-:func:`vanilla_records` turns the flagged batch sizes into the table's ``vanilla_faster`` records
-(batch-size ranges as the table's ranges bucket them); the words are the readers':
-:func:`dsdprof.report.vanilla.vanilla_line` for ``analyze`` (and the same for a validate run's
-variants), :func:`dsdprof.export.table.vanilla_warning` for an export, both with
-:func:`dsdprof.export.table.gap_text`.
+In vLLM's dynamic-SD mode K=0 still runs the drafter, so a vanilla engine (no speculative config)
+can be faster than every K a DSD schedule can serve (docs/ktable.md, "Vanilla"). Per batch size,
+against the sweep's vanilla rows: ``vanilla_gain`` (goodput(vanilla) / goodput(best point K) - 1,
+slow steps weighed alike, :mod:`dsdprof.decide.speedup`), its interval ``vanilla_gain_low``/
+``_high`` (from the best K's speedup interval) and ``vanilla_faster`` (every K's speedup over
+vanilla has its upper bound below 1; never without vanilla rows or intervals).
+:func:`vanilla_records` turns the flagged batch sizes into the table's ``vanilla_faster`` records;
+the words are the readers' (:func:`dsdprof.report.vanilla.vanilla_line`,
+:func:`dsdprof.export.table.vanilla_warning`).
 """
 
 from __future__ import annotations
