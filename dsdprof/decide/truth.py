@@ -9,29 +9,14 @@ request-step. So
 * ``Var(A) = sum_{i<K} (2i + 1) u[i] - (sum_{i<K} u[i])^2`` (``E[A^2] = sum_i (2i+1) P(A > i)``);
 * over ``n`` independent request-steps, the standard error of AL(K) is ``sqrt(Var(A) / n)``.
 
-Standard errors. A cells row's AL is tokens per request-step over its steady steps: over ``n =
-num_drafts`` independent request-steps its standard error is the model's, exactly (``se_from =
-"model"``). A paired row's AL is replayed as a server held at K over every decode position of the
-group's requests (``measure/vllm/replay.py``), a closed form of whose error (imputations
-included) this module does not have. Simulated paired traces under the rates 0.8, 0.6, 0.45, 0.3
-(16 runs of 10 waves x BS 16 x 256 tokens, K 1-4 held 4 steps each) spread 0.13, 0.27, 0.30,
-0.34 % at K 1-4: 0.36-0.50 times the model's error over the K's own request-steps (the replay
-uses every position of the group), and as much as the spread of the samples (wave blocks): 0.13,
-0.23, 0.31, 0.39 %. So a paired row's standard error is its samples' (``se_from = "samples"``)
-when it has at least :data:`MIN_SAMPLES` of them, else the model's over its own request-steps
-(``"own steps"``: conservative, about twice too large). The samples are a delete-a-block
-jackknife (``replay_acceptance``): the replay's chain is refitted without each block, so its
-fitting noise, which the blocks' ALs under one fit share and did not show, is in their spread
-(simulated at 32 tokens, 30 runs of 10 waves x BS 64: the blocks under one fit gave 0.65-0.78 of
-the spread over runs, the jackknife 0.91-1.06; docs/lab/synthetic-truth.md).
-
-``dispersion``: the samples' standard error over the model's (over ``num_drafts``): about 1 for a
-cells row when request-steps are independent draws, larger when they are not (requests of a wave
-drawing the same numbers, for instance); about 0.4-0.6 for a paired row.
-
-Sizing: ``waves_needed`` is the waves that bring the row's relative standard error to
-``tolerance / z`` (0.5 % at 3 standard errors by default), scaled as 1 / sqrt(waves) from the
-row's own.
+A cells row's standard error is that model's over ``n = num_drafts`` (``se_from = "model"``). A
+paired row's AL is replayed over every position of the group (``measure/vllm/replay.py``), with no
+closed form for its error: its standard error is its samples' (``"samples"``, a delete-a-block
+jackknife, ``replay_acceptance``) when it has at least :data:`MIN_SAMPLES`, else the model's over
+its own request-steps (``"own steps"``: conservative). ``dispersion``: the samples' standard error
+over the model's. ``waves_needed``: the waves that bring the row's relative standard error to
+``tolerance / z``, scaled as 1 / sqrt(waves). Why, and the simulations behind it:
+docs/measurement.md ("The known truth in analyze") and docs/lab/synthetic-truth.md.
 """
 
 from __future__ import annotations
