@@ -2,25 +2,15 @@
 
 A rollout is its requests' output lengths (from a run's rows, a lengths file, or the batch size
 per step of a vanilla rollout, :func:`dsdprof.measure.live_workload.lengths_from_batch_sizes`).
-The replay walks the engine step by step as vLLM runs it:
-
-* step 0 is the prefill: every request gets its first token, in ``prefill_s`` seconds (measured:
-  the run's vanilla prefill; a file: the option, else one vanilla step at batch size N);
-* each later step runs every unfinished request (batch size ``B``) at the K vLLM scheduled for it
-  in the step before (its ``dynamic_sd_lookup`` at that step's batch size: K lags the batch by one
-  step) and takes ``itl(B, K)`` seconds: the table's cell, linear in log B between measured batch
-  sizes, the nearest outside them, times ``scale`` (a machine factor; 1 = the table's machine as
-  it was measured);
-* each request gains ``1 + accepted`` tokens, accepted drawn from the chain of the cell's per-position
-  acceptance (``P(>= j accepted)`` per position, the table's ``acceptance_per_pos``; conditional
-  rate ``p_j / p_(j-1)``), capped at its length.
-
-The makespan is the mean over ``runs`` seeded Monte Carlo replays (the tail is set by the last
-requests' acceptance luck, which a mean-token replay would shorten). The variants: ``vanilla``
-(K = 0), ``fixed-K`` for every K of the grid (the best fixed K of this workload is the smallest),
-``dsd`` (the table's schedule) and ``adaptive`` (the table's schedule; with a fitted
-:class:`~dsdprof.decide.step_model.StepModel`, the K the plugin served per batch size in the fitted
-run). Pure: plain values in and out.
+The replay walks the engine step by step as vLLM runs it: step 0 is the prefill (``prefill_s``);
+each later step runs every unfinished request (batch size ``B``) at the K vLLM scheduled for it
+in the step before (K lags the batch by one step) and takes ``itl(B, K)`` seconds (the table's
+cell, linear in log B between measured batch sizes, times ``scale``); each request gains
+``1 + accepted`` tokens, drawn from the chain of the cell's per-position acceptance. The makespan
+is the mean over ``runs`` seeded Monte Carlo replays. The variants: ``vanilla``, ``fixed-K`` for
+every K of the grid, ``dsd`` and ``adaptive`` (with a fitted
+:class:`~dsdprof.decide.step_model.StepModel`, the K the plugin served per batch size in the
+fitted run). The user's account: docs/rollouts.md ("Replay"). Pure: plain values in and out.
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
 """The replay's step model fitted on a measured rollout run (``dsdprof replay --fit``).
 
-The table's grid was measured on steady batches, on the machine of the sweep's day, on one engine
-that switches K per step; a rollout's engines step at their own cost. Per (variant, K) the model
-fits seconds = a + b * B, least squares (b >= 0) over the median step time at each batch size the
-variant decoded at K; at one batch size, that median times the grid's shape in B.
-
-What the fitted run did not measure falls back, each for a structural reason:
-
-* **A fixed K the run did not have** (fixed-2 when it had fixed-4): a line a(K) + s(K) * B built
-  from the fitted engines' lines (:meth:`StepModel.family`): the intercept, the speculative engine's
-  cost per step, from the fitted fixed engines (one: its own; vanilla has no such cost); the slope,
-  the cost per request, linear in K through vanilla's and theirs (a request verifies K + 1
-  tokens). In the clean held-out run of 2026-12-03 the lines were vanilla 101 + 4.4 B ms, fixed-2
-  123 + 12.4 B, fixed-4 130 + 19.9 B. The grid's shape in K is not used: at batch 8-16 it grows
-  with K faster than the rollout engines' did (measured / grid 0.84 at K = 2, 0.73 at K = 4).
-* **dsd or adaptive at a K it never served**: that fixed-K time times the engine's own median ratio
-  to it over the steps it did serve (a DSD-mode engine steps slower than a fixed-K one at the same
-  K and batch size); a variant not in the fitted run takes the other one's engine (the same
-  DSD-mode engine, with or without the plugin).
-* Only when neither can (no vanilla or fixed engine fitted): the grid's time times the median
-  measured / grid ratio of the variant's steps (of all steps).
-* **Prefill** (the median of the variant's prefill steps, times ``N / fit N``) and **acceptance**
-  (a factor on the grid's per-position rejection probabilities) of a variant not fitted: those
-  of the nearest fitted variant of its kind (fixed-K: the fixed K' nearest K; adaptive: dsd; dsd:
-  adaptive), else the median of the fitted speculative variants, else vanilla's prefill and the
-  table's acceptance. A fixed K's acceptance comes from the fitted variant whose mean K served is
-  nearest K (:meth:`StepModel.reject_of`).
-* **The adaptive plugin's K**: the K it scheduled at each lookup batch size in the fitted run (the
-  most frequent; between them, the nearest one's), the table's outside them
-  (:meth:`StepModel.schedule`).
+Per (variant, K) the model fits seconds = a + b * B, least squares (b >= 0) over the median step
+time at each batch size the variant decoded at K; at one batch size, that median times the grid's
+shape in B. What the fitted run did not measure falls back on what it did: a fixed K it did not
+have, on a line built from the fitted engines' lines (:meth:`StepModel.family`); dsd or adaptive at
+a K it never served, on that fixed-K time times the engine's own median ratio to it; prefill and
+acceptance of a variant not fitted, on the nearest fitted variant of its kind
+(:meth:`StepModel.reject_of`); the adaptive plugin's K, on the K it scheduled per lookup batch
+size in the fitted run (:meth:`StepModel.schedule`). Each fall-back's reason and the held-out runs
+that checked it: docs/rollouts.md ("--fit RUN").
 """
 
 from __future__ import annotations
