@@ -11,7 +11,6 @@ slices, coverage, validated rows) without reading anything. These live below ``i
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import cast
@@ -319,15 +318,14 @@ def validate_rows(rows: pd.DataFrame | None) -> str:
     return ""
 
 
-def kind_evidence(manifests: tuple[Manifest, ...], provenance: ProvenanceRecord,
-                  rows: pd.DataFrame | Callable[[], pd.DataFrame | None] | None) -> str:
-    """Why a run of these manifests, provenance and rows (a DataFrame, or a callable returning
-    it, read only when needed) is a validate run ("" when it is a sweep): the one test."""
+def kind_evidence(manifests: tuple[Manifest, ...], provenance: ProvenanceRecord, rows: pd.DataFrame) -> str:
+    """Why a run of these manifests, provenance and rows is a validate run ("" when it is a
+    sweep): the one test."""
     if any(m.validate for m in manifests):
         return "its manifest says so"
     if provenance.get("extra_run_kind") == RUN_KIND_VALIDATE:
         return "its files' metadata says so"
-    return validate_rows(rows() if callable(rows) else rows)
+    return validate_rows(rows)
 
 
 def _refuse_validate(path: str | Path, command: str, why: str) -> None:

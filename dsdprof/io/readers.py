@@ -71,18 +71,6 @@ def read_provenance(path: str | Path) -> ProvenanceRecord:
     return {}
 
 
-def read_columns(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    """The given columns (those a file has) of every Parquet file under ``path``, unvalidated:
-    a cheap look at a run's rows (:func:`dsdprof.io.runs.run_kind`) without reading them whole."""
-    import pyarrow.parquet as pq
-
-    frames = []
-    for f in _parquet_files(Path(path)):
-        names = set(pq.read_schema(f).names)
-        frames.append(pq.read_table(f, columns=[c for c in columns if c in names]).to_pandas())
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-
-
 def read_measurements(path: str | Path, allow_mixed: bool = False) -> pd.DataFrame:
     """All rows of a sweep directory or Parquet file, unvalidated.
 

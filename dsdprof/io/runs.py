@@ -7,8 +7,6 @@ refusal of the command in one order (a validate run, mixed provenance, a context
 malformed contexts, runs of different specs) and derives the rest: the run kind, the grid the
 manifest planned against the cells that produced a number (so a table never silently covers
 batch sizes that never produced one), the rows per context, the rows validated.
-
-:func:`run_kind` answers the kind of a path without reading its rows whole.
 """
 
 from __future__ import annotations
@@ -18,24 +16,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsdprof.config.run import (
-    RUN_KIND_SWEEP,
-    RUN_KIND_VALIDATE,
-    Manifest,
-    PooledRuns,
-    ReadRun,
-    Run,
-    checked_run,
-    kind_evidence,
-    parse_manifest,
-)
-from dsdprof.errors import InputError
+from dsdprof.config.run import PooledRuns, ReadRun, Run, checked_run
 from dsdprof.formats.jsontypes import JSONObject
-from dsdprof.formats.measurements import CONTEXT_COLUMN
 from dsdprof.io.manifest import MANIFEST_NAME, first_difference
-from dsdprof.io.readers import read_columns, read_files, read_provenance
+from dsdprof.io.readers import read_files
 
-__all__ = ["open_run", "run_kind"]
+__all__ = ["open_run"]
 
 
 def _manifest_doc(run_dir: Path) -> JSONObject | None:
@@ -63,11 +49,6 @@ def manifest_docs(path: str | Path) -> tuple[tuple[Path, JSONObject], ...]:
     return tuple(found)
 
 
-def manifests_under(path: str | Path) -> tuple[Manifest, ...]:
-    """The typed manifests of :func:`manifest_docs`."""
-    return tuple(parse_manifest(d, doc) for d, doc in manifest_docs(path))
-
-
 def pooled_runs(docs: tuple[tuple[Path, JSONObject], ...]) -> PooledRuns:
     """The runs of these manifests, and the first spec field where each differs from the first."""
     runs = tuple((str(d), str(doc.get("spec_hash", ""))) for d, doc in docs)
@@ -78,33 +59,6 @@ def pooled_runs(docs: tuple[tuple[Path, JSONObject], ...]) -> PooledRuns:
             vals = diffs.setdefault(diff[0], [json.dumps(diff[1], default=str)])
             vals.append(json.dumps(diff[2], default=str))
     return PooledRuns(runs, tuple((f, " | ".join(dict.fromkeys(v))) for f, v in diffs.items()))
-
-
-def _kind_columns(path: str | Path) -> pd.DataFrame | None:
-    """The columns :func:`dsdprof.config.run.validate_rows` reads, of every Parquet file under
-    ``path`` (None if unreadable)."""
-    try:
-        return read_columns(path, ("mode", "batch_size", "num_spec_tokens", "repeat", CONTEXT_COLUMN.name))
-    except Exception:  # noqa: BLE001 - unreadable rows: the reader that follows names the file
-        return None
-
-
-def validate_evidence(path: str | Path, rows: pd.DataFrame | None = None) -> str:
-    """Why ``path`` holds a validate run ("" when it is a sweep): a manifest written by ``dsdprof
-    validate``, the rows' provenance, or the rows themselves (``rows``: all rows when the caller
-    has read them), whatever the files' metadata says."""
-    try:
-        provenance = read_provenance(path)
-    except InputError:
-        provenance = {}
-    return kind_evidence(manifests_under(path), provenance,
-                         lambda: rows if rows is not None else _kind_columns(path))
-
-
-def run_kind(path: str | Path, rows: pd.DataFrame | None = None) -> str:
-    """``validate`` when ``path`` (a run directory, a Parquet file or a directory of runs) holds a
-    validate run (:func:`validate_evidence`), else ``sweep``. The one test of a run's kind."""
-    return RUN_KIND_VALIDATE if validate_evidence(path, rows) else RUN_KIND_SWEEP
 
 
 def open_run(path: str | Path, command: str = "", allow_mixed: bool = False) -> Run:

@@ -14,7 +14,7 @@ from dsdprof.config.spec import parse_spec
 from dsdprof.errors import InputError
 from dsdprof.export.api import export_document
 from dsdprof.io.manifest import MANIFEST_NAME
-from dsdprof.io.runs import open_run, run_kind
+from dsdprof.io.runs import open_run
 from dsdprof.measure.runner import run_sweep
 
 
@@ -115,13 +115,14 @@ def test_a_run_exports_as_its_path_does(runs, name):
 
 
 def test_run_kind_coverage_and_contexts_agree_with_the_path_readers(runs):
-    from dsdprof.config.run import coverage
+    from dsdprof.config.run import coverage, parse_manifest
     from dsdprof.config.spec import SweepSpec
-    from dsdprof.io.runs import manifests_under
+    from dsdprof.io.runs import manifest_docs
 
     run = open_run(runs / "sweep")
-    assert run.kind == RUN_KIND_SWEEP == run_kind(runs / "sweep") and run.contexts is None
-    assert run.coverage == coverage(run.rows, manifests_under(runs / "sweep")) and run.coverage.complete
+    assert run.kind == RUN_KIND_SWEEP and run.contexts is None
+    manifests = tuple(parse_manifest(d, doc) for d, doc in manifest_docs(runs / "sweep"))
+    assert run.coverage == coverage(run.rows, manifests) and run.coverage.complete
     # the manifest typed: the SweepSpec that ran, its grid the coverage's
     assert isinstance(run.spec, SweepSpec) and run.spec.sweep.batch_sizes == [1, 4]
     assert run.coverage.batch_sizes == (1, 4) and run.coverage.grid_from == "manifest"
@@ -138,7 +139,7 @@ def test_a_validate_manifest_makes_the_run_a_validate_run(runs, tmp_path):
     doc["spec"][RUN_KIND_VALIDATE] = {"table": "t.json"}
     (run_dir / MANIFEST_NAME).write_text(json.dumps(doc))
     run = open_run(run_dir)  # read as it is (validate-report's way): no refusal
-    assert run.kind == RUN_KIND_VALIDATE == run_kind(run_dir) and run.spec is None
+    assert run.kind == RUN_KIND_VALIDATE and run.spec is None
     for command in ("export", "analyze"):  # refused first, whatever else the run holds
         with pytest.raises(InputError, match="is a validate run, not a sweep \\(its manifest says so\\)"):
             open_run(run_dir, command)

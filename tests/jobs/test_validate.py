@@ -120,7 +120,7 @@ def test_validate_rows_are_refused_by_export_and_analyze_whatever_their_metadata
 
     from dsdprof.cli.app import app
     from dsdprof.config.run import RUN_KIND_VALIDATE
-    from dsdprof.io.runs import run_kind
+    from dsdprof.io.runs import open_run
 
     df = _variant_rows(adaptive)
     path = tmp_path / "v.parquet"
@@ -128,7 +128,7 @@ def test_validate_rows_are_refused_by_export_and_analyze_whatever_their_metadata
         df.to_parquet(path)
     else:
         _with_sweep_metadata(df, path)
-    assert run_kind(path) == RUN_KIND_VALIDATE
+    assert open_run(path).kind == RUN_KIND_VALIDATE
     runner = CliRunner()
     for cmd in (["export", str(path), "-o", str(tmp_path / "t.json")], ["analyze", str(path)],
                 ["export", str(path), "--format", "vllm", "--allow-partial"]):
@@ -149,10 +149,10 @@ def test_sweep_rows_are_not_taken_for_validate_rows(tmp_path, mode):
 
     from dsdprof.cli.app import app
     from dsdprof.config.run import RUN_KIND_SWEEP, validate_rows
-    from dsdprof.io.runs import run_kind
+    from dsdprof.io.runs import open_run
 
     path = _with_sweep_metadata(_sweep_rows(mode), tmp_path / "s.parquet")
-    assert run_kind(path) == RUN_KIND_SWEEP
+    assert open_run(path).kind == RUN_KIND_SWEEP
     assert validate_rows(pd.concat([_sweep_rows("dsd"), _sweep_rows("fixed")])) == ""
     r = CliRunner().invoke(app, ["export", str(path)])
     assert r.exit_code == 0, r.output
