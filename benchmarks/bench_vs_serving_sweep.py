@@ -259,29 +259,35 @@ def start_all(servers: list[Server], at_once: int = 3) -> float:
     return time.time() - t0
 
 
-def dsdprof_phase(spec_path: Path, out: Path, results: dict[str, Any]) -> dict[str, Any]:
-    """dsdprof sweep + export, timed; the table."""
-    run = out / "dsdprof-run"
-    table_path = out / "tables" / "dsdprof.json"
+def dsdprof_phase(spec_path: Path, out: Path, results: dict[str, Any], name: str = "dsdprof",
+                  extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """dsdprof sweep (``extra``: more flags, e.g. ``--budget 12w``) + export, timed; the table.
+    ``name``: the results key, the table's name and the run directory's prefix."""
+    run = out / f"{name}-run"
+    table_path = out / "tables" / f"{name}.json"
     table_path.parent.mkdir(parents=True, exist_ok=True)
-    if "dsdprof" not in results:
+    if name not in results:
         t0 = time.time()
-        with (out / "logs" / "dsdprof-sweep.log").open("w") as log:
-            rc = subprocess.run([*DSDPROF, "sweep", str(spec_path), "--out", str(run), "--resume"],
+        with (out / "logs" / f"{name}-sweep.log").open("w") as log:
+            rc = subprocess.run([*DSDPROF, "sweep", str(spec_path), "--out", str(run), "--resume", *extra],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=engine_env()).returncode
         t1 = time.time()
         if rc != 0:
-            raise RuntimeError(f"dsdprof sweep exited {rc}: see {out / 'logs' / 'dsdprof-sweep.log'}")
-        with (out / "logs" / "dsdprof-export.log").open("w") as log:
+            raise RuntimeError(f"dsdprof sweep exited {rc}: see {out / 'logs' / f'{name}-sweep.log'}")
+        with (out / "logs" / f"{name}-export.log").open("w") as log:
             rc = subprocess.run([*DSDPROF, "export", str(run), "-o", str(table_path), "--force"],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
         t2 = time.time()
         if rc != 0:
             raise RuntimeError(f"dsdprof export exited {rc}")
-        results["dsdprof"] = {"sweep_wall_s": t1 - t0, "export_wall_s": t2 - t1, "t0": t0,
-                              "cells_wall_s": _cells_wall(run)}
+        results[name] = {"sweep_wall_s": t1 - t0, "export_wall_s": t2 - t1, "t0": t0,
+                         "cells_wall_s": _cells_wall(run), "flags": list(extra), "load_start": _load()}
         save(out, results)
     return json.loads(table_path.read_text())
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
 
 
 def _cells_wall(run: Path) -> float:
@@ -368,14 +374,21 @@ def report(results: dict[str, Any]) -> str:
         dw = d["sweep_wall_s"] + d["export_wall_s"]
         lines.append(f"  dsdprof : sweep {d['sweep_wall_s']:.0f} s (its 2 engine starts included) + export "
                      f"{d['export_wall_s']:.0f} s = {dw:.0f} s")
+    db = results.get("dsdprof-budget")
+    if db:
+        lines.append(f"  dsdprof {' '.join(db['flags'])}: sweep {db['sweep_wall_s']:.0f} s + export "
+                     f"{db['export_wall_s']:.0f} s = {db['sweep_wall_s'] + db['export_wall_s']:.0f} s")
     if seen:
         lines.append(f"  baseline: {len(seen)} servers: starts {b_start:.0f} s + guidellm measured "
                      f"{b_meas:.0f} s = {b_start + b_meas:.0f} s")
         lines.append(f"            with guidellm's own start-up (server held, idle): "
                      f"{b_start + b_busy:.0f} s")
-        if d:
-            lines.append(f"  dsdprof / baseline: {dw / (b_start + b_meas) * 100:.0f} % "
-                         f"({dw / (b_start + b_busy) * 100:.0f} % of the wall incl. client start-up)")
+        for key in ("dsdprof", "dsdprof-budget"):
+            dd = results.get(key)
+            if dd:
+                w = dd["sweep_wall_s"] + dd["export_wall_s"]
+                lines.append(f"  {key} / baseline: {w / (b_start + b_meas) * 100:.0f} % "
+                             f"({w / (b_start + b_busy) * 100:.0f} % of the wall incl. client start-up)")
         # the full design from the measured units (a run cut short measures fewer servers/repeats)
         runs = [r for r in results.get("baseline", []) if not r["variant"].startswith("table-")]
         n_srv, n_rep = len(results.get("ks", [])) + 1, max(1, len({r["repeat"] for r in runs}))
@@ -417,7 +430,9 @@ def report(results: dict[str, Any]) -> str:
                          (f"  ITL {itl[v]:.0f} ms (r{reps[0]})" if v in itl else ""))
         dk = f"fixed-{k_at(tabs['dsdprof'], b)}" if "dsdprof" in tabs else ""
         bk = f"fixed-{k_at(tabs['baseline'], b)}" if "baseline" in tabs else ""
-        for name, variant in (("dsdprof", "table-dsdprof"), ("dsdprof", dk), ("baseline", bk)):
+        uk = f"fixed-{k_at(tabs['dsdprof-budget'], b)}" if "dsdprof-budget" in tabs else ""
+        for name, variant in (("dsdprof", "table-dsdprof"), ("dsdprof", dk), ("baseline", "table-baseline"),
+                              ("baseline", bk), ("budget", uk)):
             if variant in sp:
                 m, lo, hi, best = regret_of(sp, variant)
                 lines.append(f"    regret {name:8s} ({variant:13s}): {m * 100:5.1f} % [{lo * 100:5.1f}, "
@@ -564,9 +579,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="output tokens per request, both methods (guidellm's tok/s counts TTFT: at the "
                          "toy spec's 32 it is most of a request at BS 1, docs/lab)")
     ap.add_argument("--repeats", type=int, default=3, help="baseline: guidellm repeats per server")
-    ap.add_argument("--groups", default="vanilla,fixed-1,fixed-2,fixed-0;"
-                                        "vanilla,fixed-3,fixed-4,table-dsdprof",
-                    help="servers alive together, ';' between groups (memory: ~4.3 GB per toy server)")
+    ap.add_argument("--groups", default="vanilla,fixed-0,fixed-1,fixed-2;vanilla,fixed-3,fixed-4;"
+                                        "vanilla,table-dsdprof,table-baseline",
+                    help="servers alive together, ';' between groups (memory: ~4.3 GB per toy server); "
+                         "a group with table-baseline starts after the tuner picked from the groups before")
+    ap.add_argument("--budget", default="",
+                    help="also run `dsdprof sweep --budget BUDGET` (after the baseline), its own table")
+    ap.add_argument("--budget-waves", type=int, default=2, help="--budget: paired waves per group")
     ap.add_argument("--first-group", type=int, default=0, help="skip the groups before this one (resume)")
     ap.add_argument("--requests", default="4,8,16", help="guidellm min_requests per batch size")
     ap.add_argument("--port", type=int, default=8101)
@@ -612,6 +631,10 @@ def main(argv: list[str] | None = None) -> int:
         tables["dsdprof"] = dsdprof_phase(spec_path, out, results)
         _log(f"dsdprof table K at {bss}: {[k_at(tables['dsdprof'], b) for b in bss]}; "
              f"sweep {results['dsdprof']['sweep_wall_s']:.0f} s")
+    if a.budget:
+        bspec = tomllib.loads(spec_path.read_text())
+        bspec["sweep"]["waves"] = a.budget_waves
+        (out / "spec-budget.toml").write_text(_toml(bspec))
     # 2. baseline (+ the judge's dsdprof table server), in groups of servers alive together: a
     # server here holds ~4.3 GB (API process, engine core, worker with a 1 GiB KV cache), so a
     # 24 GB host holds four; vanilla in every group anchors the speedups (drift cancels within a
@@ -624,6 +647,13 @@ def main(argv: list[str] | None = None) -> int:
             if gi < a.first_group:
                 continue
             servers = []
+            if "table-baseline" in names:  # the tuner picks from the groups measured before this one
+                tables.setdefault("baseline", table_from_picks(tune(results, bss, ks), model, draft, method))
+                if "dsdprof" in tables and all(k_at(tables["baseline"], b) == k_at(tables["dsdprof"], b)
+                                               for b in bss):
+                    names = [n for n in names if n != "table-baseline"]  # the same K at every measured BS
+                    results["judge_note"] = "the tables serve the same K at every batch size: one server"
+                    _log(results["judge_note"])
             for name in names:
                 port += 1
                 if name == "vanilla":
@@ -638,8 +668,10 @@ def main(argv: list[str] | None = None) -> int:
                    for s in servers for r in range(a.repeats)):
                 continue
             _log(f"phase 2, group {gi}: " + ", ".join(names))
+            load0 = _load()
             wall = start_all(servers, at_once=len(servers))
             measure_round(servers, "baseline", a.repeats, bss, reqs, spec, out, results, group=gi)
+            results.setdefault("group_load", {})[str(gi)] = [load0, _load()]  # 1-min load, start / end
             counters = {s.name: spec_counters(s.port) for s in servers}
             results.setdefault("spec_counters", {})[str(gi)] = counters
             for s in servers:
@@ -656,6 +688,12 @@ def main(argv: list[str] | None = None) -> int:
         results["baseline_picks_heldout"] = {str(b): k for b, k in held.items()}
         _log(f"baseline table (PR 49163 tuner) K at {bss}: {[picks[b] for b in bss]}; "
              f"from repeats 0..{a.repeats - 2}: {[held[b] for b in bss]}")
+        if a.budget:
+            _log(f"phase 4: dsdprof sweep --budget {a.budget} ({a.budget_waves} paired waves a group)")
+            tables["dsdprof-budget"] = dsdprof_phase(out / "spec-budget.toml", out, results, "dsdprof-budget",
+                                                     ("--budget", a.budget))
+            _log(f"dsdprof --budget table K at {bss}: {[k_at(tables['dsdprof-budget'], b) for b in bss]}; "
+                 f"sweep {results['dsdprof-budget']['sweep_wall_s']:.0f} s")
     finally:
         for s in servers:
             s.stop()

@@ -255,18 +255,24 @@ def test_bench_report_speedups_regret_and_cost():
         drift = 1 + 0.1 * rep  # every server of a repeat drifts alike: the speedups do not
         base += [row(0, "vanilla", rep, 10 * drift), row(0, "fixed-2", rep, 20 * drift),
                  row(1, "vanilla", rep, 12 * drift), row(1, "fixed-3", rep, 18 * drift),
-                 row(1, "table-dsdprof", rep, 24 * drift)]
+                 row(1, "table-dsdprof", rep, 24 * drift),
+                 row(2, "vanilla", rep, 11 * drift), row(2, "table-baseline", rep, 11 * 1.6 * drift)]
     tables = {"dsdprof": b.fixed_table(2, "m", "d", "draft_model", 16),
               "baseline": b.fixed_table(3, "m", "d", "draft_model", 16)}
     res = {"batch_sizes": [4], "baseline": base, "tables": tables,
            "dsdprof": {"sweep_wall_s": 100.0, "export_wall_s": 10.0},
+           "dsdprof-budget": {"sweep_wall_s": 50.0, "export_wall_s": 10.0, "flags": ["--budget", "12w"]},
            "groups": {"0": {"names": ["vanilla", "fixed-2"], "starts_wall_s": 100.0,
                             "servers": {"vanilla": {"measured_s": 50.0, "busy_s": 80.0},
                                         "fixed-2": {"measured_s": 50.0, "busy_s": 80.0}}},
                       "1": {"names": ["vanilla", "fixed-3", "table-dsdprof"], "starts_wall_s": 150.0,
                             "servers": {"vanilla": {"measured_s": 50.0, "busy_s": 80.0},
                                         "fixed-3": {"measured_s": 50.0, "busy_s": 80.0},
-                                        "table-dsdprof": {"measured_s": 50.0, "busy_s": 80.0}}}}}
+                                        "table-dsdprof": {"measured_s": 50.0, "busy_s": 80.0}}},
+                      # the judge's group: the tuner's table, served after it picked (no baseline cost)
+                      "2": {"names": ["vanilla", "table-baseline"], "starts_wall_s": 90.0,
+                            "servers": {"vanilla": {"measured_s": 50.0, "busy_s": 80.0},
+                                        "table-baseline": {"measured_s": 50.0, "busy_s": 80.0}}}}}
     sp = b.speedups(res, 4)
     assert sp["fixed-2"] == pytest.approx({0: 2.0, 1: 2.0, 2: 2.0})
     assert sp["fixed-3"] == pytest.approx({0: 1.5, 1: 1.5, 2: 1.5})
@@ -278,4 +284,6 @@ def test_bench_report_speedups_regret_and_cost():
     assert "starts 150 s + guidellm measured 90 s = 240 s" in text
     assert "dsdprof / baseline: 46 %" in text
     assert "regret baseline (fixed-3" in text and "25.0 %" in text
+    assert "dsdprof-budget / baseline: 25 %" in text and "dsdprof --budget 12w: sweep 50 s" in text
+    assert "regret baseline (table-baseline):  20.0 %" in text  # 1.6x against fixed-2's 2x, its own group
     assert all(len(line) <= 80 for line in text.splitlines())
