@@ -128,14 +128,10 @@ def contenders(rep: BatchReplicates, d: Decision, tolerance: float, confidence: 
     if not rep.known:
         return tuple(ks)
     out = set(d.admissible) | {d.best_k, d.k}
-    i = ks.index(d.k)
     level = decision_confidence(confidence, family)
-    g = rep.point_goodput if rep.exact else _replicate_goodput(at_confidence(rep, level))
-    for j, k in enumerate(ks):
-        if j == i:
-            continue
-        low = float(g[i] / g[j]) if rep.exact else float(interval(g[:, i] / g[:, j], level)[0])
-        if low < 1.0 - tolerance - 1e-12:
+    at_level = at_confidence(rep, level)
+    for k in ks:  # K* not confidently within tolerance of k
+        if k != d.k and _ratio_interval(at_level, d.k, k, level)[0] < 1.0 - tolerance - 1e-12:
             out.add(k)
     return tuple(sorted(out))
 
@@ -150,14 +146,7 @@ def margin(rep: BatchReplicates, k: int, confidence: float) -> tuple[int | None,
     g = rep.point_goodput
     others = [j for j in range(len(ks)) if j != i]
     j = max(others, key=lambda jj: (g[jj], -ks[jj]))
-    m = float(g[i] / g[j])
-    if not rep.known:
-        return ks[j], m, math.nan, math.nan
-    if rep.exact:
-        return ks[j], m, m, m
-    g = _replicate_goodput(rep)
-    lo, hi = interval(g[:, i] / g[:, j], confidence)
-    return ks[j], m, float(lo), float(hi)
+    return ks[j], float(g[i] / g[j]), *_ratio_interval(rep, k, ks[j], confidence)
 
 
 # ----------------------------------------------------------------------------- the curve
