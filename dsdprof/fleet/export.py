@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import tempfile
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypedDict, cast
 
@@ -32,6 +31,7 @@ from dsdprof.formats.jsontypes import Scalar
 from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import FLEET_INDEX_SCHEMA
 from dsdprof.io.runs import open_run
+from dsdprof.io.store import utc_now
 
 INDEX_SCHEMA = FLEET_INDEX_SCHEMA
 INDEX_NAME = "index.json"
@@ -144,7 +144,7 @@ def export_fleet(out: str, staging: str | None = None, tolerance: float = DEFAUL
                             "num_speculative_tokens": table["num_speculative_tokens"],
                             "ranges": table["ranges"],
                             "shape": table["shape"], "cells": rec.get("cells"), "ok": rec.get("ok")})
-    created = datetime.now(UTC).isoformat(timespec="seconds")
+    created = utc_now()
     doc: IndexDoc = {"schema": INDEX_SCHEMA, "fleet": out, "created_at": created,
            "tolerance": tolerance, "tables": entries, "skipped": skipped}
     index_path = write_json_atomic(tables_local / INDEX_NAME, doc, force=True)

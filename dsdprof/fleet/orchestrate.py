@@ -17,7 +17,6 @@ import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TypedDict, Unpack, cast
 
 from dsdprof.errors import InputError
@@ -40,14 +39,11 @@ from dsdprof.fleet.store import (
     shard_rel,
 )
 from dsdprof.formats.versions import FLEET_RUN_RECORD_SCHEMA
+from dsdprof.io.store import utc_now
 
 RUN_RECORD_SCHEMA = FLEET_RUN_RECORD_SCHEMA
 FLEET_LOCK = f"{FLEET_DIR}/fleet.lock"
 STATE_RUNNING, STATE_DONE, STATE_INCOMPLETE = "running", "done", "incomplete"
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -266,7 +262,7 @@ def _finish_run(store: FleetStore, run: RunPlan, mine: list, started_at: str, no
     else:
         if run.shards > 1:
             _write_run_manifest(store, run)
-        rec = run_record(run, STATE_DONE, started_at=started_at, finished_at=_now(),
+        rec = run_record(run, STATE_DONE, started_at=started_at, finished_at=utc_now(),
                          cells=outcome.cells, ok=outcome.ok, failed=outcome.cells - outcome.ok,
                          speculation_mode=done[0].speculation_mode if done else "",
                          workers=[{"shard": r.shard, "host": r.host, "pid": r.pid, "measured": r.measured,
@@ -289,7 +285,7 @@ def _run_fleet(plan: FleetPlan, store: FleetStore, use_ray: bool, address: str |
             notify(FleetEvent("skip", run.name, "finished earlier"))
         else:
             pending.append(run)
-    started = {r.name: (records[r.name] or {}).get("started_at") or _now() for r in pending}
+    started = {r.name: (records[r.name] or {}).get("started_at") or utc_now() for r in pending}
     for run in pending:
         store.write_json(run_record_rel(run.name), run_record(run, STATE_RUNNING,
                                                               started_at=started[run.name]))
