@@ -1,33 +1,14 @@
 """``dsdprof compare-drafts``: one spec, several drafts of one target, on a workload by category.
 
-The spec is an ordinary sweep spec plus a ``[[drafts]]`` list and an optional ``[domains]``
-section::
-
-    [[drafts]]
-    name = "draft-model"
-    method = "draft_model"                      # vLLM's speculative method
-    draft_model = "toy_models/dense/draft"      # draft-model / EAGLE / EAGLE-3 methods
-    [[drafts]]
-    name = "ngram"
-    method = "ngram"
-    speculative_extra = { prompt_lookup_min = 2, prompt_lookup_max = 4 }
-    [domains]
-    categories = ["code", "text"]               # default: every category of the workload file
-
-Each draft replaces ``[engine]``'s ``method``, ``draft_model`` and ``speculative_extra``; all else
-(target, grid, prompts, seed) is shared. One sweep runs per (draft, category) into
-``OUT/<draft>/<category>/``; in the paired design every sweep interleaves the same vanilla
-configuration (same target, same prompts) with its Ks, so each draft's speedup is over the
-vanilla that ran beside it, and the report shows the vanillas side by side to check they agree.
-A drafter that proposes a variable number of tokens a step (n-gram, suffix decoding: 0..K, none
-without a match) runs in the **cells design** (``design = "cells"``: one cell per (batch size, K)
-with its own vanilla cells): its steps are never "pure K", so the paired design's per-step K
-switches cannot be timed; a cell at K is a server configured at K, and every steady step counts,
-those that drafted fewer than K or nothing included (``docs/drafts.md``). ``OUT/_drafts.json``
-records each draft's design. A draft may set ``dsd_mode`` (``[engine]``'s); suffix decoding gets
-``"fixed"`` (one engine per K: vLLM 0.32's suffix proposer asserts the configured K every step).
-Without a ``category`` field in the workload (or ``[domains] categories = ["all"]``) each draft
-runs one sweep, ``OUT/<draft>/all/``. ``OUT/_drafts.json`` records the plan.
+The spec is an ordinary sweep spec plus a ``[[drafts]]`` list (each a ``name`` with the
+``method``, ``draft_model``, ``speculative_extra`` and ``dsd_mode`` it puts in ``[engine]``) and
+an optional ``[domains] categories`` (docs/drafts.md, "The spec"). One sweep runs per (draft,
+category) into ``OUT/<draft>/<category>/`` (``OUT/<draft>/all/`` without categories); in the
+paired design every sweep interleaves the same vanilla configuration with its Ks. A drafter that
+proposes a variable number of tokens a step (n-gram, suffix decoding) runs in the **cells
+design** (its steps are never "pure K"; docs/drafts.md), suffix decoding with ``dsd_mode =
+"fixed"`` (vLLM 0.32's suffix proposer asserts the configured K every step). ``OUT/_drafts.json``
+records the plan and each draft's design.
 """
 
 from __future__ import annotations
