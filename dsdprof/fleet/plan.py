@@ -1,26 +1,11 @@
 """The fleet file: which sweeps to run and where they go, validated like a sweep spec.
 
-Either a list of runs (each a spec file or an inline spec)::
-
-    [fleet]
-    out = "runs/fleet"                 # local directory, or a URL pyarrow opens (s3://, gs://, file://)
-
-    [[runs]]
-    spec = "sweeps/llama8b-eagle3-h100.toml"   # relative to this file
-    hardware = "H100"                  # Ray accelerator type (sim engine: [sim] hardware)
-    shards = 2                         # optional: split the batch sizes over 2 same-type GPUs
-
-or a base spec crossed with a matrix (models x drafts x hardware x tensor_parallel_size)::
-
-    base = "sweeps/llama8b-eagle3-h100.toml"   # or an inline [base.engine] / [base.sweep] ...
-    [matrix]
-    models = ["meta-llama/Llama-3.1-8B-Instruct"]
-    drafts = [{draft_model = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", method = "eagle3"}, {method = "ngram"}]
-    hardware = ["H100", "L40S"]
-    tensor_parallel_size = [1, 2]
-    exclude = [{hardware = "L40S", tensor_parallel_size = 2}]
-
-Unknown keys are rejected by name; every run's spec is validated before anything is written.
+``[fleet]`` (:class:`FleetSettings`: ``out``, staging, Ray resources, tolerance) and either a list
+of runs (``[[runs]]``: each a spec file relative to this file or an inline spec, with optional
+``name``, ``hardware`` and ``shards``) or a ``base`` spec crossed with a ``[matrix]`` (models x
+drafts x hardware x tensor_parallel_size, minus ``exclude``). Examples and every key:
+docs/fleet.md ("The fleet file"). Unknown keys are rejected by name; every run's spec is validated
+before anything is written.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Where a fleet's runs go: a local directory, or any filesystem URL pyarrow opens (``s3://``,
 ``gs://``, ``hdfs://``, ``file://``).
 
-Layout under ``OUT`` (paths relative to it)::
-
-    <run>/                         an ordinary sweep directory (manifest + one part file per cell)
-    <run>/part-s<i>-....parquet    cells of shard i of a run split over same-type GPUs
-    _fleet/runs/<run>.json         the fleet's record of a run: spec hash, state, cell counts
-    _fleet/shards/<run>/s<i>/      a shard's own sweep directory (its manifest; local OUT: its parts too)
-    tables/<run>.json, index.json  written by ``fleet-export`` (and at the end of ``fleet``)
-
-Sweeps always write to a local directory with the crash-safe part files of
-:mod:`dsdprof.io.store`. For a URL, that directory is a staging copy (``[fleet] staging``) and
-every file is uploaded as soon as it is durable locally, so a run retried on another machine
-downloads what was done and resumes.
+Under ``OUT``: each run's ordinary sweep directory (a sharded run's part files named
+``part-s<i>-...``), ``_fleet/runs/<run>.json`` (the fleet's record of a run), ``_fleet/shards/<run>/
+s<i>/`` (a shard's own sweep directory) and ``tables/`` (docs/fleet.md, "Where things go"). Sweeps
+always write to a local directory with the crash-safe part files of :mod:`dsdprof.io.store`; for a
+URL that directory is a staging copy and every file is uploaded as soon as it is durable locally,
+so a run retried on another machine downloads what was done and resumes.
 """
 
 from __future__ import annotations
