@@ -2,27 +2,13 @@
 how many sequences of a context fit the KV cache. Pure numpy, broadcasting like
 :mod:`dsdprof.measure.sim.model` (which calls :func:`query_tokens` from its attention term).
 
-**Group and tile.** A decode attention kernel (FlashAttention-3 / FlashInfer with GQA packing)
-puts the G query heads that share one KV head, times the t = K+1 query tokens of a request,
-into the rows of one tile of :data:`ATTENTION_TILE_ROWS` rows; every tile reads the request's KV
-once. So per KV head and position the kernel reads 2·d KV elements once and does the math of
-``pad(G·t)`` rows, ``pad(n) = ceil(n / 128) · 128``::
-
-    KV bytes    = B · kv_per_position · C                        (independent of K)
-    attn FLOPs  = B · t · attn_per_token · C                     while G·t <= 128 (one tile)
-                = B · pad(G · t) / G · attn_per_token · C        past it (whole tiles)
-
-While ``G · (K+1) <= 128`` the extra draft tokens cost no attention time (the tile is computed
-anyway and the step is KV-bandwidth bound: 128 FLOP per KV byte is below the ridge of H100,
-H200, B200), so ``K = 128/G - 1`` is the longest nearly-free draft: 31 for
-Llama-3.1-8B (G = 4), 15 for Qwen3-30B-A3B (G = 8). One more token opens a second tile and
-doubles the attention math (compute bound past the ridge). MLA shares one latent KV across all
-n_q heads (G = n_q per device): its tiles are already full, drafts cost attention math at once.
-A profile with ``tile_m <= 1`` (a CPU) has no tile: t tokens cost t tokens of math.
-
-**KV capacity.** A sequence at context C holds ``kv(C + K + 1)`` bytes per device; the batch
-that fits is ``floor((memory · utilization − weights) / kv per sequence)``
-(:func:`max_batch_size`). Beyond it vLLM cannot hold the batch: the cell is a predicted OOM.
+**Group and tile.** A GQA decode kernel packs the G query heads of one KV head times the t = K+1
+query tokens of a request into one tile of :data:`ATTENTION_TILE_ROWS` rows, and every tile reads
+the request's KV once, so per KV head and position it reads 2·d KV elements once and does the
+math of ``pad(G·t)`` rows (MLA: G = n_q per device; a profile with ``tile_m <= 1``, a CPU, has no
+tile). **KV capacity**: the batch that fits is ``floor((memory · utilization − weights) / kv per
+sequence)`` (:func:`max_batch_size`); beyond it the cell is a predicted OOM. Why K = 128/G − 1 is
+nearly free, and what it predicts: docs/context.md ("The analytic engine").
 """
 
 from __future__ import annotations
@@ -33,18 +19,9 @@ import numpy as np
 
 ArrayLike = Any
 ATTENTION_TILE_ROWS = 128  # query rows per attention tile (FA3 / FlashInfer decode, GQA-packed)
-# Decode attention on the H20 computes its whole first query tile. FlashAttention-3, the Hopper default
-# of vLLM V1 and of SGLang for Llama / Qwen / Gemma (https://github.com/sgl-project/sglang/issues/5064,
-# April 2025), runs head dim <= 128 on 128-row query tiles (hopper/tile_size.h,
-# tile_size_fwd_sm90: kBlockM 128) and the tensor cores compute every row, used or not: 128 rows are
-# 128 FLOP per bf16 KV byte. Below the ridge of H100 / H200 / B200 / A100 / MI300X (136-236 FLOP/B at
-# the fitted efficiencies) that hides under the KV read, so only the useful rows are counted there;
-# the H20 (148 TFLOP/s, 4.0 TB/s: ~31 FLOP/B) turns compute-bound, as SGLang measured: FA3 decode
-# attention 98 us vs FlashInfer's 35 us per layer on H20 (Qwen3-235B-A22B TP 8, BS 32, 3.5k input;
-# https://github.com/sgl-project/sglang/pull/6151) and 908 vs 2014 output tok/s end to end (QwQ-32B
-# TP 4, BS 64, 12k input; https://github.com/sgl-project/sglang/issues/5630). Newer FA3 builds pick
-# one 64-row MMA warpgroup for short query tiles (use_one_mma_wg), which would halve it.
-# MLA is left out: its decode runs FlashMLA (its own head tiling; fidelity.legacy_mla carries H20's).
+# Decode attention on the H20 computes its whole first query tile (FlashAttention-3's 128-row query
+# tiles turn compute-bound below its ~31 FLOP/B ridge; SGLang's measurements and the limits:
+# docs/sim.md, "H20 decode attention"). MLA is left out: it runs FlashMLA (fidelity.legacy_mla).
 FULL_TILE_GPUS = ("H20",)
 
 
