@@ -6,64 +6,17 @@ ITL(b, K), the acceptance length AL(b, K) and (per cell) the per-position accept
 
 * ``observe(num_drafts, accepted_per_pos, drafted_per_pos=None, batch_size=None)``: one step's
   acceptance counts in vLLM's layout (``accepted_per_pos[i]``: drafts whose position i+1 was
-  accepted). Estimated as per-position ratios to the profile of the batch size they ran at
-  (:class:`dsdprof.serve.stats.AcceptanceStats`: decayed by drafts, per-step weight capped,
-  unobserved positions relaxing toward their shallower neighbour, shifts detected both ways).
+  accepted), estimated by :class:`dsdprof.serve.stats.AcceptanceStats`.
 * ``observe_step(batch_size, k, seconds)``: the duration of one engine step that verified and
-  drafted ``k`` tokens per request at ``batch_size`` (:class:`dsdprof.serve.stats.StepTimes`:
-  per (b, K), the table as prior, a scale-and-slope fit in K for the Ks not seen). A slowdown
-  common to every K is the machine's, not a K's: step times are compared within the same time
-  window, as ratios (the machine factor of :mod:`dsdprof.serve.stats`); the first
-  ``SETTLE_STEPS`` steps of a newly served K are timed against the old K's.
+  drafted ``k`` tokens per request at ``batch_size``, estimated by
+  :class:`dsdprof.serve.stats.StepTimes` against the machine factor of its moment.
+* ``explore(max_batch_size)`` (once per engine step): ``PROBE_STEPS`` steps in every
+  ``explore_every`` run a neighbouring K, so the Ks not served still get timed.
 
 Invalid counts or times are ignored and counted in ``rejected`` (before any state changes);
-nothing on the serving path raises.
-
-**Goodput per profiled cell.** With r_i the live acceptance ratios and q0 the cell's own profiled
-conditional acceptance, p_i = prod_{j<=i} min(1, r_j q0_j) and::
-
-    AL'(b, K) = AL(b, K) + sum_{i<=K} (p_i - p0_i)       (clamped to [1, K+1])
-    G(b, K)   = AL'(b, K) / ITL'(b, K)                     ITL' = live step time estimate
-
-At the profile (r = 1, step times as in the table) G is the table's goodput exactly.
-
-**Keeping the table's K.** The table chose K_t at b (the smallest K within its tolerance, or
-whatever its decision rule kept at an undecided point). Another K that beat K_t by h(b, K) =
-G0(b, K) / G0(b, K_t) > 1 at the profile is handicapped by that factor, faded out as the live
-goodputs move away from the profile: score(K) = G(K) / h(K)^rho, rho = max(0, 1 - D / FADE),
-D = max_K |log (G(b, K) / G0(b, K)) / (G(b, K_b) / G0(b, K_b))|. So at the profiled acceptance
-and step times in the table's ratios (at any level) every K_t is kept (a rebuild right after load
-changes nothing), and far from it the plain goodput decides.
-
-**Step-time evidence** (:meth:`AdaptiveKSelector._weigh_step_times`). The table's step times are
-measured; what the selector learns live is how far each K's step time departs from the table's
-*ratio* to the K served: c_K = log(ITL'(K) / ITL(K)) - log(ITL'(K_b) / ITL(K_b)). A level common to
-every K (load) cancels in c_K. A move *away* from the table's K (to a K farther from it than K_b)
-believes c_K only beyond ``STEP_Z`` (2) standard errors: sigma_b * sqrt(1 / (1 + n_K) + 1 /
-(1 + n_b)), sigma_b the step-to-step noise at b (``NOISE_PRIOR`` until measured), n the cells'
-decayed step counts (a K not timed at b: its steps at the other batch sizes, what its K effect rests
-on, when b's own fit is a pure scale), K_b's count discounted when K_b was last timed long before
-K (``SIDE_HALF_LIFE`` steps), and times ``1 + the distance to the nearest K timed at b`` for a K
-with fewer than ``TIMED`` (2) steps where b's fit has a slope (two Ks run there: the estimate is
-that fit, extrapolated). The moves that acceptance drives are
-not damped (AL' carries them); nor is a move back toward the table's K. On 2 loaded cores (rollout
-A, docs/lab/selector-load-2026-12-06.md) a load burst on the K served read, through the fit in K,
-as K=0-1 at half their table time: BS 1 went 4 -> 1 -> 0; with this rule it stays at 4 through
-the burst. The price: a step-time-only gain smaller than the margin plus 2 standard errors of
-thinly probed evidence is not taken (tests/serve/test_adaptive_live.py, the 2x table at BS 16).
-
-The fade of the table's handicap (below) measures D on goodputs relative to the K served (its level
-divided out), so a uniform slowdown is still "at the profile".
-
-**Hysteresis.** K_b changes only when the best score beats K_b's by more than ``margin``, to the
-smallest K within ``margin / 2`` of the best; back to a K left in the last ``SETTLE_STEPS`` steps
-only by ``margin + SETTLE_MARGIN`` (fading to ``margin``): the first steps' noise does not flip K back.
-
-**Exploration.** :meth:`explore` (called once per engine step by a scheduler) returns, for
-``PROBE_STEPS`` consecutive steps out of every ``explore_every`` (default 2 of 256: 0.8 % of
-steps; 0 = never), a lookup in which every profiled batch size runs a neighbouring K (down and up
-alternately), so K=0 and the Ks not served still get step times and acceptance. Two steps, so
-that the second one verifies and drafts the probed K (a pure step for its step time).
+nothing on the serving path raises. The goodput per profiled cell, the table's K kept at the
+profile (a faded handicap), the step-time evidence (:meth:`AdaptiveKSelector._weigh_step_times`),
+the hysteresis and the exploration are derived in docs/adaptive.md ("The math").
 
 **Serving** is as :class:`dsdprof.serve.runtime.KSelector`: ``select(n)`` is one C-level dict lookup,
 swapped with one attribute store on a change (call it as ``selector.select(n)``);
@@ -71,6 +24,7 @@ swapped with one attribute store on a change (call it as ``selector.select(n)``)
 :meth:`observe` every ``rebuild_every`` steps with drafts (and steps at K=0), on each of the
 first 8 and every 4th of the ``rebuild_every`` steps after a detected shift, or on :meth:`rebuild`.
 """
+
 
 from __future__ import annotations
 

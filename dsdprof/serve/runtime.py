@@ -10,38 +10,18 @@ returns for the same ranges: K of the range holding the batch size, carried forw
 range, capped at ``num_speculative_tokens``. For ``batch_size <= 0`` (no request scheduled) it
 returns the K of batch size 1 -- never another batch size's K.
 
-Cost: loading is O(number of ranges + min(max(last range start, :data:`LIST_MIN`),
-:data:`LOAD_CAP`)) in time and memory (8 bytes a batch size; a range starting at 10**12 is fine).
-``select`` is a small Python function generated once per table and stored on the instance
-(``sel.select(n)`` is one plain call): for an int ``0 <= n`` inside its list, one comparison and
-one list index -- no exception, no second call. The list holds every batch size up to
-max(last range start, :data:`LIST_MIN`) (at most :data:`LOAD_CAP`) from load; a larger int batch size up to
-:data:`GROW_CAP` grows it in place once (to the next doubling), after which it is on the fast path
-too. ``select(n, ctx)`` on a v3 table adds two comparisons and one list index for ``1 < ctx <=
-min(last bucket, CONTEXT_DENSE_CAP)``. Everything else -- ``n < 0``, batch sizes past
-:data:`GROW_CAP` (the last K past the last range's start, else a binary search over the range
-starts), contexts past the dense index (the last slice or a binary search over the buckets),
-contexts 0 and 1 (so that ``True``/``False`` stay "no context"), non-int arguments -- takes a
-slow path (~0.5 us) that answers exactly as the per-slice dict lookups do.
-``for_context(context_len)`` returns the selector of the slice (bucket once per batch, then its
-``select(n)``, as fast as a v2 table's). ``benchmarks/bench_runtime.py`` times all of these next
-to a bound ``list.__getitem__``.
-
-Context (``dsdprof.ktable/v3``): ``select(batch_size, context_len)`` serves the slice whose bucket
-holds ``context_len`` (contexts past the last bucket: the last slice; ``None``, a negative, a
-``bool`` or a non-integer context: the batch-size-only answer; an integer of another type, e.g. a
-NumPy integer, is a context, as list indexing takes it). One list index picks the slice for
-contexts up to :data:`CONTEXT_DENSE_CAP` (2 MB per selector). A v1/v2 table ignores ``context_len``.
-
-Vanilla: a table's optional ``vanilla_faster`` records (batch-size ranges where a vanilla engine,
-no speculative config, measured faster than every K -- vLLM's K=0 still runs the drafter) are
-:attr:`KSelector.vanilla` and :meth:`KSelector.vanilla_faster(n) <KSelector.vanilla_faster>`;
-``select`` is unchanged by them (it returns the table's K; routing to a vanilla deployment is the
-caller's decision).
+``select`` is a small Python function generated once per table and stored on the instance: one
+comparison and one list index for an int batch size inside its list (:data:`LIST_MIN`,
+:data:`LOAD_CAP`, :data:`GROW_CAP`), a slow path that answers exactly as the ranges do for
+everything else. Its cost and the rules for contexts (:data:`CONTEXT_DENSE_CAP`,
+:meth:`KSelector.for_context`) are in docs/ktable.md ("Serving: KSelector") and docs/context.md
+("Serving"); the optional ``vanilla_faster`` records (:meth:`KSelector.vanilla_faster`, which
+``select`` ignores) in docs/ktable.md ("Vanilla").
 
 :class:`AdaptiveKSelector` (in :mod:`dsdprof.serve.adaptive`, re-exported here) re-derives K per batch
 size from live acceptance counts; it needs a ``dsdprof.ktable/v2`` (or v3: its batch-size-only answer) table.
 """
+
 
 from __future__ import annotations
 

@@ -1,65 +1,19 @@
 """Live statistics behind :class:`dsdprof.serve.adaptive.AdaptiveKSelector`. Stdlib only.
 
-**Counts are checked before anything changes** (:func:`check_counts`): a step's counts must be
-integers (not bool), ``0 < num_drafts <= MAX_DRAFTS_PER_STEP``, a chain (``accepted_i <=
-accepted_{i-1} <= num_drafts``) and, with ``drafted_per_pos``, as long as ``accepted_per_pos``
-with ``accepted_i <= drafted_i <= drafted_{i-1} <= num_drafts``. Anything else (inf, NaN, floats,
-negatives, accepted > drafted, huge, short, over-long or wrong-typed lists) is ignored and counted; nothing
-on this path raises. Step times likewise: a finite number of seconds in ``(0, MAX_STEP_S]``.
+* :func:`check_counts` / :func:`check_seconds`: a step's counts and time are checked before
+  anything changes; anything else is ignored and counted, nothing on this path raises.
+* :class:`AcceptanceStats`: one standardized ratio per draft position, against the profile of
+  the batch size the step ran at, decayed by drafts, shrunk toward the shallower position, with a
+  two-sided CUSUM per position that detects shifts both ways.
+* :class:`StepTimes`: per profiled (batch size, K) the observed step time with the table as
+  prior, a scale-and-slope fit in K per batch size, K effects shared across batch sizes
+  (:meth:`StepTimes._k_effects`), the machine factor (a slowdown common to every K is the
+  machine's, not a K's: step times are compared within the same time window, as ratios), the
+  step-to-step noise (:meth:`StepTimes.noise_sd`) and when each cell was last timed (``tick``).
 
-**Acceptance** (:class:`AcceptanceStats`): one standardized ratio per position,
-r_i = (accepted_i) / (exposure_i * q0_i), pooled over batch sizes, where q0_i is the conditional
-acceptance profiled *at the batch size the step ran at*: at the profile r_i = 1 at every batch
-size, so a batch size whose profiled acceptance was below the pooled one is not shifted twice.
-Evidence decays with drafts (half-life ``half_life`` drafts, every position, observed or not),
-a single step counts as at most ``half_life / 8`` drafts and at most as much as the estimate
-already holds (prior + evidence; so it cannot capture the estimate), and
-each position's estimate is shrunk toward the one before it (position 1 toward the profile)
-with ``prior_weight`` expected acceptances::
-
-    r_i = (S_i + w * r_{i-1}) / (E_i + w)        r_0 = 1 (the profile)
-
-so a position not drafted relaxes toward its shallower neighbour as its evidence fades. A second,
-two-sided CUSUM per position detects a shift: it sums, over the steps since it last stood at
-zero, the gap between the accepted and the expected counts beyond a slack of ``DETECT_SLACK``
-per expected acceptance (each step's share clipped to ~2 standard deviations, so no single step
-triggers it); past ``DETECT_Z`` standard errors the position's evidence is replaced by that run's
-(the evidence since the shift began) and deeper positions forget theirs. Leaving the profile and
-coming back are then the same problem, solved in about the same number of drafts.
-
-**Step time** (:class:`StepTimes`): per profiled batch size b and K, decayed counts and sums of
-the observed step time (half-life ``half_life`` steps at that batch size; a step more than 4x
-away from the current estimate is clipped to 4x). Per b, the deviation from the table is fitted
-by ridge-regularised weighted least squares as ``o(K) - T(K) = alpha * T(K) + beta * Tbar *
-(K - Kc)`` (a scale and a slope in K: with one K observed, a pure scale; with two, the slope
-too), the scale shrunk toward the scale of the other batch sizes. An observed cell's estimate is
-its own mean shrunk toward that fit; an unobserved one is the fit times what other batch sizes saw
-of that K: ``exp(d_K - mean d of the Ks run at b)``, with d_K from a ridge fit of log(observed /
-table) = A + e_b + d_K over every observed cell (:meth:`StepTimes._k_effects`). So a K whose steps
-ran at half the table's time at one batch size, while another ran its own K as profiled, is
-expected faster there too (a batch size served K=0 by a table whose speculative steps are all 2x
-too slow learns it without running one).
-
-**The machine factor** (issue 31): a slowdown common to every K (load on the machine, another
-process) must not read as a slow K. K is compared within the same time window, as ratios: every
-step's time is divided by the machine factor ``exp(machine)`` of its moment before it enters a
-cell, so the cells hold step times on one machine. The factor follows only the steps of the K
-served at their batch size (``served``), against that cell's own mean (once it holds
-``MACHINE_MIN_STEPS``): an EWMA of the log residual, half-life ``MACHINE_HALF_LIFE`` steps, each
-step's share clipped to ``MACHINE_STEP``. A common slowdown moves the factor, not the cells; a
-probe of another K (not served) is timed against the served K's steps of the same few seconds,
-which is the ratio the decision needs. The served K's own steps then carry no evidence about K
-(on one K alone, machine and K cannot be told apart); the selector times a newly served K's first
-steps against the old K's factor (:data:`dsdprof.serve.adaptive.SETTLE_STEPS`), a same-window
-contrast too. :meth:`AdaptiveKSelector.step_time` reports the estimate times the factor: the
-time on the machine as it runs now.
-
-**Noise and freshness.** The step-to-step noise at a batch size (:meth:`StepTimes.noise_sd`) is the
-decayed spread of each step around its own cell's mean (once the cell holds 4 steps): a table far
-off the machine is not noise. Each cell records the engine step it was last timed at
-(``tick``: every step the selector sees, timed or not), so the selector can tell two Ks timed side by
-side from two timed minutes apart (``AdaptiveKSelector._weigh_step_times``).
+The estimators, their constants below and the runs that set them: docs/adaptive.md ("The math").
 """
+
 
 from __future__ import annotations
 
