@@ -40,15 +40,8 @@ class Efficiency:
                 + step_overhead_s + K * draft_step_overhead_s + [speculative] * dsd_overhead_s
 
     Defaults: the priors fitted on the published points of ``benchmarks/fidelity_points.toml``
-    (``python benchmarks/sim_fidelity.py`` prints the fit and its leave-one-out error; the test
-    ``tests/measure/sim/test_sim_fidelity.py`` fails if they drift from a refit). ``compute`` is not
-    determined by those decode points and stays at its prior. The per-expert latency fits to 0
-    on the current points (the MoE points are explained by expert streaming plus the per-layer,
-    per-MoE-layer and per-token terms). The MLA term is what DeepSeek on pre-FlashMLA kernels
-    (SGLang 0.4.1) and on H20 needs beyond the rest (about 0.4 ms per layer); current kernels on
-    other GPUs pay none (``fidelity.legacy_mla``), so the default is 0 and the H20 entry carries it. The step
-    overhead is vLLM's: points measured by SGLang are fitted with their own step overhead
-    (:data:`OVERLAP_STEP_OVERHEAD_S`), as its overlap scheduler hides the CPU work.
+    (``tests/measure/sim/test_sim_fidelity.py`` fails if they drift from a refit); what determines
+    each, and why ``compute`` stays a prior and the MLA term is 0 but on H20: docs/sim.md ("Priors").
     """
 
     bandwidth: float = 0.825  # fitted, shared; catalog GPUs with points carry their own (below)
@@ -108,24 +101,14 @@ class Hardware:
         return self.memory_bandwidth_tbs * 1e12
 
 
-# Per-GPU priors. Peaks: datasheets (reference.md, else marked). Efficiency and latencies: fitted on
-# the published points of benchmarks/fidelity_points.toml (python benchmarks/sim_fidelity.py): the
-# fixed costs are shared by all GPUs (Efficiency() defaults, allreduce_latency_s); the bandwidth
-# efficiency is per GPU where the suite has points (a log multiplier on the shared value, pulled
-# towards it; tests/support/fidelity.py): H100 SXM (22 scored points: Llama-3.1-8B incl. two EAGLE
-# sweeps, Llama-3.3-70B FP8 TP 2, Llama-3-70B TP 4, Mixtral TP 2, Qwen3-30B-A3B TP 2, gpt-oss-20b),
-# MI300X (16: Llama-3.1-70B/405B FP8 TP 8, BS 1-128), H200 SXM (10: DeepSeek-V3/R1 FP8 TP 8, vLLM nightly),
-# A100 80GB (3), A100 40GB (1), H20 (1). The per-GPU compute efficiency multipliers the fit also
-# has stay at the 0.70 prior. B200, L40S and RTX 4090 have no published point in the suite: they
-# carry the shared fitted values (their own software stacks' overheads are unmeasured here);
-# MI325X takes MI300X's (PRIOR_FROM); PCIe cards pay 3x the NVLink all-reduce latency (assumed, no
-# point at TP > 1 over PCIe).
+# Per-GPU priors (docs/sim.md, "Priors"). Peaks: datasheets (reference.md, else marked). The fixed costs
+# are shared by all GPUs (Efficiency() defaults, allreduce_latency_s); the bandwidth efficiency is
+# fitted per GPU where benchmarks/fidelity_points.toml has points (tests/support/fidelity.py), the
+# shared value elsewhere; MI325X takes MI300X's (PRIOR_FROM); PCIe cards pay 3x the NVLink all-reduce
+# latency (assumed, no point at TP > 1 over PCIe).
 PRIOR_FROM = {"MI325X": "MI300X"}  # GPUs without points that take another catalog GPU's fitted efficiency
-# The step overhead the fit finds for points measured by an engine with an overlap scheduler
-# (SGLang >= 0.4, https://lmsys.org/blog/2024-12-04-sglang-v0-4/#zero-overhead-batch-scheduler;
-# TensorRT-LLM: https://nvidia.github.io/TensorRT-LLM/latest/features/overlap-scheduler.html):
-# 0 on the suite's 7 SGLang points (fidelity.ENGINE_PARAMS). Set [sim] step_overhead_s to it to
-# predict such an engine; the catalog's step overhead is vLLM's.
+# The step overhead the fit finds for an engine with an overlap scheduler (SGLang >= 0.4, TensorRT-LLM;
+# docs/sim.md, "Engine term"); the catalog's step overhead is vLLM's.
 OVERLAP_STEP_OVERHEAD_S = 0.0
 _NVL: float = Hardware.allreduce_latency_s
 _FIT = Efficiency()
@@ -138,12 +121,8 @@ def _bw(e_bw: float) -> Efficiency:
 
 
 _PCIE_GBS, _PCIE_AR = 32.0, 3 * _NVL  # PCIe cards: link GB/s, all-reduce latency (3x NVLink, assumed)
-# FP8 compute path on Hopper (H100, H200, H20: the same SM90 tensor cores), from published figures:
-# DeepGEMM's block-scaled FP8 GEMMs (what vLLM and SGLang run for FP8 checkpoints on Hopper) reach up
-# to 1550 TFLOP/s on an H800 (https://github.com/deepseek-ai/DeepGEMM, README, 2025-04-18), 78.3 % of
-# the 1979 dense FP8 datasheet, where a bf16 8192^3 GEMM reaches 790 of 989 = 79.9 % (reference.md,
-# H200): FP8 achieves 0.980 x bf16's share of peak. (This project's own torch._scaled_mm probe, a
-# per-tensor cuBLASLt GEMM, reached 0.907 x: docs/lab/gpu-h200.md.) Other GPUs keep 1.0.
+# FP8 compute path on Hopper (H100, H200, H20): DeepGEMM's 1550 of 1979 dense FP8 TFLOP/s on an H800
+# against bf16's 790 of 989 (docs/sim.md, "FP8 compute path"). Other GPUs keep 1.0.
 _FP8_HOPPER = round((1550 / 1979) / (790 / 989), 3)  # 0.980
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     # datasheet fp8, NVLink 900 GB/s bidir; bandwidth efficiency fitted on 22 H100 points (3.13 TB/s)
@@ -155,12 +134,8 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
              interconnect_gbs=450, efficiency=_bw(0.809)),
     Hardware("B200", 2250, 8.0, 180, fp8_tflops=4500, cache_mb=126, interconnect_gbs=900,
              fp4_tflops=9000),  # datasheet fp8 / fp4 (dense = half the sparse figure), NVLink5
-    # datasheet (not in reference.md): H20 148 bf16 / 296 fp8 TFLOP/s dense, 4.0 TB/s HBM3, 96 GB, 60 MB L2,
-    # NVLink 900 GB/s bidir (https://willitrunai.com/es/gpus/h20-96gb: 148 TFLOPS FP16, 296 INT8 TOPS,
-    # 4,000 GB/s, 96 GB HBM3, NVLink 900 GB/s), 78 SMs (Geekbench 6 listing; H100 SXM 132): a Hopper
-    # with 15 % of H100's tensor rate, so GEMMs turn compute-bound near 30 tokens (bf16 and fp8) where
-    # H100 needs ~200. Its MLA decode kernels are the untuned kind (sglang#4204): it keeps the fitted MLA
-    # term (fidelity.legacy_mla), which current kernels on other GPUs do not pay.
+    # datasheet (not in reference.md; docs/sim.md, "H20 profile"); its MLA decode kernels are the
+    # untuned kind: it keeps the fitted MLA term (fidelity.legacy_mla), which current kernels do not pay
     Hardware("H20", 148, 4.0, 96, fp8_tflops=296, fp8_compute_ratio=_FP8_HOPPER, cache_mb=60,
              interconnect_gbs=450,
              efficiency=replace(_bw(0.826), mla_layer_overhead_s=_LEGACY_MLA_S)),  # 1 point (DeepSeek-V3.2)
