@@ -10,57 +10,26 @@ twin) holding :class:`AdaptiveK`, this module's part, with the metrics part. It 
 dsdprof key of a client's ``extra_args`` unless a dsdprof run started the engine (``dsdprof validate
 --adaptive``: then the profiling scheduler it extends acts), and then costs nothing per step.
 
-* **Start.** An :class:`~dsdprof.serve.adaptive.AdaptiveKSelector` on the table, capped at the engine's
-  ``num_speculative_tokens``; vLLM's ``dynamic_sd_lookup`` becomes the selector's lookup, so the
-  engine serves the table's K from the first step (the configured schedule only switches vLLM's
-  dynamic-SD mode on).
-* **Every step** (``update_from_output``): vLLM's own per-step ``SpecDecodingStats`` -- drafts,
-  accepted per position, drafted per position -- counted by vLLM's rules (grammar-invalidated
-  drafts excluded, vLLM's ``num_sampled_tokens_per_step`` subtracted, stale outputs of finished or
-  preempted requests skipped, before the output is trimmed) are queued with the step's time
-  (below); every ``rebuild_every`` queued steps they go to ``selector.observe_step`` and
-  ``selector.observe`` one step at a time (drafted per position only when the step mixed draft
-  lengths) and the selector re-derives K per batch size -- the same state at every rebuild as
-  feeding each step at once, for a tuple append per step. When vLLM logs no stats
-  it builds no ``SpecDecodingStats``; the plugin's ``make_spec_decoding_stats``, which vLLM's loop
-  calls once per request it counts, appends one small integer, and after the loop the step's drafts
-  are counted by length and by accepted count in a few C-level passes
-  (:mod:`dsdprof.plugins.spec_count`). When the selector's
-  ``version`` moves the new dense lookup replaces ``dynamic_sd_lookup``. Cost per step at 256
-  running + 2,000 waiting: ``benchmarks/bench_scheduler_overhead.py``, docs/adaptive.md.
-* **vLLM's semantics stay**: K is looked up by the number of requests scheduled in the step
-  (``dynamic_sd_lookup[len(num_scheduled_tokens)]``), as with a static schedule. No client can
-  force K: only in an engine a dsdprof run started do its own requests (carrying the run's secret)
-  force one; their acceptance is observed like any other.
-* **Step times** (``update_from_output``): the time since the previous step's output, when the
-  step was pure -- every request decoding with the K the step also drafts (``total_num_scheduled_tokens
-  == requests * (1 + num_spec_tokens_to_schedule)``) -- is queued for ``selector.observe_step(requests, K,
-  seconds)`` (steps at K=0 too); the acceptance of every step is referred to its own batch size.
-* **Exploration**: on unforced steps the selector's :meth:`~dsdprof.serve.adaptive.AdaptiveKSelector.explore`
-  may serve a neighbouring K for 2 steps in 256 (<= 1 %), so Ks not served still get step times.
-* **Validate's steps design** (a dsdprof run only: requests carrying the run's secret and a K
-  sequence of arms, :mod:`dsdprof.plugins.vllm_profiling`): the plugin's K serves the
-  ``ARM_ENGINE`` steps, other arms force theirs; the selector learns the acceptance of the steps
-  that verified the plugin's own drafts and the time of the steps that also drafted its K, never
-  what another arm's steps show, so it learns per own step what it would learn alone.
-* **K=0 is not a trap**: a step without drafts teaches the selector nothing, so once K is 0
-  wherever the engine runs the estimate could never recover. After ``probe_every`` steps in a row
-  without a draft (default 1024; 0 = never), one unforced step runs at K=1.
+* **Start.** An :class:`~dsdprof.serve.adaptive.AdaptiveKSelector` on the table, capped at the
+  engine's ``num_speculative_tokens``; vLLM's ``dynamic_sd_lookup`` becomes the selector's lookup.
+* **Every step** (``update_from_output``): vLLM's own ``SpecDecodingStats`` of the step (or, with
+  log_stats off, the counts :mod:`dsdprof.plugins.spec_count` keeps) and, for a pure step, its
+  time are queued; every ``rebuild_every`` queued steps they go to ``selector.observe_step`` and
+  ``selector.observe`` one step at a time, and a new ``version`` replaces ``dynamic_sd_lookup``.
+  vLLM still looks K up by the number of requests scheduled in the step; no client can force K.
+* **Exploration** (:meth:`~dsdprof.serve.adaptive.AdaptiveKSelector.explore`) on unforced steps,
+  and one step at K=1 after ``probe_every`` steps in a row without a draft (K=0 is not a trap).
+* **Context** (a ``dsdprof.ktable/v3`` table): one selector per slice; every step serves the slice
+  of the batch's mean context (:func:`dsdprof.serve.runtime.batch_context`), read when vLLM looks
+  K up (:class:`ContextLookup`).
+* **Metrics**: :class:`~dsdprof.plugins.metrics.StepMetrics`, the scheduler's other part
+  (docs/observability.md).
 
-* **Context** (a ``dsdprof.ktable/v3`` table): one selector per context slice, all fed the same
-  acceptance; every step serves the slice of the batch's **mean** context
-  (:func:`dsdprof.serve.runtime.batch_context`: the step's attention cost is linear in each
-  request's context, so a batch costs what B requests at the mean cost), O(B) per step. The
-  context is read when vLLM looks K up (:class:`ContextLookup`), after the step admitted its new
-  requests, so a batch arriving at an idle engine is served its own context from its first step.
-  A v1/v2 table keeps the batch-size-only lookup.
-
-* **Metrics** (:class:`~dsdprof.plugins.metrics.StepMetrics`, the scheduler's other part): K served, steps
-  at K=0, acceptance per position, live / table ratios, switches, shift and silent no-op alarms on
-  vLLM's ``/metrics`` (docs/observability.md).
-
-The acceptance estimate is one per engine (all requests, all batch sizes); see docs/adaptive.md.
+Each step's rules, the validate steps design and the cost per step
+(``benchmarks/bench_scheduler_overhead.py``): docs/adaptive.md ("In vLLM"), docs/context.md
+("Serving") and docs/measurement.md.
 """
+
 
 from __future__ import annotations
 

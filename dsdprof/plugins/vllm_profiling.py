@@ -33,28 +33,13 @@ request arrives; a value of the wrong type or out of range is ignored and counte
   buffered and appended as one JSON line when the engine has no request left.
 
 **Own time out of ITL** (ITL = difference of consecutive ``t_end``): dsdprof's code is timed into
-``t_own`` (cumulative, in every record). Its per-step work is O(1) in Python: ``schedule`` keeps a
-reference to the step's SchedulerOutput; when a request finishes, its id and when (once per
-request). The per-request bookkeeping -- which requests the step traced, decoding or not,
-drafted/accepted/delivered, stale -- is built from those when the engine is idle (no request left,
-where the trace is written), outside every timed step, into the same records (``_dsdprof_defer =
-False`` builds them inside each step, as before). The synchronous scheduler runs schedule, model
-and update in turn, so its ``t_end`` is ``perf_counter() - t_own``: only frames and clock reads stay
-in the interval. Under async scheduling (``EngineCore.step_with_batch_queue``: schedule and launch
-step n+1, wait for step n's output, update) a GPU-bound engine's wait absorbs the CPU's work but
-what runs between step n's output and its ``t_end``; a CPU-bound one keeps all of it in the step.
-The regime is not known here, so ``t_end`` is not corrected; the one O(BS) piece, a C-level copy of
-the sampled-token counts, runs after vLLM's update and ``t_end``, with what vLLM cut at a stop put
-back (:meth:`_dsdprof_uncut`), and the request index is kept by reference once the runner showed
-it builds one per step (``benchmarks/bench_scheduler_overhead.py``: ``in ITL``). A preemption, a
-resumable stop (stale outputs vLLM drops) or a failed KV load switches the engine to the per-step
-build until it is idle again; more than ``MAX_PENDING`` steps kept are built at once.
-
-**Accounting** holds under every call order vLLM uses (``EngineCore.step``, and
-``step_with_batch_queue``: ``schedule`` of step n+1 before ``update_from_output`` of step n): what a
-step scheduled is keyed by its ``SchedulerOutput``; a request's delivered tokens are its output's
-growth across that step's update; drafted/accepted are counted as vLLM counts them, before it trims
-the sampled tokens in place; outputs vLLM discards (request already finished) count as stale.
+``t_own`` (cumulative, in every record); per step it keeps references (the step's SchedulerOutput,
+finished requests) and builds the per-request records when the engine is idle, outside every timed
+step (``_dsdprof_defer = False``, or a preemption, a resumable stop or a failed KV load until idle:
+inside each step). The sync scheduler's ``t_end`` is ``perf_counter() - t_own``; the async one's
+is not corrected (:meth:`_dsdprof_uncut` puts back what vLLM cut at a stop). The accounting holds
+under every call order vLLM uses (``EngineCore.step``, ``step_with_batch_queue``). Why, and what it
+costs: docs/measurement.md ("The step trace and steady-state steps") and docs/vllm-internals.md.
 """
 
 from __future__ import annotations
