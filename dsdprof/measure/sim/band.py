@@ -1,24 +1,12 @@
 """The band around every prediction of the analytic engine, and where K* could change within it.
 
-**The band of a cell** is the prediction times the spread of the whole-source error of the
-cell's categories: dense / MoE / MLA, FP8, TP > 1, engine family (vLLM or an overlap-scheduler
-engine). Each category's spread is the 10th to 90th percentile of published / predicted over the
-fidelity suite's points of that category, each point predicted by priors fitted with its whole
-source held out (:data:`CATEGORY_ERRORS`, written by ``python benchmarks/sim_fidelity.py --band``;
-``tests/measure/sim/test_sim_fidelity.py`` fails when it drifts from a recomputation). A cell
-takes the widest spread of its categories; a category with fewer than :data:`MIN_POINTS` points
-takes the spread of all points. Inputs the spec does not state (:mod:`dsdprof.measure.sim.inputs`)
-widen it further: the band runs from the lowest prediction over their plausible values times the
-low end to the highest times the high end, and covers both engine families' spreads when the
-serving engine is not stated.
-
-**K\\* within the band.** Scaling every K's step by one factor moves no K\\*; what moves it is how
-the error splits between the cost every step pays and the cost K adds. So K\\* is recomputed (the
-same rule: the smallest K within ``tolerance`` of the best goodput) under every plausible value of
-the unstated inputs and, for each, with the band's error placed wholly in the per-step cost
-(T + (r - 1) T(B, 0)) or wholly in the cost K adds (T + (r - 1) T(B, K_max) (T - T(B, 0)) /
-(T(B, K_max) - T(B, 0))), r at either end of the band: each is the largest such error that keeps
-every cell of the grid inside its band. The range is the lowest and highest K\\* found.
+A cell's band is the prediction times the widest spread of its categories' whole-source error
+(:data:`CATEGORY_ERRORS`, written by ``python benchmarks/sim_fidelity.py --band``;
+``tests/measure/sim/test_sim_fidelity.py`` fails when it drifts), widened over the plausible
+values of the inputs the spec does not state (:mod:`dsdprof.measure.sim.inputs`). K* is
+recomputed under each of those values with the band's error placed wholly in the per-step cost
+or wholly in the cost K adds (:func:`k_star_span`); the range is the lowest and highest K* found.
+The method and what it measured: docs/sim.md ("The band").
 """
 
 from __future__ import annotations
@@ -256,7 +244,7 @@ def k_star_span(ks: list[int], al: np.ndarray, steps: list[np.ndarray], k0_steps
                 band: ErrorBand, tolerance: float) -> tuple[int, int, int]:
     """(nominal K*, lowest, highest) at one batch size: ``steps`` per scenario (nominal first), each
     step per K of ``ks``, ``k0_steps`` the scenario's DSD step at K 0; the band's error placed wholly
-    in the per-step cost or wholly in the cost K adds, at either end (module doc)."""
+    in the per-step cost or wholly in the cost K adds, at either end (docs/sim.md, "The band")."""
     def k_star(t: np.ndarray) -> int:
         return choose_k({k: float(a / x) for k, a, x in zip(ks, al, t)}, tolerance)
 

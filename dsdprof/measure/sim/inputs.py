@@ -6,23 +6,8 @@ default (vLLM, current kernels, ``auto`` KV, DeepGEMM's block FP8, FlashAttentio
 (:mod:`dsdprof.measure.sim.band`) widens to every plausible value of it
 (:attr:`StatedInputs.scenarios`). Only inputs that move this setup are listed: the kernel era
 only for MLA models, the FP8 path only for FP8 GEMMs, the attention backend only on GPUs where it
-changes the decode attention (:data:`dsdprof.measure.sim.context.FULL_TILE_GPUS`).
-
-What each input does to the step model (sources in docs/sim.md):
-
-* ``serving_engine``: SGLang and TensorRT-LLM overlap the CPU scheduling of the next step with the
-  GPU work of this one; their step overhead is :data:`OVERLAP_STEP_OVERHEAD_S` (fitted on the SGLang
-  points), vLLM's the catalog's.
-* ``engine_version`` (with ``serving_engine``) or ``attention_backend``: the MLA kernel era.
-  Releases before FlashMLA-class kernels (SGLang < 0.4.3, vLLM < 0.7.3) or ``TRITON_MLA`` pay the
-  fitted per-MLA-layer cost; H20 pays it by default (its MLA kernels were untuned).
-* ``kv_cache_dtype``: ``auto`` is the model dtype on vLLM / SGLang, FP8 on a TensorRT-LLM FP8
-  checkpoint (:func:`kv_cache_dtype_of`); ``fp8`` halves a 16-bit KV read.
-* ``fp8_gemm``: ``deep_gemm`` (block-scaled, 0.980 x bf16's share of peak on Hopper: the catalog),
-  ``cutlass`` (per-tensor scaled_mm, 0.907 x: this project's H200 probe), ``marlin`` (W8A16: bf16
-  tensor-core rate). Only compute-bound FP8 steps move.
-* ``attention_backend``: on H20, ``FLASH_ATTN`` (FA3) computes a whole 128-row first query tile,
-  ``FLASHINFER`` / ``TRITON_ATTN`` the useful rows.
+changes the decode attention (:data:`dsdprof.measure.sim.context.FULL_TILE_GPUS`). What each input
+does to the step model, with its sources: docs/sim.md ("Stated inputs").
 """
 
 from __future__ import annotations
@@ -56,7 +41,7 @@ def _alnum(engine: str) -> str:
 
 def overlaps_cpu(engine: str) -> bool:
     """SGLang or TensorRT-LLM (free text, e.g. ``SGLang 0.4.1.post2``): an overlap scheduler hides
-    the CPU step work (module doc)."""
+    the CPU step work (docs/sim.md)."""
     e = _alnum(engine)
     return "sglang" in e or "tensorrtllm" in e or "trtllm" in e
 
