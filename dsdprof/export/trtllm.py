@@ -1,32 +1,15 @@
 """Export a K table to TensorRT-LLM's batch-size keyed ``draft_len_schedule``.
 
-The rules, as in TensorRT-LLM's source (``DecodingBaseConfig.draft_len_schedule`` and its
-validator in ``tensorrt_llm/llmapi/llm_args.py``; ``get_draft_len_for_batch_size`` in
-``tensorrt_llm/_torch/speculative/utils.py``):
-
-* keys are batch-size thresholds, values draft lengths (K); batch size ``b`` runs the value of
-  the **smallest key >= b** (``bisect_left``): ``{4: 4, 8: 2, 32: 1}`` gives BS 1-4 -> 4,
-  5-8 -> 2, 9-32 -> 1 and **33+ -> 0** (speculation off above the largest key, implicitly);
-* keys >= 1, values >= 0, the smallest key's value must equal ``max_draft_len`` and no value may
-  exceed it; ``draft_len_schedule`` and ``max_concurrency`` are mutually exclusive;
-* it is a field of the speculative config (``LLM(speculative_config=...)`` or
-  ``speculative_config:`` in ``trtllm-serve --extra_llm_api_options`` YAML).
-
-An earlier TensorRT-LLM implementation (``Drafter.get_draft_len_for_batch_size`` with
-``bisect_right``) read keys as *lower* bounds instead; this export follows the rules above.
-
-Mapping: each merged range ``[start, end, K]`` of the table becomes ``{end: K}``. Trailing K=0
-ranges are dropped (above the largest key TensorRT-LLM already runs K=0, as the table does). When
-the table's *last* range has K > 0 it is keyed at ``max(end, LAST_RANGE_END)`` so that K carries
-forward as in vLLM and :class:`dsdprof.serve.runtime.KSelector`. The schedule then gives exactly
-``KSelector``'s K at every batch size, except -- for tables ending in K > 0 -- above
-``LAST_RANGE_END`` (2**20), where TensorRT-LLM runs 0.
-
-Vanilla: where the table records ``vanilla_faster`` (a vanilla engine measured faster than every K
-on vLLM, whose K=0 still runs the drafter), the schedule keeps the table's K and the export warns
-(:func:`dsdprof.export.table.vanilla_warning`): the gap was measured on vLLM, and whether a draft
-length of 0 costs nothing on TensorRT-LLM is not measured here.
+TensorRT-LLM runs at batch size ``b`` the value of the **smallest key >= b** (``{4: 4, 8: 2, 32:
+1}`` gives BS 1-4 -> 4, 5-8 -> 2, 9-32 -> 1, 33+ -> 0), and the smallest key's value must equal
+``max_draft_len``. Each merged range ``[start, end, K]`` of the table becomes ``{end: K}``;
+trailing K=0 ranges are dropped, and a last range with K > 0 is keyed at ``max(end,
+LAST_RANGE_END)`` so that K carries forward as in :class:`dsdprof.serve.runtime.KSelector`. Where
+the table records ``vanilla_faster`` the schedule keeps the table's K and the export warns
+(:func:`dsdprof.export.table.vanilla_warning`). The rules, their sources in TensorRT-LLM and the
+limits: docs/ktable.md ("TensorRT-LLM").
 """
+
 
 from __future__ import annotations
 
