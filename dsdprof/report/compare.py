@@ -244,11 +244,6 @@ def fixed_k_columns(comparison: pd.DataFrame) -> list[int]:
     return sorted(int(c.removeprefix("tops_k")) for c in comparison.columns if c.startswith("tops_k"))
 
 
-def max_regret(comparison: pd.DataFrame) -> float:
-    """Largest regret (fraction) over batch sizes; negative when DSD beats the best fixed K everywhere."""
-    return float(comparison["regret"].max())
-
-
 def regret_exceeds(comparison: pd.DataFrame, pct: float) -> list[int]:
     """Batch sizes whose regret is above ``pct`` percent."""
     return [int(b) for b, r in zip(comparison["batch_size"], comparison["regret"]) if r * 100.0 > pct]
