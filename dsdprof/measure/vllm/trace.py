@@ -188,33 +188,16 @@ def _summary(steady: list[tuple[Step, float]], timed: list[tuple[Step, float]], 
 
 def summarize_paired(steps: list[Step], batch_size: int, ks: tuple[int, ...], positions: int,
                      acceptance: str = "replay", settle: int = SETTLE) -> dict[int, TraceSummary]:
-    """Paired design: every K of ``ks`` ran inside the same waves (a K per step, see
-    :mod:`dsdprof.plugins.vllm_profiling`). A steady step verified the drafts the previous step
-    proposed (``drafted``, all the same K) and proposed ``k_next`` for the next one. Per K:
-
-    * tokens and acceptance from every steady step that verified K (acceptance does not depend on
-      the step's timing);
-    * step time from the **settled** steady steps: pure (verified K *and* proposed K, so the step
-      did exactly what a step of a fixed-K run does) and preceded by ``settle`` pure steps of that
-      K (the first pure step after a switch is the first to verify the new K's shape; a step right
-      after a switch, verify one K and draft another, is timed for no K).
-
-    Samples are **blocks** of consecutive waves: a block closes as soon as every K has a settled step
-    in it (one wave when waves are long enough for the whole K sequence, several when they are
-    short; trailing waves that complete no block join the last one), so sample ``i`` of every K is
-    the same stretch of waves. Raises :class:`CellFailure` when a K has no settled step at all.
-
-    **Arms** (``ks`` holding a value < 0, validate's steps design: variants that choose K themselves,
-    see :mod:`dsdprof.plugins.vllm_profiling`): steps are keyed by the arm they were scheduled under
-    (``Step.arm``) instead of the K they drafted: a steady step counts for the arm of the step before
-    it (whose drafts it verified), and is pure when it was scheduled under that arm too.
-
-    ``acceptance``: ``"replay"`` (default) replays each K as a server held at K over every
-    request's match sequence (:mod:`dsdprof.measure.vllm.replay`); ``"pooled"`` pools by draft
-    position over the group's steps (:func:`pool_acceptance`, mix-weighted); ``"own"`` keeps each
-    K's own steps (``benchmarks/bench_pooled_acceptance.py`` compares them). The ``acceptance``
-    check compares the K's own steps with the pooled value (both weigh the mix's steps) in every
-    case. Arms are never pooled (they choose K themselves)."""
+    """Paired design: every K of ``ks`` ran inside the same waves (a K per step). Per K: tokens
+    and acceptance from every steady step that verified K; step time from its **settled** steps
+    (pure -- verified K and proposed K -- and preceded by ``settle`` pure steps of that K). Samples
+    are **blocks** of consecutive waves (:func:`pure_blocks`), so sample ``i`` of every K is the
+    same stretch of waves. Raises :class:`CellFailure` when a K has no settled step at all.
+    **Arms** (``ks`` holding a value < 0, validate's steps design) are keyed by ``Step.arm``
+    instead of the K drafted, and never pooled. ``acceptance``: ``"replay"`` (a server held at K,
+    :mod:`dsdprof.measure.vllm.replay`, after the ``acceptance`` check of :func:`pool_acceptance`),
+    ``"pooled"`` or ``"own"``. Why each rule: docs/measurement.md (the paired design's "What a step
+    did" and "Rows")."""
     steady, excluded = steady_steps(steps, batch_size)
     by_k: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
     pure: dict[int, list[tuple[Step, float]]] = {k: [] for k in ks}
