@@ -137,11 +137,12 @@ def test_every_number_is_traceable_to_its_row(pages, runs):
     """Each heatmap cell prints its goodput, carries interval and samples on hover, and links to its
     row in the cells table, whose numbers are the analysis' own."""
     from dsdprof.config.defaults import DEFAULT_TOLERANCE
-    from dsdprof.report.html.build import analysis_of
+    from dsdprof.decide.analysis import analyze_path
+    from dsdprof.io.runs import open_run
     from dsdprof.report.html.model import num
 
     html = pages["sweep"].read_text()
-    cells = analysis_of(runs["sweep"], DEFAULT_TOLERANCE, False).cells
+    cells = analyze_path(open_run(runs["sweep"], "analyze"), tolerance=DEFAULT_TOLERANCE).cells
     hm = re.findall(r'<td class="hm[^"]*" title="([^"]+)" style="[^"]+" data-bs="(\d+)" data-k="(\w+)" '
                     r'data-goodput="([^"]+)"><a href="#(cell-b\d+-k\w+)">([^<]+)</a>', html)
     assert len(hm) == len(cells) + cells["batch_size"].nunique()  # every K and vanilla at each batch size

@@ -13,8 +13,6 @@ from pathlib import Path
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
 from dsdprof.config.run import Run
-from dsdprof.decide.analysis import Analysis
-from dsdprof.decide.context import ContextAnalysis
 from dsdprof.errors import InputError
 from dsdprof.formats.jsontypes import ProvenanceView
 from dsdprof.report.html.model import Answer, Panel, Report, provenance_items
@@ -31,31 +29,6 @@ def _title(prov: ProvenanceView) -> str:
     from dsdprof.report.plots import provenance_line
 
     return provenance_line(prov) or "dsdprof run"
-
-
-def open_once(path: Path) -> Run:
-    """The run at ``path`` as it is (:func:`dsdprof.io.runs.open_run` for no command): nothing
-    refused but unreadable files, so a mixed or validate run still gets a page."""
-    from dsdprof.io.runs import open_run
-
-    return open_run(path)
-
-
-def analysis_of(path: Path, tolerance: float, allow_mixed: bool) -> Analysis:
-    """``analyze``'s analysis of the run at ``path``, opened as ``dsdprof analyze`` opens it, with its
-    refusals (a validate run, mixed provenance or specs unless ``allow_mixed``): InputError."""
-    from dsdprof.decide.analysis import analyze_path
-    from dsdprof.io.runs import open_run
-
-    return analyze_path(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
-
-
-def context_analysis_of(path: Path, tolerance: float, allow_mixed: bool) -> ContextAnalysis | None:
-    """:func:`analysis_of` for a context sweep: one analysis per context slice."""
-    from dsdprof.decide.context import analyze_contexts_path
-    from dsdprof.io.runs import open_run
-
-    return analyze_contexts_path(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
 
 
 def _rollout_file(path: Path) -> bool:
@@ -91,8 +64,10 @@ def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_m
         return _rollout(report, p)
     if p.is_file() and p.suffix == ".json":  # a table: its answer, but no rows to draw
         return _table_file(report, p, tolerance)
-    try:
-        run = open_once(p)
+    from dsdprof.io.runs import open_run
+
+    try:  # as it is: nothing refused but unreadable files, so a mixed or validate run gets a page
+        run = open_run(p)
     except InputError as err:
         report.kind = "unreadable"
         report.answer = Answer(missing=[f"the run could not be read: {err}"])
@@ -112,8 +87,11 @@ def _sweep(report: Report, path: Path, run: Run, tolerance: float, allow_mixed: 
     report.answer = answer_from_export(path, tolerance, allow_mixed)
     if run.contexts is not None:
         return _contexts(report, path, run, tolerance, allow_mixed)
-    try:
-        analysis = analysis_of(path, tolerance, allow_mixed)
+    from dsdprof.decide.analysis import analyze_path
+    from dsdprof.io.runs import open_run
+
+    try:  # opened as `dsdprof analyze` opens it, with its refusals
+        analysis = analyze_path(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
     except InputError as err:
         report.panels.append(_missing_panel("analysis", "Analysis", f"analyze refuses these rows: {err}"))
         report.panels.append(coverage_panel(run.coverage, run.rows))
@@ -136,8 +114,11 @@ def _sweep(report: Report, path: Path, run: Run, tolerance: float, allow_mixed: 
 
 def _contexts(report: Report, path: Path, run: Run, tolerance: float, allow_mixed: bool) -> Report:
     report.kind = "context sweep"
+    from dsdprof.decide.context import analyze_contexts_path
+    from dsdprof.io.runs import open_run
+
     try:
-        by_context = context_analysis_of(path, tolerance, allow_mixed)
+        by_context = analyze_contexts_path(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
     except InputError as err:
         report.panels.append(_missing_panel("contexts", "Context slices",
                                             f"analyze refuses these rows: {err}"))
