@@ -8,7 +8,7 @@ It returns a typed :class:`CalibrationResult`; the CLI renders it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypedDict
 
@@ -20,14 +20,7 @@ from dsdprof.config.run import Run, validate_measurements
 from dsdprof.decide.analysis import analyze
 from dsdprof.errors import InputError
 from dsdprof.io.runs import open_run
-from dsdprof.measure.sim.calibrate import (
-    CalibrationTarget,
-    calibrated_hardware,
-    design_for,
-    fit_efficiency,
-    mape,
-    predict,
-)
+from dsdprof.measure.sim.calibrate import CalibrationTarget, design_for, mape, predict
 from dsdprof.measure.sim.catalog import derived_draft, resolve_model, shadowed_catalog_name
 from dsdprof.measure.sim.fit import LABELS, fit
 from dsdprof.measure.sim.hardware import Efficiency, resolve_hardware, write_profile
@@ -71,7 +64,7 @@ def holdout(ct: CalibrationTarget, df: pd.DataFrame, tolerance: float = DEFAULT_
     fit_bs, held_bs = sizes[0::2], sizes[1::2]
     fit_df = df[df["batch_size"].isin(fit_bs)]
     held = df[df["batch_size"].isin(held_bs)].copy()
-    eff = fit_efficiency(design_for(ct, fit_df), fit_df["itl_s"].to_numpy(), ct.hardware.efficiency)
+    eff = fit(design_for(ct, fit_df), fit_df["itl_s"].to_numpy(), ct.hardware.efficiency).efficiency
     fit_pred = predict(design_for(ct, fit_df), eff)
     held_pred = predict(design_for(ct, held), eff)
     # AL is a property of draft and data, not of batch size: take the fit half's median per K
@@ -230,7 +223,7 @@ def run_calibration(req: CalibrationRequest) -> CalibrationResult:
                     heldout_itl_mape_pct=round(report.heldout_mape, 3),
                     heldout_k_match_share=round(report.k_match_share, 4),
                     heldout_k_match_share_measured_al=round(report.k_match_share_measured_al, 4))
-    write_profile(req.out, calibrated_hardware(ct.hardware, eff), meta, force=req.force)
+    write_profile(req.out, replace(ct.hardware, efficiency=eff), meta, force=req.force)
     unidentified = [Unidentified(n, LABELS[n], reason, getattr(eff, n), getattr(ct.hardware.efficiency, n))
                     for n, reason in fitted.not_identifiable.items()]
     return CalibrationResult(Path(req.out), ct.target.name, draft, method, ct.hardware.name, len(df),

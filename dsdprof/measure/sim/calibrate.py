@@ -8,7 +8,7 @@ pandas is imported by callers only (this module takes numpy arrays and DataFrame
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,8 +23,6 @@ from dsdprof.measure.sim.model import (
     arch_features,
     step_parts,
 )
-
-_DEFAULT_EFFICIENCY = Efficiency()  # the fitted priors (frozen)
 
 
 @dataclass(frozen=True)
@@ -75,15 +73,6 @@ def predict(d: Design, eff: Efficiency) -> np.ndarray:
             + d.speculative * eff.dsd_overhead_s)
 
 
-def fit_efficiency(d: Design, itl_s: np.ndarray, prior: Efficiency = _DEFAULT_EFFICIENCY,
-                   fit_overheads: bool = True) -> Efficiency:
-    """The fitted :class:`Efficiency` (see :func:`dsdprof.measure.sim.fit.fit` for the
-    identifiability report)."""
-    from dsdprof.measure.sim.fit import fit
-
-    return fit(d, itl_s, prior, fit_overheads).efficiency
-
-
 def mape(pred: np.ndarray, actual: np.ndarray) -> float:
     """Mean absolute percentage error, in percent."""
     actual = np.asarray(actual, dtype=float)
@@ -98,7 +87,3 @@ def _speculative(df: Any) -> np.ndarray:
 
 def design_for(ct: CalibrationTarget, df: Any) -> Design:
     return design(ct, df["batch_size"].to_numpy(), df["num_spec_tokens"].to_numpy(), _speculative(df))
-
-
-def calibrated_hardware(base: Hardware, eff: Efficiency, name: str | None = None) -> Hardware:
-    return replace(base, name=name or base.name, efficiency=eff)

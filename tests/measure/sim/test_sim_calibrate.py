@@ -15,8 +15,9 @@ from dsdprof.errors import InputError
 from dsdprof.jobs.calibrate import holdout
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.factory import make_engine
-from dsdprof.measure.sim.calibrate import CalibrationTarget, design_for, fit_efficiency, predict
+from dsdprof.measure.sim.calibrate import CalibrationTarget, design_for, predict
 from dsdprof.measure.sim.catalog import MODELS
+from dsdprof.measure.sim.fit import fit
 from dsdprof.measure.sim.hardware import HARDWARE, Efficiency, load_profile
 
 runner = CliRunner()
@@ -39,7 +40,7 @@ def synthetic(ct=CT, eff=TRUE, noise=0.0, bss=(1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 def test_fit_recovers_known_factors():
     df = synthetic()
-    eff = fit_efficiency(design_for(CT, df), df["itl_s"].to_numpy())
+    eff = fit(design_for(CT, df), df["itl_s"].to_numpy()).efficiency
     for name in ("bandwidth", "compute", "step_overhead_s", "draft_step_overhead_s", "dsd_overhead_s"):
         assert getattr(eff, name) == pytest.approx(getattr(TRUE, name), rel=0.01), name
 
@@ -52,14 +53,14 @@ def test_fit_recovers_moe_factors_with_tp():
                            0.3)
     true = Efficiency(0.6, 0.8, 2e-3, 0.1e-3, 0.0)
     df = synthetic(ct, true)
-    eff = fit_efficiency(design_for(ct, df), df["itl_s"].to_numpy())
+    eff = fit(design_for(ct, df), df["itl_s"].to_numpy()).efficiency
     assert eff.bandwidth == pytest.approx(0.6, rel=0.01) and eff.compute == pytest.approx(0.8, rel=0.02)
     assert eff.dsd_overhead_s == pytest.approx(0.0, abs=2e-5)
 
 
 def test_fit_with_noise_stays_close():
     df = synthetic(noise=0.02)
-    eff = fit_efficiency(design_for(CT, df), df["itl_s"].to_numpy())
+    eff = fit(design_for(CT, df), df["itl_s"].to_numpy()).efficiency
     assert eff.bandwidth == pytest.approx(TRUE.bandwidth, rel=0.1)
     assert eff.step_overhead_s == pytest.approx(TRUE.step_overhead_s, rel=0.5)
 
@@ -82,7 +83,7 @@ def test_holdout_detects_a_wrong_model():
 def test_fit_rejects_too_few_cells():
     df = synthetic().iloc[:1]
     with pytest.raises(InputError):
-        fit_efficiency(design_for(CT, df), df["itl_s"].to_numpy())
+        fit(design_for(CT, df), df["itl_s"].to_numpy())
 
 
 def _write_measured(tmp_path, df):
