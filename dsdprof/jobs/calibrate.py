@@ -21,7 +21,7 @@ from dsdprof.decide.analysis import analyze
 from dsdprof.errors import InputError
 from dsdprof.io.runs import open_run
 from dsdprof.measure.sim.calibrate import CalibrationTarget, design_for, mape, predict
-from dsdprof.measure.sim.catalog import derived_draft, resolve_model, shadowed_catalog_name
+from dsdprof.measure.sim.catalog import derived_draft, resolve_model, shadow_notices
 from dsdprof.measure.sim.fit import LABELS, fit
 from dsdprof.measure.sim.hardware import Efficiency, resolve_hardware, write_profile
 
@@ -184,12 +184,7 @@ def _target(req: CalibrationRequest, df: pd.DataFrame, run: Run) -> tuple[Calibr
     method = pick(req.method, "method") or "draft_model"
     draft_name = pick(req.draft_model, "draft_model")
     draft = resolve_model(draft_name, "--draft-model") if draft_name else derived_draft(target, method)
-    notices = []
-    for flag, name in (("--model", model_name), ("--draft-model", draft_name)):
-        shadowed = shadowed_catalog_name(name) if name else None
-        if shadowed:
-            notices.append(f"notice: {flag}={name!r} is a local config.json path; using it, not the "
-                           f"catalog model {shadowed!r}")
+    notices = shadow_notices((("--model", model_name), ("--draft-model", draft_name)))
     ctx = req.context_len or _sweep_context(run) or 1024
     ct = CalibrationTarget(base, target, draft, pick(req.dtype, "dtype") or "auto", req.tp, ctx,
                            req.routing_correlation,

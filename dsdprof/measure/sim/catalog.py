@@ -8,6 +8,7 @@ from the target by :func:`derived_draft`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,13 @@ def shadowed_catalog_name(name_or_path: str) -> str | None:
     name = path.parent.name if path.is_file() and path.name == "config.json" else name_or_path
     hit = _BY_KEY.get(_key(name))
     return hit.name if hit is not None else None
+
+
+def shadow_notices(given: Iterable[tuple[str, str | None]]) -> list[str]:
+    """One notice per (field, name) whose name is an existing config.json path also matching a
+    catalog model: the path wins (its config.json is used); CLIs print these so nobody is surprised."""
+    return [f"notice: {field}={name!r} is a local config.json path; using it, not the catalog model "
+            f"{shadowed!r}" for field, name in given if name and (shadowed := shadowed_catalog_name(name))]
 
 
 def resolve_model(name_or_path: str, field: str = "engine.model") -> ModelArch:

@@ -38,7 +38,7 @@ from dsdprof.config.sim import SIM_METHODS, SimConfig, parse_sim_config
 from dsdprof.errors import InputError
 from dsdprof.measure.sim import acceptance as acc
 from dsdprof.measure.sim.arch import ModelArch
-from dsdprof.measure.sim.catalog import derived_draft, resolve_model, shadowed_catalog_name
+from dsdprof.measure.sim.catalog import derived_draft, resolve_model, shadow_notices
 from dsdprof.measure.sim.dtypes import resolve_dtype
 from dsdprof.measure.sim.hardware import HARDWARE, Hardware, resolve_hardware, with_efficiency
 from dsdprof.measure.sim.inputs import Scenario, Stated, StatedInputs, resolve_inputs
@@ -164,13 +164,6 @@ def resolve(spec: Any) -> SimSetup:
 
 
 def model_notices(spec: Any) -> list[str]:
-    """One line per model name that is an existing config.json path also matching a catalog
-    model: the path wins (its config.json is used); CLIs print these so nobody is surprised."""
-    out = []
-    pairs = (("engine.model", spec.engine.model), ("engine.draft_model", spec.engine.draft_model))
-    for field, value in pairs:
-        shadowed = shadowed_catalog_name(value) if value else None
-        if shadowed:
-            out.append(f"notice: {field}={value!r} is a local config.json path; using it, not the "
-                       f"catalog model {shadowed!r}")
-    return out
+    """:func:`~dsdprof.measure.sim.catalog.shadow_notices` of the spec's model and draft model."""
+    engine = spec.engine
+    return shadow_notices((("engine.model", engine.model), ("engine.draft_model", engine.draft_model)))

@@ -12,7 +12,7 @@ from dsdprof.config.spec import parse_spec
 from dsdprof.errors import InputError
 from dsdprof.measure.engine import Cell
 from dsdprof.measure.factory import make_engine
-from dsdprof.measure.sim.catalog import MODELS, resolve_model, shadowed_catalog_name
+from dsdprof.measure.sim.catalog import MODELS, resolve_model, shadow_notices, shadowed_catalog_name
 from dsdprof.measure.sim.dtypes import resolve_dtype
 from dsdprof.measure.sim.hardware import HARDWARE
 from dsdprof.measure.sim.hfconfig import load_hf_config
@@ -270,6 +270,9 @@ def test_local_directory_named_like_a_catalog_model_uses_its_config(tmp_path, mo
         arch = resolve_model(given)
         assert arch.num_layers == 2 and arch.hidden == 512 and arch.compute_dtype == "fp32"
         assert shadowed_catalog_name(given) == "Llama-3.1-8B"
+    assert shadow_notices([("--model", str(d)), ("--draft-model", None), ("x", "Qwen3-8B")]) == [
+        f"notice: --model={str(d)!r} is a local config.json path; using it, not the catalog model "
+        "'Llama-3.1-8B'"]
     monkeypatch.chdir(tmp_path)  # a relative name that is both a directory here and a catalog model
     assert resolve_model("Llama-3.1-8B").num_layers == 2
     monkeypatch.chdir(d)  # no such directory here: the catalog entry
