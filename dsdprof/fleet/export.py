@@ -25,7 +25,6 @@ from typing import TypedDict, cast
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.errors import InputError
 from dsdprof.export.api import optional_vllm_config, table_from_source
-from dsdprof.export.table import VllmSpeculativeConfig
 from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore, RunRecord
 from dsdprof.formats.jsontypes import Scalar
 from dsdprof.formats.ktable_types import KTable
@@ -102,10 +101,6 @@ def _table_for(run_dir: Path, source: str, tolerance: float) -> KTable:
     return table_from_source(open_run(run_dir, "export"), tolerance, label=source)[0]
 
 
-def _vllm_config(table: KTable) -> VllmSpeculativeConfig | None:
-    return optional_vllm_config(table)
-
-
 def export_fleet(out: str, staging: str | None = None, tolerance: float = DEFAULT_TOLERANCE) -> FleetIndex:
     """Analyze every finished run of the fleet in ``out``; write its table and the index."""
     from dsdprof.io.atomic import write_json_atomic
@@ -132,7 +127,7 @@ def export_fleet(out: str, staging: str | None = None, tolerance: float = DEFAUL
                 continue
             table_path = write_json_atomic(tables_local / f"{run}.json", table, force=True)
             written.append(table_path)
-            cfg = _vllm_config(table)
+            cfg = optional_vllm_config(table)
             if cfg is not None:
                 written.append(write_json_atomic(tables_local / f"{run}.vllm.json", cfg, force=True))
             entries.append({"model": rec.get("model"), "draft_model": rec.get("draft_model"),
@@ -144,9 +139,8 @@ def export_fleet(out: str, staging: str | None = None, tolerance: float = DEFAUL
                             "num_speculative_tokens": table["num_speculative_tokens"],
                             "ranges": table["ranges"],
                             "shape": table["shape"], "cells": rec.get("cells"), "ok": rec.get("ok")})
-    created = utc_now()
-    doc: IndexDoc = {"schema": INDEX_SCHEMA, "fleet": out, "created_at": created,
-           "tolerance": tolerance, "tables": entries, "skipped": skipped}
+    doc: IndexDoc = {"schema": INDEX_SCHEMA, "fleet": out, "created_at": utc_now(), "tolerance": tolerance,
+                     "tables": entries, "skipped": skipped}
     index_path = write_json_atomic(tables_local / INDEX_NAME, doc, force=True)
     if store.remote:
         for path in written + [index_path]:
