@@ -15,7 +15,7 @@ from typing import Any
 
 from dsdprof.errors import InputError, did_you_mean
 from dsdprof.measure.sim.arch import MLA, ModelArch
-from dsdprof.measure.sim.hfconfig import load_hf_config as _load
+from dsdprof.measure.sim.hfconfig import load_hf_config
 
 
 def _dense(name: str, layers: int, hidden: int, ffn: int, nq: int, nkv: int, d: int, vocab: int,
@@ -102,11 +102,6 @@ _BY_KEY.update({_key(alias): MODELS[name] for alias, name in {
     "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": "EAGLE3-Llama-3.1-8B", "Meta-Llama-3.1-8B": "Llama-3.1-8B",
     "Meta-Llama-3.1-70B": "Llama-3.1-70B", "Mixtral-8x7B-v0.1": "Mixtral-8x7B",
     "Mixtral-8x7B-Instruct-v0.1": "Mixtral-8x7B", "DeepSeek-V3-0324": "DeepSeek-V3"}.items()})
-
-
-def load_hf_config(path: str | Path, field: str = "engine.model") -> ModelArch:
-    """Read a HF ``config.json`` (or a directory holding one); see :mod:`dsdprof.measure.sim.hfconfig`."""
-    return _load(path, field)
 
 
 def _config_path(name_or_path: str) -> Path | None:

@@ -165,7 +165,8 @@ _ALIASES = {"h100": "H100 SXM", "h100sxm": "H100 SXM", "h200": "H200 SXM", "h200
             "rtx4090": "RTX 4090", "4090": "RTX 4090"}
 
 
-def _hkey(name: str) -> str:
+def alnum_key(name: str) -> str:
+    """``name`` lower-cased, letters and digits only: how catalog and engine names are matched."""
     return "".join(ch for ch in name.lower() if ch.isalnum())
 
 
@@ -244,9 +245,9 @@ def resolve_hardware(name_or_path: str, field: str = "sim.hardware") -> Hardware
     """Catalog name (case/space-insensitive, e.g. ``"h100"``, ``"MI300X"``) or a profile TOML path."""
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise InputError(field, name_or_path, "must be a hardware name or a profile .toml path")
-    k = _hkey(name_or_path)
+    k = alnum_key(name_or_path)
     for name in HARDWARE:
-        if _hkey(name) == k:
+        if alnum_key(name) == k:
             return HARDWARE[name]
     if k in _ALIASES:
         return HARDWARE[_ALIASES[k]]

@@ -19,7 +19,13 @@ from dataclasses import dataclass, replace
 from dsdprof.config.sim import ATTENTION_BACKENDS, FP8_GEMMS, MLA_BACKENDS, SERVING_ENGINES
 from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.context import ATTENTION_TILE_ROWS, FULL_TILE_GPUS
-from dsdprof.measure.sim.hardware import _FP8_HOPPER, _LEGACY_MLA_S, OVERLAP_STEP_OVERHEAD_S, Hardware
+from dsdprof.measure.sim.hardware import (
+    _FP8_HOPPER,
+    _LEGACY_MLA_S,
+    OVERLAP_STEP_OVERHEAD_S,
+    Hardware,
+    alnum_key,
+)
 from dsdprof.measure.sim.model import HwArrays
 
 __all__ = ["ATTENTION_BACKENDS", "FP8_GEMMS", "SERVING_ENGINES", "Assumption", "Scenario", "Stated",
@@ -35,14 +41,10 @@ LEGACY_MLA_GPUS = ("H20",)
 _MODERN_MLA = {"sglang": (0, 4, 3), "vllm": (0, 7, 3)}  # first releases with FlashMLA-class MLA decode
 
 
-def _alnum(engine: str) -> str:
-    return "".join(ch for ch in engine.lower() if ch.isalnum())
-
-
 def overlaps_cpu(engine: str) -> bool:
     """SGLang or TensorRT-LLM (free text, e.g. ``SGLang 0.4.1.post2``): an overlap scheduler hides
     the CPU step work (docs/sim.md)."""
-    e = _alnum(engine)
+    e = alnum_key(engine)
     return "sglang" in e or "tensorrtllm" in e or "trtllm" in e
 
 
@@ -72,7 +74,7 @@ def kv_cache_dtype_of(engine: str, dtype: str, kv_cache_dtype: str) -> str:
     TensorRT-LLM FP8 checkpoint, which stores FP8 KV (its ``KvCacheConfig(dtype="auto")`` follows the
     checkpoint's ``kv_cache_quant_algo``, and Model Optimizer's PTQ quantizes KV to FP8 by default;
     vLLM and SGLang keep the model dtype under ``auto``)."""
-    trt = "tensorrtllm" in _alnum(engine) or "trtllm" in engine.lower()
+    trt = "tensorrtllm" in alnum_key(engine) or "trtllm" in engine.lower()
     return "fp8" if (trt and kv_cache_dtype == "auto" and dtype in ("fp8", "float8")) else kv_cache_dtype
 
 

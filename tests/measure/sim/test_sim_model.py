@@ -9,8 +9,9 @@ import pytest
 
 from dsdprof.errors import InputError
 from dsdprof.measure.sim import acceptance as acc
-from dsdprof.measure.sim.catalog import MODELS, derived_draft, load_hf_config, resolve_model
+from dsdprof.measure.sim.catalog import MODELS, derived_draft, resolve_model
 from dsdprof.measure.sim.hardware import HARDWARE, Efficiency, load_profile, resolve_hardware, write_profile
+from dsdprof.measure.sim.hfconfig import load_hf_config
 from dsdprof.measure.sim.model import (
     NO_DRAFT,
     HwArrays,
