@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dsdprof.decide.live_stats import percentile, tail_time
 from dsdprof.errors import InputError
 
 
@@ -176,8 +177,6 @@ def replay_once(
             if remaining[i] <= 0:
                 finish[i] = t
         k = k_of(b)  # what this step's lookup schedules for the next
-    from dsdprof.decide.live_stats import tail_time
-
     return t, tail_time(finish), steps, (k_sum / req_steps if req_steps else 0.0)
 
 
@@ -203,15 +202,9 @@ def predict(
         sum(a[1] for a in acc) / n,
         sum(a[2] for a in acc) / n,
         sum(a[3] for a in acc) / n,
-        _quantile(sorted(a[0] for a in acc), 0.05),
-        _quantile(sorted(a[0] for a in acc), 0.95),
+        percentile([a[0] for a in acc], 0.05),
+        percentile([a[0] for a in acc], 0.95),
     )
-
-
-def _quantile(s: Sequence[float], q: float) -> float:
-    x = q * (len(s) - 1)
-    i = int(x)
-    return s[i] if i + 1 >= len(s) else s[i] + (x - i) * (s[i + 1] - s[i])
 
 
 def variant_schedules(
