@@ -206,8 +206,6 @@ def _refuse_unless(allowed: bool, refusal: Callable[[], InputError | None]) -> N
 def partial_context_error(by_context: ContextAnalysis, source: str | Path) -> InputError | None:
     """The refusal of a context sweep whose slices have gaps (None when every context's grid has
     a number): one line naming each context and its batch sizes (or cells) with no ok row."""
-    from dsdprof.export.context import gap_line
-
     gaps = by_context.gaps
     if not gaps:
         return None
@@ -215,7 +213,7 @@ def partial_context_error(by_context: ContextAnalysis, source: str | Path) -> In
         c: list(cov.missing_batch_sizes) or [list(x) for x in cov.missing_cells[:8]]
         for c, cov in gaps.items()}
     first = next((cov.first_error for cov in gaps.values() if cov.first_error), "")
-    what = "; ".join(f"context {c}: {gap_line(cov)}" for c, cov in gaps.items())
+    what = "; ".join(f"context {c}: {cov.gap_summary}" for c, cov in gaps.items())
     what += f"; first error: {' '.join(first.split())[:120]}" if first else ""
     return InputError("contexts", value, f"{source} is a partial context sweep ({what}); retry the failed "
                       "or missing cells with `dsdprof sweep SPEC --out RUN --resume`, or pass "
@@ -228,13 +226,13 @@ def _context_table(by_context: ContextAnalysis, ranges: dict[int, list[list[int]
                    run: Run, label: str | None, allow_partial: bool = False) -> tuple[KTable, list[str]]:
     """The v3 table of a context sweep, not validated yet (``ranges`` per slice and the buckets'
     ``edges``: :func:`dsdprof.export.context.context_document`)."""
-    from dsdprof.export.context import context_document, gap_line
+    from dsdprof.export.context import context_document
 
     source = run.path
 
     warnings = [f"context {c}: {w}" for c, a in sorted(by_context.slices.items())
                 if (w := below_baseline_warning(a.optimal))]
-    gaps = "; ".join(f"context {c}: {gap_line(cov)}" for c, cov in by_context.gaps.items())
+    gaps = "; ".join(f"context {c}: {cov.gap_summary}" for c, cov in by_context.gaps.items())
     if by_context.gaps:
         _refuse_unless(allow_partial, lambda: partial_context_error(by_context, source))
         warnings.append(f"partial context sweep: {gaps}; each slice ends at its last measured batch size "

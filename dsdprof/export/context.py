@@ -49,7 +49,7 @@ def context_document(result: ContextAnalysis, ranges: dict[int, list[list[int]]]
         whole = cast(dict[str, Any], tables[c])
         sl.update({k: whole[k] for k in _SLICE_KEYS if whole.get(k) is not None})
         if cov is not None and not cov.complete:
-            sl["partial"] = gap_line(cov)
+            sl["partial"] = cov.gap_summary
         slices.append(sl)
     doc = dict(tables[result.default_context])
     doc.update(schema=TABLE_SCHEMA_V3, default_context=int(result.default_context),
@@ -58,11 +58,6 @@ def context_document(result: ContextAnalysis, ranges: dict[int, list[list[int]]]
     if result.skipped:
         doc["contexts_skipped"] = {str(c): why for c, why in sorted(result.skipped.items())}
     return cast(KTable, doc)
-
-
-def gap_line(cov: Any) -> str:
-    """A coverage's gaps in one line, without its first error (:attr:`Coverage.gap_summary`)."""
-    return str(cov.gap_summary)
 
 
 def end_at_last_measured(table: KTable, cov: Any) -> KTable:
