@@ -79,10 +79,6 @@ def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_m
     return _sweep(report, p, run, tolerance, allow_mixed)
 
 
-def _missing_panel(pid: str, title: str, why: str) -> Panel:
-    return Panel(pid, title, missing=[why])
-
-
 def _sweep(report: Report, path: Path, run: Run, tolerance: float, allow_mixed: bool) -> Report:
     report.answer = answer_from_export(path, tolerance, allow_mixed)
     if run.contexts is not None:
@@ -93,7 +89,7 @@ def _sweep(report: Report, path: Path, run: Run, tolerance: float, allow_mixed: 
     try:  # opened as `dsdprof analyze` opens it, with its refusals
         analysis = analyze_path(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
     except InputError as err:
-        report.panels.append(_missing_panel("analysis", "Analysis", f"analyze refuses these rows: {err}"))
+        report.panels.append(Panel("analysis", "Analysis", missing=[f"analyze refuses these rows: {err}"]))
         report.panels.append(coverage_panel(run.coverage, run.rows))
         return report
     from dsdprof.report.html.sweep import sweep_headline
@@ -120,14 +116,14 @@ def _contexts(report: Report, path: Path, run: Run, tolerance: float, allow_mixe
     try:
         by_context = analyze_contexts_path(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
     except InputError as err:
-        report.panels.append(_missing_panel("contexts", "Context slices",
-                                            f"analyze refuses these rows: {err}"))
+        report.panels.append(Panel("contexts", "Context slices",
+                                   missing=[f"analyze refuses these rows: {err}"]))
         return report
     from dsdprof.report.html.panels import context_panels
 
     if by_context is None or not by_context.slices:
-        report.panels.append(_missing_panel("contexts", "Context slices",
-                                            "no context slice could be analysed"))
+        report.panels.append(Panel("contexts", "Context slices",
+                                   missing=["no context slice could be analysed"]))
         return report
     report.subtitle = f"context sweep: contexts {', '.join(map(str, by_context.contexts))}"
     report.panels += context_panels(by_context)
@@ -148,8 +144,8 @@ def _validate(report: Report, run: Run, prov: ProvenanceView) -> Report:
         panels, report.answer.headline = validate_panels(run.rows, DEFAULT_CONFIDENCE)
         report.panels += panels
     except (InputError, KeyError, ValueError) as err:
-        report.panels.append(_missing_panel("validate", "Validate",
-                                            f"the comparison could not be made: {err}"))
+        report.panels.append(Panel("validate", "Validate",
+                                   missing=[f"the comparison could not be made: {err}"]))
     report.panels.append(coverage_panel(None, run.rows))
     return report
 
