@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dsdprof.formats.jsontypes import ProvenanceView
-from dsdprof.report.plots import DPI, _box
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
     from dsdprof.decide.context import ContextAnalysis
+
+DPI = 130  # every figure of dsdprof.report (report.plots imports it from here)
+
 
 def _figure(width: float, height: float):
     from matplotlib.figure import Figure
@@ -33,6 +35,12 @@ def _title(fig, title: str, prov: ProvenanceView) -> None:
              "sim (predicted)" if prov.get("engine") == "sim" else str(prov.get("engine") or "")]
     sub = "  |  ".join(p for p in parts if p)
     fig.suptitle(title + (f"\n{sub}" if sub else ""), fontsize=10)
+
+
+def _box(j: int, i: int, color: str = "red", style: str = "-"):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor=color, lw=2, linestyle=style)
 
 
 def _ctx_label(c: int) -> str:

@@ -20,6 +20,7 @@ from dsdprof.errors import InputError
 from dsdprof.formats.jsontypes import ProvenanceView
 from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.io.runs import open_run
+from dsdprof.report.context_plots import DPI, _box
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -29,7 +30,6 @@ PNG_NAMES = {"optimal_k": "optimal_k.png", "goodput_heatmap": "goodput_heatmap.p
              "tops_per_user": "tokens_per_s_per_user.png", "acceptance": "acceptance_per_position.png",
              "context_heatmaps": "goodput_heatmap_by_context.png",
              "context_optimal_k": "optimal_k_by_context.png"}
-DPI = 130
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -221,12 +221,6 @@ def goodput_heatmap_figure(analysis):
     title += "; dashed: vanilla beats every K)" if faster else ")"
     _titles(fig, title, analysis.provenance)
     return fig
-
-
-def _box(j: int, i: int, color: str = "red", style: str = "-"):
-    from matplotlib.patches import Rectangle
-
-    return Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor=color, lw=2, linestyle=style)
 
 
 def tops_figure(comparison: pd.DataFrame, provenance: ProvenanceView | None = None,
