@@ -355,21 +355,16 @@ def _one_context(df: pd.DataFrame) -> None:
                              "(dsdprof.decide.context.analyze_contexts), never pool them")
 
 
-def one_block_batch_sizes(baseline_rows: pd.DataFrame) -> list[int]:
-    """Batch sizes where a paired vanilla row ran a single wave, so one block wholly before or after
-    its group's waves (runs before vanilla's waves bracketed the group,
-    :func:`dsdprof.measure.engine.unit_layout`): the drift between them is in its speedups."""
-    if baseline_rows.empty or "sample_block" not in baseline_rows or "design" not in baseline_rows:
-        return []
-    van = baseline_rows[(baseline_rows["mode"] == MODE_VANILLA) & (baseline_rows["design"] == "paired")]
-    one = [int(b) for b, x in zip(van["batch_size"], van["sample_block"])
-           if x is not None and not (isinstance(x, float) and math.isnan(x)) and len(x) == 1]
-    return sorted(set(one))
-
-
 def one_block_warning(baseline_rows: pd.DataFrame) -> tuple[str, ...]:
-    """One line (<= 80 columns up to four batch sizes) naming :func:`one_block_batch_sizes`."""
-    one = one_block_batch_sizes(baseline_rows)
+    """One line (<= 80 columns up to four batch sizes) naming the batch sizes where a paired vanilla
+    row ran a single wave, so one block wholly before or after its group's waves (runs before
+    vanilla's waves bracketed the group, :func:`dsdprof.measure.engine.unit_layout`): the drift
+    between them is in its speedups."""
+    if baseline_rows.empty or "sample_block" not in baseline_rows or "design" not in baseline_rows:
+        return ()
+    van = baseline_rows[(baseline_rows["mode"] == MODE_VANILLA) & (baseline_rows["design"] == "paired")]
+    one = sorted({int(b) for b, x in zip(van["batch_size"], van["sample_block"])
+                  if x is not None and not (isinstance(x, float) and math.isnan(x)) and len(x) == 1})
     if not one:
         return ()
     return (f"warning: one vanilla block at BS {', '.join(map(str, one))}: speedups over it carry "
