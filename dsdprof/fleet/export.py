@@ -27,7 +27,6 @@ from dsdprof.errors import InputError
 from dsdprof.export.api import optional_vllm_config, table_from_source
 from dsdprof.fleet.store import FLEET_DIR, TABLES_DIR, FleetStore, RunRecord
 from dsdprof.formats.jsontypes import Scalar
-from dsdprof.formats.ktable_types import KTable
 from dsdprof.formats.versions import FLEET_INDEX_SCHEMA
 from dsdprof.io.runs import open_run
 from dsdprof.io.store import utc_now
@@ -96,11 +95,6 @@ def _run_dir(store: FleetStore, run: str, scratch: Path) -> Path:
     return local
 
 
-def _table_for(run_dir: Path, source: str, tolerance: float) -> KTable:
-    """The table of the run in ``run_dir`` (opened once: :func:`dsdprof.io.runs.open_run`)."""
-    return table_from_source(open_run(run_dir, "export"), tolerance, label=source)[0]
-
-
 def export_fleet(out: str, staging: str | None = None, tolerance: float = DEFAULT_TOLERANCE) -> FleetIndex:
     """Analyze every finished run of the fleet in ``out``; write its table and the index."""
     from dsdprof.io.atomic import write_json_atomic
@@ -121,7 +115,8 @@ def export_fleet(out: str, staging: str | None = None, tolerance: float = DEFAUL
                                 + (f" ({rec['error']})" if rec.get("error") else "")})
                 continue
             try:
-                table = _table_for(_run_dir(store, run, Path(scratch)), store.describe(run), tolerance)
+                opened = open_run(_run_dir(store, run, Path(scratch)), "export")  # read once
+                table = table_from_source(opened, tolerance, label=store.describe(run))[0]
             except InputError as err:
                 skipped.append({"run": run, "reason": str(err)})
                 continue
