@@ -66,13 +66,14 @@ def _cases(corpus_dir: Path) -> list[tuple[str, list[str]]]:
         cases += [(f"{name}.export-{f}", ["export", s, "--format", f])
                   for f in ("table", "vllm", "trtllm", "vllm-compilation")]
         cases.append((f"{name}.validate-report", ["validate-report", s]))
+    profile = str(corpus_dir / "check_outputs_profile.toml")  # per corpus: two users never share it
     few = [ROOT / "docs/lab/data/toy-dense-cpu.parquet", ROOT / "notebooks/sample_run", corpus_dir / "sweep"]
     for src in few:
         name = src.stem if src.suffix == ".parquet" else src.name
         cases += [(f"{name}.analyze-csv", ["analyze", str(src), "--csv"]),
                   (f"{name}.analyze-measured", ["analyze", str(src), "--acceptance", "measured",
                                                 "--tolerance", "0.05"]),
-                  (f"{name}.calibrate", ["calibrate", str(src), "--out", "/tmp/check_outputs_profile.toml",
+                  (f"{name}.calibrate", ["calibrate", str(src), "--out", profile,
                                          "--force", "--json"])]
     ctx, partial, mixed = str(corpus_dir / "ctx"), str(corpus_dir / "partial"), str(corpus_dir / "mixed")
     cases += [(f"ctx.export-{f}-context{c}", ["export", ctx, "--format", f, "--context", str(c)])
@@ -98,7 +99,7 @@ def run(tree: Path, corpus_dir: Path, out: Path) -> None:
     assert Path(sys.modules["dsdprof"].__file__ or "").resolve().is_relative_to(tree.resolve())
     out.mkdir(parents=True)
     runner = CliRunner()
-    show_path = Path("/tmp/check_outputs_table.json")
+    show_path = corpus_dir / "check_outputs_table.json"  # per corpus: two users never share it
     for name, args in _cases(corpus_dir):
         res = runner.invoke(app, args)
         text = f"exit {res.exit_code}\n--- stdout\n{res.stdout}--- stderr\n{res.stderr}"
