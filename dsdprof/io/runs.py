@@ -21,7 +21,7 @@ from dsdprof.formats.jsontypes import JSONObject
 from dsdprof.io.manifest import MANIFEST_NAME, first_difference
 from dsdprof.io.readers import read_files
 
-__all__ = ["open_run"]
+__all__ = ["open_run", "read_run"]
 
 
 def _manifest_doc(run_dir: Path) -> JSONObject | None:
@@ -61,15 +61,20 @@ def pooled_runs(docs: tuple[tuple[Path, JSONObject], ...]) -> PooledRuns:
     return PooledRuns(runs, tuple((f, " | ".join(dict.fromkeys(v))) for f, v in diffs.items()))
 
 
-def open_run(path: str | Path, command: str = "", allow_mixed: bool = False) -> Run:
+def read_run(path: str | Path) -> ReadRun:
     """Read ``path`` once -- every Parquet file (:func:`dsdprof.io.readers.read_files`) and every
-    manifest -- into one checked :class:`dsdprof.config.run.Run`. Unreadable files and cells
-    stored twice are refused here, always; then :func:`dsdprof.config.run.checked_run` raises the
-    refusals of ``command`` (``analyze``, ``export``, ``plot``, ``validate-report``,
-    ``calibrate``; "" none) in one order."""
+    manifest -- before any check; unreadable files and cells stored twice are refused here, always.
+    :func:`dsdprof.config.run.checked_run` checks what was read, as often as a caller needs it
+    (``dsdprof report`` checks one read as ``report``, ``export`` and ``analyze`` do)."""
     files = read_files(path)
     rows = pd.concat([f.rows for f in files], ignore_index=True) if len(files) > 1 else files[0].rows
     docs = manifest_docs(path)
-    read = ReadRun(Path(path), rows, next((dict(f.meta) for f in files if f.meta), {}),
+    return ReadRun(Path(path), rows, next((dict(f.meta) for f in files if f.meta), {}),
                    {str(f.meta["schema_version"]) for f in files if f.meta}, docs, pooled_runs(docs))
-    return checked_run(read, command, allow_mixed)
+
+
+def open_run(path: str | Path, command: str = "", allow_mixed: bool = False) -> Run:
+    """:func:`read_run`, checked into one :class:`dsdprof.config.run.Run`:
+    :func:`dsdprof.config.run.checked_run` raises the refusals of ``command`` (``analyze``,
+    ``export``, ``plot``, ``validate-report``, ``calibrate``; "" none) in one order."""
+    return checked_run(read_run(path), command, allow_mixed)

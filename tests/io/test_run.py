@@ -86,6 +86,39 @@ def test_each_command_reads_each_file_of_the_run_once(runs, monkeypatch, name, c
     assert dict(opens) == {f: 1 for f in files}
 
 
+@pytest.mark.parametrize("name", ["sweep", "ctx", "validate"])
+@pytest.mark.parametrize("command", ["report", "validate-report", "calibrate", "analyze"])
+def test_every_reading_command_reads_each_file_once(runs, tmp_path, monkeypatch, name, command):
+    """``report`` (which checks what it read as ``export`` and ``analyze`` do), ``validate-report``,
+    ``calibrate`` and ``analyze`` read every Parquet part and manifest of a run once, whatever they
+    then refuse (a sweep to ``validate-report``, a validate run to ``analyze``)."""
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    run = runs / name
+    if name == "validate" and not run.exists():
+        _validate_copy(runs / "sweep", run)
+    files = sorted(p.name for p in run.glob("*.parquet")) + [MANIFEST_NAME]
+    args = {"report": ["--output", str(tmp_path / "r.html")],
+            "calibrate": ["--out", str(tmp_path / "p.toml")]}
+    opens = _opens(monkeypatch, run)
+    res = CliRunner().invoke(app, [command, str(run), *args.get(command, [])])
+    assert res.exit_code in (0, 2), res.output
+    assert dict(opens) == {f: 1 for f in files}, res.output
+
+
+def _validate_copy(sweep: Path, run_dir: Path) -> Path:
+    """A copy of ``sweep`` whose manifest says it is a validate run."""
+    import shutil
+
+    shutil.copytree(sweep, run_dir)
+    doc = json.loads((run_dir / MANIFEST_NAME).read_text())
+    doc["spec"][RUN_KIND_VALIDATE] = {"table": "t.json"}
+    (run_dir / MANIFEST_NAME).write_text(json.dumps(doc))
+    return run_dir
+
+
 def test_export_reads_a_table_file_once(runs, tmp_path, monkeypatch):
     """A table JSON given to ``export`` is read once (read, parsed and validated in one pass)."""
     table = tmp_path / "t.json"
@@ -131,13 +164,7 @@ def test_run_kind_coverage_and_contexts_agree_with_the_path_readers(runs):
 
 
 def test_a_validate_manifest_makes_the_run_a_validate_run(runs, tmp_path):
-    import shutil
-
-    run_dir = tmp_path / "v"
-    shutil.copytree(runs / "sweep", run_dir)
-    doc = json.loads((run_dir / MANIFEST_NAME).read_text())
-    doc["spec"][RUN_KIND_VALIDATE] = {"table": "t.json"}
-    (run_dir / MANIFEST_NAME).write_text(json.dumps(doc))
+    run_dir = _validate_copy(runs / "sweep", tmp_path / "v")
     run = open_run(run_dir)  # read as it is (validate-report's way): no refusal
     assert run.kind == RUN_KIND_VALIDATE and run.spec is None
     for command in ("export", "analyze"):  # refused first, whatever else the run holds

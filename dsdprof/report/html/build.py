@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
-from dsdprof.config.run import Run
+from dsdprof.config.run import ReadRun, Run, checked_run
 from dsdprof.errors import InputError
 from dsdprof.formats.jsontypes import ProvenanceView
 from dsdprof.report.html.model import Answer, Panel, Report, provenance_items
@@ -64,30 +64,30 @@ def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_m
         return _rollout(report, p)
     if p.is_file() and p.suffix == ".json":  # a table: its answer, but no rows to draw
         return _table_file(report, p, tolerance)
-    from dsdprof.io.runs import open_run
+    from dsdprof.io.runs import read_run
 
-    try:  # as it is: nothing refused but unreadable files, so a mixed or validate run gets a page
-        run = open_run(p)
+    try:  # read once; as it is: nothing refused but unreadable files, so a mixed or validate run gets a page
+        read = read_run(p)
     except InputError as err:
         report.kind = "unreadable"
         report.answer = Answer(missing=[f"the run could not be read: {err}"])
         return report
+    run = checked_run(read)
     prov = dict(run.provenance)
     report.title = _title(prov)
     if run.kind == "validate":
         return _validate(report, run, prov)
-    return _sweep(report, p, run, tolerance, allow_mixed)
+    return _sweep(report, read, run, tolerance, allow_mixed)
 
 
-def _sweep(report: Report, path: Path, run: Run, tolerance: float, allow_mixed: bool) -> Report:
-    report.answer = answer_from_export(path, tolerance, allow_mixed)
+def _sweep(report: Report, read: ReadRun, run: Run, tolerance: float, allow_mixed: bool) -> Report:
+    report.answer = answer_from_export(read, tolerance, allow_mixed)
     if run.contexts is not None:
-        return _contexts(report, path, run, tolerance, allow_mixed)
+        return _contexts(report, read, run, tolerance, allow_mixed)
     from dsdprof.decide.analysis import analyze_path
-    from dsdprof.io.runs import open_run
 
-    try:  # opened as `dsdprof analyze` opens it, with its refusals
-        analysis = analyze_path(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
+    try:  # checked as `dsdprof analyze` checks it, with its refusals
+        analysis = analyze_path(checked_run(read, "analyze", allow_mixed), tolerance=tolerance)
     except InputError as err:
         report.panels.append(Panel("analysis", "Analysis", missing=[f"analyze refuses these rows: {err}"]))
         report.panels.append(coverage_panel(run.coverage, run.rows))
@@ -108,13 +108,12 @@ def _sweep(report: Report, path: Path, run: Run, tolerance: float, allow_mixed: 
     return report
 
 
-def _contexts(report: Report, path: Path, run: Run, tolerance: float, allow_mixed: bool) -> Report:
+def _contexts(report: Report, read: ReadRun, run: Run, tolerance: float, allow_mixed: bool) -> Report:
     report.kind = "context sweep"
     from dsdprof.decide.context import analyze_contexts_path
-    from dsdprof.io.runs import open_run
 
     try:
-        by_context = analyze_contexts_path(open_run(path, "analyze", allow_mixed), tolerance=tolerance)
+        by_context = analyze_contexts_path(checked_run(read, "analyze", allow_mixed), tolerance=tolerance)
     except InputError as err:
         report.panels.append(Panel("contexts", "Context slices",
                                    missing=[f"analyze refuses these rows: {err}"]))

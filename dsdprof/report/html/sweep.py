@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import pandas as pd
 
@@ -28,7 +28,9 @@ from dsdprof.report.html.model import (
 from dsdprof.report.html.svg import Mark, Series, step_line, xy_chart
 
 if TYPE_CHECKING:
-    from dsdprof.config.run import Coverage
+    from pathlib import Path
+
+    from dsdprof.config.run import Coverage, ReadRun
 
 
 class CellRecord(TypedDict, total=False):
@@ -57,19 +59,24 @@ def cell_id(b: int, k: int | str) -> str:
 
 # ----------------------------------------------------------------------------- the answer
 
-def answer_from_export(path: Any, tolerance: float, allow_mixed: bool = False) -> Answer:
-    """What ``dsdprof export PATH`` writes and prints (the same call, which opens and checks the run
-    as the command does); a partial run is refused there, so the table shown is then
-    ``--allow-partial``'s, under export's refusal."""
-    from dsdprof.export.api import export_document
+def answer_from_export(source: Path | ReadRun, tolerance: float, allow_mixed: bool = False) -> Answer:
+    """What ``dsdprof export`` writes and prints for a table file or a run as read (the same call,
+    the run checked as the command checks it); a partial run is refused there, so the table shown
+    is then ``--allow-partial``'s, under export's refusal."""
+    from dsdprof.config.run import ReadRun, checked_run
+    from dsdprof.export.api import ExportDocument, export_document
+
+    def exported_table(allow_partial: bool) -> ExportDocument:
+        run = checked_run(source, "export", allow_mixed) if isinstance(source, ReadRun) else source
+        return export_document(run, "table", tolerance, allow_partial=allow_partial)
 
     ans = Answer()
     try:
-        exported = export_document(path, "table", tolerance, allow_mixed=allow_mixed)
+        exported = exported_table(False)
     except InputError as err:
         ans.refusal = str(err)
         try:
-            exported = export_document(path, "table", tolerance, allow_mixed=allow_mixed, allow_partial=True)
+            exported = exported_table(True)
         except InputError as err2:
             ans.missing.append(f"no table: export refuses this run even with --allow-partial ({err2})")
             return ans
