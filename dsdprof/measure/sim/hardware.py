@@ -19,7 +19,7 @@ import math
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -28,6 +28,13 @@ from dsdprof.formats.versions import HWPROFILE_SCHEMA
 from dsdprof.io.atomic import write_bytes_atomic
 
 PROFILE_SCHEMA = HWPROFILE_SCHEMA
+# The bounds a profile file's values must meet (pydantic reads them off the dataclass fields below).
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+_Positive = Annotated[float, Field(gt=0)]
+_Ratio = Annotated[float, Field(gt=0, le=100.0)]  # an efficiency (the fit bounds it to 100 too)
+_Seconds = Annotated[float, Field(ge=0)]
+_Peak = Annotated[float, Field(ge=0)]  # 0 = none
+_Tile = Annotated[int, Field(ge=1)]
 
 
 @dataclass(frozen=True)
@@ -44,41 +51,45 @@ class Efficiency:
     each, and why ``compute`` stays a prior and the MLA term is 0 but on H20: docs/sim.md ("Priors").
     """
 
-    bandwidth: float = 0.825  # fitted, shared; catalog GPUs with points carry their own (below)
-    compute: float = 0.70  # prior: H200 8192^3 bf16 790 of 989 TFLOP/s = 0.80 at best; decode GEMMs less
-    step_overhead_s: float = 1.207e-3  # fitted (vLLM points): scheduler, sampling, input prep per step
+    __pydantic_config__ = _STRICT  # a profile's [efficiency] is validated against these fields
+
+    bandwidth: _Ratio = 0.825  # fitted, shared; catalog GPUs with points carry their own (below)
+    compute: _Ratio = 0.70  # prior: H200 8192^3 bf16 790 of 989 TFLOP/s = 0.80 at best; decode GEMMs less
+    step_overhead_s: _Seconds = 1.207e-3  # fitted (vLLM points): scheduler, sampling, input prep per step
     # fitted (EAGLE: vLLM K sweep, vLLM V1 EAGLE-1): per draft forward pass
-    draft_step_overhead_s: float = 0.699e-3
-    dsd_overhead_s: float = 0.885e-3  # fitted (EAGLE): drafter bookkeeping paid even at K=0
-    layer_overhead_s: float = 40.0e-6  # fitted: per decoder layer per forward pass (unfused small kernels)
-    moe_layer_overhead_s: float = 25.8e-6  # fitted: per MoE layer per forward pass (router, top-k, permute)
-    expert_overhead_s: float = 0.0  # fitted 0: per distinct expert per MoE layer (latency-bound GEMM)
+    draft_step_overhead_s: _Seconds = 0.699e-3
+    dsd_overhead_s: _Seconds = 0.885e-3  # fitted (EAGLE): drafter bookkeeping paid even at K=0
+    layer_overhead_s: _Seconds = 40.0e-6  # fitted: per decoder layer per forward pass (unfused small kernels)
+    moe_layer_overhead_s: _Seconds = 25.8e-6  # fitted: per MoE layer per forward (router, top-k, permute)
+    expert_overhead_s: _Seconds = 0.0  # fitted 0: per distinct expert per MoE layer (latency-bound GEMM)
     # per MLA layer per forward: 0 on current (FlashMLA-class) kernels; H20 carries the fitted value of the
     # older kernels (fidelity.legacy_mla, _LEGACY_MLA_S)
-    mla_layer_overhead_s: float = 0.0
-    token_overhead_s: float = 0.506e-6  # fitted: per token per layer per 4096 hidden units (elementwise work)
+    mla_layer_overhead_s: _Seconds = 0.0
+    token_overhead_s: _Seconds = 0.506e-6  # fitted: per token per layer per 4096 hidden units (elementwise)
 
 
 @dataclass(frozen=True)
 class Hardware:
     """Peaks of one accelerator (one device; tensor parallelism multiplies devices)."""
 
+    __pydantic_config__ = _STRICT  # a profile's [hardware] is validated against these fields
+
     name: str
-    bf16_tflops: float
-    memory_bandwidth_tbs: float
-    memory_gb: float
-    fp8_tflops: float = 0.0  # 0 = no FP8 tensor cores: FP8 GEMMs run at the bf16 rate
-    fp32_tflops: float = 0.0  # 0 = half the bf16 rate (TF32 tensor cores)
-    cache_mb: float = 0.0
-    interconnect_gbs: float = 0.0  # per direction, per device (NVLink / IF / PCIe)
-    allreduce_latency_s: float = 13.2e-6  # fitted: per TP all-reduce (2 per layer), independent of TP
-    tile_m: int = 64  # largest GEMM row tile: large token counts are padded to a multiple of it
-    min_tile_m: int = 16  # smallest row tile a decode GEMM uses (see dsdprof.measure.sim.model.padded)
-    fp4_tflops: float = 0.0  # 0 = no FP4 tensor cores: W4A4 GEMMs run at the fp8 (else bf16) rate
+    bf16_tflops: _Positive
+    memory_bandwidth_tbs: _Positive
+    memory_gb: _Positive
+    fp8_tflops: _Peak = 0.0  # 0 = no FP8 tensor cores: FP8 GEMMs run at the bf16 rate
+    fp32_tflops: _Peak = 0.0  # 0 = half the bf16 rate (TF32 tensor cores)
+    cache_mb: _Peak = 0.0
+    interconnect_gbs: _Peak = 0.0  # per direction, per device (NVLink / IF / PCIe)
+    allreduce_latency_s: _Seconds = 13.2e-6  # fitted: per TP all-reduce (2 per layer), independent of TP
+    tile_m: _Tile = 64  # largest GEMM row tile: large token counts are padded to a multiple of it
+    min_tile_m: _Tile = 16  # smallest row tile a decode GEMM uses (see dsdprof.measure.sim.model.padded)
+    fp4_tflops: _Peak = 0.0  # 0 = no FP4 tensor cores: W4A4 GEMMs run at the fp8 (else bf16) rate
     # achieved FP8 GEMM efficiency relative to bf16's (the compute efficiency is a bf16 figure):
     # 1.0 for probed profiles (their fp8_tflops is measured); catalog Hopper entries _FP8_HOPPER
-    fp8_compute_ratio: float = 1.0
-    efficiency: Efficiency = field(default_factory=Efficiency)
+    fp8_compute_ratio: Annotated[float, Field(gt=0, le=1.0)] = 1.0
+    efficiency: Efficiency = field(default_factory=Efficiency)  # a profile's own [efficiency] section
 
     def peak_flops(self, compute_dtype: str) -> float:
         """FLOP/s for ``bf16`` | ``fp8`` | ``int8`` | ``fp4`` | ``fp32`` GEMMs.
@@ -170,43 +181,11 @@ def alnum_key(name: str) -> str:
     return "".join(ch for ch in name.lower() if ch.isalnum())
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _HardwareIn(_Strict):
-    name: str
-    bf16_tflops: float = Field(gt=0)
-    memory_bandwidth_tbs: float = Field(gt=0)
-    memory_gb: float = Field(gt=0)
-    fp8_tflops: float = Field(0.0, ge=0)
-    fp32_tflops: float = Field(0.0, ge=0)
-    cache_mb: float = Field(0.0, ge=0)
-    interconnect_gbs: float = Field(0.0, ge=0)
-    allreduce_latency_s: float = Field(13.2e-6, ge=0)
-    tile_m: int = Field(64, ge=1)
-    min_tile_m: int = Field(16, ge=1)
-    fp4_tflops: float = Field(0.0, ge=0)
-    fp8_compute_ratio: float = Field(1.0, gt=0, le=1.0)
-
-
-class _EfficiencyIn(_Strict):
-    bandwidth: float = Field(Efficiency.bandwidth, gt=0, le=100.0)
-    compute: float = Field(Efficiency.compute, gt=0, le=100.0)
-    step_overhead_s: float = Field(Efficiency.step_overhead_s, ge=0)
-    draft_step_overhead_s: float = Field(Efficiency.draft_step_overhead_s, ge=0)
-    dsd_overhead_s: float = Field(Efficiency.dsd_overhead_s, ge=0)
-    layer_overhead_s: float = Field(Efficiency.layer_overhead_s, ge=0)
-    moe_layer_overhead_s: float = Field(Efficiency.moe_layer_overhead_s, ge=0)
-    expert_overhead_s: float = Field(Efficiency.expert_overhead_s, ge=0)
-    mla_layer_overhead_s: float = Field(Efficiency.mla_layer_overhead_s, ge=0)
-    token_overhead_s: float = Field(Efficiency.token_overhead_s, ge=0)
-
-
-class _ProfileIn(_Strict):
+class _ProfileIn(BaseModel):
+    model_config = _STRICT
     schema_: str = Field(PROFILE_SCHEMA, alias="schema")
-    hardware: _HardwareIn
-    efficiency: _EfficiencyIn = Field(default_factory=lambda: _EfficiencyIn.model_validate({}))
+    hardware: Hardware
+    efficiency: Efficiency = Field(default_factory=Efficiency)
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -221,11 +200,13 @@ def _parse_profile(text: str, name: str, field: str) -> Hardware:
     except ValidationError as err:
         e = err.errors()[0]
         loc = ".".join(str(x) for x in e["loc"])
-        reason = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        raise InputError(f"{name}:{loc}", e.get("input"), reason) from None
+        unknown = e["type"] in ("extra_forbidden", "unexpected_keyword_argument")  # a model's, a dataclass's
+        raise InputError(f"{name}:{loc}", e.get("input"), "unknown key" if unknown else e["msg"]) from None
     if prof.schema_ != PROFILE_SCHEMA:
         raise InputError(f"{name}:schema", prof.schema_, f"expected {PROFILE_SCHEMA!r}")
-    return Hardware(**prof.hardware.model_dump(), efficiency=Efficiency(**prof.efficiency.model_dump()))
+    if "efficiency" in data["hardware"]:  # a field of Hardware, but its own section in the file
+        raise InputError(f"{name}:hardware.efficiency", data["hardware"]["efficiency"], "unknown key")
+    return replace(prof.hardware, efficiency=prof.efficiency)
 
 
 def load_profile(path: str | Path, field: str = "sim.hardware") -> Hardware:
