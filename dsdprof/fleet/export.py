@@ -78,7 +78,7 @@ class FleetIndex:
 
 
 def _records(store: FleetStore) -> list[RunRecord]:
-    names = [n for n in store.list_dir_names(f"{FLEET_DIR}/runs") if n.endswith(".json")]
+    names = [n for n in sorted(store.list_files(f"{FLEET_DIR}/runs")) if n.endswith(".json")]
     records = [store.read_json(f"{FLEET_DIR}/runs/{n}") for n in names]
     return [cast(RunRecord, r) for r in records if r]  # the orchestrator's records (run_record)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -85,6 +84,16 @@ def default_staging(out: str) -> Path:
 def write_local_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(path, data)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` replaced by a hard link to ``src`` (both on this machine's disk), else by a copy."""
+    dst.unlink(missing_ok=True)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        write_local_atomic(dst, src.read_bytes())
 
 
 class FleetStore:
@@ -199,41 +208,18 @@ class FleetStore:
         elif self.exists(rel):
             self.fs.delete_file(self._remote(rel))
 
-    def list_dir_names(self, rel: str) -> list[str]:
-        if not self.remote:
-            d = self.local_path(rel)
-            return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
-        import pyarrow.fs as pafs
-
-        sel = pafs.FileSelector(self._remote(rel), recursive=False, allow_not_found=True)
-        return sorted(i.base_name for i in self.fs.get_file_info(sel))
-
     def put_file(self, local: Path, rel: str) -> None:
         """Copy a durable local file to ``rel`` (a hard link when both are on this machine's disk)."""
         if not self.remote:
-            target = self.local_path(rel)
-            if target.exists():
-                target.unlink()
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(local, target)
-            except OSError:
-                write_local_atomic(target, local.read_bytes())
-            return
-        self.write_bytes(rel, local.read_bytes())
+            _link_or_copy(local, self.local_path(rel))
+        else:
+            self.write_bytes(rel, local.read_bytes())
 
     def get_file(self, rel: str, local: Path) -> None:
         """Copy ``rel`` to a local path (temp + rename)."""
         if not self.remote:
-            src = self.local_path(rel)
-            local.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(src, local)
-            except OSError:
-                shutil.copyfile(src, local)
-            return
-        data = self.read_bytes(rel)
-        if data is not None:
+            _link_or_copy(self.local_path(rel), local)
+        elif (data := self.read_bytes(rel)) is not None:
             write_local_atomic(local, data)
 
     def tables_dir(self) -> Path:
