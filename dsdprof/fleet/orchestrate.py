@@ -165,18 +165,17 @@ def _write_run_manifest(store: FleetStore, run: RunPlan) -> None:
 OnResult = Callable[[ShardTask, "ShardResult | str"], None]
 
 
-def _run_local(tasks: list[ShardTask], notify: Notify, on_result: OnResult) -> dict[str, ShardResult | str]:
-    results: dict[str, ShardResult | str] = {}
+def _run_local(tasks: list[ShardTask], notify: Notify, on_result: OnResult) -> None:
     for task in tasks:
         notify(FleetEvent("submit", task.label))
+        result: ShardResult | str
         try:
-            results[task.label] = execute_shard(task)
+            result = execute_shard(task)
         except InputError as err:
-            results[task.label] = str(err)
+            result = str(err)
         except Exception as err:  # noqa: BLE001 - one run failing does not stop the fleet
-            results[task.label] = f"{type(err).__name__}: {err}"
-        on_result(task, results[task.label])
-    return results
+            result = f"{type(err).__name__}: {err}"
+        on_result(task, result)
 
 
 def _ray_error(err: BaseException) -> str:
@@ -187,7 +186,7 @@ def _ray_error(err: BaseException) -> str:
 
 
 def _run_ray(tasks: list[ShardTask], hardware: dict[str, str], settings: FleetSettings,
-             address: str | None, notify: Notify, on_result: OnResult) -> dict[str, ShardResult | str]:
+             address: str | None, notify: Notify, on_result: OnResult) -> None:
     try:
         import ray
     except ImportError:
@@ -202,21 +201,18 @@ def _run_ray(tasks: list[ShardTask], hardware: dict[str, str], settings: FleetSe
         for task in tasks:
             refs[remote.options(**ray_task_options(task, hardware[task.run], settings)).remote(task)] = task
             notify(FleetEvent("submit", task.label))
-        results: dict[str, ShardResult | str] = {}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
-                task = refs[ref]
+                res: ShardResult | str
                 try:
-                    results[task.label] = ray.get(ref)
+                    res = ray.get(ref)
                 except ray.exceptions.RayError as err:
-                    results[task.label] = _ray_error(err)
-                res = results[task.label]
-                notify(FleetEvent("error" if isinstance(res, str) else "shard", task.label,
+                    res = _ray_error(err)
+                notify(FleetEvent("error" if isinstance(res, str) else "shard", refs[ref].label,
                                   res if isinstance(res, str) else ""))
-                on_result(task, res)
-        return results
+                on_result(refs[ref], res)
     finally:
         if owns:
             ray.shutdown()
