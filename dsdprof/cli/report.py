@@ -123,24 +123,14 @@ def report(run: Run, noise: float, max_regret: float | None, title: str,
            guidellm: list[str] | None = None) -> None:
     """Print the comparison of a validate run (and, with ``guidellm``, guidellm's reports beside its
     step-trace figures); ``typer.Exit(1)`` when regret exceeds the limit."""
-    from dsdprof.report.compare import below_vanilla_ranges, compare, regret_exceeds
+    from dsdprof.report.compare import compare, regret_exceeds, verdict_lines
 
     rows = run.rows
     comparison = compare(rows, noise_floor=noise)
     for table in render_comparison(comparison, title):
         console.print(table)
-    worst = comparison.loc[comparison["regret"].idxmax()]
-    console.print(f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS "
-                  f"{int(worst['batch_size'])}; "
-                  f"DSD vs vanilla: {comparison['speedup_vs_vanilla'].min():.2f}x .. "
-                  f"{comparison['speedup_vs_vanilla'].max():.2f}x")
-    if "adaptive_regret" in comparison.columns and comparison["adaptive_regret"].notna().any():
-        aw = comparison.loc[comparison["adaptive_regret"].idxmax()]
-        console.print(f"adaptive: max regret vs best fixed K {aw['adaptive_regret'] * 100:+.1f}% at BS "
-                      f"{int(aw['batch_size'])} (static table there: {aw['regret'] * 100:+.1f}%); "
-                      "--max-regret gates the static table only")
-    for r in below_vanilla_ranges(comparison):
-        console.print(f"[red]flag[/] {r.label()}")
+    for line in verdict_lines(comparison, "; --max-regret gates the static table only"):
+        console.print("[red]flag[/]" + line.removeprefix("flag") if line.startswith("flag ") else line)
     from dsdprof.config.defaults import DEFAULT_CONFIDENCE
     from dsdprof.report.vanilla import validate_vanilla, validate_vanilla_line
 

@@ -264,3 +264,19 @@ def below_vanilla_ranges(comparison: pd.DataFrame) -> list[FlaggedRange]:
     if cur:
         out.append(FlaggedRange(cur[0][0], cur[-1][0], min(s for _, s, _ in cur), cur[0][2]))
     return out
+
+
+def verdict_lines(comparison: pd.DataFrame, adaptive_note: str = "") -> list[str]:
+    """The verdict under a comparison (``validate-report``'s lines, the report page's headline): the
+    worst regret against the best fixed K, DSD's speedup range over vanilla, the adaptive plugin's
+    worst regret (``adaptive_note`` appended), then one ``flag ...`` line per range below vanilla."""
+    worst = comparison.loc[comparison["regret"].idxmax()]
+    speedup = comparison["speedup_vs_vanilla"]
+    lines = [f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS {int(worst['batch_size'])}; "
+             f"DSD vs vanilla: {speedup.min():.2f}x .. {speedup.max():.2f}x"]
+    if "adaptive_regret" in comparison.columns and comparison["adaptive_regret"].notna().any():
+        aw = comparison.loc[comparison["adaptive_regret"].idxmax()]
+        lines.append(f"adaptive: max regret vs best fixed K {aw['adaptive_regret'] * 100:+.1f}% at BS "
+                     f"{int(aw['batch_size'])} (static table there: {aw['regret'] * 100:+.1f}%)"
+                     + adaptive_note)
+    return lines + [f"flag {r.label()}" for r in below_vanilla_ranges(comparison)]

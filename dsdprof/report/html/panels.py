@@ -22,28 +22,11 @@ def _ci(r: Any, col: str) -> str:
     return f"{num(r.get(col))} {interval(r.get(col + '_lo'), r.get(col + '_hi'))}"
 
 
-def validate_headline(comp: Any) -> list[str]:
-    """The verdict ``validate-report`` prints under its tables: the worst regret against the best
-    fixed K, DSD's speedup range over vanilla, the adaptive plugin's worst regret, the flags."""
-    from dsdprof.report.compare import below_vanilla_ranges
-
-    worst = comp.loc[comp["regret"].idxmax()]
-    speedup = comp["speedup_vs_vanilla"]
-    lines = [f"max regret vs best fixed K: {worst['regret'] * 100:+.1f}% at BS {int(worst['batch_size'])}; "
-             f"DSD vs vanilla: {speedup.min():.2f}x .. {speedup.max():.2f}x"]
-    if "adaptive_regret" in comp.columns and comp["adaptive_regret"].notna().any():
-        aw = comp.loc[comp["adaptive_regret"].idxmax()]
-        lines.append(f"adaptive: max regret vs best fixed K {aw['adaptive_regret'] * 100:+.1f}% at BS "
-                     f"{int(aw['batch_size'])} (static table there: {aw['regret'] * 100:+.1f}%)")
-    lines += [f"flag {r.label()}" for r in below_vanilla_ranges(comp)]
-    return lines
-
-
 def validate_panels(rows: pd.DataFrame, confidence: float) -> tuple[list[Panel], list[str]]:
     """``validate-report``'s comparison: tokens/s per user of vanilla, each fixed K, the table's DSD
     (and the adaptive plugin), then regret against the best fixed K and speedup over vanilla; and
-    its verdict lines (:func:`validate_headline`)."""
-    from dsdprof.report.compare import compare, fixed_k_columns
+    its verdict lines (:func:`dsdprof.report.compare.verdict_lines`)."""
+    from dsdprof.report.compare import compare, fixed_k_columns, verdict_lines
     from dsdprof.report.vanilla import validate_vanilla, validate_vanilla_line
 
     comp = compare(rows)
@@ -88,7 +71,7 @@ def validate_panels(rows: pd.DataFrame, confidence: float) -> tuple[list[Panel],
     p.tables.append(TableData("DSD against the best fixed K (regret in %, * below vanilla beyond the noise)",
                               ["BS", "DSD K", "best fixed K", "regret", "interval", "speedup", "repeats"],
                               dec, "validate-decision"))
-    headline = validate_headline(comp)
+    headline = verdict_lines(comp)
     line = validate_vanilla_line(validate_vanilla(rows, confidence), confidence)
     if line:
         p.notes.append(line)
