@@ -91,7 +91,7 @@ def sweep(
 
     Exit codes: 0 done, 1 every cell failed (the first error is printed), 2 bad input (including a
     model that cannot be resolved or loaded), 130 interrupted."""
-    from dsdprof.cli.progress import sweep_progress
+    from dsdprof.cli.progress import run_progress
     from dsdprof.config.spec import load_spec, with_overrides
     from dsdprof.measure.runner import run_sweep
 
@@ -118,7 +118,7 @@ def sweep(
             check_workload_for_engine(spec)  # dataset and lengths, as the engine checks them
         return _print_plan(spec)
     first_error: list[str] = []
-    progress, on_progress = sweep_progress(err_console, notices, first_error)
+    progress, on_progress = run_progress(err_console, "sweep", notices, first_error)
     try:
         with progress:
             if budget is None:

@@ -127,9 +127,10 @@ class LogProgress:
             self._thread.join(timeout=1.0)
 
 
-def sweep_progress(err_console: Console, notices: list[str], first_error: list[str]):
-    """(context manager, callback) for ``sweep``: a rich bar on a terminal, else :class:`LogProgress`.
-    ``notices`` print once the run has planned; failed cells' messages go to ``first_error``."""
+def run_progress(err_console: Console, name: str, notices: list[str], first_error: list[str]):
+    """(context manager, callback) for a run of cells (``sweep``, ``validate``: ``name``): a rich bar
+    on a terminal, else :class:`LogProgress`. ``notices`` print once the run has planned; failed
+    cells' messages go to ``first_error``."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -142,7 +143,7 @@ def sweep_progress(err_console: Console, notices: list[str], first_error: list[s
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), TextColumn("ETA"),
                         TimeRemainingColumn(), console=err_console, transient=False)
-    log = None if err_console.is_terminal else LogProgress(err_console, "sweep")  # logs: plain lines
+    log = None if err_console.is_terminal else LogProgress(err_console, name)  # logs: plain lines
     task = None
 
     def on_progress(ev: Any) -> None:
@@ -160,7 +161,7 @@ def sweep_progress(err_console: Console, notices: list[str], first_error: list[s
             return
         if ev.phase == "plan":
             err_console.print(f"[dim]{ev.message}[/]")
-            task = progress.add_task("sweep", total=ev.total, cell="")
+            task = progress.add_task(name, total=ev.total, cell="")
             return
         if task is None:
             return

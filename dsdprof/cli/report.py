@@ -166,36 +166,6 @@ def _title(prov: dict) -> str:
     return " / ".join(str(prov[k]) for k in ("model", "draft_model", "hardware") if prov.get(k))
 
 
-def _progress():
-    """A progress bar on stderr (plain lines when stderr is not a terminal) and the callback that
-    feeds it from the runner's events."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from dsdprof.cli.progress import LogProgress
-
-    if not err_console.is_terminal:
-        log = LogProgress(err_console, "validate")
-        return log, log
-
-    progress = Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[cell]}"), TimeElapsedColumn(), console=err_console)
-    task = None
-
-    def on_progress(ev) -> None:
-        nonlocal task
-        if ev.phase == "plan":
-            err_console.print(f"[dim]{ev.message}[/]")
-            task = progress.add_task("validate", total=ev.total, cell="")
-        elif task is not None:
-            c = ev.cell
-            progress.update(task, completed=ev.index,
-                            cell=f"BS {c.batch_size:>4} {c.mode} K={c.num_spec_tokens}")
-            if ev.status == "failed":
-                progress.console.print(f"[red]cell {c.cell_id} failed:[/] {ev.message[:300]}")
-    return progress, on_progress
-
-
-
 def _validate(
     table_path: Path = typer.Argument(..., metavar="TABLE",
                                       help="K table (dsdprof.ktable/v1 or /v2 JSON) to serve."),
@@ -234,6 +204,7 @@ def _validate(
     regret, speedup."""
     from datetime import datetime
 
+    from dsdprof.cli.progress import run_progress
     from dsdprof.config.spec import load_spec
     from dsdprof.export.table import load_table
     from dsdprof.jobs.validate import run_validation, table_warnings
@@ -251,7 +222,7 @@ def _validate(
     early = table_warnings(table, spec)
     for w in early:
         err_console.print(f"[yellow]warning:[/] {w}")
-    progress, on_progress = _progress()
+    progress, on_progress = run_progress(err_console, "validate", [], [])
     try:
         with progress:
             summary = run_validation(table, spec, out, ks, table_path=str(table_path), resume=resume,
