@@ -17,6 +17,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import median
 
 from dsdprof.decide.makespan import Grid, predict
 from dsdprof.errors import InputError
@@ -30,12 +31,6 @@ class StepSample:
     batch_size: int
     k: int
     seconds: float
-
-
-def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def _through(pts: Mapping[int, float], k: int, one: Callable[[float, int], float]) -> float:
@@ -81,7 +76,7 @@ class StepModel:
                  num_requests: int, served: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> None:
         self.grid = grid
         self.num_requests = num_requests
-        self.prefill = {v: _median(xs) for v, xs in prefill.items() if xs}
+        self.prefill = {v: median(xs) for v, xs in prefill.items() if xs}
         by: dict[tuple[str, int], dict[int, list[float]]] = {}
         ratios: dict[str, list[float]] = {}
         for s in samples:
@@ -89,14 +84,14 @@ class StepModel:
             ratios.setdefault(s.variant, []).append(s.seconds / grid.itl(s.batch_size, s.k))
         if not by:
             raise InputError("--fit", "0 steps", "the fitted run has no decode steps")
-        self.ratio = {v: _median(r) for v, r in ratios.items()}
+        self.ratio = {v: median(r) for v, r in ratios.items()}
         req_steps: dict[str, list[float]] = {}  # per variant: request-steps, K summed over them
         for s in samples:
             acc = req_steps.setdefault(s.variant, [0.0, 0.0])
             acc[0] += s.batch_size
             acc[1] += s.batch_size * s.k
         self.mean_k = {v: ks / n for v, (n, ks) in req_steps.items() if n}
-        self.ratio_all = _median([x for r in ratios.values() for x in r])
+        self.ratio_all = median([x for r in ratios.values() for x in r])
         self.lines = {key: self._line(key[1], pts) for key, pts in by.items()}
         self.reject: dict[str, float] = {}  # per variant: factor on the grid's rejection probabilities
         # The fixed-K engines' own times at (B, K), and each DSD-mode engine's median ratio to them.
@@ -105,7 +100,7 @@ class StepModel:
             fam = [(s.seconds, self.family(s.batch_size, s.k)) for s in samples if s.variant == v]
             got = [a / f for a, f in fam if f is not None and f > 0]
             if got:
-                self.family_ratio[v] = _median(got)
+                self.family_ratio[v] = median(got)
         self.k_served: dict[str, dict[int, int]] = {}
         for v, pairs in (served or {}).items():
             counts: dict[int, Counter[int]] = {}
@@ -120,7 +115,7 @@ class StepModel:
         """(a, b, smallest B, largest B) over the per-batch-size medians, weighted by steps."""
         xs = sorted(pts)
         ws = [len(pts[b]) for b in xs]
-        ys = [_median(pts[b]) for b in xs]
+        ys = [median(pts[b]) for b in xs]
         w = sum(ws)
         mx = sum(wi * x for wi, x in zip(ws, xs)) / w
         my = sum(wi * y for wi, y in zip(ws, ys)) / w
@@ -186,7 +181,7 @@ class StepModel:
         v = stand_in(variant, self.reject)
         if v is not None:
             return self.reject[v]
-        return _median(list(self.reject.values())) if self.reject and variant != "vanilla" else 1.0
+        return median(list(self.reject.values())) if self.reject and variant != "vanilla" else 1.0
 
     def schedule(self, variant: str, k_of: Callable[[int], int]) -> Callable[[int], int]:
         """The adaptive plugin's K per lookup batch size as it served it in the fitted run: at a batch
@@ -233,7 +228,7 @@ class StepModel:
         if v is not None:
             base = self.prefill[v]
         elif variant != "vanilla" and spec:
-            base = _median(spec)
+            base = median(spec)
         else:
             base = self.prefill.get("vanilla", 0.0)
         return base * num_requests / self.num_requests if self.num_requests else base
