@@ -59,6 +59,18 @@ def _file_metadata(f: Path, source: pa.BufferReader | None = None) -> Provenance
     return meta
 
 
+def read_provenance(path: str | Path) -> ProvenanceRecord:
+    """Provenance stored in the first dsdprof Parquet file under ``path`` (empty if none)."""
+    for f in _parquet_files(Path(path)):
+        try:
+            meta = _file_metadata(f)
+        except Exception:  # noqa: BLE001 - unreadable file or metadata: no provenance from it
+            continue
+        if meta:
+            return meta
+    return {}
+
+
 def read_measurements(path: str | Path, allow_mixed: bool = False) -> pd.DataFrame:
     """All rows of a sweep directory or Parquet file, unvalidated.
 

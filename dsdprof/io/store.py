@@ -388,7 +388,7 @@ class SweepWriter:
 def file_metadata(provenance: ProvenanceRecord,
                   version: str = MEASUREMENT_SCHEMA_VERSION) -> dict[bytes, bytes]:
     """The Parquet key-value metadata of a measurement file: its schema version and the run's
-    provenance (what :func:`dsdprof.io.runs.open_run` reads back as ``stored_provenance``)."""
+    provenance (what :func:`dsdprof.io.readers.read_provenance` reads back)."""
     meta = {"schema_version": version, **provenance}
     return {PARQUET_METADATA_KEY: json.dumps(meta, default=str).encode()}
 

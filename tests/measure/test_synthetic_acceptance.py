@@ -347,6 +347,7 @@ def test_speculative_config_and_labels_of_a_synthetic_run(tmp_path):
     from dsdprof.decide.analysis import analyze_path
     from dsdprof.export.api import table_from_source
     from dsdprof.formats.provenance import is_synthetic
+    from dsdprof.io.readers import read_provenance
     from dsdprof.io.runs import open_run
     from dsdprof.measure.vllm.synthetic import EXTENSION_QUALNAME, engine_kwargs
 
@@ -371,7 +372,7 @@ def test_speculative_config_and_labels_of_a_synthetic_run(tmp_path):
                                               "synthetic_acceptance_rates": [0.9, 0.7, 0.1]},
                                    "sweep": {"num_spec_tokens": [0, 2, 3]}}), start_worker=lambda c, t: None)
     assert fixed.llm_kwargs("fixed-2")["speculative_config"]["synthetic_acceptance_rates"] == [0.9, 0.7]
-    prov = open_run(out).stored_provenance
+    prov = read_provenance(out)
     assert prov["extra_acceptance"].startswith("synthetic") and "[0.9, 0.7, 0.1]" in prov["extra_acceptance"]
     result = analyze_path(open_run(out, "analyze"))
     assert is_synthetic(result.provenance) and title_line(result).endswith("(synthetic acceptance)")
@@ -391,7 +392,7 @@ def test_speculative_config_and_labels_of_a_synthetic_run(tmp_path):
 
     out, seen = _fake_run(tmp_path / "measured", None)
     assert all("rejection_sample_method" not in k.get("speculative_config", {}) for k in seen)
-    assert "extra_acceptance" not in open_run(out).stored_provenance
+    assert "extra_acceptance" not in read_provenance(out)
     result = analyze_path(open_run(out, "analyze"))
     assert not is_synthetic(result.provenance) and "synthetic" not in title_line(result)
     assert result.truth is None and json.loads(analysis_json(result))["synthetic_truth"] is None
