@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dsdprof.config.spec import SweepSpec
 from dsdprof.fleet.store import FleetStore, shard_rel
+from dsdprof.io.runlock import LOCK_FILES
 
 FAULT_DIR_ENV = "DSDPROF_FLEET_FAULT_DIR"
 PART_PREFIX = "part-"
@@ -87,14 +88,6 @@ def _published(name: str, tag: str) -> str:
     return PART_PREFIX + tag + name[len(PART_PREFIX):]
 
 
-def _lock_files() -> tuple[str, ...]:
-    try:
-        from dsdprof.io.runlock import LOCK_FILES
-    except ImportError:  # storage without a run lock
-        return ()
-    return tuple(LOCK_FILES)
-
-
 class Mirror:
     """Keeps a shard's store copy in step with its local sweep directory."""
 
@@ -102,7 +95,7 @@ class Mirror:
         self.store = store
         self.p = placement
         self._sent: dict[str, tuple[int, int]] = {}  # local name -> (size, mtime) last sent
-        self._skip = set(_lock_files())
+        self._skip = set(LOCK_FILES)
 
     def _target(self, name: str) -> str | None:
         """Store path of a local file, or None when it stays local."""
