@@ -23,7 +23,7 @@ import sys
 import pytest
 import torch
 
-from dsdprof.measure.vllm.synthetic import implied_acceptance_length
+from dsdprof.decide.truth import implied_acceptance_length
 from dsdprof.plugins.vllm_synthetic import greedy_kernel, synthetic_walk
 
 RATES = [0.8, 0.6, 0.45]  # the engine test's rates: conditional 0.8, 0.75, 0.75 (a coin at every position)

@@ -18,11 +18,6 @@ from typing import TypedDict
 EXTENSION_QUALNAME = "dsdprof.plugins.vllm_synthetic_cpu.SyntheticAcceptanceCPU"
 
 
-def implied_acceptance_length(rates: list[float], k: int) -> float:
-    """AL(k) the rates imply: 1 + rates[0] + ... + rates[k-1] (tokens per request-step, bonus included)."""
-    return 1.0 + sum(rates[:k])
-
-
 class SyntheticFields(TypedDict, total=False):
     """What synthetic acceptance adds to vLLM's speculative config."""
 
