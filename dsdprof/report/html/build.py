@@ -31,18 +31,16 @@ def _title(prov: ProvenanceView) -> str:
     return provenance_line(prov) or "dsdprof run"
 
 
-def _rollout_file(path: Path) -> bool:
-    from dsdprof.io.rollouts import rollout_path
+def _rollout_rows(path: Path):  # -> pandas.DataFrame | None
+    """The rows of a rollout run (its file read once), None when ``path`` holds no rollout run."""
+    from dsdprof.io.rollouts import read_rollout_rows, rollout_path
 
     if path.is_dir():
-        return rollout_path(path).is_file()
+        return read_rollout_rows(path) if rollout_path(path).is_file() else None
     try:
-        from dsdprof.io.rollouts import read_rollout_rows
-
-        read_rollout_rows(path)
-        return True
+        return read_rollout_rows(path)
     except InputError:
-        return False
+        return None
 
 
 def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_mixed: bool = False) -> Report:
@@ -60,8 +58,8 @@ def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_m
 
     if p.is_dir() and (p / PLAN_FILE).is_file():
         return _drafts(report, p)
-    if _rollout_file(p):
-        return _rollout(report, p)
+    if (rollout := _rollout_rows(p)) is not None:
+        return _rollout(report, rollout)
     if p.is_file() and p.suffix == ".json":  # a table: its answer, but no rows to draw
         return _table_file(report, p, tolerance)
     from dsdprof.io.runs import read_run
@@ -149,12 +147,10 @@ def _validate(report: Report, run: Run, prov: ProvenanceView) -> Report:
     return report
 
 
-def _rollout(report: Report, p: Path) -> Report:
-    from dsdprof.io.rollouts import read_rollout_rows
+def _rollout(report: Report, df) -> Report:  # df: the run's rows (a pandas.DataFrame)
     from dsdprof.report.html.panels import rollout_headline, rollout_panels
 
     report.kind = "rollout"
-    df = read_rollout_rows(p)
     report.answer = Answer(heading="The answer: the table in a rollout, against vanilla and fixed K",
                            headline=rollout_headline(df),
                            missing=["a rollout run serves a table and holds no K grid to export (the tables "
