@@ -46,6 +46,7 @@ from dsdprof.formats.measurements import (
     OPTIONAL_COLUMN_NAMES,
     STATUS_OK,
     arrow_schema,
+    row_values,
 )
 from dsdprof.formats.versions import MEASUREMENT_SCHEMA_VERSION, PARQUET_METADATA_KEY
 from dsdprof.io.atomic import fsync_dir, signals_held, write_bytes_atomic
@@ -223,9 +224,7 @@ class SweepWriter:
 
     def write_row(self, row: Mapping[str, object]) -> None:
         """Record one cell's row; durable now (``flush_rows == 1``) or at the next flush."""
-        unknown = set(row) - set(COLUMN_NAMES) - set(OPTIONAL_COLUMN_NAMES)
-        if unknown:
-            raise ValueError(f"unknown measurement columns {sorted(unknown)}")
+        row_values(row)  # a key no column stores is a ValueError naming it
         if not self._started:
             raise RuntimeError("SweepWriter.start() must be called before write_row()")
         cell_id = str(row["cell_id"])
