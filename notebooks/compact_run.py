@@ -1,6 +1,7 @@
-"""Compact a sweep or validate directory into one small Parquet file (for notebooks/sample_*).
+"""Compact a sweep or validate directory into one small Parquet file (how notebooks/sample_* were
+made; beside make_analysis_notebook.py, which makes the notebook that reads them).
 
-    python -m dsdprof.report.sample RUN_DIR OUT.parquet
+    python notebooks/compact_run.py RUN_DIR OUT.parquet
 
 Rows and the provenance metadata of the first part file are kept; ``pandas.read_parquet`` and
 ``dsdprof analyze``/``plot`` read the result like the directory.
