@@ -167,7 +167,7 @@ class SweepGrid(_Strict):
                                   description="output tokens per request (ignore_eos)")
     warmup: StrictInt = Field(1, ge=0, le=MAX_WAVES,
                               description="unmeasured warm-up waves before each cell (short: each request "
-                                          "at most 64 output tokens, 16 per K of a paired group)")
+                                          "at most 16 output tokens; a paired group: 2 steps a K)")
     repeats: StrictInt = Field(1, ge=1, le=MAX_REPEATS,
                                description="repeat the whole grid, interleaved, for medians")
     design: Literal["paired", "cells"] = Field(

@@ -36,11 +36,13 @@ class WorkerConfig:
 # vLLM methods whose drafter proposes 0..K tokens a step (no match: none): a K cell is a server at K
 VARIABLE_DRAFT_METHODS = frozenset({"ngram", "suffix"})
 PAIRED_HOLD = 4  # steps per K before switching: step 1 verifies the old K, 2 is the first pure, 3-4 are timed
-# A warm-up wave's requests stop after this many output tokens (fewer if the cell's are fewer): it
-# runs the cell's batch shape and, in a paired group, every K of the sequence once (PAIRED_HOLD steps
-# each, at about 4 tokens a step), not a whole output length of unmeasured decoding
-WARMUP_TOKENS = 64
-WARMUP_TOKENS_PER_K = PAIRED_HOLD * 4
+# A warm-up wave runs the cell's decode shapes before its measured waves, traced as wave -1 (not
+# summarised): its requests stop after WARMUP_TOKENS output tokens, or in a paired group once every K
+# has run WARMUP_HOLD steps even if every draft is accepted (:func:`warmup_tokens`). Measured on vLLM's
+# CPU build: a decode shape's first step runs ~5 % slow, its second at the median
+# (docs/lab/vs-serving-sweep-2026-12-06.md, "The warm-up cut"); 64 tokens before 2026-12-07.
+WARMUP_TOKENS = 16
+WARMUP_HOLD = 2
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,15 @@ def k_sequence(group: tuple[int, ...], wave: int, hold: int) -> list[int]:
 
     # plain ints on the wire: an Arm is its negative value (plugins.names)
     return [int(group[j]) for j in balanced_order(len(group), wave) for _ in range(hold)]
+
+
+def warmup_tokens(req: CellRequest) -> int:
+    """Output tokens a warm-up wave's request runs: :data:`WARMUP_TOKENS`; in a paired group at least
+    one round of its K sequence at :data:`WARMUP_HOLD` steps a K with every draft accepted (``K + 1``
+    tokens a step; an arm, < 0, up to ``positions + 1``), so every K's shape runs before the measured
+    waves. Never more than the cell's own output length (the caller's cap)."""
+    per_round = sum((k if k >= 0 else req.positions) + 1 for k in req.group)
+    return max(WARMUP_TOKENS, WARMUP_HOLD * per_round)
 
 
 def request_seeds(seed: int, prompt_index: int, batch_size: int) -> list[int]:
@@ -184,10 +195,8 @@ class CellRun:
         if os.path.exists(self.trace_path):
             os.unlink(self.trace_path)  # a retried cell starts a fresh trace
         llm.reset_prefix_cache()  # no cell inherits another's cached prompts
-        for w in range(req.warmup):
-            # warm-up: prompts outside the measured ones, at most WARMUP_TOKENS output tokens each
-            self._wave(-1 - w, req.prompt_offset + req.waves + w,
-                       cap=max(WARMUP_TOKENS, WARMUP_TOKENS_PER_K * len(req.group or ())))
+        for w in range(req.warmup):  # prompts outside the measured ones
+            self._wave(-1 - w, req.prompt_offset + req.waves + w, cap=warmup_tokens(req))
         self.before = snapshot_from_metrics(llm.get_metrics())
         self.timings: list = []
         self.wall = 0.0
@@ -200,12 +209,12 @@ class CellRun:
 
         req = self.req
         extra: dict[str, Any] = {RUN_ARG: self.run_token, GATE_ARG: req.batch_size}
-        if req.group:
-            extra[K_SEQ_ARG] = k_sequence(req.group, wave + req.order_offset, req.hold)
+        if req.group:  # a warm-up wave holds each K WARMUP_HOLD steps
+            extra[K_SEQ_ARG] = k_sequence(req.group, wave + req.order_offset,
+                                          req.hold if wave >= 0 else min(req.hold, WARMUP_HOLD))
         elif req.num_spec_tokens is not None:
             extra[K_EXTRA_ARG] = req.num_spec_tokens
-        if wave >= 0:
-            extra.update({TRACE_ARG: self.name, WAVE_ARG: wave})
+        extra.update({TRACE_ARG: self.name, WAVE_ARG: wave})  # a warm-up's wave < 0: traced, not summarised
         return SamplingParams(
             max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
             temperature=req.temperature, seed=seed if req.temperature > 0 else None, extra_args=extra)
