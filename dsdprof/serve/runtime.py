@@ -81,12 +81,8 @@ def build_lookup(ranges: Sequence[Sequence[int]], cap: int, dense_cap: int = DEN
     starts = [r[0] for r in ranges]
     ks = [min(r[2], cap) for r in ranges]
     dense_end = min(max(starts[-1], DENSE_MIN), dense_cap)
-    dense: list[int] = [ks[0]]  # index 0: K of batch size 1 (documented n <= 0 behaviour)
-    for (start, end, _), k in zip(ranges, ks):
-        if start > dense_end:
-            break
-        dense.extend([k] * (min(end, dense_end) - start + 1))
-    dense.extend([ks[-1]] * (dense_end + 1 - len(dense)))  # carry forward past the last range
+    dense = lookup_list(ranges, cap, dense_end) if dense_end else [0]
+    dense[0] = ks[0]  # K of batch size 1 (documented n <= 0 behaviour)
     lookup = _Lookup(enumerate(dense))
     lookup._starts, lookup._ks = starts, ks
     lookup._tail_start, lookup._tail_k, lookup._k_of_1 = starts[-1], ks[-1], ks[0]
