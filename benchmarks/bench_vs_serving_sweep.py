@@ -42,13 +42,45 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dsdprof.report.guidellm import ClientPoint, mean_interval, read_guidellm, tuner_pick
+from dsdprof.errors import InputError
+from dsdprof.report.guidellm import ClientPoint, read_guidellm, t90
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 DSDPROF = [PY, "-m", "dsdprof.cli"]
 GUIDELLM = ROOT / ".venv-guidellm" / "bin" / "guidellm"
 MAX_BS = 1048576
+TUNER_TIE = 0.01  # PR 49163: candidates within 1 % of the best conservative score are tied
+TUNER_MAD_PENALTY = 1.0  # conservative score = median - penalty * MAD (the PR's penalty is configurable)
+
+
+def mad(xs: list[float]) -> float:
+    """Median absolute deviation (unscaled)."""
+    m = statistics.median(xs)
+    return statistics.median(abs(x - m) for x in xs)
+
+
+def tuner_pick(samples: dict[int, list[float]], tie: float = TUNER_TIE,
+               penalty: float = TUNER_MAD_PENALTY) -> int:
+    """The K that the tuner of vLLM's PR 49163 (``vllm bench sweep tune_speculative_k``, closed unmerged)
+    picks at one batch size from repeated output tokens/s per K: score = median - ``penalty`` x MAD;
+    every K within ``tie`` of the best score is tied, the smallest tied K wins."""
+    if not samples or any(len(v) == 0 for v in samples.values()):
+        raise InputError("samples", {k: len(v) for k, v in samples.items()}, "need >= 1 repeat per K")
+    score = {k: statistics.median(v) - penalty * mad(v) for k, v in samples.items()}
+    best = max(score.values())
+    return min(k for k, s in score.items() if s >= best * (1.0 - tie))
+
+
+def mean_interval(xs: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean with its two-sided 90 % t interval (low = high = mean for one value)."""
+    if not xs:
+        raise InputError("values", [], "need at least one value")
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, m, m
+    h = t90(len(xs)) * statistics.stdev(xs) / len(xs) ** 0.5
+    return m, m - h, m + h
 
 
 def engine_env() -> dict[str, str]:

@@ -7,11 +7,6 @@ kind=concurrent,streams=[...]``). :func:`read_guidellm` turns a report into one
 :class:`ClientPoint` per benchmark (its concurrency, output tokens/s, ITL, TTFT, the request
 counts). Bad input is an :class:`~dsdprof.errors.InputError` naming the field and the value.
 
-:func:`tuner_pick` is the selection policy of vLLM's proposed ``vllm bench sweep
-tune_speculative_k`` (PR 49163, closed unmerged): the median over repeats less a MAD penalty,
-candidates within 1 % of the best treated as tied, the smallest K of the tie chosen.
-:func:`mean_interval` is the interval a point is judged with (a t interval over repeats).
-
 Stdlib only: the guidellm package itself is not needed to read its reports.
 """
 
@@ -19,19 +14,14 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dsdprof.errors import InputError
 
-__all__ = ["ClientPoint", "read_guidellm", "parse_guidellm", "tuner_pick", "mean_interval", "TUNER_TIE",
-           "TUNER_MAD_PENALTY"]
-
-TUNER_TIE = 0.01  # PR 49163: candidates within 1 % of the best conservative score are tied
-TUNER_MAD_PENALTY = 1.0  # conservative score = median - penalty * MAD (the PR's penalty is configurable)
+__all__ = ["ClientPoint", "read_guidellm", "parse_guidellm", "t90"]
 
 # two-sided 90 % Student t quantiles by degrees of freedom (1..30); beyond: the normal's 1.645
 _T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761,
@@ -146,36 +136,7 @@ def _short(v: Any) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
-def mad(xs: Sequence[float]) -> float:
-    """Median absolute deviation (unscaled)."""
-    m = statistics.median(xs)
-    return statistics.median(abs(x - m) for x in xs)
-
-
-def tuner_pick(samples: Mapping[int, Sequence[float]], tie: float = TUNER_TIE,
-               penalty: float = TUNER_MAD_PENALTY) -> int:
-    """The K PR 49163's tuner picks at one batch size from repeated output tokens/s per K:
-    score = median - ``penalty`` x MAD; every K within ``tie`` of the best score is tied, the
-    smallest tied K wins."""
-    if not samples or any(len(v) == 0 for v in samples.values()):
-        raise InputError("samples", {k: len(v) for k, v in samples.items()}, "need >= 1 repeat per K")
-    score = {k: statistics.median(v) - penalty * mad(v) for k, v in samples.items()}
-    best = max(score.values())
-    return min(k for k, s in score.items() if s >= best * (1.0 - tie))
-
-
 def t90(n: int) -> float:
     """The two-sided 90 % Student t quantile for the mean of ``n >= 2`` values (n - 1 degrees of
     freedom; the normal's 1.645 beyond 31)."""
     return _T90[n - 2] if n - 1 <= len(_T90) else 1.645
-
-
-def mean_interval(xs: Sequence[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the mean with its two-sided 90 % t interval (low = high = mean for one value)."""
-    if not xs:
-        raise InputError("values", [], "need at least one value")
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, m, m
-    h = t90(len(xs)) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return m, m - h, m + h
