@@ -13,7 +13,7 @@ and the fleet export both call :func:`table_from_source` / :func:`export_documen
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -61,26 +61,23 @@ class ExportFormat:
     data), ``check`` validates a document before it replaces a file, ``read`` reads dsdprof's own
     document back as a v1 table (None: not this format's; ``label`` names it in ``dsdprof show``).
     ``engine``: the server named in the vanilla warning ("" for none: the document does not
-    speculate); ``validate_first``: a table given to :func:`format_table` is validated before it
-    is written; ``check_written``: the document is checked right after it is built."""
+    speculate); ``check_written``: the document is checked right after it is built."""
 
     name: str
     write: Callable[[ServedTable], Mapping[str, object]]  # a KTable or an engine's config
     check: Callable[[Any], Any]
     engine: str = "vLLM"
-    validate_first: bool = True
     check_written: bool = False
     read: Callable[[dict[str, Any]], KTable | None] | None = None
     label: str = ""
 
 
 FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
-    ExportFormat("table", _portable, validate_table, validate_first=False),
+    ExportFormat("table", _portable, validate_table),
     ExportFormat("vllm", vllm_config_document, check_vllm_config, read=read_vllm_config,
                  label="vLLM --speculative-config"),
     # the graphs the measurement captured, for the server of the "vllm" export
-    ExportFormat("vllm-compilation", vllm_compilation_config, check_vllm_compilation_config, engine="",
-                 validate_first=False),
+    ExportFormat("vllm-compilation", vllm_compilation_config, check_vllm_compilation_config, engine=""),
     ExportFormat("trtllm", trtllm_config_document, check_trtllm_config, engine="TensorRT-LLM",
                  check_written=True, read=read_trtllm_config, label="TensorRT-LLM speculative_config"),
 )}
@@ -244,19 +241,6 @@ def _context_table(by_context: ContextAnalysis, ranges: dict[int, list[list[int]
     return table, warnings
 
 
-def format_table(table: KTable, fmt: str) -> ExportDocument:
-    """``table`` in format ``fmt`` (InputError naming ``--format`` on an unknown one): validated
-    first (engine configs), written, and checked (TensorRT-LLM's)."""
-    f = export_format(fmt)
-    vanilla = [w for w in [vanilla_warning(table, f.engine or "vLLM")] if w]
-    if f.validate_first:
-        validate_table(table)
-    doc = f.write(table)
-    if f.check_written:
-        f.check(doc)
-    return ExportDocument(doc, f.check, vanilla if f.engine else [])
-
-
 def export_document(source: str | Path | Run, fmt: str = "table", tolerance: float = DEFAULT_TOLERANCE,
                     allow_mixed: bool = False, allow_partial: bool = False,
                     context: int | None = None) -> ExportDocument:
@@ -284,7 +268,7 @@ def export_document(source: str | Path | Run, fmt: str = "table", tolerance: flo
             served = check_context(context if context is not None else default_context(table))
         elif context is not None:
             raise _no_context_axis(source, context)
-        document = _engine_document(table, fmt, context, served, warnings)
+        document = format_table(table, fmt, context, served, warnings)
     except (InputError, TableError) as err:
         refusal = err
     validate_table(table)  # last: the path calls back nowhere after it
@@ -302,16 +286,17 @@ def _no_context_axis(source: str | Path | Run, context: int) -> InputError:
                       "context_lens)")
 
 
-def _engine_document(table: KTable, fmt: str, context: int | None, served: int | None,
-                     warnings: list[str]) -> ExportDocument:
-    """An engine's config (``fmt``: vllm, vllm-compilation, trtllm) serving ``table``'s slice at
-    ``served`` (the whole table when None), from plain data: the caller validates the table last.
-    A format that checks what it wrote (TensorRT-LLM's rules) does so here, after the document is made."""
+def format_table(table: KTable, fmt: str, context: int | None = None, served: int | None = None,
+                 warnings: Sequence[str] = ()) -> ExportDocument:
+    """``table`` in format ``fmt`` (InputError naming ``--format`` on an unknown one), serving its
+    slice at ``served`` (the whole table when None), from plain data: the caller validates the table
+    (last, on the export path). A format that checks what it wrote (TensorRT-LLM's rules) does so
+    here, after the document is made. ``warnings``: the export's so far."""
     from dsdprof.export.context import context_notice, served_view
 
     f = export_format(fmt)
     if table.get("contexts"):
-        warnings = warnings + [w for w in [context_notice(table, context)] if w]
+        warnings = [*warnings, *[w for w in [context_notice(table, context)] if w]]
     warnings = [w for w in warnings if "per-position" not in w]  # a note on the portable table only
     view = served_view(table, served)
     vanilla = [w for w in [vanilla_warning(view, f.engine or "vLLM")] if w]
@@ -329,8 +314,8 @@ def _portable_document(source: str | Path | Run, table: KTable, warnings: list[s
     from dsdprof.export.context import check_context, context_notice, served_view
 
     if context is None:
-        out = format_table(table, "table")
-        document = ExportDocument(out.doc, out.check, warnings + out.warnings)
+        vanilla = [w for w in [vanilla_warning(table)] if w]
+        document = ExportDocument(table, validate_table, warnings + vanilla)
         validate_table(table)  # last: the path calls back nowhere after it
         return document
     if not table.get("contexts"):
