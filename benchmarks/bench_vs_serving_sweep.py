@@ -250,11 +250,17 @@ def _point_dict(p: ClientPoint) -> dict[str, Any]:
 
 def measure_round(servers: list[Server], phase: str, repeats: int, batch_sizes: list[int],
                   min_requests: dict[int, int], spec: dict[str, Any], out: Path,
-                  results: dict[str, Any], group: int = 0) -> None:
-    """``repeats`` guidellm repeats over every server, the order rotated each repeat."""
+                  results: dict[str, Any], group: int = 0, stop_by: float = 0.0) -> None:
+    """``repeats`` guidellm repeats over every server, the order rotated each repeat; with ``stop_by``
+    (epoch s), a repeat starts only if it ends before then at the longest guidellm run so far."""
     rows = results.setdefault(phase, [])
     done = {(r.get("group", 0), r["variant"], r["repeat"]) for r in rows}
     for r in range(repeats):
+        longest = max((x["wall_s"] for x in rows), default=0.0)
+        if stop_by and time.time() + len(servers) * longest > stop_by:
+            results.setdefault("stopped_by_deadline", {})[str(group)] = r
+            _log(f"{phase} g{group}: repeat {r} not started (would end after --stop-by)")
+            return
         order = servers[r % len(servers):] + servers[:r % len(servers)]
         for s in order:
             if (group, s.name, r) in done:
@@ -611,6 +617,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="output tokens per request, both methods (guidellm's tok/s counts TTFT: at the "
                          "toy spec's 32 it is most of a request at BS 1, docs/lab)")
     ap.add_argument("--repeats", type=int, default=3, help="baseline: guidellm repeats per server")
+    ap.add_argument("--judge-repeats", type=int, default=0,
+                    help="guidellm repeats of a group serving a table (default: --repeats)")
+    ap.add_argument("--stop-by", default="",
+                    help="HH:MM UTC: a judge group's repeat starts only if it ends before then")
     ap.add_argument("--groups", default="vanilla,fixed-0,fixed-1,fixed-2;vanilla,fixed-3,fixed-4;"
                                         "vanilla,table-dsdprof,table-baseline",
                     help="servers alive together, ';' between groups (memory: ~4.3 GB per toy server); "
@@ -672,6 +682,11 @@ def main(argv: list[str] | None = None) -> int:
     # 24 GB host holds four; vanilla in every group anchors the speedups (drift cancels within a
     # group, where the repeats interleave)
     groups = [g.split(",") for g in a.groups.split(";")]
+    stop_by = 0.0
+    if a.stop_by:  # today's HH:MM UTC
+        hh, mm = (int(x) for x in a.stop_by.split(":"))
+        now = time.gmtime()
+        stop_by = time.time() + ((hh - now.tm_hour) * 60 + mm - now.tm_min) * 60 - now.tm_sec
     port = a.port
     servers: list[Server] = []
     try:
@@ -686,6 +701,15 @@ def main(argv: list[str] | None = None) -> int:
                     names = [n for n in names if n != "table-baseline"]  # the same K at every measured BS
                     results["judge_note"] = "the tables serve the same K at every batch size: one server"
                     _log(results["judge_note"])
+            judge = any(n.startswith("table-") for n in names)
+            n_rep = (a.judge_repeats or a.repeats) if judge else a.repeats
+            longest = max((x["wall_s"] for x in results.get("baseline", [])), default=0.0)
+            late = judge and stop_by and time.time() + 120 + len(names) * longest > stop_by
+            if names == ["vanilla"] or late:  # 120 s: the servers' start
+                _log(f"group {gi} ({', '.join(names)}) not started: "
+                     + ("one repeat would end after --stop-by" if late else "nothing but vanilla"))
+                results.setdefault("stopped_by_deadline", {})[str(gi)] = 0
+                continue
             for name in names:
                 port += 1
                 if name == "vanilla":
@@ -697,12 +721,13 @@ def main(argv: list[str] | None = None) -> int:
                 servers.append(make_server(name, table, spec, port, out))
             if all((gi, s.name, r) in {(x.get("group", 0), x["variant"], x["repeat"])
                                        for x in results.get("baseline", [])}
-                   for s in servers for r in range(a.repeats)):
+                   for s in servers for r in range(n_rep)):
                 continue
             _log(f"phase 2, group {gi}: " + ", ".join(names))
             load0 = _load()
             wall = start_all(servers, at_once=len(servers))
-            measure_round(servers, "baseline", a.repeats, bss, reqs, spec, out, results, group=gi)
+            measure_round(servers, "baseline", n_rep, bss, reqs, spec, out, results, group=gi,
+                          stop_by=stop_by if judge else 0.0)
             results.setdefault("group_load", {})[str(gi)] = [load0, _load()]  # 1-min load, start / end
             counters = {s.name: spec_counters(s.port) for s in servers}
             results.setdefault("spec_counters", {})[str(gi)] = counters

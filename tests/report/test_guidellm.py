@@ -289,3 +289,24 @@ def test_bench_report_speedups_regret_and_cost():
     assert "dsdprof-budget / baseline: 25 %" in text and "dsdprof --budget 12w: sweep 50 s" in text
     assert "regret baseline (table-baseline):  20.0 %" in text  # 1.6x against fixed-2's 2x, its own group
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_bench_judge_repeats_stop_before_the_deadline(tmp_path, monkeypatch):
+    """``--stop-by``: a judge repeat starts only if it ends in time at the longest guidellm run so far."""
+    from types import SimpleNamespace
+
+    b = _bench()
+    clock = [1000.0]
+    monkeypatch.setattr(b.time, "time", lambda: clock[0])
+    monkeypatch.setattr(b, "_log", lambda msg: None)
+
+    def run(server, *a):  # each guidellm run takes 100 s
+        clock[0] += 100.0
+        return []
+    monkeypatch.setattr(b, "run_guidellm", run)
+    servers = [SimpleNamespace(name=n) for n in ("vanilla", "table-dsdprof")]
+    results: dict = {}
+    b.measure_round(servers, "baseline", 3, [1], {1: 4}, {}, tmp_path, results, group=2, stop_by=1450.0)
+    assert sorted((r["repeat"], r["variant"]) for r in results["baseline"]) == [
+        (0, "table-dsdprof"), (0, "vanilla"), (1, "table-dsdprof"), (1, "vanilla")]
+    assert results["stopped_by_deadline"] == {"2": 2}  # at 1400 s a third repeat would end at 1600
