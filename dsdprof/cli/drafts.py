@@ -96,11 +96,9 @@ def _drafts_report(
                (ranking_plot, lambda: ranking_figure(comp, weights)))
     for path, fig in figures:
         if path:
-            import io
+            from dsdprof.report.plots import render_png, write_png
 
-            buf = io.BytesIO()
-            fig().savefig(buf, format="png")
-            write_bytes_atomic(path, buf.getvalue())
+            write_png(path, render_png(fig()))
     if table and draft:
         write_json_atomic(table, mix_ktable(comp, draft, weights), force=force)
 
