@@ -92,13 +92,13 @@ def _drafts_report(
         print(json.dumps(drafts_json(comp, weights), indent=1))
     elif not md and not text_out:
         print(text)
-    figures = ((plot, lambda: drafts_figure(comp, weights)),
-               (ranking_plot, lambda: ranking_figure(comp, weights)))
-    for path, fig in figures:
+    figures = (("--plot", plot, lambda: drafts_figure(comp, weights)),
+               ("--ranking-plot", ranking_plot, lambda: ranking_figure(comp, weights)))
+    for opt, path, fig in figures:
         if path:
             from dsdprof.report.plots import render_png, write_png
 
-            write_png(path, render_png(fig()))
+            write_png(path, render_png(fig()), opt)
     if table and draft:
         write_json_atomic(table, mix_ktable(comp, draft, weights), force=force)
 

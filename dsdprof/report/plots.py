@@ -389,9 +389,9 @@ def render_png(fig) -> bytes:
     return data
 
 
-def write_png(path: Path, data: bytes) -> None:
-    """Atomic write of a checked PNG; an unwritable destination is one line naming --out."""
+def write_png(path: Path, data: bytes, field: str = "--out") -> None:
+    """Atomic write of a checked PNG; an unwritable destination is one line naming ``field``."""
     try:
         write_bytes_atomic(path, data)
     except OSError as err:
-        raise InputError("--out", str(path), f"cannot be written ({err.strerror or err})") from None
+        raise InputError(field, str(path), f"cannot be written ({err.strerror or err})") from None
