@@ -44,13 +44,12 @@ from dsdprof.formats.ktable_types import KTable
 from dsdprof.plugins.names import ARM_ENGINE
 from dsdprof.plugins.serving import ServingAsyncScheduler, ServingScheduler
 from dsdprof.plugins.spec_count import SpecCount
-from dsdprof.plugins.vllm_profiling import build_for_config, class_for_config
+from dsdprof.plugins.vllm_profiling import scheduler_pair
 from dsdprof.serve.adaptive import AdaptiveKSelector
 from dsdprof.serve.runtime import batch_context
 from dsdprof.serve.settings import AdaptiveSettingError, AdaptiveSettings, resolve_settings
 
 if TYPE_CHECKING:  # vLLM's types (Any to the type checker, which does not follow vLLM: pyproject.toml)
-    from vllm.config import SchedulerConfig
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.engine import EngineCoreOutputs
     from vllm.v1.request import Request
@@ -317,11 +316,5 @@ class AdaptiveAsyncScheduler(ServingAsyncScheduler):
     k_part = staticmethod(AdaptiveK)
 
 
-def scheduler_class_for(scheduler_config: SchedulerConfig) -> type:
-    """The class :func:`make_scheduler` builds for vLLM's resolved scheduler config."""
-    return class_for_config(scheduler_config, AdaptiveScheduler, AdaptiveAsyncScheduler)
-
-
-def make_scheduler(*args: object, **kwargs: object) -> ServingScheduler:
-    """``scheduler_cls`` for vLLM: the adaptive scheduler matching vLLM's own async choice."""
-    return build_for_config(AdaptiveScheduler, AdaptiveAsyncScheduler, args, kwargs)
+# the adaptive scheduler matching vLLM's own async choice (dsdprof.engines.vllm_adaptive.make_scheduler)
+scheduler_class_for, make_scheduler = scheduler_pair(AdaptiveScheduler, AdaptiveAsyncScheduler)

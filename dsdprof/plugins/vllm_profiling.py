@@ -45,6 +45,7 @@ costs: docs/measurement.md ("The step trace and steady-state steps") and docs/vl
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import vllm
@@ -361,22 +362,20 @@ class TracingAsyncScheduler(_DsdprofMixin, AsyncScheduler):
     _dsdprof_defer = True  # so little of it is in the step: per-request bookkeeping built when idle
 
 
-def class_for_config(scheduler_config, sync_cls: type, async_cls: type) -> type:
-    """``async_cls`` when vLLM resolved ``async_scheduling`` on for this engine, else ``sync_cls``."""
-    return async_cls if getattr(scheduler_config, "async_scheduling", False) else sync_cls
+def scheduler_pair(sync_cls: type, async_cls: type) -> tuple[Callable[..., type], Callable[..., object]]:
+    """A plugin module's ``(scheduler_class_for, make_scheduler)`` for its pair of schedulers:
+    the class matching the ``async_scheduling`` vLLM resolved for this engine (``async_cls`` when
+    on), and the ``scheduler_cls`` vLLM calls, building that class from the ``vllm_config`` it passes."""
+
+    def scheduler_class_for(scheduler_config) -> type:
+        return async_cls if getattr(scheduler_config, "async_scheduling", False) else sync_cls
+
+    def make_scheduler(*args, **kwargs):
+        vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+        return scheduler_class_for(vllm_config.scheduler_config)(*args, **kwargs)
+
+    return scheduler_class_for, make_scheduler
 
 
-def build_for_config(sync_cls: type, async_cls: type, args: tuple, kwargs: dict):
-    """Instantiate the class matching the ``vllm_config`` vLLM passes to ``scheduler_cls``."""
-    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
-    return class_for_config(vllm_config.scheduler_config, sync_cls, async_cls)(*args, **kwargs)
-
-
-def scheduler_class_for(scheduler_config) -> type:
-    """The class :func:`make_scheduler` builds for vLLM's resolved scheduler config."""
-    return class_for_config(scheduler_config, TracingScheduler, TracingAsyncScheduler)
-
-
-def make_scheduler(*args, **kwargs):
-    """``scheduler_cls`` for vLLM: build the tracing scheduler matching vLLM's own choice."""
-    return build_for_config(TracingScheduler, TracingAsyncScheduler, args, kwargs)
+# the tracing scheduler matching vLLM's own choice (dsdprof.engines.vllm_scheduler.make_scheduler)
+scheduler_class_for, make_scheduler = scheduler_pair(TracingScheduler, TracingAsyncScheduler)

@@ -14,13 +14,8 @@ calls vLLM's straight away.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dsdprof.plugins.serving import ServingAsyncScheduler, ServingScheduler
-from dsdprof.plugins.vllm_profiling import build_for_config, class_for_config
-
-if TYPE_CHECKING:
-    from vllm.config import SchedulerConfig
+from dsdprof.plugins.vllm_profiling import scheduler_pair
 
 
 class StaticScheduler(ServingScheduler):
@@ -31,11 +26,5 @@ class StaticAsyncScheduler(ServingAsyncScheduler):
     """vLLM's async scheduler + dsdprof's metrics."""
 
 
-def scheduler_class_for(scheduler_config: SchedulerConfig) -> type:
-    """The class :func:`make_scheduler` builds for vLLM's resolved scheduler config."""
-    return class_for_config(scheduler_config, StaticScheduler, StaticAsyncScheduler)
-
-
-def make_scheduler(*args: object, **kwargs: object) -> ServingScheduler:
-    """``scheduler_cls`` for vLLM: the static scheduler with metrics, matching vLLM's async choice."""
-    return build_for_config(StaticScheduler, StaticAsyncScheduler, args, kwargs)
+# the static scheduler with metrics matching vLLM's async choice (engines.vllm_static.make_scheduler)
+scheduler_class_for, make_scheduler = scheduler_pair(StaticScheduler, StaticAsyncScheduler)
