@@ -203,7 +203,7 @@ def _footer(result, console: Console, err_console: Console, conf: str) -> None:
 
     cov = result.coverage
     if cov is not None and not cov.complete:
-        err_console.print(f"warning: partial run: {cov.describe()} (grid from the {cov.grid_from}); "
+        err_console.print(f"warning: partial run: {cov.summary} (grid from the {cov.grid_from}); "
                           "`dsdprof export` refuses it unless --allow-partial", style="yellow",
                           markup=False, highlight=False)
     if result.provenance.get("pooled_runs"):

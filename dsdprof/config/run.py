@@ -106,7 +106,7 @@ class Coverage:
     grid_from: str = "manifest"
     first_error: str = ""  # the first failed cell's error at a missing batch size or cell
     complete: bool = field(init=False)  # no gap (plain data: derived when made)
-    summary: str = field(init=False)  # :meth:`describe`'s line
+    summary: str = field(init=False)  # one line naming the gaps ("" when complete)
     gap_summary: str = field(init=False)  # ... without the first error
 
     def __post_init__(self) -> None:
@@ -117,10 +117,6 @@ class Coverage:
     def record(self) -> dict[str, object]:
         """The fields it was made of (what ``analyze --json`` writes; the others derive from them)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-
-    def describe(self) -> str:
-        """One line naming the gaps ("" when complete): :attr:`summary`."""
-        return self.summary
 
     def _describe(self, first_error: str) -> str:
         parts = []
