@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypedDict, cast
 
-from dsdprof.formats.measurements import ProvenanceColumns, columns_schema, row_columns
+from dsdprof.formats.measurements import ProvenanceColumns, row_columns
 
 KIND_ROLLOUT = "rollout"  # every request submitted at t = 0, heavy-tailed output lengths
 KIND_SERVING = "serving"  # Poisson arrivals at rate_per_s
@@ -83,10 +83,6 @@ class RolloutRow(_RunColumns, ProvenanceColumns):
 
 ROLLOUT_COLUMNS = row_columns(RolloutRow)
 ROLLOUT_COLUMN_NAMES = tuple(c.name for c in ROLLOUT_COLUMNS)
-
-
-def rollout_arrow_schema() -> Any:  # a pyarrow.Schema (formats/ imports the stdlib only)
-    return columns_schema(ROLLOUT_COLUMNS)
 
 
 def empty_rollout_row() -> RolloutRow:

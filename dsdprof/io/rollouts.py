@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dsdprof.errors import InputError
-from dsdprof.formats.rollouts import ROLLOUT_COLUMN_NAMES, ROLLOUT_FILE, rollout_arrow_schema
+from dsdprof.formats.measurements import columns_schema
+from dsdprof.formats.rollouts import ROLLOUT_COLUMN_NAMES, ROLLOUT_COLUMNS, ROLLOUT_FILE
 from dsdprof.formats.versions import PARQUET_METADATA_KEY, READABLE_ROLLOUT_VERSIONS, ROLLOUT_SCHEMA_VERSION
 from dsdprof.io.atomic import write_bytes_atomic
 from dsdprof.io.store import file_metadata
@@ -30,7 +31,7 @@ def write_rollout_rows(path: str | Path, rows: Sequence[Mapping[str, Any]],
     import pyarrow.parquet as pq
 
     p = Path(path)
-    schema = rollout_arrow_schema().with_metadata(file_metadata(provenance, ROLLOUT_SCHEMA_VERSION))
+    schema = columns_schema(ROLLOUT_COLUMNS).with_metadata(file_metadata(provenance, ROLLOUT_SCHEMA_VERSION))
     table = pa.Table.from_pylist([{c: r.get(c) for c in ROLLOUT_COLUMN_NAMES} for r in rows], schema=schema)
     buf = io.BytesIO()
     pq.write_table(table, buf)
