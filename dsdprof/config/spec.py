@@ -104,15 +104,18 @@ def load_spec(path: str | Path) -> SweepSpec:
     return parse_spec(read_spec_toml(path))
 
 
-def read_spec_toml(path: str | Path) -> dict[str, Any]:
-    """A spec file's TOML, unvalidated; a missing file or bad TOML is one :class:`InputError`."""
+def read_spec_toml(path: str | Path, field: str = "spec", value: str | None = None,
+                   missing: str = "file not found") -> dict[str, Any]:
+    """A spec (or fleet) file's TOML, unvalidated; a missing file or bad TOML is one
+    :class:`InputError` naming ``field`` and ``value`` (default: the path)."""
     p = Path(path)
+    shown = str(p) if value is None else value
     if not p.is_file():
-        raise InputError("spec", str(p), "file not found")
+        raise InputError(field, shown, missing)
     try:
         return tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InputError("spec", str(p), f"not valid TOML ({err})") from None
+        raise InputError(field, shown, f"not valid TOML ({err})") from None
 
 
 def check_workload_for_engine(spec: SweepSpec) -> None:

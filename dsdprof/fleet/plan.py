@@ -15,7 +15,6 @@ import hashlib
 import itertools
 import json
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dsdprof.config.defaults import DEFAULT_TOLERANCE
-from dsdprof.config.spec import SweepSpec, parse_spec
+from dsdprof.config.spec import SweepSpec, parse_spec, read_spec_toml
 from dsdprof.errors import InputError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -164,12 +163,7 @@ def _read_spec_data(ref: str | dict[str, Any], base_dir: Path, where: str) -> di
     if isinstance(ref, dict):
         return copy.deepcopy(ref)
     path = (base_dir / ref) if not Path(ref).is_absolute() else Path(ref)
-    if not path.is_file():
-        raise InputError(where, ref, f"spec file not found ({path})")
-    try:
-        return tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InputError(where, ref, f"not valid TOML ({err})") from None
+    return read_spec_toml(path, where, ref, f"spec file not found ({path})")
 
 
 def _apply_hardware(data: dict[str, Any], hardware: str | None) -> str:
@@ -332,12 +326,7 @@ def parse_fleet(data: dict[str, Any], base_dir: str | Path = ".", source: str = 
 def load_fleet(path: str | Path, out: str | None = None) -> FleetPlan:
     """Read and validate a fleet file; ``out`` overrides ``[fleet] out``."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError("fleet", str(p), "file not found")
-    try:
-        data = tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InputError("fleet", str(p), f"not valid TOML ({err})") from None
+    data = read_spec_toml(p, "fleet")
     if out is not None and isinstance(data.get("fleet"), dict):
         data["fleet"]["out"] = out if "://" in out else str(Path(out).resolve())
     return parse_fleet(data, p.parent, str(p))
