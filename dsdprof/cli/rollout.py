@@ -146,9 +146,9 @@ def why_lines(df, table: KTable | None) -> list[str]:
     sp = repeat_spread(df)
     if sp.dof:
         out.append(f"repeats spread {_pct(sp.sd)} here (pooled log SD over variants); the paired ratios "
-                   "cancel it. A replay (dsdprof replay --fit) of or from this run: read its fit point"
-                   + (" (both runs < 5 %)" if sp.sd < QUIET_SPREAD else " only if the other run's "
-                      "repeats also spread < 5 %; else its band") + ".")
+                   "cancel it. A replay (dsdprof replay --fit) of or from this run: read "
+                   + ("its fit point only if the other run's repeats also spread < 5 %; else its band"
+                      if sp.sd < QUIET_SPREAD else "its band, not its point (here not < 5 %)") + ".")
     for v in ("dsd", "adaptive"):
         sh = shortfall(df, table, v)
         if sh is None:

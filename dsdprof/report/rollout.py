@@ -422,12 +422,14 @@ def trust_note(chk: ReplayCheck) -> str:
                 " do not show. Read fitcal, and the band around it; fit's point is off by that move "
                 "(more on the speculative engines, which a loaded CPU slows more)")
     if max(fit, run) < QUIET_SPREAD:
-        head = f"{pair}, both < 5 %: read fit, the point (within 5 % of the mean on quiet pairs)"
+        head = f"{pair}, both < 5 %: read fit, the point"
     else:
         head = (f"{pair}: the machine moved, so read fit's band ({band_pct(chk.band_half)}), "
-                "not its point; the point is within 5 % only when both spread < 5 %")
-    return (head + ". fitcal only across machines of different speed (it carries each repeat's "
-            "vanilla noise into every variant); raw and cal are the table's grid, not the engines'")
+                "not its point (only when both spread < 5 %)")
+    moved = _pct(abs(chk.vanilla_fit_err))
+    return (head + f". fitcal takes vanilla's move out (fit's vanilla off by {moved}), per repeat: closer "
+            "than fit when the runs' level or a whole repeat moved, farther when only vanilla's own "
+            "rollouts are noisy; raw and cal are the table's grid, not the engines'")
 
 
 def _pct(x: float) -> str:

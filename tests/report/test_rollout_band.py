@@ -161,3 +161,12 @@ def test_a_pair_held_out_from_the_prefill_rule_holds_both_ways():
         assert chk.band_on == "fitcal" and abs(chk.vanilla_fit_err) > 0.3
         assert s["in_band"].all(), s[["variant", "measured_s", "fitcal_s", "band_lo_s", "band_hi_s"]]
         assert s["fitcal_err"].abs().max() < 0.1, s[["variant", "fitcal_err"]]
+
+
+def test_rollout_report_reads_a_replays_point_only_from_a_run_below_5_percent():
+    from dsdprof.cli.rollout import why_lines
+
+    quiet = why_lines(_rows({"vanilla": [10.0, 10.0 * math.e**0.06]}), None)[0]  # spread 4.2 %
+    loud = why_lines(_rows({"vanilla": [10.0, 10.0 * math.e**0.08]}), None)[0]  # spread 5.7 %
+    assert "4.2 %" in quiet and "fit point only if the other run's repeats also spread < 5 %" in quiet
+    assert "5.7 %" in loud and "its band, not its point" in loud and "fit point" not in loud

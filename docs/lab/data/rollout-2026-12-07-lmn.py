@@ -1,0 +1,40 @@
+"""Runs L, M, N of 2026-12-07 (docs/lab/rollout-2026-12-06.md, "Three rollouts of 32 requests on the
+quiet host"): each run's repeat spread (`report.rollout.repeat_spread`), per variant, and what is
+left after each repeat's common effect (a two-way fit of log makespan, variant + repeat); then every
+ordered pair replayed from the other as `dsdprof replay RUN TABLE --fit OTHER --runs 200` does.
+
+    python docs/lab/data/rollout-2026-12-07-lmn.py        # from the repository root, ~1 min
+"""
+
+import itertools
+import json
+
+import numpy as np
+import pandas as pd
+
+from dsdprof.report.rollout import fit_step_model, repeat_spread, replay_check, replay_summary
+
+D = "docs/lab/data/rollout-2026-12-07-"
+T = json.loads(open("tables/toy-dense-cpu.json").read())  # the table of 288b02e, which the runs used
+runs = {x.upper(): pd.read_parquet(f"{D}{x}.parquet") for x in "lmn"}
+for n, d in runs.items():
+    ro = d[(d.kind == "rollout") & (d.status == "ok")]
+    t = np.log(ro.pivot_table(index="variant", columns="repeat", values="makespan_s"))
+    res = t.sub(t.mean(axis=1), axis=0).sub(t.mean(axis=0), axis=1) + t.to_numpy().mean()
+    dof = (t.shape[0] - 1) * (t.shape[1] - 1)
+    rep = np.exp(t.mean(axis=0) - t.to_numpy().mean()) - 1
+    sp = repeat_spread(d)
+    print(f"{n}: spread {sp.sd:.2%} (dof {sp.dof}); per variant "
+          + ", ".join(f"{v} {s:.1%}" for v, s in t.std(axis=1, ddof=1).items())
+          + f"; repeat effects {' '.join(f'{x:+.1%}' for x in rep)}; residual "
+          f"{np.sqrt((res.to_numpy() ** 2).sum() / dof):.1%} (dof {dof})")
+models = {n: fit_step_model(d, T) for n, d in runs.items()}
+held = total = 0
+for x, y in itertools.permutations(runs, 2):
+    chk = replay_check(runs[x], T, 200, model=models[y], fit_spread=repeat_spread(runs[y]))
+    s = replay_summary(chk.rows, chk.band_half, chk.band_on)
+    held, total = held + int(s["in_band"].sum()), total + len(s)
+    print(f"{x} <- {y}: band on {chk.band_on}, vanilla fit {chk.vanilla_fit_err:+.1%}, holds "
+          f"{int(s['in_band'].sum())}/{len(s)}; fit % " + " ".join(f"{e * 100:+.1f}" for e in s["fit_err"])
+          + "; fitcal % " + " ".join(f"{e * 100:+.1f}" for e in s["fitcal_err"]))
+print(f"band holds {held}/{total} (variants: {', '.join(s['variant'])})")
