@@ -145,10 +145,10 @@ def why_lines(df, table: KTable | None) -> list[str]:
     out = []
     sp = repeat_spread(df)
     if sp.dof:
+        read = ("its fit point only if the other run's repeats also spread < 5 %; else its band"
+                if sp.sd < QUIET_SPREAD else f"its band, not its point ({sp.sd * 100:.2f} %: not < 5 %)")
         out.append(f"repeats spread {_pct(sp.sd)} here (pooled log SD over variants); the paired ratios "
-                   "cancel it. A replay (dsdprof replay --fit) of or from this run: read "
-                   + ("its fit point only if the other run's repeats also spread < 5 %; else its band"
-                      if sp.sd < QUIET_SPREAD else "its band, not its point (here not < 5 %)") + ".")
+                   f"cancel it. A replay (dsdprof replay --fit) of or from this run: read {read}.")
     for v in ("dsd", "adaptive"):
         sh = shortfall(df, table, v)
         if sh is None:
