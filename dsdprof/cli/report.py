@@ -129,8 +129,8 @@ def report(run: Run, noise: float, max_regret: float | None, title: str,
     comparison = compare(rows, noise_floor=noise)
     for table in render_comparison(comparison, title):
         console.print(table)
-    for line in verdict_lines(comparison, "; --max-regret gates the static table only"):
-        console.print("[red]flag[/]" + line.removeprefix("flag") if line.startswith("flag ") else line)
+    for said in verdict_lines(comparison, "; --max-regret gates the static table only"):
+        console.print("[red]flag[/]" + said.removeprefix("flag") if said.startswith("flag ") else said)
     from dsdprof.config.defaults import DEFAULT_CONFIDENCE
     from dsdprof.report.vanilla import validate_vanilla, validate_vanilla_line
 
