@@ -141,14 +141,8 @@ def table_document(analysis: Any, ranges: list[list[int]], source: str = "", row
                          ci_low=_plain(d.ci_low), ci_high=_plain(d.ci_high))
         points.append(point)
 
-    cells_df = analysis.cells
-    if "acceptance_per_pos" in cells_df.columns:
-        per_cell = {(int(b), int(k)): v for b, k, v in zip(
-            cells_df["batch_size"], cells_df["num_spec_tokens"],
-            (_as_floats(x) for x in cells_df["acceptance_per_pos"]))
-            if v is not None and len(v) == int(k) > 0}
-    else:
-        per_cell = per_cell_acceptance(rows)
+    cells_df = analysis.cells  # one row per (batch size, K): its own list is its median
+    per_cell = per_cell_acceptance(cells_df if "acceptance_per_pos" in cells_df.columns else rows)
     cells = []
     for b, k, al, itl, goodput in zip(cells_df["batch_size"], cells_df["num_spec_tokens"],
                                       cells_df["acceptance_length"], cells_df["itl_s"], cells_df["goodput"]):
