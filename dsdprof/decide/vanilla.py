@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from dsdprof.decide.speedup import speedup_estimate
-from dsdprof.formats.ktable import ranges_from_points
+from dsdprof.formats.ktable import LAST_RANGE_END
 from dsdprof.formats.ktable_types import VanillaRecord
 from dsdprof.formats.measurements import MODE_VANILLA
 
@@ -73,6 +73,17 @@ def vanilla_columns(optimal: pd.DataFrame, cells: pd.DataFrame, candidate_rows: 
     return out
 
 
+def _edges(sizes: list[int]) -> list[tuple[int, int]]:
+    """The batch sizes each profiled batch size serves in a table (as :func:`ranges_from_points`:
+    the nearest on a log scale, the first from 1, the last up to :data:`LAST_RANGE_END`)."""
+    out, start = [], 1
+    for i, b in enumerate(sizes):
+        end = math.isqrt(b * sizes[i + 1]) if i + 1 < len(sizes) else max(LAST_RANGE_END, b)
+        out.append((start, end))
+        start = end + 1
+    return out
+
+
 def vanilla_records(optimal: pd.DataFrame) -> list[VanillaRecord]:
     """The table's ``vanilla_faster`` records: one per profiled batch size where vanilla beat every
     K beyond its interval, ``{"start", "end", "batch_size", "gain", "ci_low", "ci_high", "k"}``
@@ -81,10 +92,8 @@ def vanilla_records(optimal: pd.DataFrame) -> list[VanillaRecord]:
         return []
     opt = optimal.sort_values("batch_size")
     sizes = [int(b) for b in opt["batch_size"]]
-    # the batch sizes each profiled one serves in the table: its range, a distinct K apiece (no merging)
-    edges = ranges_from_points(list(zip(sizes, range(len(sizes)))))
     out: list[VanillaRecord] = []
-    for (start, end, _), (_, row) in zip(edges, opt.iterrows()):
+    for (start, end), (_, row) in zip(_edges(sizes), opt.iterrows()):
         if bool(row["vanilla_faster"]):
             out.append({"start": start, "end": end, "batch_size": int(row["batch_size"]),
                         "gain": round(float(row["vanilla_gain"]), 6),
