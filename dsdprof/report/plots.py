@@ -278,26 +278,24 @@ def _star_vanilla(ax, c: pd.DataFrame, gaps: pd.DataFrame | None) -> None:
 
 
 def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per batch size, the median per-position acceptance of its largest-K speculative rows.
+    """Per batch size, the median per-position acceptance of its largest-K speculative rows
+    (:func:`dsdprof.export.table.per_cell_acceptance` at that K).
 
     Columns: ``batch_size``, ``k``, ``position`` (1-based), ``acceptance``.
     """
+    from dsdprof.export.table import per_cell_acceptance
+
+    columns = ["batch_size", "k", "position", "acceptance"]
     if "acceptance_per_pos" not in df.columns:
-        return pd.DataFrame(columns=["batch_size", "k", "position", "acceptance"])
+        return pd.DataFrame(columns=columns)
     d = df[df["num_spec_tokens"] > 0]
     if "mode" in d.columns:
         d = d[d["mode"] != "vanilla"]
-    rows = []
-    for b, g in d.groupby("batch_size"):
-        k = int(g["num_spec_tokens"].max())
-        arrs = [np.asarray(a, dtype=float) for a in g.loc[g["num_spec_tokens"] == k, "acceptance_per_pos"]
-                if a is not None and len(a) == k]
-        if not arrs:
-            continue
-        med = np.median(np.vstack(arrs), axis=0)
-        rows += [{"batch_size": int(b), "k": k, "position": i + 1, "acceptance": float(v)}
-                 for i, v in enumerate(med)]
-    return pd.DataFrame(rows, columns=["batch_size", "k", "position", "acceptance"])
+    per_cell = per_cell_acceptance(d)
+    rows = [{"batch_size": int(b), "k": int(k), "position": i + 1, "acceptance": float(v)}
+            for b, k in d.groupby("batch_size")["num_spec_tokens"].max().items()
+            for i, v in enumerate(per_cell.get((int(b), int(k)), []))]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def acceptance_figure(df: pd.DataFrame, provenance: ProvenanceView | None = None):
