@@ -79,10 +79,6 @@ class RunLock:
             self.release()
             raise InputError("out", str(self.out), f"is not writable ({err.strerror or err})") from None
 
-    @property
-    def held(self) -> bool:
-        return self._lock is not None
-
     def release(self, remove_files: bool = False) -> None:
         """Drop the lock; ``remove_files`` also deletes the lock files (a directory we created)."""
         if self._lock is None:
