@@ -18,8 +18,9 @@ def _interval(point: float, lo: float, hi: float) -> str:
     return f"{fmt_number(point)} [{fmt_number(lo)}, {fmt_number(hi)}]"
 
 
-def analysis_json(result) -> str:
-    """The ``--json`` document: shape, decision settings, per-BS points and per-cell intervals."""
+def analysis_json(result, **extra: object) -> str:
+    """The ``--json`` document: shape, decision settings, per-BS points and per-cell intervals
+    (``extra`` keys last)."""
     cells = result.cells.drop(columns=[c for c in ("acceptance_per_pos",) if c in result.cells.columns])
     return json.dumps({
         "shape": result.shape, "monotonic": result.monotonic, "tolerance": result.tolerance,
@@ -31,7 +32,7 @@ def analysis_json(result) -> str:
         "coverage": None if result.coverage is None else result.coverage.record(),
         "provenance": {k: str(v) for k, v in result.provenance.items()},
         "synthetic_truth": _truth_records(result),
-        "warnings": list(result.warnings),
+        "warnings": list(result.warnings), **extra,
     }, indent=2)
 
 

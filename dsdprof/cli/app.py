@@ -220,9 +220,9 @@ def analyze(
         return
     result = analyze_path(run, **options)
     if json_out or csv_out:
-        from dsdprof.cli.sim import with_sim_band
+        from dsdprof.cli.sim import sim_band_record
 
-        doc = with_sim_band(analysis_json(result), run, tolerance)  # a sim run: "prediction_band" added
+        doc = analysis_json(result, **sim_band_record(run, tolerance))  # a sim run: its "prediction_band"
         sys.stdout.write((doc + "\n") if json_out else analysis_csv(result))
         sys.stdout.flush()
         return

@@ -71,17 +71,13 @@ def print_sim_band(run, tolerance: float, console) -> None:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def with_sim_band(doc: str, run, tolerance: float) -> str:
-    """``analyze --json``'s document with the sim run's band under ``prediction_band`` (unchanged for a
-    measured run; the reason as text where a sim run has none)."""
+def sim_band_record(run, tolerance: float) -> dict[str, object]:
+    """``analyze --json``'s ``prediction_band`` of a sim run (the reason as text where it has none;
+    {} for a measured run)."""
     from dsdprof.measure.sim.band import run_band
 
     band = run_band(run, tolerance)
-    if band is None:
-        return doc
-    data = json.loads(doc)
-    data["prediction_band"] = band if isinstance(band, str) else band.record()
-    return json.dumps(data, indent=2)
+    return {} if band is None else {"prediction_band": band if isinstance(band, str) else band.record()}
 
 
 def _ms(v: float) -> str:
