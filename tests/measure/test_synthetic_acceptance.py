@@ -25,6 +25,7 @@ import torch
 
 from dsdprof.decide.truth import implied_acceptance_length
 from dsdprof.plugins.vllm_synthetic import greedy_kernel, synthetic_walk
+from tests.support.recording_llm import RecordingLLM
 
 RATES = [0.8, 0.6, 0.45]  # the engine test's rates: conditional 0.8, 0.75, 0.75 (a coin at every position)
 
@@ -69,23 +70,6 @@ def test_walk_leaves_other_rows_and_no_draft_requests_as_vllm_does():
     assert out.tolist() == [[1, -1, -1], [4, 5, 2], [-1, -1, -1]]
 
 
-class _RecordingLLM:
-    """Stands in for ``vllm.LLM`` in :class:`~dsdprof.measure.vllm.worker.CellRun`: records the
-    sampling parameters of every request it is asked to generate."""
-
-    def __init__(self):
-        self.params = []  # per wave: the SamplingParams of its requests
-
-    def reset_prefix_cache(self):
-        pass
-
-    def get_metrics(self):
-        return []
-
-    def generate(self, prompts, params, use_tqdm=False):
-        self.params.append(list(params))
-        return []
-
 
 def _wave_params(tmp_path, batch_size: int, waves: int, temperature: float = 0.8, seed: int = 0):
     from dsdprof.measure.vllm.worker import CellRequest, CellRun
@@ -93,7 +77,7 @@ def _wave_params(tmp_path, batch_size: int, waves: int, temperature: float = 0.8
     req = CellRequest(batch_size=batch_size, num_spec_tokens=3, positions=3, waves=waves, warmup=1,
                       output_len=8,
                       temperature=temperature, seed=seed)
-    llm = _RecordingLLM()
+    llm = RecordingLLM()
     run = CellRun(llm, [[1, 2, 3]] * 64, req, trace_dir=str(tmp_path))
     run.run_waves(0, waves)
     return llm.params  # the warm-up wave first

@@ -6,23 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dsdprof.measure.vllm.trace import Step, summarize_paired
-
-
-class _RecordingLLM:
-    """Stands in for ``vllm.LLM`` in ``CellRun``: the sampling parameters of every wave."""
-
-    def __init__(self):
-        self.params = []
-
-    def reset_prefix_cache(self):
-        pass
-
-    def get_metrics(self):
-        return []
-
-    def generate(self, prompts, params, use_tqdm=False):
-        self.params.append(list(params))
-        return []
+from tests.support.recording_llm import RecordingLLM
 
 
 def _waves(tmp_path, group: tuple[int, ...] = (), num_spec_tokens: int | None = None):
@@ -30,7 +14,7 @@ def _waves(tmp_path, group: tuple[int, ...] = (), num_spec_tokens: int | None = 
 
     req = CellRequest(batch_size=2, num_spec_tokens=num_spec_tokens, positions=max(group or (0,)), waves=2,
                       warmup=1, output_len=128, temperature=0.0, seed=0, group=group, trace_name="c")
-    llm = _RecordingLLM()
+    llm = RecordingLLM()
     CellRun(llm, [[1, 2, 3]] * 64, req, trace_dir=str(tmp_path)).run_waves(0, 2)
     return llm.params  # the warm-up wave first
 
