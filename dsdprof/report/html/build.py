@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsdprof.config.defaults import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
 from dsdprof.config.run import ReadRun, Run, checked_run
@@ -24,6 +25,9 @@ from dsdprof.report.html.sweep import (
     sweep_panels,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 def _title(prov: ProvenanceView) -> str:
     from dsdprof.report.plots import provenance_line
@@ -31,7 +35,7 @@ def _title(prov: ProvenanceView) -> str:
     return provenance_line(prov) or "dsdprof run"
 
 
-def _rollout_rows(path: Path):  # -> pandas.DataFrame | None
+def _rollout_rows(path: Path) -> pd.DataFrame | None:
     """The rows of a rollout run (its file read once), None when ``path`` holds no rollout run."""
     from dsdprof.io.rollouts import read_rollout_rows, rollout_path
 
@@ -147,7 +151,7 @@ def _validate(report: Report, run: Run, prov: ProvenanceView) -> Report:
     return report
 
 
-def _rollout(report: Report, df) -> Report:  # df: the run's rows (a pandas.DataFrame)
+def _rollout(report: Report, df: pd.DataFrame) -> Report:  # df: the rollout run's rows
     from dsdprof.report.html.panels import rollout_headline, rollout_panels
 
     report.kind = "rollout"
