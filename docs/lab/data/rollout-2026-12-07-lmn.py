@@ -8,6 +8,7 @@ ordered pair replayed from the other as `dsdprof replay RUN TABLE --fit OTHER --
 
 import itertools
 import json
+import subprocess
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,9 @@ import pandas as pd
 from dsdprof.report.rollout import fit_step_model, repeat_spread, replay_check, replay_summary
 
 D = "docs/lab/data/rollout-2026-12-07-"
-T = json.loads(open("tables/toy-dense-cpu.json").read())  # the table of 288b02e, which the runs used
+# the table the runs used: tables/toy-dense-cpu.json of 288b02e (HEAD's is newer)
+T = json.loads(subprocess.run(["git", "show", "288b02e:tables/toy-dense-cpu.json"], check=True,
+                              capture_output=True, text=True).stdout)
 runs = {x.upper(): pd.read_parquet(f"{D}{x}.parquet") for x in "lmn"}
 for n, d in runs.items():
     ro = d[(d.kind == "rollout") & (d.status == "ok")]
