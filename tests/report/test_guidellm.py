@@ -310,3 +310,35 @@ def test_bench_judge_repeats_stop_before_the_deadline(tmp_path, monkeypatch):
     assert sorted((r["repeat"], r["variant"]) for r in results["baseline"]) == [
         (0, "table-dsdprof"), (0, "vanilla"), (1, "table-dsdprof"), (1, "vanilla")]
     assert results["stopped_by_deadline"] == {"2": 2}  # at 1400 s a third repeat would end at 1600
+
+
+def test_bench_client_shape_is_several_waves_with_the_first_excluded(tmp_path, monkeypatch):
+    """The default client: W x BS requests per batch size and guidellm's own warm-up = the first wave
+    (a percent of the requests: int(percent x W x BS) must be BS exactly); the warm-up's seconds are
+    counted as the baseline's engine time, not dropped with guidellm's measured window."""
+    from types import SimpleNamespace
+
+    b = _bench()
+    for w in range(2, 11):
+        pct = b.client_profile([1], 1.0 / w)["warmup"]["percent"]
+        assert all(int(pct * w * bs) == bs for bs in (1, 3, 4, 16, 64, 256))
+    assert "warmup" not in b.client_profile([1, 4], 0.0)  # --requests: the old shape, nothing excluded
+    seen = {}
+
+    def fake_run(argv, **kw):
+        seen["argv"] = argv
+        doc = _doc()
+        doc["benchmarks"][0].update(warmup_duration=7.0, cooldown_duration=0.0)
+        Path(argv[argv.index("--output") + 1].split("path=")[1]).write_text(json.dumps(doc))
+        return SimpleNamespace(returncode=0)
+    monkeypatch.setattr(b.subprocess, "run", fake_run)
+    server = SimpleNamespace(name="vanilla", port=1, busy_s=0.0, measured_s=0.0)
+    spec = {"workload": {}, "sweep": {"output_len": 128}, "engine": {"model": "m"}}
+    points = b.run_guidellm(server, [4], {4: 16}, spec, tmp_path / "g.json", 0.25)
+    argv = seen["argv"]
+    assert json.loads(argv[argv.index("--constraint") + 1]) == {"kind": "min_requests", "count": [16]}
+    assert json.loads(argv[argv.index("--profile") + 1])["warmup"]["percent"] == pytest.approx(0.25, abs=1e-5)
+    assert b.transients(tmp_path / "g.json") == [[7.0, 0.0]]
+    assert server.measured_s == pytest.approx(points[0].duration_s + 7.0)
+    row = {"points": [{"duration_s": 10.0}], "transient_s": [[7.0, 1.0]]}
+    assert b._engine_s(row) == 18.0 and b._engine_s({"points": [{"duration_s": 10.0}]}) == 10.0
