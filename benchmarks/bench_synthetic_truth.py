@@ -349,7 +349,7 @@ def main() -> int:
     if args.build_tiny:
         from dsdprof.measure.toy_models import build_toy_pair, toy_config
 
-        print(build_toy_pair(args.build_tiny, toy_config("dense", hidden_size=64, num_layers=2)))
+        print(build_toy_pair(args.build_tiny, toy_config("dense", hidden=64, num_layers=2)))
         return 0
     if args.simulate:
         print(simulate(args, args.simulate))

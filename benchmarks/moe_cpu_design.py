@@ -28,7 +28,7 @@ def config_dir(scratch: Path, L: int, E: int, k: int, F: int, dense_first: bool)
 
     d = scratch / f"L{L}E{E}k{k}F{F}d{int(dense_first)}"
     if not (d / "draft" / "config.json").exists():
-        cfg = toy_config("moe", num_layers=L, num_experts=E, experts_per_token=k, moe_intermediate_size=F,
+        cfg = toy_config("moe", num_layers=L, num_experts=E, experts_per_token=k, moe_intermediate=F,
                          dense_first=dense_first)
         for name, n in (("target", L), ("draft", 1)):
             _hf_config(cfg, n, TOK).save_pretrained(str(d / name))

@@ -47,17 +47,17 @@ def dense_like_frame():
 
 @pytest.fixture(scope="session")
 def toy_dense(tmp_path_factory):
-    """The default toy dense pair (``ToyModelConfig(kind="dense")``: what ``dsdprof toy-models`` builds),
+    """The default toy dense pair (``ToyModelConfig()``: what ``dsdprof toy-models`` builds),
     built once per session for the real-vLLM tests: building it writes ~0.8 GB and takes 15-60 s on
     2 cores. Tests must not write into it; each engine a test starts is its own."""
     from dsdprof.measure.toy_models import ToyModelConfig, build_toy_pair
 
-    return build_toy_pair(tmp_path_factory.mktemp("toy") / "dense", ToyModelConfig(kind="dense"))
+    return build_toy_pair(tmp_path_factory.mktemp("toy") / "dense", ToyModelConfig())
 
 
 # A ~2 M-parameter pair (2 layers at hidden 256, head size 64 like the default pair's): its steps
 # cost little next to vLLM's own per-step work, where the default pair's take ~0.1 s at batch 1.
-TINY = dict(hidden_size=256, num_layers=2, intermediate_size=512, num_heads=4, num_kv_heads=2)
+TINY = dict(hidden=256, num_layers=2, intermediate=512, num_heads=4, num_kv_heads=2)
 
 
 @pytest.fixture(scope="session")

@@ -63,10 +63,10 @@ def _toy_models(
         ("--seed", seed), ("--hidden", hidden), ("--layers", layers), ("--ffn", ffn), ("--heads", heads),
         ("--kv-heads", kv_heads), ("--experts", experts), ("--top-k", top_k), ("--expert-ffn", expert_ffn))}
     pairs = build_toy_models(out_dir, kind, residual_scale=_number("--residual-scale", residual_scale, float),
-                             seed=ints["--seed"], hidden_size=ints["--hidden"], num_layers=ints["--layers"],
-                             intermediate_size=ints["--ffn"], num_heads=ints["--heads"],
+                             seed=ints["--seed"], hidden=ints["--hidden"], num_layers=ints["--layers"],
+                             intermediate=ints["--ffn"], num_heads=ints["--heads"],
                              num_kv_heads=ints["--kv-heads"], num_experts=ints["--experts"],
-                             experts_per_token=ints["--top-k"], moe_intermediate_size=ints["--expert-ffn"],
+                             experts_per_token=ints["--top-k"], moe_intermediate=ints["--expert-ffn"],
                              dense_first=dense_first)
     for pair in pairs:
         make_console().print(f"{pair.config.kind}: target {pair.target}  draft {pair.draft}")

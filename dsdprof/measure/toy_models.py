@@ -17,11 +17,12 @@ These models exercise the machinery; their numbers describe only the machine the
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dsdprof.errors import InputError
+from dsdprof.measure.sim.arch import ModelArch
 
 _CORPUS_WORDS = (
     "the model draft token verify batch step cache memory bandwidth compute expert layer head "
@@ -32,55 +33,59 @@ _CORPUS_WORDS = (
 ).split()
 
 
+# The default targets: a 187 M-parameter fp32 dense one (12 layers, hidden 1024), whose one-layer draft
+# has 19 M, sized so that on a small CPU the target step is weight-bandwidth bound at batch 1 and
+# compute bound at batch 16 x (K+1) tokens, while a draft step costs about a tenth of a target step;
+# and an MoE one of 8 layers of 32 experts (top-2) at hidden 512: ~110 M parameters, ~13 M active.
+DENSE = ModelArch("toy-dense", num_layers=12, hidden=1024, intermediate=4096, num_heads=16, num_kv_heads=4,
+                  head_dim=64, vocab=2048, weight_bytes=4.0, compute_dtype="fp32")
+MOE = replace(DENSE, name="toy-moe", num_layers=8, hidden=512, intermediate=1536, num_heads=8,
+              num_experts=32, experts_per_token=2, moe_intermediate=256, moe_layers=8)
+
+
 @dataclass(frozen=True)
 class ToyModelConfig:
-    """Defaults: a 187 M-parameter fp32 dense target (12 layers, hidden 1024) and a 19 M one-layer
-    draft, sized so that on a small CPU the target step is weight-bandwidth bound at batch 1 and
-    compute bound at batch 16 x (K+1) tokens, while a draft step costs about a tenth of a target
-    step."""
+    """A toy pair: the target's architecture (the draft is its first decoder layer) and how the
+    weights are made."""
 
-    kind: str = "dense"  # dense | moe
-    hidden_size: int = 1024
-    num_layers: int = 12
-    intermediate_size: int = 4096
-    num_heads: int = 16
-    num_kv_heads: int = 4
-    vocab_size: int = 2048
-    num_experts: int = 32
-    experts_per_token: int = 2
-    moe_intermediate_size: int = 256
+    arch: ModelArch = DENSE
     residual_scale: float = 0.016
-    dense_first: bool = False  # MoE: first layer dense (mlp_only_layers = [0]), so the draft is dense
     seed: int = 0
     max_position_embeddings: int = 4096
 
+    @property
+    def kind(self) -> str:
+        return "moe" if self.arch.is_moe else "dense"
 
-# MoE default: 8 layers of 32 experts (top-2) at hidden 512: ~110 M parameters, ~13 M active.
-MOE_OVERRIDES = dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536)
+    @property
+    def dense_first(self) -> bool:
+        """MoE: the first layer is dense (``mlp_only_layers = [0]``), so the draft is dense."""
+        return self.arch.is_moe and self.arch.moe_layers < self.arch.num_layers
 
 
 # The option ``dsdprof toy-models`` gives each field, and the values it accepts (inclusive).
 OPTIONS: dict[str, tuple[str, float, float]] = {
-    "hidden_size": ("--hidden", 8, 8192), "num_layers": ("--layers", 2, 64),
-    "intermediate_size": ("--ffn", 8, 65536), "num_heads": ("--heads", 1, 128),
+    "hidden": ("--hidden", 8, 8192), "num_layers": ("--layers", 2, 64),
+    "intermediate": ("--ffn", 8, 65536), "num_heads": ("--heads", 1, 128),
     "num_kv_heads": ("--kv-heads", 1, 128), "num_experts": ("--experts", 2, 512),
-    "experts_per_token": ("--top-k", 1, 64), "moe_intermediate_size": ("--expert-ffn", 8, 65536),
+    "experts_per_token": ("--top-k", 1, 64), "moe_intermediate": ("--expert-ffn", 8, 65536),
     "residual_scale": ("--residual-scale", 0.0, 10.0),
 }
 
-def scaled_shape(hidden_size: int) -> dict[str, int]:
-    """The shape a ``hidden_size`` given alone gets: FFN 2 x hidden, a head per 64 of hidden (at least
+
+def scaled_shape(hidden: int) -> dict[str, int]:
+    """The shape a ``hidden`` size given alone gets: FFN 2 x hidden, a head per 64 of hidden (at least
     2), two query heads per KV head. Hidden 64 is the synthetic-truth benchmark's tiny pair (2 heads,
     1 KV head, FFN 128), 256 the vLLM tests' (4, 2, 512)."""
-    heads = max(2, hidden_size // 64)
-    return {"intermediate_size": 2 * hidden_size, "num_heads": heads, "num_kv_heads": max(1, heads // 2)}
+    heads = max(2, hidden // 64)
+    return {"intermediate": 2 * hidden, "num_heads": heads, "num_kv_heads": max(1, heads // 2)}
 
 
-def toy_config(kind: str = "dense", **overrides: Any) -> ToyModelConfig:
-    """The default toy config for ``kind`` with ``overrides`` (None values ignored). A
-    ``hidden_size`` given without the FFN or head counts scales them with it (:func:`scaled_shape`).
-    A value out of :data:`OPTIONS`' range, or a shape that does not divide, is an
-    :class:`InputError` naming the option."""
+def toy_config(kind: str = "dense", dense_first: bool | None = None, **overrides: Any) -> ToyModelConfig:
+    """The default toy config for ``kind`` with ``overrides`` (``residual_scale``, ``seed`` or a
+    :class:`ModelArch` field; None values ignored). A ``hidden`` given without the FFN or head counts
+    scales them with it (:func:`scaled_shape`). A value out of :data:`OPTIONS`' range, or a shape
+    that does not divide, is an :class:`InputError` naming the option."""
     given = {k: v for k, v in overrides.items() if v is not None}
     for field, value in given.items():
         if field in OPTIONS:
@@ -88,20 +93,24 @@ def toy_config(kind: str = "dense", **overrides: Any) -> ToyModelConfig:
             if not lo <= value <= hi:
                 shown = f"{lo:g}..{hi:g}"
                 raise InputError(opt, value, f"must be in {shown}")
-    base: dict[str, Any] = dict(MOE_OVERRIDES) if kind == "moe" else {}
-    if "hidden_size" in given:
-        base.update(scaled_shape(int(given["hidden_size"])))
-    base.update(given)
-    cfg = ToyModelConfig(kind=kind, **base)
-    if cfg.hidden_size % cfg.num_heads:
-        raise InputError("--heads", cfg.num_heads, f"must divide --hidden ({cfg.hidden_size})")
-    if cfg.num_heads % cfg.num_kv_heads:
-        raise InputError("--kv-heads", cfg.num_kv_heads, f"must divide --heads ({cfg.num_heads})")
-    if cfg.dense_first and cfg.kind != "moe":
+    own = {k: given.pop(k) for k in ("residual_scale", "seed") if k in given}
+    experts, top_k = (given.get(k, getattr(MOE, k)) for k in ("num_experts", "experts_per_token"))
+    if kind != "moe":  # no experts (the MoE options apply to --kind moe, or to its half of both)
+        given = {k: v for k, v in given.items()
+                 if k not in ("num_experts", "experts_per_token", "moe_intermediate")}
+    a = replace(MOE if kind == "moe" else DENSE,
+                **{**(scaled_shape(int(given["hidden"])) if "hidden" in given else {}), **given})
+    if a.hidden % a.num_heads:
+        raise InputError("--heads", a.num_heads, f"must divide --hidden ({a.hidden})")
+    if a.num_heads % a.num_kv_heads:
+        raise InputError("--kv-heads", a.num_kv_heads, f"must divide --heads ({a.num_heads})")
+    if dense_first and kind != "moe":
         raise InputError("--dense-first", True, "applies to --kind moe only")
-    if cfg.experts_per_token > cfg.num_experts:
-        raise InputError("--top-k", cfg.experts_per_token, f"must be <= --experts ({cfg.num_experts})")
-    return cfg
+    if top_k > experts:
+        raise InputError("--top-k", top_k, f"must be <= --experts ({experts})")
+    if kind == "moe":
+        a = replace(a, moe_layers=a.num_layers - bool(dense_first))
+    return ToyModelConfig(replace(a, head_dim=a.hidden // a.num_heads), **own)
 
 
 def build_toy_models(out_dir: str | Path, kind: str = "both", **overrides: Any) -> list[ToyPair]:
@@ -148,9 +157,10 @@ def build_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0):
 
 
 def _hf_config(cfg: ToyModelConfig, num_layers: int, tokenizer):
+    a = cfg.arch
     common = dict(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=num_layers,
+        num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
@@ -158,15 +168,14 @@ def _hf_config(cfg: ToyModelConfig, num_layers: int, tokenizer):
     if cfg.kind == "dense":
         from transformers import LlamaConfig
 
-        return LlamaConfig(intermediate_size=cfg.intermediate_size, head_dim=cfg.hidden_size // cfg.num_heads,
-                           **common)
+        return LlamaConfig(intermediate_size=a.intermediate, head_dim=a.head_dim, **common)
     from transformers import Qwen3MoeConfig
 
     return Qwen3MoeConfig(
-        intermediate_size=cfg.intermediate_size, moe_intermediate_size=cfg.moe_intermediate_size,
-        num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
+        intermediate_size=a.intermediate, moe_intermediate_size=a.moe_intermediate,
+        num_experts=a.num_experts, num_experts_per_tok=a.experts_per_token,
         decoder_sparse_step=1, mlp_only_layers=[0] if cfg.dense_first else [], norm_topk_prob=True,
-        head_dim=cfg.hidden_size // cfg.num_heads, **common)
+        head_dim=a.head_dim, **common)
 
 
 def _draft_hf_config(cfg: ToyModelConfig, tokenizer):
@@ -181,7 +190,7 @@ def _draft_hf_config(cfg: ToyModelConfig, tokenizer):
             "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "head_dim", "rms_norm_eps",
             "attention_bias", "hidden_act", "rope_theta", "rope_scaling", "rope_parameters")
     kw = {k: getattr(moe, k) for k in keep if hasattr(moe, k)}
-    return Qwen3Config(num_hidden_layers=1, intermediate_size=cfg.intermediate_size, torch_dtype="float32",
+    return Qwen3Config(num_hidden_layers=1, intermediate_size=cfg.arch.intermediate, torch_dtype="float32",
                        **kw)
 
 
@@ -200,20 +209,18 @@ def build_toy_pair(out_dir: str | Path, config: ToyModelConfig | None = None) ->
     import torch
 
     config = config or toy_config("dense")
-    if config.kind not in ("dense", "moe"):
-        raise InputError("kind", config.kind, "must be 'dense' or 'moe'")
     if config.residual_scale < 0:
         raise InputError("--residual-scale", config.residual_scale, "must be >= 0")
     out = Path(out_dir)
     target_dir, draft_dir = out / "target", out / "draft"
     for d in (target_dir, draft_dir):
         d.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(target_dir, config.vocab_size, config.seed)
+    tokenizer = build_tokenizer(target_dir, config.arch.vocab, config.seed)
     tokenizer.save_pretrained(str(draft_dir))
 
     torch.manual_seed(config.seed)
     cls = _model_cls(config.kind)
-    target = cls(_hf_config(config, config.num_layers, tokenizer)).to(torch.float32)
+    target = cls(_hf_config(config, config.arch.num_layers, tokenizer)).to(torch.float32)
     with torch.no_grad():
         for i, layer in enumerate(target.model.layers):
             if i == 0:

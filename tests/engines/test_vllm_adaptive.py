@@ -29,7 +29,7 @@ pytestmark = pytest.mark.vllm
 
 
 def test_adaptive_engine_moves_k_to_the_live_acceptance(tmp_path):
-    toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(kind="dense", residual_scale=0.1))
+    toy = build_toy_pair(tmp_path / "toy", ToyModelConfig(residual_scale=0.1))
     spec = parse_spec({
         "engine": {"name": "vllm", "model": str(toy.target), "draft_model": str(toy.draft),
                    "method": "draft_model",

@@ -4,19 +4,21 @@ recorded); bad values are one line naming the option and the value, exit 2."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from typer.testing import CliRunner
 
 from dsdprof.cli.app import app
 from dsdprof.measure import toy_models
-from dsdprof.measure.toy_models import ToyModelConfig, toy_config
+from dsdprof.measure.toy_models import DENSE, ToyModelConfig, toy_config
 
 # benchmarks/bench_synthetic_truth.py's tiny pair (its committed truth): --build-tiny builds toy_config's
-BENCH_TINY = ToyModelConfig(kind="dense", hidden_size=64, num_layers=2, intermediate_size=128, num_heads=2,
-                            num_kv_heads=1)
+BENCH_TINY = ToyModelConfig(replace(DENSE, hidden=64, num_layers=2, intermediate=128, num_heads=2,
+                                    num_kv_heads=1, head_dim=32))
 # tests/conftest.py's tiny pair for the real-vLLM tests
-TESTS_TINY = ToyModelConfig(kind="dense", hidden_size=256, num_layers=2, intermediate_size=512, num_heads=4,
-                            num_kv_heads=2)
+TESTS_TINY = ToyModelConfig(replace(DENSE, hidden=256, num_layers=2, intermediate=512, num_heads=4,
+                                    num_kv_heads=2))
 
 
 @pytest.fixture()
@@ -36,17 +38,18 @@ def test_hidden_and_layers_build_the_benchmarks_tiny_pair(built, tmp_path):
                                    "--layers", "2"])
     assert res.exit_code == 0, res.output
     assert built == [(str(tmp_path / "dense"), BENCH_TINY)]
-    assert toy_config("dense", hidden_size=64, num_layers=2) == BENCH_TINY
-    assert toy_config("dense", hidden_size=256, num_layers=2) == TESTS_TINY
+    assert toy_config("dense", hidden=64, num_layers=2) == BENCH_TINY
+    assert toy_config("dense", hidden=256, num_layers=2) == TESTS_TINY
     # the defaults are untouched without --hidden; explicit shape options win over the scaled ones
     assert toy_config("dense") == ToyModelConfig()
-    assert toy_config("dense", hidden_size=64, num_heads=4, num_kv_heads=4).num_heads == 4
+    assert toy_config("dense", hidden=64, num_heads=4, num_kv_heads=4).arch.num_heads == 4
     built.clear()
     res = CliRunner().invoke(app, ["toy-models", str(tmp_path), "--hidden", "128", "--layers", "3",
                                    "--heads", "4", "--kv-heads", "1", "--ffn", "96"])
     assert res.exit_code == 0, res.output
-    assert [(c.kind, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.intermediate_size)
-            for _, c in built] == [("dense", 128, 3, 4, 1, 96), ("moe", 128, 3, 4, 1, 96)]
+    shapes = [(c.kind, c.arch.hidden, c.arch.num_layers, c.arch.num_heads, c.arch.num_kv_heads,
+               c.arch.intermediate) for _, c in built]
+    assert shapes == [("dense", 128, 3, 4, 1, 96), ("moe", 128, 3, 4, 1, 96)]
 
 
 @pytest.mark.parametrize("args, shown", [
