@@ -240,8 +240,8 @@ def test_a_mixed_batch_costs_what_its_mean_context_costs_not_its_max():
         t = k + 1.0
         tm, tf = (sum(x) for x in zip(*[attention_term(tgt, hw, 1, t, c) for c in per_request]))
         dm, df = (k * sum(x) for x in zip(*[attention_term(drf, hw, 1, 1.0, c) for c in per_request]))
-        return max(tm / hw.eff_bandwidth,
-                   tf / hw.eff_compute) + max(dm / hw.eff_bandwidth, df / hw.eff_compute)
+        e = hw.efficiency
+        return max(tm / e.bandwidth, tf / e.compute) + max(dm / e.bandwidth, df / e.compute)
 
     def summed(k):  # every other term from the model at a short context, attention request by request
         short = [2_000] * b
@@ -271,7 +271,7 @@ def test_tile_effect_drafts_up_to_128_over_g_are_free_when_attention_dominates()
         f = arch_features(MODELS[name], "bfloat16", 1)
         assert f.q_per_kv == g and free_draft_length(g) == free
         hw = HwArrays.of(HARDWARE["H200 SXM"])
-        cost = [max(float(m) / hw.eff_bandwidth, float(x) / hw.eff_compute)
+        cost = [max(float(m) / hw.efficiency.bandwidth, float(x) / hw.efficiency.compute)
                 for m, x in (attention_term(f, hw, 8, k + 1.0, 65536) for k in (0, free, free + 1))]
         assert cost[1] == pytest.approx(cost[0], rel=1e-9) and cost[2] > 1.2 * cost[1]
 

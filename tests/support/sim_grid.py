@@ -15,7 +15,7 @@ from dsdprof.config.defaults import DEFAULT_TOLERANCE
 from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.context import ATTENTION_TILE_ROWS
 from dsdprof.measure.sim.dtypes import resolve_dtype
-from dsdprof.measure.sim.hardware import Hardware
+from dsdprof.measure.sim.hardware import Efficiency, Hardware
 from dsdprof.measure.sim.model import (
     MEMORY_UTILIZATION,
     METHOD_OVERHEAD,
@@ -58,10 +58,14 @@ class GridResult:
 
 
 def _hw_arrays(hardwares: Sequence[Hardware], cases: Sequence[ModelCase]) -> HwArrays:
-    """HwArrays with fields shaped (H, 1, 1, 1), except flops (H, M, 1, 1) by GEMM precision."""
-    per_hw = [HwArrays.of(h) for h in hardwares]
-    cols = {f.name: np.array([float(getattr(a, f.name)) for a in per_hw]).reshape(-1, 1, 1, 1)
-            for f in fields(HwArrays)}
+    """HwArrays with fields shaped (H, 1, 1, 1), except flops (H, M, 1, 1) by GEMM precision; the
+    ``efficiency`` record's fields are such arrays too."""
+    def stacked(records: Sequence[object], cls: type) -> dict[str, np.ndarray]:
+        return {f.name: np.array([float(getattr(r, f.name)) for r in records]).reshape(-1, 1, 1, 1)
+                for f in fields(cls) if f.name != "efficiency"}
+
+    cols: dict[str, object] = dict(stacked([HwArrays.of(h) for h in hardwares], HwArrays))
+    cols["efficiency"] = Efficiency(**stacked([h.efficiency for h in hardwares], Efficiency))
     precisions = [resolve_dtype(c.target, c.dtype).compute for c in cases]
     cols["flops"] = np.array([[h.peak_flops(p) for p in precisions] for h in hardwares]).reshape(
         len(hardwares), len(cases), 1, 1)

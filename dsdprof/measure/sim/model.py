@@ -30,7 +30,7 @@ from dsdprof.errors import InputError
 from dsdprof.measure.sim.arch import ModelArch
 from dsdprof.measure.sim.context import attention_min_rows, attention_tile, query_tokens
 from dsdprof.measure.sim.dtypes import Storage, resolve_dtype
-from dsdprof.measure.sim.hardware import Hardware
+from dsdprof.measure.sim.hardware import Efficiency, Hardware
 
 ArrayLike = Any  # float or numpy array (broadcastable)
 MEMORY_UTILIZATION = 0.9  # fraction of device memory an engine may use (vLLM's default)
@@ -135,7 +135,8 @@ def arch_features(arch: ModelArch, dtype: str, tp: int, kv_cache_dtype: str = "a
 
 @dataclass(frozen=True)
 class HwArrays:
-    """Hardware side of the model (floats or arrays): peaks, efficiencies, overheads."""
+    """Hardware side of the model (floats or arrays): peaks, and the profile's efficiencies and
+    overheads (its ``Efficiency``)."""
 
     bandwidth: ArrayLike  # bytes/s
     flops: ArrayLike  # FLOP/s at the model's GEMM precision
@@ -144,26 +145,14 @@ class HwArrays:
     link_bandwidth: ArrayLike  # bytes/s per direction (0 = none)
     allreduce_latency_s: ArrayLike
     memory_bytes: ArrayLike
-    eff_bandwidth: ArrayLike
-    eff_compute: ArrayLike
-    step_overhead_s: ArrayLike
-    draft_step_overhead_s: ArrayLike
-    dsd_overhead_s: ArrayLike
-    layer_overhead_s: ArrayLike = 0.0
-    moe_layer_overhead_s: ArrayLike = 0.0
-    expert_overhead_s: ArrayLike = 0.0
-    mla_layer_overhead_s: ArrayLike = 0.0
-    token_overhead_s: ArrayLike = 0.0
+    efficiency: Efficiency
     attention_min_rows: ArrayLike = 1.0  # smallest attention query tile computed (sim.context)
 
     @staticmethod
     def of(hw: Hardware, compute_dtype: str = "bf16") -> HwArrays:
-        e = hw.efficiency
         return HwArrays(hw.bandwidth_bytes_s, hw.peak_flops(compute_dtype), hw.tile_m, hw.min_tile_m,
                         hw.interconnect_gbs * 1e9, hw.allreduce_latency_s, hw.memory_gb * 1e9,
-                        e.bandwidth, e.compute, e.step_overhead_s, e.draft_step_overhead_s, e.dsd_overhead_s,
-                        e.layer_overhead_s, e.moe_layer_overhead_s, e.expert_overhead_s,
-                        e.mla_layer_overhead_s, e.token_overhead_s, attention_min_rows(hw.name, hw.tile_m))
+                        hw.efficiency, attention_min_rows(hw.name, hw.tile_m))
 
 
 def padded(n: ArrayLike, tile: ArrayLike, min_tile: ArrayLike = 16) -> ArrayLike:
@@ -271,9 +260,10 @@ def latency_seconds(f: ArchFeatures, hw: HwArrays, batch: ArrayLike, tokens_per_
     """
     t = np.asarray(tokens_per_seq, dtype=float)
     d = distinct_experts(f.num_experts, f.top_k, batch * t ** (1.0 - correlation))
-    return (f.layers * hw.layer_overhead_s + f.moe_layers * hw.moe_layer_overhead_s
-            + f.moe_layers * d * hw.expert_overhead_s + f.mla_layers * hw.mla_layer_overhead_s
-            + batch * t * f.token_units * hw.token_overhead_s)
+    e = hw.efficiency
+    return (f.layers * e.layer_overhead_s + f.moe_layers * e.moe_layer_overhead_s
+            + f.moe_layers * d * e.expert_overhead_s + f.mla_layers * e.mla_layer_overhead_s
+            + batch * t * f.token_units * e.token_overhead_s)
 
 
 @dataclass(frozen=True)
@@ -342,9 +332,10 @@ def step_time(hw: HwArrays, target: ArchFeatures, draft: ArchFeatures, batch: Ar
         method_factors = METHOD_OVERHEAD.get(method, (1.0, 1.0))
     m_fixed, m_step = method_factors
     p = step_parts(hw, target, draft, batch, k, context, correlation, speculative)
-    kernel = roofline_seconds(p, hw.eff_bandwidth, hw.eff_compute) + p.comm_s + p.fixed_s
-    overhead = (hw.step_overhead_s + p.k * m_step * hw.draft_step_overhead_s
-                + p.speculative * m_fixed * hw.dsd_overhead_s)
+    e = hw.efficiency
+    kernel = roofline_seconds(p, e.bandwidth, e.compute) + p.comm_s + p.fixed_s
+    overhead = (e.step_overhead_s + p.k * m_step * e.draft_step_overhead_s
+                + p.speculative * m_fixed * e.dsd_overhead_s)
     overhead = np.broadcast_to(overhead, np.shape(kernel)) if np.ndim(kernel) else np.asarray(overhead)
     return StepTime(np.asarray(kernel), np.asarray(overhead), np.asarray(kernel + overhead))
 

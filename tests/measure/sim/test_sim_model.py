@@ -260,7 +260,7 @@ def test_h20_fa3_decode_attention_matches_sglang():
     assert h20.attention_min_rows == 128 and HwArrays.of(HARDWARE["H100 SXM"]).attention_min_rows == 1
     q235 = MODELS["Qwen3-235B-A22B"]
     m, c = attention_term(arch_features(q235, "bfloat16", 8), h20, 32, 1.0, 3512)
-    per_layer_us = max(m / h20.eff_bandwidth, c / h20.eff_compute) / q235.num_layers * 1e6
+    per_layer_us = max(m / h20.efficiency.bandwidth, c / h20.efficiency.compute) / q235.num_layers * 1e6
     assert 0.6 * 98 <= per_layer_us <= 1.4 * 98, per_layer_us
     qwq = replace(MODELS["Llama-3.1-8B"], name="QwQ-32B", num_layers=64, hidden=5120, intermediate=27648,
                   num_heads=40, num_kv_heads=8, vocab=152064)
@@ -281,11 +281,11 @@ def test_full_tile_hides_under_kv_reads_off_h20():
         hw = HwArrays.of(HARDWARE[name])
         full = replace(hw, attention_min_rows=128.0)
         t = [float(np.maximum(*(np.array(attention_term(f, h, 8, 1.0, 4096))
-                                / [h.eff_bandwidth, h.eff_compute]))) for h in (hw, full)]
+                                / [h.efficiency.bandwidth, h.efficiency.compute]))) for h in (hw, full)]
         assert t[1] == pytest.approx(t[0]), name
     h20 = HwArrays.of(HARDWARE["H20"])
     m, c = attention_term(f, h20, 8, 1.0, 4096)
-    assert c / h20.eff_compute > 3 * m / h20.eff_bandwidth
+    assert c / h20.efficiency.compute > 3 * m / h20.efficiency.bandwidth
 
 
 def test_fp8_kv_cache_halves_attention_bytes():
