@@ -94,18 +94,19 @@ class PartFile:
     rows: pd.DataFrame
 
 
-def read_files(path: str | Path) -> list[PartFile]:
+def read_files(path: str | Path, data: bytes | None = None) -> list[PartFile]:
     """Every Parquet file under ``path``, each read from disk once (metadata and rows from the
-    same bytes); refuses unreadable files, unreadable schema versions and cells stored twice."""
+    same bytes; ``data``: the bytes of ``path``, a file the caller has read); refuses unreadable
+    files, unreadable schema versions and cells stored twice."""
     import pyarrow as pa
 
     files = _parquet_files(Path(path))
     out = []
     for f in files:
         try:
-            data = f.read_bytes()
-            meta = _file_metadata(f, pa.BufferReader(data))
-            out.append(PartFile(f, meta, pd.read_parquet(io.BytesIO(data))))
+            raw = data if data is not None and f == Path(path) else f.read_bytes()
+            meta = _file_metadata(f, pa.BufferReader(raw))
+            out.append(PartFile(f, meta, pd.read_parquet(io.BytesIO(raw))))
         except InputError:
             raise
         except Exception as err:  # noqa: BLE001 - report which file is unreadable

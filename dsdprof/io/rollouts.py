@@ -39,15 +39,18 @@ def write_rollout_rows(path: str | Path, rows: Sequence[Mapping[str, Any]],
     return p
 
 
-def read_rollout_rows(path: str | Path):  # -> pandas.DataFrame
-    """The rows of a rollout run (directory or file); one line (InputError) for anything else."""
+def read_rollout_rows(path: str | Path, data: bytes | None = None):  # -> pandas.DataFrame
+    """The rows of a rollout run (directory or file), read from disk once (``data``: the file's
+    bytes when the caller has read them); one line (InputError) for anything else."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     p = rollout_path(path)
     if not p.is_file():
         raise InputError("rollout", str(path), f"no {ROLLOUT_FILE} here (run dsdprof rollout first)")
     try:
-        meta_raw = (pq.read_schema(p).metadata or {}).get(PARQUET_METADATA_KEY)
+        data = p.read_bytes() if data is None else data
+        meta_raw = (pq.read_schema(pa.BufferReader(data)).metadata or {}).get(PARQUET_METADATA_KEY)
         meta = json.loads(meta_raw) if meta_raw else {}
     except Exception as err:  # noqa: BLE001 - any unreadable file is one line
         raise InputError("rollout", str(p), f"not a readable Parquet file ({type(err).__name__})") from None
@@ -58,4 +61,4 @@ def read_rollout_rows(path: str | Path):  # -> pandas.DataFrame
             version,
             f"{p} is not a rollout file this dsdprof reads ({', '.join(READABLE_ROLLOUT_VERSIONS)})",
         )
-    return pq.read_table(p).to_pandas()
+    return pq.read_table(pa.BufferReader(data)).to_pandas()

@@ -61,12 +61,13 @@ def pooled_runs(docs: tuple[tuple[Path, JSONObject], ...]) -> PooledRuns:
     return PooledRuns(runs, tuple((f, " | ".join(dict.fromkeys(v))) for f, v in diffs.items()))
 
 
-def read_run(path: str | Path) -> ReadRun:
-    """Read ``path`` once -- every Parquet file (:func:`dsdprof.io.readers.read_files`) and every
-    manifest -- before any check; unreadable files and cells stored twice are refused here, always.
+def read_run(path: str | Path, data: bytes | None = None) -> ReadRun:
+    """Read ``path`` once -- every Parquet file (:func:`dsdprof.io.readers.read_files`; ``data``: the
+    bytes of ``path``, a file the caller has read) and every manifest -- before any check;
+    unreadable files and cells stored twice are refused here, always.
     :func:`dsdprof.config.run.checked_run` checks what was read, as often as a caller needs it
     (``dsdprof report`` checks one read as ``report``, ``export`` and ``analyze`` do)."""
-    files = read_files(path)
+    files = read_files(path, data)
     rows = pd.concat([f.rows for f in files], ignore_index=True) if len(files) > 1 else files[0].rows
     docs = manifest_docs(path)
     return ReadRun(Path(path), rows, next((dict(f.meta) for f in files if f.meta), {}),

@@ -108,6 +108,37 @@ def test_every_reading_command_reads_each_file_once(runs, tmp_path, monkeypatch,
     assert dict(opens) == {f: 1 for f in files}, res.output
 
 
+@pytest.mark.parametrize("command", ["report", "validate-report", "calibrate", "analyze", "export"])
+def test_every_reading_command_reads_a_parquet_file_once(runs, tmp_path, monkeypatch, command):
+    """Given one Parquet file, each command reads it (and its run's manifest) once: ``report`` asks
+    whether it is a rollout file from the bytes the run reader then reads its rows from."""
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+
+    part = sorted((runs / "sweep").glob("*.parquet"))[0]
+    args = {"report": ["--output", str(tmp_path / "r.html")],
+            "calibrate": ["--out", str(tmp_path / "p.toml")]}
+    opens = _opens(monkeypatch, runs / "sweep")
+    res = CliRunner().invoke(app, [command, str(part), *args.get(command, [])])
+    assert res.exit_code in (0, 2), res.output
+    assert dict(opens) == {part.name: 1, MANIFEST_NAME: 1}, res.output
+
+
+def test_report_reads_a_rollout_file_once(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from dsdprof.cli.app import app
+    from dsdprof.io.rollouts import write_rollout_rows
+
+    (tmp_path / "run").mkdir()
+    src = write_rollout_rows(tmp_path / "run" / "r.parquet", [], {})
+    opens = _opens(monkeypatch, src.parent)
+    res = CliRunner().invoke(app, ["report", str(src), "--output", str(tmp_path / "r.html")])
+    assert "rollout" in (tmp_path / "r.html").read_text(), res.output
+    assert dict(opens) == {"r.parquet": 1}, res.output
+
+
 def _validate_copy(sweep: Path, run_dir: Path) -> Path:
     """A copy of ``sweep`` whose manifest says it is a validate run."""
     import shutil

@@ -35,16 +35,21 @@ def _title(prov: ProvenanceView) -> str:
     return provenance_line(prov) or "dsdprof run"
 
 
-def _rollout_rows(path: Path) -> pd.DataFrame | None:
-    """The rows of a rollout run (its file read once), None when ``path`` holds no rollout run."""
+def _rollout_rows(path: Path) -> tuple[pd.DataFrame | None, bytes | None]:
+    """The rows of a rollout run (its file read once), None when ``path`` holds no rollout run; and
+    the bytes of a file that holds none, for the run reader (so a Parquet file is read once)."""
     from dsdprof.io.rollouts import read_rollout_rows, rollout_path
 
     if path.is_dir():
-        return read_rollout_rows(path) if rollout_path(path).is_file() else None
+        return (read_rollout_rows(path) if rollout_path(path).is_file() else None), None
     try:
-        return read_rollout_rows(path)
+        data = path.read_bytes()
+    except OSError:
+        return None, None  # the run reader says why
+    try:
+        return read_rollout_rows(path, data), None
     except InputError:
-        return None
+        return None, data
 
 
 def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_mixed: bool = False) -> Report:
@@ -62,14 +67,15 @@ def build_report(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, allow_m
 
     if p.is_dir() and (p / PLAN_FILE).is_file():
         return _drafts(report, p)
-    if (rollout := _rollout_rows(p)) is not None:
-        return _rollout(report, rollout)
     if p.is_file() and p.suffix == ".json":  # a table: its answer, but no rows to draw
         return _table_file(report, p, tolerance)
+    rollout, data = _rollout_rows(p)
+    if rollout is not None:
+        return _rollout(report, rollout)
     from dsdprof.io.runs import read_run
 
     try:  # read once; as it is: nothing refused but unreadable files, so a mixed or validate run gets a page
-        read = read_run(p)
+        read = read_run(p, data)
     except InputError as err:
         report.kind = "unreadable"
         report.answer = Answer(missing=[f"the run could not be read: {err}"])
