@@ -1,14 +1,14 @@
-"""The context-length side of the step model: the attention kernel's query tile under GQA, and
-how many sequences of a context fit the KV cache. Pure numpy, broadcasting like
-:mod:`dsdprof.measure.sim.model` (which calls :func:`query_tokens` from its attention term).
+"""The context-length side of the step model: the attention kernel's query tile under GQA. Pure
+numpy, broadcasting like :mod:`dsdprof.measure.sim.model` (which calls :func:`query_tokens` from its
+attention term).
 
 **Group and tile.** A GQA decode kernel packs the G query heads of one KV head times the t = K+1
 query tokens of a request into one tile of :data:`ATTENTION_TILE_ROWS` rows, and every tile reads
 the request's KV once, so per KV head and position it reads 2·d KV elements once and does the
 math of ``pad(G·t)`` rows (MLA: G = n_q per device; a profile with ``tile_m <= 1``, a CPU, has no
-tile). **KV capacity**: the batch that fits is ``floor((memory · utilization − weights) / kv per
-sequence)`` (:func:`max_batch_size`); beyond it the cell is a predicted OOM. Why K = 128/G − 1 is
-nearly free, and what it predicts: docs/context.md ("The analytic engine").
+tile). **KV capacity**: a cell whose weights and KV (:func:`dsdprof.measure.sim.model.memory_bytes`)
+exceed memory · utilization is a predicted OOM. Why K = 128/G − 1 is nearly free, and what it
+predicts: docs/context.md ("The analytic engine").
 """
 
 from __future__ import annotations
@@ -54,14 +54,6 @@ def attention_min_rows(name: str, tile_m: ArrayLike) -> ArrayLike:
     (a GPU profile, ``tile_m`` > 1), else 1 (the useful rows only)."""
     full = name in FULL_TILE_GPUS and float(np.max(tile_m)) > 1
     return float(ATTENTION_TILE_ROWS) if full else 1.0
-
-
-def max_batch_size(weights_bytes: ArrayLike, kv_per_seq_bytes: ArrayLike, memory_bytes: ArrayLike,
-                   utilization: float) -> ArrayLike:
-    """Sequences whose KV cache fits next to the weights: ``floor((M·u − W) / kv)`` (0 if none)."""
-    free = np.asarray(memory_bytes, dtype=float) * utilization - np.asarray(weights_bytes, dtype=float)
-    kv = np.maximum(np.asarray(kv_per_seq_bytes, dtype=float), 1e-30)
-    return np.maximum(np.floor(free / kv), 0.0)
 
 
 def decode_context(context_len: int, output_len: int) -> int:
