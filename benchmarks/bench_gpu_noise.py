@@ -134,7 +134,7 @@ class GpuNoiseEngine:
         self._groups: dict[tuple, dict] = {}
 
     def provenance(self):
-        from dsdprof.measure.engine import Provenance
+        from dsdprof.formats.measurements import Provenance
 
         return Provenance(engine="synthetic-gpu-noise", engine_version="0", model="Llama-3.1-8B (sim truth)",
                           draft_model="EAGLE3 (sim truth)", method="eagle3", hardware="H100 SXM (simulated)",

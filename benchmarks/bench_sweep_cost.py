@@ -51,10 +51,10 @@ class NoisyEngine:
 
     def provenance(self):
         p = self.inner.provenance()
-        return replace(p, engine=f"{p.engine}+noise",
-                       extra={**p.extra,
-                              "synthetic_noise": f"wave {self.wave_noise} repeat {self.repeat_noise} "
-                                                            f"al {self.al_noise} seed {self.seed}"})
+        return dict(p, engine=f"{p['engine']}+noise",
+                    extra={**p.get("extra", {}),
+                           "synthetic_noise": f"wave {self.wave_noise} repeat {self.repeat_noise} "
+                                              f"al {self.al_noise} seed {self.seed}"})
 
     def measure(self, cell):
         m = self.inner.measure(cell)

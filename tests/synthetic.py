@@ -122,7 +122,7 @@ class TruthEngine:
         self.measured = []
 
     def provenance(self):
-        from dsdprof.measure.engine import Provenance
+        from dsdprof.formats.measurements import Provenance
 
         return Provenance(engine="synthetic", engine_version="0", model="truth", draft_model="truth-draft",
                           method=self.method, hardware="none", dtype="none", dataset="synthetic",

@@ -54,7 +54,7 @@ def row_columns(row: type) -> tuple[Column, ...]:
 
 class ProvenanceColumns(TypedDict, total=False):
     """Where a row came from: the same columns, in this order, in measurement and rollout files
-    (an engine reports them as :class:`dsdprof.measure.engine.Provenance`)."""
+    (an engine reports them as a :class:`Provenance`)."""
 
     engine: Annotated[str, "vllm | sim (sim rows are predictions)"]
     engine_version: Annotated[str, "engine library version"]
@@ -66,6 +66,13 @@ class ProvenanceColumns(TypedDict, total=False):
     dataset: Annotated[str, "workload dataset"]
     seed: Annotated[int, "workload seed"]
     dsdprof_version: Annotated[str, "dsdprof version that wrote the row"]
+
+
+class Provenance(ProvenanceColumns, total=False):
+    """What an engine reports (:meth:`dsdprof.measure.engine.Engine.provenance`): the provenance
+    columns, and ``extra`` (in the run's manifest and files' metadata as ``extra_<key>``)."""
+
+    extra: dict[str, str]
 
 
 class _CellColumns(TypedDict, total=False):

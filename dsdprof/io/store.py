@@ -34,9 +34,9 @@ import shutil
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 from dsdprof.errors import InputError
 from dsdprof.formats.jsontypes import JSONObject, ManifestDoc, ProvenanceRecord
@@ -45,6 +45,7 @@ from dsdprof.formats.measurements import (
     CONTEXT_COLUMN,
     OPTIONAL_COLUMN_NAMES,
     STATUS_OK,
+    Provenance,
     arrow_schema,
     row_values,
 )
@@ -392,8 +393,8 @@ def file_metadata(provenance: ProvenanceRecord,
     return {PARQUET_METADATA_KEY: json.dumps(meta, default=str).encode()}
 
 
-def provenance_dict(prov) -> ProvenanceRecord:
-    d = asdict(prov)
-    extra = d.pop("extra", {}) or {}
-    d.update({f"extra_{k}": v for k, v in extra.items()})
+def provenance_dict(prov: Provenance) -> ProvenanceRecord:
+    """An engine's provenance as one flat record: the columns, then ``extra_<key>`` for each extra."""
+    d = cast("ProvenanceRecord", {k: v for k, v in prov.items() if k != "extra"})
+    d.update({f"extra_{k}": v for k, v in (prov.get("extra") or {}).items()})
     return d

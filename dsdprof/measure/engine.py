@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
-from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA
+from dsdprof.formats.measurements import MODE_DSD, MODE_FIXED, MODE_VANILLA, Provenance
 
 
 @dataclass(frozen=True, order=True)
@@ -91,23 +91,6 @@ class CellMeasurement(StepStats):
     vllm_drafted_per_draft: float = float("nan")
     trace_output_tokens: int = 0  # tokens the step trace saw delivered over the measured waves
     checks_failed: str = ""  # failed cross-checks, "name: by how much; ..." ("" = all passed)
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where a measurement came from; written into every row and every file's metadata."""
-
-    engine: str
-    engine_version: str
-    model: str
-    draft_model: str
-    method: str
-    hardware: str
-    dtype: str
-    dataset: str
-    seed: int
-    dsdprof_version: str
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 @runtime_checkable

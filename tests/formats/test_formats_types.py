@@ -52,7 +52,7 @@ def test_rollout_row_has_every_column_with_its_type():
 
 def test_provenance_columns_are_one_set_in_both_files():
     """Measurement and rollout files hold the same provenance columns (name, type, meaning), in the
-    same order, right before created_at; an engine's Provenance holds the same fields."""
+    same order, right before created_at."""
     from dsdprof.formats.rollouts import ROLLOUT_COLUMNS
 
     for columns in (MEASUREMENT_COLUMNS, ROLLOUT_COLUMNS):
@@ -61,9 +61,6 @@ def test_provenance_columns_are_one_set_in_both_files():
         assert names[at:at + len(PROVENANCE_FIELDS) + 1] == [*PROVENANCE_FIELDS, "created_at"]
     assert [c for c in MEASUREMENT_COLUMNS if c.name in PROVENANCE_FIELDS] == \
         [c for c in ROLLOUT_COLUMNS if c.name in PROVENANCE_FIELDS]
-    from dsdprof.measure.engine import Provenance  # what an engine reports: the same, plus extra
-
-    assert [f.name for f in dataclasses.fields(Provenance)] == [*PROVENANCE_FIELDS, "extra"]
 
 
 def test_a_row_key_without_its_meaning_is_refused():

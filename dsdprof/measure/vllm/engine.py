@@ -238,8 +238,9 @@ class VllmEngine:
         prov = self._provenance()
         if not self.served:
             return prov
-        extra = {k: v for k, v in prov.extra.items() if k not in ("speculation_mode", "fallback_reason")}
-        return replace(prov, extra={**self.served_provenance, **extra})
+        extra = {k: v for k, v in prov["extra"].items() if k not in ("speculation_mode", "fallback_reason")}
+        prov["extra"] = {**self.served_provenance, **extra}
+        return prov
 
     def _provenance(self) -> Provenance:
         e, w = self.spec.engine, self.spec.workload

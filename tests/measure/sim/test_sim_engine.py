@@ -33,8 +33,8 @@ def test_engine_protocol_and_cell_fields():
     eng = make_engine(parse_spec(spec_dict()))
     assert isinstance(eng, Engine) and eng.name == "sim" and eng.speculation_mode == "dsd"
     prov = eng.provenance()
-    assert prov.engine == "sim" and prov.draft_model == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
-    assert prov.model == "meta-llama/Llama-3.1-8B-Instruct" and prov.hardware == "H100 SXM"
+    assert prov["engine"] == "sim" and prov["draft_model"] == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert prov["model"] == "meta-llama/Llama-3.1-8B-Instruct" and prov["hardware"] == "H100 SXM"
     m = eng.measure(Cell(0, 16, "dsd", 3))
     assert m.acceptance_length == pytest.approx(1 + 0.75 + 0.75**2 + 0.75**3)
     assert m.acceptance_per_pos == pytest.approx((0.75, 0.75**2, 0.75**3))
@@ -143,7 +143,7 @@ def test_ngram_has_no_draft_model_cost():
     d = spec_dict()
     d["engine"].update(method="ngram")
     eng = make_engine(parse_spec(d))
-    assert eng.provenance().draft_model == ""
+    assert eng.provenance()["draft_model"] == ""
     k1, k3 = eng.measure(Cell(0, 1, "dsd", 1)), eng.measure(Cell(0, 1, "dsd", 3))
     assert k3.itl_s - k1.itl_s < 0.5e-3  # no forward passes, only per-step overhead
 

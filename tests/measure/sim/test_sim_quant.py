@@ -176,7 +176,7 @@ def test_fp8_70b_fits_where_bf16_does_not(tmp_path):
     fp8 = engine(str(d))
     m = fp8.measure(Cell(0, 8, "dsd", 2))
     assert 0.01 < m.itl_s < 0.03  # ~73 GB at 4.8 TB/s at the bandwidth prior, plus the fixed costs
-    assert fp8.provenance().extra["quantization"] == "compressed-tensors float-quantized w8a8 channel"
+    assert fp8.provenance()["extra"]["quantization"] == "compressed-tensors float-quantized w8a8 channel"
     with pytest.raises(MemoryError, match="out of memory"):
         engine("Llama-3.1-70B").measure(Cell(0, 1, "dsd", 2))
 

@@ -40,7 +40,7 @@ def test_vanilla_and_dsd_engines_share_graph_sizes_covering_every_k(tmp_path, mo
         for k in spec.sweep.num_spec_tokens:
             assert b * (k + 1) in sizes, (b, k, sizes)
     assert max(sizes) == dsd["compilation_config"]["max_cudagraph_capture_size"] == 128 * 6  # beyond 512
-    extra = engine.provenance().extra
+    extra = engine.provenance()["extra"]
     assert extra["cudagraph_mode"] == "vLLM default"
     assert json.loads(extra["compilation_config"]) == dsd["compilation_config"]  # what the export serves
 
