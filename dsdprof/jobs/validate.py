@@ -30,7 +30,7 @@ from dsdprof.formats.measurements import MODE_ADAPTIVE, MODE_DSD, MODE_FIXED, MO
 from dsdprof.io.atomic import write_json_atomic
 from dsdprof.io.manifest import normalised_spec_dump
 from dsdprof.measure.engine import Cell
-from dsdprof.measure.runner import SweepProgress, run_plan
+from dsdprof.measure.runner import SweepProgress, SweepSummary, run_plan
 from dsdprof.measure.vllm.engine import VllmEngine
 from dsdprof.measure.vllm.resources import LLMKwargs
 from dsdprof.plugins.names import Arm, holds_arms
@@ -42,12 +42,7 @@ ADAPTIVE_TABLE_FILE = "_adaptive_table.json"  # the table the adaptive engine lo
 
 
 @dataclass(frozen=True)
-class ValidateSummary:
-    out: Path
-    total: int
-    ok: int
-    failed: int
-    skipped: int
+class ValidateSummary(SweepSummary):
     warnings: tuple[str, ...] = ()
 
 
@@ -300,5 +295,6 @@ def run_validation(table: KTable, spec, out_dir: str | Path, fixed_ks: list[int]
                  "steps": "; design steps (variants switched per step in one engine)"}[design]
     res = run_plan(ValidatePlanner(cells, variants), spec_dump, out, make_engine, resume=resume,
                    on_progress=on_progress)
-    return ValidateSummary(out, res.total, res.ok, res.failed, res.skipped, tuple(warnings))
+    return ValidateSummary(out, res.total, res.ok, res.failed, res.skipped, res.speculation_mode,
+                           tuple(warnings))
 
