@@ -124,6 +124,11 @@ for v in sorted({v for v, _ in runs} - {"vanilla"}):
     dec = st.fmean(runs[(v, r)]["al"] / runs[(v, r)]["step"] * runs[("vanilla", r)]["step"] for r in reps)
     lf = {vv: st.fmean(runs[(vv, r)]["step2"] / runs[(vv, r)]["step1"] for r in reps)
           for vv in (v, "vanilla")}
+    rel_k = ", ".join(f"{runs[(v, r)]['step'] / c['itl_s']:.3f}" for r in reps)
+    rel_v = ", ".join(f"{runs[('vanilla', r)]['step'] / van_step:.3f}" for r in reps)
+    sfs = ", ".join(f"{x:.3f}" for x in sf)
+    print(f"  step factor per repeat {sfs}; sweep steps: {v} {c['itl_s']:.4f} s,"
+          f" vanilla {van_step:.4f} s; client steady step / sweep's: {v} {rel_k}, vanilla {rel_v}")
     print(f"  guidellm x vanilla {ci(sp)}; own recount {ci(own)}")
     c_al = c["acceptance_length"]
     print(f"  sweep {sweep:.3f} x AL {al / c_al:.3f} ({al:.3f}/{c_al:.3f})"
