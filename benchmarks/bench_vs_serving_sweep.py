@@ -16,8 +16,9 @@ One run, one machine, three phases (docs/lab/vs-serving-sweep-2026-12-06.md):
    BS 16, the old ``--requests 4,8,16``) measured the makespan of a synchronised batch whose
    speculative requests finish 6-13 s apart, not serving throughput (docs/lab, section
    "BS 16: why the client and the step trace disagree"). No cool-down is excluded: with
-   ``min_requests`` the streams stay full until the end. The tuner policy of vLLM's PR 49163
-   (median - MAD, 1 % ties -> smaller K) picks the baseline's table. Cost, as a user running the
+   ``min_requests`` the streams stay full until the end. Output lengths vary (``--output-spread``,
+   default 0.25: :func:`client_data`), so vanilla's requests do not run in lockstep. The tuner
+   policy of vLLM's PR 49163 (median - MAD, 1 % ties -> smaller K) picks the baseline's table. Cost, as a user running the
    servers one after another would pay it: engine seconds = each server's start + the guidellm runs
    against it (warm-up included); wall = the same plus the client's own start-up.
 3. **judge**: both tables served (``dsdprof serve``) beside vanilla and every fixed K, measured
@@ -61,6 +62,7 @@ DSDPROF = [PY, "-m", "dsdprof.cli"]
 GUIDELLM = ROOT / ".venv-guidellm" / "bin" / "guidellm"
 MAX_BS = 1048576
 CLIENT_CPUS = ""  # --client-cpus: guidellm pinned there (taskset), off the engines' core
+OUTPUT_SPREAD = 0.25  # --output-spread: guidellm's output lengths ~ N(L, spread x L) in [L -+ 2 sd]
 TUNER_TIE = 0.01  # PR 49163: candidates within 1 % of the best conservative score are tied
 TUNER_MAD_PENALTY = 1.0  # conservative score = median - penalty * MAD (the PR's penalty is configurable)
 
@@ -215,6 +217,21 @@ def client_profile(batch_sizes: list[int], warmup: float) -> dict[str, Any]:
     return prof
 
 
+def client_data(prompt_tokens: int, out_len: int, spread: float) -> str:
+    """guidellm's synthetic data: output lengths ~ N(``out_len``, ``spread`` x ``out_len``) clipped to
+    two standard deviations (guidellm's fixed seed: every server gets the same lengths); 0 = every
+    request ``out_len`` tokens. With equal lengths vanilla's requests stay in lockstep (one batched
+    prefill a cycle) while speculative ones drift apart and take arrivals' prefills inside their
+    decode steps: at BS 16 that put every SD server ~0.95x vanilla, against ~1.05x with spread 0.25
+    (docs/lab, "BS 16 with the client's shape fixed" and the probe after it)."""
+    data = f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={out_len}"
+    sd = round(spread * out_len)
+    if sd > 0:
+        data += f",output_tokens_stdev={sd},output_tokens_min={max(1, out_len - 2 * sd)}," \
+                f"output_tokens_max={out_len + 2 * sd}"
+    return data
+
+
 def run_guidellm(server: Server, batch_sizes: list[int], min_requests: dict[int, int], spec: dict[str, Any],
                  path: Path, warmup: float = 0.0) -> list[ClientPoint]:
     """guidellm's concurrent profile at every batch size against ``server``: one invocation,
@@ -236,7 +253,7 @@ def run_guidellm(server: Server, batch_sizes: list[int], min_requests: dict[int,
             "--profile", json.dumps(client_profile(batch_sizes, warmup)),
             "--constraint", json.dumps({"kind": "min_requests",
                                         "count": [min_requests[b] for b in batch_sizes]}),
-            "--data", f"kind=synthetic_text,prompt_tokens={w.get('input_len', 32)},output_tokens={out_len}",
+            "--data", client_data(int(w.get("input_len", 32)), int(out_len), OUTPUT_SPREAD),
             "--tokenizer", f"kind=huggingface_auto,model={tok}",
             "--output", f"kind=json,path={path}", "--disable-console-interactive"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -648,6 +665,7 @@ def steps_vs_client(out: Path, results: dict[str, Any], phase: str = "baseline")
 
 
 def main(argv: list[str] | None = None) -> int:
+    global CLIENT_CPUS, OUTPUT_SPREAD
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", type=Path, default=ROOT / "sweeps" / "toy-dense-cpu.toml")
     ap.add_argument("--out", type=Path)
@@ -675,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", default="",
                     help="guidellm min_requests per batch size instead (no warm-up: the shape before "
                          "--client-waves; one wave at BS 16 measures a batch's makespan)")
+    ap.add_argument("--output-spread", type=float, default=OUTPUT_SPREAD,
+                    help="guidellm: output lengths' sd as a fraction of --output-len (0 = all equal)")
     ap.add_argument("--client-cpus", default="", help="run guidellm under taskset -c CPUS (e.g. 1)")
     ap.add_argument("--table", action="append", default=[], metavar="NAME=PATH",
                     help="serve this table as the group variant table-NAME (repeatable)")
@@ -698,8 +718,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bss = [int(x) for x in a.batch_sizes.split(",")]
     ks = [int(x) for x in a.ks.split(",")]
-    global CLIENT_CPUS
     CLIENT_CPUS = a.client_cpus
+    if a.output_spread < 0 or a.output_spread > 0.5:
+        ap.error(f"--output-spread: {a.output_spread}: need 0 <= spread <= 0.5")
+    OUTPUT_SPREAD = a.output_spread
     if a.client_waves < 1:
         ap.error(f"--client-waves: {a.client_waves}: need >= 1")
     if a.requests:

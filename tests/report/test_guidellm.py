@@ -342,3 +342,13 @@ def test_bench_client_shape_is_several_waves_with_the_first_excluded(tmp_path, m
     assert server.measured_s == pytest.approx(points[0].duration_s + 7.0)
     row = {"points": [{"duration_s": 10.0}], "transient_s": [[7.0, 1.0]]}
     assert b._engine_s(row) == 18.0 and b._engine_s({"points": [{"duration_s": 10.0}]}) == 10.0
+
+
+def test_bench_client_lengths_vary_by_default_and_spread_0_keeps_them_equal():
+    """guidellm's data: by default output lengths ~ N(L, L/4) in [L/2, 3L/2] (equal lengths keep
+    vanilla's requests in lockstep and understated every SD server at BS 16); 0 = all L tokens."""
+    b = _bench()
+    varied = dict(kv.split("=") for kv in b.client_data(32, 128, b.OUTPUT_SPREAD).split(","))
+    assert varied == {"kind": "synthetic_text", "prompt_tokens": "32", "output_tokens": "128",
+                      "output_tokens_stdev": "32", "output_tokens_min": "64", "output_tokens_max": "192"}
+    assert b.client_data(32, 128, 0.0) == "kind=synthetic_text,prompt_tokens=32,output_tokens=128"
