@@ -18,9 +18,10 @@ One run, one machine, three phases (docs/lab/vs-serving-sweep-2026-12-06.md):
    "BS 16: why the client and the step trace disagree"). No cool-down is excluded: with
    ``min_requests`` the streams stay full until the end. Output lengths vary (``--output-spread``,
    default 0.25: :func:`client_data`), so vanilla's requests do not run in lockstep. The tuner
-   policy of vLLM's PR 49163 (median - MAD, 1 % ties -> smaller K) picks the baseline's table. Cost, as a user running the
-   servers one after another would pay it: engine seconds = each server's start + the guidellm runs
-   against it (warm-up included); wall = the same plus the client's own start-up.
+   policy of vLLM's PR 49163 (median - MAD, 1 % ties -> smaller K) picks the baseline's table.
+   Cost, as a user running the servers one after another would pay it: engine seconds = each
+   server's start + the guidellm runs against it (warm-up included); wall = the same plus the
+   client's own start-up.
 3. **judge**: both tables served (``dsdprof serve``) beside vanilla and every fixed K, measured
    again by guidellm (``--judge-repeats`` fresh repeats, interleaved), so neither table is judged
    on the data that chose it. Per batch size: output tokens/s and ITL (mean and 90 % t interval over
