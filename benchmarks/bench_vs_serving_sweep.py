@@ -447,6 +447,16 @@ def _engine_s(row: dict[str, Any]) -> float:
     return sum(p["duration_s"] for p in row["points"]) + sum(map(sum, row.get("transient_s", [])))
 
 
+def _tables_side_by_side(results: dict[str, Any], b: int) -> list[float]:
+    """Per repeat, table-dsdprof's output tok/s over table-baseline's where both were served in one
+    group: the comparison no other server's speed enters (each group's vanilla is a server of its
+    own, and one slow vanilla moves every ratio of its group)."""
+    tok = {(r["group"], r["variant"], r["repeat"]): p["output_tok_s"]
+           for r in results.get("baseline", []) for p in r["points"] if p["concurrency"] == b}
+    return [x / tok[(g, "table-baseline", rep)] for (g, v, rep), x in sorted(tok.items())
+            if v == "table-dsdprof" and (g, "table-baseline", rep) in tok]
+
+
 def report(results: dict[str, Any]) -> str:
     """Cost, tables and the guidellm judgement, as plain text (80 columns)."""
     lines = []
@@ -495,7 +505,7 @@ def report(results: dict[str, Any]) -> str:
             per_wall = statistics.fmean(r["wall_s"] for r in runs)
             full = n_srv * per_start + n_srv * n_rep * per_meas
             full_wall = n_srv * per_start + n_srv * n_rep * per_wall
-            lines.append(f"  full design ({n_srv} servers x {n_rep} repeats) from these units: {full:.0f} s "
+            lines.append(f"  full design ({n_srv} servers x {n_rep} reps) from these units: {full:.0f} s "
                          f"engine, {full_wall:.0f} s wall")
             lines.append(f"  dsdprof / full baseline: {dw / full * 100:.0f} % of engine s, "
                          f"{dw / full_wall * 100:.0f} % of wall")
@@ -535,10 +545,14 @@ def report(results: dict[str, Any]) -> str:
                 m, lo, hi, best = regret_of(sp, variant)
                 lines.append(f"    regret {name:8s} ({variant:13s}): {m * 100:5.1f} % [{lo * 100:5.1f}, "
                              f"{hi * 100:5.1f}] vs {best}")
+        side = _tables_side_by_side(results, b)
+        if side:
+            m, lo, hi = mean_interval(side)
+            lines.append(f"    tables side by side: dsdprof's / the tuner's x {m:.3f} [{lo:.3f}, {hi:.3f}]")
         held = results.get("baseline_picks_heldout", {}).get(str(b))
         if held is not None and len(reps) > 2:
             m, _, _, best = regret_of(sp, f"fixed-{held}", reps=[reps[-1]])
-            lines.append(f"    held out: baseline picked on r0..r{reps[-2]} (fixed-{held}), judged on "
+            lines.append(f"    held out: tuner on r0..r{reps[-2]} (fixed-{held}), judged on "
                          f"r{reps[-1]}: {m * 100:.1f} % vs {best}")
     return "\n".join(lines)
 

@@ -288,6 +288,13 @@ def test_bench_report_speedups_regret_and_cost():
     assert "regret baseline (fixed-3" in text and "25.0 %" in text
     assert "dsdprof-budget / baseline: 25 %" in text and "dsdprof --budget 12w: sweep 50 s" in text
     assert "regret baseline (table-baseline):  20.0 %" in text  # 1.6x against fixed-2's 2x, its own group
+    assert "tables side by side" not in text  # the two tables were served in different groups
+    for rep in range(2):
+        base.append(row(2, "table-dsdprof", rep, 11 * 1.8 * (1 + 0.1 * rep)))
+    assert b._tables_side_by_side(res, 4) == pytest.approx([1.8 / 1.6] * 2)
+    text = b.report(res)
+    assert "tables side by side: dsdprof's / the tuner's x 1.125 [1.125, 1.125]" in text
+    assert all(len(line) <= 80 for line in text.splitlines())
     assert all(len(line) <= 80 for line in text.splitlines())
 
 
