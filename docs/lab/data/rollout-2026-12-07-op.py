@@ -1,15 +1,18 @@
-"""Runs O and P of 2026-12-07 (docs/lab/rollout-2026-12-06.md, "Six repeats per run"): each run's
+"""A pair of the 2026-12-07 rollouts (O and P by default; docs/lab/rollout-2026-12-06.md, "Six repeats
+per run", "Q and R", "S and T"): each run's
 repeat spread (`report.rollout.repeat_spread`, the measure the report gates on) with its 90 %
 interval (chi-square, its degrees of freedom), per variant, vanilla alone, and what is left after
 each repeat's common effect (a two-way fit of log makespan, variant + repeat; shown, not gated on);
 then both directions replayed from the other as `dsdprof replay RUN TABLE --fit OTHER --runs 200`.
 
-    python docs/lab/data/rollout-2026-12-07-op.py        # from the repository root, ~1 min
+    python docs/lab/data/rollout-2026-12-07-op.py             # O and P, from the repository root, ~1 min
+    python docs/lab/data/rollout-2026-12-07-op.py qr 139f952  # Q and R (or st): the runs, the table's commit
 """
 
 import itertools
 import json
 import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -18,10 +21,12 @@ from scipy.stats import chi2
 from dsdprof.report.rollout import fit_step_model, repeat_spread, replay_check, replay_summary
 
 D = "docs/lab/data/rollout-2026-12-07-"
-# the table the runs used: tables/toy-dense-cpu.json of a3c7768 (K 4 / 3 / 1 at BS 1-5 / 6-11 / 12+)
-T = json.loads(subprocess.run(["git", "show", "a3c7768:tables/toy-dense-cpu.json"], check=True,
+PAIR, COMMIT = (sys.argv[1], sys.argv[2]) if len(sys.argv) > 2 else ("op", "a3c7768")
+# the table the runs used: tables/toy-dense-cpu.json of that commit (O, P: a3c7768, K 4 / 3 / 1 at
+# BS 1-5 / 6-11 / 12+; Q-T: 139f952, K 4 / 3 at BS 1-11 / 12+)
+T = json.loads(subprocess.run(["git", "show", f"{COMMIT}:tables/toy-dense-cpu.json"], check=True,
                               capture_output=True, text=True).stdout)
-runs = {x.upper(): pd.read_parquet(f"{D}{x}.parquet") for x in "op"}
+runs = {x.upper(): pd.read_parquet(f"{D}{x}.parquet") for x in PAIR}
 for n, d in runs.items():
     ro = d[(d.kind == "rollout") & (d.status == "ok")]
     t = np.log(ro.pivot_table(index="variant", columns="repeat", values="makespan_s"))
