@@ -780,6 +780,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.out is None:
         ap.error("--out is required")
+    if a.plot and not a.report:
+        ap.error(f"--plot: {a.plot}: only with --report (it reads OUT/results.json)")
     out = a.out.resolve()
     if a.report:
         res = json.loads((out / "results.json").read_text())
