@@ -405,14 +405,16 @@ def k_at(table: dict[str, Any], b: int) -> int:
     return next(int(r[2]) for r in table["ranges"] if r[0] <= b <= r[1])
 
 
+def _tok_at(results: dict[str, Any], b: int) -> dict[tuple[int, str, int], float]:
+    """guidellm's output tok/s at batch size ``b``, per (group, variant, repeat)."""
+    return {(r["group"], r["variant"], r["repeat"]): p["output_tok_s"]
+            for r in results.get("baseline", []) for p in r["points"] if p["concurrency"] == b}
+
+
 def speedups(results: dict[str, Any], b: int) -> dict[str, dict[int, float]]:
     """variant -> repeat -> output tok/s over the same group's vanilla in the same repeat (vanilla
     itself: 1 for each repeat of the first group)."""
-    tok: dict[tuple[int, str, int], float] = {}
-    for r in results.get("baseline", []):
-        for p in r["points"]:
-            if p["concurrency"] == b:
-                tok[(r["group"], r["variant"], r["repeat"])] = p["output_tok_s"]
+    tok = _tok_at(results, b)
     out: dict[str, dict[int, float]] = {}
     first = min((g for g, _, _ in tok), default=0)
     for (g, v, rep), x in tok.items():
@@ -451,8 +453,7 @@ def _tables_side_by_side(results: dict[str, Any], b: int) -> list[float]:
     """Per repeat, table-dsdprof's output tok/s over table-baseline's where both were served in one
     group: the comparison no other server's speed enters (each group's vanilla is a server of its
     own, and one slow vanilla moves every ratio of its group)."""
-    tok = {(r["group"], r["variant"], r["repeat"]): p["output_tok_s"]
-           for r in results.get("baseline", []) for p in r["points"] if p["concurrency"] == b}
+    tok = _tok_at(results, b)
     return [x / tok[(g, "table-baseline", rep)] for (g, v, rep), x in sorted(tok.items())
             if v == "table-dsdprof" and (g, "table-baseline", rep) in tok]
 
@@ -669,6 +670,23 @@ def _steps_beside_client(out: Path, results: dict[str, Any], phase: str = "basel
     return list(client_beside_steps(rows, client))
 
 
+def plot_points(results: dict[str, Any], steps: dict[tuple[int, str], float], b: int
+                ) -> list[tuple[str, str, float, float, float, float]]:
+    """One panel's numbers at batch size ``b``: per server (vanilla first, tables last) its name, its
+    tick label, guidellm's mean speedup over its group's vanilla with the 90 % interval, and the step
+    trace's speedup (``steps``: (BS, fixed-K) -> speedup) at the K the server serves there."""
+    tabs = results.get("tables", {})
+    sp = speedups(results, b)
+    out = []
+    for v in sorted(sp, key=lambda v: (not v.startswith("vanilla"), v.startswith("table-"), v)):
+        m, lo, hi = mean_interval(list(sp[v].values()))
+        k = k_at(tabs[v.removeprefix("table-")], b) if v.startswith("table-") else None
+        label = v.replace("fixed-", "K=") + (f"\n(K={k})" if k is not None else "")
+        fixed = f"fixed-{k}" if k is not None else v
+        out.append((v, label, m, lo, hi, steps.get((b, fixed), 1.0 if v == "vanilla" else float("nan"))))
+    return out
+
+
 def plot_results(out: Path, results: dict[str, Any], path: Path) -> Path:
     """One PNG, a panel per batch size: every server's guidellm output tok/s over its group's vanilla
     (bar: mean over repeats, whisker: 90 % t interval), the step trace's speedup for the same K (dot:
@@ -677,25 +695,18 @@ def plot_results(out: Path, results: dict[str, Any], path: Path) -> Path:
     from matplotlib.figure import Figure
 
     bss = results["batch_sizes"]
-    tabs = results.get("tables", {})
     steps = {(c.batch_size, c.variant): c.steps_speedup[0]
              for c in _steps_beside_client(out, results) if c.steps_speedup}
     fig = Figure(figsize=(4.2 * len(bss), 4.0), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(bss), squeeze=False)[0]
     for ax, b in zip(axes, bss, strict=True):
-        sp = speedups(results, b)
-        names = sorted(sp, key=lambda v: (not v.startswith("vanilla"), v.startswith("table-"), v))
-        labels, means, errs, dots = [], [], [[], []], []
-        for v in names:
-            m, lo, hi = mean_interval(list(sp[v].values()))
-            k = k_at(tabs[v.removeprefix("table-")], b) if v.startswith("table-") else None
-            labels.append(v.replace("fixed-", "K=") + (f"\n(K={k})" if k is not None else ""))
-            means.append(m)
-            errs[0].append(m - lo)
-            errs[1].append(hi - m)
-            fixed = f"fixed-{k}" if k is not None else v
-            dots.append(steps.get((b, fixed), 1.0 if v == "vanilla" else float("nan")))
+        pts = plot_points(results, steps, b)
+        names = [p[0] for p in pts]
+        labels = [p[1] for p in pts]
+        means = [p[2] for p in pts]
+        errs = [[p[2] - p[3] for p in pts], [p[4] - p[2] for p in pts]]
+        dots = [p[5] for p in pts]
         x = list(range(len(names)))
         colours = ["0.6" if v == "vanilla" else "tab:orange" if v.startswith("table-") else "tab:blue"
                    for v in names]

@@ -295,7 +295,6 @@ def test_bench_report_speedups_regret_and_cost():
     text = b.report(res)
     assert "tables side by side: dsdprof's / the tuner's x 1.125 [1.125, 1.125]" in text
     assert all(len(line) <= 80 for line in text.splitlines())
-    assert all(len(line) <= 80 for line in text.splitlines())
 
 
 def test_bench_judge_repeats_stop_before_the_deadline(tmp_path, monkeypatch):
@@ -370,5 +369,17 @@ def test_bench_plot_from_a_committed_run(tmp_path):
     steps = {(c.batch_size, c.variant): c.steps_speedup for c in b._steps_beside_client(run, res)}
     assert set(steps) >= {(16, "fixed-1"), (16, "fixed-2"), (16, "fixed-3")}
     assert 1.0 < steps[(16, "fixed-2")][0] < 1.2  # the lab note's 1.09x
+    pts = {p[0]: p for p in b.plot_points(res, {k: v[0] for k, v in steps.items() if v}, 16)}
+    assert list(pts)[0] == "vanilla" and pts["vanilla"][5] == 1.0
+    # a table's dot is the step trace at the K it serves at BS 16: shipped K 1, the tuner's K 2
+    assert pts["table-shipped"][5] == steps[(16, "fixed-1")][0]
+    assert pts["table-tuner"][5] == steps[(16, "fixed-2")][0]
+    assert pts["fixed-2"][3] <= pts["fixed-2"][2] <= pts["fixed-2"][4]
     png = b.plot_results(run, res, tmp_path / "h2h.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_bench_plot_without_report_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench().main(["--out", "runs/x", "--plot", "x.png"])
+    assert e.value.code == 2 and "--plot: x.png: only with --report" in capsys.readouterr().err
