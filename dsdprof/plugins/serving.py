@@ -140,7 +140,7 @@ class ServingScheduler(TracingScheduler):
     dsdprof_mode = "static"  # the metrics' mode label; "adaptive" with a K part
     k_part: KPartFactory | None = None  # builds the K part (a subclass's staticmethod); None: vLLM's K
     dsdprof_k: KPart | None = None
-    dsdprof_metrics: StepMetrics | None = None
+    dsdprof_metrics: MetricsPart | None = None
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # vLLM's Scheduler.__init__, then the tracer's state
@@ -181,7 +181,7 @@ class ServingScheduler(TracingScheduler):
         cls = getattr(type(self), "_dsdprof_serving_base", type(self))
         self.__class__ = serving_class(cls, self._direct(k, self.dsdprof_metrics), counting)
 
-    def _direct(self, k: KPart | None, m: StepMetrics | None) -> frozenset[str]:
+    def _direct(self, k: KPart | None, m: MetricsPart | None) -> frozenset[str]:
         """The overridden methods in which no part acts here: served by vLLM's own function."""
         names = set()
         if m is None:
