@@ -14,8 +14,9 @@ the sweep (:func:`dsdprof.measure.vllm.worker.k_sequence`, ``PAIRED_HOLD`` steps
 at position ``t`` with K drafts accepts the run of matches from ``t`` up to K and makes one more
 token (the last step untrimmed, as vLLM counts it; the request ends at its length). The
 **truth** is a server held at K over the same requests:
-:func:`dsdprof.measure.vllm.replay.replay` over the true match of every position and depth (0 or
-1), tokens / steps summed over the requests. Nothing here is a measurement.
+:func:`replay` (the package's :func:`~dsdprof.measure.vllm.replay.replay_ks` at one K) over the true
+match of every position and depth (0 or 1), tokens / steps summed over the requests. Nothing here is
+a measurement.
 """
 
 from __future__ import annotations
@@ -24,9 +25,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsdprof.measure.vllm.replay import RequestMatches, replay, request_matches
+from dsdprof.measure.vllm.replay import Chain, RequestMatches, replay_ks, request_matches
+from dsdprof.measure.vllm.replay_chain import Stack, match_probabilities
 
 KS = (0, 1, 2, 3, 4)
+
+
+def replay(m: np.ndarray, lengths: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(expected tokens, expected steps) per request of a server held at ``k``, over request-major
+    match probabilities ``m[request, position, depth - 1]``: the replay's ``replay_ks`` at one K."""
+    tokens, steps = replay_ks(np.ascontiguousarray(np.transpose(m, (1, 2, 0))), lengths, (k,))
+    return tokens[0], steps[0]
+
+
+def sample_matches(x: np.ndarray, depth: np.ndarray, chain: Chain, rng: np.random.Generator) -> np.ndarray:
+    """One imputation of the replay, request-major: ``m[r, s, j - 1]``, the probability that a draft
+    at depth ``j`` matches at position ``s`` given a state path per request drawn from the chain's
+    posterior (:func:`~dsdprof.measure.vllm.replay_chain.match_probabilities` over one fit of every
+    request)."""
+    kmax = chain[2].shape[1]
+    stack = Stack.of(x, depth, [np.arange(len(x))], kmax)
+    m = match_probabilities(stack, chain, rng.random((1, x.shape[1], len(x))))
+    return np.ascontiguousarray(m.transpose(2, 0, 1))
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,8 @@ def test_imputation_is_the_conditional_match_probability_given_the_state_path():
     states alike, so the path does not matter): seen matched at depth 2, depth 1 matches surely;
     seen rejected at depth 2, depth 1 matches with (0.8 - 0.6) / 0.4; unseen, with the rates; and
     the draws of the old imputation average to the same numbers."""
-    from dsdprof.measure.vllm.replay import UNKNOWN, sample_matches
+    from dsdprof.measure.vllm.replay import UNKNOWN
+    from tests.replay_sets import sample_matches
 
     chain = (np.array([0.5, 0.5]), np.array([[0.9, 0.1], [0.1, 0.9]]), np.array([[0.8, 0.6], [0.8, 0.6]]))
     x = np.array([[1, 0, UNKNOWN, 1, 0]], dtype=np.int8)

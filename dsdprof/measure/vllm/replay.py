@@ -16,12 +16,13 @@ position ``t`` that verified ``k`` drafts and accepted ``a`` gives ``d(t..t+a-1)
 step that drafted nothing) is the target's own and says nothing about ``d`` there; the next step
 starts at ``t + a + 1``. Unknown positions are imputed from a two-state hidden chain along the
 position (easy and hard stretches; a match rate per state, or per state and depth when that fits
-better, by AIC) fitted to the cell's known positions by EM (:mod:`.replay_chain`): ``IMPUTATIONS`` draws of
-the whole sequence from its posterior (:func:`sample_matches`: a state path drawn per request, so
-that positions of one stretch stay correlated; given the path each position's match probability,
-not a drawn match). Each fixed K is then replayed over every request and draw (:func:`replay`): a
-step at ``t`` accepts the run of matches from ``t`` (the draft at ``t + i`` at depth ``i + 1``), up
-to K, and the request ends at its output length, the last step untrimmed as vLLM counts it;
+better, by AIC) fitted to the cell's known positions by EM (:mod:`.replay_chain`): ``IMPUTATIONS``
+draws of the whole sequence from its posterior (:func:`.replay_chain.match_probabilities`: a state
+path drawn per request, so that positions of one stretch stay correlated; given the path each
+position's match probability, not a drawn match). Each fixed K is then replayed over every request
+and draw (:func:`replay_ks`): a step at ``t`` accepts the run of matches from ``t`` (the draft at
+``t + i`` at depth ``i + 1``), up to K, and the request ends at its output length, the last step
+untrimmed as vLLM counts it;
 ``AL(K) = tokens / steps`` summed over requests and draws. Per wave block (bootstrap sample) the
 same over that block's requests.
 
@@ -103,34 +104,12 @@ def _fit_rows(n: int, fit_rows: int | None) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, fit_rows).astype(int)) if n else np.zeros(0, dtype=int)
 
 
-def sample_matches(x: np.ndarray, depth: np.ndarray, chain: Chain, rng: np.random.Generator) -> np.ndarray:
-    """One imputation ``m[r, s, j - 1]``: the probability that a draft at depth ``j`` matches at
-    position ``s``, given a state path per request drawn from the chain's posterior (backward from
-    the filtered states) and what was observed there. Given the path, positions are independent: a
-    draft at depth j matches when the position's uniform ``u`` is below the state's rate ``e_j``, so
-    an unknown position matches with ``e_j``, one seen matched at depth d with ``min(e_j, e_d) /
-    e_d`` and one seen rejected with ``max(e_j - e_d, 0) / (1 - e_d)``. (The path is drawn; ``u``
-    is not, its expectation is taken: the same mean as drawing it, less noise.) With one rate per
-    state a known position is the same at every depth."""
-    kmax = chain[2].shape[1]
-    stack = Stack.of(x, depth, [np.arange(len(x))], kmax)
-    m = match_probabilities(stack, chain, rng.random((1, x.shape[1], len(x))))
-    return np.ascontiguousarray(m.transpose(2, 0, 1))
-
-
-def replay(m: np.ndarray, lengths: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(expected tokens, expected steps) per request of a server held at ``k`` from position 1 to
-    each request's length. ``m``: [requests, positions, depth] match probabilities (padded past
-    each length by at least ``k``); a step at ``t`` accepts the run of matches from ``t`` (the
-    draft at ``t + i`` at depth ``i + 1``) up to ``k`` and makes one more token (bonus or
-    correction). Positions are taken as independent given the data."""
-    tokens, steps = replay_ks(np.ascontiguousarray(np.transpose(m, (1, 2, 0))), lengths, (k,))
-    return tokens[0], steps[0]
-
-
 def replay_ks(m: np.ndarray, lengths: np.ndarray, ks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`replay` for every K of ``ks`` (> 0) at once, over time-major match probabilities
-    ``m[position, depth - 1, request]``: (expected tokens, expected steps) [K, request]. Where a step
+    """(expected tokens, expected steps) [K, request] of a server held at each K of ``ks`` (> 0)
+    from position 1 to each request's length, over time-major match probabilities ``m[position,
+    depth - 1, request]`` (padded past each length by at least ``max(ks)``): a step at ``t`` accepts
+    the run of matches from ``t`` (the draft at ``t + i`` at depth ``i + 1``) up to K and makes one
+    more token (bonus or correction). Positions are taken as independent given the data. Where a step
     starts is carried in a ring of ``max(ks) + 2`` positions."""
     width, depths, r = m.shape
     order = np.argsort(ks, kind="stable")

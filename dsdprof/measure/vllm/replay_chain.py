@@ -190,7 +190,12 @@ def match_probabilities(s: Stack, chain: Chain, u: np.ndarray) -> np.ndarray:
     """``m[t, j - 1, i * r + req]``: the probability that a draft at depth ``j`` matches at position
     ``t`` given a state path per request drawn from the chain's posterior with the uniforms
     ``u[i, t' , req]`` (draw ``i``; position ``t`` uses ``u[i, T - 1 - t]``, drawn backward from the
-    filtered states) and what was observed there (see :func:`.replay.sample_matches`). ``s``: one fit."""
+    filtered states) and what was observed there. ``s``: one fit. Given the path, positions are
+    independent: a draft at depth j matches when the position's uniform is below the state's rate
+    ``e_j``, so an unknown position matches with ``e_j``, one seen matched at depth d with
+    ``min(e_j, e_d) / e_d`` and one seen rejected with ``max(e_j - e_d, 0) / (1 - e_d)``. (The path is
+    drawn; the position's uniform is not, its expectation is taken: the same mean, less noise.) With
+    one rate per state a known position is the same at every depth."""
     pi, a, e = chain
     r = s.x.shape[1]
     b0, b1 = _emissions(s, e[None])
