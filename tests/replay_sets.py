@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsdprof.measure.vllm.replay import Chain, RequestMatches, replay_ks, request_matches
-from dsdprof.measure.vllm.replay_chain import Stack, match_probabilities
+from dsdprof.measure.vllm.replay import RequestMatches, replay_ks, request_matches
+from dsdprof.measure.vllm.replay_chain import Chain, Stack, match_probabilities
 
 KS = (0, 1, 2, 3, 4)
 
